@@ -1,0 +1,207 @@
+"""The experiments behind chapter 1, each runnable live (any device) or recorded (GPU).
+
+Each ``run_*`` function measures on the given device and returns a :class:`~kvwall.results.Result`
+(not yet saved). ``EXPERIMENTS`` names them with their parameters at two scales: ``full`` (GLM-5,
+495K-token pool, 78 layers: what ``python -m kvwall record`` runs on a GPU) and ``small`` (what a
+CPU can run live in seconds).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from kvwall.kernels import mla_decode_reference, split_latent_cache
+
+from .attention import make_mla_decode
+from .decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
+from .geometry import GLM5, full_pool_cast_bytes
+from .pool import TokenPool, make_decode_batch, random_kv
+from .profiling import CAST_OP, profile_ops
+from .results import Result, collect_provenance
+from .strategies import FullPoolCast
+from .timing import bench_ms, copy_bandwidth_gbps
+
+__all__ = ["EXPERIMENTS", "Experiment", "run_experiment", "short_kernel_name"]
+
+
+def _result(name: str, device: torch.device, params: dict[str, Any], rows: list[dict]) -> Result:
+    return Result(name, params, rows, collect_provenance(device))
+
+
+def run_decode_profile(device: torch.device, *, pool_tokens: int, layers: int, tensor_parallel: int,
+                       context_lens: list[int], timed_steps: int, profile_steps: int,
+                       seed: int = 0) -> Result:
+    """The 86 ms step: whole-pool cast + MLA decode + stand-in, per layer, timed and profiled."""
+    geometry = GLM5.with_tensor_parallel(tensor_parallel)
+    pool = TokenPool.random(geometry, pool_tokens + 1, layers, device=device, seed=seed)
+    batch = make_decode_batch(context_lens, pool.num_slots, seed=seed, device=device)
+    attention = make_mla_decode("auto", geometry, batch)
+    standin = RestOfLayerStandIn.from_original(GLM5.num_layers, device)
+    model = DecodeStepModel(pool, batch, FullPoolCast(), attention, standin, seed=seed)
+    rows: list[dict] = []
+
+    model.step()  # warm-up: JIT, allocator, first-touch
+    ckv, kpe = FullPoolCast().prepare_kv(pool, 0, torch.bfloat16)
+    out = attention(model.q_nope, model.q_pe, ckv, kpe).double()
+    ref = mla_decode_reference(model.q_nope, model.q_pe, *split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank),
+                               batch.kv_indptr, batch.kv_indices, geometry.sm_scale, compute_dtype=torch.float64)
+    rel_err = float((out - ref).norm() / ref.norm())
+    if not rel_err < 2e-2:
+        raise RuntimeError(f"{attention.name} disagrees with the float64 reference: relative error {rel_err:.3g}.")
+    rows.append({"section": "check", "attention": attention.name, "rel_err_vs_float64": rel_err})
+
+    steps = [model.timed_step() for _ in range(timed_steps)]
+    totals = [sum(r["ms"] for r in s) for s in steps]
+    median = sorted(range(len(totals)), key=totals.__getitem__)[len(totals) // 2]
+    for i, t in enumerate(totals):
+        rows.append({"section": "step", "step": i, "ms": t})
+    for r in steps[median]:
+        rows.append({"section": "timeline", **r})
+    for phase in PHASES:
+        per_step = sorted(sum(r["ms"] for r in s if r["phase"] == phase) for s in steps)
+        rows.append({"section": "breakdown", "phase": phase, "ms_per_step": per_step[len(per_step) // 2]})
+
+    prof = profile_ops(model.step, device, steps=profile_steps)
+    rows += [{"section": "ops", **r} for r in prof["ops"]]
+    rows += [{"section": "kernels", **r} for r in prof["kernels"]]
+    step_ms = totals[median]
+    cast_ms = next((r["ms_per_step"] for r in prof["ops"] if r["name"] == CAST_OP), 0.0)
+    cast_bytes = full_pool_cast_bytes(geometry, pool.num_slots)
+    rows.append({
+        "section": "summary", "step_ms": step_ms, "cast_op_ms_per_step": cast_ms,
+        "cast_share": cast_ms / step_ms, "layers": layers, "heads_per_gpu": geometry.heads_per_gpu,
+        "pool_slots": pool.num_slots, "cast_bytes_per_layer": cast_bytes["total"],
+        "standin_ms_per_layer": standin.ms_per_layer, "attention": attention.name,
+        "device_kind": "cuda" if device.type == "cuda" else "cpu",
+    })
+    params = dict(pool_tokens=pool_tokens, layers=layers, tensor_parallel=tensor_parallel,
+                  context_lens=list(context_lens), timed_steps=timed_steps, profile_steps=profile_steps, seed=seed)
+    return _result("decode_profile", device, params, rows)
+
+
+def short_kernel_name(name: str) -> str:
+    """``void at::native::unrolled_elementwise_kernel<...>(...)`` -> ``unrolled_elementwise_kernel``."""
+    head = re.split(r"[<(]", name, maxsplit=1)[0]
+    return head.replace("void ", "").split("::")[-1].strip() or name[:60]
+
+
+#: Copies with the cast's shape, to show which kernel each dtype pair gets.
+_COPIES: dict[str, tuple[torch.dtype, Callable[[torch.Tensor], torch.Tensor]]] = {
+    "fp8 -> bf16 (the cast)": (torch.float8_e4m3fn, lambda t: t.to(torch.bfloat16)),
+    "uint8 -> int16 (same widths, integers)": (torch.uint8, lambda t: t.to(torch.int16)),
+    "fp16 -> fp32": (torch.float16, lambda t: t.to(torch.float32)),
+    "bf16 -> bf16 (same-dtype copy)": (torch.bfloat16, lambda t: t.clone()),
+    "fp8 -> fp8 (same-dtype copy)": (torch.float8_e4m3fn, lambda t: t.clone()),
+}
+
+
+def run_cast_kernels(device: torch.device, *, pool_tokens: int, seed: int = 0) -> Result:
+    """Which kernel PyTorch picks for each copy, and the bandwidth it reaches."""
+    gen = torch.Generator().manual_seed(seed)
+    rows: list[dict] = []
+    values = pool_tokens * GLM5.kv_dim
+    for label, (dtype, fn) in _COPIES.items():
+        if dtype == torch.uint8:
+            src = torch.randint(0, 256, (pool_tokens, 1, GLM5.kv_dim), generator=gen, dtype=torch.uint8).to(device)
+        else:
+            src = random_kv((pool_tokens, 1, GLM5.kv_dim), generator=gen, device=device, dtype=dtype)
+        out = fn(src)
+        nbytes = values * (src.element_size() + out.element_size())
+        ms = bench_ms(lambda: fn(src), device)
+        kernel = "(CPU: no device kernels)"
+        if device.type == "cuda":
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn(src)
+                torch.cuda.synchronize(device)
+            names = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+            kernel = short_kernel_name(names[0]) if names else "(none seen)"
+        rows.append({"section": "copies", "copy": label, "kernel": kernel, "bytes": nbytes, "ms": ms,
+                     "gbps": nbytes / (ms * 1e-3) / 1e9})
+        del src, out
+    copy_ms, copy_gbps = copy_bandwidth_gbps(device, values * 3 // 2)
+    rows.append({"section": "device_copy", "bytes": values * 3, "ms": copy_ms, "gbps": copy_gbps})
+    return _result("cast_kernels", device, {"pool_tokens": pool_tokens, "seed": seed}, rows)
+
+
+def run_cast_sweep(device: torch.device, *, pool_tokens: list[int], seed: int = 0) -> Result:
+    """Whole-pool cast time against pool size (one layer)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in pool_tokens:
+        pool = random_kv((n + 1, 1, GLM5.kv_dim), generator=gen, device=device)
+        ms = bench_ms(lambda: pool.to(torch.bfloat16), device)
+        nbytes = full_pool_cast_bytes(GLM5, n + 1)["total"]
+        rows.append({"section": "sweep", "pool_tokens": n, "ms": ms, "bytes": nbytes,
+                     "gbps": nbytes / (ms * 1e-3) / 1e9})
+        del pool
+    return _result("cast_sweep", device, {"pool_tokens": list(pool_tokens), "seed": seed}, rows)
+
+
+def run_attention_sweep(device: torch.device, *, context_lens: list[int], tensor_parallel: int,
+                        pool_tokens: int, seed: int = 0) -> Result:
+    """BF16 MLA decode time (one request) against context length, on an already-cast pool."""
+    geometry = GLM5.with_tensor_parallel(tensor_parallel)
+    gen = torch.Generator().manual_seed(seed)
+    pool = random_kv((pool_tokens + 1, 1, geometry.kv_dim), generator=gen, device=device, dtype=torch.bfloat16)
+    ckv, kpe = split_latent_cache(pool, geometry.kv_lora_rank)
+    rows = []
+    for ctx in context_lens:
+        batch = make_decode_batch([ctx], pool.shape[0], seed=seed, device=device)
+        attention = make_mla_decode("auto", geometry, batch)
+        q_nope = random_kv((1, geometry.heads_per_gpu, geometry.kv_lora_rank), generator=gen, device=device, dtype=torch.bfloat16)
+        q_pe = random_kv((1, geometry.heads_per_gpu, geometry.qk_rope_head_dim), generator=gen, device=device, dtype=torch.bfloat16)
+        ms = bench_ms(lambda: attention(q_nope, q_pe, ckv, kpe), device)
+        nbytes = ctx * geometry.kv_dim * 2
+        rows.append({"section": "sweep", "context_len": ctx, "ms": ms, "bytes": nbytes,
+                     "gbps": nbytes / (ms * 1e-3) / 1e9, "attention": attention.name})
+    params = {"context_lens": list(context_lens), "tensor_parallel": tensor_parallel,
+              "pool_tokens": pool_tokens, "seed": seed}
+    return _result("attention_sweep", device, params, rows)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    run: Callable[..., Result]
+    full: dict[str, Any]
+    small: dict[str, Any]
+    about: str
+
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
+    Experiment("decode_profile", run_decode_profile,
+               full=dict(pool_tokens=495_000, layers=78, tensor_parallel=4, context_lens=[8192],
+                         timed_steps=5, profile_steps=3),
+               small=dict(pool_tokens=50_000, layers=4, tensor_parallel=4, context_lens=[2048],
+                          timed_steps=3, profile_steps=2),
+               about="one decode step, layer by layer: whole-pool cast, MLA decode, stand-in"),
+    Experiment("cast_kernels", run_cast_kernels, full=dict(pool_tokens=495_000), small=dict(pool_tokens=50_000),
+               about="which kernel each copy gets, and its GB/s against a plain device copy"),
+    Experiment("cast_sweep", run_cast_sweep,
+               full=dict(pool_tokens=[65_536, 131_072, 262_144, 495_000, 1_048_576]),
+               small=dict(pool_tokens=[8_192, 16_384, 32_768, 65_536]),
+               about="whole-pool cast time against pool size"),
+    Experiment("attention_sweep", run_attention_sweep,
+               full=dict(context_lens=[1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
+                         tensor_parallel=4, pool_tokens=495_000),
+               small=dict(context_lens=[256, 1024, 4096], tensor_parallel=4, pool_tokens=16_384),
+               about="MLA decode time against context length, 16 heads per GPU"),
+]}
+
+
+def run_experiment(name: str, device: torch.device, scale: str = "full", **overrides: Any) -> Result:
+    if name not in EXPERIMENTS:
+        raise KeyError(f"unknown experiment {name!r}; known: {sorted(EXPERIMENTS)}.")
+    if scale not in ("full", "small"):
+        raise ValueError(f"scale {scale!r} is not one of ('full', 'small').")
+    exp = EXPERIMENTS[name]
+    params = {**getattr(exp, scale), **overrides}
+    unknown = set(overrides) - set(exp.full)
+    if unknown:
+        raise TypeError(f"experiment {name!r} has no parameters {sorted(unknown)}; it takes {sorted(exp.full)}.")
+    return exp.run(device, **params)
