@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from kvwall.kernels import mla_decode_reference, split_latent_cache
 
@@ -21,7 +20,7 @@ from .attention import make_mla_decode
 from .decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
 from .geometry import GLM5, full_pool_cast_bytes
 from .pool import TokenPool, make_decode_batch, random_kv
-from .profiling import CAST_OP, profile_ops
+from .profiling import CAST_OP, kernel_names, profile_ops
 from .results import Result, collect_provenance
 from .strategies import FullPoolCast
 from .timing import bench_ms, copy_bandwidth_gbps
@@ -66,9 +65,9 @@ def run_decode_profile(device: torch.device, *, pool_tokens: int, layers: int, t
         per_step = sorted(sum(r["ms"] for r in s if r["phase"] == phase) for s in steps)
         rows.append({"section": "breakdown", "phase": phase, "ms_per_step": per_step[len(per_step) // 2]})
 
-    prof = profile_ops(model.step, device, steps=profile_steps)
+    prof = profile_ops(model.step, device, steps=profile_steps, labels=PHASES)
     rows += [{"section": "ops", **r} for r in prof["ops"]]
-    rows += [{"section": "kernels", **r} for r in prof["kernels"]]
+    rows += [{"section": "kernels", "kernel": short_kernel_name(r["name"]), **r} for r in prof["kernels"]]
     step_ms = totals[median]
     cast_ms = next((r["ms_per_step"] for r in prof["ops"] if r["name"] == CAST_OP), 0.0)
     cast_bytes = full_pool_cast_bytes(geometry, pool.num_slots)
@@ -86,7 +85,7 @@ def run_decode_profile(device: torch.device, *, pool_tokens: int, layers: int, t
 
 def short_kernel_name(name: str) -> str:
     """``void at::native::unrolled_elementwise_kernel<...>(...)`` -> ``unrolled_elementwise_kernel``."""
-    head = re.split(r"[<(]", name, maxsplit=1)[0]
+    head = re.split(r"[<(]", name.replace("(anonymous namespace)::", ""), maxsplit=1)[0]
     return head.replace("void ", "").split("::")[-1].strip() or name[:60]
 
 
@@ -115,10 +114,7 @@ def run_cast_kernels(device: torch.device, *, pool_tokens: int, seed: int = 0) -
         ms = bench_ms(lambda: fn(src), device)
         kernel = "(CPU: no device kernels)"
         if device.type == "cuda":
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                fn(src)
-                torch.cuda.synchronize(device)
-            names = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+            names = kernel_names(lambda: fn(src), device)
             kernel = short_kernel_name(names[0]) if names else "(none seen)"
         rows.append({"section": "copies", "copy": label, "kernel": kernel, "bytes": nbytes, "ms": ms,
                      "gbps": nbytes / (ms * 1e-3) / 1e9})

@@ -1,0 +1,46 @@
+# Two commands do everything on a fresh machine: `make book` and `make test`.
+# VENV may point at an existing environment (e.g. VENV=$CONDA_PREFIX after `conda env create`).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvwall-installed
+BOOK_FLAGS := -W -n --keep-going
+
+.PHONY: help setup book test lab record clean
+
+help:
+	@echo "make book    execute every chapter and build the site into _build/html"
+	@echo "make test    the whole test suite (unit, kernels, every chapter under papermill, book build, browser)"
+	@echo "make lab     JupyterLab on the book (the .md chapters open as notebooks)"
+	@echo "make record  on a GPU machine: re-measure every experiment at full scale into book/results/"
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-flashinfer.txt pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip==25.3
+	$(PY) -m pip install -q -r requirements.txt
+	# FlashInfer without its heavy declared extras (not needed for MLA): see requirements-flashinfer.txt.
+	$(PY) -m pip install -q --no-deps -r requirements-flashinfer.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	# JupyterLab: open MyST .md files as notebooks (jupytext) by default.
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp book/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	touch $(STAMP)
+
+book: $(STAMP)
+	rm -rf _build/execution
+	$(VENV)/bin/jupyter-book build . $(BOOK_FLAGS)
+	@echo
+	@echo "The book is built: open file://$(CURDIR)/_build/html/index.html"
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=book
+
+record: $(STAMP)
+	$(PY) -m kvwall record all
+
+clean:
+	rm -rf _build
