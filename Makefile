@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvwall-installed
-BOOK_FLAGS := -W -n --keep-going
+BOOK_FLAGS := --all -W -n --keep-going
 
 .PHONY: help setup book test lab record clean
 

@@ -72,7 +72,7 @@ class ChapterRun:
         self.recorded_used.append({"experiment": experiment, "file": str(result.path.relative_to(PROJECT_ROOT)),
                                    "caption": result.caption(), "stale": result.stale})
         if result.stale:
-            _show_warning(f"**Stale recorded result.** {result.caption()}")
+            _show_warning(f"Stale recorded result. {result.caption()}")
         return result
 
     def finish(self, values: dict[str, Any]) -> Path:
@@ -91,13 +91,17 @@ class ChapterRun:
         return path
 
 
-def _show_warning(markdown: str) -> None:
-    try:
-        from IPython.display import Markdown, display
+def _show_warning(text: str) -> None:
+    """A visible warning box (the theme's admonition style in the book; plain HTML in JupyterLab)."""
+    import html
 
-        display(Markdown(f"```{{warning}}\n{markdown}\n```"))
+    try:
+        from IPython.display import HTML, display
+
+        display(HTML('<div class="admonition warning" style="border-left:4px solid #e0a800;padding:0.4em 0.8em">'
+                     f'<p class="admonition-title"><b>Warning</b></p><p>{html.escape(text)}</p></div>'))
     except ImportError:
-        print("WARNING:", markdown)
+        print("WARNING:", text)
 
 
 def _positive_int(name: str, value: Any) -> int:

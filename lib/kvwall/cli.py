@@ -20,12 +20,13 @@ from .results import RESULTS_DIR, ResultFileError, load_result, save_result
 
 
 def _record(names: list[str], scale: str, out: Path) -> int:
-    if not torch.cuda.is_available():
-        print("kvwall record: no CUDA GPU here. Recorded results are full-scale GPU measurements; "
+    need_gpu = [n for n in names if EXPERIMENTS[n].needs == "cuda"]
+    if need_gpu and not torch.cuda.is_available():
+        print(f"kvwall record: no CUDA GPU here, and {', '.join(need_gpu)} are full-scale GPU measurements; "
               "run this on a machine with an NVIDIA GPU (chapters run live at small scale on a CPU).",
               file=sys.stderr)
         return 2
-    device = torch.device("cuda")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for name in names:
         t0 = time.time()
         result = run_experiment(name, device, scale)

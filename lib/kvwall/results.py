@@ -3,7 +3,8 @@
 These files in ``book/results/`` are the only numbers the book does not compute live. Loading
 validates the schema and names the file in every error; a result whose measured sources (the
 kernels and the library modules that run on the measured path) changed since the run is
-*stale*, and chapters show that with a visible warning.
+*stale*, and chapters show that with a visible warning. Each experiment names the files its
+numbers depend on; their hashes are part of the provenance.
 """
 
 from __future__ import annotations
@@ -16,21 +17,17 @@ import platform
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
 __all__ = [
-    "PROJECT_ROOT", "RESULTS_DIR", "MEASURED_SOURCES", "Provenance", "Result", "ResultFileError",
+    "PROJECT_ROOT", "RESULTS_DIR", "Provenance", "Result", "ResultFileError",
     "collect_provenance", "measured_sources_hashes", "save_result", "load_result",
 ]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = PROJECT_ROOT / "book" / "results"
-#: What a recorded number depends on: the kernels, and the library code on the measured path.
-MEASURED_SOURCES = ("kernels", "lib/kvwall/pool.py", "lib/kvwall/strategies.py",
-                    "lib/kvwall/attention.py", "lib/kvwall/decode_step.py",
-                    "lib/kvwall/timing.py", "lib/kvwall/profiling.py")
 SCHEMA = 1
 
 
@@ -45,14 +42,16 @@ class ResultFileError(ValueError):
         self.path = path
 
 
-def measured_sources_hashes(root: Path = PROJECT_ROOT) -> dict[str, str]:
-    """sha256 of each measured source file, by path relative to the project root."""
+def measured_sources_hashes(sources: Iterable[str], root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """sha256 of each source file (folders: every source file inside), by path relative to ``root``."""
     out: dict[str, str] = {}
-    for entry in MEASURED_SOURCES:
+    for entry in sources:
         p = root / entry
         files = sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in {".py", ".cu", ".cuh", ".h"}
                        and "__pycache__" not in q.parts) if p.is_dir() else [p]
         for f in files:
+            if not f.is_file():
+                continue
             out[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
     return out
 
@@ -100,7 +99,8 @@ def _version(module: str) -> str | None:
         return None
 
 
-def collect_provenance(device: torch.device) -> Provenance:
+def collect_provenance(device: torch.device, sources: Iterable[str]) -> Provenance:
+    """Where, when and with what a result is measured; ``sources``: the files its numbers depend on."""
     gpu = driver = None
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
@@ -117,7 +117,7 @@ def collect_provenance(device: torch.device) -> Provenance:
         device=str(device), gpu=gpu, driver=driver, cuda=torch.version.cuda,
         torch=torch.__version__, triton=_version("triton"), flashinfer=_version("flashinfer"),
         python=platform.python_version(), git_commit=commit, git_dirty=dirty,
-        sources=measured_sources_hashes(),
+        sources=measured_sources_hashes(sources),
     )
 
 
@@ -137,10 +137,10 @@ class Result:
         return rows
 
     def changed_sources(self, root: Path = PROJECT_ROOT) -> list[str]:
-        """Measured source files that differ now from when this was recorded."""
-        now = measured_sources_hashes(root)
+        """Source files this result depends on that differ now (or are gone) from when it was recorded."""
         then = self.provenance.sources
-        return sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+        now = measured_sources_hashes(then, root)
+        return sorted(k for k in then if now.get(k) != then[k])
 
     @property
     def stale(self) -> bool:

@@ -1,35 +1,38 @@
-"""The experiments behind chapter 1, each runnable live (any device) or recorded (GPU).
+"""Chapter 1's experiments: the 86 ms step, the cast kernel, and the two sweeps.
 
 Each ``run_*`` function measures on the given device and returns a :class:`~kvwall.results.Result`
-(not yet saved). ``EXPERIMENTS`` names them with their parameters at two scales: ``full`` (GLM-5,
-495K-token pool, 78 layers: what ``python -m kvwall record`` runs on a GPU) and ``small`` (what a
-CPU can run live in seconds).
+(not yet saved).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from kvwall.kernels import mla_decode_reference, split_latent_cache
 
-from .attention import make_mla_decode
-from .decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
-from .geometry import GLM5, full_pool_cast_bytes
-from .pool import TokenPool, make_decode_batch, random_kv
-from .profiling import CAST_OP, kernel_names, profile_ops
-from .results import Result, collect_provenance
-from .strategies import FullPoolCast
-from .timing import bench_ms, copy_bandwidth_gbps
+from ..attention import make_mla_decode
+from ..decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
+from ..geometry import GLM5, full_pool_cast_bytes
+from ..pool import TokenPool, make_decode_batch, random_kv
+from ..profiling import CAST_OP, kernel_names, profile_ops
+from ..results import Result, collect_provenance
+from ..strategies import FullPoolCast
+from ..timing import bench_ms, copy_bandwidth_gbps
+from .registry import Experiment
 
-__all__ = ["EXPERIMENTS", "Experiment", "run_experiment", "short_kernel_name"]
+__all__ = ["EXPERIMENTS", "short_kernel_name"]
+
+#: What these measurements depend on: a recorded result is stale once any of these changes.
+SOURCES = ("kernels/mla_reference.py", "lib/kvwall/pool.py", "lib/kvwall/strategies.py", "lib/kvwall/attention.py",
+           "lib/kvwall/decode_step.py", "lib/kvwall/timing.py", "lib/kvwall/profiling.py",
+           "lib/kvwall/experiments/decode_profile.py")
 
 
 def _result(name: str, device: torch.device, params: dict[str, Any], rows: list[dict]) -> Result:
-    return Result(name, params, rows, collect_provenance(device))
+    return Result(name, params, rows, collect_provenance(device, SOURCES))
 
 
 def run_decode_profile(device: torch.device, *, pool_tokens: int, layers: int, tensor_parallel: int,
@@ -160,16 +163,7 @@ def run_attention_sweep(device: torch.device, *, context_lens: list[int], tensor
     return _result("attention_sweep", device, params, rows)
 
 
-@dataclass(frozen=True)
-class Experiment:
-    name: str
-    run: Callable[..., Result]
-    full: dict[str, Any]
-    small: dict[str, Any]
-    about: str
-
-
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
+EXPERIMENTS: list[Experiment] = [
     Experiment("decode_profile", run_decode_profile,
                full=dict(pool_tokens=495_000, layers=78, tensor_parallel=4, context_lens=[8192],
                          timed_steps=5, profile_steps=3),
@@ -187,17 +181,4 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                          tensor_parallel=4, pool_tokens=495_000),
                small=dict(context_lens=[256, 1024, 4096], tensor_parallel=4, pool_tokens=16_384),
                about="MLA decode time against context length, 16 heads per GPU"),
-]}
-
-
-def run_experiment(name: str, device: torch.device, scale: str = "full", **overrides: Any) -> Result:
-    if name not in EXPERIMENTS:
-        raise KeyError(f"unknown experiment {name!r}; known: {sorted(EXPERIMENTS)}.")
-    if scale not in ("full", "small"):
-        raise ValueError(f"scale {scale!r} is not one of ('full', 'small').")
-    exp = EXPERIMENTS[name]
-    params = {**getattr(exp, scale), **overrides}
-    unknown = set(overrides) - set(exp.full)
-    if unknown:
-        raise TypeError(f"experiment {name!r} has no parameters {sorted(unknown)}; it takes {sorted(exp.full)}.")
-    return exp.run(device, **params)
+]
