@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,19 +16,9 @@ CHAPTERS = sorted(p for p in BOOK.glob("[0-9][0-9]_*.md"))
 
 def run_chapter(path: Path, out_dir: Path, **parameters) -> dict:
     """Execute a MyST chapter with papermill (as CI and readers do) and return its execution record."""
-    import jupytext
-    import papermill
+    from kvwall.notebooks import execute_chapter
 
-    exec_dir = out_dir / "execution"
-    os.environ["KVWALL_EXECUTION_DIR"] = str(exec_dir)
-    try:
-        papermill.execute_notebook(
-            jupytext.read(path), str(out_dir / f"{path.stem}.ipynb"), parameters=parameters,
-            kernel_name="python3", cwd=str(BOOK), progress_bar=False, execution_timeout=600,
-        )
-    finally:
-        os.environ.pop("KVWALL_EXECUTION_DIR", None)
-    return json.loads((exec_dir / f"{path.stem}.json").read_text())
+    return execute_chapter(path, out_dir, **parameters)
 
 
 @pytest.fixture(scope="session")

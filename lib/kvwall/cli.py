@@ -4,11 +4,14 @@
     python -m kvwall record decode_profile        # one experiment, full scale, into book/results/
     python -m kvwall record all                   # what `make record` runs
     python -m kvwall check                        # validate every file in book/results/
+    python -m kvwall execute book/01_the_86ms_profile.md --out /tmp/run -p mode=gpu
+                                                  # run a chapter headless (papermill)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,6 +38,25 @@ def _record(names: list[str], scale: str, out: Path) -> int:
     return 0
 
 
+def _execute(chapter: Path, out: Path, params: list[str], parser: argparse.ArgumentParser) -> int:
+    import ast
+
+    from .notebooks import execute_chapter
+
+    values = {}
+    for item in params:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.isidentifier():
+            parser.error(f"parameter {item!r} is not NAME=VALUE")
+        try:
+            values[name] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            values[name] = raw
+    record = execute_chapter(chapter, out, **values)
+    print(json.dumps({k: record[k] for k in ("chapter", "mode", "device", "scale", "duration_s")}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvwall", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--out", type=Path, default=RESULTS_DIR)
     chk = sub.add_parser("check", help="validate the recorded results and report stale ones")
     chk.add_argument("--dir", type=Path, default=RESULTS_DIR)
+    exe = sub.add_parser("execute", help="run a chapter headless with papermill")
+    exe.add_argument("chapter", type=Path)
+    exe.add_argument("--out", type=Path, required=True, help="folder for the executed .ipynb and its record")
+    exe.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                     help="a parameter, VALUE as a Python literal (strings may be bare): -p mode=gpu -p layers=8")
     args = parser.parse_args(argv)
 
     if args.command == "list":
@@ -58,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown experiment(s) {unknown}; choose 'all' or from {list(EXPERIMENTS)}")
         return _record(names, args.scale, args.out)
+    if args.command == "execute":
+        return _execute(args.chapter, args.out, args.param, parser)
     status = 0
     for name in EXPERIMENTS:
         try:
