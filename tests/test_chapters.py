@@ -84,3 +84,41 @@ def test_chapters_open_as_notebooks_in_jupyterlab():
         cells = model["content"]["cells"]
         assert model["type"] == "notebook" and any(c["cell_type"] == "code" for c in cells)
         assert any("parameters" in c["metadata"].get("tags", []) for c in cells), f"{path.name}: no parameters cell"
+
+
+def test_corrupt_result_file_stops_the_chapter_naming_the_file(tmp_path, monkeypatch):
+    import shutil
+
+    import papermill
+
+    results = tmp_path / "results"
+    shutil.copytree(BOOK / "results", results)
+    broken = results / "decode_profile.json"
+    broken.write_text(broken.read_text()[:200])
+    monkeypatch.setenv("KVWALL_RESULTS_DIR", str(results))
+    with pytest.raises(papermill.PapermillExecutionError) as info:
+        run_chapter(BOOK / "01_the_86ms_profile.md", tmp_path, mode="cpu", layers=1, pool_tokens=5000)
+    assert str(broken) in str(info.value) and "not valid JSON" in str(info.value)
+    assert info.value.ename == "ResultFileError"
+
+
+def test_stale_result_is_shown_with_a_visible_warning(tmp_path, monkeypatch):
+    import json
+
+    import IPython.display
+
+    import kvwall.chapter as chapter_module
+    from kvwall.results import load_result as real_load
+
+    data = json.loads((BOOK / "results" / "cast_sweep.json").read_text())
+    first = next(iter(data["provenance"]["sources"]))
+    data["provenance"]["sources"][first] = "0" * 16  # as if the source changed since the run
+    (tmp_path / "cast_sweep.json").write_text(json.dumps(data))
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    monkeypatch.setattr(chapter_module, "load_result", lambda name: real_load(name, tmp_path))
+    run = start_chapter("x", mode="cpu", record=False, defaults={"gpu": {}, "cpu": {}})
+    result = run.recorded("cast_sweep")
+    assert result.stale and run.recorded_used[0]["stale"]
+    assert "STALE" in result.caption() and first in result.caption()
+    assert len(shown) == 1 and "Stale recorded result" in shown[0].data and 'class="admonition warning"' in shown[0].data

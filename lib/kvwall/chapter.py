@@ -69,7 +69,8 @@ class ChapterRun:
     def recorded(self, experiment: str) -> Result:
         """Load a recorded GPU run, note that this chapter used it, and warn visibly if stale."""
         result = load_result(experiment)
-        self.recorded_used.append({"experiment": experiment, "file": str(result.path.relative_to(PROJECT_ROOT)),
+        path = result.path.relative_to(PROJECT_ROOT) if result.path.is_relative_to(PROJECT_ROOT) else result.path
+        self.recorded_used.append({"experiment": experiment, "file": str(path),
                                    "caption": result.caption(), "stale": result.stale})
         if result.stale:
             _show_warning(f"Stale recorded result. {result.caption()}")

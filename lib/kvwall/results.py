@@ -27,7 +27,8 @@ __all__ = [
 ]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-RESULTS_DIR = PROJECT_ROOT / "book" / "results"
+#: Where recorded results live; KVWALL_RESULTS_DIR points chapters elsewhere (tests use it).
+RESULTS_DIR = Path(os.environ.get("KVWALL_RESULTS_DIR", PROJECT_ROOT / "book" / "results"))
 SCHEMA = 1
 
 
