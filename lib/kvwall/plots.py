@@ -48,6 +48,11 @@ def step_breakdown(columns: Mapping[str, Mapping[str, float]], title: str, capti
         fig.add_bar(name=PHASE_NAMES.get(phase, phase), x=list(columns),
                     y=[col.get(phase, 0.0) for col in columns.values()], marker_color=PHASE_COLORS.get(phase),
                     hovertemplate="%{x}<br>" + PHASE_NAMES.get(phase, phase) + ": %{y:.2f} ms<extra></extra>")
+    for name, col in columns.items():
+        total = sum(col.values())
+        cast = col.get("kv_strategy", col.get("original_cast", 0.0))
+        fig.add_annotation(x=name, y=total, text=f"{total:,.1f} ms<br>cast {cast / total:.0%}", showarrow=False,
+                           yanchor="bottom", font=dict(size=11))
     fig.update_layout(barmode="stack", title=title, yaxis_title="ms per decode step")
     return with_caption(fig, caption, height=520)
 
