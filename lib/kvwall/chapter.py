@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .experiments import EXPERIMENTS, run_experiment
+from .experiments import run_experiment
 from .results import PROJECT_ROOT, Result, load_result, save_result
 
 __all__ = ["MODES", "ChapterRun", "start_chapter", "execution_dir", "load_execution_records"]
@@ -149,7 +149,3 @@ def _setup_plotly() -> None:
 def load_execution_records(directory: Path | None = None) -> list[dict[str, Any]]:
     directory = directory or execution_dir()
     return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))] if directory.is_dir() else []
-
-
-def known_experiments() -> list[str]:
-    return list(EXPERIMENTS)
