@@ -38,7 +38,7 @@ class ResultFileError(ValueError):
     def __init__(self, path: Path, problem: str) -> None:
         super().__init__(
             f"{path}: {problem}. Result files are written by `python -m kvwall record <experiment>` "
-            "on a GPU; re-record it, or restore it with `git checkout -- book/results/`."
+            "(on a GPU for GPU measurements); re-record it, or restore it with `git checkout -- book/results/`."
         )
         self.path = path
 
