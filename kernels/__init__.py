@@ -1,11 +1,19 @@
 """Kernels of the book, installed as ``kvwall.kernels`` (sources live in the top-level ``kernels/``).
 
-Each fast kernel has its torch reference beside it. So far:
+Each fast kernel has its torch reference beside it:
 
 - :func:`mla_decode_reference` — MLA paged decode attention in torch, the correctness reference
   every attention path in the book is checked against.
+- :func:`gather_cast` (Triton) and :func:`gather_cast_cuda` (its CUDA C++ twin) — cast only the KV
+  rows a page table references, FP8 -> BF16, into a compact buffer; :func:`full_cast` — the whole
+  pool in one vectorized pass. References and a seeded input generator: :mod:`kvwall.kernels.reference`.
 """
 
+from .gather_cast import compact_kv_indices, full_cast, gather_cast, plan_gather
+from .gather_cast_cuda import gather_cast_cuda, nvcc_compile_check
 from .mla_reference import mla_decode_reference, split_latent_cache
+from .reference import full_cast_reference, gather_cast_reference, make_gather_inputs
 
-__all__ = ["mla_decode_reference", "split_latent_cache"]
+__all__ = ["mla_decode_reference", "split_latent_cache", "gather_cast", "gather_cast_cuda", "full_cast",
+           "plan_gather", "compact_kv_indices", "nvcc_compile_check", "gather_cast_reference",
+           "full_cast_reference", "make_gather_inputs"]

@@ -39,15 +39,19 @@ def with_caption(fig: go.Figure, caption: str | Sequence[str], *, height: int = 
     return fig
 
 
-def step_breakdown(columns: Mapping[str, Mapping[str, float]], title: str, caption: Sequence[str]) -> go.Figure:
-    """Stacked bars: one column per source (ours live, ours recorded, the original), ms per phase."""
+def step_breakdown(columns: Mapping[str, Mapping[str, float]], title: str, caption: Sequence[str], *,
+                   names: Mapping[str, str] | None = None) -> go.Figure:
+    """Stacked bars: one column per source (ours live, ours recorded, the original), ms per phase.
+
+    ``names`` overrides phase names (e.g. ``kv_strategy`` when it is not the whole-pool cast)."""
+    names = {**PHASE_NAMES, **(names or {})}
     fig = go.Figure()
     phases = [p for p in (*PHASES, "original_cast", "original_rest")
               if any(p in col for col in columns.values())]
     for phase in phases:
-        fig.add_bar(name=PHASE_NAMES.get(phase, phase), x=list(columns),
+        fig.add_bar(name=names.get(phase, phase), x=list(columns),
                     y=[col.get(phase, 0.0) for col in columns.values()], marker_color=PHASE_COLORS.get(phase),
-                    hovertemplate="%{x}<br>" + PHASE_NAMES.get(phase, phase) + ": %{y:.2f} ms<extra></extra>")
+                    hovertemplate="%{x}<br>" + names.get(phase, phase) + ": %{y:.2f} ms<extra></extra>")
     for name, col in columns.items():
         total = sum(col.values())
         cast = col.get("kv_strategy", col.get("original_cast", 0.0))

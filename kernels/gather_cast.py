@@ -1,0 +1,327 @@
+"""Gather-then-cast: convert only the KV rows a batch's page table references, FP8 -> BF16.
+
+SGLang's ``flashinfer_mla`` backend cast the *whole* layer pool to BF16 on every layer of every
+decode step. :func:`gather_cast` reads just the rows ``kv_indices`` names and writes them, in that
+order, into a compact BF16 buffer: ``out[i] = pool[kv_indices[i]] (* scale)``. The attention is then
+planned over that buffer with indices ``0..n-1`` (:func:`compact_kv_indices`).
+
+Calling conventions (the same for the CUDA C++ twin, :func:`kvwall.kernels.gather_cast_cuda`):
+
+- ``pool``: ``float8_e4m3fn``, ``(num_slots, D)``, SGLang's ``(num_slots, 1, D)``, or a paged pool
+  ``(num_pages, page_size, D)``. **Page sizes above 1**: ``kv_indices`` are then *page* indices (as
+  FlashInfer's paged wrappers take them) and every referenced page is copied whole, so
+  ``out[i] = pool[kv_indices[i]]`` is a ``(page_size, D)`` page; plan the attention with pages
+  ``0..n-1`` and the same ``kv_last_page_len``. To gather *token* slots out of a paged pool
+  instead, pass ``pool.view(-1, D)`` and token indices ``page * page_size + offset``.
+- ``kv_indices``: 1-D ``int32`` or ``int64``, contiguous. Repeated and unsorted indices are fine.
+- ``kv_indptr`` (optional, CSR request boundaries on the pool's device): only its *last* entry is
+  read, **inside the kernel**, and bounds how many of ``kv_indices`` are real; rows past it are not
+  written. No host synchronization: this is what lets the call sit in a CUDA-graph-captured
+  decode step, where ``kv_indices`` and ``out`` are fixed-capacity buffers and lengths change.
+- ``out`` (optional): a BF16 buffer with at least ``len(kv_indices)`` rows (its capacity).
+- ``scale`` (optional): a Python number or a one-element float32 tensor on the pool's device (read
+  in the kernel, so a graph replays with whatever the tensor holds). Products are rounded to
+  BF16 to nearest-even, exactly as ``(row.float() * scale).to(torch.bfloat16)``.
+- ``check_range=True`` validates indices and ``kv_indptr`` on the host *before* the launch (a
+  device sync). ``check_range=False`` skips that sync (needed inside graph capture); the kernel
+  still never reads outside the pool or writes past ``out``'s capacity: a row whose index is out
+  of range is written as NaN (attention output turns NaN, loudly), and a ``kv_indptr`` end past
+  the capacity is clamped to it. The trade-off: bad page tables show up as NaN rows downstream
+  instead of an exception naming the bad index.
+
+FP8 -> BF16 is exact (e4m3 values are a subset of BF16), so without ``scale`` the result is
+bit-identical to ``pool[idx].to(torch.bfloat16)``; tests check bit-exactness.
+
+On a CPU tensor the kernels run in Triton's interpreter (constructed here, whatever
+``TRITON_INTERPRET`` says, so import order does not matter); on CUDA they are compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from numbers import Real
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["gather_cast", "full_cast", "compact_kv_indices", "GatherPlan", "plan_gather", "SUPPORTED_INDEX_DTYPES"]
+
+SUPPORTED_INDEX_DTYPES = (torch.int32, torch.int64)
+POOL_DTYPE = torch.float8_e4m3fn
+OUT_DTYPE = torch.bfloat16
+
+
+def _gather_cast_kernel(
+    pool_ptr, kv_indices_ptr, out_ptr, indptr_end_ptr, scale_ptr, scale_value,
+    capacity_rows,  # len(kv_indices) * PAGE: output rows (tokens) the launch covers
+    num_pages,  # pool.shape[0]: valid indices are 0 <= i < num_pages
+    pool_page_stride, out_page_stride,  # elements between consecutive pages
+    D: tl.constexpr, PAGE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    HAS_INDPTR: tl.constexpr, SCALE_MODE: tl.constexpr,  # 0: none, 1: scale_value, 2: *scale_ptr
+):
+    # A persistent grid walks the row blocks; the loop's end comes from the device-side real length,
+    # so a launch sized for a graph's capacity costs only what the real rows need.
+    limit = capacity_rows
+    if HAS_INDPTR:
+        limit = tl.minimum(limit, tl.maximum(tl.load(indptr_end_ptr).to(tl.int64), 0) * PAGE)
+    if SCALE_MODE == 1:
+        scale = scale_value
+    elif SCALE_MODE == 2:
+        scale = tl.load(scale_ptr)
+    for block in range(tl.program_id(0), (limit + BLOCK_ROWS - 1) // BLOCK_ROWS, tl.num_programs(0)):
+        rows = block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS).to(tl.int64)
+        real = rows < limit
+        page = rows // PAGE
+        slot = tl.load(kv_indices_ptr + page, mask=real, other=0).to(tl.int64)
+        in_pool = (slot >= 0) & (slot < num_pages)
+        src = pool_ptr + slot * pool_page_stride + (rows % PAGE) * D
+        dst = out_ptr + page * out_page_stride + (rows % PAGE) * D
+        for c in tl.static_range(0, D, BLOCK_COLS):
+            cols = c + tl.arange(0, BLOCK_COLS)
+            col_ok = cols < D
+            x = tl.load(src[:, None] + cols[None, :], mask=(real & in_pool)[:, None] & col_ok[None, :], other=0.0)
+            if SCALE_MODE == 0:
+                y = x.to(tl.bfloat16)
+            else:
+                # float32 -> bfloat16 rounded to nearest even by integer ops: Triton's interpreter truncates
+                # instead of rounding, so the same arithmetic is spelled out and runs (tested) on both.
+                f = x.to(tl.float32) * scale
+                u = f.to(tl.uint32, bitcast=True)
+                r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+                y = tl.where(f != f, float("nan"), r)
+            y = tl.where(in_pool[:, None], y, float("nan")).to(tl.bfloat16)
+            tl.store(dst[:, None] + cols[None, :], y, mask=real[:, None] & col_ok[None, :])
+
+
+def _full_cast_kernel(src_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    tl.store(out_ptr + offs, tl.load(src_ptr + offs, mask=mask).to(tl.bfloat16), mask=mask)
+
+
+@functools.cache
+def _kernel(name: str, interpreted: bool):
+    fn = {"gather_cast": _gather_cast_kernel, "full_cast": _full_cast_kernel}[name]
+    if interpreted:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(fn)
+    return triton.jit(fn)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation: everything a launch needs, checked before it, with errors that say what to do.
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GatherPlan:
+    """What a gather-cast launch needs, validated; shared by the Triton kernel and the CUDA twin."""
+
+    pool: torch.Tensor
+    kv_indices: torch.Tensor
+    out: torch.Tensor
+    indptr_end: torch.Tensor | None  # a one-element view of kv_indptr[-1:]
+    scale_tensor: torch.Tensor | None
+    scale_value: float | None
+    page_size: int
+    dim: int
+
+    @property
+    def capacity(self) -> int:
+        return self.kv_indices.numel()
+
+    @property
+    def scale_mode(self) -> int:
+        return 2 if self.scale_tensor is not None else (1 if self.scale_value is not None else 0)
+
+
+def _fail(kind: type[Exception], text: str) -> None:
+    raise kind(f"gather_cast: {text}")
+
+
+def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None = None, *,
+                out: torch.Tensor | None = None, scale: float | torch.Tensor | None = None,
+                check_range: bool = True) -> GatherPlan:
+    """Check every argument of :func:`gather_cast` and allocate ``out`` if not given."""
+    if not isinstance(pool, torch.Tensor) or not isinstance(kv_indices, torch.Tensor):
+        _fail(TypeError, f"pool and kv_indices must be tensors, got {type(pool).__name__} and "
+              f"{type(kv_indices).__name__}.")
+    if pool.dtype != POOL_DTYPE:
+        _fail(TypeError, f"pool has dtype {pool.dtype}; it must be {POOL_DTYPE} (the FP8 KV cache). "
+              "For a BF16 pool no cast is needed: index it directly.")
+    if pool.dim() not in (2, 3):
+        _fail(ValueError, f"pool has shape {tuple(pool.shape)}; expected (num_slots, D), SGLang's "
+              "(num_slots, 1, D) or a paged (num_pages, page_size, D).")
+    if pool.shape[-1] < 1 or pool.shape[0] < 1 or (pool.dim() == 3 and pool.shape[1] < 1):
+        _fail(ValueError, f"pool has shape {tuple(pool.shape)}: every dimension must be at least 1.")
+    dim = pool.shape[-1]
+    page_size = pool.shape[1] if pool.dim() == 3 else 1
+    if pool.stride(-1) != 1 or (pool.dim() == 3 and page_size > 1 and pool.stride(1) != dim):
+        _fail(ValueError, f"pool strides {pool.stride()} (shape {tuple(pool.shape)}): the rows of a page must be "
+              "contiguous (last dim stride 1, and page stride D inside a page); pass pool.contiguous().")
+    if pool.device.type not in ("cuda", "cpu"):
+        _fail(ValueError, f"pool is on {pool.device}; gather_cast runs on CUDA (compiled) or CPU (Triton interpreter).")
+    if kv_indices.dtype not in SUPPORTED_INDEX_DTYPES:
+        _fail(TypeError, f"kv_indices has dtype {kv_indices.dtype}; use torch.int32 or torch.int64.")
+    if kv_indices.dim() != 1:
+        _fail(ValueError, f"kv_indices has shape {tuple(kv_indices.shape)}; it must be 1-D (the flattened page table).")
+    if kv_indices.numel() > 1 and kv_indices.stride(0) != 1:
+        _fail(ValueError, "kv_indices is not contiguous; pass kv_indices.contiguous().")
+    if kv_indices.device != pool.device:
+        _fail(ValueError, f"kv_indices is on {kv_indices.device} but pool is on {pool.device}; move them to one device.")
+    n = kv_indices.numel()
+    out_shape = (n, page_size, dim) if pool.dim() == 3 else (n, dim)
+    if out is None:
+        out = torch.empty(out_shape, dtype=OUT_DTYPE, device=pool.device)
+    else:
+        if not isinstance(out, torch.Tensor) or out.dtype != OUT_DTYPE:
+            _fail(TypeError, f"out has dtype {getattr(out, 'dtype', type(out).__name__)}; it must be {OUT_DTYPE}.")
+        if out.device != pool.device:
+            _fail(ValueError, f"out is on {out.device} but pool is on {pool.device}.")
+        if out.dim() != pool.dim() or tuple(out.shape[1:]) != tuple(pool.shape[1:]):
+            _fail(ValueError, f"out has shape {tuple(out.shape)}; for a pool of shape {tuple(pool.shape)} it must be "
+                  f"(capacity, {', '.join(map(str, pool.shape[1:]))}).")
+        if out.shape[0] < n:
+            _fail(ValueError, f"out holds {out.shape[0]} rows but kv_indices has {n}: out is too small. "
+                  f"Allocate at least len(kv_indices) rows (the capacity).")
+        if out.stride(-1) != 1 or (out.dim() == 3 and page_size > 1 and out.stride(1) != dim):
+            _fail(ValueError, f"out strides {out.stride()}: its rows must be contiguous like the pool's.")
+    indptr_end = None
+    if kv_indptr is not None:
+        if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dtype not in SUPPORTED_INDEX_DTYPES:
+            _fail(TypeError, f"kv_indptr has dtype {getattr(kv_indptr, 'dtype', type(kv_indptr).__name__)}; "
+                  "use torch.int32 or torch.int64.")
+        if kv_indptr.dim() != 1 or kv_indptr.numel() < 1:
+            _fail(ValueError, f"kv_indptr has shape {tuple(kv_indptr.shape)}; it must be 1-D with batch + 1 entries.")
+        if kv_indptr.device != pool.device:
+            _fail(ValueError, f"kv_indptr is on {kv_indptr.device} but pool is on {pool.device}; the kernel reads "
+                  "it on the device (no host sync), so it must live there.")
+        indptr_end = kv_indptr[-1:]
+    scale_tensor = scale_value = None
+    if isinstance(scale, torch.Tensor):
+        if scale.dtype != torch.float32 or scale.numel() != 1:
+            _fail(TypeError, f"scale tensor has dtype {scale.dtype} and {scale.numel()} elements; "
+                  "it must be one float32 value.")
+        if scale.device != pool.device:
+            _fail(ValueError, f"scale is on {scale.device} but pool is on {pool.device}.")
+        scale_tensor = scale.reshape(1)
+    elif scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, Real):
+            _fail(TypeError, f"scale={scale!r}: give a number, a one-element float32 tensor, or None.")
+        scale_value = float(scale)
+    if check_range:
+        _check_range(pool, kv_indices, kv_indptr, page_size)
+    return GatherPlan(pool, kv_indices, out, indptr_end, scale_tensor, scale_value, page_size, dim)
+
+
+def _check_range(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None, page_size: int) -> None:
+    if pool.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _fail(RuntimeError, "check_range=True needs a host synchronization, which CUDA-graph capture forbids; "
+              "pass check_range=False for the captured call (out-of-range indices then give NaN rows).")
+    n = kv_indices.numel()
+    if kv_indptr is not None:
+        ptr = kv_indptr.tolist()
+        if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
+            _fail(ValueError, f"kv_indptr must start at 0 and never decrease; got {ptr[:6]}{'...' if len(ptr) > 6 else ''}.")
+        if ptr[-1] > n:
+            _fail(ValueError, f"kv_indptr ends at {ptr[-1]} but kv_indices has only {n} entries (the capacity).")
+        n = ptr[-1]
+    if n:
+        lo, hi = torch.aminmax(kv_indices[:n])
+        lo, hi = int(lo), int(hi)
+        what = "pages" if page_size > 1 else "slots"
+        if lo < 0 or hi >= pool.shape[0]:
+            bad = lo if lo < 0 else hi
+            _fail(IndexError, f"kv_indices holds {bad}, outside the pool's {pool.shape[0]} {what} (0..{pool.shape[0] - 1}).")
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+def _gather_config(dim: int, interpreted: bool) -> tuple[int, int, int]:
+    """(BLOCK_ROWS, BLOCK_COLS, num_warps). Columns: the largest power of two <= 128 dividing D
+    (no masked lanes; 576 -> 64, nine 64-column tiles), else 64 with a masked tail."""
+    cols = 128
+    while cols > 16 and dim % cols:
+        cols //= 2
+    if dim % cols:
+        cols = 64 if dim > 32 else triton.next_power_of_2(dim)
+    if interpreted:  # few, large programs: the interpreter's cost is per program
+        return max(16, 8192 // cols), cols, 1
+    return max(1, 2048 // cols), cols, 4
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _programs_per_device(device: torch.device) -> int:
+    """Persistent grid: enough 4-warp programs to fill every multiprocessor several times over."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device()) * 8
+
+
+def launch_gather(plan: GatherPlan, *, block_rows: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """Launch the Triton kernel for a validated :class:`GatherPlan`; returns ``plan.out``."""
+    rows = plan.capacity * plan.page_size
+    if rows == 0:
+        return plan.out
+    interpreted = plan.pool.device.type == "cpu"
+    br, bc, nw = _gather_config(plan.dim, interpreted)
+    br, nw = block_rows or br, num_warps or nw
+    dummy = plan.kv_indices
+    blocks = triton.cdiv(rows, br)
+    grid = (blocks if interpreted else min(blocks, _programs_per_device(plan.pool.device)),)
+    _kernel("gather_cast", interpreted)[grid](
+        plan.pool, plan.kv_indices, plan.out,
+        plan.indptr_end if plan.indptr_end is not None else dummy,
+        plan.scale_tensor if plan.scale_tensor is not None else plan.pool,
+        plan.scale_value if plan.scale_value is not None else 1.0,
+        rows, plan.pool.shape[0], plan.pool.stride(0), plan.out.stride(0),
+        D=plan.dim, PAGE=plan.page_size, BLOCK_ROWS=br, BLOCK_COLS=bc,
+        HAS_INDPTR=plan.indptr_end is not None, SCALE_MODE=plan.scale_mode, num_warps=nw,
+        num_stages=1,  # no software pipelining: the nine column tiles already put independent loads in flight
+    )
+    return plan.out
+
+
+def gather_cast(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None = None, *,
+                out: torch.Tensor | None = None, scale: float | torch.Tensor | None = None,
+                check_range: bool = True) -> torch.Tensor:
+    """``out[i] = pool[kv_indices[i]]`` in BF16 (times ``scale``), for the rows ``kv_indptr`` makes real.
+
+    See the module docstring for shapes, page sizes, capacity and the ``check_range`` trade-off.
+    Returns ``out`` (allocated with ``len(kv_indices)`` rows if not given).
+    """
+    return launch_gather(plan_gather(pool, kv_indices, kv_indptr, out=out, scale=scale, check_range=check_range))
+
+
+def full_cast(pool: torch.Tensor, *, out: torch.Tensor | None = None, block: int | None = None) -> torch.Tensor:
+    """The whole pool, FP8 -> BF16, as one vectorized pass (what ``pool.to(torch.bfloat16)`` should cost)."""
+    if not isinstance(pool, torch.Tensor) or pool.dtype != POOL_DTYPE:
+        raise TypeError(f"full_cast: pool must be a {POOL_DTYPE} tensor, got {getattr(pool, 'dtype', type(pool).__name__)}.")
+    if not pool.is_contiguous():
+        raise ValueError("full_cast: pool is not contiguous; pass pool.contiguous().")
+    if pool.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"full_cast: pool is on {pool.device}; it runs on CUDA or CPU (Triton interpreter).")
+    if out is None:
+        out = torch.empty(pool.shape, dtype=OUT_DTYPE, device=pool.device)
+    elif out.dtype != OUT_DTYPE or out.shape != pool.shape or not out.is_contiguous() or out.device != pool.device:
+        raise ValueError(f"full_cast: out must be a contiguous {OUT_DTYPE} tensor of shape {tuple(pool.shape)} on "
+                         f"{pool.device}; got {out.dtype} {tuple(out.shape)} on {out.device}.")
+    numel = pool.numel()
+    if numel == 0:
+        return out
+    interpreted = pool.device.type == "cpu"
+    block = block or (1 << 16 if interpreted else 8192)
+    _kernel("full_cast", interpreted)[(triton.cdiv(numel, block),)](pool, out, numel, BLOCK=block,
+                                                                     num_warps=1 if interpreted else 8)
+    return out
+
+
+def compact_kv_indices(kv_indptr: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """The page table of the compact buffer :func:`gather_cast` writes: ``0..kv_indptr[-1]-1``."""
+    return torch.arange(int(kv_indptr[-1]), dtype=dtype, device=kv_indptr.device)

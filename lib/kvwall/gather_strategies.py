@@ -1,0 +1,109 @@
+"""Chapter 4's KV strategies: cast only the rows the batch's page table references.
+
+Every strategy here produces a *compact* BF16 buffer whose row ``i`` is the ``i``-th entry of the
+batch's ``kv_indices``; the attention is therefore planned with indices ``0..n-1`` (the batch from
+:func:`compact_batch`), not with the pool's slots. They are drop-in ``KVStrategy`` objects for
+:class:`kvwall.decode_step.DecodeStepModel` (chapter 1's :class:`kvwall.strategies.FullPoolCast`
+is the "before").
+
+- :class:`IndexThenCast`: PyTorch ``pool.index_select(0, idx).to(bfloat16)``, two kernels and an
+  FP8 temporary. With ``capacity`` the index buffer is graph-sized (padded with the reserved slot
+  0, as a CUDA-graph-captured step must be), so both kernels run over the whole capacity.
+- :class:`GatherCast`: the fused kernel (Triton, or the CUDA C++ twin), writing into one
+  preallocated buffer of ``capacity`` rows with ``kv_indptr`` read on the device: it touches only
+  the real rows whatever the capacity. ``check_range=False``: the page table is checked once,
+  when the strategy is built, not on every layer (a host sync per layer would stall the step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvwall.kernels import gather_cast, gather_cast_cuda, split_latent_cache
+
+from .pool import RESERVED_SLOT, DecodeBatch, TokenPool
+
+__all__ = ["compact_batch", "IndexThenCast", "GatherCast", "GATHER_STRATEGIES", "make_strategy"]
+
+
+def compact_batch(batch: DecodeBatch) -> DecodeBatch:
+    """The batch as the attention sees it after a gather: request ``b``'s tokens are rows
+    ``kv_indptr[b]..kv_indptr[b+1]-1`` of the compact buffer."""
+    n = batch.total_tokens
+    return DecodeBatch(batch.context_lens, batch.kv_indptr,
+                       torch.arange(n, dtype=torch.int32, device=batch.kv_indices.device), batch.new_token_slots)
+
+
+def _capacity_indices(batch: DecodeBatch, capacity: int | None) -> torch.Tensor:
+    n = batch.total_tokens
+    if capacity is None:
+        return batch.kv_indices
+    if capacity < n:
+        raise ValueError(f"capacity={capacity} is smaller than the batch's {n} tokens: a graph captured for "
+                         f"{capacity} rows cannot hold this batch.")
+    buf = torch.full((capacity,), RESERVED_SLOT, dtype=batch.kv_indices.dtype, device=batch.kv_indices.device)
+    buf[:n] = batch.kv_indices
+    return buf
+
+
+class IndexThenCast:
+    """``pool.index_select(0, kv_indices).to(bfloat16)``: the obvious PyTorch gather-then-cast."""
+
+    def __init__(self, batch: DecodeBatch, capacity: int | None = None) -> None:
+        self.kv_indices = _capacity_indices(batch, capacity).long()
+        self.capacity = capacity
+        self.name = ("PyTorch index_select().to(bf16), real length" if capacity is None else
+                     f"PyTorch index_select().to(bf16) over a graph-sized capacity of {capacity:,}")
+
+    def attention_batch(self, batch: DecodeBatch) -> DecodeBatch:
+        return compact_batch(batch)
+
+    def prepare_kv(self, pool: TokenPool, layer: int, dtype: torch.dtype):
+        rows = pool.key_buffer(layer).index_select(0, self.kv_indices).to(dtype)
+        return split_latent_cache(rows, pool.geometry.kv_lora_rank)
+
+
+class GatherCast:
+    """The fused gather-then-cast kernel into a preallocated ``capacity``-row buffer."""
+
+    def __init__(self, batch: DecodeBatch, pool: TokenPool, *, impl: str = "triton",
+                 capacity: int | None = None) -> None:
+        if impl not in ("triton", "cuda"):
+            raise ValueError(f"impl={impl!r}: use 'triton' or 'cuda'.")
+        self.fn = gather_cast if impl == "triton" else gather_cast_cuda
+        self.kv_indices = _capacity_indices(batch, capacity)
+        self.kv_indptr = batch.kv_indptr
+        rows = self.kv_indices.numel()
+        self.out = torch.empty((rows, *pool.key_buffer(0).shape[1:]), dtype=torch.bfloat16, device=pool.device)
+        # Validate the page table once, with the host-side checks (the per-layer calls skip them).
+        self.fn(pool.key_buffer(0), self.kv_indices, self.kv_indptr, out=self.out, check_range=True)
+        self.capacity = capacity
+        where = "real length" if capacity is None else f"capacity {capacity:,}, kv_indptr on the device"
+        self.name = f"gather_cast ({'Triton' if impl == 'triton' else 'CUDA C++'}), {where}"
+
+    def attention_batch(self, batch: DecodeBatch) -> DecodeBatch:
+        return compact_batch(batch)
+
+    def prepare_kv(self, pool: TokenPool, layer: int, dtype: torch.dtype):
+        if dtype != torch.bfloat16:
+            raise ValueError(f"gather_cast writes bfloat16; the step asked for {dtype}.")
+        out = self.fn(pool.key_buffer(layer), self.kv_indices, self.kv_indptr, out=self.out, check_range=False)
+        return split_latent_cache(out, pool.geometry.kv_lora_rank)
+
+
+GATHER_STRATEGIES = ("full_pool_cast", "index_then_cast", "index_then_cast_capacity", "gather_cast",
+                     "gather_cast_capacity", "gather_cast_cuda", "gather_cast_cuda_capacity")
+
+
+def make_strategy(kind: str, batch: DecodeBatch, pool: TokenPool, capacity: int):
+    """One of :data:`GATHER_STRATEGIES`, built for ``batch`` (``capacity`` for the graph-sized ones)."""
+    from .strategies import FullPoolCast
+
+    if kind == "full_pool_cast":
+        return FullPoolCast()
+    if kind.startswith("index_then_cast"):
+        return IndexThenCast(batch, capacity if kind.endswith("_capacity") else None)
+    if kind.startswith("gather_cast"):
+        impl = "cuda" if "_cuda" in kind else "triton"
+        return GatherCast(batch, pool, impl=impl, capacity=capacity if kind.endswith("_capacity") else None)
+    raise ValueError(f"unknown strategy {kind!r}; choose from {GATHER_STRATEGIES}.")

@@ -1,0 +1,214 @@
+"""gather_cast / full_cast against the torch reference, bit for bit, in Triton's interpreter on CPU tensors.
+
+No TRITON_INTERPRET needed: the kernel module builds an interpreted kernel for CPU tensors itself
+(``triton.runtime.interpreter.InterpretedFunction``) and a compiled one for CUDA tensors, so the
+result does not depend on which test imported triton first or what the environment says.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvwall.gather_checks import VALIDATION_CASES, check_case, compare_rows
+from kvwall.gather_strategies import GatherCast, IndexThenCast, compact_batch
+from kvwall.geometry import GLM5
+from kvwall.kernels import (compact_kv_indices, full_cast, gather_cast, gather_cast_cuda, gather_cast_reference,
+                            make_gather_inputs, nvcc_compile_check)
+from kvwall.kernels.reference import POISON_BITS, bits, fp8_bytes
+from kvwall.pool import TokenPool, make_decode_batch
+
+gc_module = importlib.import_module("kvwall.kernels.gather_cast")  # kvwall.kernels re-exports a function of that name
+
+
+@pytest.mark.parametrize("case", VALIDATION_CASES, ids=lambda c: c.name)
+def test_bit_exact_against_reference(case):
+    row = check_case(gather_cast, case, "cpu")
+    assert row["ok"], row
+
+
+def test_every_fp8_value_converts_exactly():
+    pool = torch.arange(256, dtype=torch.uint8)
+    pool = pool[(pool != 0x7F) & (pool != 0xFF)].view(torch.float8_e4m3fn).reshape(-1, 1)  # interpreter: no NaN
+    idx = torch.arange(pool.shape[0], dtype=torch.int32).flip(0)
+    assert torch.equal(bits(gather_cast(pool, idx)), bits(pool[idx.long()].to(torch.bfloat16)))
+    scale = 0.3  # rounding of the product: nearest even, as torch
+    assert torch.equal(bits(gather_cast(pool, idx, scale=scale)), bits(gather_cast_reference(pool, idx, scale=scale)))
+
+
+# ---- the checker must reject wrong implementations (otherwise a passing suite proves nothing) ----------
+
+def _truncating(pool, idx, indptr=None, *, out, scale=None):
+    gather_cast_reference(pool, idx, indptr, out=out)
+    n = int(indptr[-1]) if indptr is not None else idx.numel()
+    if scale is not None:
+        s = float(scale) if not isinstance(scale, torch.Tensor) else float(scale.item())
+        f = pool.index_select(0, idx[:n].long()).float() * s
+        bits(out)[:n] = (f.view(torch.int32) >> 16).to(torch.int16)  # truncates instead of rounding
+    return out
+
+
+def _ignores_indptr(pool, idx, indptr=None, *, out, scale=None):
+    return gather_cast_reference(pool, idx.clamp(0, pool.shape[0] - 1), None, out=out, scale=scale)
+
+
+def _off_by_one(pool, idx, indptr=None, *, out, scale=None):
+    return gather_cast_reference(pool, (idx + 1) % pool.shape[0], indptr, out=out, scale=scale)
+
+
+def _drops_last_row(pool, idx, indptr=None, *, out, scale=None):
+    n = int(indptr[-1]) if indptr is not None else idx.numel()
+    keep = torch.zeros(1, dtype=torch.int32) + max(n - 1, 0)
+    return gather_cast_reference(pool, idx, keep, out=out, scale=scale)
+
+
+@pytest.mark.parametrize("wrong,case_name", [
+    (_truncating, "scale_float"),
+    (_ignores_indptr, "capacity_over_real"),
+    (_off_by_one, "mla_sglang_int32"),
+    (_drops_last_row, "odd_dim_33_repeats"),
+])
+def test_checker_rejects_wrong_implementations(wrong, case_name):
+    case = next(c for c in VALIDATION_CASES if c.name == case_name)
+    assert not check_case(wrong, case, "cpu")["ok"]
+
+
+# ---- properties over shapes and index patterns ----------------------------------------------------------
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), dim=st.integers(1, 700), slots=st.integers(1, 64), page=st.sampled_from([1, 1, 2, 5]),
+       layout=st.sampled_from(["flat", "sglang", "paged"]), index_dtype=st.sampled_from([torch.int32, torch.int64]),
+       extra_capacity=st.integers(0, 9), scaled=st.booleans())
+def test_property_matches_reference(data, dim, slots, page, layout, index_dtype, extra_capacity, scaled):
+    page = page if layout == "paged" else 1
+    lens = data.draw(st.lists(st.integers(0, 12), max_size=4), label="request lengths")
+    n = sum(lens)
+    idx = data.draw(st.lists(st.integers(0, slots - 1), min_size=n, max_size=n), label="slots")
+    gen = torch.Generator().manual_seed(dim * 131 + slots)
+    shape = {"flat": (slots, dim), "sglang": (slots, 1, dim), "paged": (slots, page, dim)}[layout]
+    pool = fp8_bytes(shape, generator=gen)
+    kv_indices = torch.tensor(idx + [slots + 99] * extra_capacity, dtype=index_dtype)
+    indptr = torch.tensor([0, *torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32)
+    out = torch.empty((kv_indices.numel(), *shape[1:]), dtype=torch.bfloat16)
+    bits(out).fill_(POISON_BITS)
+    scale = data.draw(st.floats(1e-3, 1e3), label="scale") if scaled else None
+    gather_cast(pool, kv_indices, indptr, out=out, scale=scale)
+    counts = compare_rows(out, gather_cast_reference(pool, kv_indices, indptr, scale=scale), n)
+    assert counts == {"mismatched_values": 0, "overwritten_poison": 0}
+
+
+# ---- errors before any launch -----------------------------------------------------------------------------
+
+def _args():
+    inp = make_gather_inputs(num_slots=50, dim=576, context_lens=[10, 20], seed=1)
+    return {"pool": inp.pool, "kv_indices": inp.kv_indices, "kv_indptr": inp.kv_indptr,
+            "out": torch.empty((30, 1, 576), dtype=torch.bfloat16), "scale": None}
+
+
+def _set(**changes):
+    return lambda a: a.update({k: (v(a) if callable(v) else v) for k, v in changes.items()})
+
+
+BAD_INPUTS = [
+    (_set(pool=lambda a: a["pool"].to(torch.bfloat16)), TypeError, "must be torch.float8_e4m3fn"),
+    (_set(pool=lambda a: a["pool"].view(torch.uint8)), TypeError, "must be torch.float8_e4m3fn"),
+    (_set(pool=lambda a: a["pool"].reshape(50, 1, 1, 576)), ValueError, "expected \\(num_slots, D\\)"),
+    (_set(pool=lambda a: a["pool"].transpose(0, 2)), ValueError, "rows of a page must be contiguous"),
+    (_set(pool=lambda a: a["pool"].to("meta")), ValueError, "pool is on meta"),
+    (_set(kv_indices=lambda a: a["kv_indices"].to(torch.int16)), TypeError, "use torch.int32 or torch.int64"),
+    (_set(kv_indices=lambda a: a["kv_indices"].float()), TypeError, "use torch.int32 or torch.int64"),
+    (_set(kv_indices=lambda a: a["kv_indices"].reshape(2, 15)), ValueError, "must be 1-D"),
+    (_set(kv_indices=lambda a: torch.arange(60, dtype=torch.int32)[::2]), ValueError, "not contiguous"),
+    (_set(kv_indices=lambda a: a["kv_indices"].to("meta")), ValueError, "kv_indices is on meta"),
+    (_set(out=lambda a: a["out"][:29]), ValueError, "out is too small"),
+    (_set(out=lambda a: a["out"].float()), TypeError, "out has dtype torch.float32"),
+    (_set(out=lambda a: torch.empty((30, 576), dtype=torch.bfloat16)), ValueError, "must be \\(capacity, 1, 576\\)"),
+    (_set(out=lambda a: torch.empty((30, 1, 1152), dtype=torch.bfloat16)[..., ::2]), ValueError, "out strides"),
+    (_set(kv_indices=lambda a: a["kv_indices"] + 50), IndexError, "outside the pool's 50 slots"),
+    (_set(kv_indices=lambda a: a["kv_indices"] - 50), IndexError, "outside the pool's 50 slots"),
+    (_set(kv_indptr=torch.tensor([0, 10, 31], dtype=torch.int32)), ValueError, "ends at 31 but kv_indices has only 30"),
+    (_set(kv_indptr=torch.tensor([0, 20, 10], dtype=torch.int32)), ValueError, "never decrease"),
+    (_set(kv_indptr=torch.tensor([0.0, 30.0])), TypeError, "kv_indptr has dtype torch.float32"),
+    (_set(scale="2"), TypeError, "give a number"),
+    (_set(scale=torch.tensor([1.0, 2.0])), TypeError, "one float32 value"),
+    (_set(scale=torch.tensor([2.0], dtype=torch.float64)), TypeError, "one float32 value"),
+]
+
+
+@pytest.mark.parametrize("edit,exc,words", BAD_INPUTS, ids=[w for _, _, w in BAD_INPUTS])
+def test_bad_input_raises_before_launch(monkeypatch, edit, exc, words):
+    monkeypatch.setattr(gc_module, "_kernel", lambda *a: pytest.fail("launched despite bad input"))
+    args = _args()
+    edit(args)
+    with pytest.raises(exc, match=words) as info:
+        gather_cast(args["pool"], args["kv_indices"], args["kv_indptr"], out=args["out"], scale=args["scale"])
+    assert str(info.value).startswith("gather_cast: ")
+
+
+def test_unchecked_out_of_range_gives_nan_rows_and_never_writes_past_capacity():
+    inp = make_gather_inputs(num_slots=40, dim=70, context_lens=[12], seed=2)
+    idx = inp.kv_indices.clone()
+    idx[::4] = 1000
+    idx[1] = -3
+    out = torch.empty((14, 1, 70), dtype=torch.bfloat16)
+    bits(out).fill_(POISON_BITS)
+    indptr = torch.tensor([0, 50], dtype=torch.int32)  # claims more rows than the capacity holds
+    gather_cast(inp.pool, idx, indptr, out=out[:12], check_range=False)
+    nan_rows = torch.isnan(out[:12].float()).all(dim=-1).flatten()
+    assert nan_rows.tolist() == [i % 4 == 0 or i == 1 for i in range(12)]
+    good = ~nan_rows
+    assert torch.equal(bits(out[:12][good]), bits(inp.pool[idx[good].long()].to(torch.bfloat16)))
+    assert (bits(out[12:]) == POISON_BITS).all()
+
+
+def test_full_cast_bit_exact_and_checks():
+    gen = torch.Generator().manual_seed(4)
+    for shape in [(1,), (1001, 1, 577), (3, 70)]:
+        pool = fp8_bytes(shape, generator=gen)
+        assert torch.equal(bits(full_cast(pool)), bits(pool.to(torch.bfloat16)))
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        full_cast(torch.zeros(4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="not contiguous"):
+        full_cast(fp8_bytes((4, 6), generator=gen).t())
+    with pytest.raises(ValueError, match="out must be"):
+        full_cast(fp8_bytes((4, 6), generator=gen), out=torch.empty(4, 5, dtype=torch.bfloat16))
+
+
+def test_compact_indices_and_batch():
+    batch = make_decode_batch([5, 9], 100, seed=0)
+    assert compact_kv_indices(batch.kv_indptr).tolist() == list(range(14))
+    cb = compact_batch(batch)
+    assert cb.kv_indices.tolist() == list(range(14)) and torch.equal(cb.kv_indptr, batch.kv_indptr)
+
+
+def test_strategies_agree_and_refuse_a_too_small_capacity():
+    pool = TokenPool.random(GLM5, 3000, 2, seed=0)
+    batch = make_decode_batch([300, 41], pool.num_slots, seed=0)
+    want = pool.key_buffer(1).index_select(0, batch.kv_indices.long()).to(torch.bfloat16)
+    for strategy in (IndexThenCast(batch), IndexThenCast(batch, capacity=512), GatherCast(batch, pool),
+                     GatherCast(batch, pool, capacity=512)):
+        ckv, kpe = strategy.prepare_kv(pool, 1, torch.bfloat16)
+        got = torch.cat([ckv, kpe], dim=-1)[: batch.total_tokens]
+        assert torch.equal(bits(got), bits(want)), strategy.name
+    with pytest.raises(ValueError, match="smaller than the batch's 341 tokens"):
+        IndexThenCast(batch, capacity=100)
+
+
+def test_cuda_twin_says_what_it_needs_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the GPU tests run the twin")
+    inp = make_gather_inputs(num_slots=10, dim=8, context_lens=[3], seed=0)
+    with pytest.raises(RuntimeError, match="needs them on a GPU"):
+        gather_cast_cuda(inp.pool, inp.kv_indices)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA twin cannot be compile-checked")
+def test_cuda_twin_compiles_for_hopper_without_spills():
+    report = nvcc_compile_check("sm_90")
+    assert report.ok, report.log[-3000:]
+    assert not report.spills and set(report.registers) == {"1", "2", "4", "8", "16"}

@@ -1,0 +1,56 @@
+"""The gather-cast suite on a GPU: Triton and the CUDA C++ twin, FP8 NaNs included, CUDA graphs, errors.
+
+Skipped (with the reason) on machines without an NVIDIA GPU; the recorded run of
+``gather_cast_validation`` holds the same checks' results from the H200.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvwall.experiments.gather_cast import _error_rows, _graph_rows, implementations
+from kvwall.gather_checks import VALIDATION_CASES, check_case
+from kvwall.kernels import full_cast
+from kvwall.kernels.reference import bits, make_gather_inputs
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA kernels)")]
+IMPLS = ("triton", "cuda")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "with_fp8_nan"])
+@pytest.mark.parametrize("case", VALIDATION_CASES, ids=lambda c: c.name)
+def test_bit_exact_on_gpu(impl, nan, case):
+    row = check_case(implementations(torch.device("cuda"))[impl], case, "cuda", nan=nan)
+    assert row["ok"], row
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_graph_replay_with_changed_indices(impl):
+    rows = _graph_rows(torch.device("cuda"), impl, implementations(torch.device("cuda"))[impl], seed=1)
+    assert rows and all(r["ok"] for r in rows), rows
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_errors_before_launch_on_gpu(impl):
+    rows = _error_rows(torch.device("cuda"), impl, implementations(torch.device("cuda"))[impl])
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+
+
+def test_checked_call_refuses_graph_capture():
+    inp = make_gather_inputs(num_slots=100, dim=576, context_lens=[10], seed=0, device="cuda")
+    from kvwall.kernels import gather_cast
+
+    gather_cast(inp.pool, inp.kv_indices, inp.kv_indptr, check_range=False)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="pass check_range=False"):
+        with torch.cuda.graph(graph):
+            gather_cast(inp.pool, inp.kv_indices, inp.kv_indptr)
+
+
+def test_full_cast_on_gpu_with_nan():
+    pool = make_gather_inputs(num_slots=4097, dim=577, context_lens=[1], seed=2, nan=True, device="cuda").pool
+    got, want = full_cast(pool), pool.to(torch.bfloat16)
+    assert bool(((bits(got) == bits(want)) | (torch.isnan(got) & torch.isnan(want))).all())
