@@ -68,6 +68,8 @@ __all__ = [
     "release_dir",
     "is_installed",
     "install_release",
+    "install_record",
+    "wheelhouse",
     "include_dir",
     "cached_result",
     "build_mla",
@@ -125,6 +127,15 @@ _IMPORT_DEPS: Tuple[str, ...] = (
     "certifi",
     "charset-normalizer",
 )
+#: Exact dependency pins that the package index no longer carries, for which the nearest published
+#: version is not enough: the C++ headers FlashInfer compiles against changed.  For these the
+#: headers are taken from the dependency's own git history, at the commit that declared that version,
+#: out of a local clone named by the environment variable.  (FlashInfer 0.4.1 pins
+#: apache-tvm-ffi==0.1.0b15, removed from PyPI; 0.1.0 turned ``TensorView->data`` into ``.data_ptr()``.)
+_HEADER_PINS: Dict[str, Tuple[str, str, str]] = {
+    # pin: (environment variable naming a clone, commit, include folder in the repository)
+    "apache-tvm-ffi==0.1.0b15": ("KVWALL_TVM_FFI_GIT", "22a78943b78306a73011757fa635afa9dce35114", "include"),
+}
 _RELEASE_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 _NETWORK_PATTERNS = (
     "NewConnectionError",
@@ -491,11 +502,32 @@ def include_dir(release: str, cache_root=None, install: bool = True) -> Path:
     raise ReleaseImportError(f"flashinfer {release} installed at {d} has no include/ folder (flashinfer/data/include).")
 
 
-def _pip(args: List[str], timeout: float = 900) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable, "-m", "pip", "install", "--no-deps", "--no-input",
-        "--disable-pip-version-check", "--only-binary=:all:", "--retries", "1", "--timeout", "30",
-    ] + args  # fmt: skip
+def wheelhouse() -> Optional[Path]:
+    """``$KVWALL_WHEELHOUSE`` as a folder, or ``None``: when set, every install is offline
+    (``pip --no-index --find-links <folder>``), for machines without network that carry wheels."""
+    env = os.environ.get("KVWALL_WHEELHOUSE")
+    if not env:
+        return None
+    p = Path(env).expanduser().resolve()
+    if not p.is_dir():
+        raise NetworkUnavailableError(
+            f"KVWALL_WHEELHOUSE={env!r} is not a folder. It must name a folder of wheels (pip download "
+            f"-d <folder> flashinfer-python==X apache-tvm-ffi==Y ...); unset it to install from the index."
+        )
+    return p
+
+
+def _pip(args: List[str], timeout: float = 900, *, command: str = "install",
+         binary_only: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", command, "--no-deps", "--no-input", "--disable-pip-version-check"]
+    if binary_only:
+        cmd.append("--only-binary=:all:")
+    house = wheelhouse()
+    if house is not None:
+        cmd += ["--no-index", "--find-links", str(house)]
+    else:
+        cmd += ["--retries", "1", "--timeout", "30"]
+    cmd += args
     env = dict(os.environ, PIP_NO_INPUT="1")
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -509,6 +541,13 @@ def _pip(args: List[str], timeout: float = 900) -> subprocess.CompletedProcess:
 def _pip_failure(spec: str, proc: subprocess.CompletedProcess, release: str) -> FlashInferReleaseError:
     out = (proc.stdout or "") + (proc.stderr or "")
     tail = "\n".join(out.strip().splitlines()[-8:])
+    house = os.environ.get("KVWALL_WHEELHOUSE")
+    if house and "No matching distribution" in out:
+        return NetworkUnavailableError(
+            f"{spec} is not in the wheelhouse KVWALL_WHEELHOUSE={house!r} (installs are offline while it "
+            f"is set). Add its wheel there (pip download --no-deps --only-binary=:all: -d {house} ...), "
+            f"or unset KVWALL_WHEELHOUSE to install from the index.\npip said:\n{tail}"
+        )
     if any(p in out for p in _NETWORK_PATTERNS):
         return NetworkUnavailableError(
             f"Could not reach the package index to install {spec} (FlashInfer {release} is not in the "
@@ -553,9 +592,125 @@ def _declared_requirements(target: Path) -> Dict[str, str]:
     return reqs
 
 
+def _published_versions(pip_output: str) -> List[str]:
+    m = re.search(r"\(from versions: ([^)]*)\)", pip_output)
+    return [v.strip() for v in m.group(1).split(",") if v.strip() and v.strip() != "none"] if m else []
+
+
+def _version_key(v: str):
+    """A sort key for PEP 440 versions (packaging's when importable)."""
+    try:
+        from packaging.version import Version
+
+        return (0, Version(v))
+    except Exception:  # noqa: BLE001 - packaging absent or an odd string: numeric parts only
+        return (1, tuple(int(x) for x in re.findall(r"\d+", v)))
+
+
+def _nearest_published(requirement: str, pip_output: str) -> Optional[str]:
+    """For an exact pin ``name==X`` the index does not carry (a removed pre-release, say), the
+    lowest published version above X: ``name==Y``.  ``None`` if the pin is not exact or none is above."""
+    m = re.match(r"^\s*([A-Za-z0-9._-]+)\s*==\s*([^,;\s]+)\s*$", requirement)
+    if not m:
+        return None
+    name, pinned = m.groups()
+    above = [v for v in _published_versions(pip_output) if _version_key(v) > _version_key(pinned)]
+    return f"{name}=={min(above, key=_version_key)}" if above else None
+
+
+def _distribution_present(requirement: str) -> bool:
+    """Whether the calling environment already has this distribution (any version)."""
+    import importlib.metadata as md
+
+    name = re.match(r"[A-Za-z0-9._-]+", requirement).group(0)
+    try:
+        md.version(name)
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+def _install_from_sdist(release: str, target: Path, wheel_failure: FlashInferReleaseError) -> Dict[str, str]:
+    """Install a release the index has only as a source distribution.
+
+    FlashInfer is a JIT package: its sdist holds Python code, the C++/CUDA sources and a build
+    backend (``build_backend.py``) that only copies ``include/``, ``csrc/`` and ``3rdparty/`` into
+    ``flashinfer/data`` -- nothing is compiled at install time.  So the release's own backend builds
+    a pure-Python wheel here, without build isolation (its pinned build requirements need not
+    resolve: setuptools comes from this environment), and that wheel is installed like any other.
+    Refuses (with the reason) an sdist whose wheel is not pure Python."""
+    work = Path(tempfile.mkdtemp(prefix=f".sdist-flashinfer-{release}-", dir=target.parent))
+    try:
+        spec = f"{_PACKAGE}=={release}"
+        proc = _pip(["-d", str(work / "sdist"), "--no-binary", _PACKAGE, "--no-build-isolation", spec],
+                    command="download", binary_only=False)  # fmt: skip
+        sdists = sorted((work / "sdist").glob("*.tar.gz")) + sorted((work / "sdist").glob("*.zip"))
+        if proc.returncode != 0 or not sdists:
+            out = (proc.stdout or "") + (proc.stderr or "")
+            if "No matching distribution" in out:
+                raise ReleaseNotFoundError(
+                    f"{wheel_failure} It has no source distribution either."
+                ) from wheel_failure
+            raise _pip_failure(spec + " (source distribution)", proc, release)
+        proc = _pip(["-w", str(work / "wheel"), "--no-build-isolation", str(sdists[0])], command="wheel",
+                    binary_only=False)  # fmt: skip
+        wheels = sorted((work / "wheel").glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            tail = "\n".join(((proc.stdout or "") + (proc.stderr or "")).strip().splitlines()[-12:])
+            raise ReleaseImportError(
+                f"FlashInfer {release} exists only as a source distribution ({sdists[0].name}), and its own "
+                f"build backend could not make a wheel of it here (it needs setuptools>=77 in this "
+                f"environment, no compiler).\npip said:\n{tail}"
+            )
+        if not wheels[0].name.endswith("-py3-none-any.whl"):
+            raise ReleaseImportError(
+                f"FlashInfer {release}'s source distribution built {wheels[0].name}, which is not pure "
+                f"Python: installing it would mean compiling its extension ahead of time, which this "
+                f"module does not do."
+            )
+        proc = _pip(["--target", str(target), str(wheels[0])], binary_only=False)
+        if proc.returncode != 0:
+            raise _pip_failure(wheels[0].name, proc, release)
+        return {"from": "sdist", "sdist": sdists[0].name, "wheel_built": wheels[0].name}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _overlay_pinned_headers(pin: str, target: Path) -> str:
+    """Replace the substituted dependency's C++ headers with those of the pinned version, from a
+    local git clone (see :data:`_HEADER_PINS`).  Returns what was done, for the install marker."""
+    var, commit, folder = _HEADER_PINS[pin]
+    clone = os.environ.get(var)
+    if not clone:
+        return f"not replaced: set {var} to a git clone of the dependency holding commit {commit}"
+    name = re.match(r"[A-Za-z0-9._-]+", pin).group(0).replace("-", "_")
+    pkg = target / name.removeprefix("apache_")
+    dest = pkg / "include"
+    if not dest.is_dir():
+        return f"not replaced: {dest} is not a folder"
+    proc = subprocess.run(["git", "-C", clone, "archive", "--format=tar", commit, folder], capture_output=True)
+    if proc.returncode != 0:
+        return f"not replaced: git archive {commit} in {clone} failed: {proc.stderr.decode(errors='replace')[-300:]}"
+    import io
+    import tarfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+            tar.extractall(tmp)
+        shutil.copytree(Path(tmp) / folder, dest, dirs_exist_ok=True)
+    return f"{folder}/ from commit {commit} (the commit that declared {pin.split('==')[1]})"
+
+
 def install_release(release: str, cache_root=None, *, quiet: bool = True) -> Path:
     """Install ``flashinfer-python==release`` and what it needs to import into
     ``<cache>/flashinfer-<release>`` (once; later calls return at once).  Returns that folder.
+
+    A release published only as a source distribution is installed from it (FlashInfer's sdist
+    builds a pure-Python wheel: see :func:`_install_from_sdist`).  A dependency pinned to a version
+    the index no longer carries is replaced by the nearest later one, and the install marker
+    (``.kvwall-install.json``) says so.  With ``$KVWALL_WHEELHOUSE`` set, everything comes from that
+    folder (no network), and import dependencies the calling environment already has are not
+    installed again (the build subprocess sees them).
 
     Raises :class:`NetworkUnavailableError`, :class:`ReleaseNotFoundError` or
     :class:`FlashInferReleaseError` with pip's own words when pip fails."""
@@ -563,6 +718,7 @@ def install_release(release: str, cache_root=None, *, quiet: bool = True) -> Pat
     final = release_dir(release, cache_root)
     if (final / _INSTALL_MARKER).exists():
         return final
+    house = wheelhouse()
     root = _root(cache_root)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".installing-flashinfer-{release}-", dir=root))
@@ -570,22 +726,44 @@ def install_release(release: str, cache_root=None, *, quiet: bool = True) -> Pat
     try:
         spec = f"{_PACKAGE}=={release}"
         proc = _pip(["--target", str(tmp), spec])
+        source: Dict[str, str] = {"from": "wheel"}
         if proc.returncode != 0:
-            raise _pip_failure(spec, proc, release)
+            failure = _pip_failure(spec, proc, release)
+            if not isinstance(failure, ReleaseNotFoundError) or house is not None:
+                raise failure
+            source = _install_from_sdist(release, tmp, failure)
         declared = _declared_requirements(tmp)
         deps = [declared.get(name, name) for name in _IMPORT_DEPS]
         if shutil.which("ninja") is None:  # FlashInfer's JIT runs `ninja`; the wheel ships one
             deps.append(declared.get("ninja", "ninja"))
-        proc = _pip(["--target", str(tmp)] + deps)
-        if proc.returncode != 0:
-            raise _pip_failure(" ".join(deps), proc, release)
+        if house is not None:  # offline: what this environment has is seen by the subprocess too
+            deps = [d for d in deps if d.startswith("apache-tvm-ffi") or not _distribution_present(d)]
+        substituted: Dict[str, str] = {}
+        if deps:
+            proc = _pip(["--target", str(tmp)] + deps)
+            if proc.returncode != 0:
+                out = (proc.stdout or "") + (proc.stderr or "")
+                missing = re.search(r"No matching distribution found for (\S+)", out)
+                swap = _nearest_published(missing.group(1), out) if missing else None
+                if swap is None:
+                    raise _pip_failure(" ".join(deps), proc, release)
+                substituted[missing.group(1)] = swap
+                deps = [swap if d == missing.group(1) else d for d in deps]
+                proc = _pip(["--target", str(tmp)] + deps)
+                if proc.returncode != 0:
+                    raise _pip_failure(" ".join(deps), proc, release)
+        headers = {pin: _overlay_pinned_headers(pin, tmp) for pin in substituted if pin in _HEADER_PINS}
         installed = sorted(p.name for p in tmp.glob("*.dist-info"))
         (tmp / _INSTALL_MARKER).write_text(
             json.dumps(
                 {
                     "release": release,
                     "python": sys.version.split()[0],
+                    "source": source,
+                    "wheelhouse": str(house) if house else None,
                     "dependencies": deps,
+                    "substituted": substituted,
+                    "pinned_headers": headers,
                     "installed": installed,
                     "seconds": round(time.perf_counter() - t0, 2),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -603,6 +781,12 @@ def install_release(release: str, cache_root=None, *, quiet: bool = True) -> Pat
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def install_record(release: str, cache_root=None) -> dict:
+    """What :func:`install_release` wrote about how ``release`` was installed (``{}`` if not installed)."""
+    marker = release_dir(release, cache_root) / _INSTALL_MARKER
+    return json.loads(marker.read_text()) if marker.exists() else {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -717,8 +901,11 @@ try:
     spec.write_ninja()
     ninja_file = str(spec.ninja_path)
     text = open(ninja_file).read()
-    objs = re.findall(r"^build (\S+?\.o)\s*:", text, re.M)
-    cmd = [args["ninja"], "-v", "-k", "0", "-C", str(spec.build_dir), "-f", ninja_file] + objs
+    variables = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", text, re.M))  # top-level ninja variables
+    objs = [re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), o)
+            for o in re.findall(r"^build (\S+?\.o)\s*:", text, re.M)]
+    build_dir = getattr(spec, "build_dir", None) or jit_env.FLASHINFER_JIT_DIR  # 0.4.x: the JIT dir
+    cmd = [args["ninja"], "-v", "-k", "0", "-C", str(build_dir), "-f", ninja_file] + objs
     if args.get("jobs"):
         cmd += ["-j", str(args["jobs"])]
     t0 = time.perf_counter()
@@ -991,7 +1178,7 @@ _GCC_ERR = re.compile(r"^(?P<file>/\S+?):(?P<line>\d+):(?:\d+:)? (?:fatal )?erro
 _OTHER_ERR = re.compile(r"^(?P<msg>(?:nvcc fatal|ptxas (?:fatal|error)|nvlink error)\s*:.*)$")
 _INST = re.compile(
     r"^\s*(?:detected during(?::)?\s*)?(?P<kind>instantiation of|implicit generation of)\s+"
-    r"(?:class |variable )?\"(?P<sig>.*)\"(?: based on [^\"]*\")?\s+at line (?P<line>\d+) of (?P<file>.+?)\s*$"
+    r"(?:class |variable )?\"(?P<sig>.*)\"(?: based on [^\"]*\")?\s+at line (?P<line>\d+)(?: of (?P<file>.+?))?\s*$"
 )
 _TU = re.compile(r'^\d+ errors? detected in the compilation of "(?P<tu>[^"]+)"')
 
@@ -1057,7 +1244,8 @@ def parse_nvcc_output(output: str, roots: Sequence[Tuple[str, str]] = ()) -> Lis
             cur["instantiation_chain"].append(
                 InstantiationFrame(
                     function=_short_name(m.group("sig")),
-                    file=_shorten(m.group("file"), roots),
+                    # the compiler leaves out "of FILE" when it is the file of the error itself
+                    file=_shorten(m.group("file"), roots) if m.group("file") else cur["file"],
                     line=int(m.group("line")),
                     signature=m.group("sig"),
                 )
