@@ -63,9 +63,10 @@ def test_stale_when_a_measured_source_changes(tmp_path):
 
 
 def test_every_committed_result_loads_and_is_fresh():
-    for name in EXPERIMENTS:
+    for name, exp in EXPERIMENTS.items():
         result = load_result(name)
-        assert result.provenance.gpu, f"{name}: recorded results come from a GPU"
+        if exp.needs == "cuda":
+            assert result.provenance.gpu, f"{name}: a GPU experiment's recorded result must come from a GPU"
         assert result.provenance.git_commit != "unknown"
         assert not result.stale, f"{name} is stale: {result.changed_sources()}; re-record with make record"
 

@@ -112,7 +112,10 @@ def collect_provenance(device: torch.device, sources: Iterable[str]) -> Provenan
             driver = None
     commit = _git("rev-parse", "HEAD") or os.environ.get("KVWALL_GIT_COMMIT") or "unknown"
     status = _git("status", "--porcelain", "--untracked-files=no")
-    dirty = (status != "") if status is not None else (os.environ.get("KVWALL_GIT_DIRTY") == "1" or None)
+    if status is not None:
+        dirty: bool | None = status != ""
+    else:  # no git here (a copy of the tree on a GPU machine): the caller says
+        dirty = {"0": False, "1": True}.get(os.environ.get("KVWALL_GIT_DIRTY", ""))
     return Provenance(
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         device=str(device), gpu=gpu, driver=driver, cuda=torch.version.cuda,
