@@ -36,7 +36,7 @@ def test_step_phases_and_profile():
 
 
 def test_small_decode_profile_experiment():
-    result = run_experiment("decode_profile", torch.device("cpu"), "small", layers=2, pool_tokens=30_000,
+    result = run_experiment("decode_profile", torch.device("cpu"), "small", layers=2, pool_tokens=80_000,
                             timed_steps=2, profile_steps=1)
     summary = result.table("summary")[0]
     assert summary["cast_share"] > 0.5, "the cast dominates the step on a CPU too"
