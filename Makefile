@@ -37,7 +37,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=book
+	$(VENV)/bin/jupyter lab --notebook-dir=book $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 record: $(STAMP)
 	$(PY) -m kvwall record all
