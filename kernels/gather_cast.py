@@ -39,14 +39,17 @@ On a CPU tensor the kernels run in Triton's interpreter (constructed here, whate
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from numbers import Real
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["gather_cast", "full_cast", "compact_kv_indices", "GatherPlan", "plan_gather", "SUPPORTED_INDEX_DTYPES"]
+__all__ = ["gather_cast", "full_cast", "compact_kv_indices", "GatherPlan", "plan_gather", "launch_gather",
+           "GatherConfig", "gather_config", "chunk_width", "SUPPORTED_INDEX_DTYPES"]
 
 SUPPORTED_INDEX_DTYPES = (torch.int32, torch.int64)
 POOL_DTYPE = torch.float8_e4m3fn
@@ -58,11 +61,86 @@ def _gather_cast_kernel(
     capacity_rows,  # len(kv_indices) * PAGE: output rows (tokens) the launch covers
     num_pages,  # pool.shape[0]: valid indices are 0 <= i < num_pages
     pool_page_stride, out_page_stride,  # elements between consecutive pages
-    D: tl.constexpr, PAGE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    D: tl.constexpr, PAGE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     HAS_INDPTR: tl.constexpr, SCALE_MODE: tl.constexpr,  # 0: none, 1: scale_value, 2: *scale_ptr
+    WIDE: tl.constexpr,  # int64 chunk/row arithmetic (only when the output has >= 2^31 values)
+    POOL_WIDE: tl.constexpr,  # int64 pool offsets (only when the pool has >= 2^31 values)
+    EVICT_LOADS: tl.constexpr, EVICT_STORES: tl.constexpr,  # evict_first hints for the pool reads / out writes
+    LOAD_VEC: tl.constexpr,  # FP8 values per load vector: 8 matches the 16-byte BF16 stores' thread layout
 ):
-    # A persistent grid walks the row blocks; the loop's end comes from the device-side real length,
-    # so a launch sized for a graph's capacity costs only what the real rows need.
+    # The rows are cut into CHUNK-value pieces (576 = 9 x 64): chunk j is piece j % (D // CHUNK) of token
+    # row j // (D // CHUNK). A program moves BLOCK chunks at once, a [BLOCK, CHUNK] tile: no column
+    # masking (CHUNK divides D), vector loads and 16-byte stores, and BLOCK * CHUNK / threads bytes of
+    # independent loads in flight per thread. A grid smaller than the work walks the blocks
+    # persistently; the end comes from the device-side real length, so a launch sized for a graph's
+    # capacity costs only what the real rows need.
+    NC: tl.constexpr = D // CHUNK
+    limit = tl.full((), 0, tl.int64) + capacity_rows
+    if HAS_INDPTR:
+        limit = tl.minimum(limit, tl.maximum(tl.load(indptr_end_ptr).to(tl.int64), 0) * PAGE)
+    if not WIDE:
+        limit = limit.to(tl.int32)
+    if SCALE_MODE == 1:
+        scale = scale_value
+    elif SCALE_MODE == 2:
+        scale = tl.load(scale_ptr)
+    cols = tl.arange(0, CHUNK)[None, :]
+    # The same offsets, seen by the compiler as contiguous in runs of LOAD_VEC only: with 8, the FP8 loads get the
+    # BF16 stores' layout (8 values a thread) and the tile needs no layout conversion through shared memory.
+    load_cols = (cols // LOAD_VEC) * LOAD_VEC + cols % LOAD_VEC
+    for block in range(tl.program_id(0), (limit * NC + BLOCK - 1) // BLOCK, tl.num_programs(0)):
+        # [BLOCK, 1] columns: one slot load per chunk (the few chunks of a row share it through L1), index math
+        # in 32-bit unless WIDE, 64-bit only for pools of 2^31 values or more (POOL_WIDE).
+        j = block * BLOCK + tl.arange(0, BLOCK)[:, None]
+        if WIDE:
+            j = j.to(tl.int64)
+        live = j < limit * NC
+        row = j // NC
+        piece = (j - row * NC) * CHUNK
+        if PAGE == 1:
+            page = row
+            within = piece
+        else:
+            page = row // PAGE
+            within = (row - page * PAGE) * D + piece
+        slot = tl.load(kv_indices_ptr + page, mask=live, other=0).to(tl.int64)
+        in_pool = (slot >= 0) & (slot < num_pages)
+        if POOL_WIDE:
+            src = pool_ptr + (slot * pool_page_stride + within)
+        else:
+            src = pool_ptr + (tl.where(in_pool, slot, 0).to(tl.int32) * pool_page_stride + within)
+        if WIDE:
+            dst = out_ptr + (page * out_page_stride + within)
+        else:
+            dst = out_ptr + (page * out_page_stride + within).to(tl.int32)
+        if EVICT_LOADS:
+            x = tl.load(src + load_cols, mask=live & in_pool, other=0.0, eviction_policy="evict_first")
+        else:
+            x = tl.load(src + load_cols, mask=live & in_pool, other=0.0)
+        if SCALE_MODE == 0:
+            y = x.to(tl.bfloat16)
+        else:
+            # float32 -> bfloat16 rounded to nearest even by integer ops: Triton's interpreter truncates
+            # instead of rounding, so the same arithmetic is spelled out and runs (tested) on both.
+            f = x.to(tl.float32) * scale
+            u = f.to(tl.uint32, bitcast=True)
+            r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            y = tl.where(f != f, float("nan"), r)
+        y = tl.where(in_pool, y, float("nan")).to(tl.bfloat16)
+        if EVICT_STORES:
+            tl.store(dst + cols, y, mask=live, eviction_policy="evict_first")
+        else:
+            tl.store(dst + cols, y, mask=live)
+
+
+def _gather_cast_tiles_kernel(
+    pool_ptr, kv_indices_ptr, out_ptr, indptr_end_ptr, scale_ptr, scale_value,
+    capacity_rows, num_pages, pool_page_stride, out_page_stride,
+    D: tl.constexpr, PAGE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    HAS_INDPTR: tl.constexpr, SCALE_MODE: tl.constexpr,
+):
+    # The general-D path (D not a multiple of 16: 1, 33, 70, ...) and the first version's kernel for D = 576:
+    # rows in blocks, each row in BLOCK_COLS-column tiles, the last one masked.
     limit = capacity_rows
     if HAS_INDPTR:
         limit = tl.minimum(limit, tl.maximum(tl.load(indptr_end_ptr).to(tl.int64), 0) * PAGE)
@@ -85,8 +163,6 @@ def _gather_cast_kernel(
             if SCALE_MODE == 0:
                 y = x.to(tl.bfloat16)
             else:
-                # float32 -> bfloat16 rounded to nearest even by integer ops: Triton's interpreter truncates
-                # instead of rounding, so the same arithmetic is spelled out and runs (tested) on both.
                 f = x.to(tl.float32) * scale
                 u = f.to(tl.uint32, bitcast=True)
                 r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -103,7 +179,8 @@ def _full_cast_kernel(src_ptr, out_ptr, numel, BLOCK: tl.constexpr):
 
 @functools.cache
 def _kernel(name: str, interpreted: bool):
-    fn = {"gather_cast": _gather_cast_kernel, "full_cast": _full_cast_kernel}[name]
+    fn = {"gather_cast": _gather_cast_kernel, "gather_cast_tiles": _gather_cast_tiles_kernel,
+          "full_cast": _full_cast_kernel}[name]
     if interpreted:
         from triton.runtime.interpreter import InterpretedFunction
 
@@ -241,9 +318,71 @@ def _check_range(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.
 # Launchers
 # ----------------------------------------------------------------------------------------------
 
-def _gather_config(dim: int, interpreted: bool) -> tuple[int, int, int]:
-    """(BLOCK_ROWS, BLOCK_COLS, num_warps). Columns: the largest power of two <= 128 dividing D
-    (no masked lanes; 576 -> 64, nine 64-column tiles), else 64 with a masked tail."""
+@dataclass(frozen=True)
+class GatherConfig:
+    """Launch shape of the chunked kernel: ``block`` chunks per program step, ``num_warps``, and the grid,
+    ``programs_per_sm`` x the multiprocessors (a persistent grid; 0: one program per block)."""
+
+    block: int
+    num_warps: int
+    programs_per_sm: int
+    evict_loads: bool = True
+    evict_stores: bool = False
+    load_vec: int = 8
+
+    def as_dict(self) -> dict:
+        return {"block": self.block, "num_warps": self.num_warps, "programs_per_sm": self.programs_per_sm,
+                "evict_loads": self.evict_loads, "evict_stores": self.evict_stores, "load_vec": self.load_vec}
+
+    def label(self) -> str:
+        grid = "1 program/block" if self.programs_per_sm <= 0 else f"{self.programs_per_sm}/SM"
+        ev = ("L" if self.evict_loads else "") + ("S" if self.evict_stores else "")
+        return f"B{self.block} w{self.num_warps} {grid} ev:{ev or '-'} v{self.load_vec}"
+
+
+#: Used where the tuned table (``gather_cast_tuned.json``, written by ``python -m kvwall.gather_tune``
+#: on the device) has no entry for the GPU: 16 KB of FP8 per program step (128 B a thread in flight).
+DEFAULT_CONFIGS = {"small": GatherConfig(128, 4, 0), "large": GatherConfig(256, 4, 8)}
+#: A launch of at most this many rows (its capacity) uses the "small" configuration.
+SMALL_ROWS = 16384
+TUNED_CONFIG_FILE = Path(__file__).with_name("gather_cast_tuned.json")
+
+
+@functools.cache
+def _device_configs(name: str) -> tuple[dict[str, GatherConfig], int]:
+    """The tuned configurations for a GPU model (by ``torch.cuda.get_device_name``), else the defaults."""
+    try:
+        table = json.loads(TUNED_CONFIG_FILE.read_text())
+    except (OSError, ValueError):
+        table = {}
+    entry = table.get(name)
+    if not entry:
+        return DEFAULT_CONFIGS, SMALL_ROWS
+    fields = {f for f in GatherConfig.__dataclass_fields__}
+    configs = {k: GatherConfig(**{f: v for f, v in entry[k].items() if f in fields}) for k in ("small", "large")}
+    return configs, int(entry.get("small_rows", SMALL_ROWS))
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def chunk_width(dim: int) -> int:
+    """The largest power of two <= 128 dividing ``dim`` (576 -> 64): the chunked kernel's piece of a row."""
+    return min(dim & -dim, 128)
+
+
+def gather_config(plan: "GatherPlan") -> GatherConfig:
+    """The configuration a CUDA launch of ``plan`` uses (by GPU model and the launch's row capacity)."""
+    dev = plan.pool.device
+    configs, small_rows = _device_configs(_device_name(dev.index if dev.index is not None else torch.cuda.current_device()))
+    return configs["small" if plan.capacity * plan.page_size <= small_rows else "large"]
+
+
+def _tiles_config(dim: int, interpreted: bool) -> tuple[int, int, int]:
+    """(BLOCK_ROWS, BLOCK_COLS, num_warps) of the general-D tile kernel. Columns: the largest power of two
+    <= 128 dividing D, else 64 with a masked tail."""
     cols = 128
     while cols > 16 and dim % cols:
         cols //= 2
@@ -259,31 +398,70 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _programs_per_device(device: torch.device) -> int:
-    """Persistent grid: enough 4-warp programs to fill every multiprocessor several times over."""
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device()) * 8
+def _sms(device: torch.device) -> int:
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def launch_gather(plan: GatherPlan, *, block_rows: int | None = None, num_warps: int | None = None) -> torch.Tensor:
-    """Launch the Triton kernel for a validated :class:`GatherPlan`; returns ``plan.out``."""
+def _check_same_layout(plan: "GatherPlan", pool: torch.Tensor) -> None:
+    ref = plan.pool
+    if pool.shape != ref.shape or pool.stride() != ref.stride() or pool.dtype != ref.dtype or pool.device != ref.device:
+        _fail(ValueError, f"pool {tuple(pool.shape)} {pool.dtype} strides {pool.stride()} on {pool.device} does not "
+              f"match the planned {tuple(ref.shape)} {ref.dtype} strides {ref.stride()} on {ref.device}.")
+
+
+def launch_gather(plan: GatherPlan, *, pool: torch.Tensor | None = None, config: GatherConfig | None = None,
+                  variant: str = "auto") -> torch.Tensor:
+    """Launch the Triton kernel for a validated :class:`GatherPlan`; returns ``plan.out``.
+
+    ``pool``: another pool of exactly the planned layout (another layer's buffer), so that a caller that
+    validated once can launch per layer without re-planning. ``config`` overrides the tuned launch shape;
+    ``variant``: "auto" (chunks when 16 divides D, else tiles), "chunks", or "tiles" (the first version).
+    """
+    if pool is None:
+        pool = plan.pool
+    elif pool is not plan.pool:
+        _check_same_layout(plan, pool)
     rows = plan.capacity * plan.page_size
     if rows == 0:
         return plan.out
-    interpreted = plan.pool.device.type == "cpu"
-    br, bc, nw = _gather_config(plan.dim, interpreted)
-    br, nw = block_rows or br, num_warps or nw
+    interpreted = pool.device.type == "cpu"
     dummy = plan.kv_indices
+    indptr = plan.indptr_end if plan.indptr_end is not None else dummy
+    scale_ptr = plan.scale_tensor if plan.scale_tensor is not None else pool
+    scale_value = plan.scale_value if plan.scale_value is not None else 1.0
+    chunk = chunk_width(plan.dim)
+    if variant == "auto":
+        variant = "chunks" if chunk >= 16 else "tiles"
+    if variant == "chunks":  # any D (an odd D gives 1-value chunks: correct, slow; "auto" avoids that)
+        total = rows * (plan.dim // chunk)
+        if interpreted:  # few, large programs: the interpreter's cost is per program
+            cfg = GatherConfig(max(1, 65536 // chunk), 1, 0, False, False, 8)
+        else:
+            cfg = config or gather_config(plan)
+        blocks = triton.cdiv(total, cfg.block)
+        grid = (blocks if cfg.programs_per_sm <= 0 else min(blocks, _sms(pool.device) * cfg.programs_per_sm),)
+        wide = plan.capacity * plan.out.stride(0) + cfg.block * chunk >= 2**31 or total + cfg.block >= 2**31
+        _kernel("gather_cast", interpreted)[grid](
+            pool, plan.kv_indices, plan.out, indptr, scale_ptr, scale_value,
+            rows, pool.shape[0], pool.stride(0), plan.out.stride(0),
+            D=plan.dim, PAGE=plan.page_size, CHUNK=chunk, BLOCK=cfg.block,
+            HAS_INDPTR=plan.indptr_end is not None, SCALE_MODE=plan.scale_mode,
+            WIDE=wide, POOL_WIDE=pool.numel() >= 2**31,
+            EVICT_LOADS=cfg.evict_loads, EVICT_STORES=cfg.evict_stores, LOAD_VEC=min(cfg.load_vec, chunk),
+            num_warps=cfg.num_warps, num_stages=1,
+        )
+        return plan.out
+    if variant != "tiles":
+        _fail(ValueError, f"variant={variant!r}: use 'auto', 'chunks' or 'tiles'.")
+    br, bc, nw = _tiles_config(plan.dim, interpreted)
     blocks = triton.cdiv(rows, br)
-    grid = (blocks if interpreted else min(blocks, _programs_per_device(plan.pool.device)),)
-    _kernel("gather_cast", interpreted)[grid](
-        plan.pool, plan.kv_indices, plan.out,
-        plan.indptr_end if plan.indptr_end is not None else dummy,
-        plan.scale_tensor if plan.scale_tensor is not None else plan.pool,
-        plan.scale_value if plan.scale_value is not None else 1.0,
-        rows, plan.pool.shape[0], plan.pool.stride(0), plan.out.stride(0),
+    grid = (blocks if interpreted else min(blocks, _sms(pool.device) * 8),)
+    _kernel("gather_cast_tiles", interpreted)[grid](
+        pool, plan.kv_indices, plan.out, indptr, scale_ptr, scale_value,
+        rows, pool.shape[0], pool.stride(0), plan.out.stride(0),
         D=plan.dim, PAGE=plan.page_size, BLOCK_ROWS=br, BLOCK_COLS=bc,
         HAS_INDPTR=plan.indptr_end is not None, SCALE_MODE=plan.scale_mode, num_warps=nw,
-        num_stages=1,  # no software pipelining: the nine column tiles already put independent loads in flight
+        num_stages=1,
     )
     return plan.out
 

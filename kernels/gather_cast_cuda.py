@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .gather_cast import GatherPlan, plan_gather
+from .gather_cast import GatherPlan, _check_same_layout, plan_gather
 
 __all__ = ["gather_cast_cuda", "load_gather_cast_cuda", "launch_gather_cuda", "nvcc_compile_check",
            "NvccReport", "CUDA_SOURCE"]
@@ -68,9 +68,14 @@ def _max_blocks(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count * 16
 
 
-def launch_gather_cuda(plan: GatherPlan) -> torch.Tensor:
-    if plan.pool.device.type != "cuda":
-        raise RuntimeError(f"gather_cast_cuda: tensors are on {plan.pool.device}; the CUDA twin needs them on a GPU.")
+def launch_gather_cuda(plan: GatherPlan, *, pool: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the CUDA twin for a validated plan; ``pool``: another pool of exactly the planned layout."""
+    if pool is None:
+        pool = plan.pool
+    elif pool is not plan.pool:
+        _check_same_layout(plan, pool)
+    if pool.device.type != "cuda":
+        raise RuntimeError(f"gather_cast_cuda: tensors are on {pool.device}; the CUDA twin needs them on a GPU.")
     lib = load_gather_cast_cuda()
     rows = plan.capacity * plan.page_size
     if rows * plan.dim >= 1 << 31:
@@ -78,16 +83,16 @@ def launch_gather_cuda(plan: GatherPlan) -> torch.Tensor:
                          "2^31 values; split the call (the Triton kernel has no such limit).")
     if rows == 0:
         return plan.out
-    stream = torch.cuda.current_stream(plan.pool.device).cuda_stream
+    stream = torch.cuda.current_stream(pool.device).cuda_stream
     code = lib.kvwall_gather_cast(
-        plan.pool.data_ptr(), plan.kv_indices.data_ptr(), int(plan.kv_indices.dtype == torch.int64),
+        pool.data_ptr(), plan.kv_indices.data_ptr(), int(plan.kv_indices.dtype == torch.int64),
         plan.out.data_ptr(),
         plan.indptr_end.data_ptr() if plan.indptr_end is not None else None,
         int(plan.indptr_end is not None and plan.indptr_end.dtype == torch.int64),
         plan.scale_tensor.data_ptr() if plan.scale_tensor is not None else None,
         plan.scale_value if plan.scale_value is not None else 1.0, plan.scale_mode,
-        plan.capacity * plan.page_size, plan.pool.shape[0], plan.pool.stride(0), plan.out.stride(0),
-        plan.page_size, plan.dim, _max_blocks(plan.pool.device.index or 0), stream)
+        plan.capacity * plan.page_size, pool.shape[0], pool.stride(0), plan.out.stride(0),
+        plan.page_size, plan.dim, _max_blocks(pool.device.index or 0), stream)
     if code != 0:
         raise RuntimeError(f"gather_cast_cuda: launch failed: {lib.kvwall_cuda_error_string(code).decode()} (code {code}).")
     return plan.out

@@ -32,6 +32,46 @@ def test_bit_exact_against_reference(case):
     assert row["ok"], row
 
 
+def _variant(name, config=None):
+    def run(pool, idx, indptr=None, *, out=None, scale=None):
+        plan = gc_module.plan_gather(pool, idx, indptr, out=out, scale=scale)
+        return gc_module.launch_gather(plan, variant=name, config=config)
+    return run
+
+
+@pytest.mark.parametrize("variant", ["chunks", "tiles"])
+@pytest.mark.parametrize("case", VALIDATION_CASES, ids=lambda c: c.name)
+def test_both_kernel_variants_bit_exact(case, variant):
+    """The chunked kernel on every case (odd D too: 1-value chunks), and the first version's tile kernel."""
+    row = check_case(_variant(variant), case, "cpu")
+    assert row["ok"], row
+
+
+def test_launch_for_another_layer_checks_the_layout():
+    inp = make_gather_inputs(num_slots=64, dim=576, context_lens=[20], seed=5)
+    plan = gc_module.plan_gather(inp.pool, inp.kv_indices)
+    other = inp.pool.clone()
+    got = gc_module.launch_gather(plan, pool=other)
+    assert torch.equal(bits(got), bits(gather_cast_reference(other, inp.kv_indices)))
+    with pytest.raises(ValueError, match="does not match the planned"):
+        gc_module.launch_gather(plan, pool=inp.pool[:-1])
+
+
+def test_config_table_and_chunk_width(tmp_path, monkeypatch):
+    assert [gc_module.chunk_width(d) for d in (576, 512, 1000, 70, 33, 1)] == [64, 128, 8, 2, 1, 1]
+    table = tmp_path / "tuned.json"
+    table.write_text('{"GPU X": {"small": {"block": 64, "num_warps": 2, "programs_per_sm": 0}, '
+                     '"large": {"block": 512, "num_warps": 8, "programs_per_sm": 4, "load_vec": 16}, "small_rows": 99}}')
+    monkeypatch.setattr(gc_module, "TUNED_CONFIG_FILE", table)
+    gc_module._device_configs.cache_clear()
+    try:
+        configs, small_rows = gc_module._device_configs("GPU X")
+        assert small_rows == 99 and configs["large"] == gc_module.GatherConfig(512, 8, 4, True, False, 16)
+        assert gc_module._device_configs("GPU Y") == (gc_module.DEFAULT_CONFIGS, gc_module.SMALL_ROWS)
+    finally:
+        gc_module._device_configs.cache_clear()
+
+
 def test_every_fp8_value_converts_exactly():
     pool = torch.arange(256, dtype=torch.uint8)
     pool = pool[(pool != 0x7F) & (pool != 0xFF)].view(torch.float8_e4m3fn).reshape(-1, 1)  # interpreter: no NaN

@@ -21,8 +21,10 @@ import re
 import shutil
 import statistics
 import subprocess
+import gc
 import sys
 import time
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -38,13 +40,13 @@ from ..gather_strategies import make_strategy
 from ..geometry import GLM5
 from ..pool import TokenPool, make_decode_batch, random_kv
 from ..results import Result, collect_provenance
-from ..timing import bench_ms, copy_bandwidth_gbps
+from ..timing import bench_ms, copy_bandwidth_gbps, synchronize
 from .registry import Experiment
 
 __all__ = ["EXPERIMENTS", "implementations", "gather_bytes", "run_gather_cast_validation", "run_gather_cast_bench",
            "run_gather_cast_profile", "mixed_lengths"]
 
-SOURCES = ("kernels/gather_cast.py", "kernels/gather_cast.cu", "kernels/gather_cast_cuda.py", "kernels/reference.py",
+SOURCES = ("kernels/gather_cast.py", "kernels/gather_cast_tuned.json", "kernels/gather_cast.cu", "kernels/gather_cast_cuda.py", "kernels/reference.py",
            "lib/kvwall/gather_checks.py", "lib/kvwall/gather_strategies.py", "lib/kvwall/gather_sanitize.py",
            "lib/kvwall/timing.py", "lib/kvwall/experiments/gather_cast.py")
 PROFILE_SOURCES = SOURCES + ("kernels/mla_reference.py", "lib/kvwall/pool.py", "lib/kvwall/strategies.py",
@@ -254,6 +256,14 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
     impls: dict[str, Callable[..., torch.Tensor]] = {}
     if on_gpu:  # the interpreter's speed means nothing: on a CPU only PyTorch is timed
         impls = {"gather_cast (Triton)": gather_cast, "gather_cast (CUDA C++)": gather_cast_cuda}
+        import importlib
+
+        gc_mod = importlib.import_module("kvwall.kernels.gather_cast")
+        name = torch.cuda.get_device_name(device)
+        configs, small_rows = gc_mod._device_configs(name)
+        rows.append({"section": "config", "gpu": name, "tuned": configs is not gc_mod.DEFAULT_CONFIGS,
+                     "small_rows": small_rows, **{f"{k}_config": v.as_dict() for k, v in configs.items()},
+                     **{f"{k}_label": v.label() for k, v in configs.items()}})
 
     def torch_op(idx):
         return lambda: pool.index_select(0, idx).to(torch.bfloat16)
@@ -324,10 +334,165 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
 # The decode step, after
 # ---------------------------------------------------------------------------------------------------------
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _unmarked_steps(model: DecodeStepModel, device: torch.device, steps: int) -> tuple[float, float]:
+    """Steps with no phase marks: (median host ms to enqueue one, median device ms with events around it).
+
+    When the host's enqueue time reaches the device time, the step is host-bound: the GPU idles
+    between kernels and the phase clocks charge that idle time to whichever phase was waiting."""
+    host, dev = [], []
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        model.step()
+        host.append((time.perf_counter() - t0) * 1e3)
+        if device.type == "cuda":
+            stop.record()
+            torch.cuda.synchronize(device)
+            dev.append(start.elapsed_time(stop))
+        else:
+            dev.append(host[-1])
+    return _median(host), _median(dev)
+
+
+def _graph_ms(body: Callable[[], object], device: torch.device, replays: int = 5) -> tuple[float | None, str | None]:
+    """Capture ``body`` once in a CUDA graph; the median device ms of ``replays`` replays (or the error)."""
+    if device.type != "cuda":
+        return None, "no CUDA graphs on a CPU"
+    try:
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+        graph.replay()
+        torch.cuda.synchronize(device)
+        times = []
+        for _ in range(replays):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            stop.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(stop))
+        del graph
+        return _median(times), None
+    except Exception as exc:  # noqa: BLE001 - recorded: which strategies a graph can hold is a finding
+        torch.cuda.synchronize(device)
+        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _syncs_in(fn: Callable[[], object], device: torch.device) -> int | None:
+    """How many synchronizing torch operations ``fn`` performs (``torch.cuda.set_sync_debug_mode('warn')``)."""
+    if device.type != "cuda":
+        return None
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+        torch.cuda.synchronize(device)
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+
+
+def _host_us(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Host microseconds per call when calls are only enqueued (no synchronization between them)."""
+    fn()
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    synchronize(device)
+    return us
+
+
+class _HostAndDeviceClock:
+    """Chapter 1's phase clock (an event at every phase boundary) that also notes the host's clock at each mark
+    and the garbage collector's passes, so a phase that measures longer on the device than its kernels can be
+    traced to the host: if the GPU ran dry, the device interval follows the host's."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.marks: list[tuple[str, object, float]] = []
+        self.gc: list[tuple[str, int, float]] = []
+
+    def mark(self, label: str) -> None:
+        ev = None
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        self.marks.append((label, ev, time.perf_counter()))
+
+    def _gc_callback(self, phase: str, info: dict) -> None:
+        self.gc.append((phase, int(info.get("generation", -1)), time.perf_counter()))
+
+    def step(self, model: DecodeStepModel) -> dict:
+        gc.callbacks.append(self._gc_callback)
+        try:
+            for layer in range(model.pool.num_layers):
+                model._layer(layer, self)
+            self.mark("end:end")
+        finally:
+            gc.callbacks.remove(self._gc_callback)
+        synchronize(self.device)
+        phases: dict[str, float] = {p: 0.0 for p in PHASES}
+        host_gaps = []
+        kv_free_layers = []
+        for (label, a, ha), (_, b, hb) in zip(self.marks, self.marks[1:]):
+            phase = label.split(":", 1)[1]
+            ms = float(a.elapsed_time(b)) if a is not None else (hb - ha) * 1e3
+            phases[phase] += ms
+            host_gaps.append((hb - ha) * 1e3)
+            if phase == PHASES[3]:
+                kv_free_layers.append(ms)
+        gc_ms, gc_gen2, starts = 0.0, 0, {}
+        for phase, gen, t in self.gc:
+            if phase == "start":
+                starts[gen] = t
+            elif gen in starts:
+                gc_ms += (t - starts.pop(gen)) * 1e3
+                gc_gen2 += gen == 2
+        host_total = (self.marks[-1][2] - self.marks[0][2]) * 1e3
+        return {"step_ms": sum(phases.values()), "phases": phases, "host_ms": host_total,
+                "max_host_gap_ms": max(host_gaps), "host_gaps_over_1ms": sum(g > 1.0 for g in host_gaps),
+                "host_ms_in_gaps_over_1ms": sum(g for g in host_gaps if g > 1.0),
+                "kv_free_max_us": max(kv_free_layers) * 1e3, "kv_free_layers_over_10us": sum(v > 0.010 for v in kv_free_layers),
+                "gc_passes": sum(1 for ph, _, _ in self.gc if ph == "stop"), "gc_gen2": gc_gen2, "gc_ms": gc_ms}
+
+
+def _marked_steps(model: DecodeStepModel, device: torch.device, steps: int, *, gc_off: bool = False) -> list[dict]:
+    out = []
+    enabled = gc.isenabled()
+    if gc_off:
+        gc.disable()
+    try:
+        for _ in range(steps):
+            out.append(_HostAndDeviceClock(device).step(model))
+    finally:
+        if gc_off and enabled:
+            gc.enable()
+    return out
+
+
 def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: int, tensor_parallel: int,
                             context_lens: list[int], timed_steps: int, strategies: list[str], capacity: int,
                             capacity_sweep: list[int], seed: int = 0) -> Result:
-    """Chapter 1's step with each strategy; every attention output checked against float64 first."""
+    """Chapter 1's step with each strategy; every attention output checked against float64 first.
+
+    Each strategy's step is measured three ways: with a clock on every phase (events between phases,
+    as chapter 1), unmarked (host enqueue time and device time of the whole step), and, on a GPU,
+    captured in a CUDA graph and replayed (device time alone, no host in the loop: what a
+    graph-captured server pays), whole and phase by phase (each phase's 78 layers in a graph of its
+    own). Synchronizing torch calls per step are counted with ``torch.cuda.set_sync_debug_mode``."""
     geometry = GLM5.with_tensor_parallel(tensor_parallel)
     pool = TokenPool.random(geometry, pool_tokens + 1, layers, device=device, seed=seed)
     batch = make_decode_batch(context_lens, pool.num_slots, seed=seed, device=device)
@@ -350,18 +515,56 @@ def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: i
         rel_err = float((out - ref).norm() / ref.norm())
         if not rel_err < 2e-2:
             raise RuntimeError(f"{strategy.name} + {attention.name}: relative error {rel_err:.3g} against float64.")
-        del ckv, kpe
-        steps = [model.timed_step() for _ in range(timed_steps)]
-        totals = sorted(sum(r["ms"] for r in s) for s in steps)
-        phase_ms = {p: statistics.median(sum(r["ms"] for r in s if r["phase"] == p) for s in steps) for p in PHASES}
+        marked = _marked_steps(model, device, timed_steps)
+        totals = sorted(m["step_ms"] for m in marked)
+        phase_ms = {p: statistics.median(m["phases"][p] for m in marked) for p in PHASES}
         rows += [{"section": "breakdown", "strategy": kind, "phase": p, "ms_per_step": v} for p, v in phase_ms.items()]
+        # Where a marked step's extra time comes from: the host's clock at every mark, GC passes, and the same
+        # marked steps with the garbage collector off.
+        for gc_off, runs in ((False, marked), (True, _marked_steps(model, device, timed_steps, gc_off=True))):
+            for i, m in enumerate(runs):
+                rows.append({"section": "marked_steps", "strategy": kind, "gc_off": gc_off, "step": i,
+                             **{k: v for k, v in m.items() if k != "phases"},
+                             "kv_free_ms": m["phases"][PHASES[3]], "kv_strategy_ms": m["phases"][PHASES[1]],
+                             "attention_ms": m["phases"][PHASES[2]]})
+        host_ms, eager_ms = _unmarked_steps(model, device, timed_steps)
+        syncs = _syncs_in(model.step, device)
+        n_layers = pool.num_layers
+        host_prepare = _host_us(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device,
+                                20 if kind == "full_pool_cast" else 100)
+        host_attention = _host_us(lambda: attention(model.q_nope, model.q_pe, ckv, kpe), device, 100)
+        graph_step, graph_error = _graph_ms(model.step, device)
+        graph_phases: dict[str, float | None] = {}
+        if graph_step is not None:
+            slots, new_kv = batch.new_token_slots, model.new_kv
+            bodies = {
+                PHASES[0]: lambda: [pool.write_new_tokens(layer, slots, new_kv) for layer in range(n_layers)],
+                PHASES[1]: lambda: [strategy.prepare_kv(pool, layer, torch.bfloat16) for layer in range(n_layers)],
+                PHASES[2]: lambda: [attention(model.q_nope, model.q_pe, ckv, kpe) for _ in range(n_layers)],
+                PHASES[4]: lambda: [standin() for _ in range(n_layers)],
+            }
+            for phase, body in bodies.items():
+                graph_phases[phase], _ = _graph_ms(body, device)
+                rows.append({"section": "graph_breakdown", "strategy": kind, "phase": phase,
+                             "ms_per_step": graph_phases[phase]})
+        del ckv, kpe
         rows.append({"section": "strategies", "strategy": kind, "name": strategy.name, "attention": attention.name,
                      "rel_err_vs_float64": rel_err, "step_ms": statistics.median(totals),
                      "step_ms_min": totals[0], "step_ms_max": totals[-1],
                      "kv_strategy_ms_per_step": phase_ms["kv_strategy"], "layers": layers,
-                     "capacity": getattr(strategy, "capacity", None)})
+                     "capacity": getattr(strategy, "capacity", None),
+                     "unmarked_step_ms": eager_ms, "host_enqueue_ms": host_ms,
+                     "host_us_per_layer": host_ms / n_layers * 1e3,
+                     "host_us_prepare_kv": host_prepare, "host_us_attention": host_attention,
+                     "syncs_per_step": syncs, "graph_step_ms": graph_step, "graph_error": graph_error,
+                     "graph_kv_ms_per_step": graph_phases.get(PHASES[1]),
+                     "graph_phase_sum_ms": (sum(graph_phases.values()) if graph_phases and
+                                            all(v is not None for v in graph_phases.values()) else None)})
         del model, strategy, attention
-    # One layer's KV preparation over graph-sized capacities (the real length stays the batch's).
+    # One layer's KV preparation over graph-sized capacities (the real length stays the batch's): timed in a CUDA
+    # graph of 20 calls over 20 layers (device time, no host in the loop), with do_bench's per-call events beside
+    # it (which include the host's launch time whenever the host, not the GPU, is the slower side).
+    cap_layers = min(20, pool.num_layers)
     for cap in capacity_sweep:
         if cap < batch.total_tokens:
             continue
@@ -369,16 +572,27 @@ def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: i
             if kind.startswith("gather") and device.type != "cuda":
                 continue
             strategy = make_strategy(kind, batch, pool, cap)
-            ms = bench_ms(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device)
-            rows.append({"section": "capacity", "strategy": kind, "capacity": cap, "ms_per_layer": ms,
-                         "real_tokens": batch.total_tokens})
+            events_ms = bench_ms(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device)
+            graph_ms, _ = _graph_ms(lambda: [strategy.prepare_kv(pool, layer, torch.bfloat16)
+                                             for layer in range(cap_layers)], device)
+            host = _host_us(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device, 50)
+            rows.append({"section": "capacity", "strategy": kind, "capacity": cap,
+                         "ms_per_layer": graph_ms / cap_layers if graph_ms is not None else events_ms,
+                         "ms_per_layer_events": events_ms,
+                         "ms_per_layer_graph": graph_ms / cap_layers if graph_ms is not None else None,
+                         "host_us_per_call": host, "real_tokens": batch.total_tokens})
             del strategy
-    before = next((r for r in rows if r.get("section") == "strategies" and r["strategy"] == "full_pool_cast"), None)
+    strat_rows = [r for r in rows if r.get("section") == "strategies"]
+    before = next((r for r in strat_rows if r["strategy"] == "full_pool_cast"), None)
     if before is not None:
-        for r in [r for r in rows if r["section"] == "strategies"]:
+        for r in strat_rows:
+            graph = (r["graph_step_ms"] is not None and before["graph_step_ms"] is not None)
             rows.append({"section": "gain", "strategy": r["strategy"], "step_ms": r["step_ms"],
                          "time_saved": 1 - r["step_ms"] / before["step_ms"],
-                         "speedup": before["step_ms"] / r["step_ms"]})
+                         "speedup": before["step_ms"] / r["step_ms"],
+                         "graph_step_ms": r["graph_step_ms"],
+                         "graph_time_saved": 1 - r["graph_step_ms"] / before["graph_step_ms"] if graph else None,
+                         "graph_speedup": before["graph_step_ms"] / r["graph_step_ms"] if graph else None})
     params = dict(pool_tokens=pool_tokens, layers=layers, tensor_parallel=tensor_parallel,
                   context_lens=list(context_lens), timed_steps=timed_steps, strategies=list(strategies),
                   capacity=capacity, capacity_sweep=list(capacity_sweep), seed=seed)
