@@ -86,18 +86,25 @@ def test_chapters_open_as_notebooks_in_jupyterlab():
         assert any("parameters" in c["metadata"].get("tags", []) for c in cells), f"{path.name}: no parameters cell"
 
 
-def test_corrupt_result_file_stops_the_chapter_naming_the_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("chapter,experiment,params", [
+    ("01_the_86ms_profile", "decode_profile", {"layers": 1, "pool_tokens": 5000}),
+    ("02_the_wall", "wall_on_gpu", {}),
+    ("03_the_other_doors", "doors_sm90", {}),
+    ("04_gather_then_cast", "gather_cast_validation", {}),
+])
+def test_corrupt_result_file_stops_the_chapter_naming_the_file(tmp_path, monkeypatch, chapter, experiment, params):
+    """A hand-edited or truncated result is an error naming the file, never 'not recorded yet'."""
     import shutil
 
     import papermill
 
     results = tmp_path / "results"
     shutil.copytree(BOOK / "results", results)
-    broken = results / "decode_profile.json"
+    broken = results / f"{experiment}.json"
     broken.write_text(broken.read_text()[:200])
     monkeypatch.setenv("KVWALL_RESULTS_DIR", str(results))
     with pytest.raises(papermill.PapermillExecutionError) as info:
-        run_chapter(BOOK / "01_the_86ms_profile.md", tmp_path, mode="cpu", layers=1, pool_tokens=5000)
+        run_chapter(BOOK / f"{chapter}.md", tmp_path, mode="cpu", **params)
     assert str(broken) in str(info.value) and "not valid JSON" in str(info.value)
     assert info.value.ename == "ResultFileError"
 

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 import torch
 
 __all__ = [
-    "PROJECT_ROOT", "RESULTS_DIR", "Provenance", "Result", "ResultFileError",
+    "PROJECT_ROOT", "RESULTS_DIR", "Provenance", "Result", "ResultFileError", "ResultMissingError",
     "collect_provenance", "measured_sources_hashes", "save_result", "load_result",
 ]
 
@@ -170,6 +170,10 @@ def save_result(result: Result, directory: Path = RESULTS_DIR) -> Path:
     return path
 
 
+class ResultMissingError(ResultFileError):
+    """No result file at all (not yet recorded); anything else wrong with a file stays a ResultFileError."""
+
+
 _TOP_KEYS = {"schema": int, "experiment": str, "params": dict, "rows": list, "provenance": dict}
 
 
@@ -177,7 +181,7 @@ def load_result(experiment: str, directory: Path = RESULTS_DIR) -> Result:
     """Load and validate ``<directory>/<experiment>.json``."""
     path = Path(directory) / f"{experiment}.json"
     if not path.is_file():
-        raise ResultFileError(path, "no such result file")
+        raise ResultMissingError(path, "no such result file")
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
