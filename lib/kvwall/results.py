@@ -82,7 +82,8 @@ class Provenance:
 
     def short(self) -> str:
         """One caption line: where, when, with what."""
-        parts = [self.gpu or self.device, self.date[:10], f"torch {self.torch}"]
+        where = self.gpu or ("a CPU machine (no GPU)" if self.device == "cpu" else self.device)
+        parts = [where, self.date[:10], f"torch {self.torch}"]
         if self.triton:
             parts.append(f"triton {self.triton}")
         if self.flashinfer:
