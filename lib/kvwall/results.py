@@ -111,12 +111,13 @@ def collect_provenance(device: torch.device, sources: Iterable[str]) -> Provenan
                                     capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
         except (OSError, subprocess.SubprocessError, IndexError):
             driver = None
-    commit = _git("rev-parse", "HEAD") or os.environ.get("KVWALL_GIT_COMMIT") or "unknown"
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    if status is not None:
-        dirty: bool | None = status != ""
-    else:  # no git here (a copy of the tree on a GPU machine): the caller says
-        dirty = {"0": False, "1": True}.get(os.environ.get("KVWALL_GIT_DIRTY", ""))
+    # On a machine that got a copy of the tree (the lent GPU), the caller states commit and state:
+    # KVWALL_GIT_COMMIT / KVWALL_GIT_DIRTY win over whatever git finds there.
+    commit = os.environ.get("KVWALL_GIT_COMMIT") or _git("rev-parse", "HEAD") or "unknown"
+    dirty: bool | None = {"0": False, "1": True}.get(os.environ.get("KVWALL_GIT_DIRTY", ""))
+    if dirty is None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = (status != "") if status is not None else None
     return Provenance(
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         device=str(device), gpu=gpu, driver=driver, cuda=torch.version.cuda,
