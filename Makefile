@@ -15,10 +15,13 @@ help:
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-flashinfer.txt pyproject.toml
+$(STAMP): requirements.txt requirements-triton-cpu.txt requirements-flashinfer.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==25.3
 	$(PY) -m pip install -q -r requirements.txt
+	# No GPU here: the Triton whose interpreter runs the kernels (see requirements-triton-cpu.txt).
+	if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then \
+	  $(PY) -m pip install -q -r requirements-triton-cpu.txt; fi
 	# FlashInfer without its heavy declared extras (not needed for MLA): see requirements-flashinfer.txt.
 	$(PY) -m pip install -q --no-deps -r requirements-flashinfer.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .

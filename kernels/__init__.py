@@ -11,9 +11,10 @@ Each fast kernel has its torch reference beside it:
 
 from .gather_cast import compact_kv_indices, full_cast, gather_cast, plan_gather
 from .gather_cast_cuda import gather_cast_cuda, nvcc_compile_check
+from .mla_decode_fp8 import mla_decode_fp8
 from .mla_reference import mla_decode_reference, split_latent_cache
 from .reference import full_cast_reference, gather_cast_reference, make_gather_inputs
 
-__all__ = ["mla_decode_reference", "split_latent_cache", "gather_cast", "gather_cast_cuda", "full_cast",
+__all__ = ["mla_decode_fp8", "mla_decode_reference", "split_latent_cache", "gather_cast", "gather_cast_cuda", "full_cast",
            "plan_gather", "compact_kv_indices", "nvcc_compile_check", "gather_cast_reference",
            "full_cast_reference", "make_gather_inputs"]
