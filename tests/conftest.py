@@ -59,3 +59,17 @@ def pytest_collection_modifyitems(config, items):
             gap = _interpreter_gap() if gap is None else gap
             if gap:
                 item.add_marker(pytest.mark.skip(reason=gap))
+
+
+def static_assert_line(release: str) -> int:
+    """The line of ``static_assert(sizeof(DType) == 2`` inside ``m16k16_rowsum_f16f16f32``, read from the
+    installed release's own ``mma.cuh`` (never typed into a test)."""
+    from kvwall import flashinfer_releases as fr
+
+    locs = fr.find_definition(release, "mma::m16k16_rowsum_f16f16f32")
+    assert len(locs) == 1 and locs[0].file == "flashinfer/mma.cuh", locs
+    src = (fr.include_dir(release) / "flashinfer" / "mma.cuh").read_text().splitlines()
+    for n in range(locs[0].line, locs[0].line + 10):
+        if "static_assert(sizeof(DType) == 2" in src[n - 1]:
+            return n
+    raise AssertionError("no static_assert(sizeof(DType) == 2) in m16k16_rowsum_f16f16f32")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import static_assert_line
 
 from kvwall import flashinfer_releases as fr
 
@@ -240,16 +241,6 @@ def test_result_json_round_trip():
 # ---------------------------------------------------------------------------------------------
 
 
-def _static_assert_line(release: str) -> int:
-    """The line of ``static_assert(sizeof(DType) == 2`` inside m16k16_rowsum_f16f16f32, read from
-    the installed release's own mma.cuh."""
-    locs = fr.find_definition(release, "mma::m16k16_rowsum_f16f16f32")
-    assert len(locs) == 1 and locs[0].file == "flashinfer/mma.cuh", locs
-    src = (fr.include_dir(release) / "flashinfer" / "mma.cuh").read_text().splitlines()
-    for n in range(locs[0].line, locs[0].line + 10):
-        if "static_assert(sizeof(DType) == 2" in src[n - 1]:
-            return n
-    raise AssertionError("no static_assert(sizeof(DType) == 2) in m16k16_rowsum_f16f16f32")
 
 
 @pytest.mark.slow
@@ -258,7 +249,7 @@ def test_wall_release_fails_in_nvcc_at_the_static_assert(wall_build):
     assert r.status == "nvcc_failed", r.summary()
     assert r.release == WALL_RELEASE and r.config.key == "fa2-bfloat16-float8_e4m3fn-sm_120a-512-64"
     assert r.refusal is None and r.python_checks == "ran"
-    line = _static_assert_line(WALL_RELEASE)
+    line = static_assert_line(WALL_RELEASE)
     hits = [e for e in r.errors if e.file == "flashinfer/mma.cuh" and e.line == line]
     assert hits, r.summary()
     e = hits[0]
@@ -292,7 +283,7 @@ def test_wall_build_is_cached(wall_build):
 @pytest.mark.slow
 def test_read_source_and_find_definition():
     require_release(WALL_RELEASE)
-    line = _static_assert_line(WALL_RELEASE)
+    line = static_assert_line(WALL_RELEASE)
     ex = fr.read_source(WALL_RELEASE, "include/flashinfer/mma.cuh", line, context=2)
     assert ex.file == "flashinfer/mma.cuh"
     assert "static_assert(sizeof(DType) == 2" in ex.text

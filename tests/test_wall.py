@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BOOK, run_chapter
+from conftest import BOOK, run_chapter, static_assert_line
 from kvwall import flashinfer_releases as fr
 from kvwall.experiments import EXPERIMENTS, run_experiment
 from kvwall.experiments import wall
@@ -27,16 +27,6 @@ from kvwall.results import load_result
 WALL = "0.6.12"
 
 
-def _static_assert_line(release: str) -> int:
-    """The line of ``static_assert(sizeof(DType) == 2`` in the installed release's
-    ``m16k16_rowsum_f16f16f32``, read from its source."""
-    locs = fr.find_definition(release, "mma::m16k16_rowsum_f16f16f32")
-    assert len(locs) == 1 and locs[0].file == "flashinfer/mma.cuh", locs
-    src = (fr.include_dir(release) / "flashinfer" / "mma.cuh").read_text().splitlines()
-    for n in range(locs[0].line, locs[0].line + 10):
-        if "static_assert(sizeof(DType) == 2" in src[n - 1]:
-            return n
-    raise AssertionError("no static_assert(sizeof(DType) == 2) in m16k16_rowsum_f16f16f32")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,7 +239,7 @@ def test_recorded_timeline_is_complete():
     w = cells[(WALL, "fa2", "sm_120a")]
     assert w["outcome"] == "static_assert" and w["assert_file"] == "flashinfer/mma.cuh" and w["reached_from_mla"]
     if fr.is_installed(WALL):
-        assert w["assert_line"] == _static_assert_line(WALL)
+        assert w["assert_line"] == static_assert_line(WALL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,7 +247,7 @@ def test_recorded_timeline_is_complete():
 # ---------------------------------------------------------------------------------------------
 
 def _check_wall_builds(builds):
-    line = _static_assert_line(WALL)
+    line = static_assert_line(WALL)
     assert {b["arch"] for b in builds} == {"sm_120a", "sm_90a"}
     for b in builds:
         assert b["release"] == WALL and b["status"] == "nvcc_failed" and b["outcome"] == "static_assert"
