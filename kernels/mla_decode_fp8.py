@@ -57,31 +57,106 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 LOG2E = 1.4426950408889634
 
 
+def _fp8_as_f16_impl(x8, HOW: tl.constexpr):
+    """FP8 e4m3 -> float16 dot operands. ``HOW == 0`` (interpreter) and ``1`` (GPU): by moving bits -- the
+    sign to bit 15, the 7 exponent-and-mantissa bits to bits 7..13 -- which gives float16 values of exactly
+    2^-8 x the FP8 value (the bias is 7 in e4m3 and 15 in float16, and the two formats' subnormal steps line
+    up), e4m3's NaN pattern becoming a finite value; on the GPU four values take one sign-replicating ``prmt``
+    and a shift-and-mask per pair. ``HOW == 2``: the hardware ``cvt.rn.f16x2.e4m3x2`` (exact, scale 1)."""
+    if HOW == 1:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 lo, hi;
+            prmt.b32 lo, $2, 0, 0x9180;
+            prmt.b32 hi, $2, 0, 0xB3A2;
+            shl.b32 lo, lo, 7;
+            shl.b32 hi, hi, 7;
+            and.b32 $0, lo, 0xBF80BF80;
+            and.b32 $1, hi, 0xBF80BF80;
+            }""",
+            constraints="=r,=r,r", args=[x8.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=True,
+            pack=4)
+    elif HOW == 2:
+        return x8.to(tl.float16)
+    else:
+        u = x8.to(tl.uint8, bitcast=True).to(tl.uint16)
+        return (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True)
+
+
+def _pow2_impl(k):
+    """2^k for integer-valued float32 ``k`` in [-126, 127], exactly (built from the exponent bits)."""
+    return ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+def _q_operand_impl(row_ptr, off, WIDTH: tl.constexpr, hmask, qmul, ON_GPU: tl.constexpr):
+    """Columns ``off .. off + WIDTH`` of the queries, scaled per head by ``qmul``, as a ``[BLOCK_H, WIDTH]``
+    float16 dot operand (float32 in the interpreter, holding the same float16 values)."""
+    q = tl.load(row_ptr + off + tl.arange(0, WIDTH)[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+    q = (q * qmul[:, None]).to(tl.float16)
+    if not ON_GPU:
+        q = q.to(tl.float32)
+    return q
+
+
+def _dot_impl(a, b, acc, ON_GPU: tl.constexpr):
+    """A tensor-core dot on the GPU; exact float32 products in the interpreter (whose 16-bit dot is unreliable)."""
+    if ON_GPU:
+        r = tl.dot(a, b, acc)
+    else:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return r
+
+
+def _store_bf16_impl(ptrs, o, hmask, ON_GPU: tl.constexpr):
+    if ON_GPU:
+        ob = o.to(tl.bfloat16)
+    else:  # the interpreter truncates float32 -> bfloat16: round to nearest even by integer ops
+        u = o.to(tl.uint32, bitcast=True)
+        ob = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        ob = tl.where(o != o, float("nan"), ob).to(tl.bfloat16)
+    tl.store(ptrs, ob, mask=hmask[:, None])
+
+
+# The split kernel calls these; compiled kernels need them jitted, interpreted ones call the plain functions.
+_HELPERS = {"_fp8_as_f16": _fp8_as_f16_impl, "_pow2": _pow2_impl, "_q_operand": _q_operand_impl,
+            "_dot": _dot_impl, "_store_bf16": _store_bf16_impl}
+_fp8_as_f16 = triton.jit(_fp8_as_f16_impl)
+_pow2 = triton.jit(_pow2_impl)
+_q_operand = triton.jit(_q_operand_impl)
+_dot = triton.jit(_dot_impl)
+_store_bf16 = triton.jit(_store_bf16_impl)
+
+
 def _mla_split_kernel(
-    qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, indptr_ptr, indices_ptr,
+    qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, indptr_ptr, indices_ptr, kvlen_ptr,
     ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, qk_scale,  # qk_scale = sm_scale * log2(e)
     part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
     H, num_splits,
     stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_ckv, stride_kpe,
     stride_o_b, stride_o_h,
-    DC: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_BF16: tl.constexpr,
+    DC: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
+    ON_GPU: tl.constexpr, CONVERT: tl.constexpr, KV_MUL: tl.constexpr, CACHE_K: tl.constexpr,
+    CACHE_V: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    hb = tl.program_id(0)  # head blocks vary fastest: programs sharing a split run together and share it in L2
     s = tl.program_id(1)
-    hb = tl.program_id(2)
+    b = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
     dc = tl.arange(0, DC)
+    dch = tl.arange(0, DCH)
     dr = tl.arange(0, DR)
 
     start = tl.load(indptr_ptr + b).to(tl.int32)
-    end = tl.load(indptr_ptr + b + 1).to(tl.int32)
-    length = end - start
+    if PAGE == 1:
+        length = tl.load(indptr_ptr + b + 1).to(tl.int32) - start
+    else:
+        length = tl.load(kvlen_ptr + b).to(tl.int32)
     # cdiv spelled out: tl.cdiv is a jit function, which a kernel built with InterpretedFunction cannot call
     per_split = ((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    lo = start + s * per_split
-    hi = tl.minimum(lo + per_split, end)
+    lo = s * per_split  # token positions within the request
+    hi = tl.minimum(lo + per_split, length)
 
     if SCALE_FROM_PTR:
         ckv_scale = tl.load(ckv_scale_ptr).to(tl.float32)
@@ -89,40 +164,55 @@ def _mla_split_kernel(
     else:
         ckv_scale = ckv_scale_val
         kpe_scale = kpe_scale_val
-    c_scale = ckv_scale * qk_scale
-    k_scale = kpe_scale * qk_scale
 
-    qn = tl.load(qn_ptr + b.to(tl.int64) * stride_qn_b + heads[:, None] * stride_qn_h + dc[None, :],
-                 mask=hmask[:, None], other=0.0)
-    qp = tl.load(qp_ptr + b.to(tl.int64) * stride_qp_b + heads[:, None] * stride_qp_h + dr[None, :],
-                 mask=hmask[:, None], other=0.0)
-    if DOT_BF16:
-        qn = qn.to(tl.bfloat16)
-        qp = qp.to(tl.bfloat16)
-    else:
-        qn = qn.to(tl.float32)
-        qp = qp.to(tl.float32)
+    # Queries -> float16 dot operands, each head scaled by a power of two 2^e so its largest |q| lies in
+    # [2^12, 2^15): no overflow, no lost bits (bf16's 8 significant bits fit in fp16's 11); 2^-e is folded into
+    # the logit scale, with KV_MUL (2^8 for the bit move) of the FP8 -> float16 conversion.
+    qn_row = qn_ptr + b.to(tl.int64) * stride_qn_b + heads[:, None] * stride_qn_h
+    qp_row = qp_ptr + b.to(tl.int64) * stride_qp_b + heads[:, None] * stride_qp_h
+    qn = tl.load(qn_row + dc[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+    qp = tl.load(qp_row + dr[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.reduce(tl.abs(qn), 1, tl.standard._elementwise_max),
+                      tl.reduce(tl.abs(qp), 1, tl.standard._elementwise_max))
+    e = tl.where(amax > 0.0, 13.0 - tl.floor(tl.log2(tl.where(amax > 0.0, amax, 1.0))), 0.0)
+    e = tl.minimum(tl.maximum(e, -120.0), 120.0)
+    qmul = _pow2(e)
+    row_c = (ckv_scale * qk_scale * KV_MUL) * _pow2(-e)  # [BLOCK_H] logit scale of q_nope . ckv
+    row_k = (kpe_scale * qk_scale * KV_MUL) * _pow2(-e)
+    q0 = _q_operand(qn_row, 0 * DCH, DCH, hmask, qmul, ON_GPU)  # [BLOCK_H, DCH] each
+    q1 = _q_operand(qn_row, 1 * DCH, DCH, hmask, qmul, ON_GPU)
+    q2 = _q_operand(qn_row, 2 * DCH, DCH, hmask, qmul, ON_GPU)
+    q3 = _q_operand(qn_row, 3 * DCH, DCH, hmask, qmul, ON_GPU)
+    qr = _q_operand(qp_row, 0, DR, hmask, qmul, ON_GPU)
 
+    # Per tile of BLOCK_N tokens: scores [heads, tokens] = q_nope @ ckv^T + q_pe @ kpe^T, online softmax, and
+    # out [heads, 512] += p @ ckv -- the latent serves as K and as V. The 512-wide latent goes in four
+    # 128-wide chunks (four dots each way, four accumulators): whole-tile operands would spill. The tile is read
+    # twice: for the scores (CACHE_K) and again for p @ ckv (CACHE_V, an L1/L2 hit): one use per load lets
+    # Triton's pipeliner stream each into shared memory with cp.async; the HBM traffic stays one read.
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_H], 0.0, tl.float32)
-    acc = tl.full([BLOCK_H, DC], 0.0, tl.float32)
+    acc0 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
+    acc1 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
+    acc2 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
+    acc3 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         live = n < hi
-        slot = tl.load(indices_ptr + n, mask=live, other=0).to(tl.int64)
-        c8 = tl.load(ckv_ptr + slot[:, None] * stride_ckv + dc[None, :], mask=live[:, None], other=0.0)
-        k8 = tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], mask=live[:, None], other=0.0)
-        if DOT_BF16:
-            c = c8.to(tl.bfloat16)
-            k = k8.to(tl.bfloat16)
-            sc = tl.dot(qn, tl.trans(c))
-            sk = tl.dot(qp, tl.trans(k))
+        if PAGE == 1:
+            slot = tl.load(indices_ptr + start + n, mask=live, other=0).to(tl.int64)
         else:
-            c = c8.to(tl.float32)
-            k = k8.to(tl.float32)
-            sc = tl.dot(qn, tl.trans(c), input_precision="ieee")
-            sk = tl.dot(qp, tl.trans(k), input_precision="ieee")
-        logits = sc * c_scale + sk * k_scale  # [BLOCK_H, BLOCK_N], base-2 units
+            page = tl.load(indices_ptr + start + n // PAGE, mask=live, other=0).to(tl.int64)
+            slot = page * PAGE + n % PAGE
+        # dead rows read slot 0 (always valid) unmasked and are dropped by their -inf logits
+        row = ckv_ptr + slot[:, None] * stride_ckv + dch[None, :]
+        kr = tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], cache_modifier=CACHE_K)
+        s_c = _dot(q0, tl.trans(_fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), CONVERT)), None, ON_GPU)
+        s_c = _dot(q1, tl.trans(_fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c, ON_GPU)
+        s_c = _dot(q2, tl.trans(_fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c, ON_GPU)
+        s_c = _dot(q3, tl.trans(_fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c, ON_GPU)
+        s_r = _dot(qr, tl.trans(_fp8_as_f16(kr, CONVERT)), None, ON_GPU)
+        logits = s_c * row_c[:, None] + s_r * row_k[:, None]  # [BLOCK_H, BLOCK_N], base-2 units
         logits = tl.where(live[None, :], logits, float("-inf"))
         # Reductions through tl.reduce with the standard combine functions: tl.max / tl.sum are jit functions,
         # which a kernel built with InterpretedFunction (no TRITON_INTERPRET) cannot call; tl.reduce it patches.
@@ -131,31 +221,35 @@ def _mla_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(logits - m_new[:, None])
         l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-        if DOT_BF16:
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), c)
+        if ON_GPU:
+            pv = p.to(tl.float16)  # rounded to the operand type, as flash attention does
         else:
-            acc = acc * alpha[:, None] + tl.dot(p, c, input_precision="ieee")
+            pv = p  # float32 p: the interpreter checks everything but the GPU's float16 rounding of p
+        acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), CONVERT), acc0 * alpha[:, None], ON_GPU)
+        acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), CONVERT), acc1 * alpha[:, None], ON_GPU)
+        acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), CONVERT), acc2 * alpha[:, None], ON_GPU)
+        acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), CONVERT), acc3 * alpha[:, None], ON_GPU)
         m_i = m_new
 
     has = l_i > 0.0
-    o = acc * (ckv_scale / tl.where(has, l_i, 1.0))[:, None]
-    o = tl.where(has[:, None], o, 0.0)
+    norm = tl.where(has, ckv_scale * KV_MUL / tl.where(has, l_i, 1.0), 0.0)[:, None]  # [BLOCK_H, 1]
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     if DIRECT:
-        if DOT_BF16:
-            ob = o.to(tl.bfloat16)
-        else:  # the interpreter truncates float32 -> bfloat16: round to nearest even by integer ops
-            u = o.to(tl.uint32, bitcast=True)
-            ob = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            ob = tl.where(o != o, float("nan"), ob).to(tl.bfloat16)
-        tl.store(out_ptr + b.to(tl.int64) * stride_o_b + heads[:, None] * stride_o_h + dc[None, :],
-                 ob, mask=hmask[:, None])
+        o_rows = out_ptr + b.to(tl.int64) * stride_o_b + heads[:, None] * stride_o_h + dch[None, :]
+        _store_bf16(o_rows + 0 * DCH, acc0 * norm, hmask, ON_GPU)
+        _store_bf16(o_rows + 1 * DCH, acc1 * norm, hmask, ON_GPU)
+        _store_bf16(o_rows + 2 * DCH, acc2 * norm, hmask, ON_GPU)
+        _store_bf16(o_rows + 3 * DCH, acc3 * norm, hmask, ON_GPU)
         if WRITE_LSE:
             tl.store(lse_ptr + b * H + heads, lse2 * 0.6931471805599453, mask=hmask)
     else:
-        row = (b * num_splits + s).to(tl.int64) * H + heads  # partials laid out [B, S, H, DC]
-        tl.store(part_o_ptr + row[:, None] * DC + dc[None, :], o, mask=hmask[:, None])
-        tl.store(part_lse_ptr + row, lse2, mask=hmask)
+        rows = (b * num_splits + s).to(tl.int64) * H + heads  # partials laid out [B, S, H, DC]
+        o_rows = part_o_ptr + rows[:, None] * DC + dch[None, :]
+        tl.store(o_rows + 0 * DCH, acc0 * norm, mask=hmask[:, None])
+        tl.store(o_rows + 1 * DCH, acc1 * norm, mask=hmask[:, None])
+        tl.store(o_rows + 2 * DCH, acc2 * norm, mask=hmask[:, None])
+        tl.store(o_rows + 3 * DCH, acc3 * norm, mask=hmask[:, None])
+        tl.store(part_lse_ptr + rows, lse2, mask=hmask)
 
 
 def _mla_combine_kernel(
@@ -209,9 +303,13 @@ LAST_COMPILED: dict[str, object] = {}
 def _kernel(name: str, interpreted: bool):
     fn = {"split": _mla_split_kernel, "combine": _mla_combine_kernel}[name]
     if interpreted:
+        import types
+
         from triton.runtime.interpreter import InterpretedFunction
 
-        return InterpretedFunction(fn)
+        plain = dict(fn.__globals__, **_HELPERS)
+        return InterpretedFunction(types.FunctionType(fn.__code__, plain, fn.__name__, fn.__defaults__,
+                                                      fn.__closure__))
     return triton.jit(fn)
 
 
@@ -219,14 +317,22 @@ def _kernel(name: str, interpreted: bool):
 # Launch configuration
 # ----------------------------------------------------------------------------------------------
 
+#: FP8 -> float16 conversions of the split kernel (``MLADecodeConfig.convert``) and the factor folded back in.
+CONVERSIONS = {"bits": (1, 256.0), "cvt": (2, 1.0)}
+
+
 @dataclass(frozen=True)
 class MLADecodeConfig:
-    """Launch shape of the split kernel (``block_h`` heads x ``block_n`` tokens per step) and the combine."""
+    """Launch shape of the split kernel (``block_h`` heads x ``block_n`` tokens per step, its warps and
+    software-pipeline stages, the FP8 conversion) and of the combine."""
 
     block_h: int
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    convert: str = "bits"
+    cache_k: str = ""
+    cache_v: str = ".ca"
     combine_block_d: int = 128
     combine_block_s: int = 16
     combine_warps: int = 4
@@ -242,21 +348,21 @@ def _sms(device: torch.device) -> int:
 
 
 def default_config(heads: int, dc: int, device: torch.device) -> MLADecodeConfig:
-    """The first version's launch shape (untuned): 16..64 heads per program, 32 tokens per step on a GPU;
-    in the interpreter, large tiles (its cost is per program and per operation, not per element)."""
+    """Launch shape: up to 64 heads per program (one program reads a token tile for all of them), 64-token
+    tiles, two pipeline stages; in the interpreter, large tiles (its cost is per program and per operation,
+    not per element)."""
     block_h = min(max(16, triton.next_power_of_2(heads)), 64)
     if device.type == "cpu":
         return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=1, num_stages=1,
                                combine_block_d=dc, combine_block_s=16, combine_warps=1)
-    return MLADecodeConfig(block_h=block_h, block_n=32 if block_h <= 32 else 16,
-                           num_warps=4 if block_h <= 16 else 8, num_stages=2,
+    return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=4 if block_h <= 32 else 8, num_stages=2,
                            combine_block_d=min(128, dc))
 
 
 def default_num_splits(batch: int, heads: int, max_len: int, device: torch.device,
                        config: MLADecodeConfig | None = None) -> int:
     """Splits per request: enough programs for about two per multiprocessor, at most 128 splits, and at least
-    128 tokens per split (on CPU: at most 3 splits, enough to exercise the combine)."""
+    256 tokens per split (on CPU: at most 3 splits, enough to exercise the combine)."""
     if max_len <= 0:
         return 1
     if device.type == "cpu":
@@ -264,7 +370,7 @@ def default_num_splits(batch: int, heads: int, max_len: int, device: torch.devic
     cfg = config or default_config(heads, 512, device)
     head_blocks = triton.cdiv(heads, cfg.block_h)
     want = triton.cdiv(2 * _sms(device), batch * head_blocks)
-    return max(1, min(want, 128, triton.cdiv(max_len, 128)))
+    return max(1, min(want, 128, triton.cdiv(max_len, 256)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,21 +381,29 @@ def _fail(kind: type[Exception], text: str):
     raise kind(f"mla_decode_fp8: {text}")
 
 
-def _as_rows(name: str, cache: torch.Tensor) -> torch.Tensor:
-    """A ``[slots, D]`` view of a ``[slots, D]`` or ``[slots, 1, D]`` cache (no copy)."""
+def _as_rows(name: str, cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A ``[pages * page_size, D]`` row view (no copy) of a ``[slots, D]`` or ``[pages, page_size, D]`` cache,
+    and the page size."""
     if cache.dim() == 3:
-        if cache.shape[1] != 1:
-            _fail(ValueError, f"{name} has shape {tuple(cache.shape)}: only page size 1 is supported; pass "
-                  "cache.view(-1, 1, D) (or its strided pool view) and token indices page * page_size + offset.")
-        cache = cache[:, 0, :]
-    elif cache.dim() != 2:
-        _fail(ValueError, f"{name} has shape {tuple(cache.shape)}; expected [slots, D] or [slots, 1, D].")
-    if cache.shape[0] < 1:
+        pages, page_size, d = cache.shape
+        if pages >= 1 and page_size > 1 and cache.stride(0) != page_size * cache.stride(1):
+            _fail(ValueError, f"{name} has shape {tuple(cache.shape)} and strides {cache.stride()}: the tokens of "
+                  "consecutive pages must be evenly spaced (page stride = page_size x token stride), as in one "
+                  "[pages, page_size, 576] pool.")
+        if cache.stride(-1) != 1:
+            _fail(ValueError, f"{name} has strides {cache.stride()}: the values of a row must be contiguous "
+                  "(last stride 1); a row stride of 576 (a view of one [slots, 1, 576] pool) is fine.")
+        rows = cache.as_strided((pages * page_size, d), (cache.stride(1) if page_size > 1 else cache.stride(0), 1))
+    elif cache.dim() == 2:
+        rows, page_size = cache, 1
+    else:
+        _fail(ValueError, f"{name} has shape {tuple(cache.shape)}; expected [slots, D] or [pages, page_size, D].")
+    if rows.shape[0] < 1:
         _fail(ValueError, f"{name} has no slots (shape {tuple(cache.shape)}).")
-    if cache.stride(-1) != 1:
+    if rows.stride(-1) != 1:
         _fail(ValueError, f"{name} has strides {cache.stride()}: the values of a row must be contiguous "
               "(last stride 1); a row stride of 576 (a view of one [slots, 1, 576] pool) is fine.")
-    return cache
+    return rows, page_size
 
 
 def _scale(name: str, scale, device: torch.device) -> tuple[torch.Tensor | None, float]:
@@ -305,9 +419,10 @@ def _scale(name: str, scale, device: torch.device) -> tuple[torch.Tensor | None,
     return None, float(scale)
 
 
-def _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out, check_range):
-    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache),
-                    ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+def _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out, check_range, kv_len):
+    named = [("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache),
+             ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)] + ([("kv_len", kv_len)] if kv_len is not None else [])
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
             _fail(TypeError, f"{name} must be a tensor, got {type(t).__name__}.")
     for name, t in (("q_nope", q_nope), ("q_pe", q_pe)):
@@ -321,15 +436,17 @@ def _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scal
         if t.dtype != KV_DTYPE:
             _fail(TypeError, f"{name} has dtype {t.dtype}; it must be {KV_DTYPE} (the FP8 KV cache). For a BF16 "
                   "cache use a BF16 MLA kernel (FlashInfer).")
-    for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+    for name, t in named[4:]:
         if t.dtype not in INDEX_DTYPES:
             _fail(TypeError, f"{name} has dtype {t.dtype}; it must be int32 or int64.")
         if t.dim() != 1 or not t.is_contiguous():
             _fail(ValueError, f"{name} must be a contiguous 1-D tensor; got shape {tuple(t.shape)} strides {t.stride()}.")
     if q_nope.shape[:2] != q_pe.shape[:2]:
         _fail(ValueError, f"q_nope {tuple(q_nope.shape)} and q_pe {tuple(q_pe.shape)} must have the same batch and heads.")
-    ckv = _as_rows("ckv_cache", ckv_cache)
-    kpe = _as_rows("kpe_cache", kpe_cache)
+    ckv, page_size = _as_rows("ckv_cache", ckv_cache)
+    kpe, kpe_page = _as_rows("kpe_cache", kpe_cache)
+    if page_size != kpe_page:
+        _fail(ValueError, f"ckv_cache pages hold {page_size} tokens but kpe_cache pages hold {kpe_page}.")
     if ckv.shape[0] != kpe.shape[0]:
         _fail(ValueError, f"ckv_cache has {ckv.shape[0]} slots but kpe_cache has {kpe.shape[0]}.")
     batch, heads, dc = q_nope.shape
@@ -337,12 +454,21 @@ def _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scal
     if ckv.shape[-1] != dc or kpe.shape[-1] != dr:
         _fail(ValueError, f"latent widths disagree: q_nope {dc} vs ckv_cache {ckv.shape[-1]}, q_pe {dr} vs "
               f"kpe_cache {kpe.shape[-1]}.")
-    for name, d in (("kv_lora_rank (q_nope/ckv width)", dc), ("rope width (q_pe/kpe width)", dr)):
-        if d < 16 or d & (d - 1):
-            _fail(ValueError, f"{name} is {d}; it must be a power of two >= 16 (512 and 64 for DeepSeek/GLM MLA).")
+    for name, d, least in (("kv_lora_rank (q_nope/ckv width)", dc, 64), ("rope width (q_pe/kpe width)", dr, 16)):
+        if d < least or d & (d - 1):
+            _fail(ValueError, f"{name} is {d}; it must be a power of two >= {least} (512 and 64 for DeepSeek/GLM "
+                  "MLA; the latent is processed in four chunks of at least 16).")
     if batch < 1 or heads < 1:
         _fail(ValueError, f"q_nope has shape {tuple(q_nope.shape)}: batch and heads must be at least 1.")
-    devices = {t.device for t in (q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices)}
+    if page_size > 1 and kv_len is None:
+        _fail(ValueError, f"the caches have {page_size}-token pages: pass kv_len (tokens per request), as "
+              "FlashInfer's plan() takes kv_len_arr; kv_indptr/kv_indices then count pages.")
+    if page_size == 1 and kv_len is not None:
+        _fail(ValueError, "kv_len is for paged caches (page size > 1); with one token per page the lengths are "
+              "kv_indptr's differences.")
+    if kv_len is not None and kv_len.numel() != batch:
+        _fail(ValueError, f"kv_len has {kv_len.numel()} entries; expected batch = {batch}.")
+    devices = {t.device for _, t in named}
     if len(devices) != 1:
         _fail(ValueError, f"all tensors must be on one device; got {sorted(map(str, devices))}.")
     device = q_nope.device
@@ -377,11 +503,22 @@ def _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scal
         if ptr[-1]:
             lo, hi = torch.aminmax(kv_indices[: ptr[-1]])
             lo, hi = int(lo), int(hi)
-            if lo < 0 or hi >= ckv.shape[0]:
+            units = ckv.shape[0] // page_size
+            if lo < 0 or hi >= units:
                 bad = lo if lo < 0 else hi
-                _fail(IndexError, f"kv_indices holds {bad}, outside the cache's {ckv.shape[0]} slots (0..{ckv.shape[0] - 1}).")
-        max_len = max(b - a for a, b in zip(ptr, ptr[1:]))
-    return ckv, kpe, max_len
+                what = "slots" if page_size == 1 else "pages"
+                _fail(IndexError, f"kv_indices holds {bad}, outside the cache's {units} {what} (0..{units - 1}).")
+        pages = [b - a for a, b in zip(ptr, ptr[1:])]
+        if kv_len is None:
+            max_len = max(pages)
+        else:
+            lens = kv_len.tolist()
+            for i, (n, p) in enumerate(zip(lens, pages)):
+                if n < 0 or n > p * page_size:
+                    _fail(ValueError, f"kv_len[{i}] = {n} does not fit request {i}'s {p} pages of {page_size} "
+                          f"tokens (0..{p * page_size}).")
+            max_len = max(lens)
+    return ckv, kpe, page_size, max_len
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,18 +528,21 @@ def _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scal
 def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
                    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *,
                    ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
-                   out: torch.Tensor | None = None, return_lse: bool = False, num_splits: int | None = None,
-                   check_range: bool = True, config: MLADecodeConfig | None = None):
+                   out: torch.Tensor | None = None, return_lse: bool = False, kv_len: torch.Tensor | None = None,
+                   num_splits: int | None = None, check_range: bool = True, config: MLADecodeConfig | None = None):
     """MLA decode attention straight from an FP8 latent cache; returns ``out`` ``[B, H, Dc]`` BF16 (and the
     natural-log LSE ``[B, H]`` float32 with ``return_lse``). See the module docstring for the semantics.
 
+    Paged caches (``[pages, page_size, D]``, page size > 1): ``kv_indptr``/``kv_indices`` list pages and
+    ``kv_len`` ``[B]`` gives each request's tokens (its last page may be partly filled).
     ``num_splits``: KV splits per request (flash-decoding); default: :func:`default_num_splits`.
-    ``check_range=True`` validates ``kv_indptr``/``kv_indices`` on the host before the launch (a device sync);
-    ``False`` skips that (needed inside CUDA-graph capture; then pass ``num_splits`` too, or the default is
-    sized from ``len(kv_indices) / B``). ``config`` overrides the launch shape (:class:`MLADecodeConfig`).
+    ``check_range=True`` validates ``kv_indptr``/``kv_indices``/``kv_len`` on the host before the launch (a
+    device sync); ``False`` skips that (needed inside CUDA-graph capture; then pass ``num_splits`` too, or the
+    default is sized from ``len(kv_indices) / B``); an out-of-range index is then not caught.
+    ``config`` overrides the launch shape (:class:`MLADecodeConfig`).
     """
-    ckv, kpe, max_len = _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out,
-                                  check_range)
+    ckv, kpe, page_size, max_len = _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
+                                             out, check_range, kv_len)
     device = q_nope.device
     batch, heads, dc = q_nope.shape
     dr = q_pe.shape[-1]
@@ -417,9 +557,11 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     cfg = config or default_config(heads, dc, device)
     if cfg.block_h < 16 or cfg.block_h & (cfg.block_h - 1) or cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
         _fail(ValueError, f"config {cfg}: block_h and block_n must be powers of two >= 16.")
+    if cfg.convert not in CONVERSIONS:
+        _fail(ValueError, f"config {cfg}: convert must be one of {sorted(CONVERSIONS)}.")
     if num_splits is None:
         if max_len is None:
-            max_len = triton.cdiv(kv_indices.numel(), batch)
+            max_len = triton.cdiv(kv_indices.numel() * page_size, batch)
         num_splits = default_num_splits(batch, heads, max_len, device, cfg)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         _fail(ValueError, f"num_splits must be a positive int, got {num_splits!r}.")
@@ -436,16 +578,18 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         part_o = torch.empty(batch, num_splits, heads, dc, dtype=torch.float32, device=device)
         part_lse = torch.empty(batch, num_splits, heads, dtype=torch.float32, device=device)
     lse_arg = lse if lse is not None else part_lse
-    grid = (batch, num_splits, triton.cdiv(heads, cfg.block_h))
+    how, kv_mul = (0, 256.0) if interpreted else CONVERSIONS[cfg.convert]
+    grid = (triton.cdiv(heads, cfg.block_h), num_splits, batch)
     handle = _kernel("split", interpreted)[grid](
-        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices,
+        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, kv_len if kv_len is not None else kv_indptr,
         c_t if from_ptr else ckv, k_t if from_ptr else kpe, c_v, k_v, float(sm_scale) * LOG2E,
         part_o, part_lse, out, lse_arg,
         heads, num_splits,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), ckv.stride(0), kpe.stride(0),
         out.stride(0), out.stride(1),
-        DC=dc, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-        SCALE_FROM_PTR=from_ptr, DIRECT=direct, WRITE_LSE=return_lse, DOT_BF16=not interpreted,
+        DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page_size,
+        SCALE_FROM_PTR=from_ptr, DIRECT=direct, WRITE_LSE=return_lse, ON_GPU=not interpreted,
+        CONVERT=how, KV_MUL=kv_mul, CACHE_K=cfg.cache_k, CACHE_V=cfg.cache_v,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not interpreted:

@@ -1,7 +1,7 @@
 """The fused FP8 MLA decode kernel against the float64 torch reference.
 
 On CPU the kernels run in Triton's interpreter (built by the module itself, no TRITON_INTERPRET needed) with
-float32 dot operands; on a GPU (the ``gpu``-marked tests, skipped elsewhere) they are compiled with BF16 dot
+float32 dot operands; on a GPU (the ``gpu``-marked tests, skipped elsewhere) they are compiled with float16 dot
 operands. The reference runs on the *dequantized* cache (``ckv * ckv_scale``, ``kpe * kpe_scale``) in float64.
 """
 
@@ -163,6 +163,78 @@ def test_all_requests_empty():
     assert (got == 0).all() and torch.isneginf(lse).all()
 
 
+def make_paged(lens, heads, page_size, *, seed=0, device="cpu"):
+    """A paged pool ``[pages, page_size, 576]`` with random pages per request, and the same request as token
+    slots of the flattened pool (page * page_size + offset)."""
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    n_pages = [-(-n // page_size) for n in lens]
+    pages_total = max(4, 2 * sum(n_pages))
+    pool = (torch.randn(pages_total, page_size, DC + DR, generator=g, device=dev) * 0.6).to(FP8)
+    q_nope = (torch.randn(len(lens), heads, DC, generator=g, device=dev) * 0.5).to(torch.bfloat16)
+    q_pe = (torch.randn(len(lens), heads, DR, generator=g, device=dev) * 0.5).to(torch.bfloat16)
+    pages = torch.randperm(pages_total, generator=g, device=dev)[: sum(n_pages)].to(torch.int32)
+    page_ptr = torch.tensor([0] + torch.tensor(n_pages).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    slots = torch.cat([
+        (pages[page_ptr[i]:page_ptr[i + 1]].long()[:, None] * page_size
+         + torch.arange(page_size, device=dev)).flatten()[:n] for i, n in enumerate(lens)]).to(torch.int32)
+    tok_ptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    kv_len = torch.tensor(lens, dtype=torch.int32, device=dev)
+    return q_nope, q_pe, pool, pages, page_ptr, kv_len, slots, tok_ptr
+
+
+@pytest.mark.parametrize("page_size", [2, 16, 64])
+def test_paged_cache_matches_token_slots(page_size):
+    lens = [1, 0, 63, 64, 65, 200]
+    q_nope, q_pe, pool, pages, page_ptr, kv_len, slots, tok_ptr = make_paged(lens, 3, page_size, seed=page_size)
+    got = mla_decode_fp8(q_nope, q_pe, pool[..., :DC], pool[..., DC:], page_ptr, pages, 0.07, kv_len=kv_len,
+                         num_splits=3, ckv_scale=1.5)
+    flat = pool.view(-1, DC + DR)
+    want = mla_decode_fp8(q_nope, q_pe, flat[:, :DC], flat[:, DC:], tok_ptr, slots, 0.07, num_splits=3, ckv_scale=1.5)
+    assert torch.equal(got, want)  # the same tokens in the same order and splits: the same bits
+    ref, _ = reference(q_nope, q_pe, flat[:, :DC], flat[:, DC:], tok_ptr, slots, 0.07, 1.5)
+    assert rel_err(got[[i for i, n in enumerate(lens) if n]], ref[[i for i, n in enumerate(lens) if n]]) <= 1e-2
+
+
+@pytest.mark.parametrize("q_mul,sm_scale", [(3e4, 1e-6), (1e-5, 2e3), (1.0, 0.05)], ids=["huge_q", "tiny_q", "unit"])
+def test_query_magnitudes_beyond_float16(q_mul, sm_scale):
+    # q is carried to the float16 dots with a per-head power-of-two scale: |q| = 3e4 * N(0, 1) would overflow
+    # float16 (max 65504) and 1e-5 * N(0, 1) would fall into its subnormals without it.
+    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([40, 9], 4, seed=21)
+    q_nope, q_pe = (q_nope.float() * q_mul).to(torch.bfloat16), (q_pe.float() * q_mul).to(torch.bfloat16)
+    out, lse = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale, return_lse=True, num_splits=2)
+    want, want_lse = reference(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, want) <= 4e-3
+    assert torch.allclose(lse.double(), want_lse, rtol=1e-5, atol=1e-4)
+
+
+def every_fp8_code_case(device="cpu"):
+    """One single-token request per finite FP8 code row: with one token the softmax weight is exactly 1, so
+    out = the row's value (times ckv_scale) -- every code at every column, through the kernel's conversion."""
+    codes = torch.tensor([c for c in range(256) if c not in (0x7F, 0xFF)], dtype=torch.uint8, device=device)
+    rows = torch.stack([codes.roll(r)[: DC + DR] if codes.numel() >= DC + DR else
+                        codes.roll(r).repeat(3)[: DC + DR] for r in range(codes.numel())])
+    pool = rows.view(FP8).view(-1, 1, DC + DR)
+    b = pool.shape[0]
+    g = torch.Generator(device=device).manual_seed(22)
+    q_nope = torch.randn(b, 2, DC, generator=g, device=device).to(torch.bfloat16)
+    q_pe = torch.randn(b, 2, DR, generator=g, device=device).to(torch.bfloat16)
+    indptr = torch.arange(b + 1, dtype=torch.int32, device=device)
+    idx = torch.arange(b, dtype=torch.int32, device=device).flip(0)
+    return q_nope, q_pe, pool, indptr, idx
+
+
+def test_every_fp8_code_dequantizes_exactly():
+    q_nope, q_pe, pool, indptr, idx = every_fp8_code_case()
+    out, lse = mla_decode_fp8(q_nope, q_pe, pool[:, :, :DC], pool[:, :, DC:], indptr, idx, 0.1, ckv_scale=0.5,
+                              return_lse=True)
+    want = (pool[idx.long(), 0, :DC].float() * 0.5).to(torch.bfloat16)
+    assert torch.equal(out, want[:, None, :].expand_as(out))
+    ref, ref_lse = reference(q_nope, q_pe, pool[:, 0, :DC], pool[:, 0, DC:], indptr, idx, 0.1, 0.5)
+    assert torch.allclose(lse.double(), ref_lse, rtol=1e-5, atol=1e-4)  # the logit path, every code
+
+
 # ----------------------------------------------------------------------------------------------
 # Bad input: a clear error before any launch (a poisoned out stays untouched)
 # ----------------------------------------------------------------------------------------------
@@ -184,7 +256,15 @@ def _bad_cases():
         ("not power of two", dict(ckv_cache=pool[:, 0, :48], q_nope=q_nope[..., :48]), ValueError, "power of two"),
         ("slots mismatch", dict(kpe_cache=kpe[:-1]), ValueError, "slots but kpe_cache has"),
         ("column-major cache", dict(ckv_cache=column_major), ValueError, "last stride 1"),
-        ("page size 2", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:]), ValueError, "page size 1"),
+        ("paged without kv_len", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:]), ValueError,
+         "pass kv_len"),
+        ("kv_len with page size 1", dict(kv_len=torch.tensor([3, 5])), ValueError, "kv_len is for paged"),
+        ("kv_len too long", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:], kv_len=torch.tensor([3, 11]),
+                                 kv_indices=idx % 2), ValueError, "kv_len\\[1\\] = 11"),
+        ("page out of range", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:], kv_len=torch.tensor([3, 5]),
+                                   kv_indices=torch.full_like(idx, paged.shape[0])), IndexError, "pages"),
+        ("page sizes differ", dict(ckv_cache=paged[..., :DC], kv_len=torch.tensor([3, 5])), ValueError,
+         "pages hold 2 tokens but kpe_cache pages hold 1"),
         ("indptr length", dict(kv_indptr=indptr[:-1]), ValueError, "batch \\+ 1"),
         ("indptr decreasing", dict(kv_indptr=torch.tensor([0, 5, 3], dtype=torch.int32)), ValueError, "never decrease"),
         ("indptr past indices", dict(kv_indptr=torch.tensor([0, 3, 99], dtype=torch.int32)), ValueError, "only 8 entries"),
@@ -212,7 +292,7 @@ def test_bad_input_raises_before_launch(name):
         return
     poisoned = torch.full((2, 2, DC), float("nan"), dtype=torch.bfloat16)
     args = {**ok, "out": poisoned, **change}
-    scale_kw = {k: args.pop(k) for k in ("ckv_scale", "kpe_scale", "num_splits", "out") if k in args}
+    scale_kw = {k: args.pop(k) for k in ("ckv_scale", "kpe_scale", "num_splits", "out", "kv_len") if k in args}
     sm = args.pop("sm_scale")
     with pytest.raises(exc, match=match):
         mla_decode_fp8(*args.values(), sm, **scale_kw)
@@ -220,7 +300,7 @@ def test_bad_input_raises_before_launch(name):
 
 
 # ----------------------------------------------------------------------------------------------
-# GPU: compiled, BF16 dot operands, real sizes
+# GPU: compiled, float16 dot operands, real sizes
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -233,6 +313,43 @@ def test_bad_input_raises_before_launch(name):
 def test_real_sizes_on_gpu(heads, lens, pool_layout, num_splits):
     check(lens, heads, num_splits=num_splits, ckv_scale=1.25, kpe_scale=0.5, device="cuda", pool_layout=pool_layout,
           slots=495_000, seed=heads + len(lens))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_every_fp8_code_on_gpu():
+    q_nope, q_pe, pool, indptr, idx = every_fp8_code_case("cuda")
+    out, lse = mla_decode_fp8(q_nope, q_pe, pool[:, :, :DC], pool[:, :, DC:], indptr, idx, 0.1, ckv_scale=0.5,
+                              return_lse=True)
+    want = (pool[idx.long(), 0, :DC].float() * 0.5).to(torch.bfloat16)
+    assert torch.equal(out, want[:, None, :].expand_as(out))
+    ref, ref_lse = reference(q_nope, q_pe, pool[:, 0, :DC], pool[:, 0, DC:], indptr, idx, 0.1, 0.5)
+    assert torch.allclose(lse.double(), ref_lse, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_paged_on_gpu(page_size):
+    lens = [1, 0, 4097, 30000, 64, 65]
+    q_nope, q_pe, pool, pages, page_ptr, kv_len, slots, tok_ptr = make_paged(lens, 16, page_size, seed=page_size,
+                                                                            device="cuda")
+    got = mla_decode_fp8(q_nope, q_pe, pool[..., :DC], pool[..., DC:], page_ptr, pages, 0.07, kv_len=kv_len)
+    flat = pool.view(-1, DC + DR)
+    ref, _ = reference(q_nope, q_pe, flat[:, :DC], flat[:, DC:], tok_ptr, slots, 0.07)
+    keep = [i for i, n in enumerate(lens) if n]
+    assert rel_err(got[keep], ref[keep]) <= 1e-2 and (got[1] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("q_mul,sm_scale", [(3e4, 1e-6), (1e-5, 2e3)], ids=["huge_q", "tiny_q"])
+def test_query_magnitudes_on_gpu(q_mul, sm_scale):
+    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([4000, 90], 16, seed=23, device="cuda", slots=50_000)
+    q_nope, q_pe = (q_nope.float() * q_mul).to(torch.bfloat16), (q_pe.float() * q_mul).to(torch.bfloat16)
+    out = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale)
+    want, _ = reference(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale)
+    assert torch.isfinite(out).all() and rel_err(out, want) <= 1e-2
 
 
 @pytest.mark.gpu

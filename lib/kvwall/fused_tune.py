@@ -1,0 +1,226 @@
+"""Tune the fused FP8 MLA decode kernel on the GPU at hand: ``python -m kvwall.fused_tune``.
+
+One run, one GPU. Every candidate launch shape of :func:`kvwall.kernels.mla_decode_fp8` (heads and tokens per
+program step, warps, software-pipeline stages, cache hints of the two tile reads, FP8 conversion) is first
+checked against a float32 reference on a mixed-length batch, then timed at batch 1, 128K tokens of a 495K-slot
+FP8 pool for 16, 64 and 128 heads, inside CUDA graphs (so no host launch overhead), with a 256 MB buffer
+zeroed before every call so the pool rows are not left in L2. The best few per head count are then timed
+across splits per request and contexts 4K / 32K / 128K. Registers, spills and shared memory come from the
+compiled kernel. Beside them, in the same run: the device-to-device copy bandwidth and the BF16 matmul rate
+(the roofline's two ceilings).
+
+``--write`` stores the winners in ``kernels/mla_decode_fp8_tuned.json`` (keyed by GPU name and head count),
+which :func:`kvwall.kernels.mla_decode_fp8.default_config` reads. Full numbers go to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["candidates", "graph_us", "main", "matmul_tflops"]
+
+POOL_TOKENS = 495_000
+DC, DR = 512, 64
+D = DC + DR
+
+
+def candidates(heads: int):
+    """Launch shapes tried for a head count."""
+    from kvwall.kernels.mla_decode_fp8 import MLADecodeConfig
+
+    out = []
+    if heads <= 16:
+        shapes = [(16, bn, w, st) for bn in (16, 32, 64) for w in (4, 8) for st in (2, 3, 4)]
+    else:
+        shapes = ([(16, bn, 4, st) for bn in (16, 32, 64) for st in (2, 3)]
+                  + [(32, bn, w, st) for bn in (16, 32, 64) for w in (4, 8) for st in (2, 3)]
+                  + [(64, bn, 8, st) for bn in (16, 32, 64) for st in (2, 3)])
+    out += [MLADecodeConfig(*s) for s in shapes]
+    base = MLADecodeConfig(16 if heads <= 16 else 64, 32, 4 if heads <= 16 else 8, 3)
+    for ck, cv in (("", ""), (".ca", ".ca"), (".cg", ".cg"), ("", ".cg")):
+        out.append(dataclasses.replace(base, cache_k=ck, cache_v=cv))
+    out.append(dataclasses.replace(base, convert="cvt"))
+    return list(dict.fromkeys(out))
+
+
+def graph_us(fn, flush=None, reps: int = 10, rounds: int = 3) -> float:
+    """Device µs per call from CUDA-graph replay: a graph of ``reps`` x [flush, call] minus one of ``reps``
+    x [flush] (``flush=None``: calls back to back). Best of ``rounds`` replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture wants
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+
+    def timed(body) -> float:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                body()
+        g.replay()
+        torch.cuda.synchronize()
+        best = math.inf
+        for _ in range(rounds):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            best = min(best, a.elapsed_time(b) * 1e3 / reps)
+        del g
+        return best
+
+    if flush is None:
+        return timed(fn)
+    return max(timed(lambda: (flush(), fn())) - timed(flush), 0.0)
+
+
+def matmul_tflops(device: torch.device, n: int = 8192) -> float:
+    """Dense BF16 matmul rate (TFLOP/s), n x n x n, median of triton.testing.do_bench."""
+    import triton.testing
+
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def _resources() -> dict:
+    from kvwall.kernels.mla_decode_fp8 import LAST_COMPILED
+
+    k = LAST_COMPILED.get("split")
+    md = getattr(k, "metadata", None)
+    return {"regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
+            "shared_bytes": getattr(md, "shared", None)}
+
+
+class Case:
+    """One decode batch on the shared pool: requests of given lengths over random slots."""
+
+    def __init__(self, pool, lens, heads, gen):
+        dev = pool.device
+        self.lens = list(lens)
+        self.heads = heads
+        b = len(lens)
+        self.q_nope = (torch.randn(b, heads, DC, device=dev, generator=gen) * 0.5).to(torch.bfloat16)
+        self.q_pe = (torch.randn(b, heads, DR, device=dev, generator=gen) * 0.5).to(torch.bfloat16)
+        self.indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+        self.idx = torch.randint(0, pool.shape[0], (sum(lens),), device=dev, generator=gen, dtype=torch.int32)
+        self.ckv, self.kpe = pool[:, 0, :DC], pool[:, 0, DC:]
+        self.out = torch.empty(b, heads, DC, dtype=torch.bfloat16, device=dev)
+        self.sm_scale = 1.0 / math.sqrt(192 + 64)
+
+    def run(self, config=None, num_splits=None):
+        from kvwall.kernels.mla_decode_fp8 import default_num_splits, mla_decode_fp8
+
+        s = num_splits or default_num_splits(len(self.lens), self.heads, max(self.lens), self.q_nope.device, config)
+        return lambda: mla_decode_fp8(self.q_nope, self.q_pe, self.ckv, self.kpe, self.indptr, self.idx,
+                                      self.sm_scale, out=self.out, num_splits=s, check_range=False, config=config)
+
+    def reference(self):
+        from kvwall.kernels import mla_decode_reference
+
+        return mla_decode_reference(self.q_nope, self.q_pe, self.ckv.float(), self.kpe.float(), self.indptr,
+                                    self.idx, self.sm_scale, compute_dtype=torch.float32)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvwall.fused_tune", description=__doc__.splitlines()[0])
+    ap.add_argument("--heads", type=int, nargs="+", default=[16, 64, 128])
+    ap.add_argument("--screen-tokens", type=int, default=131072)
+    ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
+    ap.add_argument("--splits", type=int, nargs="+", default=[0, 16, 33, 66, 132, 264, 396],
+                    help="splits per request in the second stage (0: the launcher's default)")
+    ap.add_argument("--keep", type=int, default=4, help="configs per head count kept for the second stage")
+    ap.add_argument("--out", default="fused_tune.json")
+    ap.add_argument("--write", action="store_true", help="write the winners to kernels/mla_decode_fp8_tuned.json")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("fused_tune: needs an NVIDIA GPU.", file=sys.stderr)
+        return 2
+    import triton
+
+    from kvwall.timing import copy_bandwidth_gbps
+
+    t0 = time.perf_counter()
+    dev = torch.device("cuda")
+    gpu = torch.cuda.get_device_name(dev)
+    _, copy_gbps = copy_bandwidth_gbps(dev, 1 << 30)
+    tflops = matmul_tflops(dev)
+    print(f"{gpu}: copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s; triton {triton.__version__}",
+          flush=True)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    pool = (torch.randn(POOL_TOKENS, 1, D, device=dev, generator=gen) * 0.7).to(torch.float8_e4m3fn)
+    scratch = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    flush = scratch.zero_
+    report = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "copy_gbps": copy_gbps,
+              "bf16_tflops": tflops, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(), "screen": [],
+              "sweep": [], "winners": {}}
+
+    def roofline_us(heads, tokens):
+        return max(tokens * D / (copy_gbps * 1e3), 2 * heads * tokens * (DC + D) / (tflops * 1e6))
+
+    for heads in args.heads:
+        check = Case(pool, [1, 777, 64, 4097, 33], heads, gen)
+        want = check.reference()
+        case = Case(pool, [args.screen_tokens], heads, gen)
+        rows = []
+        for cfg in candidates(heads):
+            row = {"heads": heads, "tokens": args.screen_tokens, "config": dataclasses.asdict(cfg)}
+            try:
+                check.run(cfg)()
+                got = check.out.float()
+                row["rel_err"] = float((got - want).norm() / want.norm())
+                row.update(_resources())
+                if not row["rel_err"] <= 1e-2:
+                    raise RuntimeError(f"rel. error {row['rel_err']:.2e}")
+                row["us"] = graph_us(case.run(cfg), flush)
+            except Exception as exc:  # noqa: BLE001 - a failing candidate is a result, not a crash
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        report["screen"] += rows
+        good = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[: args.keep]
+        best_by_ctx = {}
+        for r in good:
+            cfg = type(candidates(heads)[0])(**r["config"])
+            for n in args.contexts:
+                c = Case(pool, [n], heads, gen)
+                for s in args.splits:
+                    us = graph_us(c.run(cfg, s or None), flush)
+                    row = {"heads": heads, "tokens": n, "splits": s, "config": r["config"], "us": us,
+                           "roofline_us": roofline_us(heads, n)}
+                    report["sweep"].append(row)
+                    key = (n,)
+                    if key not in best_by_ctx or us < best_by_ctx[key]["us"]:
+                        best_by_ctx[key] = row
+        for (n,), row in sorted(best_by_ctx.items()):
+            print(f"heads {heads:4d} ctx {n:7d}: best {row['us']:8.1f} us (roofline {row['roofline_us']:.1f}) "
+                  f"splits {row['splits']} {row['config']}", flush=True)
+        report["winners"][str(heads)] = {str(n): row for (n,), row in best_by_ctx.items()}
+    report["seconds"] = time.perf_counter() - t0
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out} ({report['seconds']:.0f} s)")
+    if args.write:
+        path = Path(__file__).resolve().parents[2] / "kernels" / "mla_decode_fp8_tuned.json"
+        table = json.loads(path.read_text()) if path.exists() else {}
+        table[gpu] = {h: {n: {"config": r["config"], "splits": r["splits"]} for n, r in w.items()}
+                      for h, w in report["winners"].items()}
+        path.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
