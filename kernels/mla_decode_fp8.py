@@ -41,9 +41,11 @@ captured CUDA graph replays with whatever they hold).
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import dataclass
 from numbers import Real
+from pathlib import Path
 
 import torch
 import triton
@@ -347,30 +349,66 @@ def _sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def default_config(heads: int, dc: int, device: torch.device) -> MLADecodeConfig:
-    """Launch shape: up to 64 heads per program (one program reads a token tile for all of them), 64-token
-    tiles, two pipeline stages; in the interpreter, large tiles (its cost is per program and per operation,
-    not per element)."""
+#: Tuned launch shapes per GPU model, head count and context (written by ``python -m kvwall.fused_tune --write``).
+TUNED_CONFIG_FILE = Path(__file__).with_name("mla_decode_fp8_tuned.json")
+
+
+@functools.cache
+def _tuned_table(gpu: str) -> dict:
+    if not TUNED_CONFIG_FILE.exists():
+        return {}
+    return json.loads(TUNED_CONFIG_FILE.read_text()).get(gpu, {})
+
+
+def _tuned_entry(heads: int, max_len: int | None, device: torch.device) -> dict | None:
+    """The tuned entry nearest to (heads, context): the smallest tuned head count >= heads (else the largest),
+    and the context nearest in log scale."""
+    if device.type != "cuda":
+        return None
+    table = _tuned_table(torch.cuda.get_device_name(device))
+    if not table:
+        return None
+    counts = sorted(int(h) for h in table)
+    h = next((c for c in counts if c >= heads), counts[-1])
+    by_ctx = table[str(h)]
+    n = max(1, max_len or 1)
+    ctx = min(by_ctx, key=lambda c: abs(math.log(int(c) / n)))
+    return {"heads": h, **by_ctx[ctx]}
+
+
+def default_config(heads: int, dc: int, device: torch.device, max_len: int | None = None) -> MLADecodeConfig:
+    """The launch shape: the tuned one for this GPU, head count and context if the table has it; else up to 64
+    heads per program (one program reads a token tile for all of them), 64-token tiles, two pipeline stages.
+    In the interpreter, large tiles (its cost is per program and per operation, not per element)."""
     block_h = min(max(16, triton.next_power_of_2(heads)), 64)
     if device.type == "cpu":
         return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=1, num_stages=1,
                                combine_block_d=dc, combine_block_s=16, combine_warps=1)
+    entry = _tuned_entry(heads, max_len, device)
+    if entry is not None:
+        return MLADecodeConfig(**entry["config"])
     return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=4 if block_h <= 32 else 8, num_stages=2,
-                           combine_block_d=min(128, dc))
+                           convert="cvt", combine_block_d=min(128, dc))
 
 
 def default_num_splits(batch: int, heads: int, max_len: int, device: torch.device,
                        config: MLADecodeConfig | None = None) -> int:
-    """Splits per request: enough programs for about two per multiprocessor, at most 128 splits, and at least
-    256 tokens per split (on CPU: at most 3 splits, enough to exercise the combine)."""
+    """Splits per request. On a GPU with a tuned entry: as many programs in all as the tuned batch-1 run used
+    (splits x head blocks), shared among the batch; else about two programs per multiprocessor. Never more
+    splits than tiles of two ``block_n`` per split. On CPU: at most 3 splits (enough to exercise the combine)."""
     if max_len <= 0:
         return 1
     if device.type == "cpu":
         return max(1, min(3, triton.cdiv(max_len, 64)))
-    cfg = config or default_config(heads, 512, device)
+    cfg = config or default_config(heads, 512, device, max_len)
     head_blocks = triton.cdiv(heads, cfg.block_h)
-    want = triton.cdiv(2 * _sms(device), batch * head_blocks)
-    return max(1, min(want, 128, triton.cdiv(max_len, 256)))
+    entry = _tuned_entry(heads, max_len, device)
+    if entry is not None and entry.get("splits"):
+        programs = entry["splits"] * triton.cdiv(entry["heads"], entry["config"]["block_h"])
+    else:
+        programs = 2 * _sms(device)
+    want = triton.cdiv(programs, batch * head_blocks)
+    return max(1, min(want, triton.cdiv(max_len, 2 * cfg.block_n)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -554,14 +592,14 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         else:
             k_t = torch.full((1,), k_v, dtype=torch.float32, device=device)
     from_ptr = c_t is not None
-    cfg = config or default_config(heads, dc, device)
+    if max_len is None:  # unchecked call: lengths unknown on the host; size by the index buffer
+        max_len = triton.cdiv(kv_indices.numel() * page_size, batch)
+    cfg = config or default_config(heads, dc, device, max_len)
     if cfg.block_h < 16 or cfg.block_h & (cfg.block_h - 1) or cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
         _fail(ValueError, f"config {cfg}: block_h and block_n must be powers of two >= 16.")
     if cfg.convert not in CONVERSIONS:
         _fail(ValueError, f"config {cfg}: convert must be one of {sorted(CONVERSIONS)}.")
     if num_splits is None:
-        if max_len is None:
-            max_len = triton.cdiv(kv_indices.numel() * page_size, batch)
         num_splits = default_num_splits(batch, heads, max_len, device, cfg)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         _fail(ValueError, f"num_splits must be a positive int, got {num_splits!r}.")

@@ -39,16 +39,17 @@ def candidates(heads: int):
 
     out = []
     if heads <= 16:
-        shapes = [(16, bn, w, st) for bn in (16, 32, 64) for w in (4, 8) for st in (2, 3, 4)]
+        shapes = [(16, bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
     else:
-        shapes = ([(16, bn, 4, st) for bn in (16, 32, 64) for st in (2, 3)]
-                  + [(32, bn, w, st) for bn in (16, 32, 64) for w in (4, 8) for st in (2, 3)]
-                  + [(64, bn, 8, st) for bn in (16, 32, 64) for st in (2, 3)])
-    out += [MLADecodeConfig(*s) for s in shapes]
-    base = MLADecodeConfig(16 if heads <= 16 else 64, 32, 4 if heads <= 16 else 8, 3)
-    for ck, cv in (("", ""), (".ca", ".ca"), (".cg", ".cg"), ("", ".cg")):
+        shapes = ([(32, bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
+                  + [(64, bn, 8, st) for bn in (32, 64, 128) for st in (2, 3)])
+    out += [MLADecodeConfig(*s, convert="cvt") for s in shapes]
+    base = MLADecodeConfig(16 if heads <= 16 else 64, 64, 8, 2, convert="cvt")
+    out.append(dataclasses.replace(base, convert="bits"))
+    for ck, cv in (("", ""), (".ca", ".ca"), ("", ".cg")):
         out.append(dataclasses.replace(base, cache_k=ck, cache_v=cv))
-    out.append(dataclasses.replace(base, convert="cvt"))
+    for bd, bs in ((32, 16), (64, 32), (128, 64)):
+        out.append(dataclasses.replace(base, combine_block_d=bd, combine_block_s=bs))
     return list(dict.fromkeys(out))
 
 
@@ -94,6 +95,23 @@ def matmul_tflops(device: torch.device, n: int = 8192) -> float:
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300)
     return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def kernel_times_us(fn, calls: int = 20) -> dict[str, float]:
+    """Device µs per call of each kernel ``fn`` launches (torch.profiler), L2 warm."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" and getattr(ev, "device_time_total", 0) > 0:
+            out[ev.key[:60]] = ev.device_time_total / calls
+    return out
 
 
 def _resources() -> dict:
@@ -206,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
                     if key not in best_by_ctx or us < best_by_ctx[key]["us"]:
                         best_by_ctx[key] = row
         for (n,), row in sorted(best_by_ctx.items()):
+            row["kernels_us"] = kernel_times_us(Case(pool, [n], heads, gen).run(
+                type(candidates(heads)[0])(**row["config"]), row["splits"] or None))
             print(f"heads {heads:4d} ctx {n:7d}: best {row['us']:8.1f} us (roofline {row['roofline_us']:.1f}) "
-                  f"splits {row['splits']} {row['config']}", flush=True)
+                  f"splits {row['splits']} {row['config']} kernels {row['kernels_us']}", flush=True)
         report["winners"][str(heads)] = {str(n): row for (n,), row in best_by_ctx.items()}
     report["seconds"] = time.perf_counter() - t0
     Path(args.out).write_text(json.dumps(report, indent=1))
