@@ -163,7 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=int, default=4, help="configs per head count kept for the second stage")
     ap.add_argument("--out", default="fused_tune.json")
     ap.add_argument("--write", action="store_true", help="write the winners to kernels/mla_decode_fp8_tuned.json")
+    ap.add_argument("--profile-one", type=int, nargs=2, metavar=("HEADS", "TOKENS"), default=None,
+                    help="no tuning: 3 warm-up calls then one more of the default (tuned) launch, batch 1, for "
+                         "a profiler such as ncu (--launch-skip 3 --launch-count 1)")
     args = ap.parse_args(argv)
+    if args.profile_one:
+        heads, n = args.profile_one
+        pool = (torch.randn(POOL_TOKENS, 1, D, device="cuda") * 0.7).to(torch.float8_e4m3fn)
+        fn = Case(pool, [n], heads, torch.Generator(device="cuda").manual_seed(0)).run()
+        for _ in range(4):
+            fn()
+        torch.cuda.synchronize()
+        print(_resources())
+        return 0
     if not torch.cuda.is_available():
         print("fused_tune: needs an NVIDIA GPU.", file=sys.stderr)
         return 2
