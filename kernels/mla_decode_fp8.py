@@ -326,7 +326,10 @@ CONVERSIONS = {"bits": (1, 256.0), "cvt": (2, 1.0)}
 @dataclass(frozen=True)
 class MLADecodeConfig:
     """Launch shape of the split kernel (``block_h`` heads x ``block_n`` tokens per step, its warps and
-    software-pipeline stages, the FP8 conversion) and of the combine."""
+    software-pipeline stages, the FP8 conversion, cache hints of its two tile reads) and of the combine
+    (``combine_block_d`` latent columns per program; ``combine_block_s`` splits per step and ``combine_warps``,
+    0 = sized from the split count: all splits in one step up to 512, so the combine is one wide read, not a
+    latency-bound loop)."""
 
     block_h: int
     block_n: int
@@ -335,9 +338,9 @@ class MLADecodeConfig:
     convert: str = "bits"
     cache_k: str = ""
     cache_v: str = ".ca"
-    combine_block_d: int = 128
-    combine_block_s: int = 16
-    combine_warps: int = 4
+    combine_block_d: int = 32
+    combine_block_s: int = 0
+    combine_warps: int = 0
 
 
 @functools.cache
@@ -368,7 +371,7 @@ def _tuned_entry(heads: int, max_len: int | None, device: torch.device) -> dict 
     table = _tuned_table(torch.cuda.get_device_name(device))
     if not table:
         return None
-    counts = sorted(int(h) for h in table)
+    counts = sorted(int(h) for h in table if h.isdigit())
     h = next((c for c in counts if c >= heads), counts[-1])
     by_ctx = table[str(h)]
     n = max(1, max_len or 1)
@@ -386,16 +389,16 @@ def default_config(heads: int, dc: int, device: torch.device, max_len: int | Non
                                combine_block_d=dc, combine_block_s=16, combine_warps=1)
     entry = _tuned_entry(heads, max_len, device)
     if entry is not None:
-        return MLADecodeConfig(**entry["config"])
+        return MLADecodeConfig(**{k: v for k, v in entry["config"].items() if not k.startswith("combine_")})
     return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=4 if block_h <= 32 else 8, num_stages=2,
-                           convert="cvt", combine_block_d=min(128, dc))
+                           convert="cvt")
 
 
 def default_num_splits(batch: int, heads: int, max_len: int, device: torch.device,
                        config: MLADecodeConfig | None = None) -> int:
     """Splits per request. On a GPU with a tuned entry: as many programs in all as the tuned batch-1 run used
     (splits x head blocks), shared among the batch; else about two programs per multiprocessor. Never more
-    splits than tiles of two ``block_n`` per split. On CPU: at most 3 splits (enough to exercise the combine)."""
+    splits than ``block_n`` tiles. On CPU: at most 3 splits (enough to exercise the combine)."""
     if max_len <= 0:
         return 1
     if device.type == "cpu":
@@ -408,7 +411,7 @@ def default_num_splits(batch: int, heads: int, max_len: int, device: torch.devic
     else:
         programs = 2 * _sms(device)
     want = triton.cdiv(programs, batch * head_blocks)
-    return max(1, min(want, triton.cdiv(max_len, 2 * cfg.block_n)))
+    return max(1, min(want, triton.cdiv(max_len, cfg.block_n)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -634,10 +637,12 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         LAST_COMPILED["split"] = handle
     if not direct:
         block_d = min(cfg.combine_block_d, dc)
+        block_s = cfg.combine_block_s or min(triton.next_power_of_2(num_splits), 512)
+        warps = cfg.combine_warps or (8 if block_s * block_d >= 8192 else 4)
         handle = _kernel("combine", interpreted)[(batch, heads, dc // block_d)](
             part_o, part_lse, out, lse_arg, heads, num_splits, out.stride(0), out.stride(1),
-            DC=dc, BLOCK_D=block_d, BLOCK_S=cfg.combine_block_s, WRITE_LSE=return_lse,
-            RNE_BY_BITS=interpreted, num_warps=cfg.combine_warps,
+            DC=dc, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=return_lse,
+            RNE_BY_BITS=interpreted, num_warps=warps,
         )
         if not interpreted:
             LAST_COMPILED["combine"] = handle

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         # Launch shape: the default; should it fail to compile (resources), smaller ones, reported.
         config = None
         tried = []
-        for cfg in (None, MLADecodeConfig(16, 16, 4, 1), MLADecodeConfig(16, 16, 4, 1, combine_block_d=64)):
+        for cfg in (None, MLADecodeConfig(16, 16, 4, 1), MLADecodeConfig(16, 16, 4, 1, combine_block_d=64, combine_block_s=16)):
             try:
                 out, lse = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale, ckv_scale=ckv_scale,
                                           kpe_scale=kpe_scale, return_lse=True, config=cfg)

@@ -48,8 +48,6 @@ def candidates(heads: int):
     out.append(dataclasses.replace(base, convert="bits"))
     for ck, cv in (("", ""), (".ca", ".ca"), ("", ".cg")):
         out.append(dataclasses.replace(base, cache_k=ck, cache_v=cv))
-    for bd, bs in ((32, 16), (64, 32), (128, 64)):
-        out.append(dataclasses.replace(base, combine_block_d=bd, combine_block_s=bs))
     return list(dict.fromkeys(out))
 
 
@@ -247,8 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         path = Path(__file__).resolve().parents[2] / "kernels" / "mla_decode_fp8_tuned.json"
         table = json.loads(path.read_text()) if path.exists() else {}
-        table[gpu] = {h: {n: {"config": r["config"], "splits": r["splits"]} for n, r in w.items()}
-                      for h, w in report["winners"].items()}
+        table[gpu] = {"by": "python -m kvwall.fused_tune --write (combine shape: sized at launch, not tuned)",
+                      **{h: {n: {"config": {k: v for k, v in r["config"].items() if not k.startswith("combine_")},
+                                 "splits": r["splits"]} for n, r in w.items()}
+                         for h, w in report["winners"].items()}}
         path.write_text(json.dumps(table, indent=1) + "\n")
         print(f"wrote {path}")
     return 0
