@@ -100,6 +100,57 @@ def _q_operand_impl(row_ptr, off, WIDTH: tl.constexpr, hmask, qmul, ON_GPU: tl.c
     return q
 
 
+def _e4m3_round_impl(x, ON_GPU: tl.constexpr):
+    """float32 ``x`` (|x| <= 448) rounded to the nearest e4m3 value (ties to even), as float32. The GPU uses
+    the hardware conversion; the interpreter (whose float32 -> fp8 conversion is wrong) rounds by bits:
+    3 mantissa bits for normals, multiples of 2^-9 below 2^-6 (the magic-number add rounds there)."""
+    if ON_GPU:
+        r = x.to(tl.float8e4nv).to(tl.float32)
+    else:
+        u = x.to(tl.uint32, bitcast=True)
+        normal = ((u + 0x7FFFF + ((u >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        sub = (x + 24576.0) - 24576.0
+        r = tl.where(tl.abs(x) < 0.015625, sub, normal)
+    return r
+
+
+def _q_terms_impl(q_base, stride_h, h0, H, off, WIDTH: tl.constexpr, BLOCK_H: tl.constexpr, mul,
+                  ON_GPU: tl.constexpr):
+    """Four e4m3 terms of ``q * mul`` (term t holds 16^t x the t-th residual), stacked term-major as
+    ``[4 BLOCK_H, WIDTH]`` rows (row t * BLOCK_H + h): FP8 on the GPU, float32 holding the same values in the
+    interpreter. ``mul`` is per stacked row."""
+    rows = tl.arange(0, 4 * BLOCK_H)
+    heads = h0 + rows % BLOCK_H
+    q = tl.load(q_base + heads[:, None] * stride_h + off + tl.arange(0, WIDTH)[None, :],
+                mask=(heads < H)[:, None], other=0.0).to(tl.float32)
+    r = q * mul[:, None]
+    term = (rows // BLOCK_H)[:, None]
+    out = tl.full([4 * BLOCK_H, WIDTH], 0.0, tl.float32)
+    for t in tl.static_range(4):
+        ft = _e4m3_round(r, ON_GPU)
+        out = tl.where(term == t, ft, out)
+        r = (r - ft) * 16.0
+    if ON_GPU:
+        out = out.to(tl.float8e4nv)  # exact: every value is an e4m3 value
+    return out
+
+
+def _sum_terms_impl(x, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
+    """``[BLOCK_N, 4 BLOCK_H]`` (term-major columns) -> ``[BLOCK_N, BLOCK_H]``: the sum over the four terms."""
+    return tl.reduce(tl.reshape(x, [BLOCK_N, 4, BLOCK_H]), 1, tl.standard._sum_combine)
+
+
+def _v_operand_impl(x8, live, CONVERT: tl.constexpr, MASK_V: tl.constexpr):
+    """The value tile as a float16 dot operand. ``MASK_V``: rows past the split's end (which read slot 0) are
+    zeroed, so whatever slot 0 holds (an FP8 NaN included) cannot reach the output through p = 0 x NaN; it
+    also makes Triton convert the tile before it goes to shared memory (16-bit rows, ``ldmatrix``) instead of
+    after (FP8 bytes gathered one by one for the transposed operand)."""
+    v = _fp8_as_f16(x8, CONVERT)
+    if MASK_V:
+        v = tl.where(live[:, None], v, 0.0).to(tl.float16)
+    return v
+
+
 def _dot_impl(a, b, acc, ON_GPU: tl.constexpr):
     """A tensor-core dot on the GPU; exact float32 products in the interpreter (whose 16-bit dot is unreliable)."""
     if ON_GPU:
@@ -121,12 +172,17 @@ def _store_bf16_impl(ptrs, o, hmask, ON_GPU: tl.constexpr):
 
 # The split kernel calls these; compiled kernels need them jitted, interpreted ones call the plain functions.
 _HELPERS = {"_fp8_as_f16": _fp8_as_f16_impl, "_pow2": _pow2_impl, "_q_operand": _q_operand_impl,
-            "_dot": _dot_impl, "_store_bf16": _store_bf16_impl}
+            "_dot": _dot_impl, "_store_bf16": _store_bf16_impl, "_e4m3_round": _e4m3_round_impl,
+            "_q_terms": _q_terms_impl, "_sum_terms": _sum_terms_impl, "_v_operand": _v_operand_impl}
 _fp8_as_f16 = triton.jit(_fp8_as_f16_impl)
 _pow2 = triton.jit(_pow2_impl)
 _q_operand = triton.jit(_q_operand_impl)
 _dot = triton.jit(_dot_impl)
 _store_bf16 = triton.jit(_store_bf16_impl)
+_e4m3_round = triton.jit(_e4m3_round_impl)
+_q_terms = triton.jit(_q_terms_impl)
+_sum_terms = triton.jit(_sum_terms_impl)
+_v_operand = triton.jit(_v_operand_impl)
 
 
 def _mla_split_kernel(
@@ -139,7 +195,7 @@ def _mla_split_kernel(
     DC: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
     ON_GPU: tl.constexpr, CONVERT: tl.constexpr, KV_MUL: tl.constexpr, CACHE_K: tl.constexpr,
-    CACHE_V: tl.constexpr,
+    CACHE_V: tl.constexpr, S_FP8: tl.constexpr, MASK_V: tl.constexpr,
 ):
     hb = tl.program_id(0)  # head blocks vary fastest: programs sharing a split run together and share it in L2
     s = tl.program_id(1)
@@ -181,11 +237,28 @@ def _mla_split_kernel(
     qmul = _pow2(e)
     row_c = (ckv_scale * qk_scale * KV_MUL) * _pow2(-e)  # [BLOCK_H] logit scale of q_nope . ckv
     row_k = (kpe_scale * qk_scale * KV_MUL) * _pow2(-e)
-    q0 = _q_operand(qn_row, 0 * DCH, DCH, hmask, qmul, ON_GPU)  # [BLOCK_H, DCH] each
-    q1 = _q_operand(qn_row, 1 * DCH, DCH, hmask, qmul, ON_GPU)
-    q2 = _q_operand(qn_row, 2 * DCH, DCH, hmask, qmul, ON_GPU)
-    q3 = _q_operand(qn_row, 3 * DCH, DCH, hmask, qmul, ON_GPU)
-    qr = _q_operand(qp_row, 0, DR, hmask, qmul, ON_GPU)
+    if S_FP8:
+        # Scores on FP8 tensor cores, straight from the FP8 cache (no conversion of K): each head's query,
+        # scaled to a largest |q| in [2^7, 2^8), is split into four e4m3 terms q = t0 + t1/16 + t2/256 + t3/4096
+        # (16 significant bits, more than bf16's 8), stacked as 4 x BLOCK_H rows of one dot operand.
+        q8 = _pow2(e - 6)
+        q8t = tl.reshape(tl.broadcast_to(q8[None, :], [4, BLOCK_H]), [4 * BLOCK_H])
+        row_c = (ckv_scale * qk_scale) * _pow2(6 - e)
+        row_k = (kpe_scale * qk_scale) * _pow2(6 - e)
+        qb_n = qn_ptr + b.to(tl.int64) * stride_qn_b
+        qb_p = qp_ptr + b.to(tl.int64) * stride_qp_b
+        q0 = _q_terms(qb_n, stride_qn_h, hb * BLOCK_H, H, 0 * DCH, DCH, BLOCK_H, q8t, ON_GPU)  # [4 BLOCK_H, DCH]
+        q1 = _q_terms(qb_n, stride_qn_h, hb * BLOCK_H, H, 1 * DCH, DCH, BLOCK_H, q8t, ON_GPU)
+        q2 = _q_terms(qb_n, stride_qn_h, hb * BLOCK_H, H, 2 * DCH, DCH, BLOCK_H, q8t, ON_GPU)
+        q3 = _q_terms(qb_n, stride_qn_h, hb * BLOCK_H, H, 3 * DCH, DCH, BLOCK_H, q8t, ON_GPU)
+        qr = _q_terms(qb_p, stride_qp_h, hb * BLOCK_H, H, 0, DR, BLOCK_H, q8t, ON_GPU)
+        t_w = _pow2(-4.0 * (tl.arange(0, 4 * BLOCK_H) // BLOCK_H).to(tl.float32))  # 16^-term per stacked row
+    else:
+        q0 = _q_operand(qn_row, 0 * DCH, DCH, hmask, qmul, ON_GPU)  # [BLOCK_H, DCH] each
+        q1 = _q_operand(qn_row, 1 * DCH, DCH, hmask, qmul, ON_GPU)
+        q2 = _q_operand(qn_row, 2 * DCH, DCH, hmask, qmul, ON_GPU)
+        q3 = _q_operand(qn_row, 3 * DCH, DCH, hmask, qmul, ON_GPU)
+        qr = _q_operand(qp_row, 0, DR, hmask, qmul, ON_GPU)
 
     # Per tile of BLOCK_N tokens: scores [heads, tokens] = q_nope @ ckv^T + q_pe @ kpe^T, online softmax, and
     # out [heads, 512] += p @ ckv -- the latent serves as K and as V. The 512-wide latent goes in four
@@ -209,11 +282,23 @@ def _mla_split_kernel(
         # dead rows read slot 0 (always valid) unmasked and are dropped by their -inf logits
         row = ckv_ptr + slot[:, None] * stride_ckv + dch[None, :]
         kr = tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], cache_modifier=CACHE_K)
-        s_c = _dot(q0, tl.trans(_fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), CONVERT)), None, ON_GPU)
-        s_c = _dot(q1, tl.trans(_fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c, ON_GPU)
-        s_c = _dot(q2, tl.trans(_fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c, ON_GPU)
-        s_c = _dot(q3, tl.trans(_fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c, ON_GPU)
-        s_r = _dot(qr, tl.trans(_fp8_as_f16(kr, CONVERT)), None, ON_GPU)
+        if S_FP8:  # [tokens, 4 x heads] on FP8 tensor cores, then the four terms summed: [heads, tokens]
+            st = _dot(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), tl.trans(q0), None, ON_GPU)
+            st = _dot(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), tl.trans(q1), st, ON_GPU)
+            st = _dot(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), tl.trans(q2), st, ON_GPU)
+            st = _dot(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), tl.trans(q3), st, ON_GPU)
+            s_c = tl.trans(_sum_terms(st * t_w[None, :], BLOCK_N, BLOCK_H))
+            s_r = tl.trans(_sum_terms(_dot(kr, tl.trans(qr), None, ON_GPU) * t_w[None, :], BLOCK_N, BLOCK_H))
+        else:
+            s_c = _dot(q0, tl.trans(_fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), CONVERT)), None,
+                       ON_GPU)
+            s_c = _dot(q1, tl.trans(_fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
+                       ON_GPU)
+            s_c = _dot(q2, tl.trans(_fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
+                       ON_GPU)
+            s_c = _dot(q3, tl.trans(_fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
+                       ON_GPU)
+            s_r = _dot(qr, tl.trans(_fp8_as_f16(kr, CONVERT)), None, ON_GPU)
         logits = s_c * row_c[:, None] + s_r * row_k[:, None]  # [BLOCK_H, BLOCK_N], base-2 units
         logits = tl.where(live[None, :], logits, float("-inf"))
         # Reductions through tl.reduce with the standard combine functions: tl.max / tl.sum are jit functions,
@@ -227,10 +312,14 @@ def _mla_split_kernel(
             pv = p.to(tl.float16)  # rounded to the operand type, as flash attention does
         else:
             pv = p  # float32 p: the interpreter checks everything but the GPU's float16 rounding of p
-        acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), CONVERT), acc0 * alpha[:, None], ON_GPU)
-        acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), CONVERT), acc1 * alpha[:, None], ON_GPU)
-        acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), CONVERT), acc2 * alpha[:, None], ON_GPU)
-        acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), CONVERT), acc3 * alpha[:, None], ON_GPU)
+        acc0 = _dot(pv, _v_operand(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), live, CONVERT, MASK_V), acc0 * alpha[:, None],
+                      ON_GPU)
+        acc1 = _dot(pv, _v_operand(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), live, CONVERT, MASK_V), acc1 * alpha[:, None],
+                      ON_GPU)
+        acc2 = _dot(pv, _v_operand(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), live, CONVERT, MASK_V), acc2 * alpha[:, None],
+                      ON_GPU)
+        acc3 = _dot(pv, _v_operand(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), live, CONVERT, MASK_V), acc3 * alpha[:, None],
+                      ON_GPU)
         m_i = m_new
 
     has = l_i > 0.0
@@ -309,9 +398,13 @@ def _kernel(name: str, interpreted: bool):
 
         from triton.runtime.interpreter import InterpretedFunction
 
-        plain = dict(fn.__globals__, **_HELPERS)
-        return InterpretedFunction(types.FunctionType(fn.__code__, plain, fn.__name__, fn.__defaults__,
-                                                      fn.__closure__))
+        plain = dict(fn.__globals__)
+
+        def rebind(f):  # the same code, resolving helper names to the plain functions
+            return types.FunctionType(f.__code__, plain, f.__name__, f.__defaults__, f.__closure__)
+
+        plain.update({name: rebind(impl) for name, impl in _HELPERS.items()})
+        return InterpretedFunction(rebind(fn))
     return triton.jit(fn)
 
 
@@ -338,6 +431,8 @@ class MLADecodeConfig:
     convert: str = "bits"
     cache_k: str = ""
     cache_v: str = ".ca"
+    s_fp8: bool = False
+    mask_v: bool = True
     combine_block_d: int = 32
     combine_block_s: int = 0
     combine_warps: int = 0
@@ -631,6 +726,7 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page_size,
         SCALE_FROM_PTR=from_ptr, DIRECT=direct, WRITE_LSE=return_lse, ON_GPU=not interpreted,
         CONVERT=how, KV_MUL=kv_mul, CACHE_K=cfg.cache_k, CACHE_V=cfg.cache_v,
+        S_FP8=cfg.s_fp8, MASK_V=cfg.mask_v,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not interpreted:

@@ -317,6 +317,42 @@ def test_real_sizes_on_gpu(heads, lens, pool_layout, num_splits):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("heads", [16, 64])
+@pytest.mark.parametrize("variant", [dict(s_fp8=False, mask_v=False), dict(s_fp8=False, mask_v=True),
+                                     dict(s_fp8=True, mask_v=True), dict(s_fp8=True, mask_v=False),
+                                     dict(convert="bits"), dict(block_n=128, num_warps=8)],
+                         ids=["f16", "f16_mask", "s8_mask", "s8", "bits", "bn128"])
+def test_launch_variants_on_gpu(heads, variant):
+    import dataclasses
+
+    from kvwall.kernels.mla_decode_fp8 import default_config
+
+    cfg = dataclasses.replace(default_config(heads, DC, torch.device("cuda"), 4096), **variant)
+    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([0, 1, 777, 4096, 33, 130], heads, seed=31, device="cuda",
+                                                         slots=200_000)
+    sm_scale = 1.0 / math.sqrt(192 + 64)
+    out, lse = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale, ckv_scale=1.25, kpe_scale=0.5,
+                              return_lse=True, config=cfg)
+    want, want_lse = reference(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale, 1.25, 0.5)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+    assert rel_err(out[1:], want[1:]) <= 1e-2
+    assert torch.allclose(lse[1:].double(), want_lse[1:], atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_nan_in_slot_zero_does_not_leak_on_gpu():
+    # Rows past a split's end read slot 0; an FP8 NaN there must not reach the output (p = 0 x NaN).
+    q_nope, q_pe, ckv, kpe, indptr, idx, pool = make_inputs([77, 1000], 16, seed=32, device="cuda", slots=5000)
+    idx = idx.clamp_min(1)
+    pool.view(torch.uint8)[0] = 0x7F  # e4m3 NaN in every byte of slot 0
+    out = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, num_splits=3)
+    want, _ = reference(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1)
+    assert torch.isfinite(out).all() and rel_err(out, want) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_every_fp8_code_on_gpu():
     q_nope, q_pe, pool, indptr, idx = every_fp8_code_case("cuda")
     out, lse = mla_decode_fp8(q_nope, q_pe, pool[:, :, :DC], pool[:, :, DC:], indptr, idx, 0.1, ckv_scale=0.5,

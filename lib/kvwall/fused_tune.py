@@ -39,15 +39,19 @@ def candidates(heads: int):
 
     out = []
     if heads <= 16:
-        shapes = [(16, bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
+        for mask_v in (False, True):
+            out += [MLADecodeConfig(16, bn, w, 2, convert="cvt", mask_v=mask_v)
+                    for bn, w in ((32, 4), (64, 4), (64, 8), (128, 8))]
+            out += [MLADecodeConfig(16, bn, w, 2, convert="cvt", s_fp8=True, mask_v=mask_v)
+                    for bn, w in ((64, 4), (64, 8), (128, 8))]
+        out += [MLADecodeConfig(16, 64, 4, 3, convert="cvt"), MLADecodeConfig(16, 64, 4, 3, convert="cvt", s_fp8=True)]
     else:
-        shapes = ([(32, bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
-                  + [(64, bn, 8, st) for bn in (32, 64, 128) for st in (2, 3)])
-    out += [MLADecodeConfig(*s, convert="cvt") for s in shapes]
-    base = MLADecodeConfig(16 if heads <= 16 else 64, 64, 8, 2, convert="cvt")
-    out.append(dataclasses.replace(base, convert="bits"))
-    for ck, cv in (("", ""), (".ca", ".ca"), ("", ".cg")):
-        out.append(dataclasses.replace(base, cache_k=ck, cache_v=cv))
+        for mask_v in (False, True):
+            out += [MLADecodeConfig(64, 64, 8, 2, convert="cvt", cache_v=cv, mask_v=mask_v) for cv in (".ca", "")]
+            out.append(MLADecodeConfig(32, 64, 4, 3, convert="cvt", mask_v=mask_v))
+        out += [MLADecodeConfig(32, 128, 8, st, convert="cvt") for st in (2, 3)]
+        out += [MLADecodeConfig(32, 64, 4, 2, convert="cvt", s_fp8=True),
+                MLADecodeConfig(64, 64, 8, 2, convert="cvt", s_fp8=True)]
     return list(dict.fromkeys(out))
 
 
