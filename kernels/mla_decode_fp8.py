@@ -140,17 +140,6 @@ def _sum_terms_impl(x, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
     return tl.reduce(tl.reshape(x, [BLOCK_N, 4, BLOCK_H]), 1, tl.standard._sum_combine)
 
 
-def _v_operand_impl(x8, live, CONVERT: tl.constexpr, MASK_V: tl.constexpr):
-    """The value tile as a float16 dot operand. ``MASK_V``: rows past the split's end (which read slot 0) are
-    zeroed, so whatever slot 0 holds (an FP8 NaN included) cannot reach the output through p = 0 x NaN; it
-    also makes Triton convert the tile before it goes to shared memory (16-bit rows, ``ldmatrix``) instead of
-    after (FP8 bytes gathered one by one for the transposed operand)."""
-    v = _fp8_as_f16(x8, CONVERT)
-    if MASK_V:
-        v = tl.where(live[:, None], v, 0.0).to(tl.float16)
-    return v
-
-
 def _dot_impl(a, b, acc, ON_GPU: tl.constexpr):
     """A tensor-core dot on the GPU; exact float32 products in the interpreter (whose 16-bit dot is unreliable)."""
     if ON_GPU:
@@ -173,7 +162,7 @@ def _store_bf16_impl(ptrs, o, hmask, ON_GPU: tl.constexpr):
 # The split kernel calls these; compiled kernels need them jitted, interpreted ones call the plain functions.
 _HELPERS = {"_fp8_as_f16": _fp8_as_f16_impl, "_pow2": _pow2_impl, "_q_operand": _q_operand_impl,
             "_dot": _dot_impl, "_store_bf16": _store_bf16_impl, "_e4m3_round": _e4m3_round_impl,
-            "_q_terms": _q_terms_impl, "_sum_terms": _sum_terms_impl, "_v_operand": _v_operand_impl}
+            "_q_terms": _q_terms_impl, "_sum_terms": _sum_terms_impl}
 _fp8_as_f16 = triton.jit(_fp8_as_f16_impl)
 _pow2 = triton.jit(_pow2_impl)
 _q_operand = triton.jit(_q_operand_impl)
@@ -182,7 +171,6 @@ _store_bf16 = triton.jit(_store_bf16_impl)
 _e4m3_round = triton.jit(_e4m3_round_impl)
 _q_terms = triton.jit(_q_terms_impl)
 _sum_terms = triton.jit(_sum_terms_impl)
-_v_operand = triton.jit(_v_operand_impl)
 
 
 def _mla_split_kernel(
@@ -195,7 +183,7 @@ def _mla_split_kernel(
     DC: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
     ON_GPU: tl.constexpr, CONVERT: tl.constexpr, KV_MUL: tl.constexpr, CACHE_K: tl.constexpr,
-    CACHE_V: tl.constexpr, S_FP8: tl.constexpr, MASK_V: tl.constexpr,
+    CACHE_V: tl.constexpr, S_FP8: tl.constexpr,
 ):
     hb = tl.program_id(0)  # head blocks vary fastest: programs sharing a split run together and share it in L2
     s = tl.program_id(1)
@@ -274,12 +262,13 @@ def _mla_split_kernel(
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         live = n < hi
+        # Rows past the split's end repeat its last token: every load stays unmasked and in bounds, and what
+        # they read is dropped (-inf logits, p = 0) -- no stray slot's NaN can leak in through 0 x NaN.
+        t = tl.minimum(n, hi - 1)
         if PAGE == 1:
-            slot = tl.load(indices_ptr + start + n, mask=live, other=0).to(tl.int64)
+            slot = tl.load(indices_ptr + start + t).to(tl.int64)
         else:
-            page = tl.load(indices_ptr + start + n // PAGE, mask=live, other=0).to(tl.int64)
-            slot = page * PAGE + n % PAGE
-        # dead rows read slot 0 (always valid) unmasked and are dropped by their -inf logits
+            slot = tl.load(indices_ptr + start + t // PAGE).to(tl.int64) * PAGE + t % PAGE
         row = ckv_ptr + slot[:, None] * stride_ckv + dch[None, :]
         kr = tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], cache_modifier=CACHE_K)
         if S_FP8:  # [tokens, 4 x heads] on FP8 tensor cores, then the four terms summed: [heads, tokens]
@@ -312,13 +301,13 @@ def _mla_split_kernel(
             pv = p.to(tl.float16)  # rounded to the operand type, as flash attention does
         else:
             pv = p  # float32 p: the interpreter checks everything but the GPU's float16 rounding of p
-        acc0 = _dot(pv, _v_operand(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), live, CONVERT, MASK_V), acc0 * alpha[:, None],
+        acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), CONVERT), acc0 * alpha[:, None],
                       ON_GPU)
-        acc1 = _dot(pv, _v_operand(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), live, CONVERT, MASK_V), acc1 * alpha[:, None],
+        acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), CONVERT), acc1 * alpha[:, None],
                       ON_GPU)
-        acc2 = _dot(pv, _v_operand(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), live, CONVERT, MASK_V), acc2 * alpha[:, None],
+        acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), CONVERT), acc2 * alpha[:, None],
                       ON_GPU)
-        acc3 = _dot(pv, _v_operand(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), live, CONVERT, MASK_V), acc3 * alpha[:, None],
+        acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), CONVERT), acc3 * alpha[:, None],
                       ON_GPU)
         m_i = m_new
 
@@ -432,7 +421,6 @@ class MLADecodeConfig:
     cache_k: str = ""
     cache_v: str = ".ca"
     s_fp8: bool = False
-    mask_v: bool = True
     combine_block_d: int = 32
     combine_block_s: int = 0
     combine_warps: int = 0
@@ -726,7 +714,7 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page_size,
         SCALE_FROM_PTR=from_ptr, DIRECT=direct, WRITE_LSE=return_lse, ON_GPU=not interpreted,
         CONVERT=how, KV_MUL=kv_mul, CACHE_K=cfg.cache_k, CACHE_V=cfg.cache_v,
-        S_FP8=cfg.s_fp8, MASK_V=cfg.mask_v,
+        S_FP8=cfg.s_fp8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not interpreted:

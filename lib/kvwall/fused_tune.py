@@ -39,19 +39,15 @@ def candidates(heads: int):
 
     out = []
     if heads <= 16:
-        for mask_v in (False, True):
-            out += [MLADecodeConfig(16, bn, w, 2, convert="cvt", mask_v=mask_v)
-                    for bn, w in ((32, 4), (64, 4), (64, 8), (128, 8))]
-            out += [MLADecodeConfig(16, bn, w, 2, convert="cvt", s_fp8=True, mask_v=mask_v)
-                    for bn, w in ((64, 4), (64, 8), (128, 8))]
-        out += [MLADecodeConfig(16, 64, 4, 3, convert="cvt"), MLADecodeConfig(16, 64, 4, 3, convert="cvt", s_fp8=True)]
+        out += [MLADecodeConfig(16, bn, w, st, convert="cvt")
+                for bn, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2))]
+        out += [MLADecodeConfig(16, bn, w, 2, convert="cvt", s_fp8=True) for bn, w in ((64, 4), (64, 8))]
+        out += [MLADecodeConfig(16, 64, 4, 2, convert="bits"), MLADecodeConfig(16, 64, 4, 2, convert="cvt", cache_v="")]
     else:
-        for mask_v in (False, True):
-            out += [MLADecodeConfig(64, 64, 8, 2, convert="cvt", cache_v=cv, mask_v=mask_v) for cv in (".ca", "")]
-            out.append(MLADecodeConfig(32, 64, 4, 3, convert="cvt", mask_v=mask_v))
-        out += [MLADecodeConfig(32, 128, 8, st, convert="cvt") for st in (2, 3)]
-        out += [MLADecodeConfig(32, 64, 4, 2, convert="cvt", s_fp8=True),
-                MLADecodeConfig(64, 64, 8, 2, convert="cvt", s_fp8=True)]
+        out += [MLADecodeConfig(64, 64, 8, 2, convert="cvt", cache_v=cv) for cv in (".ca", "")]
+        out += [MLADecodeConfig(32, 64, 4, 3, convert="cvt"), MLADecodeConfig(32, 128, 8, 3, convert="cvt"),
+                MLADecodeConfig(64, 32, 8, 2, convert="cvt", cache_v=""), MLADecodeConfig(32, 64, 4, 2, convert="cvt", s_fp8=True),
+                MLADecodeConfig(64, 64, 8, 2, convert="bits", cache_v="")]
     return list(dict.fromkeys(out))
 
 

@@ -315,12 +315,20 @@ def _bf16_inputs(inp: CaseInputs, keep: list[int], cs: float, ks: float, sm_scal
     into it: ``fp8 * 0.37`` is not a BF16 number). FlashInfer's BF16 ``run()`` takes no ``ckv_scale``/``kpe_scale``
     (it rejects them unless the KV is FP8; wall.py passes them only on FP8 runs), so the scales go elsewhere:
     ``sm_scale * ckv_scale`` as the softmax scale, ``q_pe * (kpe_scale / ckv_scale)`` (exact: the ratio is a power
-    of two in every case) and the output times ``ckv_scale`` in float64 (no extra rounding, which favours the BF16
-    path). Returns (q_nope, q_pe', sm_scale', output multiplier, whether q_pe' is exact)."""
+    of two in every case) and the output times ``ckv_scale`` (in float64, then rounded to BF16 by
+    :func:`_bf16_output`: every path delivers a BF16 output, ours included; left in float64, a one-token request's
+    BF16-path output would be exact and no BF16 output could match it). Returns (q_nope, q_pe', sm_scale', output
+    multiplier, whether q_pe' is exact)."""
     ratio = ks / cs
     qpe = (inp.q_pe[keep].float() * ratio).to(BF16)
     exact = bool(torch.equal(qpe.double(), inp.q_pe[keep].double() * ratio))
     return inp.q_nope[keep], qpe, sm_scale * cs, cs, exact
+
+
+def _bf16_output(out: torch.Tensor, mul: float) -> torch.Tensor:
+    """The BF16 path's output: its attention output times ``mul`` (= ckv_scale), rounded to BF16 once (exact when
+    ``mul`` is 1)."""
+    return (out.double() * mul).to(BF16) if mul != 1.0 else out.to(BF16)
 
 
 def _splits_used(case: DecodeCase, device: torch.device) -> int:
@@ -423,7 +431,7 @@ def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: b
             ckv_b = inp.tok_ckv.to(BF16).unsqueeze(1)  # the exactly cast cache, [T, 1, 512]
             kpe_b = inp.tok_kpe.to(BF16).unsqueeze(1)
             w, _ = _fi_plan("fa2", BF16, case.heads, ptr, idx, sub_lens, sm_b, device)
-            bf16_out = _fi_run(w, q_n, q_p, ckv_b, kpe_b).double() * mul
+            bf16_out = _bf16_output(_fi_run(w, q_n, q_p, ckv_b, kpe_b), mul)
             _sync(device)
             row["bf16_path"] = f"FlashInfer {_flashinfer_version()} BatchMLAPagedAttentionWrapper fa2, BF16 KV"
             del ckv_b, kpe_b, w
@@ -434,8 +442,8 @@ def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: b
         sel = inp.tok_ckv.index_select(0, idx.long()).to(BF16)
         selk = inp.tok_kpe.index_select(0, idx.long()).to(BF16)
         compact = torch.arange(idx.numel(), device=device)
-        bf16_out = mla_decode_reference(q_n, q_p, sel, selk, ptr, compact, sm_b,
-                                        compute_dtype=torch.bfloat16).double() * mul
+        bf16_out = _bf16_output(mla_decode_reference(q_n, q_p, sel, selk, ptr, compact, sm_b,
+                                                     compute_dtype=torch.bfloat16), mul)
         row["bf16_path"] = "torch reference, bfloat16 compute"
     bf16_err = _rel(bf16_out, want)
     row["bf16_rel_err"] = _finite(bf16_err)
@@ -478,7 +486,6 @@ def _bad_inputs(device: torch.device):
     inp = make_case_inputs(case, device, 64)
     ok = dict(q_nope=inp.q_nope, q_pe=inp.q_pe, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache,
               kv_indptr=inp.kv_indptr, kv_indices=inp.kv_indices)
-    pool = inp.tok3_ckv  # [64, 1, 512] view; the paged cases use a [32, 2, 576] pool
     paged = (torch.randn(32, 2, D, device=device) * 0.5).to(FP8)
     other = "cpu" if device.type == "cuda" else "meta"
     i32 = dict(dtype=torch.int32, device=device)
@@ -505,7 +512,6 @@ def _bad_inputs(device: torch.device):
         ("scale tensor float64", dict(ckv_scale=torch.ones(1, dtype=torch.float64, device=device)), ValueError),
         ("sm_scale NaN", dict(sm_scale=float("nan")), TypeError),
     ]
-    del pool
     return ok, cases
 
 
@@ -805,8 +811,9 @@ def _host_us(fn: Callable[[], object], device: torch.device, calls: int) -> floa
 
 
 def _build(name: str, pt: _Point, pool: torch.Tensor, device: torch.device, *, cast_backend: str,
-           sglang_max_context: int, sm_count: int) -> tuple[Callable[[], torch.Tensor], dict[str, Any], list]:
-    """(call, fields for the row, extra callables to time as {label: fn}) for one strategy at one point."""
+           sglang_max_context: int, sm_count: int) -> tuple[Callable[[], torch.Tensor], dict[str, Any]]:
+    """(the call to time, fields for the row) for one strategy at one point; everything outside the call (plan(),
+    buffers, SGLang's split choice, the one-off BF16 pool of ``flashinfer_bf16_precast``) is done here."""
     b, h = pt.batch, pt.heads
     out = torch.empty(b, h, DC, dtype=BF16, device=device)
     ckv8, kpe8 = pool[:, :, :DC], pool[:, :, DC:]
@@ -817,7 +824,7 @@ def _build(name: str, pt: _Point, pool: torch.Tensor, device: torch.device, *, c
         info.update(num_splits=splits, config=dataclasses.asdict(cfg))
         c2, k2 = pool[:, 0, :DC], pool[:, 0, DC:]
         return (lambda: mla_decode_fp8(pt.q_nope, pt.q_pe, c2, k2, pt.indptr, pt.idx, SM_SCALE, out=out,
-                                       num_splits=splits, check_range=False)), info, []
+                                       num_splits=splits, check_range=False)), info
     if name == "full_cast_bf16":  # the original: the whole pool cast every call, then FlashInfer BF16 (fa2)
         w, plan_ms = _fi_plan("fa2", BF16, h, pt.indptr, pt.idx, pt.lens_t, SM_SCALE, device)
         info.update(backend="fa2", plan_ms=plan_ms)
@@ -825,7 +832,7 @@ def _build(name: str, pt: _Point, pool: torch.Tensor, device: torch.device, *, c
         def full_cast_call():
             p = pool.to(BF16)
             return w.run(pt.q_nope, pt.q_pe, p[:, :, :DC], p[:, :, DC:], out=out)
-        return full_cast_call, info, []
+        return full_cast_call, info
     if name == "gather_cast_bf16":  # chapter 4: only the rows the batch reads, into a compact BF16 buffer
         buf = torch.empty(pt.tokens, 1, D, dtype=BF16, device=device)
         compact = torch.arange(pt.tokens, dtype=torch.int32, device=device)
@@ -835,12 +842,12 @@ def _build(name: str, pt: _Point, pool: torch.Tensor, device: torch.device, *, c
         def gather_call():
             gather_cast(pool, pt.idx, None, out=buf, check_range=False)
             return w.run(pt.q_nope, pt.q_pe, buf[:, :, :DC], buf[:, :, DC:], out=out)
-        return gather_call, info, []
+        return gather_call, info
     if name in ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3"):
         backend = name.rsplit("_", 1)[1]
         w, plan_ms = _fi_plan(backend, FP8, h, pt.indptr, pt.idx, pt.lens_t, SM_SCALE, device)
         info.update(backend=backend, plan_ms=plan_ms)
-        return (lambda: _fi_run(w, pt.q_nope, pt.q_pe, ckv8, kpe8, out, fp8_scales=(1.0, 1.0))), info, []
+        return (lambda: _fi_run(w, pt.q_nope, pt.q_pe, ckv8, kpe8, out, fp8_scales=(1.0, 1.0))), info
     if name == "flashinfer_bf16_precast":  # BF16 attention alone: the pool cast once, outside the timing
         pb = pool.to(BF16)
         tried = {}
@@ -856,7 +863,7 @@ def _build(name: str, pt: _Point, pool: torch.Tensor, device: torch.device, *, c
             raise RuntimeError(f"neither fa3 nor fa2 ran: {tried}")
         info.update(backend=backend, plan_ms=plan_ms, pool_bf16_bytes=pb.numel() * 2,
                     **({"fa3_error": tried["fa3"]} if "fa3" in tried else {}))
-        return (lambda: w.run(pt.q_nope, pt.q_pe, pb[:, :, :DC], pb[:, :, DC:], out=out)), info, []
+        return (lambda: w.run(pt.q_nope, pt.q_pe, pb[:, :, :DC], pb[:, :, DC:], out=out)), info
     if name == "sglang_triton_fp8":
         sg = load_sglang()
         if "error" in sg:
@@ -893,7 +900,7 @@ def _build(name: str, pt: _Point, pool: torch.Tensor, device: torch.device, *, c
             call = lambda: base(False)  # noqa: E731
         info.update(max_kv_splits=max_splits, num_kv_splits_min=min(chosen), num_kv_splits_max=max(chosen),
                     use_pdl=use_pdl, sglang_file=sg.get("file"), sglang_source=sg.get("source"))
-        return call, info, [("fixed", s, make) for s in ()]
+        return call, info
     raise ValueError(f"unknown strategy {name!r}; known: {STRATEGIES}")
 
 
@@ -944,11 +951,68 @@ def _time(fn: Callable[[], object], flush, device: torch.device, reps: int, roun
     return max(ms - flush_ms, 0.0) * 1e3, "cuda_events", why
 
 
+def make_point(heads: int, context: int, batch: int, *, pool_slots: int, max_total: int, gen: torch.Generator,
+               seed: int, device: torch.device) -> _Point:
+    """One bench point: :func:`bench_lengths`, random slots (repeats allowed) of a ``pool_slots`` pool, BF16 queries."""
+    lens = bench_lengths(context, batch, max_total=max_total, seed=seed + 1000 * batch + context)
+    n = sum(lens)
+    return _Point(heads, context, batch, lens,
+                  (torch.randn(batch, heads, DC, generator=gen, device=device) * 0.5).to(BF16),
+                  (torch.randn(batch, heads, DR, generator=gen, device=device) * 0.5).to(BF16),
+                  torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device),
+                  torch.randint(0, pool_slots, (n,), generator=gen, device=device, dtype=torch.int32),
+                  torch.tensor(lens, dtype=torch.int32, device=device))
+
+
+def bench_point_rows(pt: _Point, pool: torch.Tensor, device: torch.device, strategies, flush, *, copy_gbps: float,
+                     bf16_tflops: float, reps: int, rounds: int, host_calls: int, cast_backend: str,
+                     sglang_max_context: int, sm_count: int, sglang_split_sweep: list[int]) -> list[dict]:
+    """One ``bench`` row per strategy at one point. Each strategy is built (outside the timing), run once (its output
+    compared with fused_fp8's), timed by :func:`_time`, its host µs measured, and freed; any exception on the way
+    becomes the row's ``error`` (with the traceback's tail), never a crash."""
+    h, n = pt.heads, pt.tokens
+    roof = roofline_us(h, n, copy_gbps, bf16_tflops)
+    fused_out = None
+    rows = []
+    for name in strategies:
+        row: dict[str, Any] = {"section": "bench", "strategy": name, "heads": h, "context": pt.context,
+                               "batch": pt.batch, "tokens": n, "len_min": min(pt.lens), "len_max": max(pt.lens),
+                               "active_bytes": active_bytes(n), "flops": decode_flops(h, n), "roofline_us": roof,
+                               "us": None, "host_us": None, "gbps": None, "tflops": None, "pct_roofline": None}
+        fn = None
+        try:
+            fn, info = _build(name, pt, pool, device, cast_backend=cast_backend,
+                              sglang_max_context=sglang_max_context, sm_count=sm_count)
+            row.update(info)
+            got = fn()
+            _sync(device)
+            if name == "fused_fp8":
+                fused_out = got.clone()
+            elif fused_out is not None:
+                row["rel_diff_vs_fused"] = _finite(_rel(got, fused_out))
+            us, how, why = _time(fn, flush, device, reps, rounds)
+            row.update(us=us, timing=how, **({"graph_error": why} if why else {}))
+            row["host_us"] = _host_us(fn, device, host_calls)
+            if us > 0:
+                row.update(gbps=active_bytes(n) / us / 1e3, tflops=decode_flops(h, n) / us / 1e6,
+                           pct_roofline=roof / us * 100)
+            if name == "sglang_triton_fp8" and sglang_split_sweep:
+                row.update(_sglang_sweep(pt, pool, device, list(sglang_split_sweep), flush, reps, rounds))
+        except Exception as exc:  # noqa: BLE001 - one failing strategy is a row with an error
+            row["error"] = _err(exc, 600)
+            row["traceback_tail"] = traceback.format_exc()[-1200:]
+        finally:
+            fn = None
+            _free(device)
+        rows.append(row)
+    return rows
+
+
 def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: list[int], batches: list[int],
                            pool_slots: int = 495_000, max_total_tokens: int = 2_000_000,
-                           strategies: list[str] = list(STRATEGIES), reps: int = 10, rounds: int = 3,
+                           strategies: tuple[str, ...] | list[str] = STRATEGIES, reps: int = 10, rounds: int = 3,
                            host_calls: int = 20, flush_mb: int = 256, cast_backend: str = "fa2",
-                           sglang_max_context: int = 131_072, sglang_split_sweep: list[int] = (),
+                           sglang_max_context: int = 131_072, sglang_split_sweep: tuple[int, ...] | list[int] = (),
                            seed: int = 0) -> Result:
     """See the module docstring. Rows: one ``ceilings`` header (copy GB/s, BF16 TFLOP/s, GPU, how ``us`` and
     ``host_us`` are measured, what was JIT-built and where SGLang came from), then ``bench`` rows, one per
@@ -968,8 +1032,8 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
     copy_bytes = 1 << 30
     copy_ms, copy_gbps = copy_bandwidth_gbps(device, copy_bytes)
     tflops = matmul_tflops(device)
-    prebuild = prebuild_flashinfer(device) if any(s != "fused_fp8" and s != "sglang_triton_fp8"
-                                                  for s in strategies) else {}
+    uses_flashinfer = set(strategies) - {"fused_fp8", "sglang_triton_fp8"}
+    prebuild = prebuild_flashinfer(device) if uses_flashinfer else {}
     sg = load_sglang() if "sglang_triton_fp8" in strategies else {}
     rows: list[dict] = [{"section": "ceilings", "gpu": torch.cuda.get_device_name(device), "sms": sm_count,
                          "copy_gbps": copy_gbps, "copy_ms": copy_ms, "copy_bytes": copy_bytes,
@@ -985,50 +1049,13 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
     for h in heads:
         for context in contexts:
             for batch in batches:
-                lens = bench_lengths(context, batch, max_total=max_total_tokens, seed=seed + 1000 * batch + context)
-                n = sum(lens)
-                pt = _Point(h, context, batch, lens,
-                            (torch.randn(batch, h, DC, generator=gen, device=device) * 0.5).to(BF16),
-                            (torch.randn(batch, h, DR, generator=gen, device=device) * 0.5).to(BF16),
-                            torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
-                                         device=device),
-                            torch.randint(0, pool_slots, (n,), generator=gen, device=device, dtype=torch.int32),
-                            torch.tensor(lens, dtype=torch.int32, device=device))
-                roof = roofline_us(h, n, copy_gbps, tflops)
-                fused_out = None
-                for name in strategies:
-                    row: dict[str, Any] = {"section": "bench", "strategy": name, "heads": h, "context": context,
-                                           "batch": batch, "tokens": n, "len_min": min(lens), "len_max": max(lens),
-                                           "active_bytes": active_bytes(n), "flops": decode_flops(h, n),
-                                           "roofline_us": roof, "us": None, "host_us": None, "gbps": None,
-                                           "tflops": None, "pct_roofline": None}
-                    fn = None
-                    try:
-                        fn, info, _ = _build(name, pt, pool, device, cast_backend=cast_backend,
-                                             sglang_max_context=sglang_max_context, sm_count=sm_count)
-                        row.update(info)
-                        got = fn()
-                        _sync(device)
-                        if name == "fused_fp8":
-                            fused_out = got.clone()
-                        elif fused_out is not None:
-                            row["rel_diff_vs_fused"] = _finite(_rel(got, fused_out))
-                        us, how, why = _time(fn, flush, device, reps, rounds)
-                        row.update(us=us, timing=how, **({"graph_error": why} if why else {}))
-                        row["host_us"] = _host_us(fn, device, host_calls)
-                        if us > 0:
-                            row.update(gbps=active_bytes(n) / us / 1e3, tflops=decode_flops(h, n) / us / 1e6,
-                                       pct_roofline=roof / us * 100)
-                        if name == "sglang_triton_fp8" and sglang_split_sweep:
-                            row.update(_sglang_sweep(pt, pool, device, list(sglang_split_sweep), flush, reps, rounds))
-                    except Exception as exc:  # noqa: BLE001 - one failing strategy is a row with an error
-                        row["error"] = _err(exc, 600)
-                        row["traceback_tail"] = traceback.format_exc()[-1200:]
-                    finally:
-                        fn = None
-                        _free(device)
-                    rows.append(row)
-                del pt, fused_out
+                pt = make_point(h, context, batch, pool_slots=pool_slots, max_total=max_total_tokens, gen=gen,
+                                seed=seed, device=device)
+                rows += bench_point_rows(pt, pool, device, strategies, flush, copy_gbps=copy_gbps, bf16_tflops=tflops,
+                                         reps=reps, rounds=rounds, host_calls=host_calls, cast_backend=cast_backend,
+                                         sglang_max_context=sglang_max_context, sm_count=sm_count,
+                                         sglang_split_sweep=list(sglang_split_sweep))
+                del pt
                 _free(device)
     rows[0]["seconds_total"] = round(time.perf_counter() - t_start, 1)
     params = dict(heads=list(heads), contexts=list(contexts), batches=list(batches), pool_slots=pool_slots,
