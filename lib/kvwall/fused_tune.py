@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["candidates", "graph_us", "main", "matmul_tflops"]
+__all__ = ["candidates", "graph_us", "kernel_times_us", "main", "matmul_tflops", "tune", "write_table"]
 
 POOL_TOKENS = 495_000
 DC, DR = 512, 64
@@ -151,6 +151,88 @@ class Case:
                                     self.idx, self.sm_scale, compute_dtype=torch.float32)
 
 
+def tune(heads_list=(16, 64, 128), *, screen_tokens: int = 131072, contexts=(4096, 32768, 131072),
+         splits=(0, 16, 33, 66, 132, 264, 396), keep: int = 4, log=print) -> dict:
+    """Screen every candidate at ``screen_tokens`` (batch 1), then time the best ``keep`` per head count across
+    ``contexts`` x ``splits`` (0: the launcher's default). Returns the report (see the module docstring)."""
+    import triton
+
+    from kvwall.timing import copy_bandwidth_gbps
+
+    t0 = time.perf_counter()
+    dev = torch.device("cuda")
+    gpu = torch.cuda.get_device_name(dev)
+    _, copy_gbps = copy_bandwidth_gbps(dev, 1 << 30)
+    tflops = matmul_tflops(dev)
+    log(f"{gpu}: copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s; triton {triton.__version__}")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    pool = (torch.randn(POOL_TOKENS, 1, D, device=dev, generator=gen) * 0.7).to(torch.float8_e4m3fn)
+    scratch = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    flush = scratch.zero_
+    report = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "copy_gbps": copy_gbps,
+              "bf16_tflops": tflops, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(), "screen": [],
+              "sweep": [], "winners": {}}
+
+    def roofline_us(heads, tokens):
+        return max(tokens * D / (copy_gbps * 1e3), 2 * heads * tokens * (DC + D) / (tflops * 1e6))
+
+    for heads in heads_list:
+        check = Case(pool, [1, 777, 64, 4097, 33], heads, gen)
+        want = check.reference()
+        case = Case(pool, [screen_tokens], heads, gen)
+        rows = []
+        for cfg in candidates(heads):
+            row = {"heads": heads, "tokens": screen_tokens, "config": dataclasses.asdict(cfg)}
+            try:
+                check.run(cfg)()
+                got = check.out.float()
+                row["rel_err"] = float((got - want).norm() / want.norm())
+                row.update(_resources())
+                if not row["rel_err"] <= 1e-2:
+                    raise RuntimeError(f"rel. error {row['rel_err']:.2e}")
+                row["us"] = graph_us(case.run(cfg), flush)
+                row["roofline_us"] = roofline_us(heads, screen_tokens)
+            except Exception as exc:  # noqa: BLE001 - a failing candidate is a result, not a crash
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            rows.append(row)
+            log(json.dumps(row))
+        report["screen"] += rows
+        good = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[:keep]
+        best_by_ctx = {}
+        for r in good:
+            cfg = type(candidates(heads)[0])(**r["config"])
+            for n in contexts:
+                c = Case(pool, [n], heads, gen)
+                for s in splits:
+                    us = graph_us(c.run(cfg, s or None), flush)
+                    row = {"heads": heads, "tokens": n, "splits": s, "config": r["config"], "us": us,
+                           "roofline_us": roofline_us(heads, n)}
+                    report["sweep"].append(row)
+                    if n not in best_by_ctx or us < best_by_ctx[n]["us"]:
+                        best_by_ctx[n] = row
+        for n, row in sorted(best_by_ctx.items()):
+            row["kernels_us"] = kernel_times_us(Case(pool, [n], heads, gen).run(
+                type(candidates(heads)[0])(**row["config"]), row["splits"] or None))
+            log(f"heads {heads:4d} ctx {n:7d}: best {row['us']:8.1f} us (roofline {row['roofline_us']:.1f}) "
+                f"splits {row['splits']} {row['config']} kernels {row['kernels_us']}")
+        report["winners"][str(heads)] = {str(n): row for n, row in best_by_ctx.items()}
+    report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+def write_table(report: dict) -> Path:
+    """Store a report's winners (split-kernel shape and splits) in the launcher's tuned table."""
+    from kvwall.kernels.mla_decode_fp8 import TUNED_CONFIG_FILE as path
+
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table[report["gpu"]] = {
+        "by": "python -m kvwall.fused_tune --write (combine shape: sized at launch, not tuned)",
+        **{h: {n: {"config": {k: v for k, v in r["config"].items() if not k.startswith("combine_")},
+                   "splits": r["splits"]} for n, r in w.items()} for h, w in report["winners"].items()}}
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvwall.fused_tune", description=__doc__.splitlines()[0])
     ap.add_argument("--heads", type=int, nargs="+", default=[16, 64, 128])
@@ -165,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="no tuning: 3 warm-up calls then one more of the default (tuned) launch, batch 1, for "
                          "a profiler such as ncu (--launch-skip 3 --launch-count 1)")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("fused_tune: needs an NVIDIA GPU.", file=sys.stderr)
+        return 2
     if args.profile_one:
         heads, n = args.profile_one
         pool = (torch.randn(POOL_TOKENS, 1, D, device="cuda") * 0.7).to(torch.float8_e4m3fn)
@@ -174,83 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         print(_resources())
         return 0
-    if not torch.cuda.is_available():
-        print("fused_tune: needs an NVIDIA GPU.", file=sys.stderr)
-        return 2
-    import triton
-
-    from kvwall.timing import copy_bandwidth_gbps
-
-    t0 = time.perf_counter()
-    dev = torch.device("cuda")
-    gpu = torch.cuda.get_device_name(dev)
-    _, copy_gbps = copy_bandwidth_gbps(dev, 1 << 30)
-    tflops = matmul_tflops(dev)
-    print(f"{gpu}: copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s; triton {triton.__version__}",
-          flush=True)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    pool = (torch.randn(POOL_TOKENS, 1, D, device=dev, generator=gen) * 0.7).to(torch.float8_e4m3fn)
-    scratch = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-    flush = scratch.zero_
-    report = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "copy_gbps": copy_gbps,
-              "bf16_tflops": tflops, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(), "screen": [],
-              "sweep": [], "winners": {}}
-
-    def roofline_us(heads, tokens):
-        return max(tokens * D / (copy_gbps * 1e3), 2 * heads * tokens * (DC + D) / (tflops * 1e6))
-
-    for heads in args.heads:
-        check = Case(pool, [1, 777, 64, 4097, 33], heads, gen)
-        want = check.reference()
-        case = Case(pool, [args.screen_tokens], heads, gen)
-        rows = []
-        for cfg in candidates(heads):
-            row = {"heads": heads, "tokens": args.screen_tokens, "config": dataclasses.asdict(cfg)}
-            try:
-                check.run(cfg)()
-                got = check.out.float()
-                row["rel_err"] = float((got - want).norm() / want.norm())
-                row.update(_resources())
-                if not row["rel_err"] <= 1e-2:
-                    raise RuntimeError(f"rel. error {row['rel_err']:.2e}")
-                row["us"] = graph_us(case.run(cfg), flush)
-            except Exception as exc:  # noqa: BLE001 - a failing candidate is a result, not a crash
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        report["screen"] += rows
-        good = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[: args.keep]
-        best_by_ctx = {}
-        for r in good:
-            cfg = type(candidates(heads)[0])(**r["config"])
-            for n in args.contexts:
-                c = Case(pool, [n], heads, gen)
-                for s in args.splits:
-                    us = graph_us(c.run(cfg, s or None), flush)
-                    row = {"heads": heads, "tokens": n, "splits": s, "config": r["config"], "us": us,
-                           "roofline_us": roofline_us(heads, n)}
-                    report["sweep"].append(row)
-                    key = (n,)
-                    if key not in best_by_ctx or us < best_by_ctx[key]["us"]:
-                        best_by_ctx[key] = row
-        for (n,), row in sorted(best_by_ctx.items()):
-            row["kernels_us"] = kernel_times_us(Case(pool, [n], heads, gen).run(
-                type(candidates(heads)[0])(**row["config"]), row["splits"] or None))
-            print(f"heads {heads:4d} ctx {n:7d}: best {row['us']:8.1f} us (roofline {row['roofline_us']:.1f}) "
-                  f"splits {row['splits']} {row['config']} kernels {row['kernels_us']}", flush=True)
-        report["winners"][str(heads)] = {str(n): row for (n,), row in best_by_ctx.items()}
-    report["seconds"] = time.perf_counter() - t0
+    report = tune(args.heads, screen_tokens=args.screen_tokens, contexts=args.contexts, splits=args.splits,
+                  keep=args.keep, log=lambda m: print(m, flush=True))
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out} ({report['seconds']:.0f} s)")
     if args.write:
-        path = Path(__file__).resolve().parents[2] / "kernels" / "mla_decode_fp8_tuned.json"
-        table = json.loads(path.read_text()) if path.exists() else {}
-        table[gpu] = {"by": "python -m kvwall.fused_tune --write (combine shape: sized at launch, not tuned)",
-                      **{h: {n: {"config": {k: v for k, v in r["config"].items() if not k.startswith("combine_")},
-                                 "splits": r["splits"]} for n, r in w.items()}
-                         for h, w in report["winners"].items()}}
-        path.write_text(json.dumps(table, indent=1) + "\n")
-        print(f"wrote {path}")
+        print(f"wrote {write_table(report)}")
     return 0
 
 
