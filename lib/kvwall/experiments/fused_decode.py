@@ -46,7 +46,7 @@ from ..results import Result, collect_provenance
 from .gather_cast import mixed_lengths
 from .registry import Experiment
 
-__all__ = ["EXPERIMENTS", "STRATEGIES", "DecodeCase", "validation_cases", "active_bytes", "decode_flops",
+__all__ = ["EXPERIMENTS", "STRATEGIES", "DecodeCase", "validation_cases", "active_bytes", "qo_bytes", "decode_flops",
            "roofline_us", "sglang_max_kv_splits", "run_fused_decode_validation", "run_fused_decode_bench",
            "sanitize_main", "load_sglang"]
 
@@ -119,9 +119,15 @@ def _flashinfer_version() -> str | None:
 
 def active_bytes(tokens: int, *, dim: int = D, index_bytes: int = INDEX_BYTES) -> int:
     """The fewest HBM bytes a decode over ``tokens`` KV tokens must read: each token's FP8 latent (576 B for
-    GLM-5: 512 ckv + 64 kpe) plus its page-table index (4 B, int32, page size 1). Queries and outputs (``B x H x
-    576`` BF16 in, ``B x H x 512`` out) are left out: under 2 % of the KV bytes at every point of the bench."""
+    GLM-5: 512 ckv + 64 kpe) plus its page-table index (4 B, int32, page size 1). Queries and outputs are left out
+    (:func:`qo_bytes`, recorded beside it): negligible at long contexts, but not with many heads over short
+    requests (128 heads, 1,024 tokens per request: 47 % of the KV bytes)."""
     return int(tokens) * (dim + index_bytes)
+
+
+def qo_bytes(batch: int, heads: int, *, dc: int = DC, dr: int = DR) -> int:
+    """Bytes of BF16 queries read (``q_nope`` + ``q_pe``, 576 values) and outputs written (512) per call."""
+    return 2 * int(batch) * int(heads) * ((dc + dr) + dc)
 
 
 def decode_flops(heads: int, tokens: int, *, dc: int = DC, dr: int = DR) -> int:
@@ -331,10 +337,13 @@ def _bf16_output(out: torch.Tensor, mul: float) -> torch.Tensor:
     return (out.double() * mul).to(BF16) if mul != 1.0 else out.to(BF16)
 
 
-def _splits_used(case: DecodeCase, device: torch.device) -> int:
-    if case.num_splits is not None:
-        return case.num_splits
-    return default_num_splits(len(case.lens), case.heads, max(case.lens) if case.lens else 0, device)
+def _defaults_used(case: DecodeCase, device: torch.device) -> tuple[int, dict]:
+    """(splits, launch config) a checked call picks for the case (its max_len: the longest request)."""
+    max_len = max(case.lens) if case.lens else 0
+    cfg = default_config(case.heads, DC, device, max_len)
+    splits = case.num_splits if case.num_splits is not None else default_num_splits(len(case.lens), case.heads,
+                                                                                     max_len, device, cfg)
+    return splits, dataclasses.asdict(cfg)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -386,36 +395,13 @@ def prebuild_flashinfer(device: torch.device) -> dict[str, Any]:
 # Validation
 # ---------------------------------------------------------------------------------------------------------
 
-def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: bool) -> list[dict]:
+def _compare(case: DecodeCase, inp: CaseInputs, out: torch.Tensor, keep: list[int], row: dict,
+             peers: bool) -> list[dict]:
+    """Fill ``row`` with our error, the BF16 path's and the verdict; return the FP8 peers' rows (GPU)."""
+    device = out.device
     on_gpu = device.type == "cuda"
     lens = list(case.lens)
-    keep = _nonempty(lens)
-    empties = [i for i in range(len(lens)) if i not in keep]
-    row: dict[str, Any] = {"section": "cases", "case": case.name, "heads": case.heads, "lens": lens,
-                           "batch": len(lens), "tokens": sum(lens), "layout": case.layout,
-                           "page_size": case.page_size, "index_dtype": case.index_dtype,
-                           "ckv_scale": case.ckv_scale, "kpe_scale": case.kpe_scale, "seed": case.seed,
-                           "num_splits": None, "rel_err": None, "bf16_path": None, "bf16_rel_err": None,
-                           "ratio": None, "finite": None, "empty_requests": len(empties), "empty_out_zero": None,
-                           "passed": False}
     peer_rows: list[dict] = []
-    try:
-        inp = make_case_inputs(case, device, pool_slots)
-        row["num_splits"] = _splits_used(case, device)
-        poisoned = torch.full((len(lens), case.heads, DC), float("nan"), dtype=BF16, device=device)
-        out = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
-                             SM_SCALE, ckv_scale=case.ckv_scale, kpe_scale=case.kpe_scale, out=poisoned,
-                             kv_len=inp.kv_len, num_splits=case.num_splits)
-        _sync(device)
-        row["finite"] = bool(torch.isfinite(out).all())
-        row["empty_out_zero"] = bool((out[empties] == 0).all()) if empties else True
-    except Exception as exc:  # noqa: BLE001 - a failing case is a row
-        row["error"] = _err(exc)
-        row["traceback_tail"] = traceback.format_exc()[-1500:]
-        return [row]
-    if not keep:  # nothing to compare: every request empty, the output must be zeros
-        row["passed"] = bool(row["finite"] and row["empty_out_zero"])
-        return [row]
     cs, ks = case.ckv_scale, case.kpe_scale
     want = _reference64(inp, keep, cs, ks, SM_SCALE)
     ours = out[keep]
@@ -472,6 +458,44 @@ def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: b
             except Exception as exc:  # noqa: BLE001 - one failing peer is a row with an error
                 prow["error"] = _err(exc)
             peer_rows.append(prow)
+    return peer_rows
+
+
+def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: bool) -> list[dict]:
+    lens = list(case.lens)
+    keep = _nonempty(lens)
+    empties = [i for i in range(len(lens)) if i not in keep]
+    row: dict[str, Any] = {"section": "cases", "case": case.name, "heads": case.heads, "lens": lens,
+                           "batch": len(lens), "tokens": sum(lens), "layout": case.layout,
+                           "page_size": case.page_size, "index_dtype": case.index_dtype,
+                           "ckv_scale": case.ckv_scale, "kpe_scale": case.kpe_scale, "seed": case.seed,
+                           "num_splits": None, "rel_err": None, "bf16_path": None, "bf16_rel_err": None,
+                           "ratio": None, "finite": None, "empty_requests": len(empties), "empty_out_zero": None,
+                           "passed": False}
+    peer_rows: list[dict] = []
+    try:
+        inp = make_case_inputs(case, device, pool_slots)
+        row["num_splits"], row["config"] = _defaults_used(case, device)
+        poisoned = torch.full((len(lens), case.heads, DC), float("nan"), dtype=BF16, device=device)
+        out = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
+                             SM_SCALE, ckv_scale=case.ckv_scale, kpe_scale=case.kpe_scale, out=poisoned,
+                             kv_len=inp.kv_len, num_splits=case.num_splits)
+        _sync(device)
+        row["finite"] = bool(torch.isfinite(out).all())
+        row["empty_out_zero"] = bool((out[empties] == 0).all()) if empties else True
+    except Exception as exc:  # noqa: BLE001 - a failing case is a row
+        row["error"] = _err(exc)
+        row["traceback_tail"] = traceback.format_exc()[-1500:]
+        return [row]
+    if not keep:  # nothing to compare: every request empty, the output must be zeros
+        row["passed"] = bool(row["finite"] and row["empty_out_zero"])
+        return [row]
+    try:
+        peer_rows = _compare(case, inp, out, keep, row, peers)
+    except Exception as exc:  # noqa: BLE001 - a comparison that fails (reference, BF16 path) is the row's error
+        row["error"] = _err(exc)
+        row["traceback_tail"] = traceback.format_exc()[-1500:]
+        row["passed"] = False
     del inp
     return [row] + peer_rows
 
@@ -575,8 +599,9 @@ def _graph_rows(device: torch.device, heads: int, *, seed: int) -> list[dict]:
     cs_t = torch.ones(1, dtype=torch.float32, device=device)
     ks_t = torch.ones(1, dtype=torch.float32, device=device)
     out = torch.empty(batch, heads, DC, dtype=BF16, device=device)
-    splits = default_num_splits(batch, heads, capacity, device)
-    kw = dict(ckv_scale=cs_t, kpe_scale=ks_t, out=out, num_splits=splits, check_range=False)
+    cfg = default_config(heads, DC, device, capacity)
+    splits = default_num_splits(batch, heads, capacity, device, cfg)
+    kw = dict(ckv_scale=cs_t, kpe_scale=ks_t, out=out, num_splits=splits, check_range=False, config=cfg)
     rows = []
 
     def load(lens, cs, ks):
@@ -603,8 +628,8 @@ def _graph_rows(device: torch.device, heads: int, *, seed: int) -> list[dict]:
         return [{"section": "graph", "heads": heads, "trial": None, "error": _err(exc), "passed": False}]
     for trial, (lens, cs, ks) in enumerate(GRAPH_TRIALS):
         row: dict[str, Any] = {"section": "graph", "heads": heads, "trial": trial, "lens": lens, "ckv_scale": cs,
-                               "kpe_scale": ks, "num_splits": splits, "capacity": capacity, "rel_err": None,
-                               "passed": False}
+                               "kpe_scale": ks, "num_splits": splits, "config": dataclasses.asdict(cfg),
+                               "capacity": capacity, "rel_err": None, "passed": False}
         try:
             load(lens, cs, ks)
             out.fill_(float("nan"))
@@ -612,8 +637,8 @@ def _graph_rows(device: torch.device, heads: int, *, seed: int) -> list[dict]:
             _sync(device)
             keep = _nonempty(lens)
             empties = [i for i in range(batch) if i not in keep]
-            eager = mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, ckv_scale=cs, kpe_scale=ks,
-                                   num_splits=splits)
+            eager = mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, ckv_scale=cs_t, kpe_scale=ks_t,
+                                   num_splits=splits, config=cfg)  # checked; same variant, config, splits: same bits
             row["equal_to_eager"] = bool(torch.equal(_bits(out), _bits(eager)))
             row["empty_out_zero"] = bool((out[empties] == 0).all()) if empties else True
             row["finite"] = bool(torch.isfinite(out).all())
@@ -769,6 +794,11 @@ HOST_US_MEANS = ("host µs per call: wall-clock time of N back-to-back calls fro
                  "full_cast_bf16 the cast too, for gather_cast_bf16 the gather-cast's plan and launch); FlashInfer's "
                  "plan() is not included (done once per point, reported as plan_ms). When it exceeds `us`, an eager "
                  "(uncaptured) call is host-bound.")
+ACTIVE_BYTES_MEANS = ("tokens x (576 + 4): each token's FP8 latent (512 ckv + 64 kpe bytes) and its int32 page-table "
+                      "index, read once; BF16 queries and outputs left out (qo_bytes: batch x heads x (576 + 512) x 2, "
+                      "in each row)")
+ROOFLINE_MEANS = ("max(active_bytes / copy GB/s, 2 x heads x tokens x (576 + 512) FLOPs / BF16 matmul TFLOP/s), both "
+                  "ceilings measured at the start of this run (copy counts read + write bytes)")
 US_MEANS = ("device µs per call from kvwall.fused_tune.graph_us: CUDA graphs of reps x [flush 256 MB, call] minus "
             "reps x [flush], best of rounds replays; FlashInfer plan() and SGLang's split choice outside the graph")
 
@@ -819,12 +849,15 @@ def _build(name: str, pt: _Point, pool: torch.Tensor, device: torch.device, *, c
     ckv8, kpe8 = pool[:, :, :DC], pool[:, :, DC:]
     info: dict[str, Any] = {}
     if name == "fused_fp8":
-        splits = default_num_splits(b, h, max(pt.lens), device)
-        cfg = default_config(h, DC, device)
+        # What a checked call would pick (its max_len is the longest request's), passed explicitly: an unchecked
+        # call cannot read the lengths and would size its defaults from len(kv_indices) / batch instead.
+        max_len = max(pt.lens)
+        cfg = default_config(h, DC, device, max_len)
+        splits = default_num_splits(b, h, max_len, device, cfg)
         info.update(num_splits=splits, config=dataclasses.asdict(cfg))
         c2, k2 = pool[:, 0, :DC], pool[:, 0, DC:]
         return (lambda: mla_decode_fp8(pt.q_nope, pt.q_pe, c2, k2, pt.indptr, pt.idx, SM_SCALE, out=out,
-                                       num_splits=splits, check_range=False)), info
+                                       num_splits=splits, check_range=False, config=cfg)), info
     if name == "full_cast_bf16":  # the original: the whole pool cast every call, then FlashInfer BF16 (fa2)
         w, plan_ms = _fi_plan("fa2", BF16, h, pt.indptr, pt.idx, pt.lens_t, SM_SCALE, device)
         info.update(backend="fa2", plan_ms=plan_ms)
@@ -905,7 +938,7 @@ def _build(name: str, pt: _Point, pool: torch.Tensor, device: torch.device, *, c
 
 
 def _sglang_sweep(pt: _Point, pool: torch.Tensor, device: torch.device, splits: list[int], flush, reps: int,
-                  rounds: int) -> dict[str, Any]:
+                  rounds: int, use_pdl: bool) -> dict[str, Any]:
     """SGLang's kernel with every request on ``S`` splits (``max_kv_splits = S``), for each S: µs, and the best."""
     from ..fused_tune import graph_us
 
@@ -916,19 +949,20 @@ def _sglang_sweep(pt: _Point, pool: torch.Tensor, device: torch.device, splits: 
     b, h = pt.batch, pt.heads
     q = torch.cat([pt.q_nope, pt.q_pe], dim=-1).contiguous()
     out = torch.empty(b, h, DC, dtype=BF16, device=device)
-    use_pdl = torch.cuda.get_device_capability(device)[0] >= 9
     sweep: dict[str, float | str] = {}
+    def fixed(s: int):
+        n_t = torch.full((b,), s, dtype=torch.int32, device=device)
+        logits = torch.empty(b, h, s, DC, dtype=torch.float32, device=device)
+        lse = torch.empty(b, h, s, dtype=torch.float32, device=device)
+        return lambda: fwd(q, pool, pool[:, :, :DC], out, pt.indptr, pt.idx, logits, lse, n_t, s, SM_SCALE, 1.0, 1.0,
+                           has_mla=True, use_pdl=use_pdl)
+
     for s in splits:
         try:
-            n_t = torch.full((b,), s, dtype=torch.int32, device=device)
-            logits = torch.empty(b, h, s, DC, dtype=torch.float32, device=device)
-            lse = torch.empty(b, h, s, dtype=torch.float32, device=device)
-            sweep[str(s)] = graph_us(lambda: fwd(q, pool, pool[:, :, :DC], out, pt.indptr, pt.idx, logits, lse, n_t,
-                                                 s, SM_SCALE, 1.0, 1.0, has_mla=True, use_pdl=use_pdl),
-                                     flush, reps=reps, rounds=rounds)
-            del logits, lse
+            sweep[str(s)] = graph_us(fixed(s), flush, reps=reps, rounds=rounds)
         except Exception as exc:  # noqa: BLE001
             sweep[str(s)] = _err(exc, 200)
+        _free(device)
     good = {k: v for k, v in sweep.items() if isinstance(v, float)}
     best = min(good, key=good.get) if good else None
     return {"sweep_us": sweep, "best_fixed_splits": int(best) if best else None,
@@ -977,7 +1011,8 @@ def bench_point_rows(pt: _Point, pool: torch.Tensor, device: torch.device, strat
     for name in strategies:
         row: dict[str, Any] = {"section": "bench", "strategy": name, "heads": h, "context": pt.context,
                                "batch": pt.batch, "tokens": n, "len_min": min(pt.lens), "len_max": max(pt.lens),
-                               "active_bytes": active_bytes(n), "flops": decode_flops(h, n), "roofline_us": roof,
+                               "active_bytes": active_bytes(n), "qo_bytes": qo_bytes(pt.batch, h),
+                               "flops": decode_flops(h, n), "roofline_us": roof,
                                "us": None, "host_us": None, "gbps": None, "tflops": None, "pct_roofline": None}
         fn = None
         try:
@@ -997,7 +1032,8 @@ def bench_point_rows(pt: _Point, pool: torch.Tensor, device: torch.device, strat
                 row.update(gbps=active_bytes(n) / us / 1e3, tflops=decode_flops(h, n) / us / 1e6,
                            pct_roofline=roof / us * 100)
             if name == "sglang_triton_fp8" and sglang_split_sweep:
-                row.update(_sglang_sweep(pt, pool, device, list(sglang_split_sweep), flush, reps, rounds))
+                row.update(_sglang_sweep(pt, pool, device, list(sglang_split_sweep), flush, reps, rounds,
+                                         bool(row.get("use_pdl"))))
         except Exception as exc:  # noqa: BLE001 - one failing strategy is a row with an error
             row["error"] = _err(exc, 600)
             row["traceback_tail"] = traceback.format_exc()[-1200:]
@@ -1040,7 +1076,7 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
                          "bf16_tflops": tflops, "flashinfer": _flashinfer_version(), "flashinfer_prebuild": prebuild,
                          "sglang": {k: v for k, v in sg.items() if isinstance(v, (str, int, float))},
                          "us_means": US_MEANS, "host_us_means": HOST_US_MEANS,
-                         "active_bytes_means": active_bytes.__doc__.split("\n")[0] + " (FP8 latent + int32 index)",
+                         "active_bytes_means": ACTIVE_BYTES_MEANS, "roofline_means": ROOFLINE_MEANS,
                          "seconds_to_here": round(time.perf_counter() - t_start, 1)}]
     gen = torch.Generator(device=device).manual_seed(seed)
     pool = (torch.randn(pool_slots, 1, D, generator=gen, device=device) * 0.7).to(FP8)

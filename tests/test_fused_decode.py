@@ -1,0 +1,263 @@
+"""Chapter 5's experiments (kvwall.experiments.fused_decode): the validation's small run on CPU (Triton's interpreter),
+that the validation and the bench driver can fail, the bytes / FLOPs / roofline arithmetic by hand, registration,
+and (GPU only) both experiments at a tiny scale."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import kvwall.experiments.fused_decode as fd
+from kvwall import cli
+from kvwall.experiments import EXPERIMENTS, run_experiment
+from kvwall.kernels import mla_decode_fp8
+
+
+def _interpreter_gap() -> str:
+    """Why this Triton's CPU interpreter cannot run the kernel ('' when it can): before 3.9 it has no bfloat16
+    constants (as tests/conftest.py says for the kernel's own test modules)."""
+    import triton
+
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return "" if (major, minor) >= (3, 9) else f"Triton {triton.__version__}'s interpreter cannot run the kernel"
+
+
+needs_interpreter = pytest.mark.skipif(bool(_interpreter_gap()), reason=_interpreter_gap() or "ok")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+CASE_FIELDS = {"section", "case", "heads", "lens", "batch", "tokens", "layout", "page_size", "index_dtype", "ckv_scale",
+               "kpe_scale", "seed", "num_splits", "rel_err", "bf16_path", "bf16_rel_err", "ratio", "finite",
+               "empty_requests", "empty_out_zero", "passed"}
+ERROR_FIELDS = {"section", "input", "expected", "raised", "message", "out_untouched", "passed"}
+BENCH_FIELDS = {"section", "strategy", "heads", "context", "batch", "tokens", "len_min", "len_max", "active_bytes",
+                "qo_bytes", "flops", "roofline_us", "us", "host_us", "gbps", "tflops", "pct_roofline"}
+CPU = torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------------------
+
+def test_registered_and_listed(capsys):
+    val, bench = EXPERIMENTS["fused_decode_validation"], EXPERIMENTS["fused_decode_bench"]
+    assert val.needs == "any" and bench.needs == "cuda"
+    assert set(val.small) <= set(val.full) and set(bench.small) <= set(bench.full)
+    assert bench.full["heads"] == [16, 64, 128] and bench.full["contexts"] == [4096, 32_768, 131_072]
+    assert bench.full["batches"] == [1, 8, 32] and bench.full["pool_slots"] == 495_000
+    assert tuple(bench.full["strategies"]) == fd.STRATEGIES and len(fd.STRATEGIES) == 7
+    assert cli.main(["list"]) == 0
+    listed = capsys.readouterr().out
+    assert "fused_decode_validation" in listed and "fused_decode_bench" in listed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Arithmetic, by hand
+# ---------------------------------------------------------------------------------------------------------
+
+def test_active_bytes_and_flops_by_hand():
+    assert fd.active_bytes(1000) == 1000 * (576 + 4) == 580_000
+    assert fd.active_bytes(131_072) == 76_021_760
+    assert fd.active_bytes(10, index_bytes=0) == 5_760
+    assert fd.decode_flops(16, 4096) == 2 * 16 * 4096 * 1088 == 142_606_336
+    assert fd.decode_flops(128, 131_072) == 36_507_222_016
+    assert fd.qo_bytes(8, 128) == 8 * 128 * (576 + 512) * 2 == 2_228_224
+
+
+def test_roofline_by_hand():
+    # 16 heads, 128K tokens, 4000 GB/s, 800 TFLOP/s: 76,021,760 B / 4e9 B/ms... = 19.00544 µs of memory against
+    # 4,563,402,752 FLOPs / 8e14 FLOP/s = 5.704 µs of math: memory-bound.
+    assert fd.roofline_us(16, 131_072, 4000.0, 800.0) == pytest.approx(19.00544, rel=1e-12)
+    # 128 heads: 36,507,222,016 FLOPs / 8e14 = 45.634 µs > 19.005 µs: compute-bound.
+    assert fd.roofline_us(128, 131_072, 4000.0, 800.0) == pytest.approx(45.63402752, rel=1e-12)
+    assert fd.roofline_us(16, 4096, 2000.0, 1000.0) == pytest.approx(4096 * 580 / 2e6, rel=1e-12)
+    with pytest.raises(ValueError):
+        fd.roofline_us(16, 4096, 0.0, 800.0)
+
+
+def test_sglang_split_cap_by_hand():
+    assert fd.sglang_max_kv_splits(132, 131_072) == 256  # H200: next_pow2(132) = 256 < next_pow2(4096)
+    assert fd.sglang_max_kv_splits(132, 4096) == 128  # next_pow2(4096 / 32) = 128
+    assert fd.sglang_max_kv_splits(16, 100) == 8  # the --triton-attention-num-kv-splits floor
+    assert fd.sglang_max_kv_splits(0, 131_072) == 8  # no device to size against
+
+
+def test_bench_lengths():
+    assert fd.bench_lengths(4096, 1, max_total=2_000_000, seed=0) == [4096]
+    lens = fd.bench_lengths(32_768, 8, max_total=2_000_000, seed=3)
+    assert len(lens) == 8 and sum(lens) == 32_768 * 8 // 4 and min(lens) >= 1 and len(set(lens)) > 1
+    assert sum(fd.bench_lengths(131_072, 32, max_total=2_000_000, seed=1)) == 1_048_576
+    assert sum(fd.bench_lengths(131_072, 32, max_total=5_000, seed=1)) == 5_000  # the cap
+
+
+def test_case_table_covers_the_brief():
+    cases = fd.validation_cases([1, 3, 16], [[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
+                                [[1, 0, 63, 64, 65, 200]], 64)
+    assert {c.layout for c in cases} == {"pool_view", "contiguous", "pool_view_3d", "paged"}
+    assert {(c.ckv_scale, c.kpe_scale) for c in cases} >= {(1.0, 1.0), (0.37, 0.74), (2.5, 0.625)}
+    assert {c.index_dtype for c in cases} == {"int32", "int64"} and {c.num_splits for c in cases} >= {None, 1, 7}
+    for c in cases:  # the BF16 path's inputs stay exact only if kpe_scale / ckv_scale is a power of two
+        assert math.frexp(c.kpe_scale / c.ckv_scale)[0] == 0.5
+    assert len({c.seed for c in cases}) == len(cases)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The validation's small run (CPU: Triton's interpreter)
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_validation():
+    if _interpreter_gap():
+        pytest.skip(_interpreter_gap())
+    return run_experiment("fused_decode_validation", CPU, "small")
+
+
+@needs_interpreter
+def test_small_validation_rows_all_pass(small_validation):
+    result = small_validation
+    json.dumps(result.to_json(), allow_nan=False)  # recordable as it is
+    cases = result.table("cases")
+    small = EXPERIMENTS["fused_decode_validation"].small
+    assert len(cases) == len(small["heads"]) * (len(small["length_sets"]) + len(small["paged_length_sets"]))
+    for row in cases:
+        assert CASE_FIELDS <= set(row), CASE_FIELDS - set(row)
+        assert "error" not in row, row
+        assert row["passed"] is True, row
+        assert row["finite"] and row["empty_out_zero"]
+        if row["tokens"]:
+            assert row["bf16_path"] == "torch reference, bfloat16 compute"
+            assert row["rel_err"] <= 2 * row["bf16_rel_err"] and row["ratio"] <= 2
+            assert row["rel_err"] < 5e-3 and row["bf16_inputs_exact"]
+        else:
+            assert row["rel_err"] is None
+    assert {r["heads"] for r in cases} == {1, 3, 16}
+    assert {r["layout"] for r in cases} == {"pool_view", "contiguous", "pool_view_3d", "paged"}
+    assert any(r["empty_requests"] and r["tokens"] for r in cases)  # mixed batches with empty requests
+    assert any(r["ckv_scale"] != 1 and r["kpe_scale"] != 1 for r in cases)
+    # a one-token request: the softmax weight is exactly 1, both outputs are the cached row, rounded once
+    one = [r for r in cases if r["lens"] == [1] and r["ckv_scale"] == 1.0]
+    assert one and all(r["rel_err"] == 0.0 and r["bf16_rel_err"] == 0.0 for r in one)
+    errors = result.table("errors")
+    assert len(errors) >= 15
+    for row in errors:
+        assert ERROR_FIELDS <= set(row) and row["passed"] is True, row
+    assert {r["section"] for r in result.rows} == {"cases", "errors"}  # GPU sections only on a GPU
+
+
+@needs_interpreter
+def test_validation_fails_a_kernel_that_is_off(monkeypatch):
+    """The rule has teeth: a kernel 1 % off everywhere, and one that ignores kpe_scale, fail their cases."""
+    def off_by_one_percent(*args, **kw):
+        out = mla_decode_fp8(*args, **kw)
+        out.copy_((out.float() * 1.01).to(torch.bfloat16))
+        return out
+
+    def drops_kpe_scale(*args, kpe_scale=1.0, **kw):
+        return mla_decode_fp8(*args, **kw)
+
+    params = dict(heads=[3], length_sets=[[40], [0, 70]], paged_length_sets=[], page_size=64, pool_slots=512,
+                  peers=False, graph=False, sanitizer=False, seed=5)
+    monkeypatch.setattr(fd, "mla_decode_fp8", off_by_one_percent)
+    rows = fd.run_fused_decode_validation(CPU, **params).table("cases")
+    assert rows and not any(r["passed"] for r in rows) and all(r["ratio"] > 2 for r in rows)
+    monkeypatch.setattr(fd, "mla_decode_fp8", drops_kpe_scale)
+    params["length_sets"] = [[40], [70], [9], [33], [20]]  # scales rotate every three cases: the last two 0.37/0.74
+    rows = fd.run_fused_decode_validation(CPU, **params).table("cases")
+    assert [r["kpe_scale"] for r in rows] == [1.0, 1.0, 1.0, 0.74, 0.74]
+    assert [r["passed"] for r in rows] == [True, True, True, False, False]
+
+
+def test_error_rows_catch_a_write_before_raising(monkeypatch):
+    def scribbles(*args, out=None, **kw):
+        if out is not None:
+            out.zero_()
+        raise ValueError("too late")
+
+    monkeypatch.setattr(fd, "mla_decode_fp8", scribbles)
+    rows = fd._error_rows(CPU)  # noqa: SLF001
+    assert rows and not any(r["passed"] for r in rows)
+    by_input = {r["input"]: r for r in rows}
+    assert by_input["cache dtype bf16"]["raised"] == "ValueError" and not by_input["cache dtype bf16"]["out_untouched"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The bench driver on CPU (fake clock): rows, derived numbers, one failing peer = one error row
+# ---------------------------------------------------------------------------------------------------------
+
+@needs_interpreter
+def test_bench_point_rows_on_cpu(monkeypatch):
+    monkeypatch.setattr(fd, "_time", lambda fn, flush, device, reps, rounds: (25.0, "fake clock", None))
+    monkeypatch.setattr(fd, "load_sglang", lambda: {"error": "sglang import failed: not here", "source": "test"})
+    gen = torch.Generator().manual_seed(0)
+    pool = (torch.randn(2000, 1, 576, generator=gen) * 0.7).to(torch.float8_e4m3fn)
+    pt = fd.make_point(16, 256, 8, pool_slots=2000, max_total=2_000_000, gen=gen, seed=0, device=CPU)
+    assert pt.tokens == 512 and pt.batch == 8 and pt.idx.numel() == 512
+    rows = fd.bench_point_rows(pt, pool, CPU, ["fused_fp8", "flashinfer_fp8_fa2", "sglang_triton_fp8"],
+                               lambda: None, copy_gbps=4000.0, bf16_tflops=800.0, reps=1, rounds=1, host_calls=1,
+                               cast_backend="fa2", sglang_max_context=131_072, sm_count=132, sglang_split_sweep=[8])
+    assert [r["strategy"] for r in rows] == ["fused_fp8", "flashinfer_fp8_fa2", "sglang_triton_fp8"]
+    fused, fi, sg = rows
+    for r in rows:
+        assert BENCH_FIELDS <= set(r), BENCH_FIELDS - set(r)
+        assert r["tokens"] == 512 and r["active_bytes"] == 512 * 580
+        assert r["roofline_us"] == pytest.approx(fd.roofline_us(16, 512, 4000.0, 800.0))
+    assert "error" not in fused and fused["us"] == 25.0 and fused["host_us"] > 0
+    assert fused["gbps"] == pytest.approx(512 * 580 / 25.0 / 1e3)
+    assert fused["tflops"] == pytest.approx(2 * 16 * 512 * 1088 / 25.0 / 1e6)
+    assert fused["pct_roofline"] == pytest.approx(fd.roofline_us(16, 512, 4000.0, 800.0) / 25.0 * 100)
+    assert fused["num_splits"] >= 1 and fused["config"]["block_h"] == 16
+    assert fi["us"] is None and fi["error"]  # FlashInfer cannot run on a CPU: a row saying so, no crash
+    assert sg["us"] is None and "sglang import failed" in sg["error"]
+
+
+def test_bench_refuses_a_cpu():
+    with pytest.raises(RuntimeError, match="needs an NVIDIA GPU"):
+        run_experiment("fused_decode_bench", CPU, "small")
+
+
+def test_sglang_loader_reports_a_bad_path(monkeypatch, tmp_path):
+    monkeypatch.setattr(fd, "_SGLANG", {})
+    monkeypatch.setenv("KVWALL_SGLANG_PATH", str(tmp_path))
+    info = fd.load_sglang()
+    assert "error" in info and "no sglang/ folder" in info["error"] and str(tmp_path) in info["source"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU: both experiments at a tiny scale
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_gpu
+def test_bench_tiny_on_gpu():
+    result = run_experiment("fused_decode_bench", torch.device("cuda"), "small", heads=[16], contexts=[4096],
+                            batches=[1, 8], reps=3, rounds=1, host_calls=3, sglang_split_sweep=[])
+    json.dumps(result.to_json(), allow_nan=False)
+    head = result.table("ceilings")[0]
+    assert head["copy_gbps"] > 100 and head["bf16_tflops"] > 1
+    rows = result.table("bench")
+    assert len(rows) == 2 * len(fd.STRATEGIES)
+    for r in rows:
+        assert BENCH_FIELDS <= set(r)
+        assert (r["us"] is not None and r["us"] > 0) or r.get("error"), r
+    fused = [r for r in rows if r["strategy"] == "fused_fp8"]
+    for r in fused:
+        assert "error" not in r and r["timing"] == "cuda_graph", r
+        assert 0 < r["pct_roofline"] <= 110 and r["host_us"] > 0
+    for r in rows:
+        if r["strategy"] in ("full_cast_bf16", "gather_cast_bf16", "flashinfer_bf16_precast") and "error" not in r:
+            assert r["rel_diff_vs_fused"] < 2e-2, r  # the same attention, up to BF16 roundings
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_validation_tiny_on_gpu():
+    result = run_experiment("fused_decode_validation", torch.device("cuda"), "small", heads=[16],
+                            length_sets=[[1], [0, 7, 130, 1, 33], [4097]], paged_length_sets=[[1, 0, 63, 64, 65, 200]],
+                            pool_slots=50_000, sanitizer=False)
+    json.dumps(result.to_json(), allow_nan=False)
+    for row in result.table("cases") + result.table("errors") + result.table("graph"):
+        assert row["passed"] is True, row
+    for row in result.table("fp8_peers"):
+        assert row.get("error") or row["rel_err"] < 5e-2, row
