@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["candidates", "graph_us", "kernel_times_us", "main", "matmul_tflops", "tune", "write_table"]
+__all__ = ["candidates", "graph_us", "kernel_times_us", "loop_instruction_mix", "main", "matmul_tflops", "tune",
+           "write_table"]
 
 POOL_TOKENS = 495_000
 DC, DR = 512, 64
@@ -110,6 +111,65 @@ def kernel_times_us(fn, calls: int = 20) -> dict[str, float]:
         if ev.device_type.name == "CUDA" and getattr(ev, "device_time_total", 0) > 0:
             out[ev.key[:60]] = ev.device_time_total / calls
     return out
+
+
+def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config=None) -> dict:
+    """Compile the split kernel for ``sm_90`` (no GPU needed: Triton's bundled ptxas) with the launch shape the
+    launcher would pick on an H200 (or ``config``) and count the PTX instructions of its main loop, per thread."""
+    import collections
+    import os
+    import re
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (silences its notice)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import importlib
+
+    mod = importlib.import_module("kvwall.kernels.mla_decode_fp8")  # the module (the package exports the function)
+    if config is None:
+        table = json.loads(mod.TUNED_CONFIG_FILE.read_text()).get("NVIDIA H200", {})
+        counts = sorted(int(h) for h in table if h.isdigit())
+        h = next((c for c in counts if c >= heads), counts[-1])
+        ctx = min(table[str(h)], key=lambda c: abs(math.log(int(c) / tokens)))
+        config = mod.MLADecodeConfig(**table[str(h)][ctx]["config"])
+    how, kv_mul = mod.CONVERSIONS[config.convert]
+    sig = {n: t for n, t in (
+        ("qn_ptr", "*bf16"), ("qp_ptr", "*bf16"), ("ckv_ptr", "*fp8e4nv"), ("kpe_ptr", "*fp8e4nv"),
+        ("indptr_ptr", "*i32"), ("indices_ptr", "*i32"), ("kvlen_ptr", "*i32"), ("ckv_scale_ptr", "*fp32"),
+        ("kpe_scale_ptr", "*fp32"), ("ckv_scale_val", "fp32"), ("kpe_scale_val", "fp32"), ("qk_scale", "fp32"),
+        ("part_o_ptr", "*fp32"), ("part_lse_ptr", "*fp32"), ("out_ptr", "*bf16"), ("lse_ptr", "*fp32"),
+        ("H", "i32"), ("num_splits", "i32"), ("stride_qn_b", "i32"), ("stride_qn_h", "i32"), ("stride_qp_b", "i32"),
+        ("stride_qp_h", "i32"), ("stride_ckv", "i32"), ("stride_kpe", "i32"), ("stride_o_b", "i32"),
+        ("stride_o_h", "i32"))}
+    const = dict(DC=DC, DCH=DC // 4, DR=DR, BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=1,
+                 SCALE_FROM_PTR=False, DIRECT=False, WRITE_LSE=False, ON_GPU=True, CONVERT=how, KV_MUL=kv_mul,
+                 CACHE_K=config.cache_k, CACHE_V=config.cache_v, S_FP8=config.s_fp8)
+    sig.update({k: "constexpr" for k in const})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if sig[k].startswith("*") or k.startswith("stride")}
+    src = ASTSource(fn=mod._kernel("split", False), signature=sig, constexprs=const, attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options=dict(num_warps=config.num_warps, num_stages=config.num_stages)).asm["ptx"].splitlines()
+    labels = {l.split(":")[0].strip(): i for i, l in enumerate(ptx) if re.match(r"^\$L__BB\d+_\d+:", l.strip())}
+    loop = (0, 0)
+    for i, l in enumerate(ptx):  # the longest backward branch is the token loop
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", l)
+        if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > loop[1] - loop[0]:
+            loop = (labels[m.group(1)], i)
+    counts: collections.Counter = collections.Counter()
+    byte_loads = 0
+    for l in ptx[loop[0]:loop[1]]:
+        m = re.match(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9_]*)((?:\.[a-z0-9_]+)*)", l)
+        if m:
+            mods = m.group(2).split(".")
+            op = m.group(1) + (f".{mods[1]}" if m.group(1) in ("ld", "st", "cp", "mma", "wgmma") and len(mods) > 1 else "")
+            counts[op] += 1
+            byte_loads += m.group(0).strip().startswith("ld.shared") and m.group(2).endswith(".b8")
+    shape = (f"{config.block_h} heads x {config.block_n} tokens, {config.num_warps} warps, {config.num_stages} stages, "
+             f"{config.convert}")
+    return {"counts": counts, "total": sum(counts.values()), "byte_loads": byte_loads, "shape": shape,
+            "triton": triton.__version__}
 
 
 def _resources() -> dict:

@@ -20,8 +20,8 @@ SOURCES = ("kernels/mla_decode_fp8.py", "lib/kvwall/fused_tune.py", "lib/kvwall/
            "lib/kvwall/experiments/fused_tuning.py")
 
 
-def _flat(row: dict[str, Any], stage: str) -> dict[str, Any]:
-    out = {"stage": stage, **{k: v for k, v in row.items() if k not in ("config", "kernels_us")}}
+def _flat(row: dict[str, Any], section: str) -> dict[str, Any]:
+    out = {"section": section, **{k: v for k, v in row.items() if k not in ("config", "kernels_us")}}
     out.update({f"cfg_{k}": v for k, v in row["config"].items()})
     for name, us in (row.get("kernels_us") or {}).items():
         out["split_kernel_us" if "split" in name else "combine_kernel_us" if "combine" in name else name] = us
@@ -36,7 +36,7 @@ def run_fused_decode_tuning(device: torch.device, *, heads: list[int], screen_to
 
     report = fused_tune.tune(heads, screen_tokens=screen_tokens, contexts=contexts, splits=splits, keep=keep,
                              log=lambda m: None)
-    rows = [{"stage": "ceilings", "copy_gbps": report["copy_gbps"], "bf16_tflops": report["bf16_tflops"]}]
+    rows = [{"section": "ceilings", "copy_gbps": report["copy_gbps"], "bf16_tflops": report["bf16_tflops"]}]
     rows += [_flat(r, "screen") for r in report["screen"]]
     rows += [_flat(r, "sweep") for r in report["sweep"]]
     rows += [_flat(r, "winner") for w in report["winners"].values() for r in w.values()]
@@ -118,7 +118,7 @@ def run_fused_decode_ncu(device: torch.device, *, points: list[list[int]], timeo
     ncu = shutil.which("ncu")
     rows: list[dict[str, Any]] = []
     for heads, tokens in points:
-        row: dict[str, Any] = {"heads": heads, "tokens": tokens, "min_bytes": tokens * D}
+        row: dict[str, Any] = {"section": "profile", "heads": heads, "tokens": tokens, "min_bytes": tokens * D}
         if ncu is None:
             row["error"] = "ncu (Nsight Compute) is not installed here"
             rows.append(row)

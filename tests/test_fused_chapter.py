@@ -1,0 +1,34 @@
+"""Chapter 5 under papermill with CPU parameters: the live validation in Triton's interpreter, and every number it
+shows from the recorded H200 runs equal to the result files'."""
+
+import pytest
+
+from conftest import BOOK, run_chapter
+from kvwall.results import load_result
+
+pytestmark = pytest.mark.slow
+
+
+def test_chapter_5_on_cpu(tmp_path):
+    rec = run_chapter(BOOK / "05_fused_fp8_decode.md", tmp_path, mode="cpu")
+    v = rec["values"]
+    assert rec["mode"] == "cpu" and rec["scale"] == "small"
+    assert rec["duration_s"] < 180, "chapter 5 must run in 3 minutes on a 2-core CPU"
+    assert v["live_validation_passed"] is True
+    assert {u["experiment"] for u in rec["recorded_used"]} == {"fused_decode_tuning", "fused_decode_validation",
+                                                             "fused_decode_bench", "fused_decode_ncu"}
+    assert not any(u["stale"] for u in rec["recorded_used"])
+    validation = load_result("fused_decode_validation").table("cases")
+    assert v["recorded_validation_cases"] == len(validation)
+    assert v["recorded_validation_passed"] == sum(bool(r["passed"]) for r in validation)
+    bench = {(r["strategy"], r["heads"], r["context"], r["batch"]): r
+             for r in load_result("fused_decode_bench").table("bench")}
+    point = bench[("fused_fp8", 16, 131072, 1)]
+    assert v["us_b1_16h_128k"] == point["us"] and v["roofline_us_b1_16h_128k"] == point["roofline_us"]
+    points = {k[1:] for k in bench}
+    assert v["points"] == len(points)
+    fp8 = {p: min(bench[(s, *p)]["us"] for s in ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3")
+                  if bench.get((s, *p), {}).get("us"))
+           for p in points if any(bench.get((s, *p), {}).get("us") for s in ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3"))}
+    assert v["faster_than_flashinfer_fp8"] == sum(bench[("fused_fp8", *p)]["us"] < t for p, t in fp8.items()
+                                                  if bench[("fused_fp8", *p)].get("us"))
