@@ -261,3 +261,46 @@ def test_validation_tiny_on_gpu():
         assert row["passed"] is True, row
     for row in result.table("fp8_peers"):
         assert row.get("error") or row["rel_err"] < 5e-2, row
+
+
+# ----------------------------------------------------------------------------------------------
+# The tuning and profiling records (fused_tuning.py) and the compiled-loop evidence of chapter 5
+# ----------------------------------------------------------------------------------------------
+
+def test_parse_ncu_csv_reads_base_unit_metrics_and_rejects_empty_output():
+    from kvwall.experiments.fused_tuning import parse_ncu_csv
+
+    head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+            '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
+    row = ('"0","1","python3","h","_mla_split_kernel","1","7","(128, 1, 1)","(1, 264, 1)","0","9.0",'
+           '"Command line profiler metrics","{name}","{unit}","{value}"')
+    text = "\n".join(["==PROF== Connected to process", head,
+                      row.format(name="dram__bytes_read.sum", unit="byte", value="68,983,040"),
+                      row.format(name="launch__registers_per_thread", unit="register/thread", value="254"),
+                      row.format(name="some__other.metric", unit="", value="1"),
+                      row.format(name="sm__inst_executed.sum", unit="inst", value="n/a")])
+    got = parse_ncu_csv(text)
+    assert got == {"dram_read_bytes": 68_983_040.0, "registers_per_thread": 254.0}
+    with pytest.raises(ValueError, match="no Nsight Compute metric rows"):
+        parse_ncu_csv("==PROF== Connected\n==ERROR== no kernels were profiled")
+
+
+def test_tuning_candidates_cover_the_roads_not_taken():
+    from kvwall.fused_tune import candidates
+
+    c16, c64 = candidates(16), candidates(64)
+    assert len(set(c16)) == len(c16) and len(set(c64)) == len(c64)
+    assert {c.convert for c in c16} == {"cvt", "bits"} and any(c.s_fp8 for c in c16)
+    assert any(c.cache_v == c.cache_k for c in c16), "a one-load variant (the two loads CSE'd into one)"
+    assert all(c.block_h == 16 for c in c16) and {c.block_h for c in c64} >= {32, 64}
+
+
+def test_compiled_loop_shows_byte_wise_shared_loads():
+    """Chapter 5's evidence: the split kernel compiled for sm_90 (no GPU needed) reads FP8 from shared memory a
+    byte at a time in its main loop, and its dots are tensor-core instructions."""
+    from kvwall.fused_tune import loop_instruction_mix
+    from kvwall.kernels.mla_decode_fp8 import MLADecodeConfig
+
+    mix = loop_instruction_mix(config=MLADecodeConfig(16, 64, 4, 2, convert="cvt"))
+    assert mix["byte_loads"] > 0 and mix["counts"]["mma.sync"] > 0 and mix["counts"]["cp.async"] > 0
+    assert mix["total"] == sum(mix["counts"].values()) > 500
