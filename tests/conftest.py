@@ -16,7 +16,7 @@ CHAPTERS = sorted(p for p in BOOK.glob("[0-9][0-9]_*.md"))
 
 def run_chapter(path: Path, out_dir: Path, **parameters) -> dict:
     """Execute a MyST chapter with papermill (as CI and readers do) and return its execution record."""
-    from kvwall.notebooks import execute_chapter
+    from kvwall.notebook.execute import execute_chapter
 
     return execute_chapter(path, out_dir, **parameters)
 
@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(config, items):
 def static_assert_line(release: str) -> int:
     """The line of ``static_assert(sizeof(DType) == 2`` inside ``m16k16_rowsum_f16f16f32``, read from the
     installed release's own ``mma.cuh`` (never typed into a test)."""
-    from kvwall import flashinfer_releases as fr
+    from kvwall.peers.flashinfer import releases as fr
 
     locs = fr.find_definition(release, "mma::m16k16_rowsum_f16f16f32")
     assert len(locs) == 1 and locs[0].file == "flashinfer/mma.cuh", locs

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import BOOK, CHAPTERS, run_chapter
-from kvwall.chapter import start_chapter
-from kvwall.geometry import GLM5, full_pool_cast_bytes
-from kvwall.original import ORIGINAL
+from kvwall.notebook.chapter import start_chapter
+from kvwall.model.geometry import GLM5, full_pool_cast_bytes
+from kvwall.model.original import ORIGINAL
 from kvwall.results import load_result
 
 pytestmark = pytest.mark.slow
@@ -115,7 +115,7 @@ def test_stale_result_is_shown_with_a_visible_warning(tmp_path, monkeypatch):
 
     import IPython.display
 
-    import kvwall.chapter as chapter_module
+    import kvwall.notebook.chapter as chapter_module
     from kvwall.results import load_result as real_load
 
     data = json.loads((BOOK / "results" / "cast_sweep.json").read_text())

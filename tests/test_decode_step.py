@@ -2,14 +2,14 @@
 
 import torch
 
-from kvwall.attention import make_mla_decode
-from kvwall.decode_step import PHASES, STANDIN_LABEL, DecodeStepModel, RestOfLayerStandIn
+from kvwall.model.attention import make_mla_decode
+from kvwall.model.decode_step import PHASES, STANDIN_LABEL, DecodeStepModel, RestOfLayerStandIn
 from kvwall.experiments import run_experiment
-from kvwall.geometry import GLM5
-from kvwall.original import ORIGINAL
-from kvwall.pool import TokenPool, make_decode_batch
-from kvwall.profiling import CAST_OP, profile_ops
-from kvwall.strategies import FullPoolCast
+from kvwall.model.geometry import GLM5
+from kvwall.model.original import ORIGINAL
+from kvwall.model.pool import TokenPool, make_decode_batch
+from kvwall.measure.profiler import CAST_OP, profile_ops
+from kvwall.model.strategies import FullPoolCast
 
 
 def test_standin_spends_the_originals_non_cast_time():

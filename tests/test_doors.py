@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import BOOK, run_chapter
-from kvwall import backends
-from kvwall.backends import CHECKS, DOORS, FAMILIES, DoorCase, cite, door_matrix, glm5_cases, make_inputs, replay_cases
+from kvwall.peers.flashinfer import doors as backends
+from kvwall.peers.flashinfer.doors import CHECKS, DOORS, FAMILIES, DoorCase, cite, door_matrix, glm5_cases, make_inputs, replay_cases
 from kvwall.kernels import mla_decode_reference
 
 flashinfer = pytest.importorskip("flashinfer", reason="chapter 3 reads and replays the installed FlashInfer release: flashinfer-python is not installed")
@@ -70,7 +70,7 @@ def test_refusal_evidence_points_at_a_raise_in_the_release(chapter_record):
 def test_matrix_reads_as_the_release_decides(chapter_record):
     """What the replays and sources of the installed release say, cell by cell (computed live by the
     chapter; nothing here is a typed-in expected output of a run that did not happen — the
-    expectations are the checks cited in kvwall.backends.CHECKS)."""
+    expectations are the checks cited in kvwall.peers.flashinfer.doors.CHECKS)."""
     cells = {(c["door"], c["family"]): c for c in chapter_record["values"]["matrix"]}
     for fam in ("SM100", "SM120"):  # plan(): FP8 KV only on SM90
         assert cells[("fa2", fam)]["status"] == cells[("fa3", fam)]["status"] == "refused"

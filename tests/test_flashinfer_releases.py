@@ -1,4 +1,4 @@
-"""Tests of kvwall.flashinfer_releases: installing FlashInfer releases and driving their JIT build.
+"""Tests of kvwall.peers.flashinfer.releases: installing FlashInfer releases and driving their JIT build.
 
 Fast tests (no network, no nvcc) check validation, error messages and the nvcc-output parser.
 Slow tests install FlashInfer 0.6.12 (network, once; cached under $KVWALL_CACHE or
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import static_assert_line
 
-from kvwall import flashinfer_releases as fr
+from kvwall.peers.flashinfer import releases as fr
 
 WALL_RELEASE = "0.6.12"  # last release whose fa2 MLA kernel cannot be built with FP8 KV
 

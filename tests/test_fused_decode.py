@@ -286,7 +286,7 @@ def test_parse_ncu_csv_reads_base_unit_metrics_and_rejects_empty_output():
 
 
 def test_tuning_candidates_cover_the_roads_not_taken():
-    from kvwall.fused_tune import candidates
+    from kvwall.tuning.fused import candidates
 
     c16, c64 = candidates(16), candidates(64)
     assert len(set(c16)) == len(c16) and len(set(c64)) == len(c64)
@@ -298,8 +298,8 @@ def test_tuning_candidates_cover_the_roads_not_taken():
 def test_compiled_loop_shows_byte_wise_shared_loads():
     """Chapter 5's evidence: the split kernel compiled for sm_90 (no GPU needed) reads FP8 from shared memory a
     byte at a time in its main loop, and its dots are tensor-core instructions."""
-    from kvwall.fused_tune import loop_instruction_mix
-    from kvwall.kernels.mla_decode_fp8 import MLADecodeConfig
+    from kvwall.tuning.fused import loop_instruction_mix
+    from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 
     mix = loop_instruction_mix(config=MLADecodeConfig(16, 64, 4, 2, convert="cvt"))
     assert mix["byte_loads"] > 0 and mix["counts"]["mma.sync"] > 0 and mix["counts"]["cp.async"] > 0

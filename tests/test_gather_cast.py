@@ -15,15 +15,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvwall.gather_checks import VALIDATION_CASES, check_case, compare_rows
-from kvwall.gather_strategies import GatherCast, IndexThenCast, compact_batch
-from kvwall.geometry import GLM5
+from kvwall.kernels.gather.cases import VALIDATION_CASES, check_case, compare_rows
+from kvwall.model.strategies import GatherCast, IndexThenCast, compact_batch
+from kvwall.model.geometry import GLM5
 from kvwall.kernels import (compact_kv_indices, full_cast, gather_cast, gather_cast_cuda, gather_cast_reference,
                             make_gather_inputs, nvcc_compile_check)
-from kvwall.kernels.reference import POISON_BITS, bits, fp8_bytes
-from kvwall.pool import TokenPool, make_decode_batch
+from kvwall.kernels.gather.reference import POISON_BITS, bits, fp8_bytes
+from kvwall.model.pool import TokenPool, make_decode_batch
 
-gc_module = importlib.import_module("kvwall.kernels.gather_cast")  # kvwall.kernels re-exports a function of that name
+gc_module = importlib.import_module("kvwall.kernels.gather.kernel")  # kvwall.kernels re-exports a function of that name
 
 
 @pytest.mark.parametrize("case", VALIDATION_CASES, ids=lambda c: c.name)

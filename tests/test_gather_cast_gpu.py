@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from kvwall.experiments.gather_cast import _error_rows, _graph_rows, implementations
-from kvwall.gather_checks import VALIDATION_CASES, check_case
+from kvwall.kernels.gather.cases import VALIDATION_CASES, check_case
 from kvwall.kernels import full_cast
-from kvwall.kernels.reference import bits, make_gather_inputs
+from kvwall.kernels.gather.reference import bits, make_gather_inputs
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA kernels)")]

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kvwall.geometry import GLM5, MLAGeometry, attention_read_bytes, full_pool_cast_bytes
-from kvwall.pool import TokenPool, make_decode_batch
+from kvwall.model.geometry import GLM5, MLAGeometry, attention_read_bytes, full_pool_cast_bytes
+from kvwall.model.pool import TokenPool, make_decode_batch
 
 
 def test_glm5_shape():

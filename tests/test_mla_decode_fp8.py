@@ -215,7 +215,7 @@ def test_fp8_scores_four_term_query_split(lens):
     # The FP8 tensor-core score path: q split into four e4m3 terms (16 significant bits) -- as exact as float16.
     import dataclasses
 
-    from kvwall.kernels.mla_decode_fp8 import default_config
+    from kvwall.kernels.mla_decode.kernel import default_config
 
     cfg = dataclasses.replace(default_config(16, DC, torch.device("cpu")), s_fp8=True)
     out, want = check(lens, 16, ckv_scale=1.3, kpe_scale=0.7, num_splits=2, seed=33, config=cfg)
@@ -338,7 +338,7 @@ def test_real_sizes_on_gpu(heads, lens, pool_layout, num_splits):
 def test_launch_variants_on_gpu(heads, variant):
     import dataclasses
 
-    from kvwall.kernels.mla_decode_fp8 import default_config
+    from kvwall.kernels.mla_decode.kernel import default_config
 
     cfg = dataclasses.replace(default_config(heads, DC, torch.device("cuda"), 4096), **variant)
     q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([0, 1, 777, 4096, 33, 130], heads, seed=31, device="cuda",

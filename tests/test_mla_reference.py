@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from kvwall.geometry import GLM5
+from kvwall.model.geometry import GLM5
 from kvwall.kernels import mla_decode_reference, split_latent_cache
-from kvwall.pool import make_decode_batch
+from kvwall.model.pool import make_decode_batch
 
 
 def naive_float64(q_nope, q_pe, cache, kv_indptr, kv_indices, rank, sm_scale):
@@ -91,8 +91,8 @@ def test_split_rejects_a_flat_cache():
 def test_flashinfer_bf16_matches_reference_on_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU: FlashInfer's MLA kernels do not run on a CPU")
-    from kvwall.attention import FlashInferMLADecode
-    from kvwall.pool import random_kv
+    from kvwall.model.attention import FlashInferMLADecode
+    from kvwall.model.pool import random_kv
 
     geom = GLM5
     for lens in ([1], [37, 1000, 4099]):

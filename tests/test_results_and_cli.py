@@ -8,7 +8,7 @@ from kvwall import cli
 from kvwall.experiments import EXPERIMENTS, run_experiment, short_kernel_name
 from kvwall.results import PROJECT_ROOT, Result, ResultFileError, collect_provenance, load_result, save_result
 
-SOURCES = ("kernels", "lib/kvwall/pool.py")
+SOURCES = ("kernels", "lib/kvwall/model/pool.py")
 
 
 def _tiny_result():
@@ -57,9 +57,9 @@ def test_stale_when_a_measured_source_changes(tmp_path):
     result = _tiny_result()
     assert result.changed_sources(root) == []
     (root / "kernels" / "mla_reference.py").write_text("# edited\n")
-    (root / "lib/kvwall/pool.py").unlink()
+    (root / "lib/kvwall/model/pool.py").unlink()
     (root / "kernels" / "new_kernel.py").write_text("# a kernel added later does not stale old results\n")
-    assert result.changed_sources(root) == ["kernels/mla_reference.py", "lib/kvwall/pool.py"]
+    assert result.changed_sources(root) == ["kernels/mla_decode/reference.py", "lib/kvwall/model/pool.py"]
 
 
 def test_every_committed_result_loads_and_is_fresh():

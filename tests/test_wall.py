@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import BOOK, run_chapter, static_assert_line
-from kvwall import flashinfer_releases as fr
+from kvwall.peers.flashinfer import releases as fr
 from kvwall.experiments import EXPERIMENTS, run_experiment
 from kvwall.experiments import wall
 from kvwall.results import load_result

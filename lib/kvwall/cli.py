@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .experiments import EXPERIMENTS, run_experiment
-from .results import RESULTS_DIR, ResultFileError, load_result, save_result
+from kvwall.experiments import EXPERIMENTS, run_experiment
+from kvwall.results import RESULTS_DIR, ResultFileError, load_result, save_result
 
 
 def _record(names: list[str], scale: str, out: Path) -> int:
@@ -41,7 +41,7 @@ def _record(names: list[str], scale: str, out: Path) -> int:
 def _execute(chapter: Path, out: Path, params: list[str], parser: argparse.ArgumentParser) -> int:
     import ast
 
-    from .notebooks import execute_chapter
+    from kvwall.notebook.execute import execute_chapter
 
     values = {}
     for item in params:

@@ -13,9 +13,9 @@ import torch
 import importlib
 import pkgutil
 
-from ..results import Result
-from . import decode_profile
-from .registry import Experiment
+from kvwall.results import Result
+from kvwall.experiments import decode_profile
+from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "Experiment", "run_experiment", "short_kernel_name"]
 

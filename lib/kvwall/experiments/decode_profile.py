@@ -13,21 +13,21 @@ import torch
 
 from kvwall.kernels import mla_decode_reference, split_latent_cache
 
-from ..attention import make_mla_decode
-from ..decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
-from ..geometry import GLM5, full_pool_cast_bytes
-from ..pool import TokenPool, make_decode_batch, random_kv
-from ..profiling import CAST_OP, kernel_names, profile_ops
-from ..results import Result, collect_provenance
-from ..strategies import FullPoolCast
-from ..timing import bench_ms, copy_bandwidth_gbps
-from .registry import Experiment
+from kvwall.model.attention import make_mla_decode
+from kvwall.model.decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
+from kvwall.model.geometry import GLM5, full_pool_cast_bytes
+from kvwall.model.pool import TokenPool, make_decode_batch, random_kv
+from kvwall.measure.profiler import CAST_OP, kernel_names, profile_ops
+from kvwall.results import Result, collect_provenance
+from kvwall.model.strategies import FullPoolCast
+from kvwall.measure.timing import bench_ms, copy_bandwidth_gbps
+from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "short_kernel_name"]
 
 #: What these measurements depend on: a recorded result is stale once any of these changes.
-SOURCES = ("kernels/mla_reference.py", "lib/kvwall/pool.py", "lib/kvwall/strategies.py", "lib/kvwall/attention.py",
-           "lib/kvwall/decode_step.py", "lib/kvwall/timing.py", "lib/kvwall/profiling.py",
+SOURCES = ("kernels/mla_decode/reference.py", "lib/kvwall/model/pool.py", "lib/kvwall/model/strategies.py", "lib/kvwall/model/attention.py",
+           "lib/kvwall/model/decode_step.py", "lib/kvwall/measure/timing.py", "lib/kvwall/measure/profiler.py",
            "lib/kvwall/experiments/decode_profile.py")
 
 

@@ -1,7 +1,7 @@
 """Chapter 3's experiments: FlashInfer's other MLA doors, asked for GLM-5's shape with an FP8 KV cache.
 
 * ``doors_checks`` (any machine): the release's own source lines that decide each path (file:line),
-  a replay of every path's Python checks as on SM90 / SM100 / SM120 (see :mod:`kvwall.backends`),
+  a replay of every path's Python checks as on SM90 / SM100 / SM120 (see :mod:`kvwall.peers.flashinfer.doors`),
   the kernel generators' answers for GLM-5's head counts, and, where nvcc is present (full scale),
   nvcc builds of the SM120 kernels for ``sm_120a``.
 * ``doors_sm90`` (a CUDA GPU): every path called for real, 16 and 64 heads, page size 1 and the
@@ -28,15 +28,15 @@ import torch
 
 from kvwall.kernels import mla_decode_reference
 
-from .. import backends
-from ..backends import DOORS, DoorCase, call_door, cite_all, glm5_cases, make_inputs, outcome_of, replay_cases
-from ..results import Result, collect_provenance
-from ..timing import bench_ms
-from .registry import Experiment
+from kvwall.peers.flashinfer import doors as backends
+from kvwall.peers.flashinfer.doors import DOORS, DoorCase, call_door, cite_all, glm5_cases, make_inputs, outcome_of, replay_cases
+from kvwall.results import Result, collect_provenance
+from kvwall.measure.timing import bench_ms
+from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "run_doors_checks", "run_doors_sm90", "build_generated_module", "GENERATOR_BUILDS"]
 
-SOURCES = ("lib/kvwall/backends.py", "lib/kvwall/experiments/doors.py", "kernels/mla_reference.py")
+SOURCES = ("lib/kvwall/peers/flashinfer/doors.py", "lib/kvwall/experiments/doors.py", "kernels/mla_decode/reference.py")
 
 #: nvcc builds: name -> (python expression giving the JitSpec, FLASHINFER arch, what it shows).
 GENERATOR_BUILDS: dict[str, tuple[str, str, str]] = {
@@ -98,7 +98,7 @@ def build_generated_module(name: str, *, timeout_s: float = 400, jobs: int | Non
     own ninja file and nvcc flags, object files only (no link, no GPU). ``generator_refused``: the
     generator raised before any compiler ran (type, message, file:line); ``compiled`` / ``nvcc_failed``
     with the compiler errors parsed; ``no_nvcc`` when there is no CUDA compiler here."""
-    from .. import flashinfer_releases as fr
+    from kvwall.peers.flashinfer import releases as fr
 
     if name not in GENERATOR_BUILDS:
         raise ValueError(f"Unknown build {name!r}; one of {', '.join(GENERATOR_BUILDS)}.")

@@ -1,4 +1,4 @@
-"""Chapter 5's experiments: the fused FP8 MLA decode kernel (:func:`kvwall.kernels.mla_decode_fp8`), checked and timed.
+"""Chapter 5's experiments: the fused FP8 MLA decode kernel (:func:`kvwall.kernels.mla_decode.kernel`), checked and timed.
 
 * ``fused_decode_validation`` (any device): a table of seeded cases -- head counts, odd lengths, empty requests,
   mixed batches, ``ckv_scale``/``kpe_scale`` other than 1, strided views of one ``[slots, 1, 576]`` pool, contiguous
@@ -11,7 +11,7 @@
   replays with new indices, lengths and scales (bit-identical to eager calls), and ``compute-sanitizer --tool
   memcheck`` over :func:`sanitize_main` (its output kept).
 * ``fused_decode_bench`` (GPU): heads x context x batch, every strategy of :data:`STRATEGIES` timed in CUDA graphs
-  with L2 flushed (:func:`kvwall.fused_tune.graph_us`), host µs per call beside it, against the roofline of the
+  with L2 flushed (:func:`kvwall.tuning.fused.graph_us`), host µs per call beside it, against the roofline of the
   same run (copy bandwidth and BF16 matmul rate measured first). Batch 1 is one request of ``context`` tokens;
   batches 8 and 32 are mixed lengths (:func:`kvwall.experiments.gather_cast.mixed_lengths`) summing to
   ``context * batch / 4`` tokens (capped at ``max_total_tokens``, 2M): a quarter of ``batch`` full-length requests'
@@ -40,11 +40,11 @@ from typing import Any, Callable
 import torch
 
 from kvwall.kernels import gather_cast, mla_decode_fp8, mla_decode_reference
-from kvwall.kernels.mla_decode_fp8 import default_config, default_num_splits
+from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits
 
-from ..results import Result, collect_provenance
-from .gather_cast import mixed_lengths
-from .registry import Experiment
+from kvwall.results import Result, collect_provenance
+from kvwall.experiments.gather_cast import mixed_lengths
+from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "STRATEGIES", "DecodeCase", "validation_cases", "active_bytes", "qo_bytes", "decode_flops",
            "roofline_us", "sglang_max_kv_splits", "run_fused_decode_validation", "run_fused_decode_bench",
@@ -59,10 +59,10 @@ SM_SCALE = 1.0 / math.sqrt(192 + 64)
 #: Bytes of page-table index each token costs (int32 ``kv_indices``, page size 1).
 INDEX_BYTES = 4
 
-VALIDATION_SOURCES = ("kernels/mla_decode_fp8.py", "kernels/mla_decode_fp8_tuned.json", "kernels/mla_reference.py",
+VALIDATION_SOURCES = ("kernels/mla_decode/kernel.py", "kernels/mla_decode/tuned.json", "kernels/mla_decode/reference.py",
                       "lib/kvwall/experiments/fused_decode.py")
-BENCH_SOURCES = VALIDATION_SOURCES + ("kernels/gather_cast.py", "kernels/gather_cast_tuned.json",
-                                      "lib/kvwall/fused_tune.py", "lib/kvwall/timing.py",
+BENCH_SOURCES = VALIDATION_SOURCES + ("kernels/gather/kernel.py", "kernels/gather/tuned.json",
+                                      "lib/kvwall/tuning/fused.py", "lib/kvwall/measure/timing.py",
                                       "lib/kvwall/experiments/gather_cast.py")
 
 
@@ -139,7 +139,7 @@ def decode_flops(heads: int, tokens: int, *, dc: int = DC, dr: int = DR) -> int:
 def roofline_us(heads: int, tokens: int, copy_gbps: float, bf16_tflops: float, *,
                 index_bytes: int = INDEX_BYTES) -> float:
     """Lower bound on one decode call's device time in µs: the larger of moving :func:`active_bytes` at the
-    device-to-device copy bandwidth (GB/s, read + write counted, as :func:`kvwall.timing.copy_bandwidth_gbps`
+    device-to-device copy bandwidth (GB/s, read + write counted, as :func:`kvwall.measure.timing.copy_bandwidth_gbps`
     reports it) and doing :func:`decode_flops` at the dense BF16 matmul rate (TFLOP/s)."""
     if copy_gbps <= 0 or bf16_tflops <= 0:
         raise ValueError(f"copy_gbps={copy_gbps} and bf16_tflops={bf16_tflops} must be positive.")
@@ -353,7 +353,7 @@ def _defaults_used(case: DecodeCase, device: torch.device) -> tuple[int, dict]:
 def _fi_plan(backend: str, kv_dtype: torch.dtype, heads: int, indptr: torch.Tensor, indices: torch.Tensor,
              lens: torch.Tensor, sm_scale: float, device: torch.device):
     """A ``BatchMLAPagedAttentionWrapper`` planned for one page-size-1 batch (as SGLang's flashinfer_mla and
-    :class:`kvwall.attention.FlashInferMLADecode` do); returns (wrapper, plan ms). plan() is host work."""
+    :class:`kvwall.model.attention.FlashInferMLADecode` do); returns (wrapper, plan ms). plan() is host work."""
     import flashinfer
 
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
@@ -799,7 +799,7 @@ ACTIVE_BYTES_MEANS = ("tokens x (576 + 4): each token's FP8 latent (512 ckv + 64
                       "in each row)")
 ROOFLINE_MEANS = ("max(active_bytes / copy GB/s, 2 x heads x tokens x (576 + 512) FLOPs / BF16 matmul TFLOP/s), both "
                   "ceilings measured at the start of this run (copy counts read + write bytes)")
-US_MEANS = ("device µs per call from kvwall.fused_tune.graph_us: CUDA graphs of reps x [flush 256 MB, call] minus "
+US_MEANS = ("device µs per call from kvwall.tuning.fused.graph_us: CUDA graphs of reps x [flush 256 MB, call] minus "
             "reps x [flush], best of rounds replays; FlashInfer plan() and SGLang's split choice outside the graph")
 
 
@@ -940,7 +940,7 @@ def _build(name: str, pt: _Point, pool: torch.Tensor, device: torch.device, *, c
 def _sglang_sweep(pt: _Point, pool: torch.Tensor, device: torch.device, splits: list[int], flush, reps: int,
                   rounds: int, use_pdl: bool) -> dict[str, Any]:
     """SGLang's kernel with every request on ``S`` splits (``max_kv_splits = S``), for each S: µs, and the best."""
-    from ..fused_tune import graph_us
+    from kvwall.tuning.fused import graph_us
 
     sg = load_sglang()
     if "error" in sg or not splits:
@@ -971,7 +971,7 @@ def _sglang_sweep(pt: _Point, pool: torch.Tensor, device: torch.device, splits: 
 
 def _time(fn: Callable[[], object], flush, device: torch.device, reps: int, rounds: int) -> tuple[float, str, str | None]:
     """(µs, how it was timed, why not in a graph): CUDA graphs when the call can be captured, else CUDA events."""
-    from ..fused_tune import graph_us
+    from kvwall.tuning.fused import graph_us
 
     try:
         return graph_us(fn, flush, reps=reps, rounds=rounds), "cuda_graph", None
@@ -1059,8 +1059,8 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
     unknown = set(strategies) - set(STRATEGIES)
     if unknown:
         raise ValueError(f"unknown strategies {sorted(unknown)}; known: {STRATEGIES}.")
-    from ..fused_tune import matmul_tflops
-    from ..timing import copy_bandwidth_gbps
+    from kvwall.tuning.fused import matmul_tflops
+    from kvwall.measure.timing import copy_bandwidth_gbps
 
     t_start = time.perf_counter()
     props = torch.cuda.get_device_properties(device)

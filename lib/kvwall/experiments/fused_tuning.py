@@ -1,7 +1,7 @@
-"""Chapter 5's tuning record: ``fused_decode_tuning`` runs :func:`kvwall.fused_tune.tune` on the GPU and keeps
+"""Chapter 5's tuning record: ``fused_decode_tuning`` runs :func:`kvwall.tuning.fused.tune` on the GPU and keeps
 every candidate's screen row (launch shape, registers, spills, shared memory, error against float32, µs at
 128K tokens) and the splits sweep of the best, against the roofline measured in the same run. With
-``write_table=True`` (the ``full`` parameters) it also stores the winners in ``kernels/mla_decode_fp8_tuned.json``,
+``write_table=True`` (the ``full`` parameters) it also stores the winners in ``kernels/mla_decode/tuned.json``,
 the table the launcher reads, so the benchmark recorded after it runs the shapes this run picked.
 """
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from ..results import Result, collect_provenance
-from .registry import Experiment
+from kvwall.results import Result, collect_provenance
+from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "run_fused_decode_tuning"]
 
-SOURCES = ("kernels/mla_decode_fp8.py", "lib/kvwall/fused_tune.py", "lib/kvwall/timing.py",
+SOURCES = ("kernels/mla_decode/kernel.py", "lib/kvwall/tuning/fused.py", "lib/kvwall/measure/timing.py",
            "lib/kvwall/experiments/fused_tuning.py")
 
 
@@ -32,7 +32,7 @@ def run_fused_decode_tuning(device: torch.device, *, heads: list[int], screen_to
                             splits: list[int], keep: int, write_table: bool) -> Result:
     if device.type != "cuda":
         raise RuntimeError("fused_decode_tuning times compiled kernels: it needs a CUDA device.")
-    from .. import fused_tune
+    from kvwall.tuning import fused as fused_tune
 
     report = fused_tune.tune(heads, screen_tokens=screen_tokens, contexts=contexts, splits=splits, keep=keep,
                              log=lambda m: None)
@@ -113,7 +113,7 @@ def run_fused_decode_ncu(device: torch.device, *, points: list[list[int]], timeo
 
     if device.type != "cuda":
         raise RuntimeError("fused_decode_ncu profiles a GPU kernel: it needs a CUDA device.")
-    from ..fused_tune import D, DC
+    from kvwall.tuning.fused import D, DC
 
     ncu = shutil.which("ncu")
     rows: list[dict[str, Any]] = []
@@ -124,7 +124,7 @@ def run_fused_decode_ncu(device: torch.device, *, points: list[list[int]], timeo
             rows.append(row)
             continue
         cmd = [ncu, "--csv", "--print-units", "base", "--kernel-name", "regex:_mla_split_kernel", "--launch-skip", "3", "--launch-count", "1",
-               "--metrics", ",".join(NCU_METRICS), sys.executable, "-m", "kvwall.fused_tune", "--profile-one",
+               "--metrics", ",".join(NCU_METRICS), sys.executable, "-m", "kvwall.tuning.fused", "--profile-one",
                str(heads), str(tokens)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
@@ -134,7 +134,7 @@ def run_fused_decode_ncu(device: torch.device, *, points: list[list[int]], timeo
             row["error"] = f"{type(exc).__name__}: {str(exc)[-600:]}"
         rows.append(row)
     return Result("fused_decode_ncu", {"points": points, "timeout_s": timeout_s}, rows,
-                  collect_provenance(device, SOURCES + ("kernels/mla_decode_fp8_tuned.json",)))
+                  collect_provenance(device, SOURCES + ("kernels/mla_decode/tuned.json",)))
 
 
 EXPERIMENTS.append(

@@ -1,6 +1,6 @@
 """Chapter 4's experiments: validate the gather-then-cast kernels, benchmark them, and re-run the step.
 
-* ``gather_cast_validation``: the shared case table (:mod:`kvwall.gather_checks`) bit-exact against
+* ``gather_cast_validation``: the shared case table (:mod:`kvwall.kernels.gather.cases`) bit-exact against
   the torch reference, for every implementation the device has (Triton in the interpreter on a CPU;
   Triton and the CUDA C++ twin on a GPU, there also with FP8 NaNs in the pool and at full scale);
   on a GPU also CUDA-graph capture then replay with changed ``kv_indices``/``kv_indptr``/scale, errors
@@ -10,7 +10,7 @@
   device-to-device copy measured in the same run; CUDA-graph timing for small n; the launch floor;
   ``full_cast`` against PyTorch's whole-pool cast.
 * ``gather_cast_profile``: chapter 1's decode-step model with each strategy of
-  :mod:`kvwall.gather_strategies` (the whole-pool cast re-measured in the same run), and the cost
+  :mod:`kvwall.model.strategies` (the whole-pool cast re-measured in the same run), and the cost
   of an index-then-cast over graph-sized capacities.
 """
 
@@ -31,26 +31,26 @@ import torch
 
 from kvwall.kernels import (full_cast, gather_cast, gather_cast_cuda, gather_cast_reference, make_gather_inputs,
                             mla_decode_reference, nvcc_compile_check, split_latent_cache)
-from kvwall.kernels.reference import POISON_BITS, bits
+from kvwall.kernels.gather.reference import POISON_BITS, bits
 
-from ..attention import make_mla_decode
-from ..decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
-from ..gather_checks import VALIDATION_CASES, GatherCase, check_case, compare_rows
-from ..gather_strategies import make_strategy
-from ..geometry import GLM5
-from ..pool import TokenPool, make_decode_batch, random_kv
-from ..results import Result, collect_provenance
-from ..timing import bench_ms, copy_bandwidth_gbps, synchronize
-from .registry import Experiment
+from kvwall.model.attention import make_mla_decode
+from kvwall.model.decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
+from kvwall.kernels.gather.cases import VALIDATION_CASES, GatherCase, check_case, compare_rows
+from kvwall.model.strategies import make_strategy
+from kvwall.model.geometry import GLM5
+from kvwall.model.pool import TokenPool, make_decode_batch, random_kv
+from kvwall.results import Result, collect_provenance
+from kvwall.measure.timing import bench_ms, copy_bandwidth_gbps, synchronize
+from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "implementations", "gather_bytes", "run_gather_cast_validation", "run_gather_cast_bench",
            "run_gather_cast_profile", "mixed_lengths"]
 
-SOURCES = ("kernels/gather_cast.py", "kernels/gather_cast_tuned.json", "kernels/gather_cast.cu", "kernels/gather_cast_cuda.py", "kernels/reference.py",
-           "lib/kvwall/gather_checks.py", "lib/kvwall/gather_strategies.py", "lib/kvwall/gather_sanitize.py",
-           "lib/kvwall/timing.py", "lib/kvwall/experiments/gather_cast.py")
-PROFILE_SOURCES = SOURCES + ("kernels/mla_reference.py", "lib/kvwall/pool.py", "lib/kvwall/strategies.py",
-                             "lib/kvwall/attention.py", "lib/kvwall/decode_step.py")
+SOURCES = ("kernels/gather/kernel.py", "kernels/gather/tuned.json", "kernels/gather/gather_cast.cu", "kernels/gather/cuda.py", "kernels/gather/reference.py",
+           "kernels/gather/cases.py", "lib/kvwall/model/gather_strategies.py", "kernels/gather/sanitize.py",
+           "lib/kvwall/measure/timing.py", "lib/kvwall/experiments/gather_cast.py")
+PROFILE_SOURCES = SOURCES + ("kernels/mla_decode/reference.py", "lib/kvwall/model/pool.py", "lib/kvwall/model/strategies.py",
+                             "lib/kvwall/model/attention.py", "lib/kvwall/model/decode_step.py")
 
 
 def _result(name: str, device: torch.device, params: dict[str, Any], rows: list[dict], sources=SOURCES) -> Result:
@@ -161,7 +161,7 @@ def _sanitizer_rows(timeout_s: int) -> list[dict]:
         return [{"section": "sanitizer", "tool": "memcheck", "ran": False, "returncode": None,
                  "summary": "compute-sanitizer not found on PATH", "output_tail": ""}]
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}  # exact allocation bounds for memcheck
-    cmd = [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m", "kvwall.gather_sanitize"]
+    cmd = [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m", "kvwall.kernels.gather.sanitize"]
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -172,7 +172,7 @@ def _sanitizer_rows(timeout_s: int) -> list[dict]:
     summary = re.findall(r"ERROR SUMMARY: .*", output)
     return [{"section": "sanitizer", "tool": "memcheck", "ran": True, "returncode": code,
              "seconds": round(time.time() - t0, 1), "summary": summary[-1] if summary else "(no summary line)",
-             "command": " ".join(cmd[:-3] + ["python3", "-m", "kvwall.gather_sanitize"]),
+             "command": " ".join(cmd[:-3] + ["python3", "-m", "kvwall.kernels.gather.sanitize"]),
              "output_tail": "\n".join(output.strip().splitlines()[-40:])}]
 
 
@@ -258,7 +258,7 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
         impls = {"gather_cast (Triton)": gather_cast, "gather_cast (CUDA C++)": gather_cast_cuda}
         import importlib
 
-        gc_mod = importlib.import_module("kvwall.kernels.gather_cast")
+        gc_mod = importlib.import_module("kvwall.kernels.gather.kernel")
         name = torch.cuda.get_device_name(device)
         configs, small_rows = gc_mod._device_configs(name)
         rows.append({"section": "config", "gpu": name, "tuned": configs is not gc_mod.DEFAULT_CONFIGS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..results import Result
+from kvwall.results import Result
 
 NEEDS = ("cuda", "any")
 

@@ -2,11 +2,11 @@
 
 * ``wall_timeline`` (needs nothing but nvcc): for each FlashInfer release and each (backend, arch)
   of FP8-KV MLA (BF16 Q, ``float8_e4m3fn`` KV, ckv 512 / kpe 64), the release's own plan() checks and
-  JIT build, via :mod:`kvwall.flashinfer_releases`, classified as compiled / static_assert /
+  JIT build, via :mod:`kvwall.peers.flashinfer.releases`, classified as compiled / static_assert /
   failed elsewhere / refused by a Python-level check / unavailable (the release could not be used).
 * ``wall_on_gpu`` (needs a CUDA GPU): the original patch, live. Each release runs in its own
   subprocess with that release first on ``sys.path`` (installed by
-  :func:`kvwall.flashinfer_releases.install_release`, offline from ``$KVWALL_WHEELHOUSE`` when set):
+  :func:`kvwall.peers.flashinfer.releases.install_release`, offline from ``$KVWALL_WHEELHOUSE`` when set):
   0.6.12's ``BatchMLAPagedAttentionWrapper.plan(kv_data_type=float8_e4m3fn)`` and ``run`` with the
   FP8 pool (the exception and its compiler errors, parsed), then the releases that accept FP8 KV:
   their output against the BF16 path (same inputs, the cast done outside) and the float64 torch
@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 
-from .. import flashinfer_releases as fr
-from ..results import Result, collect_provenance
-from .registry import Experiment
+from kvwall.peers.flashinfer import releases as fr
+from kvwall.results import Result, collect_provenance
+from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "OUTCOMES", "ORIGINAL_ASSERT_CLAIM", "compiler_excerpt", "TIMELINE_RELEASES", "TIMELINE_CONFIGS", "classify", "timeline_row",
            "run_wall_timeline", "run_wall_on_gpu"]
 
-SOURCES = ("lib/kvwall/flashinfer_releases.py", "lib/kvwall/experiments/wall.py")
+SOURCES = ("lib/kvwall/peers/flashinfer/releases.py", "lib/kvwall/experiments/wall.py")
 
 #: The releases of the timeline: before MLA FP8 work, the wall (0.6.12), the first SM90 FP8 (0.6.14),
 #: the first FA2 FP8 (0.6.18.post1), and the newest.
@@ -202,10 +202,10 @@ try:
     import torch
     import flashinfer
     from flashinfer.jit import env as jit_env
-    from kvwall.geometry import GLM5
+    from kvwall.model.geometry import GLM5
     from kvwall.kernels import mla_decode_reference, split_latent_cache
-    from kvwall.pool import make_decode_batch, random_kv
-    from kvwall.timing import bench_ms
+    from kvwall.model.pool import make_decode_batch, random_kv
+    from kvwall.measure.timing import bench_ms
     out.update(flashinfer_version=flashinfer.__version__, flashinfer_file=flashinfer.__file__,
                include_dir=str(jit_env.FLASHINFER_INCLUDE_DIR), gen_dir=str(getattr(jit_env, "FLASHINFER_GEN_SRC_DIR", "")),
                csrc_dir=str(getattr(jit_env, "FLASHINFER_CSRC_DIR", "")),
@@ -445,7 +445,7 @@ def run_wall_on_gpu(device: torch.device, *, releases: list[dict[str, Any]], con
     params = {"releases": releases, "context_lens": list(context_lens), "pool_tokens": pool_tokens,
               "tensor_parallel": tensor_parallel, "seed": seed, "budget_s": budget_s}
     return Result("wall_on_gpu", params, rows,
-                  collect_provenance(device, SOURCES + ("kernels/mla_reference.py", "lib/kvwall/pool.py")))
+                  collect_provenance(device, SOURCES + ("kernels/mla_decode/reference.py", "lib/kvwall/model/pool.py")))
 
 
 _GPU_RELEASES = [

@@ -5,7 +5,7 @@ decode step. :func:`gather_cast` reads just the rows ``kv_indices`` names and wr
 order, into a compact BF16 buffer: ``out[i] = pool[kv_indices[i]] (* scale)``. The attention is then
 planned over that buffer with indices ``0..n-1`` (:func:`compact_kv_indices`).
 
-Calling conventions (the same for the CUDA C++ twin, :func:`kvwall.kernels.gather_cast_cuda`):
+Calling conventions (the same for the CUDA C++ twin, :func:`kvwall.kernels.gather.cuda`):
 
 - ``pool``: ``float8_e4m3fn``, ``(num_slots, D)``, SGLang's ``(num_slots, 1, D)``, or a paged pool
   ``(num_pages, page_size, D)``. **Page sizes above 1**: ``kv_indices`` are then *page* indices (as
@@ -340,12 +340,12 @@ class GatherConfig:
         return f"B{self.block} w{self.num_warps} {grid} ev:{ev or '-'} v{self.load_vec}"
 
 
-#: Used where the tuned table (``gather_cast_tuned.json``, written by ``python -m kvwall.gather_tune``
+#: Used where the tuned table (``gather_cast_tuned.json``, written by ``python -m kvwall.tuning.gather``
 #: on the device) has no entry for the GPU: 16 KB of FP8 per program step (128 B a thread in flight).
 DEFAULT_CONFIGS = {"small": GatherConfig(128, 4, 0), "large": GatherConfig(256, 4, 8)}
 #: A launch of at most this many rows (its capacity) uses the "small" configuration.
 SMALL_ROWS = 16384
-TUNED_CONFIG_FILE = Path(__file__).with_name("gather_cast_tuned.json")
+TUNED_CONFIG_FILE = Path(__file__).with_name("tuned.json")
 
 
 @functools.cache

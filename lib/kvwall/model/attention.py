@@ -15,8 +15,8 @@ import torch
 
 from kvwall.kernels import mla_decode_reference
 
-from .geometry import MLAGeometry
-from .pool import DecodeBatch
+from kvwall.model.geometry import MLAGeometry
+from kvwall.model.pool import DecodeBatch
 
 __all__ = ["MLADecode", "FlashInferMLADecode", "ReferenceMLADecode", "make_mla_decode"]
 

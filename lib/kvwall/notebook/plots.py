@@ -7,7 +7,7 @@ from typing import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from .decode_step import PHASES, STANDIN_LABEL
+from kvwall.model.decode_step import PHASES, STANDIN_LABEL
 
 __all__ = ["with_caption", "step_breakdown", "layer_timeline", "bar", "lines", "PHASE_NAMES"]
 

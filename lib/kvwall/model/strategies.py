@@ -1,10 +1,12 @@
-"""Chapter 4's KV strategies: cast only the rows the batch's page table references.
+"""KV strategies: how a layer gets from the FP8 pool to something a BF16 attention kernel accepts.
 
-Every strategy here produces a *compact* BF16 buffer whose row ``i`` is the ``i``-th entry of the
+A strategy's ``prepare_kv`` returns the ``(ckv, kpe)`` views attention reads for one layer.
+Chapter 1's :class:`FullPoolCast` is the original one ("before"). Chapter 4's strategies cast only
+the rows the batch's page table references.
+
+Every chapter-4 strategy produces a *compact* BF16 buffer whose row ``i`` is the ``i``-th entry of the
 batch's ``kv_indices``; the attention is therefore planned with indices ``0..n-1`` (the batch from
-:func:`compact_batch`), not with the pool's slots. They are drop-in ``KVStrategy`` objects for
-:class:`kvwall.decode_step.DecodeStepModel` (chapter 1's :class:`kvwall.strategies.FullPoolCast`
-is the "before").
+:func:`compact_batch`), not with the pool's slots.
 
 - :class:`IndexThenCast`: PyTorch ``pool.index_select(0, idx).to(bfloat16)``, two kernels and an
   FP8 temporary. With ``capacity`` the index buffer is graph-sized (padded with the reserved slot
@@ -19,15 +21,39 @@ is the "before").
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from kvwall.kernels import plan_gather, split_latent_cache
-from kvwall.kernels.gather_cast import launch_gather
-from kvwall.kernels.gather_cast_cuda import launch_gather_cuda
+from kvwall.kernels.gather.cuda import launch_gather_cuda
+from kvwall.kernels.gather.kernel import launch_gather
+from kvwall.model.pool import RESERVED_SLOT, DecodeBatch, TokenPool
 
-from .pool import RESERVED_SLOT, DecodeBatch, TokenPool
+__all__ = ["KVStrategy", "FullPoolCast", "compact_batch", "IndexThenCast", "GatherCast", "GATHER_STRATEGIES",
+           "make_strategy"]
 
-__all__ = ["compact_batch", "IndexThenCast", "GatherCast", "GATHER_STRATEGIES", "make_strategy"]
+
+class KVStrategy(Protocol):
+    name: str
+
+    def prepare_kv(self, pool: TokenPool, layer: int, dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class FullPoolCast:
+    """SGLang ``flashinfer_mla`` with an FP8 KV cache, before the fix.
+
+    ``forward_decode`` did ``k_buffer = token_to_kv_pool.get_key_buffer(layer_id).to(q.dtype)``:
+    the *whole* layer's pool, every slot, cast to BF16 on every layer of every step, because the
+    attention kernel only compiled for 16-bit KV. The cast is an ``aten::copy_``.
+    """
+
+    name = "full-pool cast (SGLang flashinfer_mla, FP8 KV)"
+
+    def prepare_kv(self, pool: TokenPool, layer: int, dtype: torch.dtype):
+        k_buffer = pool.key_buffer(layer).to(dtype)
+        return split_latent_cache(k_buffer, pool.geometry.kv_lora_rank)
 
 
 def compact_batch(batch: DecodeBatch) -> DecodeBatch:
@@ -103,7 +129,7 @@ GATHER_STRATEGIES = ("full_pool_cast", "index_then_cast", "index_then_cast_capac
 
 def make_strategy(kind: str, batch: DecodeBatch, pool: TokenPool, capacity: int):
     """One of :data:`GATHER_STRATEGIES`, built for ``batch`` (``capacity`` for the graph-sized ones)."""
-    from .strategies import FullPoolCast
+    from kvwall.model.strategies import FullPoolCast
 
     if kind == "full_pool_cast":
         return FullPoolCast()

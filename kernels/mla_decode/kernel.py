@@ -435,8 +435,8 @@ def _sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-#: Tuned launch shapes per GPU model, head count and context (written by ``python -m kvwall.fused_tune --write``).
-TUNED_CONFIG_FILE = Path(__file__).with_name("mla_decode_fp8_tuned.json")
+#: Tuned launch shapes per GPU model, head count and context (written by ``python -m kvwall.tuning.fused --write``).
+TUNED_CONFIG_FILE = Path(__file__).with_name("tuned.json")
 
 
 @functools.cache

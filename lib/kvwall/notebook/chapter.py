@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from .experiments import run_experiment
-from .results import PROJECT_ROOT, Result, load_result, save_result
+from kvwall.experiments import run_experiment
+from kvwall.results import PROJECT_ROOT, Result, load_result, save_result
 
 __all__ = ["MODES", "ChapterRun", "start_chapter", "execution_dir", "load_execution_records"]
 

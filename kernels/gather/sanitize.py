@@ -1,6 +1,6 @@
 """What ``compute-sanitizer --tool memcheck`` runs: both gather-cast kernels and ``full_cast`` on small cases.
 
-``python -m kvwall.gather_sanitize`` (on a GPU) runs the validation cases whose shapes stress the
+``python -m kvwall.kernels.gather.sanitize`` (on a GPU) runs the validation cases whose shapes stress the
 edges (odd D, pages, capacity past the real rows with garbage indices there, empty requests),
 ``check_range=False`` with out-of-range indices (the kernel must write NaN, not read outside the
 pool), and exits non-zero if any result is wrong. The recorded validation keeps the tool's output.
@@ -15,7 +15,7 @@ import torch
 
 from kvwall.kernels import full_cast, gather_cast, gather_cast_cuda, make_gather_inputs
 
-from .gather_checks import VALIDATION_CASES, check_case
+from kvwall.kernels.gather.cases import VALIDATION_CASES, check_case
 
 SANITIZED_CASES = ("odd_dim_33_repeats", "dim_1", "paged_3_odd_dim_mixed", "batch_mixed_lengths_capacity",
                    "capacity_over_real", "only_empty_requests", "scale_tensor_capacity", "mla_sglang_int32")

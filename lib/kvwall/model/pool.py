@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from .geometry import MLAGeometry
+from kvwall.model.geometry import MLAGeometry
 
 __all__ = ["TokenPool", "DecodeBatch", "make_decode_batch", "random_kv"]
 

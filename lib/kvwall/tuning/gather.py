@@ -1,7 +1,7 @@
-"""Tune the chunked gather-cast kernel on the GPU at hand: ``python -m kvwall.gather_tune``.
+"""Tune the chunked gather-cast kernel on the GPU at hand: ``python -m kvwall.tuning.gather``.
 
 In one run, on one GPU, against the device-to-device copy measured in the same run: every candidate
-launch shape of :func:`kvwall.kernels.gather_cast` (chunks per program step, warps, grid, eviction
+launch shape of :func:`kvwall.kernels.gather.kernel` (chunks per program step, warps, grid, eviction
 hints, load width) is first checked bit for bit against the torch reference on fresh random inputs,
 then timed at n = 4K, 32K, 131K and 524K random slots of a 495K-slot pool (``triton.testing.do_bench``
 medians; do_bench zeroes a 256 MB buffer between runs, so neither the pool rows nor the output are
@@ -12,7 +12,7 @@ runs) separate the cost of random rows from the rest.
 
 The winners ("small": the best CUDA-graph time at n = 4K; "large": the best geometric mean over
 n >= 32K) are written with ``--write`` to the tuned table the launcher reads
-(``kernels/gather_cast_tuned.json``), keyed by the GPU's name. A short table is printed last; the
+(``kernels/gather/tuned.json``), keyed by the GPU's name. A short table is printed last; the
 full numbers go to ``--out``/gather_tune.json.
 """
 
@@ -39,7 +39,7 @@ D = 576
 
 def candidates():
     """The launch shapes tried: (compiled variant) x (grid)."""
-    from kvwall.kernels.gather_cast import GatherConfig
+    from kvwall.kernels.gather.kernel import GatherConfig
 
     out = []
     for block, warps in ((64, 2), (128, 4), (256, 4), (512, 8), (512, 4), (1024, 8)):
@@ -57,7 +57,7 @@ def _bytes(n: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvwall.gather_tune", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kvwall.tuning.gather", description=__doc__.splitlines()[0])
     ap.add_argument("--write", type=Path, help="merge the winners into this tuned table (JSON)")
     ap.add_argument("--out", type=Path, help="folder for gather_tune.json (all numbers)")
     ap.add_argument("--rep-ms", type=float, default=40.0)
@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     import triton.testing
 
     from kvwall.kernels import gather_cast_reference
-    from kvwall.kernels.gather_cast import GatherConfig, launch_gather, plan_gather
-    from kvwall.kernels.gather_cast_cuda import launch_gather_cuda
-    from kvwall.kernels.reference import bits
-    from kvwall.pool import random_kv
-    from kvwall.timing import copy_bandwidth_gbps
+    from kvwall.kernels.gather.kernel import GatherConfig, launch_gather, plan_gather
+    from kvwall.kernels.gather.cuda import launch_gather_cuda
+    from kvwall.kernels.gather.reference import bits
+    from kvwall.model.pool import random_kv
+    from kvwall.measure.timing import copy_bandwidth_gbps
 
     t_start = time.time()
     dev = torch.device("cpu" if smoke else "cuda")
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     winners = {"small": impls[small][0], "large": impls[large][0]}
 
     # Index layouts for the large winner: what random rows cost against sorted rows and allocator runs.
-    from kvwall.pool import make_decode_batch
+    from kvwall.model.pool import make_decode_batch
 
     layouts = []
     cfg_large = winners["large"]
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError):
             table = {}
         table[name] = {**{k: v.as_dict() for k, v in winners.items()}, "small_rows": 16384,
-                       "tuned": result["date"], "by": "python -m kvwall.gather_tune",
+                       "tuned": result["date"], "by": "python -m kvwall.tuning.gather",
                        "torch": torch.__version__, "triton": triton.__version__}
         args.write.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 

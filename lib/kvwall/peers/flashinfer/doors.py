@@ -161,7 +161,7 @@ CHECKS: tuple[CheckSpec, ...] = (
 def release_root(release: str | None = None) -> tuple[str, Path]:
     """``(version, folder holding the flashinfer package)``. ``None``: the FlashInfer importable here.
     A release other than the importable one is installed into the cache by
-    :func:`kvwall.flashinfer_releases.install_release` (network on first use)."""
+    :func:`kvwall.peers.flashinfer.releases.install_release` (network on first use)."""
     try:
         import flashinfer
 
@@ -174,7 +174,7 @@ def release_root(release: str | None = None) -> tuple[str, Path]:
         return here
     if here is not None and here[0] == release:
         return here
-    from .flashinfer_releases import install_release
+    from kvwall.peers.flashinfer.releases import install_release
 
     return release, install_release(release)
 
@@ -268,7 +268,7 @@ def make_inputs(case: DoorCase, device, context_lens: Sequence[int] = (4096, 100
     each request so :func:`kvwall.kernels.mla_decode_reference` can check an output."""
     import torch
 
-    from .geometry import GLM5
+    from kvwall.model.geometry import GLM5
 
     g = torch.Generator().manual_seed(seed)
     ps, rank, rope = case.page_size, GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
@@ -313,7 +313,7 @@ def call_door(case: DoorCase, inputs: dict[str, Any], workspace=None):
     import flashinfer
     from flashinfer import mla as fmla
 
-    from .geometry import GLM5
+    from kvwall.model.geometry import GLM5
 
     pool, q, table, lens = inputs["pool"], inputs["q"], inputs["table"], inputs["lens"]
     device = q.device
@@ -512,7 +512,7 @@ def replay_cases(cases: Sequence[DoorCase], release: str | None = None, timeout_
                    CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore", FLASHINFER_WORKSPACE_BASE=tmp,
                    FLASHINFER_LOGLEVEL="0")
         payload = {"cases": [asdict(c) for c in cases], "out": str(out)}
-        proc = subprocess.run([sys.executable, "-c", "from kvwall.backends import _replay_main; _replay_main()",
+        proc = subprocess.run([sys.executable, "-c", "from kvwall.peers.flashinfer.doors import _replay_main; _replay_main()",
                                json.dumps(payload)], capture_output=True, text=True, env=env, timeout=timeout_s,
                               cwd=tmp)
         if not out.exists():

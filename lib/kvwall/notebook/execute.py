@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .results import PROJECT_ROOT
+from kvwall.results import PROJECT_ROOT
 
 __all__ = ["execute_chapter"]
 

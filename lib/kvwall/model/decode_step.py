@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import record_function
 
-from .attention import MLADecode
-from .original import ORIGINAL
-from .pool import DecodeBatch, TokenPool, random_kv
-from .strategies import KVStrategy
-from .timing import PhaseClock
+from kvwall.model.attention import MLADecode
+from kvwall.model.original import ORIGINAL
+from kvwall.model.pool import DecodeBatch, TokenPool, random_kv
+from kvwall.model.strategies import KVStrategy
+from kvwall.measure.timing import PhaseClock
 
 __all__ = ["RestOfLayerStandIn", "DecodeStepModel", "PHASES", "STANDIN_LABEL"]
 

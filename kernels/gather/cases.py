@@ -1,6 +1,6 @@
 """The gather-then-cast validation suite, shared by the CPU tests, the GPU tests and the recorded GPU run.
 
-Each :class:`GatherCase` describes seeded inputs (``kvwall.kernels.reference.make_gather_inputs``);
+Each :class:`GatherCase` describes seeded inputs (``kvwall.kernels.gather.reference.make_gather_inputs``);
 :func:`check_case` runs an implementation on them into a *poisoned* output buffer and compares bit
 for bit with the torch reference: the real rows must match (NaN where the reference is NaN), the
 rows past ``kv_indptr[-1]`` must still hold the poison.
@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from kvwall.kernels.reference import POISON_BITS, bits, gather_cast_reference, make_gather_inputs
+from kvwall.kernels.gather.reference import POISON_BITS, bits, gather_cast_reference, make_gather_inputs
 
 __all__ = ["GatherCase", "VALIDATION_CASES", "check_case", "compare_rows"]
 

@@ -1,6 +1,6 @@
-"""Tune the fused FP8 MLA decode kernel on the GPU at hand: ``python -m kvwall.fused_tune``.
+"""Tune the fused FP8 MLA decode kernel on the GPU at hand: ``python -m kvwall.tuning.fused``.
 
-One run, one GPU. Every candidate launch shape of :func:`kvwall.kernels.mla_decode_fp8` (heads and tokens per
+One run, one GPU. Every candidate launch shape of :func:`kvwall.kernels.mla_decode.kernel` (heads and tokens per
 program step, warps, software-pipeline stages, cache hints of the two tile reads, FP8 conversion) is first
 checked against a float32 reference on a mixed-length batch, then timed at batch 1, 128K tokens of a 495K-slot
 FP8 pool for 16, 64 and 128 heads, inside CUDA graphs (so no host launch overhead), with a 256 MB buffer
@@ -9,8 +9,8 @@ across splits per request and contexts 4K / 32K / 128K. Registers, spills and sh
 compiled kernel. Beside them, in the same run: the device-to-device copy bandwidth and the BF16 matmul rate
 (the roofline's two ceilings).
 
-``--write`` stores the winners in ``kernels/mla_decode_fp8_tuned.json`` (keyed by GPU name and head count),
-which :func:`kvwall.kernels.mla_decode_fp8.default_config` reads. Full numbers go to ``--out``.
+``--write`` stores the winners in ``kernels/mla_decode/tuned.json`` (keyed by GPU name and head count),
+which :func:`kvwall.kernels.mla_decode.kernel.default_config` reads. Full numbers go to ``--out``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ D = DC + DR
 
 def candidates(heads: int):
     """Launch shapes tried for a head count."""
-    from kvwall.kernels.mla_decode_fp8 import MLADecodeConfig
+    from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 
     out = []
     if heads <= 16:
@@ -127,7 +127,7 @@ def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config=None) -> 
 
     import importlib
 
-    mod = importlib.import_module("kvwall.kernels.mla_decode_fp8")  # the module (the package exports the function)
+    mod = importlib.import_module("kvwall.kernels.mla_decode.kernel")  # the module (the package exports the function)
     if config is None:
         table = json.loads(mod.TUNED_CONFIG_FILE.read_text()).get("NVIDIA H200", {})
         counts = sorted(int(h) for h in table if h.isdigit())
@@ -173,7 +173,7 @@ def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config=None) -> 
 
 
 def _resources() -> dict:
-    from kvwall.kernels.mla_decode_fp8 import LAST_COMPILED
+    from kvwall.kernels.mla_decode.kernel import LAST_COMPILED
 
     k = LAST_COMPILED.get("split")
     md = getattr(k, "metadata", None)
@@ -198,7 +198,7 @@ class Case:
         self.sm_scale = 1.0 / math.sqrt(192 + 64)
 
     def run(self, config=None, num_splits=None):
-        from kvwall.kernels.mla_decode_fp8 import default_num_splits, mla_decode_fp8
+        from kvwall.kernels.mla_decode.kernel import default_num_splits, mla_decode_fp8
 
         s = num_splits or default_num_splits(len(self.lens), self.heads, max(self.lens), self.q_nope.device, config)
         return lambda: mla_decode_fp8(self.q_nope, self.q_pe, self.ckv, self.kpe, self.indptr, self.idx,
@@ -217,7 +217,7 @@ def tune(heads_list=(16, 64, 128), *, screen_tokens: int = 131072, contexts=(409
     ``contexts`` x ``splits`` (0: the launcher's default). Returns the report (see the module docstring)."""
     import triton
 
-    from kvwall.timing import copy_bandwidth_gbps
+    from kvwall.measure.timing import copy_bandwidth_gbps
 
     t0 = time.perf_counter()
     dev = torch.device("cuda")
@@ -282,11 +282,11 @@ def tune(heads_list=(16, 64, 128), *, screen_tokens: int = 131072, contexts=(409
 
 def write_table(report: dict) -> Path:
     """Store a report's winners (split-kernel shape and splits) in the launcher's tuned table."""
-    from kvwall.kernels.mla_decode_fp8 import TUNED_CONFIG_FILE as path
+    from kvwall.kernels.mla_decode.kernel import TUNED_CONFIG_FILE as path
 
     table = json.loads(path.read_text()) if path.exists() else {}
     table[report["gpu"]] = {
-        "by": "python -m kvwall.fused_tune --write (combine shape: sized at launch, not tuned)",
+        "by": "python -m kvwall.tuning.fused --write (combine shape: sized at launch, not tuned)",
         **{h: {n: {"config": {k: v for k, v in r["config"].items() if not k.startswith("combine_")},
                    "splits": r["splits"]} for n, r in w.items()} for h, w in report["winners"].items()}}
     path.write_text(json.dumps(table, indent=1) + "\n")
@@ -294,7 +294,7 @@ def write_table(report: dict) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvwall.fused_tune", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kvwall.tuning.fused", description=__doc__.splitlines()[0])
     ap.add_argument("--heads", type=int, nargs="+", default=[16, 64, 128])
     ap.add_argument("--screen-tokens", type=int, default=131072)
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="splits per request in the second stage (0: the launcher's default)")
     ap.add_argument("--keep", type=int, default=4, help="configs per head count kept for the second stage")
     ap.add_argument("--out", default="fused_tune.json")
-    ap.add_argument("--write", action="store_true", help="write the winners to kernels/mla_decode_fp8_tuned.json")
+    ap.add_argument("--write", action="store_true", help="write the winners to kernels/mla_decode/tuned.json")
     ap.add_argument("--profile-one", type=int, nargs=2, metavar=("HEADS", "TOKENS"), default=None,
                     help="no tuning: 3 warm-up calls then one more of the default (tuned) launch, batch 1, for "
                          "a profiler such as ncu (--launch-skip 3 --launch-count 1)")

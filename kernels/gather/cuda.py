@@ -1,4 +1,4 @@
-"""The CUDA C++ twin of :func:`kvwall.kernels.gather_cast`: build, compile-check, launch.
+"""The CUDA C++ twin of :func:`kvwall.kernels.gather.kernel`: build, compile-check, launch.
 
 ``gather_cast.cu`` includes only CUDA headers and exports a C launcher. On a GPU machine
 :func:`load_gather_cast_cuda` builds it with ``torch.utils.cpp_extension.load`` (cached in torch's
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .gather_cast import GatherPlan, _check_same_layout, plan_gather
+from kvwall.kernels.gather.kernel import GatherPlan, _check_same_layout, plan_gather
 
 __all__ = ["gather_cast_cuda", "load_gather_cast_cuda", "launch_gather_cuda", "nvcc_compile_check",
            "NvccReport", "CUDA_SOURCE"]
@@ -101,7 +101,7 @@ def launch_gather_cuda(plan: GatherPlan, *, pool: torch.Tensor | None = None) ->
 def gather_cast_cuda(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None = None, *,
                      out: torch.Tensor | None = None, scale: float | torch.Tensor | None = None,
                      check_range: bool = True) -> torch.Tensor:
-    """Same contract as :func:`kvwall.kernels.gather_cast`, run by the CUDA C++ kernel."""
+    """Same contract as :func:`kvwall.kernels.gather.kernel`, run by the CUDA C++ kernel."""
     return launch_gather_cuda(plan_gather(pool, kv_indices, kv_indptr, out=out, scale=scale, check_range=check_range))
 
 
