@@ -5,7 +5,8 @@ import torch
 
 from conftest import BOOK, CHAPTERS, run_chapter
 from kvwall.notebook.chapter import start_chapter
-from kvwall.model.geometry import GLM5, full_pool_cast_bytes
+from kvwall.model.geometry import GLM5
+from kvwall.model.roofline import full_pool_cast_bytes
 from kvwall.model.original import ORIGINAL
 from kvwall.results import load_result
 

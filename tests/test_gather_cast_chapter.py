@@ -4,7 +4,8 @@ import pytest
 
 from conftest import BOOK, run_chapter
 from kvwall.experiments.gather_cast import gather_bytes
-from kvwall.model.geometry import GLM5, full_pool_cast_bytes
+from kvwall.model.geometry import GLM5
+from kvwall.model.roofline import full_pool_cast_bytes
 from kvwall.model.original import ORIGINAL
 from kvwall.results import RESULTS_DIR
 

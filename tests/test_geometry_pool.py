@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from kvwall.model.geometry import GLM5, MLAGeometry, attention_read_bytes, full_pool_cast_bytes
+from kvwall.model.geometry import GLM5, MLAGeometry
+from kvwall.model.roofline import attention_read_bytes, full_pool_cast_bytes
 from kvwall.model.pool import TokenPool, make_decode_batch
 
 

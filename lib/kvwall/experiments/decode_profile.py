@@ -15,7 +15,8 @@ from kvwall.kernels import mla_decode_reference, split_latent_cache
 
 from kvwall.model.attention import make_mla_decode
 from kvwall.model.decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
-from kvwall.model.geometry import GLM5, full_pool_cast_bytes
+from kvwall.model.geometry import GLM5
+from kvwall.model.roofline import full_pool_cast_bytes
 from kvwall.model.pool import TokenPool, make_decode_batch, random_kv
 from kvwall.measure.profiler import CAST_OP, kernel_names, profile_ops
 from kvwall.results import Result, collect_provenance

@@ -43,7 +43,7 @@ from kvwall.kernels import gather_cast, mla_decode_fp8, mla_decode_reference
 from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits
 
 from kvwall.results import Result, collect_provenance
-from kvwall.experiments.gather_cast import mixed_lengths
+from kvwall.model.pool import mixed_lengths
 from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "STRATEGIES", "DecodeCase", "validation_cases", "active_bytes", "qo_bytes", "decode_flops",

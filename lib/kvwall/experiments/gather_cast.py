@@ -38,13 +38,13 @@ from kvwall.model.decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
 from kvwall.kernels.gather.cases import VALIDATION_CASES, GatherCase, check_case, compare_rows
 from kvwall.model.strategies import make_strategy
 from kvwall.model.geometry import GLM5
-from kvwall.model.pool import TokenPool, make_decode_batch, random_kv
+from kvwall.model.pool import TokenPool, make_decode_batch, mixed_lengths, random_kv
 from kvwall.results import Result, collect_provenance
 from kvwall.measure.timing import bench_ms, copy_bandwidth_gbps, synchronize
 from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "implementations", "gather_bytes", "run_gather_cast_validation", "run_gather_cast_bench",
-           "run_gather_cast_profile", "mixed_lengths"]
+           "run_gather_cast_profile"]
 
 SOURCES = ("kernels/gather/kernel.py", "kernels/gather/tuned.json", "kernels/gather/gather_cast.cu", "kernels/gather/cuda.py", "kernels/gather/reference.py",
            "kernels/gather/cases.py", "lib/kvwall/model/gather_strategies.py", "kernels/gather/sanitize.py",
@@ -68,17 +68,6 @@ def implementations(device: torch.device) -> dict[str, Callable[..., torch.Tenso
 def gather_bytes(n: int, dim: int = GLM5.kv_dim, index_bytes: int = 4) -> int:
     """Fewest bytes a gather-cast of ``n`` rows moves: FP8 read + BF16 written + the indices read."""
     return n * dim * (1 + 2) + n * index_bytes
-
-
-def mixed_lengths(total: int, batch: int, *, seed: int) -> list[int]:
-    """``batch`` request lengths (log-uniform spread, each >= 1) summing to ``total``."""
-    gen = torch.Generator().manual_seed(seed)
-    weights = torch.exp(torch.rand(batch, generator=gen, dtype=torch.float64) * 4.0)
-    lens = [max(1, int(w)) for w in (weights / weights.sum() * total).tolist()]
-    lens[0] += total - sum(lens)
-    if lens[0] < 1:
-        raise ValueError(f"cannot split {total} tokens over {batch} requests.")
-    return lens
 
 
 # ---------------------------------------------------------------------------------------------------------

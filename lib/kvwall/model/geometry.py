@@ -1,4 +1,4 @@
-"""The MLA geometry of GLM-5 and the bytes arithmetic of the whole-pool cast.
+"""The MLA geometry of GLM-5 (the bytes arithmetic built on it: :mod:`kvwall.model.roofline`).
 
 Every number the book derives from the model's shape comes from here, so the text cannot drift
 from the arithmetic.
@@ -15,8 +15,6 @@ __all__ = [
     "MLAGeometry",
     "GLM5",
     "dtype_bytes",
-    "full_pool_cast_bytes",
-    "attention_read_bytes",
 ]
 
 
@@ -82,26 +80,3 @@ GLM5 = MLAGeometry(
 
 def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def full_pool_cast_bytes(
-    geometry: MLAGeometry,
-    pool_tokens: int,
-    src: torch.dtype = torch.float8_e4m3fn,
-    dst: torch.dtype = torch.bfloat16,
-) -> dict[str, int]:
-    """Bytes one whole-pool cast moves through device memory, for one layer.
-
-    The cast reads every slot once in ``src`` and writes it once in ``dst``.
-    """
-    values = pool_tokens * geometry.kv_dim
-    read = values * dtype_bytes(src)
-    written = values * dtype_bytes(dst)
-    return {"read": read, "written": written, "total": read + written}
-
-
-def attention_read_bytes(
-    geometry: MLAGeometry, context_tokens: int, kv_dtype: torch.dtype = torch.bfloat16
-) -> int:
-    """Bytes decode attention must read for one request: its own tokens' KV, once."""
-    return context_tokens * geometry.kv_dim * dtype_bytes(kv_dtype)

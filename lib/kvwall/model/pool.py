@@ -16,7 +16,7 @@ import torch
 
 from kvwall.model.geometry import MLAGeometry
 
-__all__ = ["TokenPool", "DecodeBatch", "make_decode_batch", "random_kv"]
+__all__ = ["mixed_lengths", "TokenPool", "DecodeBatch", "make_decode_batch", "random_kv"]
 
 KV_CACHE_DTYPE = torch.float8_e4m3fn
 RESERVED_SLOT = 0
@@ -165,3 +165,14 @@ def make_decode_batch(
         new_token_slots=new_slots,
     )
     return batch.to(device)
+
+
+def mixed_lengths(total: int, batch: int, *, seed: int) -> list[int]:
+    """``batch`` request lengths (log-uniform spread, each >= 1) summing to ``total``."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = torch.exp(torch.rand(batch, generator=gen, dtype=torch.float64) * 4.0)
+    lens = [max(1, int(w)) for w in (weights / weights.sum() * total).tolist()]
+    lens[0] += total - sum(lens)
+    if lens[0] < 1:
+        raise ValueError(f"cannot split {total} tokens over {batch} requests.")
+    return lens
