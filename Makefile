@@ -1,6 +1,9 @@
 # Two commands do everything on a fresh machine: `make book` and `make test`.
 # VENV may point at an existing environment (e.g. VENV=$CONDA_PREFIX after `conda env create`).
 VENV ?= .venv
+# TORCH_INDEX: a wheel index to take torch from first (the publishing workflow, CPU only, sets
+# https://download.pytorch.org/whl/cpu: same version, without PyPI's multi-GB CUDA libraries).
+TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvwall-installed
 BOOK_FLAGS := --all -W -n --keep-going
@@ -15,9 +18,10 @@ help:
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-triton-cpu.txt requirements-flashinfer.txt pyproject.toml
+$(STAMP): requirements.txt requirements-triton-cpu.txt requirements-flashinfer.txt pyproject.toml book/lab-overrides.json
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==25.3
+	$(if $(TORCH_INDEX),$(PY) -m pip install -q --index-url $(TORCH_INDEX) "$$(grep -E '^torch==' requirements.txt)")
 	$(PY) -m pip install -q -r requirements.txt
 	# No GPU here: the Triton whose interpreter runs the kernels (see requirements-triton-cpu.txt).
 	if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then \
@@ -25,9 +29,9 @@ $(STAMP): requirements.txt requirements-triton-cpu.txt requirements-flashinfer.t
 	# FlashInfer without its heavy declared extras (not needed for MLA): see requirements-flashinfer.txt.
 	$(PY) -m pip install -q --no-deps -r requirements-flashinfer.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
-	# JupyterLab: open MyST .md files as notebooks (jupytext) by default.
-	mkdir -p $(VENV)/share/jupyter/lab/settings
-	cp book/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	# JupyterLab: open MyST .md files as notebooks (jupytext) by default, merged into the environment's own
+	# overrides.json (settings it already has keep their values).
+	$(PY) -m kvwall.notebook.lab_settings book/lab-overrides.json $(VENV)
 	touch $(STAMP)
 
 book: $(STAMP)

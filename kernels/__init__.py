@@ -1,20 +1,26 @@
 """Kernels of the book, installed as ``kvwall.kernels`` (sources live in the top-level ``kernels/``).
 
-Each fast kernel has its torch reference beside it:
+One folder per kernel, each with its torch reference, seeded input generator, validation case table and
+sanitizer program beside it:
 
-- :func:`mla_decode_reference` — MLA paged decode attention in torch, the correctness reference
-  every attention path in the book is checked against.
-- :func:`gather_cast` (Triton) and :func:`gather_cast_cuda` (its CUDA C++ twin) — cast only the KV
-  rows a page table references, FP8 -> BF16, into a compact buffer; :func:`full_cast` — the whole
-  pool in one vectorized pass. References and a seeded input generator: :mod:`kvwall.kernels.gather.reference`.
+- ``gather/`` (chapter 4): :func:`gather_cast` (Triton) and :func:`gather_cast_cuda` (its CUDA C++ twin) cast
+  only the KV rows a page table references, FP8 -> BF16, into a compact buffer (:func:`plan_gather` validates a
+  call once, :func:`compact_kv_indices` is the compact buffer's page table); :func:`full_cast` casts the whole
+  pool in one vectorized pass; :func:`nvcc_compile_check` compiles the twin without a GPU. Reference and inputs:
+  :func:`gather_cast_reference`, :func:`make_gather_inputs`.
+- ``mla_decode/`` (chapter 5): :func:`mla_decode_fp8`, MLA decode attention straight from the FP8 cache, with
+  FlashInfer's calling convention; :func:`mla_decode_reference`, MLA paged decode attention in torch, the
+  correctness reference every attention path in the book is checked against (:func:`split_latent_cache` cuts
+  an SGLang ``[slots, 1, 576]`` cache into its ``ckv``/``kpe`` views).
+- ``_common.py``: what both kernels share (interpreter builds, host checks, tuned-table reading).
 """
 
-from kvwall.kernels.gather.kernel import compact_kv_indices, full_cast, gather_cast, plan_gather
 from kvwall.kernels.gather.cuda import gather_cast_cuda, nvcc_compile_check
+from kvwall.kernels.gather.kernel import compact_kv_indices, full_cast, gather_cast, plan_gather
+from kvwall.kernels.gather.reference import gather_cast_reference, make_gather_inputs
 from kvwall.kernels.mla_decode.kernel import mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
-from kvwall.kernels.gather.reference import full_cast_reference, gather_cast_reference, make_gather_inputs
 
-__all__ = ["mla_decode_fp8", "mla_decode_reference", "split_latent_cache", "gather_cast", "gather_cast_cuda", "full_cast",
-           "plan_gather", "compact_kv_indices", "nvcc_compile_check", "gather_cast_reference",
-           "full_cast_reference", "make_gather_inputs"]
+__all__ = ["gather_cast", "gather_cast_cuda", "full_cast", "plan_gather", "compact_kv_indices", "nvcc_compile_check",
+           "gather_cast_reference", "make_gather_inputs", "mla_decode_fp8", "mla_decode_reference",
+           "split_latent_cache"]

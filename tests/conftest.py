@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvwall.peers.flashinfer.sources import find_definition, include_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 CHAPTERS = sorted(p for p in BOOK.glob("[0-9][0-9]_*.md"))
@@ -64,12 +66,24 @@ def pytest_collection_modifyitems(config, items):
 def static_assert_line(release: str) -> int:
     """The line of ``static_assert(sizeof(DType) == 2`` inside ``m16k16_rowsum_f16f16f32``, read from the
     installed release's own ``mma.cuh`` (never typed into a test)."""
-    from kvwall.peers.flashinfer import releases as fr
-
-    locs = fr.find_definition(release, "mma::m16k16_rowsum_f16f16f32")
+    locs = find_definition(release, "mma::m16k16_rowsum_f16f16f32")
     assert len(locs) == 1 and locs[0].file == "flashinfer/mma.cuh", locs
-    src = (fr.include_dir(release) / "flashinfer" / "mma.cuh").read_text().splitlines()
+    src = (include_dir(release) / "flashinfer" / "mma.cuh").read_text().splitlines()
     for n in range(locs[0].line, locs[0].line + 10):
         if "static_assert(sizeof(DType) == 2" in src[n - 1]:
             return n
     raise AssertionError("no static_assert(sizeof(DType) == 2) in m16k16_rowsum_f16f16f32")
+
+
+def go_offline(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
+    """What a fresh machine without network has: an empty FlashInfer release cache at ``cache``, and a
+    pip whose index and proxies refuse every connection (no wheelhouse either)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("KVWALL_CACHE", str(cache))
+    monkeypatch.delenv("KVWALL_WHEELHOUSE", raising=False)
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)

@@ -21,6 +21,7 @@ def test_book_builds_and_lists_every_chapter(built_book):
         assert "Traceback" not in html and "Error" not in html.split("<body", 1)[-1][:0] + ""
         assert "application/vnd.plotly.v1+json" in html or "plotly-graph-div" in html
         assert "Recorded on NVIDIA" in html and "Measured live on this machine" in html
+        assert "_build/execution" not in html and "chapter.finish" not in html, f"{page.name} shows its bookkeeping cell"
     status = (built_book / "book" / "reproducibility.html").read_text()
     for chapter in CHAPTERS:
         assert chapter.stem in status, f"reproducibility page does not list {chapter.stem}"

@@ -9,6 +9,7 @@ from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.pool import TokenPool, make_decode_batch
 from kvwall.measure.profiler import CAST_OP, profile_ops
+from kvwall.measure.timing import PhaseClock
 from kvwall.model.strategies import FullPoolCast
 
 
@@ -43,3 +44,13 @@ def test_small_decode_profile_experiment():
     assert result.table("check")[0]["rel_err_vs_float64"] < 1e-2
     breakdown = {r["phase"]: r["ms_per_step"] for r in result.table("breakdown")}
     assert breakdown["kv_strategy"] == max(breakdown.values())
+
+
+def test_phase_clock_reads_device_and_host_intervals():
+    clock = PhaseClock(torch.device("cpu"))
+    for label in ("a", "b", "end"):
+        clock.mark(label)
+    device, host = clock.intervals_ms(), clock.host_intervals_ms()
+    assert [label for label, _, _ in device] == [label for label, _ in host] == ["a", "b"]
+    assert device[0][1] == 0.0 and device[1][1] == device[0][2]  # starts from the first mark
+    assert all(ms >= 0 for _, ms in host) and [d for _, _, d in device] == [h for _, h in host]  # CPU: one clock

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import BOOK, run_chapter
-from kvwall.peers.flashinfer import doors as backends
-from kvwall.peers.flashinfer.doors import CHECKS, DOORS, FAMILIES, DoorCase, cite, door_matrix, glm5_cases, make_inputs, replay_cases
-from kvwall.kernels import mla_decode_reference
+from conftest import BOOK, go_offline, run_chapter
+from kvwall.experiments.doors import _reference
+from kvwall.peers.flashinfer.calls import make_inputs
+from kvwall.peers.flashinfer.citations import CHECKS, CheckSpec, cite, cite_all
+from kvwall.peers.flashinfer.doors import DOORS, FAMILIES, STATUSES, DoorCase, door_matrix, glm5_cases
+from kvwall.peers.flashinfer.releases import release_root
+from kvwall.peers.flashinfer.replay import replay_cases
 
 flashinfer = pytest.importorskip("flashinfer", reason="chapter 3 reads and replays the installed FlashInfer release: flashinfer-python is not installed")
-RELEASE, ROOT = backends.release_root(None)
+RELEASE, ROOT = release_root(None)
 
 
 slow = pytest.mark.slow
@@ -22,7 +24,12 @@ slow = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def chapter_record(tmp_path_factory):
-    return run_chapter(BOOK / "03_the_other_doors.md", tmp_path_factory.mktemp("ch3"))
+    """Chapter 3 under papermill, as on a fresh machine without network (an empty FlashInfer release
+    cache, pip's index unreachable): it reads and replays the pinned FlashInfer, so it needs neither."""
+    run_dir = tmp_path_factory.mktemp("ch3")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        go_offline(monkeypatch, run_dir / "empty-cache")
+        return run_chapter(BOOK / "03_the_other_doors.md", run_dir)
 
 
 # ---------------------------------------------------------------- the chapter, under papermill
@@ -34,7 +41,7 @@ def test_matrix_is_complete_and_every_cell_carries_evidence(chapter_record):
     cells = {(c["door"], c["family"]): c for c in v["matrix"]}
     assert set(cells) == {(d.key, f) for d in DOORS for f in FAMILIES}
     for c in cells.values():
-        assert c["status"] in backends.STATUSES
+        assert c["status"] in STATUSES
         assert c["evidence"], f"{c['door']} on {c['family']} has no evidence"
         for ev in c["evidence"]:
             assert ev["kind"] in ("gpu", "replay", "source") and ev["where"] and ev["text"]
@@ -70,7 +77,7 @@ def test_refusal_evidence_points_at_a_raise_in_the_release(chapter_record):
 def test_matrix_reads_as_the_release_decides(chapter_record):
     """What the replays and sources of the installed release say, cell by cell (computed live by the
     chapter; nothing here is a typed-in expected output of a run that did not happen — the
-    expectations are the checks cited in kvwall.peers.flashinfer.doors.CHECKS)."""
+    expectations are the checks cited in kvwall.peers.flashinfer.citations.CHECKS)."""
     cells = {(c["door"], c["family"]): c for c in chapter_record["values"]["matrix"]}
     for fam in ("SM100", "SM120"):  # plan(): FP8 KV only on SM90
         assert cells[("fa2", fam)]["status"] == cells[("fa3", fam)]["status"] == "refused"
@@ -103,11 +110,11 @@ def test_cite_finds_the_line_and_errors_name_the_file():
     c = cite(spec)
     assert c.release == RELEASE and "128" in c.text and c.where.startswith("flashinfer/mla/_core.py:")
     assert any(n == c.line for n, _ in c.excerpt) and ">" in c.render()
-    bad = backends.CheckSpec("cutlass", "x", "flashinfer/mla/_core.py", r"def _check_cutlass_shape\(", r"no such line at all", ())
+    bad = CheckSpec("cutlass", "x", "flashinfer/mla/_core.py", r"def _check_cutlass_shape\(", r"no such line at all", ())
     with pytest.raises(LookupError, match="_core.py"):
         cite(bad)
     with pytest.raises(LookupError, match="no flashinfer/nope.py"):
-        cite(backends.CheckSpec("x", "x", "flashinfer/nope.py", "a", "b", ()))
+        cite(CheckSpec("x", "x", "flashinfer/nope.py", "a", "b", ()))
 
 
 def test_door_case_validates():
@@ -135,16 +142,14 @@ def test_make_inputs_slots_match_the_page_table():
 
 def test_reference_check_rejects_a_wrong_output():
     """The check the GPU run applies would catch a wrong kernel (here: softmax over the wrong slots)."""
-    from kvwall.experiments.doors import _reference
-
     case = DoorCase("fa2", 16, 1)
     inp = make_inputs(case, "cpu", context_lens=(50, 13))
-    ref = _reference(case, inp)
+    ref = _reference(inp)
     shuffled = dict(inp, slots=[s[::-1][:-1] + [s[0]] if len(s) > 1 else s for s in inp["slots"]])
-    assert torch.allclose(_reference(case, shuffled), ref)  # same set of slots: same answer
+    assert torch.allclose(_reference(shuffled), ref)  # same set of slots: same answer
     total = inp["pool"].shape[0] * inp["pool"].shape[1]
     wrong = dict(inp, slots=[[(x + 1) % total for x in s] for s in inp["slots"]])
-    assert float((_reference(case, wrong) - ref).norm() / ref.norm()) > 5e-2
+    assert float((_reference(wrong) - ref).norm() / ref.norm()) > 5e-2
 
 
 def test_replay_accepts_and_refuses_per_family():
@@ -156,7 +161,7 @@ def test_replay_accepts_and_refuses_per_family():
 
 
 def test_door_matrix_prefers_gpu_evidence():
-    citations = [c for c in backends.cite_all(None)]
+    citations = cite_all(None)
     replays = [{"door": d.key, "family": f, "heads": 16, "page_size": 1, "q_dtype": "bfloat16", "outcome": "refused",
                 "exc_type": "ValueError", "message": "no", "where": "flashinfer/x.py:1"} for d in DOORS for f in FAMILIES]
     gpu = [{"door": "fa2", "family": "SM90", "heads": 16, "page_size": 1, "q_dtype": "bfloat16", "outcome": "runs",

@@ -9,7 +9,6 @@ on a 2-core machine).  They skip, saying why, when nvcc or the package index is 
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import subprocess
 import sys
@@ -17,9 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import static_assert_line
+from conftest import go_offline, static_assert_line
 
-from kvwall.peers.flashinfer import releases as fr
+from kvwall.peers.flashinfer import build, nvcc_errors, progress, releases, sources, toolchain
+from kvwall.peers.flashinfer.errors import InvalidConfigError, NetworkUnavailableError, NvccNotFoundError, ReleaseNotFoundError
 
 WALL_RELEASE = "0.6.12"  # last release whose fa2 MLA kernel cannot be built with FP8 KV
 
@@ -44,17 +44,17 @@ def _index_reachable() -> str:
 
 
 def _cache_root() -> Path:
-    return fr.default_cache_root()
+    return releases.default_cache_root()
 
 
 def require_nvcc():
-    if fr.find_nvcc() is None:
+    if toolchain.find_nvcc() is None:
         pytest.skip("nvcc not found (not on PATH, no CUDA_HOME): the FlashInfer JIT build tests need the CUDA toolkit")
 
 
 def require_release(release: str = WALL_RELEASE):
     """Skip unless ``release`` is installed already or the package index can be reached."""
-    if fr.is_installed(release):
+    if releases.is_installed(release):
         return
     why = _index_reachable()
     if why:
@@ -67,7 +67,7 @@ def wall_build():
     require_nvcc()
     require_release(WALL_RELEASE)
     t0 = time.perf_counter()
-    r = fr.build_mla(WALL_RELEASE, "fa2", "bfloat16", "float8_e4m3fn", "sm_120a")
+    r = build.build_mla(WALL_RELEASE, "fa2", "bfloat16", "float8_e4m3fn", "sm_120a")
     return r, time.perf_counter() - t0
 
 
@@ -96,8 +96,8 @@ def empty_cache(tmp_path, monkeypatch):
 )
 def test_bad_config_is_refused_before_anything_happens(empty_cache, kwargs, words):
     t0 = time.perf_counter()
-    with pytest.raises(fr.InvalidConfigError) as ei:
-        fr.build_mla("0.6.12", **kwargs)
+    with pytest.raises(InvalidConfigError) as ei:
+        build.build_mla("0.6.12", **kwargs)
     assert time.perf_counter() - t0 < 1.0
     msg = str(ei.value)
     for w in words:
@@ -107,18 +107,18 @@ def test_bad_config_is_refused_before_anything_happens(empty_cache, kwargs, word
 
 @pytest.mark.parametrize("release", ["v0.6.12", "0.6.x", "latest", "flashinfer-python==0.6.12", ""])
 def test_bad_release_string(empty_cache, release):
-    with pytest.raises(fr.InvalidConfigError, match="version"):
-        fr.build_mla(release)
+    with pytest.raises(InvalidConfigError, match="version"):
+        build.build_mla(release)
     assert not empty_cache.exists()
 
 
 def test_invalid_config_is_also_a_value_error():
     with pytest.raises(ValueError):
-        fr.validate_config(backend="fa4")
+        build.validate_config(backend="fa4")
 
 
 def test_validate_config_accepts_torch_style_names():
-    c = fr.validate_config("fa3", "torch.bfloat16", "torch.float8_e4m3fn", "sm_90a")
+    c = build.validate_config("fa3", "torch.bfloat16", "torch.float8_e4m3fn", "sm_90a")
     assert (c.backend, c.q_dtype, c.kv_dtype, c.arch) == ("fa3", "bfloat16", "float8_e4m3fn", "sm_90a")
     assert (c.head_dim_ckv, c.head_dim_kpe) == (512, 64)
     assert c.key == "fa3-bfloat16-float8_e4m3fn-sm_90a-512-64"
@@ -126,20 +126,20 @@ def test_validate_config_accepts_torch_style_names():
 
 def test_cache_root_default_env_and_argument(monkeypatch, tmp_path):
     monkeypatch.delenv("KVWALL_CACHE", raising=False)
-    assert fr.default_cache_root() == Path.home() / ".cache" / "kvwall" / "flashinfer"
+    assert releases.default_cache_root() == Path.home() / ".cache" / "kvwall" / "flashinfer"
     monkeypatch.setenv("KVWALL_CACHE", str(tmp_path / "a"))
-    assert fr.default_cache_root() == tmp_path / "a"
-    assert fr.release_dir("0.6.12") == tmp_path / "a" / "flashinfer-0.6.12"
-    assert fr.release_dir("0.6.12", cache_root=tmp_path / "b") == tmp_path / "b" / "flashinfer-0.6.12"
+    assert releases.default_cache_root() == tmp_path / "a"
+    assert releases.release_dir("0.6.12") == tmp_path / "a" / "flashinfer-0.6.12"
+    assert releases.release_dir("0.6.12", cache_root=tmp_path / "b") == tmp_path / "b" / "flashinfer-0.6.12"
 
 
 def test_no_nvcc_gives_a_clear_error(empty_cache, monkeypatch, tmp_path):
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    assert fr.find_nvcc() is None
-    with pytest.raises(fr.NvccNotFoundError) as ei:
-        fr.build_mla("0.6.12")
+    assert toolchain.find_nvcc() is None
+    with pytest.raises(NvccNotFoundError) as ei:
+        build.build_mla("0.6.12")
     msg = str(ei.value)
     assert "nvcc" in msg and "CUDA_HOME" in msg and "PATH" in msg
     assert not (empty_cache / "flashinfer-0.6.12").exists(), "no install without a compiler"
@@ -147,29 +147,46 @@ def test_no_nvcc_gives_a_clear_error(empty_cache, monkeypatch, tmp_path):
 
 def test_cuda_home_without_nvcc(empty_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
-    assert fr.find_nvcc() is None
-    with pytest.raises(fr.NvccNotFoundError, match="CUDA_HOME"):
-        fr.build_mla("0.6.12")
+    assert toolchain.find_nvcc() is None
+    with pytest.raises(NvccNotFoundError, match="CUDA_HOME"):
+        build.build_mla("0.6.12")
 
 
 def test_cached_result_needs_neither_nvcc_nor_network(empty_cache):
-    assert fr.cached_result("0.6.12", "fa2", "bfloat16", "float8_e4m3fn", "sm_120a") is None
+    assert build.cached_result("0.6.12", "fa2", "bfloat16", "float8_e4m3fn", "sm_120a") is None
 
 
 def test_no_network_gives_a_clear_error(empty_cache, monkeypatch):
-    # A proxy that refuses connections stands in for a machine without network.
-    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
-        monkeypatch.setenv(var, "http://127.0.0.1:9")
-    monkeypatch.setenv("PIP_INDEX_URL", "https://pypi.org/simple")
-    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
-    monkeypatch.setenv("PIP_FIND_LINKS", "")
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    go_offline(monkeypatch, empty_cache)
     t0 = time.perf_counter()
-    with pytest.raises(fr.NetworkUnavailableError) as ei:
-        fr.install_release("0.6.13")
+    with pytest.raises(NetworkUnavailableError) as ei:
+        releases.install_release("0.6.13")
     assert time.perf_counter() - t0 < 60
     assert "network" in str(ei.value).lower()
     assert not (empty_cache / "flashinfer-0.6.13").exists()
+    assert sources.why_sources_unavailable("0.6.13").startswith("NetworkUnavailableError: ")
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress: a bar on a terminal, nothing under papermill or CI
+# ---------------------------------------------------------------------------------------------
+
+
+def test_progress_is_silent_off_a_terminal(capsys):
+    assert not progress.on_a_terminal()  # pytest captures stderr: not a terminal
+    with progress.progress("installing FlashInfer 0.6.12") as bar:
+        progress.follow_ninja(bar, "[2/5] /usr/local/bin/nvcc -c x.cu")
+    assert bar.disable and capsys.readouterr().err == ""
+
+
+def test_progress_follows_ninja_on_a_terminal(capsys, monkeypatch):
+    monkeypatch.setattr(progress, "on_a_terminal", lambda: True)
+    with progress.progress("building FlashInfer 0.6.12 MLA fa2 sm_120a", unit="object") as bar:
+        progress.follow_ninja(bar, "[2/5] /usr/local/bin/nvcc -c x.cu")
+        progress.follow_ninja(bar, "include/flashinfer/mma.cuh(523): error: static assertion failed")
+        assert (bar.n, bar.total) == (2, 5)
+    err = capsys.readouterr().err
+    assert "building FlashInfer 0.6.12" in err and "2/5" in err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +219,7 @@ ninja: build stopped: cannot make progress due to previous errors.
 
 def test_parse_recorded_nvcc_output():
     roots = [(_INC, ""), (_GEN, "generated/")]
-    errs = fr.parse_nvcc_output(_RECORDED, roots)
+    errs = nvcc_errors.parse_nvcc_output(_RECORDED, roots)
     assert len(errs) == 3
     e = errs[0]
     assert (e.file, e.line) == ("flashinfer/mma.cuh", 523)
@@ -222,16 +239,16 @@ def test_parse_recorded_nvcc_output():
 
 
 def test_result_json_round_trip():
-    errs = fr.parse_nvcc_output(_RECORDED, [(_INC, ""), (_GEN, "generated/")])
-    r = fr.BuildResult(
+    errs = nvcc_errors.parse_nvcc_output(_RECORDED, [(_INC, ""), (_GEN, "generated/")])
+    r = build.BuildResult(
         release="0.6.12",
-        config=fr.validate_config(),
+        config=build.validate_config(),
         status="nvcc_failed",
         duration_s=12.5,
         errors=tuple(errs),
-        refusal=fr.PythonRefusal("ValueError", "no", "flashinfer/mla/_core.py:1", "plan checks"),
+        refusal=build.PythonRefusal("ValueError", "no", "flashinfer/mla/_core.py:1", "plan checks"),
     )
-    back = fr.BuildResult.from_json(r.to_json())
+    back = build.BuildResult.from_json(r.to_json())
     assert back.from_cache and back.errors == r.errors and back.refusal == r.refusal and back.config == r.config
     assert "flashinfer/mma.cuh(523)" in back.summary()
 
@@ -263,7 +280,7 @@ def test_wall_release_fails_in_nvcc_at_the_static_assert(wall_build):
     for f in e.instantiation_chain[:2]:
         assert f.file == "flashinfer/attention/mla.cuh"
         called = f.function.split("::")[-1]
-        assert called in fr.read_source(WALL_RELEASE, f.file, f.line, context=0).text
+        assert called in sources.read_source(WALL_RELEASE, f.file, f.line, context=0).text
     # The second wall: permuted_smem.cuh static_assert(stride == 4).
     assert any(e.file == "flashinfer/permuted_smem.cuh" and "stride == 4" in e.source_line for e in r.errors)
     assert "include/flashinfer/mma.cuh(" in r.compiler_output
@@ -273,31 +290,31 @@ def test_wall_release_fails_in_nvcc_at_the_static_assert(wall_build):
 def test_wall_build_is_cached(wall_build):
     first, _ = wall_build
     t0 = time.perf_counter()
-    again = fr.build_mla(WALL_RELEASE, "fa2", "bfloat16", "float8_e4m3fn", "sm_120a")
+    again = build.build_mla(WALL_RELEASE, "fa2", "bfloat16", "float8_e4m3fn", "sm_120a")
     assert time.perf_counter() - t0 < 1.0
     assert again.from_cache
     assert (again.status, again.errors, again.duration_s) == (first.status, first.errors, first.duration_s)
-    assert fr.cached_result(WALL_RELEASE, "fa2", "bfloat16", "float8_e4m3fn", "sm_120a") == again
+    assert build.cached_result(WALL_RELEASE, "fa2", "bfloat16", "float8_e4m3fn", "sm_120a") == again
 
 
 @pytest.mark.slow
 def test_read_source_and_find_definition():
     require_release(WALL_RELEASE)
     line = static_assert_line(WALL_RELEASE)
-    ex = fr.read_source(WALL_RELEASE, "include/flashinfer/mma.cuh", line, context=2)
+    ex = sources.read_source(WALL_RELEASE, "include/flashinfer/mma.cuh", line, context=2)
     assert ex.file == "flashinfer/mma.cuh"
     assert "static_assert(sizeof(DType) == 2" in ex.text
     assert [n for n, _ in ex.lines] == list(range(line - 2, line + 3))
     assert "m16k16_rowsum_f16f16f32" in ex.render()
-    pv = fr.find_definition(WALL_RELEASE, "flashinfer::mla::compute_mla_pv")
+    pv = sources.find_definition(WALL_RELEASE, "flashinfer::mla::compute_mla_pv")
     files = [loc.file for loc in pv]
     assert "flashinfer/attention/mla.cuh" in files  # (mla_hopper.cuh has its own)
     loc = pv[files.index("flashinfer/attention/mla.cuh")]
-    assert "compute_mla_pv" in fr.read_source(WALL_RELEASE, "attention/mla.cuh", loc.line, 0).text
-    assert "__device__" in fr.read_source(WALL_RELEASE, loc.file, loc.line, 0).text
-    assert fr.find_definition(WALL_RELEASE, "no_such_function_anywhere") == []
+    assert "compute_mla_pv" in sources.read_source(WALL_RELEASE, "attention/mla.cuh", loc.line, 0).text
+    assert "__device__" in sources.read_source(WALL_RELEASE, loc.file, loc.line, 0).text
+    assert sources.find_definition(WALL_RELEASE, "no_such_function_anywhere") == []
     with pytest.raises(FileNotFoundError, match="flashinfer/mma.cuh"):
-        fr.read_source(WALL_RELEASE, "flashinfer/no_such.cuh", 1)
+        sources.read_source(WALL_RELEASE, "flashinfer/no_such.cuh", 1)
 
 
 @pytest.mark.slow
@@ -305,8 +322,8 @@ def test_release_that_does_not_exist():
     why = _index_reachable()
     if why:
         pytest.skip(f"package index unreachable: {why}")
-    with pytest.raises(fr.ReleaseNotFoundError) as ei:
-        fr.install_release("0.6.999", cache_root=_cache_root() / "_test-missing")
+    with pytest.raises(ReleaseNotFoundError) as ei:
+        releases.install_release("0.6.999", cache_root=_cache_root() / "_test-missing")
     assert "0.6.999" in str(ei.value) and "published versions" in str(ei.value)
     assert not (_cache_root() / "_test-missing" / "flashinfer-0.6.999").exists()
     shutil.rmtree(_cache_root() / "_test-missing", ignore_errors=True)

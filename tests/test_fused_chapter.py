@@ -3,6 +3,7 @@ shows from the recorded H200 runs equal to the result files'."""
 
 import pytest
 
+import kvwall.experiments  # noqa: F401 - registers the row schemas load_result validates against
 from conftest import BOOK, run_chapter
 from kvwall.results import load_result
 

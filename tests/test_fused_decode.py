@@ -1,6 +1,6 @@
 """Chapter 5's experiments (kvwall.experiments.fused_decode): the validation's small run on CPU (Triton's interpreter),
-that the validation and the bench driver can fail, the bytes / FLOPs / roofline arithmetic by hand, registration,
-and (GPU only) both experiments at a tiny scale."""
+that the validation and the bench driver can fail, the bytes / FLOPs / roofline arithmetic by hand, the timers and
+peers they use, registration, and (GPU only) both experiments at a tiny scale."""
 
 from __future__ import annotations
 
@@ -10,10 +10,18 @@ import math
 import pytest
 import torch
 
-import kvwall.experiments.fused_decode as fd
 from kvwall import cli
 from kvwall.experiments import EXPERIMENTS, run_experiment
+from kvwall.experiments.fused_decode import bench, bench_strategies, contracts, validation
 from kvwall.kernels import mla_decode_fp8
+from kvwall.kernels.mla_decode.cases import validation_cases
+from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
+from kvwall.measure import sanitizer, timing
+from kvwall.measure.accuracy import bf16_bits, finite_or_none, relative_error, same_bits
+from kvwall.measure.ncu import parse_ncu_csv
+from kvwall.model.roofline import decode_flops, kv_read_bytes, qo_bytes, roofline_us
+from kvwall.peers import flashmla, sglang
+from kvwall.tuning.fused import candidates, loop_instruction_mix
 
 
 def _interpreter_gap() -> str:
@@ -43,11 +51,12 @@ CPU = torch.device("cpu")
 
 def test_registered_and_listed(capsys):
     val, bench = EXPERIMENTS["fused_decode_validation"], EXPERIMENTS["fused_decode_bench"]
-    assert val.needs == "any" and bench.needs == "cuda"
+    assert "cuda" in val.requires and "compute-sanitizer" in val.requires and "flashinfer" in bench.requires
     assert set(val.small) <= set(val.full) and set(bench.small) <= set(bench.full)
     assert bench.full["heads"] == [16, 64, 128] and bench.full["contexts"] == [4096, 32_768, 131_072]
     assert bench.full["batches"] == [1, 8, 32] and bench.full["pool_slots"] == 495_000
-    assert tuple(bench.full["strategies"]) == fd.STRATEGIES and len(fd.STRATEGIES) == 7
+    assert tuple(bench.full["strategies"]) == bench_strategies.STRATEGIES and len(bench_strategies.STRATEGIES) == 9
+    assert bench.full["cast_backend"] == "fa3"  # every FlashInfer BF16 path on fa3 (Hopper), fa2 where it refuses
     assert cli.main(["list"]) == 0
     listed = capsys.readouterr().out
     assert "fused_decode_validation" in listed and "fused_decode_bench" in listed
@@ -58,42 +67,43 @@ def test_registered_and_listed(capsys):
 # ---------------------------------------------------------------------------------------------------------
 
 def test_active_bytes_and_flops_by_hand():
-    assert fd.active_bytes(1000) == 1000 * (576 + 4) == 580_000
-    assert fd.active_bytes(131_072) == 76_021_760
-    assert fd.active_bytes(10, index_bytes=0) == 5_760
-    assert fd.decode_flops(16, 4096) == 2 * 16 * 4096 * 1088 == 142_606_336
-    assert fd.decode_flops(128, 131_072) == 36_507_222_016
-    assert fd.qo_bytes(8, 128) == 8 * 128 * (576 + 512) * 2 == 2_228_224
+    assert kv_read_bytes(1000) == 1000 * (576 + 4) == 580_000
+    assert kv_read_bytes(131_072) == 76_021_760
+    assert kv_read_bytes(10, index_bytes=0) == 5_760
+    assert decode_flops(16, 4096) == 2 * 16 * 4096 * 1088 == 142_606_336
+    assert decode_flops(128, 131_072) == 36_507_222_016
+    assert qo_bytes(8, 128) == 8 * 128 * (576 + 512) * 2 == 2_228_224
 
 
 def test_roofline_by_hand():
     # 16 heads, 128K tokens, 4000 GB/s, 800 TFLOP/s: 76,021,760 B / 4e9 B/ms... = 19.00544 µs of memory against
     # 4,563,402,752 FLOPs / 8e14 FLOP/s = 5.704 µs of math: memory-bound.
-    assert fd.roofline_us(16, 131_072, 4000.0, 800.0) == pytest.approx(19.00544, rel=1e-12)
+    assert roofline_us(16, 131_072, 4000.0, 800.0) == pytest.approx(19.00544, rel=1e-12)
     # 128 heads: 36,507,222,016 FLOPs / 8e14 = 45.634 µs > 19.005 µs: compute-bound.
-    assert fd.roofline_us(128, 131_072, 4000.0, 800.0) == pytest.approx(45.63402752, rel=1e-12)
-    assert fd.roofline_us(16, 4096, 2000.0, 1000.0) == pytest.approx(4096 * 580 / 2e6, rel=1e-12)
+    assert roofline_us(128, 131_072, 4000.0, 800.0) == pytest.approx(45.63402752, rel=1e-12)
+    assert roofline_us(16, 4096, 2000.0, 1000.0) == pytest.approx(4096 * 580 / 2e6, rel=1e-12)
     with pytest.raises(ValueError):
-        fd.roofline_us(16, 4096, 0.0, 800.0)
+        roofline_us(16, 4096, 0.0, 800.0)
 
 
 def test_sglang_split_cap_by_hand():
-    assert fd.sglang_max_kv_splits(132, 131_072) == 256  # H200: next_pow2(132) = 256 < next_pow2(4096)
-    assert fd.sglang_max_kv_splits(132, 4096) == 128  # next_pow2(4096 / 32) = 128
-    assert fd.sglang_max_kv_splits(16, 100) == 8  # the --triton-attention-num-kv-splits floor
-    assert fd.sglang_max_kv_splits(0, 131_072) == 8  # no device to size against
+    assert sglang.sglang_max_kv_splits(132, 131_072) == 256  # H200: next_pow2(132) = 256 < next_pow2(4096)
+    assert sglang.sglang_max_kv_splits(132, 4096) == 128  # next_pow2(4096 / 32) = 128
+    assert sglang.sglang_max_kv_splits(16, 100) == 8  # the --triton-attention-num-kv-splits floor
+    assert sglang.sglang_max_kv_splits(0, 131_072) == 8  # no device to size against
 
 
 def test_bench_lengths():
-    assert fd.bench_lengths(4096, 1, max_total=2_000_000, seed=0) == [4096]
-    lens = fd.bench_lengths(32_768, 8, max_total=2_000_000, seed=3)
+    bench_lengths = bench_strategies.bench_lengths
+    assert bench_lengths(4096, 1, max_total=2_000_000, seed=0) == [4096]
+    lens = bench_lengths(32_768, 8, max_total=2_000_000, seed=3)
     assert len(lens) == 8 and sum(lens) == 32_768 * 8 // 4 and min(lens) >= 1 and len(set(lens)) > 1
-    assert sum(fd.bench_lengths(131_072, 32, max_total=2_000_000, seed=1)) == 1_048_576
-    assert sum(fd.bench_lengths(131_072, 32, max_total=5_000, seed=1)) == 5_000  # the cap
+    assert sum(bench_lengths(131_072, 32, max_total=2_000_000, seed=1)) == 1_048_576
+    assert sum(bench_lengths(131_072, 32, max_total=5_000, seed=1)) == 5_000  # the cap
 
 
 def test_case_table_covers_the_brief():
-    cases = fd.validation_cases([1, 3, 16], [[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
+    cases = validation_cases([1, 3, 16], [[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
                                 [[1, 0, 63, 64, 65, 200]], 64)
     assert {c.layout for c in cases} == {"pool_view", "contiguous", "pool_view_3d", "paged"}
     assert {(c.ckv_scale, c.kpe_scale) for c in cases} >= {(1.0, 1.0), (0.37, 0.74), (2.5, 0.625)}
@@ -117,7 +127,7 @@ def small_validation():
 @needs_interpreter
 def test_small_validation_rows_all_pass(small_validation):
     result = small_validation
-    json.dumps(result.to_json(), allow_nan=False)  # recordable as it is
+    json.dumps({"params": result.params, "rows": result.rows}, allow_nan=False)  # recordable as it is
     cases = result.table("cases")
     small = EXPERIMENTS["fused_decode_validation"].small
     assert len(cases) == len(small["heads"]) * (len(small["length_sets"]) + len(small["paged_length_sets"]))
@@ -159,12 +169,12 @@ def test_validation_fails_a_kernel_that_is_off(monkeypatch):
 
     params = dict(heads=[3], length_sets=[[40], [0, 70]], paged_length_sets=[], page_size=64, pool_slots=512,
                   peers=False, graph=False, sanitizer=False, seed=5)
-    monkeypatch.setattr(fd, "mla_decode_fp8", off_by_one_percent)
-    rows = fd.run_fused_decode_validation(CPU, **params).table("cases")
+    monkeypatch.setattr(validation, "mla_decode_fp8", off_by_one_percent)
+    rows = validation.run_fused_decode_validation(CPU, **params).table("cases")
     assert rows and not any(r["passed"] for r in rows) and all(r["ratio"] > 2 for r in rows)
-    monkeypatch.setattr(fd, "mla_decode_fp8", drops_kpe_scale)
+    monkeypatch.setattr(validation, "mla_decode_fp8", drops_kpe_scale)
     params["length_sets"] = [[40], [70], [9], [33], [20]]  # scales rotate every three cases: the last two 0.37/0.74
-    rows = fd.run_fused_decode_validation(CPU, **params).table("cases")
+    rows = validation.run_fused_decode_validation(CPU, **params).table("cases")
     assert [r["kpe_scale"] for r in rows] == [1.0, 1.0, 1.0, 0.74, 0.74]
     assert [r["passed"] for r in rows] == [True, True, True, False, False]
 
@@ -175,8 +185,8 @@ def test_error_rows_catch_a_write_before_raising(monkeypatch):
             out.zero_()
         raise ValueError("too late")
 
-    monkeypatch.setattr(fd, "mla_decode_fp8", scribbles)
-    rows = fd._error_rows(CPU)  # noqa: SLF001
+    monkeypatch.setattr(contracts, "mla_decode_fp8", scribbles)
+    rows = contracts.error_rows(CPU)
     assert rows and not any(r["passed"] for r in rows)
     by_input = {r["input"]: r for r in rows}
     assert by_input["cache dtype bf16"]["raised"] == "ValueError" and not by_input["cache dtype bf16"]["out_untouched"]
@@ -188,28 +198,31 @@ def test_error_rows_catch_a_write_before_raising(monkeypatch):
 
 @needs_interpreter
 def test_bench_point_rows_on_cpu(monkeypatch):
-    monkeypatch.setattr(fd, "_time", lambda fn, flush, device, reps, rounds: (25.0, "fake clock", None))
-    monkeypatch.setattr(fd, "load_sglang", lambda: {"error": "sglang import failed: not here", "source": "test"})
+    monkeypatch.setattr(sglang, "_SGLANG", {"error": "sglang import failed: not here", "source": "test"})
+    monkeypatch.setattr(flashmla, "_FLASH_MLA", {"error": "flash_mla import failed: not here"})
+    fake_clock = lambda fn, flush, device, reps, rounds: (25.0, "fake clock", None)  # noqa: E731
     gen = torch.Generator().manual_seed(0)
     pool = (torch.randn(2000, 1, 576, generator=gen) * 0.7).to(torch.float8_e4m3fn)
-    pt = fd.make_point(16, 256, 8, pool_slots=2000, max_total=2_000_000, gen=gen, seed=0, device=CPU)
+    pt = bench_strategies.make_point(16, 256, 8, pool_slots=2000, max_total=2_000_000, gen=gen, seed=0, device=CPU)
     assert pt.tokens == 512 and pt.batch == 8 and pt.idx.numel() == 512
-    rows = fd.bench_point_rows(pt, pool, CPU, ["fused_fp8", "flashinfer_fp8_fa2", "sglang_triton_fp8"],
-                               lambda: None, copy_gbps=4000.0, bf16_tflops=800.0, reps=1, rounds=1, host_calls=1,
-                               cast_backend="fa2", sglang_max_context=131_072, sm_count=132, sglang_split_sweep=[8])
-    assert [r["strategy"] for r in rows] == ["fused_fp8", "flashinfer_fp8_fa2", "sglang_triton_fp8"]
-    fused, fi, sg = rows
+    names = ["fused_fp8", "flashinfer_fp8_fa2", "sglang_triton_fp8", "flashmla_dense_fp8"]
+    rows = bench.bench_point_rows(pt, pool, CPU, names, lambda: None, copy_gbps=4000.0, bf16_tflops=800.0, reps=1,
+                                  rounds=1, host_calls=1, cast_backend="fa3", sglang_max_context=131_072,
+                                  sm_count=132, sglang_split_sweep=[8], timer=fake_clock)
+    assert [r["strategy"] for r in rows] == names
+    fused, fi, sg, fm = rows
     for r in rows:
         assert BENCH_FIELDS <= set(r), BENCH_FIELDS - set(r)
         assert r["tokens"] == 512 and r["active_bytes"] == 512 * 580
-        assert r["roofline_us"] == pytest.approx(fd.roofline_us(16, 512, 4000.0, 800.0))
-    assert "error" not in fused and fused["us"] == 25.0 and fused["host_us"] > 0
+        assert r["roofline_us"] == pytest.approx(roofline_us(16, 512, 4000.0, 800.0))
+    assert "error" not in fused and fused["us"] == 25.0 and fused["host_us"] > 0 and fused["timing"] == "fake clock"
     assert fused["gbps"] == pytest.approx(512 * 580 / 25.0 / 1e3)
     assert fused["tflops"] == pytest.approx(2 * 16 * 512 * 1088 / 25.0 / 1e6)
-    assert fused["pct_roofline"] == pytest.approx(fd.roofline_us(16, 512, 4000.0, 800.0) / 25.0 * 100)
+    assert fused["pct_roofline"] == pytest.approx(roofline_us(16, 512, 4000.0, 800.0) / 25.0 * 100)
     assert fused["num_splits"] >= 1 and fused["config"]["block_h"] == 16
     assert fi["us"] is None and fi["error"]  # FlashInfer cannot run on a CPU: a row saying so, no crash
     assert sg["us"] is None and "sglang import failed" in sg["error"]
+    assert fm["us"] is None and "flash_mla import failed" in fm["error"] and fm["timing"] == "not timed"
 
 
 def test_bench_refuses_a_cpu():
@@ -218,9 +231,9 @@ def test_bench_refuses_a_cpu():
 
 
 def test_sglang_loader_reports_a_bad_path(monkeypatch, tmp_path):
-    monkeypatch.setattr(fd, "_SGLANG", {})
+    monkeypatch.setattr(sglang, "_SGLANG", {})
     monkeypatch.setenv("KVWALL_SGLANG_PATH", str(tmp_path))
-    info = fd.load_sglang()
+    info = sglang.load_sglang()
     assert "error" in info and "no sglang/ folder" in info["error"] and str(tmp_path) in info["source"]
 
 
@@ -233,11 +246,11 @@ def test_sglang_loader_reports_a_bad_path(monkeypatch, tmp_path):
 def test_bench_tiny_on_gpu():
     result = run_experiment("fused_decode_bench", torch.device("cuda"), "small", heads=[16], contexts=[4096],
                             batches=[1, 8], reps=3, rounds=1, host_calls=3, sglang_split_sweep=[])
-    json.dumps(result.to_json(), allow_nan=False)
+    json.dumps({"params": result.params, "rows": result.rows}, allow_nan=False)
     head = result.table("ceilings")[0]
     assert head["copy_gbps"] > 100 and head["bf16_tflops"] > 1
     rows = result.table("bench")
-    assert len(rows) == 2 * len(fd.STRATEGIES)
+    assert len(rows) == 2 * len(bench_strategies.STRATEGIES)
     for r in rows:
         assert BENCH_FIELDS <= set(r)
         assert (r["us"] is not None and r["us"] > 0) or r.get("error"), r
@@ -248,6 +261,7 @@ def test_bench_tiny_on_gpu():
     for r in rows:
         if r["strategy"] in ("full_cast_bf16", "gather_cast_bf16", "flashinfer_bf16_precast") and "error" not in r:
             assert r["rel_diff_vs_fused"] < 2e-2, r  # the same attention, up to BF16 roundings
+            assert r["backend"] == ("fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2"), r
 
 
 @pytest.mark.gpu
@@ -256,7 +270,7 @@ def test_validation_tiny_on_gpu():
     result = run_experiment("fused_decode_validation", torch.device("cuda"), "small", heads=[16],
                             length_sets=[[1], [0, 7, 130, 1, 33], [4097]], paged_length_sets=[[1, 0, 63, 64, 65, 200]],
                             pool_slots=50_000, sanitizer=False)
-    json.dumps(result.to_json(), allow_nan=False)
+    json.dumps({"params": result.params, "rows": result.rows}, allow_nan=False)
     for row in result.table("cases") + result.table("errors") + result.table("graph"):
         assert row["passed"] is True, row
     for row in result.table("fp8_peers"):
@@ -268,8 +282,6 @@ def test_validation_tiny_on_gpu():
 # ----------------------------------------------------------------------------------------------
 
 def test_parse_ncu_csv_reads_base_unit_metrics_and_rejects_empty_output():
-    from kvwall.experiments.fused_tuning import parse_ncu_csv
-
     head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
             '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
     row = ('"0","1","python3","h","_mla_split_kernel","1","7","(128, 1, 1)","(1, 264, 1)","0","9.0",'
@@ -286,8 +298,6 @@ def test_parse_ncu_csv_reads_base_unit_metrics_and_rejects_empty_output():
 
 
 def test_tuning_candidates_cover_the_roads_not_taken():
-    from kvwall.tuning.fused import candidates
-
     c16, c64 = candidates(16), candidates(64)
     assert len(set(c16)) == len(c16) and len(set(c64)) == len(c64)
     assert {c.convert for c in c16} == {"cvt", "bits"} and any(c.s_fp8 for c in c16)
@@ -298,9 +308,53 @@ def test_tuning_candidates_cover_the_roads_not_taken():
 def test_compiled_loop_shows_byte_wise_shared_loads():
     """Chapter 5's evidence: the split kernel compiled for sm_90 (no GPU needed) reads FP8 from shared memory a
     byte at a time in its main loop, and its dots are tensor-core instructions."""
-    from kvwall.tuning.fused import loop_instruction_mix
-    from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
-
     mix = loop_instruction_mix(config=MLADecodeConfig(16, 64, 4, 2, convert="cvt"))
     assert mix["byte_loads"] > 0 and mix["counts"]["mma.sync"] > 0 and mix["counts"]["cp.async"] > 0
     assert mix["total"] == sum(mix["counts"].values()) > 500
+
+
+# ----------------------------------------------------------------------------------------------
+# What the experiments stand on: the stopwatches' contracts, accuracy helpers, the peers' loaders
+# ----------------------------------------------------------------------------------------------
+
+def test_host_timer_counts_calls_and_graph_timer_refuses_a_cpu():
+    calls = []
+    us = timing.host_us_per_call(lambda: calls.append(1), CPU, calls=7)
+    assert len(calls) == 8 and us > 0  # one warm-up call, then the timed ones
+    assert timing.bench_ms(lambda: sum(range(1000)), CPU, rep_ms=1) > 0
+    with pytest.raises(RuntimeError, match="CUDA graphs need an NVIDIA GPU"):
+        timing.graph_ms([lambda: None], CPU)
+    with pytest.raises(RuntimeError, match="tensor cores"):
+        timing.matmul_tflops(CPU)
+
+
+def test_accuracy_helpers():
+    want = torch.tensor([3.0, 4.0])
+    assert relative_error(torch.tensor([3.0, 4.5]), want) == pytest.approx(0.1)
+    assert relative_error(torch.zeros(2), torch.zeros(2)) == 0.0 and relative_error(want, torch.zeros(2)) == math.inf
+    assert finite_or_none(float("nan")) is None and finite_or_none(math.inf) is None and finite_or_none(2) == 2.0
+    a = torch.tensor([float("nan"), -0.0], dtype=torch.bfloat16)
+    assert same_bits(a, a.clone()) and not same_bits(a, torch.tensor([float("nan"), 0.0], dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="16-bit"):
+        bf16_bits(torch.zeros(2))
+
+
+def test_memcheck_row_without_the_tool(monkeypatch):
+    monkeypatch.setattr(sanitizer.shutil, "which", lambda tool: None)
+    row = sanitizer.memcheck_row("kvwall.kernels.gather.sanitize", 10)
+    assert row["ran"] is False and row["passed"] is None and "not found" in row["summary"]
+
+
+def test_flashmla_page_table_and_a_missing_wheel(monkeypatch):
+    gen = torch.Generator().manual_seed(1)
+    table, seqlens = flashmla.random_page_table([1, 64, 65, 0], 10, gen, CPU)
+    assert seqlens.tolist() == [1, 64, 65, 0] and table.shape == (4, 2) and table.dtype == torch.int32
+    used = [int(p) for row, n in zip(table.tolist(), [1, 1, 2, 0]) for p in row[:n]]
+    assert len(set(used)) == len(used) == 4 and max(used) < 10  # distinct pages of the pool
+    with pytest.raises(ValueError, match="do not fit"):
+        flashmla.random_page_table([64 * 11], 10, gen, CPU)
+    monkeypatch.setattr(flashmla, "_FLASH_MLA", {"error": "flash_mla import failed: not here"})
+    q = torch.zeros(1, 16, 512, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="not here"):
+        flashmla.FlashMLADecode(q, q[..., :64], torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16), table[:1],
+                                seqlens[:1], 0.1)

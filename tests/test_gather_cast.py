@@ -2,12 +2,12 @@
 
 No TRITON_INTERPRET needed: the kernel module builds an interpreted kernel for CPU tensors itself
 (``triton.runtime.interpreter.InterpretedFunction``) and a compiled one for CUDA tensors, so the
-result does not depend on which test imported triton first or what the environment says.
+result does not depend on which test imported triton first or what the environment says. FP8 NaNs are
+checked here too: the interpreter path keeps them NaN, as the GPU does.
 """
 
 from __future__ import annotations
 
-import importlib
 import shutil
 
 import pytest
@@ -20,15 +20,16 @@ from kvwall.model.strategies import GatherCast, IndexThenCast, compact_batch
 from kvwall.model.geometry import GLM5
 from kvwall.kernels import (compact_kv_indices, full_cast, gather_cast, gather_cast_cuda, gather_cast_reference,
                             make_gather_inputs, nvcc_compile_check)
+from kvwall.kernels.gather import kernel as gc_module
+from kvwall.kernels.gather import sanitize
 from kvwall.kernels.gather.reference import POISON_BITS, bits, fp8_bytes
 from kvwall.model.pool import TokenPool, make_decode_batch
 
-gc_module = importlib.import_module("kvwall.kernels.gather.kernel")  # kvwall.kernels re-exports a function of that name
 
-
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "with_fp8_nan"])
 @pytest.mark.parametrize("case", VALIDATION_CASES, ids=lambda c: c.name)
-def test_bit_exact_against_reference(case):
-    row = check_case(gather_cast, case, "cpu")
+def test_bit_exact_against_reference(case, nan):
+    row = check_case(gather_cast, case, "cpu", nan=nan)
     assert row["ok"], row
 
 
@@ -72,13 +73,18 @@ def test_config_table_and_chunk_width(tmp_path, monkeypatch):
         gc_module._device_configs.cache_clear()
 
 
-def test_every_fp8_value_converts_exactly():
-    pool = torch.arange(256, dtype=torch.uint8)
-    pool = pool[(pool != 0x7F) & (pool != 0xFF)].view(torch.float8_e4m3fn).reshape(-1, 1)  # interpreter: no NaN
+def _same_or_both_nan(got, want):
+    return bool(((bits(got) == bits(want)) | (torch.isnan(got) & torch.isnan(want))).all())
+
+
+@pytest.mark.parametrize("variant", ["chunks", "tiles"])
+def test_every_fp8_value_converts_exactly_nan_included(variant):
+    pool = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(-1, 1)
     idx = torch.arange(pool.shape[0], dtype=torch.int32).flip(0)
-    assert torch.equal(bits(gather_cast(pool, idx)), bits(pool[idx.long()].to(torch.bfloat16)))
+    assert _same_or_both_nan(_variant(variant)(pool, idx), pool[idx.long()].to(torch.bfloat16))
+    assert torch.isnan(_variant(variant)(pool, idx)[[255 - 0x7F, 255 - 0xFF]]).all()  # e4m3 NaN -> NaN, not 480
     scale = 0.3  # rounding of the product: nearest even, as torch
-    assert torch.equal(bits(gather_cast(pool, idx, scale=scale)), bits(gather_cast_reference(pool, idx, scale=scale)))
+    assert _same_or_both_nan(_variant(variant)(pool, idx, scale=scale), gather_cast_reference(pool, idx, scale=scale))
 
 
 # ---- the checker must reject wrong implementations (otherwise a passing suite proves nothing) ----------
@@ -169,6 +175,10 @@ BAD_INPUTS = [
     (_set(out=lambda a: a["out"].float()), TypeError, "out has dtype torch.float32"),
     (_set(out=lambda a: torch.empty((30, 576), dtype=torch.bfloat16)), ValueError, "must be \\(capacity, 1, 576\\)"),
     (_set(out=lambda a: torch.empty((30, 1, 1152), dtype=torch.bfloat16)[..., ::2]), ValueError, "out strides"),
+    (_set(out=lambda a: torch.zeros((1, 1, 576), dtype=torch.bfloat16).expand(30, 1, 576)), ValueError,
+     "overlaps itself"),
+    (_set(out=lambda a: torch.zeros(576 * 16, dtype=torch.bfloat16).as_strided((30, 1, 576), (288, 576, 1))),
+     ValueError, "overlaps itself"),
     (_set(kv_indices=lambda a: a["kv_indices"] + 50), IndexError, "outside the pool's 50 slots"),
     (_set(kv_indices=lambda a: a["kv_indices"] - 50), IndexError, "outside the pool's 50 slots"),
     (_set(kv_indptr=torch.tensor([0, 10, 31], dtype=torch.int32)), ValueError, "ends at 31 but kv_indices has only 30"),
@@ -190,6 +200,20 @@ def test_bad_input_raises_before_launch(monkeypatch, edit, exc, words):
     assert str(info.value).startswith("gather_cast: ")
 
 
+def test_out_sharing_memory_with_an_input_is_refused(monkeypatch):
+    monkeypatch.setattr(gc_module, "_kernel", lambda *a: pytest.fail("launched despite bad input"))
+    args = _args()
+    storage = torch.zeros(2 * 50 * 576, dtype=torch.uint8)
+    pool = storage[: 50 * 576].view(torch.float8_e4m3fn).view(50, 1, 576)
+    over_pool = storage.view(torch.bfloat16)[: 30 * 576].view(30, 1, 576)  # starts at the pool's first byte
+    with pytest.raises(ValueError, match="shares memory with pool"):
+        gather_cast(pool, args["kv_indices"], args["kv_indptr"], out=over_pool)
+    words = torch.zeros(30 * 576, dtype=torch.int32)
+    indices = words[:30]  # the page table lives in the first bytes of the out buffer
+    with pytest.raises(ValueError, match="shares memory with kv_indices"):
+        gather_cast(args["pool"], indices, out=words.view(torch.bfloat16)[: 30 * 576].view(30, 1, 576))
+
+
 def test_unchecked_out_of_range_gives_nan_rows_and_never_writes_past_capacity():
     inp = make_gather_inputs(num_slots=40, dim=70, context_lens=[12], seed=2)
     idx = inp.kv_indices.clone()
@@ -206,17 +230,52 @@ def test_unchecked_out_of_range_gives_nan_rows_and_never_writes_past_capacity():
     assert (bits(out[12:]) == POISON_BITS).all()
 
 
-def test_full_cast_bit_exact_and_checks():
+def test_full_cast_bit_exact_nan_included():
     gen = torch.Generator().manual_seed(4)
-    for shape in [(1,), (1001, 1, 577), (3, 70)]:
-        pool = fp8_bytes(shape, generator=gen)
-        assert torch.equal(bits(full_cast(pool)), bits(pool.to(torch.bfloat16)))
-    with pytest.raises(TypeError, match="float8_e4m3fn"):
-        full_cast(torch.zeros(4, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="not contiguous"):
-        full_cast(fp8_bytes((4, 6), generator=gen).t())
-    with pytest.raises(ValueError, match="out must be"):
-        full_cast(fp8_bytes((4, 6), generator=gen), out=torch.empty(4, 5, dtype=torch.bfloat16))
+    for shape, block in [((1,), None), ((1001, 1, 577), None), ((3, 70), 64), ((256,), 1)]:
+        pool = fp8_bytes(shape, generator=gen, nan=True)
+        assert _same_or_both_nan(full_cast(pool, block=block), pool.to(torch.bfloat16))
+    every = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    assert torch.isnan(full_cast(every)[[0x7F, 0xFF]]).all()
+
+
+def _pool46():
+    return fp8_bytes((4, 6), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("call,exc,words", [
+    (lambda: full_cast(torch.zeros(4, dtype=torch.bfloat16)), TypeError, "float8_e4m3fn"),
+    (lambda: full_cast(_pool46().t()), ValueError, "not contiguous"),
+    (lambda: full_cast(_pool46(), out=torch.empty(4, 5, dtype=torch.bfloat16)), ValueError, "out must be"),
+    (lambda: full_cast(_pool46(), out=[1, 2]), TypeError, "out must be a torch.bfloat16 tensor, got list"),
+    (lambda: full_cast(_pool46(), out=torch.empty(6, 4, dtype=torch.bfloat16).t()), ValueError, "not contiguous"),
+    (lambda: full_cast(_pool46(), block=-1), ValueError, "block=-1: give a power of two"),
+    (lambda: full_cast(_pool46(), block=0), ValueError, "block=0"),
+    (lambda: full_cast(_pool46(), block=100), ValueError, "block=100"),
+    (lambda: full_cast(_pool46(), block=True), ValueError, "block=True"),
+    (lambda: full_cast(_pool46(), block=1 << 21), ValueError, "from 1 to 1048576"),
+    (lambda: full_cast(_pool46(), block=64.0), ValueError, "block=64.0"),
+], ids=["pool_dtype", "pool_strided", "out_shape", "out_list", "out_strided", "block_-1", "block_0", "block_100",
+        "block_bool", "block_huge", "block_float"])
+def test_full_cast_refuses_bad_arguments_before_launch(monkeypatch, call, exc, words):
+    monkeypatch.setattr(gc_module, "_kernel", lambda *a: pytest.fail("launched despite bad input"))
+    with pytest.raises(exc, match=words) as info:
+        call()
+    assert str(info.value).startswith("full_cast: ")
+
+
+def test_full_cast_refuses_an_out_over_the_pool():
+    storage = torch.zeros(4 * 6 * 3, dtype=torch.uint8)
+    pool = storage[:24].view(torch.float8_e4m3fn).view(4, 6)
+    out = storage.view(torch.bfloat16)[:24].view(4, 6)  # its first bytes are the pool's
+    with pytest.raises(ValueError, match="shares memory with pool"):
+        full_cast(pool, out=out)
+
+
+def test_sanitizer_program_runs_chosen_cases_on_cpu(capsys):
+    assert sanitize.main(["--device", "cpu", "--cases", "dim_1", "paged_3_odd_dim_mixed"]) == 0
+    text = capsys.readouterr().out
+    assert "triton dim_1" in text and "cuda" not in text and "wrong results: none" in text
 
 
 def test_compact_indices_and_batch():

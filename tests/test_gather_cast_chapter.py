@@ -3,10 +3,9 @@
 import pytest
 
 from conftest import BOOK, run_chapter
-from kvwall.experiments.gather_cast import gather_bytes
 from kvwall.model.geometry import GLM5
-from kvwall.model.roofline import full_pool_cast_bytes
 from kvwall.model.original import ORIGINAL
+from kvwall.model.roofline import full_pool_cast_bytes, gather_cast_bytes
 from kvwall.results import RESULTS_DIR
 
 pytestmark = pytest.mark.slow
@@ -23,7 +22,7 @@ def test_chapter_4_on_cpu(tmp_path):
     assert v["live_strategies"] == ["full_pool_cast", "index_then_cast", "index_then_cast_capacity"]
     assert v["live_rel_err"] < 1e-2
     # The prediction is computed from the geometry, not typed.
-    assert v["predicted_gather_bytes_per_layer"] == gather_bytes(8192, GLM5.kv_dim, 4) == 8192 * 576 * 3 + 8192 * 4
+    assert v["predicted_gather_bytes_per_layer"] == gather_cast_bytes(8192) == 8192 * 576 * 3 + 8192 * 4
     assert v["full_pool_cast_bytes_per_layer"] == full_pool_cast_bytes(GLM5, ORIGINAL.pool_tokens)["total"]
     # Recorded GPU runs are shown when present (and counted as used), and their absence is said, not hidden.
     used = {u["experiment"] for u in rec["recorded_used"]}

@@ -11,8 +11,10 @@ import torch
 
 from kvwall.experiments.gather_cast import _error_rows, _graph_rows, implementations
 from kvwall.kernels.gather.cases import VALIDATION_CASES, check_case
-from kvwall.kernels import full_cast
+from kvwall.kernels import full_cast, gather_cast, gather_cast_cuda
 from kvwall.kernels.gather.reference import bits, make_gather_inputs
+from kvwall.kernels.gather.sanitize import unchecked_out_of_range_gives_nan
+from test_kernels_large_offsets import check_gather, check_mla, far_indices, wide_pool
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA kernels)")]
@@ -41,8 +43,6 @@ def test_errors_before_launch_on_gpu(impl):
 
 def test_checked_call_refuses_graph_capture():
     inp = make_gather_inputs(num_slots=100, dim=576, context_lens=[10], seed=0, device="cuda")
-    from kvwall.kernels import gather_cast
-
     gather_cast(inp.pool, inp.kv_indices, inp.kv_indptr, check_range=False)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="pass check_range=False"):
@@ -54,3 +54,31 @@ def test_full_cast_on_gpu_with_nan():
     pool = make_gather_inputs(num_slots=4097, dim=577, context_lens=[1], seed=2, nan=True, device="cuda").pool
     got, want = full_cast(pool), pool.to(torch.bfloat16)
     assert bool(((bits(got) == bits(want)) | (torch.isnan(got) & torch.isnan(want))).all())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_unchecked_out_of_range_gives_nan_rows(impl):
+    assert unchecked_out_of_range_gives_nan(implementations(torch.device("cuda"))[impl], torch.device("cuda"))
+
+
+@pytest.fixture(scope="module")
+def gpu_wide_pool():
+    pool = wide_pool("cuda")
+    yield pool
+    del pool
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("variant", ["chunks", "tiles"])
+def test_offsets_past_2_31_on_a_strided_view(gpu_wide_pool, variant):
+    check_gather(gpu_wide_pool, variant)
+
+
+def test_cuda_twin_offsets_past_2_31_on_a_strided_view(gpu_wide_pool):
+    view = gpu_wide_pool[:, :, :512]
+    idx = far_indices("cuda")
+    assert torch.equal(bits(gather_cast_cuda(view, idx)), bits(view[idx.long()].to(torch.bfloat16)))
+
+
+def test_mla_decode_offsets_past_2_31_on_a_strided_view(gpu_wide_pool):
+    check_mla(gpu_wide_pool)

@@ -1,252 +1,292 @@
-"""The fused FP8 MLA decode kernel against the float64 torch reference.
+"""The fused FP8 MLA decode kernel against the float64 reference on the dequantized cache.
 
+Inputs come from the kernel's seeded generator (:func:`kvwall.kernels.mla_decode.reference.make_mla_inputs`),
+cases from its table (:mod:`kvwall.kernels.mla_decode.cases`), the same the recorded run and the sanitizer use.
 On CPU the kernels run in Triton's interpreter (built by the module itself, no TRITON_INTERPRET needed) with
 float32 dot operands; on a GPU (the ``gpu``-marked tests, skipped elsewhere) they are compiled with float16 dot
-operands. The reference runs on the *dequantized* cache (``ckv * ckv_scale``, ``kpe * kpe_scale``) in float64.
+operands.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import pytest
 import torch
 
-from kvwall.kernels import mla_decode_fp8, mla_decode_reference
+from kvwall.kernels import mla_decode_fp8
+from kvwall.kernels.mla_decode import sanitize
+from kvwall.kernels.mla_decode.cases import (SANITIZED_CASES, SM_SCALE, SMALL_CASES, DecodeCase, check_case,
+                                             validation_cases)
+from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, default_config
+from kvwall.kernels.mla_decode.reference import MLAInputs, make_mla_inputs, nonempty_requests, reference64
+from kvwall.measure.accuracy import relative_error
 
 DC, DR = 512, 64
 FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+CPU_POOL = 4096
+#: In the interpreter (float32 dots and p) only the BF16 rounding of the output remains: ~2^-9 relative.
+CPU_TOL = 3e-3
 
 
-def make_inputs(lens, heads, *, slots=None, seed=0, device="cpu", pool_layout=True, index_dtype=torch.int32,
-                spare=0):
-    """A seeded batch: BF16 queries, an FP8 pool with random (repeating, unsorted) slots per request.
-
-    ``pool_layout``: ckv/kpe are strided views of one SGLang ``[slots, 1, 576]`` pool; else two contiguous caches.
-    ``spare``: extra entries past ``kv_indptr[-1]`` in ``kv_indices`` (a fixed-capacity buffer), holding garbage.
-    """
-    dev = torch.device(device)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    total = sum(lens)
-    slots = slots or max(8, 2 * total)
-    pool = (torch.randn(slots, 1, DC + DR, generator=g, device=dev) * 0.6).to(FP8)
-    if pool_layout:
-        ckv, kpe = pool[:, 0, :DC], pool[:, 0, DC:]
-    else:
-        ckv, kpe = pool[:, 0, :DC].contiguous(), pool[:, 0, DC:].contiguous()
-    b = len(lens)
-    q_nope = (torch.randn(b, heads, DC, generator=g, device=dev) * 0.5).to(torch.bfloat16)
-    q_pe = (torch.randn(b, heads, DR, generator=g, device=dev) * 0.5).to(torch.bfloat16)
-    indptr = torch.tensor([0] + torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist(), dtype=index_dtype,
-                          device=dev)
-    idx = torch.randint(0, slots, (total,), generator=g, dtype=torch.int64, device=dev)
-    if spare:
-        idx = torch.cat([idx, torch.full((spare,), -12345, dtype=torch.int64, device=dev)])
-    return q_nope, q_pe, ckv, kpe, indptr, idx.to(index_dtype), pool
+def on_gpu(test):
+    """A GPU test: marked ``gpu`` and skipped, saying why, where there is no NVIDIA GPU."""
+    skip = pytest.mark.skipif(not torch.cuda.is_available(),
+                              reason="needs an NVIDIA GPU (compiled Triton kernel, float16 dots)")
+    return pytest.mark.gpu(skip(test))
 
 
-def reference(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale, ckv_scale=1.0, kpe_scale=1.0):
-    """float64 reference on the dequantized cache; empty requests -> zeros and lse -inf."""
-    b, h, _ = q_nope.shape
-    out = torch.zeros(b, h, DC, dtype=torch.float64, device=q_nope.device)
-    lse = torch.full((b, h), -math.inf, dtype=torch.float64, device=q_nope.device)
-    ptr = indptr.tolist()
-    keep = [i for i in range(b) if ptr[i + 1] > ptr[i]]
-    if not keep:
-        return out, lse
-    sub_ptr = torch.tensor([0] + torch.tensor([ptr[i + 1] - ptr[i] for i in keep]).cumsum(0).tolist(),
-                           device=indptr.device)
-    sub_idx = torch.cat([idx[ptr[i]:ptr[i + 1]] for i in keep])
-    o, l = mla_decode_reference(q_nope[keep], q_pe[keep], ckv.double() * float(ckv_scale), kpe.double() * float(kpe_scale),
-                                sub_ptr, sub_idx, sm_scale, compute_dtype=torch.float64, return_lse=True)
-    out[keep], lse[keep] = o, l
-    return out, lse
+def run(inp: MLAInputs, sm_scale: float = SM_SCALE, **kw):
+    """The kernel on generated inputs (``kv_len`` passed for paged caches); returns (out, lse)."""
+    return mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
+                          sm_scale, kv_len=inp.kv_len, return_lse=True, **kw)
 
 
-def rel_err(got, want):
-    return float((got.double() - want).norm() / want.norm().clamp_min(1e-300))
-
-
-def check(lens, heads, *, num_splits=None, ckv_scale=1.0, kpe_scale=1.0, tol=1e-2, seed=0, device="cpu", config=None,
-          **kw):
-    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs(lens, heads, seed=seed, device=device, **kw)
-    sm_scale = 1.0 / math.sqrt(192 + 64)
-    out, lse = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale, ckv_scale=ckv_scale, config=config,
-                              kpe_scale=kpe_scale, return_lse=True, num_splits=num_splits)
-    want, want_lse = reference(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale,
-                               float(ckv_scale) if not isinstance(ckv_scale, torch.Tensor) else ckv_scale.item(),
-                               float(kpe_scale) if not isinstance(kpe_scale, torch.Tensor) else kpe_scale.item())
-    assert out.dtype == torch.bfloat16 and out.shape == (len(lens), heads, DC)
-    assert lse.dtype == torch.float32 and lse.shape == (len(lens), heads)
-    assert torch.isfinite(out).all()
-    empty = torch.tensor([a == b for a, b in zip(indptr.tolist(), indptr.tolist()[1:])], device=out.device)
-    assert (out[empty] == 0).all() and torch.isneginf(lse[empty]).all()
-    if (~empty).any():
-        err = rel_err(out[~empty], want[~empty])
-        assert err <= tol, err
-        assert torch.allclose(lse[~empty].double(), want_lse[~empty], atol=1e-3, rtol=1e-4)
-    return out, want
+def case(heads, lens, *, layout="pool_view", scales=(1.0, 1.0), splits=None, seed=0, index_dtype="int32",
+         page_size=1) -> DecodeCase:
+    return DecodeCase(f"h{heads} {layout} {lens}", heads, tuple(lens), layout, *scales, index_dtype, splits, seed,
+                      page_size)
 
 
 # ----------------------------------------------------------------------------------------------
 # CPU: Triton's interpreter, float32 dot operands
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("heads", [1, 3, 16])
-@pytest.mark.parametrize("lens", [[1], [7], [33], [130], [0, 7, 130, 1, 33]], ids=lambda l: "x".join(map(str, l)))
-def test_matches_float64_reference(heads, lens):
-    out, want = check(lens, heads, ckv_scale=1.25, kpe_scale=0.75, seed=len(lens) * 10 + heads)
-    # float32 dots in the interpreter: what remains is the BF16 rounding of the output (half an ulp), plus float32
-    # accumulation error, visible only on outputs that cancel to near zero.
-    bound = want.abs() * 2.0**-8 + 1e-6 * want.abs().max()
-    assert ((out.double() - want).abs() <= bound).all()
+@pytest.mark.parametrize("c", SMALL_CASES, ids=lambda c: c.name)
+def test_case_table_matches_float64_reference(c):
+    row = check_case(mla_decode_fp8, c, "cpu", CPU_POOL, tol=CPU_TOL, lse_atol=1e-4)
+    assert row["ok"], row
 
 
-def test_long_context_and_wide_batch():
-    check([1000], 16, ckv_scale=0.8, kpe_scale=1.1, seed=12)  # many tiles per split
-    check([5, 0, 64, 65, 1, 129, 0, 200], 16, seed=13)  # tile-boundary lengths, batch 8
+@pytest.mark.parametrize("c", [
+    case(16, [1000], scales=(0.8, 1.1), seed=12),  # many tiles per split
+    case(16, [5, 0, 64, 65, 1, 129, 0, 200], seed=13),  # tile-boundary lengths, batch 8
+    *[case(16, [33, 0, 70], scales=(0.5, 2.0), splits=s, seed=3) for s in (2, 5, 40)],  # 40: mostly empty splits
+    case(3, [5, 66], layout="contiguous", index_dtype="int64", seed=4),  # garbage past kv_indptr[-1]
+    *[case(3, [1, 0, 63, 64, 65, 200], layout="paged", page_size=p, scales=(1.5, 1.0), splits=3, seed=p)
+      for p in (2, 16)],
+], ids=lambda c: c.name)
+def test_edges_match_float64_reference(c):
+    row = check_case(mla_decode_fp8, c, "cpu", CPU_POOL, tol=CPU_TOL, lse_atol=1e-4)
+    assert row["ok"], row
+
+
+def _scales_as_tensors(*args, ckv_scale, kpe_scale, **kw):
+    return mla_decode_fp8(*args, ckv_scale=torch.tensor([ckv_scale]), kpe_scale=kpe_scale, **kw)
+
+
+def test_scales_as_tensors():
+    # ckv_scale a tensor, kpe_scale a number: both go to the kernel as tensors
+    assert check_case(_scales_as_tensors, case(16, [17, 40], scales=(1.5, 0.25), seed=5), "cpu", CPU_POOL)["ok"]
+
+
+# ---- the checker must reject wrong implementations (otherwise a passing table proves nothing) ----------
+
+def _off_by_one_slot(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, sm_scale, **kw):
+    return mla_decode_fp8(q_nope, q_pe, ckv, kpe, kv_indptr, (kv_indices + 1) % ckv.shape[0], sm_scale, **kw)
+
+
+def _ignores_kpe_scale(*args, kpe_scale, **kw):
+    return mla_decode_fp8(*args, kpe_scale=1.0, **kw)
+
+
+def _empty_requests_not_zero(*args, **kw):
+    out, lse = mla_decode_fp8(*args, **kw)
+    return out.add_(1e-3), lse
+
+
+def _lse_base_two(*args, **kw):
+    out, lse = mla_decode_fp8(*args, **kw)
+    return out, lse.mul_(1.4426950408889634)
+
+
+@pytest.mark.parametrize("wrong,c", [
+    (_off_by_one_slot, case(3, [7, 20], seed=1)),
+    (_ignores_kpe_scale, case(3, [7, 20], scales=(1.0, 64.0), seed=1)),
+    (_empty_requests_not_zero, case(3, [0, 20], seed=1)),
+    (_lse_base_two, case(3, [7, 20], seed=1)),
+], ids=["off_by_one", "kpe_scale", "empty", "lse_base"])
+def test_checker_rejects_wrong_implementations(wrong, c):
+    assert not check_case(wrong, c, "cpu", CPU_POOL)["ok"]
 
 
 def test_sharp_softmax_stays_finite():
     # Logits in the thousands: the online softmax must subtract its running maximum (no overflow, no NaN).
-    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([50, 90], 16, seed=14)
-    out, lse = mla_decode_fp8(q_nope * 40, q_pe * 40, ckv, kpe, indptr, idx, 1.0, return_lse=True, num_splits=3)
-    want, want_lse = reference(q_nope * 40, q_pe * 40, ckv, kpe, indptr, idx, 1.0)
+    inp = make_mla_inputs([50, 90], 16, seed=14)
+    inp = dataclasses.replace(inp, q_nope=inp.q_nope * 40, q_pe=inp.q_pe * 40)
+    out, lse = run(inp, 1.0, num_splits=3)
+    want, want_lse = reference64(inp, [0, 1], 1.0, 1.0, 1.0, return_lse=True)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-    assert rel_err(out, want) <= 1e-2
+    assert relative_error(out, want) <= 1e-2
     assert torch.allclose(lse.double(), want_lse, rtol=1e-5)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 5, 40])
-def test_split_counts_agree(num_splits):
-    # 40 splits of a 33-token request: most splits are empty and carry no weight in the combine.
-    check([33, 0, 70], 16, num_splits=num_splits, ckv_scale=0.5, kpe_scale=2.0, seed=3)
-
-
-def test_contiguous_caches_int64_indices_and_spare_capacity():
-    check([5, 66], 3, pool_layout=False, index_dtype=torch.int64, spare=9, seed=4)
-
-
-def test_scales_as_tensors():
-    check([17, 40], 16, ckv_scale=torch.tensor([1.5]), kpe_scale=torch.tensor([0.25]), seed=5)
-    check([17], 2, ckv_scale=torch.tensor([1.5]), kpe_scale=0.25, seed=6)  # mixed: number + tensor
-
-
-def test_three_d_page_size_one_views():
-    q_nope, q_pe, ckv, kpe, indptr, idx, pool = make_inputs([9, 20], 4, seed=7)
-    a = mla_decode_fp8(q_nope, q_pe, pool[:, :, :DC], pool[:, :, DC:], indptr, idx, 0.1, num_splits=2)
-    b = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, num_splits=2)
+def test_three_d_page_size_one_views_give_the_same_bits():
+    a, _ = run(make_mla_inputs([9, 20], 4, seed=7, layout="pool_view_3d"), 0.1, num_splits=2)
+    b, _ = run(make_mla_inputs([9, 20], 4, seed=7, layout="pool_view"), 0.1, num_splits=2)
     assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_zero_length_requests_and_poisoned_out(num_splits):
-    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([0, 12, 0], 3, seed=8)
-    base = torch.full((3, 3, 2 * DC), float("nan"), dtype=torch.bfloat16)
+def test_zero_length_requests_and_strided_poisoned_out(num_splits):
+    inp = make_mla_inputs([0, 12, 0], 3, seed=8)
+    base = torch.full((3, 3, 2 * DC), float("nan"), dtype=BF16)
     out = base[:, :, :DC]  # strided out: row stride 2 * DC
-    got, lse = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, out=out, return_lse=True,
-                              num_splits=num_splits)
+    got, lse = run(inp, 0.1, out=out, num_splits=num_splits)
     assert got is out and torch.isfinite(out).all()
     assert torch.isnan(base[:, :, DC:]).all()  # nothing written outside out
     assert (out[0] == 0).all() and (out[2] == 0).all() and torch.isneginf(lse[[0, 2]]).all()
-    want, want_lse = reference(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1)
-    assert rel_err(out[1], want[1]) <= 1e-2
-    assert torch.allclose(lse[1].double(), want_lse[1], atol=1e-4)
+    want, want_lse = reference64(inp, [1], 1.0, 1.0, 0.1, return_lse=True)
+    assert relative_error(out[1], want[0]) <= CPU_TOL
+    assert torch.allclose(lse[1].double(), want_lse[0], atol=1e-4)
 
 
-def test_all_requests_empty():
-    q_nope, q_pe, ckv, kpe, _, _, _ = make_inputs([4], 2, seed=9)
-    q_nope, q_pe = q_nope.expand(2, -1, -1), q_pe.expand(2, -1, -1)
-    indptr = torch.zeros(3, dtype=torch.int32)
-    out = torch.full((2, 2, DC), float("nan"), dtype=torch.bfloat16)
-    got, lse = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, torch.empty(0, dtype=torch.int32), 0.1, out=out,
-                              return_lse=True)
+def test_all_requests_empty_with_no_indices():
+    inp = make_mla_inputs([0, 0], 2, seed=9)
+    out = torch.full((2, 2, DC), float("nan"), dtype=BF16)
+    got, lse = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr,
+                              torch.empty(0, dtype=torch.int32), 0.1, out=out, return_lse=True)
     assert (got == 0).all() and torch.isneginf(lse).all()
 
 
-def make_paged(lens, heads, page_size, *, seed=0, device="cpu"):
-    """A paged pool ``[pages, page_size, 576]`` with random pages per request, and the same request as token
-    slots of the flattened pool (page * page_size + offset)."""
-    dev = torch.device(device)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    n_pages = [-(-n // page_size) for n in lens]
-    pages_total = max(4, 2 * sum(n_pages))
-    pool = (torch.randn(pages_total, page_size, DC + DR, generator=g, device=dev) * 0.6).to(FP8)
-    q_nope = (torch.randn(len(lens), heads, DC, generator=g, device=dev) * 0.5).to(torch.bfloat16)
-    q_pe = (torch.randn(len(lens), heads, DR, generator=g, device=dev) * 0.5).to(torch.bfloat16)
-    pages = torch.randperm(pages_total, generator=g, device=dev)[: sum(n_pages)].to(torch.int32)
-    page_ptr = torch.tensor([0] + torch.tensor(n_pages).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    slots = torch.cat([
-        (pages[page_ptr[i]:page_ptr[i + 1]].long()[:, None] * page_size
-         + torch.arange(page_size, device=dev)).flatten()[:n] for i, n in enumerate(lens)]).to(torch.int32)
-    tok_ptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    kv_len = torch.tensor(lens, dtype=torch.int32, device=dev)
-    return q_nope, q_pe, pool, pages, page_ptr, kv_len, slots, tok_ptr
-
-
-@pytest.mark.parametrize("page_size", [2, 16, 64])
-def test_paged_cache_matches_token_slots(page_size):
+@pytest.mark.parametrize("page_size", [2, 64])
+def test_paged_cache_gives_the_bits_of_its_token_slots(page_size):
     lens = [1, 0, 63, 64, 65, 200]
-    q_nope, q_pe, pool, pages, page_ptr, kv_len, slots, tok_ptr = make_paged(lens, 3, page_size, seed=page_size)
-    got = mla_decode_fp8(q_nope, q_pe, pool[..., :DC], pool[..., DC:], page_ptr, pages, 0.07, kv_len=kv_len,
-                         num_splits=3, ckv_scale=1.5)
-    flat = pool.view(-1, DC + DR)
-    want = mla_decode_fp8(q_nope, q_pe, flat[:, :DC], flat[:, DC:], tok_ptr, slots, 0.07, num_splits=3, ckv_scale=1.5)
+    inp = make_mla_inputs(lens, 3, seed=page_size, layout="paged", page_size=page_size)
+    got, _ = run(inp, 0.07, num_splits=3, ckv_scale=1.5)
+    ptr, slots, _ = inp.token_batch(range(len(lens)))
+    want = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.tok_ckv, inp.tok_kpe, ptr, slots, 0.07, num_splits=3,
+                          ckv_scale=1.5)
     assert torch.equal(got, want)  # the same tokens in the same order and splits: the same bits
-    ref, _ = reference(q_nope, q_pe, flat[:, :DC], flat[:, DC:], tok_ptr, slots, 0.07, 1.5)
-    assert rel_err(got[[i for i, n in enumerate(lens) if n]], ref[[i for i, n in enumerate(lens) if n]]) <= 1e-2
 
 
 @pytest.mark.parametrize("q_mul,sm_scale", [(3e4, 1e-6), (1e-5, 2e3), (1.0, 0.05)], ids=["huge_q", "tiny_q", "unit"])
 def test_query_magnitudes_beyond_float16(q_mul, sm_scale):
     # q is carried to the float16 dots with a per-head power-of-two scale: |q| = 3e4 * N(0, 1) would overflow
     # float16 (max 65504) and 1e-5 * N(0, 1) would fall into its subnormals without it.
-    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([40, 9], 4, seed=21)
-    q_nope, q_pe = (q_nope.float() * q_mul).to(torch.bfloat16), (q_pe.float() * q_mul).to(torch.bfloat16)
-    out, lse = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale, return_lse=True, num_splits=2)
-    want, want_lse = reference(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale)
+    inp = make_mla_inputs([40, 9], 4, seed=21)
+    inp = dataclasses.replace(inp, q_nope=(inp.q_nope.float() * q_mul).to(BF16),
+                              q_pe=(inp.q_pe.float() * q_mul).to(BF16))
+    out, lse = run(inp, sm_scale, num_splits=2)
+    want, want_lse = reference64(inp, [0, 1], 1.0, 1.0, sm_scale, return_lse=True)
     assert torch.isfinite(out).all()
-    assert rel_err(out, want) <= 4e-3
+    assert relative_error(out, want) <= 4e-3
     assert torch.allclose(lse.double(), want_lse, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("lens", [[130, 7, 0, 64], [1000]], ids=["mixed", "long"])
 def test_fp8_scores_four_term_query_split(lens):
     # The FP8 tensor-core score path: q split into four e4m3 terms (16 significant bits) -- as exact as float16.
-    import dataclasses
-
-    from kvwall.kernels.mla_decode.kernel import default_config
-
+    c = case(16, lens, scales=(1.3, 0.7), splits=2, seed=33)
     cfg = dataclasses.replace(default_config(16, DC, torch.device("cpu")), s_fp8=True)
-    out, want = check(lens, 16, ckv_scale=1.3, kpe_scale=0.7, num_splits=2, seed=33, config=cfg)
-    plain, _ = check(lens, 16, ckv_scale=1.3, kpe_scale=0.7, num_splits=2, seed=33)
-    assert rel_err(out, want) <= rel_err(plain, want) * 1.001 + 1e-6
+    fp8_scores = check_case(mla_decode_fp8, c, "cpu", CPU_POOL, tol=CPU_TOL, config=cfg)
+    plain = check_case(mla_decode_fp8, c, "cpu", CPU_POOL, tol=CPU_TOL)
+    assert fp8_scores["ok"] and plain["ok"]
+    assert fp8_scores["rel_err"] <= plain["rel_err"] * 1.001 + 1e-6
 
 
-def every_fp8_code_case(device="cpu"):
+def every_fp8_code_inputs(device="cpu") -> MLAInputs:
     """One single-token request per finite FP8 code row: with one token the softmax weight is exactly 1, so
     out = the row's value (times ckv_scale) -- every code at every column, through the kernel's conversion."""
     codes = torch.tensor([c for c in range(256) if c not in (0x7F, 0xFF)], dtype=torch.uint8, device=device)
-    rows = torch.stack([codes.roll(r)[: DC + DR] if codes.numel() >= DC + DR else
-                        codes.roll(r).repeat(3)[: DC + DR] for r in range(codes.numel())])
+    rows = torch.stack([codes.roll(r).repeat(3)[: DC + DR] for r in range(codes.numel())])
     pool = rows.view(FP8).view(-1, 1, DC + DR)
     b = pool.shape[0]
     g = torch.Generator(device=device).manual_seed(22)
-    q_nope = torch.randn(b, 2, DC, generator=g, device=device).to(torch.bfloat16)
-    q_pe = torch.randn(b, 2, DR, generator=g, device=device).to(torch.bfloat16)
-    indptr = torch.arange(b + 1, dtype=torch.int32, device=device)
     idx = torch.arange(b, dtype=torch.int32, device=device).flip(0)
-    return q_nope, q_pe, pool, indptr, idx
+    return MLAInputs(torch.randn(b, 2, DC, generator=g, device=device).to(BF16),
+                     torch.randn(b, 2, DR, generator=g, device=device).to(BF16),
+                     pool[:, :, :DC], pool[:, :, DC:], torch.arange(b + 1, dtype=torch.int32, device=device), idx,
+                     None, pool[:, 0, :DC], pool[:, 0, DC:], pool[:, :, :DC], pool[:, :, DC:],
+                     [idx[i:i + 1].long() for i in range(b)])
+
+
+def check_every_fp8_code(device, lse_rtol):
+    inp = every_fp8_code_inputs(device)
+    out, lse = run(inp, 0.1, ckv_scale=0.5)
+    want = (inp.tok_ckv[inp.kv_indices.long()].float() * 0.5).to(BF16)
+    assert torch.equal(out, want[:, None, :].expand_as(out))
+    _, ref_lse = reference64(inp, range(out.shape[0]), 0.5, 1.0, 0.1, return_lse=True)
+    assert torch.allclose(lse.double(), ref_lse, rtol=lse_rtol, atol=10 * lse_rtol)  # the logit path, every code
 
 
 def test_every_fp8_code_dequantizes_exactly():
-    q_nope, q_pe, pool, indptr, idx = every_fp8_code_case()
-    out, lse = mla_decode_fp8(q_nope, q_pe, pool[:, :, :DC], pool[:, :, DC:], indptr, idx, 0.1, ckv_scale=0.5,
-                              return_lse=True)
-    want = (pool[idx.long(), 0, :DC].float() * 0.5).to(torch.bfloat16)
-    assert torch.equal(out, want[:, None, :].expand_as(out))
-    ref, ref_lse = reference(q_nope, q_pe, pool[:, 0, :DC], pool[:, 0, DC:], indptr, idx, 0.1, 0.5)
-    assert torch.allclose(lse.double(), ref_lse, rtol=1e-5, atol=1e-4)  # the logit path, every code
+    check_every_fp8_code("cpu", 1e-5)
+
+
+# ---- NaN and unchecked calls: the same contract compiled and interpreted ---------------------------------
+
+def check_fp8_nan_makes_its_request_nan(device, num_splits):
+    inp = make_mla_inputs([40, 90, 7], 3, seed=40, device=device)
+    nan_slot = int(inp.tok_slots[1][17])
+    inp.tok_ckv.view(torch.uint8)[nan_slot, 5] = 0x7F  # e4m3 NaN in one value of one token of request 1
+    clean = [i for i in (0, 2) if nan_slot not in inp.tok_slots[i].tolist()]
+    out, lse = run(inp, num_splits=num_splits)
+    assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
+    want = reference64(inp, clean, 1.0, 1.0, SM_SCALE)
+    assert clean and torch.isfinite(out[clean]).all() and relative_error(out[clean], want) <= 1e-2
+
+
+def check_nan_in_an_unread_slot_does_not_leak(device):
+    # Rows past a split's end repeat its last token: an FP8 NaN in a slot no request owns (slot 0) must not reach
+    # the output through p = 0 x NaN.
+    inp = make_mla_inputs([77, 1000], 16, seed=32, device=device, pool_slots=5000)
+    inp = dataclasses.replace(inp, kv_indices=inp.kv_indices.clamp_min(1),
+                              tok_slots=[s.clamp_min(1) for s in inp.tok_slots])
+    inp.tok_ckv.view(torch.uint8)[0] = 0x7F  # e4m3 NaN in every byte of slot 0 (ckv and kpe share the pool)
+    inp.tok_kpe.view(torch.uint8)[0] = 0x7F
+    out, _ = run(inp, 0.1, num_splits=3)
+    assert torch.isfinite(out).all() and relative_error(out, reference64(inp, [0, 1], 1.0, 1.0, 0.1)) <= 1e-2
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_fp8_nan_makes_its_request_nan(num_splits):
+    check_fp8_nan_makes_its_request_nan("cpu", num_splits)
+
+
+def test_nan_in_an_unread_slot_does_not_leak():
+    check_nan_in_an_unread_slot_does_not_leak("cpu")
+
+
+def check_unchecked_out_of_range(device, layout, num_splits):
+    """``check_range=False`` with out-of-range indices (huge, negative) in request 1: its output and LSE are NaN,
+    the other requests' are what a checked call gives, and no read leaves the cache (a crash in the
+    interpreter, a memcheck error under the sanitizer)."""
+    page = 16 if layout == "paged" else 1
+    inp = make_mla_inputs([30, 50, 9], 3, seed=41, layout=layout, page_size=page, device=device)
+    good, good_lse = run(inp, num_splits=num_splits)
+    ptr = inp.kv_indptr.tolist()
+    bad = inp.kv_indices.clone()
+    bad[ptr[1]] = 10**9
+    bad[ptr[2] - 1] = -7
+    out, lse = run(dataclasses.replace(inp, kv_indices=bad), num_splits=num_splits, check_range=False)
+    assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
+    assert torch.equal(out[[0, 2]], good[[0, 2]]) and torch.equal(lse[[0, 2]], good_lse[[0, 2]])
+
+
+@pytest.mark.parametrize("layout,num_splits", [("pool_view", 1), ("pool_view", 3), ("paged", 2)])
+def test_unchecked_out_of_range_index_gives_nan_rows(layout, num_splits):
+    check_unchecked_out_of_range("cpu", layout, num_splits)
+
+
+def test_unchecked_indptr_past_the_indices_is_clamped():
+    inp = make_mla_inputs([30, 20], 3, seed=42)
+    wild = torch.tensor([0, 30, 10**6], dtype=torch.int32)  # the last request "ends" far past kv_indices
+    out, _ = run(dataclasses.replace(inp, kv_indptr=wild), num_splits=2, check_range=False)
+    want, _ = run(inp, num_splits=2)
+    assert torch.equal(out, want)  # clamped to len(kv_indices) = 50: exactly the real batch
+
+
+# ---- the sanitizer program runs the table's cases (here on CPU, one case) --------------------------------
+
+def test_sanitizer_program_reports_each_case(capsys):
+    assert sanitize.main(["--device", "cpu", "--cases", "h1 all empty", "h3 contiguous spare"]) == 0
+    text = capsys.readouterr().out
+    assert "h1 all empty" in text and "unchecked out-of-range" in text and "wrong results: none" in text
+    with pytest.raises(SystemExit):
+        sanitize.main(["--device", "cpu", "--cases", "no such case"])
+    assert {c.name for c in SANITIZED_CASES} >= {"h1 all empty", "h3 contiguous spare"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -254,14 +294,18 @@ def test_every_fp8_code_dequantizes_exactly():
 # ----------------------------------------------------------------------------------------------
 
 def _bad_cases():
-    q_nope, q_pe, ckv, kpe, indptr, idx, pool = make_inputs([3, 5], 2, seed=10)
+    inp = make_mla_inputs([3, 5], 2, seed=10, pool_slots=16)
+    q_nope, q_pe, ckv, kpe, indptr, idx = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr,
+                                           inp.kv_indices)
+    pool = inp.tok3_ckv.as_strided((16, 1, DC + DR), (DC + DR, DC + DR, 1))  # the whole [16, 1, 576] pool
     ok = dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv, kpe_cache=kpe, kv_indptr=indptr, kv_indices=idx, sm_scale=0.1)
     column_major = torch.empty_strided((ckv.shape[0], DC), (1, ckv.shape[0]), dtype=FP8)
-    paged = pool.view(-1, 2, DC + DR) if pool.shape[0] % 2 == 0 else pool[:-1].view(-1, 2, DC + DR)
+    paged = pool.view(-1, 2, DC + DR)
+    pool_bytes = pool.view(-1).view(BF16)[: 2 * 2 * DC].view(2, 2, DC)  # out over the pool's own bytes
     return [
         ("q fp32", dict(q_nope=q_nope.float()), TypeError, "q_nope has dtype"),
         ("q_pe fp16", dict(q_pe=q_pe.half()), TypeError, "q_pe has dtype"),
-        ("bf16 cache", dict(ckv_cache=ckv.to(torch.bfloat16)), TypeError, "must be torch.float8_e4m3fn"),
+        ("bf16 cache", dict(ckv_cache=ckv.to(BF16)), TypeError, "must be torch.float8_e4m3fn"),
         ("float indices", dict(kv_indices=idx.float()), TypeError, "kv_indices has dtype"),
         ("2-D q", dict(q_nope=q_nope[0]), ValueError, "expected \\[batch, heads, dim\\]"),
         ("heads mismatch", dict(q_pe=q_pe[:, :1]), ValueError, "same batch and heads"),
@@ -292,8 +336,13 @@ def _bad_cases():
         ("scale string", dict(kpe_scale="1"), TypeError, "kpe_scale must be"),
         ("num_splits 0", dict(num_splits=0), ValueError, "num_splits"),
         ("out dtype", dict(out=torch.empty(2, 2, DC)), ValueError, "out must be"),
-        ("out shape", dict(out=torch.empty(2, 3, DC, dtype=torch.bfloat16)), ValueError, "out must be"),
+        ("out shape", dict(out=torch.empty(2, 3, DC, dtype=BF16)), ValueError, "out must be"),
         ("out aliases q", dict(out=q_nope), ValueError, "shares memory with q_nope"),
+        ("out over the pool", dict(out=pool_bytes), ValueError, "shares memory with ckv_cache"),
+        ("out expanded", dict(out=torch.zeros(1, 1, DC, dtype=BF16).expand(2, 2, DC)), ValueError,
+         "overlaps itself"),
+        ("out rows overlap", dict(out=torch.zeros(4 * DC, dtype=BF16).as_strided((2, 2, DC), (DC, DC // 2, 1))),
+         ValueError, "overlaps itself"),
     ], ok
 
 
@@ -304,141 +353,115 @@ def test_bad_input_raises_before_launch(name):
     if exc is None:  # a consistent narrower latent (256) is fine
         mla_decode_fp8(**{**ok, **change})
         return
-    poisoned = torch.full((2, 2, DC), float("nan"), dtype=torch.bfloat16)
+    poisoned = torch.full((2, 2, DC), float("nan"), dtype=BF16)
     args = {**ok, "out": poisoned, **change}
-    scale_kw = {k: args.pop(k) for k in ("ckv_scale", "kpe_scale", "num_splits", "out", "kv_len") if k in args}
+    named = {k: args.pop(k) for k in ("ckv_scale", "kpe_scale", "num_splits", "out", "kv_len") if k in args}
     sm = args.pop("sm_scale")
-    with pytest.raises(exc, match=match):
-        mla_decode_fp8(*args.values(), sm, **scale_kw)
+    with pytest.raises(exc, match=match) as info:
+        mla_decode_fp8(*args.values(), sm, **named)
+    assert str(info.value).startswith("mla_decode_fp8: ")
     assert torch.isnan(poisoned).all()
+
+
+def test_default_config_is_the_conversion_every_launch_uses():
+    assert MLADecodeConfig(16, 64).convert == "cvt"
 
 
 # ----------------------------------------------------------------------------------------------
 # GPU: compiled, float16 dot operands, real sizes
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (compiled Triton kernel, BF16 dots)")
-@pytest.mark.parametrize("heads", [16, 64, 128])
-@pytest.mark.parametrize("lens", [[4096], [32768], [0, 1, 777, 4096, 33, 20000, 130, 5]],
-                         ids=["4K", "32K", "mixed"])
-@pytest.mark.parametrize("pool_layout", [True, False], ids=["pool_view", "contiguous"])
-@pytest.mark.parametrize("num_splits", [None, 1, 7], ids=["auto", "s1", "s7"])
-def test_real_sizes_on_gpu(heads, lens, pool_layout, num_splits):
-    check(lens, heads, num_splits=num_splits, ckv_scale=1.25, kpe_scale=0.5, device="cuda", pool_layout=pool_layout,
-          slots=495_000, seed=heads + len(lens))
+GPU_CASES = validation_cases([16, 64, 128], [[4096], [32768], [0, 1, 777, 4096, 33, 20000, 130, 5]],
+                             [[1, 0, 4097, 30000, 64, 65]], 64)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-@pytest.mark.parametrize("heads", [16, 64])
-@pytest.mark.parametrize("variant", [dict(), dict(s_fp8=True), dict(convert="bits"), dict(block_n=128, num_warps=8),
-                                     dict(cache_v=""), dict(block_n=32, num_stages=3)],
+@on_gpu
+@pytest.mark.parametrize("c", GPU_CASES, ids=lambda c: c.name)
+def test_case_table_on_gpu(c):
+    row = check_case(mla_decode_fp8, c, "cuda", 495_000)
+    assert row["ok"], row
+
+
+@on_gpu
+@pytest.mark.parametrize("c", SANITIZED_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("variant", [dict(), dict(s_fp8=True, block_h=16, block_n=64, num_warps=4, num_stages=2),
+                                     dict(convert="bits"),
+                                     dict(block_n=128, num_warps=8), dict(cache_v=""), dict(block_n=32, num_stages=3)],
                          ids=["tuned", "s8", "bits", "bn128", "one_load", "bn32"])
-def test_launch_variants_on_gpu(heads, variant):
-    import dataclasses
-
-    from kvwall.kernels.mla_decode.kernel import default_config
-
-    cfg = dataclasses.replace(default_config(heads, DC, torch.device("cuda"), 4096), **variant)
-    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([0, 1, 777, 4096, 33, 130], heads, seed=31, device="cuda",
-                                                         slots=200_000)
-    sm_scale = 1.0 / math.sqrt(192 + 64)
-    out, lse = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale, ckv_scale=1.25, kpe_scale=0.5,
-                              return_lse=True, config=cfg)
-    want, want_lse = reference(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale, 1.25, 0.5)
-    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
-    assert rel_err(out[1:], want[1:]) <= 1e-2
-    assert torch.allclose(lse[1:].double(), want_lse[1:], atol=2e-3, rtol=1e-4)
+def test_launch_variants_on_gpu(c, variant):
+    cfg = dataclasses.replace(default_config(c.heads, DC, torch.device("cuda"), max(c.lens)), **variant)
+    row = check_case(mla_decode_fp8, c, "cuda", 2_000, config=cfg)
+    assert row["ok"], row
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-def test_nan_in_slot_zero_does_not_leak_on_gpu():
-    # Rows past a split's end repeat its last token; an FP8 NaN in a slot no request owns (slot 0) must not reach
-    # the output through p = 0 x NaN. (GPU only: the interpreter's bit-move conversion maps NaN to a finite value.)
-    q_nope, q_pe, ckv, kpe, indptr, idx, pool = make_inputs([77, 1000], 16, seed=32, device="cuda", slots=5000)
-    idx = idx.clamp_min(1)
-    pool.view(torch.uint8)[0] = 0x7F  # e4m3 NaN in every byte of slot 0
-    out = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, num_splits=3)
-    want, _ = reference(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1)
-    assert torch.isfinite(out).all() and rel_err(out, want) <= 1e-2
+@on_gpu
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_fp8_nan_makes_its_request_nan_on_gpu(num_splits):
+    check_fp8_nan_makes_its_request_nan("cuda", num_splits)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@on_gpu
+def test_nan_in_an_unread_slot_does_not_leak_on_gpu():
+    check_nan_in_an_unread_slot_does_not_leak("cuda")
+
+
+@on_gpu
+@pytest.mark.parametrize("layout,num_splits", [("pool_view", 1), ("pool_view", 3), ("paged", 2)])
+def test_unchecked_out_of_range_index_gives_nan_rows_on_gpu(layout, num_splits):
+    check_unchecked_out_of_range("cuda", layout, num_splits)
+
+
+@on_gpu
 def test_every_fp8_code_on_gpu():
-    q_nope, q_pe, pool, indptr, idx = every_fp8_code_case("cuda")
-    out, lse = mla_decode_fp8(q_nope, q_pe, pool[:, :, :DC], pool[:, :, DC:], indptr, idx, 0.1, ckv_scale=0.5,
-                              return_lse=True)
-    want = (pool[idx.long(), 0, :DC].float() * 0.5).to(torch.bfloat16)
-    assert torch.equal(out, want[:, None, :].expand_as(out))
-    ref, ref_lse = reference(q_nope, q_pe, pool[:, 0, :DC], pool[:, 0, DC:], indptr, idx, 0.1, 0.5)
-    assert torch.allclose(lse.double(), ref_lse, rtol=1e-4, atol=1e-3)
+    check_every_fp8_code("cuda", 1e-4)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-@pytest.mark.parametrize("page_size", [16, 64])
-def test_paged_on_gpu(page_size):
-    lens = [1, 0, 4097, 30000, 64, 65]
-    q_nope, q_pe, pool, pages, page_ptr, kv_len, slots, tok_ptr = make_paged(lens, 16, page_size, seed=page_size,
-                                                                            device="cuda")
-    got = mla_decode_fp8(q_nope, q_pe, pool[..., :DC], pool[..., DC:], page_ptr, pages, 0.07, kv_len=kv_len)
-    flat = pool.view(-1, DC + DR)
-    ref, _ = reference(q_nope, q_pe, flat[:, :DC], flat[:, DC:], tok_ptr, slots, 0.07)
-    keep = [i for i, n in enumerate(lens) if n]
-    assert rel_err(got[keep], ref[keep]) <= 1e-2 and (got[1] == 0).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@on_gpu
 @pytest.mark.parametrize("q_mul,sm_scale", [(3e4, 1e-6), (1e-5, 2e3)], ids=["huge_q", "tiny_q"])
 def test_query_magnitudes_on_gpu(q_mul, sm_scale):
-    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([4000, 90], 16, seed=23, device="cuda", slots=50_000)
-    q_nope, q_pe = (q_nope.float() * q_mul).to(torch.bfloat16), (q_pe.float() * q_mul).to(torch.bfloat16)
-    out = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale)
-    want, _ = reference(q_nope, q_pe, ckv, kpe, indptr, idx, sm_scale)
-    assert torch.isfinite(out).all() and rel_err(out, want) <= 1e-2
+    inp = make_mla_inputs([4000, 90], 16, seed=23, device="cuda", pool_slots=50_000)
+    inp = dataclasses.replace(inp, q_nope=(inp.q_nope.float() * q_mul).to(BF16),
+                              q_pe=(inp.q_pe.float() * q_mul).to(BF16))
+    out, _ = run(inp, sm_scale)
+    assert torch.isfinite(out).all() and relative_error(out, reference64(inp, [0, 1], 1.0, 1.0, sm_scale)) <= 1e-2
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA graphs)")
+@on_gpu
 def test_cuda_graph_replay_with_changed_lengths():
-    lens = [100, 3000]
-    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs(lens, 16, slots=100_000, seed=11, device="cuda")
+    inp = make_mla_inputs([100, 3000], 16, seed=11, device="cuda", pool_slots=100_000)
     cap = 8192
     idx_buf = torch.zeros(cap, dtype=torch.int32, device="cuda")
-    idx_buf[: idx.numel()] = idx
-    ptr_buf = indptr.clone()
+    ptr_buf = inp.kv_indptr.clone()
     scale = torch.tensor([1.0], device="cuda")
-    out = torch.empty(2, 16, DC, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(2, 16, DC, dtype=BF16, device="cuda")
     kw = dict(ckv_scale=scale, kpe_scale=scale, out=out, num_splits=16, check_range=False)
-    mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, 0.1, **kw)  # compile outside the capture
+    call = lambda: mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, ptr_buf, idx_buf, 0.1, **kw)  # noqa: E731
+    call()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, 0.1, **kw)
+        call()
+    g = torch.Generator(device="cuda").manual_seed(3)
     for new_lens, s in (([100, 3000], 1.0), ([0, 8000], 1.5), ([4000, 4000], 0.75)):
-        g = torch.Generator(device="cuda").manual_seed(len(new_lens) + int(s * 4))
         n = sum(new_lens)
-        idx_buf[:n] = torch.randint(0, ckv.shape[0], (n,), device="cuda", generator=g, dtype=torch.int32)
+        idx_buf[:n] = torch.randint(0, inp.ckv_cache.shape[0], (n,), device="cuda", generator=g, dtype=torch.int32)
         ptr_buf.copy_(torch.tensor([0, new_lens[0], n], dtype=torch.int32))
         scale.fill_(s)
         out.fill_(float("nan"))
         graph.replay()
-        want, _ = reference(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, 0.1, s, s)
-        keep = [i for i, l in enumerate(new_lens) if l]
-        assert rel_err(out[keep], want[keep]) <= 1e-2
+        keep = nonempty_requests(new_lens)
+        replayed = dataclasses.replace(inp, tok_slots=[idx_buf[:new_lens[0]].long(), idx_buf[new_lens[0]:n].long()])
+        assert relative_error(out[keep], reference64(replayed, keep, s, s, 0.1)) <= 1e-2
         assert all((out[i] == 0).all() for i, l in enumerate(new_lens) if not l)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@on_gpu
 def test_checked_call_refuses_graph_capture():
-    q_nope, q_pe, ckv, kpe, indptr, idx, _ = make_inputs([10], 16, device="cuda")
-    mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, num_splits=2, check_range=False)
+    inp = make_mla_inputs([10], 16, seed=0, device="cuda")
+    call = lambda **kw: mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr,  # noqa: E731
+                                       inp.kv_indices, 0.1, num_splits=2, **kw)
+    call(check_range=False)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="check_range=False"):
         with torch.cuda.graph(graph):
-            mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, num_splits=2)
+            call()

@@ -1,4 +1,5 @@
-"""The torch MLA decode reference against an independent float64 computation, and its input checks."""
+"""The torch MLA decode reference against an independent float64 computation, and its input checks; the seeded
+inputs of the fused kernel and the float64 reference on their dequantized cache."""
 
 import math
 
@@ -7,6 +8,7 @@ import torch
 
 from kvwall.model.geometry import GLM5
 from kvwall.kernels import mla_decode_reference, split_latent_cache
+from kvwall.kernels.mla_decode.reference import MLA_LAYOUTS, make_mla_inputs, nonempty_requests, reference64
 from kvwall.model.pool import make_decode_batch
 
 
@@ -46,6 +48,28 @@ def test_reference_matches_naive_float64(lens, heads, rank, rope, cache_dtype):
     # float32 compute: the relative error lands far under 1e-3 (METHOD.md's yardstick)
     got32 = mla_decode_reference(q_nope.float(), q_pe.float(), ckv, kpe, batch.kv_indptr, batch.kv_indices, scale)
     assert float((got32.double() - want).norm() / want.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("layout", MLA_LAYOUTS)
+def test_reference64_reads_each_requests_tokens_dequantized(layout):
+    # The generator's token view of every layout (paged included) against the naive loop over the kernel's own
+    # inputs: the slots it names are the ones the kernel is given, scaled in float64.
+    lens = [3, 0, 21, 16]
+    inp = make_mla_inputs(lens, 2, seed=3, layout=layout, page_size=8, pool_slots=64)
+    keep = nonempty_requests(lens)
+    got = reference64(inp, keep, 0.5, 2.0, 0.3)
+    if layout == "paged":
+        pages = inp.kv_indices.long().tolist()
+        ptr = inp.kv_indptr.tolist()
+        slots = [[pages[ptr[b] + t // 8] * 8 + t % 8 for t in range(n)] for b, n in enumerate(lens)]
+    else:
+        ptr = inp.kv_indptr.tolist()
+        slots = [inp.kv_indices[ptr[b]:ptr[b + 1]].long().tolist() for b in range(len(lens))]
+    cache = torch.cat([inp.tok_ckv.double() * 0.5, inp.tok_kpe.double() * 2.0], dim=-1).unsqueeze(1)
+    flat = [s for b in keep for s in slots[b]]
+    ptr_keep = torch.tensor([0] + torch.tensor([lens[b] for b in keep]).cumsum(0).tolist())
+    want = naive_float64(inp.q_nope[keep], inp.q_pe[keep], cache, ptr_keep, torch.tensor(flat), 512, 0.3)
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
 def test_lse_is_natural_log_sum_exp():
@@ -102,7 +126,7 @@ def test_flashinfer_bf16_matches_reference_on_gpu():
         q_nope = random_kv((len(lens), 16, 512), generator=gen, device="cuda", dtype=torch.bfloat16)
         q_pe = random_kv((len(lens), 16, 64), generator=gen, device="cuda", dtype=torch.bfloat16)
         ckv, kpe = split_latent_cache(cache, 512)
-        got = FlashInferMLADecode(geom, batch)(q_nope, q_pe, ckv, kpe).double()
+        got = FlashInferMLADecode.for_batch(geom, batch)(q_nope, q_pe, ckv, kpe).double()
         want = mla_decode_reference(q_nope, q_pe, ckv, kpe, batch.kv_indptr, batch.kv_indices, geom.sm_scale,
                                     compute_dtype=torch.float64)
         assert float((got - want).norm() / want.norm()) < 1e-2

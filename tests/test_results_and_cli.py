@@ -1,46 +1,118 @@
+import ast
+import dataclasses
 import json
-import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
+import kvwall.experiments.registry as registry
 from kvwall import cli
-from kvwall.experiments import EXPERIMENTS, run_experiment, short_kernel_name
-from kvwall.results import PROJECT_ROOT, Result, ResultFileError, collect_provenance, load_result, save_result
+from kvwall.experiments import EXPERIMENTS, Experiment, run_experiment, short_kernel_name
+from kvwall.experiments.schemas import ROW_SCHEMAS
+from kvwall.results import (
+    PROJECT_ROOT, RESULTS_DIR, Result, ResultFileError, RowSchemaError, collect_provenance, content_digest,
+    load_result, save_result, validate_rows,
+)
 
-SOURCES = ("kernels", "lib/kvwall/model/pool.py")
+ROWS = [{"section": "sweep", "pool_tokens": 8, "ms": 0.1, "bytes": 1536, "gbps": 15.36},
+        {"section": "sweep", "pool_tokens": 16, "ms": 0.2, "bytes": 3072, "gbps": 15.36}]
 
 
-def _tiny_result():
-    return Result("cast_sweep", {"pool_tokens": [8]}, [{"section": "sweep", "pool_tokens": 8, "ms": 0.1}],
-                  collect_provenance(torch.device("cpu"), SOURCES))
+def _tiny_result(scale="full", rows=None):
+    prov = collect_provenance(torch.device("cpu"), "kvwall.experiments.decode_profile")
+    prov.scale = scale
+    return Result("cast_sweep", {"pool_tokens": [8, 16]}, [dict(r) for r in rows or ROWS], prov)
 
 
 def test_save_load_round_trip(tmp_path):
     path = save_result(_tiny_result(), tmp_path)
     back = load_result("cast_sweep", tmp_path)
-    assert back.rows == [{"section": "sweep", "pool_tokens": 8, "ms": 0.1}] and back.path == path
-    assert back.table("sweep")[0]["ms"] == 0.1
+    assert back.rows == ROWS and back.path == path and back.provenance.scale == "full"
+    assert back.provenance.digest == content_digest(back.params, back.rows)
+    assert back.table("sweep")[1]["ms"] == 0.2
     assert not back.stale and "Recorded on" in back.caption()
+    assert [p.name for p in tmp_path.iterdir()] == ["cast_sweep.json"]  # no temporary file left behind
     with pytest.raises(KeyError, match="no rows in section 'nope'"):
         back.table("nope")
 
 
+def _scale_floats(data):
+    for row in data["rows"]:
+        row.update({k: v * 10 for k, v in row.items() if isinstance(v, float)})
+
+
+def _drop_column(data):
+    for row in data["rows"]:
+        row.pop("ms")
+
+
+def _drop_digest(data):
+    data["provenance"]["digest"] = None
+
+
+def _old_format(data):
+    data["schema"] = 1
+
+
 @pytest.mark.parametrize("edit,words", [
-    (lambda t: t[: len(t) // 2], "not valid JSON"),
-    (lambda t: "[1, 2]", "not a JSON object"),
-    (lambda t: t.replace('"rows"', '"roes"'), "field 'rows'"),
-    (lambda t: t.replace('"experiment": "cast_sweep"', '"experiment": "other"'), "expected 'cast_sweep'"),
-    (lambda t: t.replace('"schema": 1', '"schema": 7'), "schema 7"),
-    (lambda t: t.replace('"section": "sweep"', '"section": 3'), "row 0"),
-    (lambda t: t.replace('"git_commit"', '"commit"'), "provenance"),
+    (_scale_floats, r"differ from what was recorded.*edited by hand\?"),
+    (_drop_column, "edited by hand"),
+    (_drop_digest, "no content digest"),
+    (_old_format, "file format 1"),
+    (lambda d: d.update(experiment="other"), "expected 'cast_sweep'"),
+    (lambda d: d.pop("rows"), "field 'rows'"),
+    (lambda d: d["provenance"].pop("git_commit"), "provenance"),
+    (lambda d: d["provenance"].update(scale="medium"), "scale"),
 ])
-def test_corrupt_or_hand_edited_file_names_the_file(tmp_path, edit, words):
+def test_edited_file_is_refused_naming_the_file(tmp_path, edit, words):
     path = save_result(_tiny_result(), tmp_path)
-    path.write_text(edit(path.read_text()))
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
     with pytest.raises(ResultFileError, match=words) as info:
         load_result("cast_sweep", tmp_path)
     assert str(path) in str(info.value) and info.value.path == path
+
+
+@pytest.mark.parametrize("text,words", [(lambda t: t[: len(t) // 2], "not valid JSON"),
+                                        (lambda t: "[1, 2]", "not a JSON object")])
+def test_truncated_file_is_refused_naming_the_file(tmp_path, text, words):
+    path = save_result(_tiny_result(), tmp_path)
+    path.write_text(text(path.read_text()))
+    with pytest.raises(ResultFileError, match=words) as info:
+        load_result("cast_sweep", tmp_path)
+    assert str(path) in str(info.value)
+
+
+def test_rows_that_drift_from_the_schema_are_refused_naming_row_and_field(tmp_path):
+    """A file whose digest is right but whose rows do not match the schema (written by code that drifted)."""
+    path = save_result(_tiny_result(), tmp_path)
+    data = json.loads(path.read_text())
+    data["rows"][1]["ms"] = "fast"
+    del data["rows"][0]["bytes"]
+    data["provenance"]["digest"] = content_digest(data["params"], data["rows"])
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultFileError) as info:
+        load_result("cast_sweep", tmp_path)
+    message = str(info.value)
+    assert str(path) in message and "row 0 (section 'sweep'), field 'bytes'" in message
+    assert "row 1 (section 'sweep'), field 'ms': Input should be a valid number" in message
+
+
+def test_save_refuses_rows_off_schema_and_leaves_the_old_file(tmp_path):
+    path = save_result(_tiny_result(), tmp_path)
+    before = path.read_text()
+    with pytest.raises(RowSchemaError, match=r"not written: .*row 0 \(section 'sweep'\), field 'pool_tokens'"):
+        save_result(_tiny_result(rows=[{**ROWS[0], "pool_tokens": 8.5}]), tmp_path)
+    with pytest.raises(RowSchemaError, match="row 0 \\(section 'sweeep'\\), field 'section': Input should be 'sweep'"):
+        save_result(_tiny_result(rows=[{**ROWS[0], "section": "sweeep"}]), tmp_path)
+    with pytest.raises(RowSchemaError, match="row 1 \\(section 'steps'\\): Input tag 'steps' .* expected tags"):
+        validate_rows("decode_profile", [{"section": "step", "step": 0, "ms": 1.0}, {"section": "steps"}])
+    with pytest.raises(ValueError, match="scale"):
+        save_result(_tiny_result(scale=None), tmp_path)
+    assert path.read_text() == before and len(list(tmp_path.iterdir())) == 1
 
 
 def test_missing_file(tmp_path):
@@ -48,34 +120,129 @@ def test_missing_file(tmp_path):
         load_result("decode_profile", tmp_path)
 
 
-def test_stale_when_a_measured_source_changes(tmp_path):
-    root = tmp_path / "project"
-    for entry in SOURCES:
-        src = PROJECT_ROOT / entry
-        (root / entry).parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, root / entry)
-    result = _tiny_result()
-    assert result.changed_sources(root) == []
-    (root / "kernels" / "mla_reference.py").write_text("# edited\n")
-    (root / "lib/kvwall/model/pool.py").unlink()
-    (root / "kernels" / "new_kernel.py").write_text("# a kernel added later does not stale old results\n")
-    assert result.changed_sources(root) == ["kernels/mla_decode/reference.py", "lib/kvwall/model/pool.py"]
+def test_schemas_cover_every_experiment_and_accept_the_committed_rows():
+    assert set(ROW_SCHEMAS) == set(EXPERIMENTS)
+    for name, exp in EXPERIMENTS.items():
+        assert exp.rows is ROW_SCHEMAS[name] and set(exp.requires) <= set(registry.PREREQUISITES)
+        path = RESULTS_DIR / f"{name}.json"
+        if path.is_file():
+            validate_rows(name, json.loads(path.read_text())["rows"])
+
+
+def test_experiments_must_name_known_prerequisites():
+    run = EXPERIMENTS["cast_sweep"].run
+    with pytest.raises(ValueError, match="requires \\['gpu'\\]"):
+        Experiment("cast_sweep", run, {}, {}, "x", ("gpu",))
+    with pytest.raises(ValueError, match="no row schema"):
+        Experiment("no_such_experiment", run, {}, {}, "x", ())
+
+
+def test_results_imports_nothing_above_it():
+    """kvwall.results is the layer just above the kernels: it may import only itself and kvwall.kernels."""
+    for path in (PROJECT_ROOT / "lib/kvwall/results").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                if name.startswith("kvwall"):
+                    assert name.startswith(("kvwall.results", "kvwall.kernels")), f"{path.name} imports {name}"
 
 
 def test_every_committed_result_loads_and_is_fresh():
     for name, exp in EXPERIMENTS.items():
         result = load_result(name)
-        if exp.needs == "cuda":
+        if "cuda" in exp.requires:
             assert result.provenance.gpu, f"{name}: a GPU experiment's recorded result must come from a GPU"
+        assert result.provenance.scale == "full" and not result.provenance.missing, name
         assert result.provenance.git_commit != "unknown"
         assert not result.stale, f"{name} is stale: {result.changed_sources()}; re-record with make record"
 
 
-def test_record_refuses_without_a_gpu(capsys):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: the refusal only happens without one")
-    assert cli.main(["record", "cast_sweep"]) == 2
-    assert "no CUDA GPU" in capsys.readouterr().err
+# --- record ------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_runs(monkeypatch):
+    """Any experiment run fails the test: refusals must come before running anything."""
+    monkeypatch.setattr(cli, "run_experiment", lambda *a, **k: pytest.fail("an experiment ran"))
+
+
+@pytest.fixture
+def fake_run(monkeypatch):
+    """Experiments return the tiny cast_sweep result at once."""
+    monkeypatch.setattr(cli, "run_experiment", lambda name, device, scale: _tiny_result(scale))
+    monkeypatch.setattr(registry, "PREREQUISITES", {k: (lambda: None) for k in registry.PREREQUISITES})
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_record_refuses_before_running_when_prerequisites_are_missing(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(registry.PREREQUISITES, "cuda", lambda: "no CUDA GPU (test)")
+    monkeypatch.setitem(registry.PREREQUISITES, "nvcc", lambda: "no nvcc (test)")
+    gpu = [n for n, e in EXPERIMENTS.items() if "cuda" in e.requires]
+    assert gpu, "some experiments must require a GPU"
+    assert cli.main(["record", "all", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing was run" in err and f"missing cuda (no CUDA GPU (test)), needed by {', '.join(gpu)}" in err
+    assert "full-scale GPU measurements" not in err and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.usefixtures("fake_run")
+def test_record_refuses_to_replace_full_scale_with_small(capsys, tmp_path):
+    save_result(_tiny_result("full"), tmp_path)
+    assert cli.main(["record", "cast_sweep", "--scale", "small", "--out", str(tmp_path)]) == 2
+    assert "cast_sweep in " + str(tmp_path) + " are full-scale results" in capsys.readouterr().err
+    assert load_result("cast_sweep", tmp_path).provenance.scale == "full"
+    assert cli.main(["record", "cast_sweep", "--scale", "small", "--force", "--out", str(tmp_path)]) == 0
+    assert load_result("cast_sweep", tmp_path).provenance.scale == "small"
+
+
+@pytest.mark.usefixtures("fake_run")
+def test_record_refuses_small_over_committed_files_of_the_old_format(capsys, tmp_path):
+    (tmp_path / "cast_sweep.json").write_text(json.dumps({"schema": 1, "provenance": {"gpu": "NVIDIA H200"}}))
+    assert cli.main(["record", "cast_sweep", "--scale", "small", "--out", str(tmp_path)]) == 2
+    assert "full-scale results" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("fake_run")
+def test_record_with_force_notes_what_was_missing(monkeypatch, tmp_path):
+    monkeypatch.setitem(registry.PREREQUISITES, "cuda", lambda: "no CUDA GPU (test)")
+    name = next(n for n, e in EXPERIMENTS.items() if "cuda" in e.requires)
+    assert cli.main(["record", name, "--out", str(tmp_path)]) == 2
+    assert cli.main(["record", name, "--force", "--out", str(tmp_path)]) == 0
+    prov = load_result("cast_sweep", tmp_path).provenance  # what the fake run returns, whatever the name
+    assert prov.missing == ["cuda"] and "recorded without cuda" in prov.short()
+
+
+@pytest.mark.parametrize("make_out", [lambda p: p / "a_file", lambda p: p / "a_file" / "below"])
+@pytest.mark.usefixtures("no_runs")
+def test_record_checks_out_before_running(capsys, tmp_path, make_out):
+    (tmp_path / "a_file").write_text("not a folder")
+    assert cli.main(["record", "cast_sweep", "--out", str(make_out(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write results there" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.usefixtures("fake_run")
+def test_record_writes_each_result_and_reports_progress(capsys, tmp_path):
+    assert cli.main(["record", "cast_sweep", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "[1/1] cast_sweep (full scale)" in err and "recorded 1 experiment(s) in" in err
+    assert "recorded cast_sweep in " in out and str(tmp_path / "cast_sweep.json") in out
+    assert load_result("cast_sweep", tmp_path).rows == ROWS
+
+
+@pytest.mark.usefixtures("fake_run")
+def test_record_says_what_was_recorded_when_an_experiment_fails(monkeypatch, capsys, tmp_path):
+    def run(name, device, scale):
+        if name == "attention_sweep":
+            raise RuntimeError("out of memory (test)")
+        return _tiny_result(scale)
+
+    monkeypatch.setattr(cli, "run_experiment", run)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cli.main(["record", "cast_sweep", "attention_sweep", "decode_profile", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "attention_sweep failed after" in err and "recorded before it: cast_sweep; not run: decode_profile" in err
+    assert (tmp_path / "cast_sweep.json").is_file()
 
 
 def test_record_rejects_unknown_experiments(capsys):
@@ -84,11 +251,75 @@ def test_record_rejects_unknown_experiments(capsys):
     assert "unknown experiment" in capsys.readouterr().err
 
 
-def test_cli_list_and_check(capsys):
+# --- list, check, execute ----------------------------------------------------------------------------------
+
+def test_cli_list(capsys):
     assert cli.main(["list"]) == 0
     listed = capsys.readouterr().out
-    assert all(name in listed for name in EXPERIMENTS)
-    assert cli.main(["check"]) == 0
+    assert all(name in listed for name in EXPERIMENTS) and "[requires" in listed
+
+
+def test_check_reports_each_file(capsys, tmp_path):
+    save_result(_tiny_result(), tmp_path)
+    (tmp_path / "decode_profile.json").write_text("{")
+    assert cli.main(["check", "--dir", str(tmp_path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("ok") and "cast_sweep.json" in line for line in lines)
+    assert any(line.startswith("INVALID") and "decode_profile.json: not valid JSON" in line for line in lines)
+    assert any(line.startswith("MISSING") and "cast_kernels.json: no such result file" in line for line in lines)
+
+
+def test_check_of_a_missing_folder_is_one_line(capsys):
+    assert cli.main(["check", "--dir", "/nonexistent"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "/nonexistent is not a folder" in err
+
+
+@pytest.mark.parametrize("command", [["list"], ["check"]])
+def test_output_into_a_closed_pipe_exits_quietly(command):
+    proc = subprocess.Popen([sys.executable, "-m", "kvwall", *command], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # as `| head` does once it has its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == ""
+
+
+@pytest.mark.parametrize("chapter,words", [
+    ("book/nosuch.md", "no such file"), ("book", "is a folder"), ("README.md", "is not a chapter"),
+])
+def test_execute_refuses_what_is_not_a_chapter(capsys, tmp_path, chapter, words):
+    assert cli.main(["execute", str(PROJECT_ROOT / chapter), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "01_the_86ms_profile.md" in err and len(err.strip().splitlines()) == 1
+
+
+def test_execute_refuses_unknown_parameters_before_running(capsys, tmp_path):
+    chapter = PROJECT_ROOT / "book/01_the_86ms_profile.md"
+    assert cli.main(["execute", str(chapter), "--out", str(tmp_path), "-p", "layer=2"]) == 2
+    err = capsys.readouterr().err
+    assert "has no parameter layer; it takes: mode (default 'auto')" in err and "layers" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_execute_with_a_bad_value_prints_the_cause_last(capsys, tmp_path):
+    chapter = PROJECT_ROOT / "book/01_the_86ms_profile.md"
+    assert cli.main(["execute", str(chapter), "--out", str(tmp_path), "-p", "mode=fast"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ValueError: mode='fast' is not allowed") and "Traceback" not in "\n".join(err)
+
+
+def test_run_experiment_stamps_the_scale_and_validates_the_rows(monkeypatch):
+    exp = EXPERIMENTS["cast_sweep"]
+    fake = dataclasses.replace(exp, run=lambda device, **params: _tiny_result(scale=None))
+    monkeypatch.setitem(EXPERIMENTS, "cast_sweep", fake)
+    assert run_experiment("cast_sweep", torch.device("cpu"), "small").provenance.scale == "small"
+    drifted = dataclasses.replace(exp, run=lambda device, **params: _tiny_result(rows=[{**ROWS[0], "gbps": "15"}]))
+    monkeypatch.setitem(EXPERIMENTS, "cast_sweep", drifted)
+    with pytest.raises(RowSchemaError, match="row 0 \\(section 'sweep'\\), field 'gbps'"):
+        run_experiment("cast_sweep", torch.device("cpu"), "small")
+    with pytest.raises(LookupError, match="import kvwall.experiments"):
+        validate_rows("never_registered", [])
 
 
 def test_run_experiment_rejects_unknown_parameters():

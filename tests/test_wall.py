@@ -8,7 +8,6 @@ release's own ``mma.cuh``, and the chapter's structured result is compared with 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BOOK, run_chapter, static_assert_line
-from kvwall.peers.flashinfer import releases as fr
+from conftest import BOOK, go_offline, run_chapter, static_assert_line
+from kvwall.peers.flashinfer import build, nvcc_errors, releases, toolchain
+from kvwall.peers.flashinfer.errors import InvalidConfigError, NetworkUnavailableError
 from kvwall.experiments import EXPERIMENTS, run_experiment
 from kvwall.experiments import wall
 from kvwall.results import load_result
@@ -34,21 +34,21 @@ WALL = "0.6.12"
 # ---------------------------------------------------------------------------------------------
 
 def _result(status, errors=(), refusal=None):
-    return fr.BuildResult(release="0.6.12", config=fr.validate_config(), status=status, duration_s=1.0,
+    return build.BuildResult(release="0.6.12", config=build.validate_config(), status=status, duration_s=1.0,
                           errors=tuple(errors), refusal=refusal)
 
 
 def test_classify_each_outcome():
-    frame = fr.InstantiationFrame("flashinfer::mma::m16k16_rowsum_f16f16f32", "flashinfer/attention/mla.cuh", 511)
-    sa = fr.CompilerError("flashinfer/mma.cuh", 523, "static assertion failed with \"x\"", "static_assert(x);", (frame,))
-    other = fr.CompilerError("generated/batch_mla_run.cu", 42, "operator -> applied to ...")
+    frame = nvcc_errors.InstantiationFrame("flashinfer::mma::m16k16_rowsum_f16f16f32", "flashinfer/attention/mla.cuh", 511)
+    sa = nvcc_errors.CompilerError("flashinfer/mma.cuh", 523, "static assertion failed with \"x\"", "static_assert(x);", (frame,))
+    other = nvcc_errors.CompilerError("generated/batch_mla_run.cu", 42, "operator -> applied to ...")
     c = wall.classify(_result("nvcc_failed", [other, sa]))
     assert (c["outcome"], c["assert_file"], c["assert_line"], c["reached_from_mla"]) == (
         "static_assert", "flashinfer/mma.cuh", 523, True)
     assert c["chain"] == ["flashinfer::mma::m16k16_rowsum_f16f16f32 / flashinfer/attention/mla.cuh(511)"]
     assert wall.classify(_result("nvcc_failed", [other]))["outcome"] == "failed_elsewhere"
     assert wall.classify(_result("compiled"))["outcome"] == "compiled"
-    refused = wall.classify(_result("python_refused", refusal=fr.PythonRefusal("ValueError", "SM90 only")))
+    refused = wall.classify(_result("python_refused", refusal=build.PythonRefusal("ValueError", "SM90 only")))
     assert refused["outcome"] == "refused"
     assert set(wall.OUTCOMES) >= {"compiled", "static_assert", "failed_elsewhere", "refused", "unavailable"}
 
@@ -79,7 +79,7 @@ def empty_cache(tmp_path, monkeypatch):
 ])
 def test_timeline_bad_input(empty_cache, override, words):
     t0 = time.perf_counter()
-    with pytest.raises(fr.InvalidConfigError) as info:
+    with pytest.raises(InvalidConfigError) as info:
         run_experiment("wall_timeline", torch.device("cpu"), "small", **override)
     assert time.perf_counter() - t0 < 2
     for w in words:
@@ -97,7 +97,8 @@ def test_wall_on_gpu_needs_cuda():
         pytest.skip("a GPU is present")
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
         run_experiment("wall_on_gpu", torch.device("cpu"), "small")
-    assert EXPERIMENTS["wall_on_gpu"].needs == "cuda" and EXPERIMENTS["wall_timeline"].needs == "any"
+    assert "cuda" in EXPERIMENTS["wall_on_gpu"].requires and "cuda" not in EXPERIMENTS["wall_timeline"].requires
+    assert "nvcc" in EXPERIMENTS["wall_timeline"].requires
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,8 +156,8 @@ def test_a_driver_that_dies_is_a_row_not_a_crash(tmp_path):
 
 def test_wheelhouse_that_is_not_a_folder(empty_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("KVWALL_WHEELHOUSE", str(tmp_path / "nowhere"))
-    with pytest.raises(fr.NetworkUnavailableError, match="KVWALL_WHEELHOUSE"):
-        fr.install_release("0.6.12")
+    with pytest.raises(NetworkUnavailableError, match="KVWALL_WHEELHOUSE"):
+        releases.install_release("0.6.12")
 
 
 def test_release_missing_from_the_wheelhouse(empty_cache, monkeypatch, tmp_path):
@@ -164,8 +165,8 @@ def test_release_missing_from_the_wheelhouse(empty_cache, monkeypatch, tmp_path)
     house.mkdir()
     monkeypatch.setenv("KVWALL_WHEELHOUSE", str(house))
     t0 = time.perf_counter()
-    with pytest.raises(fr.NetworkUnavailableError) as info:
-        fr.install_release("0.6.12")
+    with pytest.raises(NetworkUnavailableError) as info:
+        releases.install_release("0.6.12")
     assert time.perf_counter() - t0 < 30
     assert "not in the wheelhouse" in str(info.value) and str(house) in str(info.value)
     assert not (empty_cache / "flashinfer-0.6.12").exists()
@@ -182,8 +183,8 @@ def test_install_from_a_wheelhouse(empty_cache, monkeypatch, tmp_path):
         pytest.skip(f"cannot fetch the wheels to fill a wheelhouse: {proc.stderr[-300:]}")
     monkeypatch.setenv("KVWALL_WHEELHOUSE", str(house))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # any use of an index would fail
-    rdir = fr.install_release(WALL)
-    rec = fr.install_record(WALL)
+    rdir = releases.install_release(WALL)
+    rec = releases.install_record(WALL)
     assert rec["wheelhouse"] == str(house.resolve()) and rec["source"] == {"from": "wheel"}
     assert (rdir / "flashinfer" / "data" / "include" / "flashinfer" / "mma.cuh").is_file()
     assert any(d.startswith("apache-tvm-ffi") for d in rec["dependencies"])
@@ -192,9 +193,9 @@ def test_install_from_a_wheelhouse(empty_cache, monkeypatch, tmp_path):
 
 def test_nearest_published_version_for_a_removed_pin():
     out = "ERROR: Could not find a version that satisfies the requirement x==0.1.0b15 (from versions: 0.1.0, 0.1.1, 0.1.10)"
-    assert fr._nearest_published("apache-tvm-ffi==0.1.0b15", out) == "apache-tvm-ffi==0.1.0"
-    assert fr._nearest_published("apache-tvm-ffi>=0.1", out) is None
-    assert fr._nearest_published("apache-tvm-ffi==0.2.0", out) is None
+    assert releases._nearest_published("apache-tvm-ffi==0.1.0b15", out) == "apache-tvm-ffi==0.1.0"
+    assert releases._nearest_published("apache-tvm-ffi>=0.1", out) is None
+    assert releases._nearest_published("apache-tvm-ffi==0.2.0", out) is None
 
 
 @pytest.mark.slow
@@ -204,8 +205,8 @@ def test_sdist_only_release_installs_without_compiling(tmp_path):
                           text=True)
     if proc.returncode != 0:
         pytest.skip("package index unreachable")
-    rdir = fr.install_release("0.4.1", cache_root=tmp_path)
-    rec = fr.install_record("0.4.1", cache_root=tmp_path)
+    rdir = releases.install_release("0.4.1", cache_root=tmp_path)
+    rec = releases.install_record("0.4.1", cache_root=tmp_path)
     assert rec["source"]["from"] == "sdist" and rec["source"]["wheel_built"].endswith("-py3-none-any.whl")
     assert (rdir / "flashinfer" / "data" / "include" / "flashinfer" / "attention" / "mla.cuh").is_file()
     assert "apache-tvm-ffi==0.1.0b15" in rec["substituted"]
@@ -238,7 +239,7 @@ def test_recorded_timeline_is_complete():
     # The wall itself: 0.6.12 fa2 stops at the 16-bit static_assert in mma.cuh, reached from mla.cuh.
     w = cells[(WALL, "fa2", "sm_120a")]
     assert w["outcome"] == "static_assert" and w["assert_file"] == "flashinfer/mma.cuh" and w["reached_from_mla"]
-    if fr.is_installed(WALL):
+    if releases.is_installed(WALL):
         assert w["assert_line"] == static_assert_line(WALL)
 
 
@@ -260,7 +261,7 @@ def _check_wall_builds(builds):
 
 @pytest.mark.slow
 def test_chapter_2_on_cpu(tmp_path):
-    if fr.find_nvcc() is None:
+    if toolchain.find_nvcc() is None:
         pytest.skip("no nvcc: test_chapter_2_without_nvcc covers this machine")
     rec = run_chapter(BOOK / "02_the_wall.md", tmp_path, mode="cpu")
     v = rec["values"]
@@ -277,7 +278,7 @@ def test_chapter_2_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_chapter_2_without_nvcc_shows_the_recorded_build(tmp_path, monkeypatch):
-    if not fr.is_installed(WALL):
+    if not releases.is_installed(WALL):
         pytest.skip(f"FlashInfer {WALL} is not installed here, so its sources cannot be read to check the line")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -288,7 +289,7 @@ def test_chapter_2_without_nvcc_shows_the_recorded_build(tmp_path, monkeypatch):
     # An empty build cache (the release itself stays readable from the default cache for the sources).
     empty = tmp_path / "cache"
     empty.mkdir()
-    (empty / f"flashinfer-{WALL}").symlink_to(fr.release_dir(WALL, fr.default_cache_root()))
+    (empty / f"flashinfer-{WALL}").symlink_to(releases.release_dir(WALL, releases.default_cache_root()))
     monkeypatch.setenv("KVWALL_CACHE", str(empty))
     if shutil.which("nvcc") is not None:
         pytest.skip(f"nvcc is still on PATH at {shutil.which('nvcc')}")
@@ -297,6 +298,31 @@ def test_chapter_2_without_nvcc_shows_the_recorded_build(tmp_path, monkeypatch):
     assert v["build_live"] is False
     assert "NvccNotFoundError" in v["build_caption"] and "Recorded on" in v["build_caption"]
     _check_wall_builds(v["builds"])
+
+
+@pytest.mark.slow
+def test_chapter_2_offline_with_an_empty_cache_shows_recorded_evidence(tmp_path, monkeypatch):
+    """A fresh machine without network: no FlashInfer release in the cache and none installable. The
+    chapter runs its live path (the build, the source lookups), each fails for want of the release, and
+    it falls back to the recorded build with a visible note instead of failing."""
+    cache = tmp_path / "empty-cache"
+    go_offline(monkeypatch, cache)
+    rec = run_chapter(BOOK / "02_the_wall.md", tmp_path / "run", mode="cpu")
+    v = rec["values"]
+    assert v["build_live"] is False and v["sources_live"] is False
+    why = "NvccNotFoundError" if toolchain.find_nvcc() is None else "NetworkUnavailableError"
+    assert why in v["build_caption"] and "Recorded on" in v["build_caption"]
+    recorded = {(r["release"], r["backend"], r["arch"]): r for r in load_result("wall_timeline").table("timeline")}
+    for b in v["builds"]:
+        r = recorded[(b["release"], b["backend"], b["arch"])]
+        assert (b["outcome"], b["assert_file"], b["assert_line"], b["chain"]) == (
+            r["outcome"], r["assert_file"], r["assert_line"], r["chain"])
+    assert {b["arch"] for b in v["builds"]} == {"sm_120a", "sm_90a"}
+    assert v["assert_source_line"] is None and v["claim_line_text"] is None
+    notebook = json.loads(next((tmp_path / "run").glob("*.ipynb")).read_text())
+    shown = "".join("".join(o.get("data", {}).get("text/markdown", "")) for c in notebook["cells"] for o in c.get("outputs", []))
+    assert "**Recorded, not live:**" in shown and "sources are not on this machine" in shown
+    assert not any(cache.iterdir()), "nothing may be left in the cache by failed installs"
 
 
 def test_instantiation_note_without_a_file_is_in_the_error_file():
@@ -308,6 +334,6 @@ def test_instantiation_note_without_a_file_is_in_the_error_file():
            "          detected during:\n"
            '            instantiation of "void flashinfer::mla::hopper::compute_mla_pv<KTraits>(float *) [with K=1]" at line 762\n'
            f'            instantiation of "cudaError_t flashinfer::mla::BatchMLAPageAttentionHopper<M>(P) [with M=0]" at line 62 of /g/batch_mla_sm90_run.cu\n')
-    e = fr.parse_nvcc_output(out, [(inc, "")])[0]
+    e = nvcc_errors.parse_nvcc_output(out, [(inc, "")])[0]
     assert e.chain == ["flashinfer::mla::hopper::compute_mla_pv / flashinfer/attention/mla_hopper.cuh(762)",
                        "flashinfer::mla::BatchMLAPageAttentionHopper / /g/batch_mla_sm90_run.cu(62)"]

@@ -4,5 +4,6 @@
 - :mod:`.cuda` + ``gather_cast.cu``: the CUDA C++ twin;
 - :mod:`.reference`: the torch reference and the seeded input generator;
 - :mod:`.cases`: the validation case table every check (tests, recorded run, sanitizer) uses;
-- ``tuned.json``: launch shapes per GPU; ``NOTES.md``: the working notes.
+- :mod:`.sanitize`: what ``compute-sanitizer`` runs (``python -m kvwall.kernels.gather.sanitize``);
+- ``tuned.json``: launch shapes per GPU (``python -m kvwall.tuning.gather --write``); ``NOTES.md``: the working notes.
 """

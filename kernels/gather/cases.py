@@ -8,7 +8,7 @@ rows past ``kv_indptr[-1]`` must still hold the poison.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -99,7 +99,3 @@ def check_case(fn: GatherFn, case: GatherCase, device: torch.device | str, *, na
     return {"case": case.name, "device": str(torch.device(device).type), "dim": case.dim,
             "page_size": case.page_size, "index_dtype": case.index_dtype, "real_rows": n_real, "capacity": capacity,
             "nan_inputs": nan, **counts, "ok": counts["mismatched_values"] == 0 and counts["overwritten_poison"] == 0}
-
-
-def case_dict(case: GatherCase) -> dict:
-    return asdict(case)

@@ -1,4 +1,4 @@
-"""The CUDA C++ twin of :func:`kvwall.kernels.gather.kernel`: build, compile-check, launch.
+"""The CUDA C++ twin of :func:`kvwall.kernels.gather.kernel.gather_cast`: build, compile-check, launch.
 
 ``gather_cast.cu`` includes only CUDA headers and exports a C launcher. On a GPU machine
 :func:`load_gather_cast_cuda` builds it with ``torch.utils.cpp_extension.load`` (cached in torch's
@@ -6,13 +6,17 @@ extension folder) and calls it through ``ctypes`` on the current stream, so it c
 CUDA graph like the Triton kernel. On a machine without a GPU, :func:`nvcc_compile_check` compiles
 it with ``nvcc`` for a given architecture and reports the compiler's resource usage.
 
-Arguments, validation and semantics are those of the Triton kernel (:func:`plan_gather` is shared).
+Arguments, validation and semantics are those of the Triton kernel (:func:`plan_gather` is shared),
+the unchecked-call contract included. Pool and output offsets are 64-bit in the kernel (so row-strided
+pool views of any size are fine); the chunk counter is 32-bit, so a launch is limited to under 2^31
+output values (refused, naming the limit, before the launch).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -24,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from kvwall.kernels.gather.kernel import GatherPlan, _check_same_layout, plan_gather
+from kvwall.kernels._common import sm_count
+from kvwall.kernels.gather.kernel import GatherPlan, check_same_layout, plan_gather
 
 __all__ = ["gather_cast_cuda", "load_gather_cast_cuda", "launch_gather_cuda", "nvcc_compile_check",
            "NvccReport", "CUDA_SOURCE"]
@@ -58,14 +63,7 @@ def load_gather_cast_cuda(verbose: bool = False) -> ctypes.CDLL:
 
 
 def _source_hash() -> str:
-    import hashlib
-
     return hashlib.sha256(CUDA_SOURCE.read_bytes()).hexdigest()[:10]
-
-
-@functools.cache
-def _max_blocks(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count * 16
 
 
 def launch_gather_cuda(plan: GatherPlan, *, pool: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,7 +71,7 @@ def launch_gather_cuda(plan: GatherPlan, *, pool: torch.Tensor | None = None) ->
     if pool is None:
         pool = plan.pool
     elif pool is not plan.pool:
-        _check_same_layout(plan, pool)
+        check_same_layout(plan, pool)
     if pool.device.type != "cuda":
         raise RuntimeError(f"gather_cast_cuda: tensors are on {pool.device}; the CUDA twin needs them on a GPU.")
     lib = load_gather_cast_cuda()
@@ -92,7 +90,7 @@ def launch_gather_cuda(plan: GatherPlan, *, pool: torch.Tensor | None = None) ->
         plan.scale_tensor.data_ptr() if plan.scale_tensor is not None else None,
         plan.scale_value if plan.scale_value is not None else 1.0, plan.scale_mode,
         plan.capacity * plan.page_size, pool.shape[0], pool.stride(0), plan.out.stride(0),
-        plan.page_size, plan.dim, _max_blocks(pool.device.index or 0), stream)
+        plan.page_size, plan.dim, sm_count(pool.device) * 16, stream)
     if code != 0:
         raise RuntimeError(f"gather_cast_cuda: launch failed: {lib.kvwall_cuda_error_string(code).decode()} (code {code}).")
     return plan.out
@@ -101,7 +99,7 @@ def launch_gather_cuda(plan: GatherPlan, *, pool: torch.Tensor | None = None) ->
 def gather_cast_cuda(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None = None, *,
                      out: torch.Tensor | None = None, scale: float | torch.Tensor | None = None,
                      check_range: bool = True) -> torch.Tensor:
-    """Same contract as :func:`kvwall.kernels.gather.kernel`, run by the CUDA C++ kernel."""
+    """Same contract as :func:`kvwall.kernels.gather.kernel.gather_cast`, run by the CUDA C++ kernel."""
     return launch_gather_cuda(plan_gather(pool, kv_indices, kv_indptr, out=out, scale=scale, check_range=check_range))
 
 

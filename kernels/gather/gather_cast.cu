@@ -1,11 +1,13 @@
-// Gather-then-cast, CUDA C++ twin of kernels/gather_cast.py (same contract, same tests).
+// Gather-then-cast, CUDA C++ twin of kernels/gather/kernel.py (same contract, same tests).
 //
 //   out[i] = bf16(pool[kv_indices[i]] (* scale))   for i < min(capacity, kv_indptr[-1])
 //
-// pool: float8_e4m3fn pages of page_size rows of `dim` values (page_size 1: SGLang's token pool);
-// out: bfloat16, one page per index. The real row count is read on the device from kv_indptr's
-// last entry (no host sync, CUDA-graph safe); out-of-range indices give NaN rows instead of reads
-// outside the pool. Validation lives in the Python launcher (kvwall.kernels.gather_cast_cuda).
+// pool: float8_e4m3fn pages of page_size rows of `dim` values (page_size 1: SGLang's token pool),
+// pages `pool_page_stride` values apart (a row-strided view is fine: pool and out offsets are
+// 64-bit); out: bfloat16, one page per index. The real row count is read on the device from
+// kv_indptr's last entry (no host sync, CUDA-graph safe); out-of-range indices give NaN rows
+// instead of reads outside the pool. Validation lives in the Python launcher
+// (kernels/gather/cuda.py, kvwall.kernels.gather_cast_cuda).
 //
 // Only CUDA headers: the file compiles in seconds with plain nvcc (that is how CPU machines
 // compile-check it), and torch.utils.cpp_extension.load builds it into a shared library that the

@@ -5,32 +5,38 @@ decode step. :func:`gather_cast` reads just the rows ``kv_indices`` names and wr
 order, into a compact BF16 buffer: ``out[i] = pool[kv_indices[i]] (* scale)``. The attention is then
 planned over that buffer with indices ``0..n-1`` (:func:`compact_kv_indices`).
 
-Calling conventions (the same for the CUDA C++ twin, :func:`kvwall.kernels.gather.cuda`):
+Calling conventions (the same for the CUDA C++ twin, :func:`kvwall.kernels.gather.cuda.gather_cast_cuda`):
 
 - ``pool``: ``float8_e4m3fn``, ``(num_slots, D)``, SGLang's ``(num_slots, 1, D)``, or a paged pool
   ``(num_pages, page_size, D)``. **Page sizes above 1**: ``kv_indices`` are then *page* indices (as
   FlashInfer's paged wrappers take them) and every referenced page is copied whole, so
   ``out[i] = pool[kv_indices[i]]`` is a ``(page_size, D)`` page; plan the attention with pages
   ``0..n-1`` and the same ``kv_last_page_len``. To gather *token* slots out of a paged pool
-  instead, pass ``pool.view(-1, D)`` and token indices ``page * page_size + offset``.
+  instead, pass ``pool.view(-1, D)`` and token indices ``page * page_size + offset``. Rows may be
+  strided (``pool[:, :, :512]`` of a wider pool); offsets are 64-bit wherever the pool's last row
+  lies past 2^31 values (:func:`largest_pool_offset`), 32-bit otherwise.
 - ``kv_indices``: 1-D ``int32`` or ``int64``, contiguous. Repeated and unsorted indices are fine.
 - ``kv_indptr`` (optional, CSR request boundaries on the pool's device): only its *last* entry is
   read, **inside the kernel**, and bounds how many of ``kv_indices`` are real; rows past it are not
   written. No host synchronization: this is what lets the call sit in a CUDA-graph-captured
   decode step, where ``kv_indices`` and ``out`` are fixed-capacity buffers and lengths change.
-- ``out`` (optional): a BF16 buffer with at least ``len(kv_indices)`` rows (its capacity).
+- ``out`` (optional): a BF16 buffer with at least ``len(kv_indices)`` rows (its capacity), its
+  own memory: one that overlaps itself (``expand``) or shares bytes with an input is refused.
 - ``scale`` (optional): a Python number or a one-element float32 tensor on the pool's device (read
   in the kernel, so a graph replays with whatever the tensor holds). Products are rounded to
   BF16 to nearest-even, exactly as ``(row.float() * scale).to(torch.bfloat16)``.
 - ``check_range=True`` validates indices and ``kv_indptr`` on the host *before* the launch (a
-  device sync). ``check_range=False`` skips that sync (needed inside graph capture); the kernel
-  still never reads outside the pool or writes past ``out``'s capacity: a row whose index is out
-  of range is written as NaN (attention output turns NaN, loudly), and a ``kv_indptr`` end past
-  the capacity is clamped to it. The trade-off: bad page tables show up as NaN rows downstream
-  instead of an exception naming the bad index.
+  device sync). ``check_range=False`` skips that sync (needed inside graph capture). **Unchecked
+  calls** (the contract :func:`kvwall.kernels.mla_decode.kernel.mla_decode_fp8` shares): the
+  kernel never reads outside the pool or ``kv_indices`` and never writes outside ``out``; an
+  out-of-range index gives NaN (here: its row of ``out`` is NaN), and a ``kv_indptr`` end past the
+  capacity is clamped to it. Bad page tables show up as NaN downstream instead of an exception
+  naming the bad index.
 
 FP8 -> BF16 is exact (e4m3 values are a subset of BF16), so without ``scale`` the result is
-bit-identical to ``pool[idx].to(torch.bfloat16)``; tests check bit-exactness.
+bit-identical to ``pool[idx].to(torch.bfloat16)``, FP8 NaN included (NaN stays NaN), compiled or
+interpreted: Triton's interpreter reads e4m3's NaN patterns as ±480, and the kernels put the NaN
+back there (:data:`kvwall.kernels._common.keep_fp8_nan`). Tests check bit-exactness on both paths.
 
 On a CPU tensor the kernels run in Triton's interpreter (constructed here, whatever
 ``TRITON_INTERPRET`` says, so import order does not matter); on CUDA they are compiled.
@@ -39,7 +45,6 @@ On a CPU tensor the kernels run in Triton's interpreter (constructed here, whate
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
@@ -48,8 +53,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
+                                    gpu_name, keep_fp8_nan, needs_int64, read_tuned_table, refuse_graph_capture,
+                                    round_bf16_by_bits, sm_count)
+
 __all__ = ["gather_cast", "full_cast", "compact_kv_indices", "GatherPlan", "plan_gather", "launch_gather",
-           "GatherConfig", "gather_config", "chunk_width", "SUPPORTED_INDEX_DTYPES"]
+           "check_same_layout", "GatherConfig", "gather_config", "chunk_width", "largest_pool_offset",
+           "SUPPORTED_INDEX_DTYPES"]
 
 SUPPORTED_INDEX_DTYPES = (torch.int32, torch.int64)
 POOL_DTYPE = torch.float8_e4m3fn
@@ -63,8 +73,8 @@ def _gather_cast_kernel(
     pool_page_stride, out_page_stride,  # elements between consecutive pages
     D: tl.constexpr, PAGE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     HAS_INDPTR: tl.constexpr, SCALE_MODE: tl.constexpr,  # 0: none, 1: scale_value, 2: *scale_ptr
-    WIDE: tl.constexpr,  # int64 chunk/row arithmetic (only when the output has >= 2^31 values)
-    POOL_WIDE: tl.constexpr,  # int64 pool offsets (only when the pool has >= 2^31 values)
+    WIDE: tl.constexpr,  # int64 chunk/row arithmetic and output offsets (only when they can pass 2^31 - 1)
+    POOL_WIDE: tl.constexpr,  # int64 pool offsets (only when the largest the launch can form passes 2^31 - 1)
     EVICT_LOADS: tl.constexpr, EVICT_STORES: tl.constexpr,  # evict_first hints for the pool reads / out writes
     LOAD_VEC: tl.constexpr,  # FP8 values per load vector: 8 matches the 16-byte BF16 stores' thread layout
 ):
@@ -90,7 +100,8 @@ def _gather_cast_kernel(
     load_cols = (cols // LOAD_VEC) * LOAD_VEC + cols % LOAD_VEC
     for block in range(tl.program_id(0), (limit * NC + BLOCK - 1) // BLOCK, tl.num_programs(0)):
         # [BLOCK, 1] columns: one slot load per chunk (the few chunks of a row share it through L1), index math
-        # in 32-bit unless WIDE, 64-bit only for pools of 2^31 values or more (POOL_WIDE).
+        # in 32-bit unless WIDE, 64-bit pool offsets only where the pool's last page lies past 2^31 values
+        # (POOL_WIDE: decided by the offsets, not the element count, so a row-strided view is covered).
         j = block * BLOCK + tl.arange(0, BLOCK)[:, None]
         if WIDE:
             j = j.to(tl.int64)
@@ -118,14 +129,9 @@ def _gather_cast_kernel(
         else:
             x = tl.load(src + load_cols, mask=live & in_pool, other=0.0)
         if SCALE_MODE == 0:
-            y = x.to(tl.bfloat16)
-        else:
-            # float32 -> bfloat16 rounded to nearest even by integer ops: Triton's interpreter truncates
-            # instead of rounding, so the same arithmetic is spelled out and runs (tested) on both.
-            f = x.to(tl.float32) * scale
-            u = f.to(tl.uint32, bitcast=True)
-            r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            y = tl.where(f != f, float("nan"), r)
+            y = keep_fp8_nan(x, x.to(tl.bfloat16))
+        else:  # rounded by integer ops: the same arithmetic in the interpreter, which truncates
+            y = round_bf16_by_bits(keep_fp8_nan(x, x.to(tl.float32)) * scale)
         y = tl.where(in_pool, y, float("nan")).to(tl.bfloat16)
         if EVICT_STORES:
             tl.store(dst + cols, y, mask=live, eviction_policy="evict_first")
@@ -161,12 +167,9 @@ def _gather_cast_tiles_kernel(
             col_ok = cols < D
             x = tl.load(src[:, None] + cols[None, :], mask=(real & in_pool)[:, None] & col_ok[None, :], other=0.0)
             if SCALE_MODE == 0:
-                y = x.to(tl.bfloat16)
+                y = keep_fp8_nan(x, x.to(tl.bfloat16))
             else:
-                f = x.to(tl.float32) * scale
-                u = f.to(tl.uint32, bitcast=True)
-                r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-                y = tl.where(f != f, float("nan"), r)
+                y = round_bf16_by_bits(keep_fp8_nan(x, x.to(tl.float32)) * scale)
             y = tl.where(in_pool[:, None], y, float("nan")).to(tl.bfloat16)
             tl.store(dst[:, None] + cols[None, :], y, mask=real[:, None] & col_ok[None, :])
 
@@ -174,18 +177,15 @@ def _gather_cast_tiles_kernel(
 def _full_cast_kernel(src_ptr, out_ptr, numel, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    tl.store(out_ptr + offs, tl.load(src_ptr + offs, mask=mask).to(tl.bfloat16), mask=mask)
+    x = tl.load(src_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, keep_fp8_nan(x, x.to(tl.bfloat16)), mask=mask)
 
 
 @functools.cache
 def _kernel(name: str, interpreted: bool):
     fn = {"gather_cast": _gather_cast_kernel, "gather_cast_tiles": _gather_cast_tiles_kernel,
           "full_cast": _full_cast_kernel}[name]
-    if interpreted:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(fn)
-    return triton.jit(fn)
+    return build_kernel(fn, interpreted)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,8 +214,7 @@ class GatherPlan:
         return 2 if self.scale_tensor is not None else (1 if self.scale_value is not None else 0)
 
 
-def _fail(kind: type[Exception], text: str) -> None:
-    raise kind(f"gather_cast: {text}")
+_fail: Fail = functools.partial(fail, "gather_cast")
 
 
 def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None = None, *,
@@ -250,6 +249,7 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
         _fail(ValueError, f"kv_indices is on {kv_indices.device} but pool is on {pool.device}; move them to one device.")
     n = kv_indices.numel()
     out_shape = (n, page_size, dim) if pool.dim() == 3 else (n, dim)
+    out_given = out is not None
     if out is None:
         out = torch.empty(out_shape, dtype=OUT_DTYPE, device=pool.device)
     else:
@@ -288,30 +288,15 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
         if isinstance(scale, bool) or not isinstance(scale, Real):
             _fail(TypeError, f"scale={scale!r}: give a number, a one-element float32 tensor, or None.")
         scale_value = float(scale)
+    if out_given:
+        check_output(out, {"pool": pool, "kv_indices": kv_indices, "kv_indptr": kv_indptr, "scale": scale_tensor},
+                     _fail)
     if check_range:
-        _check_range(pool, kv_indices, kv_indptr, page_size)
+        refuse_graph_capture(pool.device, _fail)
+        n = check_kv_indptr(kv_indptr, kv_indices.numel(), _fail)[-1] if kv_indptr is not None else kv_indices.numel()
+        check_indices_in_range(kv_indices[:n], pool.shape[0], "pages" if page_size > 1 else "slots", "the pool",
+                               _fail)
     return GatherPlan(pool, kv_indices, out, indptr_end, scale_tensor, scale_value, page_size, dim)
-
-
-def _check_range(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None, page_size: int) -> None:
-    if pool.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        _fail(RuntimeError, "check_range=True needs a host synchronization, which CUDA-graph capture forbids; "
-              "pass check_range=False for the captured call (out-of-range indices then give NaN rows).")
-    n = kv_indices.numel()
-    if kv_indptr is not None:
-        ptr = kv_indptr.tolist()
-        if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
-            _fail(ValueError, f"kv_indptr must start at 0 and never decrease; got {ptr[:6]}{'...' if len(ptr) > 6 else ''}.")
-        if ptr[-1] > n:
-            _fail(ValueError, f"kv_indptr ends at {ptr[-1]} but kv_indices has only {n} entries (the capacity).")
-        n = ptr[-1]
-    if n:
-        lo, hi = torch.aminmax(kv_indices[:n])
-        lo, hi = int(lo), int(hi)
-        what = "pages" if page_size > 1 else "slots"
-        if lo < 0 or hi >= pool.shape[0]:
-            bad = lo if lo < 0 else hi
-            _fail(IndexError, f"kv_indices holds {bad}, outside the pool's {pool.shape[0]} {what} (0..{pool.shape[0] - 1}).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,7 +325,7 @@ class GatherConfig:
         return f"B{self.block} w{self.num_warps} {grid} ev:{ev or '-'} v{self.load_vec}"
 
 
-#: Used where the tuned table (``gather_cast_tuned.json``, written by ``python -m kvwall.tuning.gather``
+#: Used where the tuned table (``tuned.json`` beside this file, written by ``python -m kvwall.tuning.gather``
 #: on the device) has no entry for the GPU: 16 KB of FP8 per program step (128 B a thread in flight).
 DEFAULT_CONFIGS = {"small": GatherConfig(128, 4, 0), "large": GatherConfig(256, 4, 8)}
 #: A launch of at most this many rows (its capacity) uses the "small" configuration.
@@ -351,11 +336,7 @@ TUNED_CONFIG_FILE = Path(__file__).with_name("tuned.json")
 @functools.cache
 def _device_configs(name: str) -> tuple[dict[str, GatherConfig], int]:
     """The tuned configurations for a GPU model (by ``torch.cuda.get_device_name``), else the defaults."""
-    try:
-        table = json.loads(TUNED_CONFIG_FILE.read_text())
-    except (OSError, ValueError):
-        table = {}
-    entry = table.get(name)
+    entry = read_tuned_table(TUNED_CONFIG_FILE, name)
     if not entry:
         return DEFAULT_CONFIGS, SMALL_ROWS
     fields = {f for f in GatherConfig.__dataclass_fields__}
@@ -363,9 +344,11 @@ def _device_configs(name: str) -> tuple[dict[str, GatherConfig], int]:
     return configs, int(entry.get("small_rows", SMALL_ROWS))
 
 
-@functools.cache
-def _device_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
+def largest_pool_offset(pool: torch.Tensor) -> int:
+    """The largest element offset a launch can form in ``pool``: the last value of its last page, whatever the
+    row stride (``pool[:, :, :512]`` of a 3.8M-slot pool has 1.9G values but offsets up to 2.2G)."""
+    page_values = (pool.shape[1] if pool.dim() == 3 else 1) * pool.shape[-1]
+    return (pool.shape[0] - 1) * pool.stride(0) + page_values - 1
 
 
 def chunk_width(dim: int) -> int:
@@ -375,8 +358,7 @@ def chunk_width(dim: int) -> int:
 
 def gather_config(plan: "GatherPlan") -> GatherConfig:
     """The configuration a CUDA launch of ``plan`` uses (by GPU model and the launch's row capacity)."""
-    dev = plan.pool.device
-    configs, small_rows = _device_configs(_device_name(dev.index if dev.index is not None else torch.cuda.current_device()))
+    configs, small_rows = _device_configs(gpu_name(plan.pool.device))
     return configs["small" if plan.capacity * plan.page_size <= small_rows else "large"]
 
 
@@ -393,16 +375,7 @@ def _tiles_config(dim: int, interpreted: bool) -> tuple[int, int, int]:
     return max(1, 2048 // cols), cols, 4
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sms(device: torch.device) -> int:
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def _check_same_layout(plan: "GatherPlan", pool: torch.Tensor) -> None:
+def check_same_layout(plan: "GatherPlan", pool: torch.Tensor) -> None:
     ref = plan.pool
     if pool.shape != ref.shape or pool.stride() != ref.stride() or pool.dtype != ref.dtype or pool.device != ref.device:
         _fail(ValueError, f"pool {tuple(pool.shape)} {pool.dtype} strides {pool.stride()} on {pool.device} does not "
@@ -420,7 +393,7 @@ def launch_gather(plan: GatherPlan, *, pool: torch.Tensor | None = None, config:
     if pool is None:
         pool = plan.pool
     elif pool is not plan.pool:
-        _check_same_layout(plan, pool)
+        check_same_layout(plan, pool)
     rows = plan.capacity * plan.page_size
     if rows == 0:
         return plan.out
@@ -439,14 +412,14 @@ def launch_gather(plan: GatherPlan, *, pool: torch.Tensor | None = None, config:
         else:
             cfg = config or gather_config(plan)
         blocks = triton.cdiv(total, cfg.block)
-        grid = (blocks if cfg.programs_per_sm <= 0 else min(blocks, _sms(pool.device) * cfg.programs_per_sm),)
-        wide = plan.capacity * plan.out.stride(0) + cfg.block * chunk >= 2**31 or total + cfg.block >= 2**31
+        grid = (blocks if cfg.programs_per_sm <= 0 else min(blocks, sm_count(pool.device) * cfg.programs_per_sm),)
+        wide = needs_int64(plan.capacity * plan.out.stride(0) + cfg.block * chunk) or needs_int64(total + cfg.block)
         _kernel("gather_cast", interpreted)[grid](
             pool, plan.kv_indices, plan.out, indptr, scale_ptr, scale_value,
             rows, pool.shape[0], pool.stride(0), plan.out.stride(0),
             D=plan.dim, PAGE=plan.page_size, CHUNK=chunk, BLOCK=cfg.block,
             HAS_INDPTR=plan.indptr_end is not None, SCALE_MODE=plan.scale_mode,
-            WIDE=wide, POOL_WIDE=pool.numel() >= 2**31,
+            WIDE=wide, POOL_WIDE=needs_int64(largest_pool_offset(pool)),
             EVICT_LOADS=cfg.evict_loads, EVICT_STORES=cfg.evict_stores, LOAD_VEC=min(cfg.load_vec, chunk),
             num_warps=cfg.num_warps, num_stages=1,
         )
@@ -455,7 +428,7 @@ def launch_gather(plan: GatherPlan, *, pool: torch.Tensor | None = None, config:
         _fail(ValueError, f"variant={variant!r}: use 'auto', 'chunks' or 'tiles'.")
     br, bc, nw = _tiles_config(plan.dim, interpreted)
     blocks = triton.cdiv(rows, br)
-    grid = (blocks if interpreted else min(blocks, _sms(pool.device) * 8),)
+    grid = (blocks if interpreted else min(blocks, sm_count(pool.device) * 8),)
     _kernel("gather_cast_tiles", interpreted)[grid](
         pool, plan.kv_indices, plan.out, indptr, scale_ptr, scale_value,
         rows, pool.shape[0], pool.stride(0), plan.out.stride(0),
@@ -477,24 +450,45 @@ def gather_cast(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
     return launch_gather(plan_gather(pool, kv_indices, kv_indptr, out=out, scale=scale, check_range=check_range))
 
 
+_fail_full: Fail = functools.partial(fail, "full_cast")
+#: The most values one program of ``full_cast`` may move (Triton's largest tensor).
+MAX_FULL_CAST_BLOCK = 1 << 20
+
+
 def full_cast(pool: torch.Tensor, *, out: torch.Tensor | None = None, block: int | None = None) -> torch.Tensor:
-    """The whole pool, FP8 -> BF16, as one vectorized pass (what ``pool.to(torch.bfloat16)`` should cost)."""
+    """The whole pool, FP8 -> BF16, as one vectorized pass (what ``pool.to(torch.bfloat16)`` should cost).
+
+    ``pool``: any contiguous ``float8_e4m3fn`` tensor; ``out``: a contiguous BF16 tensor of the same shape
+    (allocated if not given), not sharing memory with ``pool``; ``block``: values per program, a power of two
+    up to 2^20 (default 8192 on a GPU, 65536 in the interpreter). All checked before the launch. Offsets are
+    64-bit. Bit-identical to ``pool.to(torch.bfloat16)``, NaN included, on both paths.
+    """
     if not isinstance(pool, torch.Tensor) or pool.dtype != POOL_DTYPE:
-        raise TypeError(f"full_cast: pool must be a {POOL_DTYPE} tensor, got {getattr(pool, 'dtype', type(pool).__name__)}.")
+        _fail_full(TypeError, f"pool must be a {POOL_DTYPE} tensor, got {getattr(pool, 'dtype', type(pool).__name__)}.")
     if not pool.is_contiguous():
-        raise ValueError("full_cast: pool is not contiguous; pass pool.contiguous().")
+        _fail_full(ValueError, "pool is not contiguous; pass pool.contiguous().")
     if pool.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"full_cast: pool is on {pool.device}; it runs on CUDA or CPU (Triton interpreter).")
+        _fail_full(ValueError, f"pool is on {pool.device}; it runs on CUDA or CPU (Triton interpreter).")
     if out is None:
         out = torch.empty(pool.shape, dtype=OUT_DTYPE, device=pool.device)
-    elif out.dtype != OUT_DTYPE or out.shape != pool.shape or not out.is_contiguous() or out.device != pool.device:
-        raise ValueError(f"full_cast: out must be a contiguous {OUT_DTYPE} tensor of shape {tuple(pool.shape)} on "
-                         f"{pool.device}; got {out.dtype} {tuple(out.shape)} on {out.device}.")
+    else:
+        if not isinstance(out, torch.Tensor):
+            _fail_full(TypeError, f"out must be a {OUT_DTYPE} tensor, got {type(out).__name__}.")
+        if out.dtype != OUT_DTYPE or out.shape != pool.shape or not out.is_contiguous() or out.device != pool.device:
+            _fail_full(ValueError, f"out must be a contiguous {OUT_DTYPE} tensor of shape {tuple(pool.shape)} on "
+                       f"{pool.device}; got {out.dtype} {tuple(out.shape)} on {out.device}"
+                       f"{'' if out.is_contiguous() else ', not contiguous'}.")
+        check_output(out, {"pool": pool}, _fail_full)
+    interpreted = pool.device.type == "cpu"
+    if block is None:
+        block = 1 << 16 if interpreted else 8192
+    elif isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_FULL_CAST_BLOCK \
+            or block & (block - 1):
+        _fail_full(ValueError, f"block={block!r}: give a power of two from 1 to {MAX_FULL_CAST_BLOCK} (values per "
+                   "program), or None for the default.")
     numel = pool.numel()
     if numel == 0:
         return out
-    interpreted = pool.device.type == "cpu"
-    block = block or (1 << 16 if interpreted else 8192)
     _kernel("full_cast", interpreted)[(triton.cdiv(numel, block),)](pool, out, numel, BLOCK=block,
                                                                      num_warps=1 if interpreted else 8)
     return out

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["gather_cast_reference", "full_cast_reference", "GatherInputs", "make_gather_inputs",
+__all__ = ["gather_cast_reference", "GatherInputs", "make_gather_inputs",
            "fp8_bytes", "POISON_BITS", "bits"]
 
 #: What tests pre-fill output buffers with: a BF16 NaN pattern no conversion ever produces.
@@ -41,15 +41,11 @@ def gather_cast_reference(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indpt
     return out
 
 
-def full_cast_reference(pool: torch.Tensor) -> torch.Tensor:
-    return pool.to(torch.bfloat16)
-
-
 def fp8_bytes(shape: Sequence[int], *, generator: torch.Generator, nan: bool = False) -> torch.Tensor:
     """Uniformly random FP8 (e4m3fn) bit patterns: every normal, subnormal and both zeros.
 
-    ``nan=False`` replaces the two NaN patterns (0x7F, 0xFF) with ±448: Triton's interpreter reads
-    FP8 NaN as 480, so CPU tests leave NaN to the GPU suite.
+    ``nan=True`` keeps the two NaN patterns (0x7F, 0xFF); ``nan=False`` replaces them with ±448, for
+    checks whose reference has no NaN to compare with (a scale that must be rounded, say).
     """
     raw = torch.randint(0, 256, tuple(shape), generator=generator, dtype=torch.uint8)
     if not nan:

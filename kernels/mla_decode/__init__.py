@@ -1,6 +1,10 @@
 """Fused FP8 MLA decode (chapter 5): attention straight from the FP8 pool, never materializing BF16.
 
-- :mod:`.kernel`: the Triton split-KV and combine kernels and their launcher (``mla_decode_fp8``);
-- :mod:`.reference`: the torch reference (``mla_decode_reference``), the seeded input generator;
-- ``tuned.json``: launch shapes per GPU and head count.
+- :mod:`.kernel`: the Triton split-KV and combine kernels and their launcher (``mla_decode_fp8``), the tuned
+  launch shapes' lookup (``tuned_entry``);
+- :mod:`.reference`: the torch reference (``mla_decode_reference``), the seeded input generator
+  (``make_mla_inputs``) and the float64 reference on the dequantized cache (``reference64``);
+- :mod:`.cases`: the validation case table every check (tests, recorded run, sanitizer) uses;
+- :mod:`.sanitize`: what ``compute-sanitizer`` runs (``python -m kvwall.kernels.mla_decode.sanitize``);
+- ``tuned.json``: launch shapes per GPU, head count and context (``python -m kvwall.tuning.fused --write``).
 """

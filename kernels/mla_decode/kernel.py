@@ -1,7 +1,7 @@
-"""Fused FP8 MLA decode attention (Triton): reads the FP8 latent cache once, dequantizes in registers,
-never writes BF16 KV anywhere.
+"""Fused FP8 MLA decode attention (Triton): reads the FP8 latent cache once, converts it in registers, never
+writes BF16 KV anywhere.
 
-For request ``b`` with token slots ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (page size 1) and head ``h``::
+For request ``b`` with tokens ``t`` (page size 1: slots ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``) and head ``h``::
 
     logits[h, t] = sm_scale * (q_nope[b, h] . ckv[t] * ckv_scale + q_pe[b, h] . kpe[t] * kpe_scale)
     out[b, h]    = softmax_t(logits[h]) @ (ckv * ckv_scale)
@@ -10,38 +10,55 @@ the semantics of FlashInfer's MLA ``run(..., ckv_scale=, kpe_scale=)``. The opti
 **natural-log** LSE of the scaled logits (as :func:`kvwall.kernels.mla_decode_reference` returns it; FlashInfer's
 is base 2: multiply ours by ``1/ln 2``). A request with no tokens gets ``out = 0`` and ``lse = -inf``.
 
-Design (a first, correct version; tuning comes next):
+Design (chapter 5 gives the reason for each choice and the measurements):
 
-- **Split kernel**, grid ``(B, num_splits, head_blocks)``: a program owns one request, one contiguous
-  slice of its tokens (the split) and a block of up to 64 heads (all of them for 16 or 64 heads), so each
-  KV token is read from HBM once per split for all those heads (MLA shares the latent across heads).
-  It walks its slice in tiles of ``BLOCK_N`` tokens: gathers ``[BLOCK_N, 512]`` FP8 ``ckv`` and
-  ``[BLOCK_N, 64]`` ``kpe`` rows through ``kv_indices``, converts them in registers to the dot operand
-  type, computes ``q_nope @ ckv^T`` and ``q_pe @ kpe^T`` (two tensor-core dots: 512 + 64 = 576), runs the
-  online softmax in base 2 and accumulates ``p @ ckv`` (the same latent tile serves as K and as V).
-  It writes a normalized fp32 partial ``[512]`` per head and its base-2 LSE; with one split it writes the
-  BF16 output directly and no combine runs.
-- **Combine kernel**, grid ``(B, H, 512 / BLOCK_D)``: merges the splits' partials by their LSEs
-  (flash-decoding). Empty splits (fewer tokens than splits) carry ``lse = -inf`` and weight 0.
-- **Dot operand type** is a compile-time parameter: BF16 on the GPU (FP8 -> BF16 is exact), float32 in
-  Triton's interpreter, whose BF16 ``tl.dot`` is broken (Triton issue #11584). The softmax weights ``p`` are
-  rounded to the operand type for the second dot, as in flash attention.
-- On CPU tensors the kernels run in Triton's interpreter (built here with ``InterpretedFunction``, whatever
-  ``TRITON_INTERPRET`` says); on CUDA they are compiled.
+- **Split kernel**, grid ``(head_blocks, num_splits, B)``: a program owns a block of up to 64 heads
+  (``block_h``), one request and one contiguous slice of its tokens (the split), so each token's latent is read
+  from HBM once per split for all those heads (MLA shares the latent across heads). It walks its slice in tiles
+  of ``block_n`` tokens: gathers ``[block_n, 512]`` FP8 ``ckv`` and ``[block_n, 64]`` ``kpe`` rows through
+  ``kv_indices``, converts them to float16 in registers (``cvt.rn.f16x2.e4m3x2``, exact), computes the scores
+  ``q_nope @ ckv^T + q_pe @ kpe^T`` on tensor cores with the heads as the MMA's M side, runs the online softmax
+  in base 2 and accumulates ``p @ ckv`` (the latent serves as K and as V; ``p`` rounded to float16 for the
+  second dot, as flash attention does). The 512-wide latent goes in four 128-wide chunks with four
+  accumulators. The tile is loaded twice, once per dot (the second an L1/L2 hit), so Triton's pipeliner can
+  stream each load. Each split writes a normalized float32 partial ``[H, 512]`` and its base-2 LSE; with one
+  split it writes the BF16 output directly and no combine runs.
+- **Queries** go to float16 scaled per head by a power of two that puts the largest |q| in [2^12, 2^15) (no
+  overflow, no lost bits), the scale folded back into the logit scale.
+- **Combine kernel**, grid ``(B, H, 512 / combine_block_d)``: merges the splits' partials by their LSEs
+  (flash-decoding); splits with no tokens carry ``lse = -inf`` and weight 0.
+- **Launch shape** (:class:`MLADecodeConfig`) and **splits per request** come from ``tuned.json`` (written by
+  ``python -m kvwall.tuning.fused --write``), the entry nearest to the GPU model, head count and context
+  (:func:`tuned_entry`); without an entry, defaults. Roads not taken stay selectable for the tuner:
+  ``convert="bits"`` (FP8 -> float16 by bit moves, scaled by 2^-8) and ``s_fp8`` (scores on FP8 tensor cores,
+  the query split into four e4m3 terms).
+- **Rows past a split's end repeat its last token**, so the tile loads are unmasked and stay in bounds.
+- On CPU tensors the kernels run in Triton's interpreter (built here, whatever ``TRITON_INTERPRET`` says), with
+  exact float32 dots (the interpreter's 16-bit ``tl.dot`` is unreliable) and float32 ``p``; the FP8 conversion
+  is done by bit moves there, then NaN put back. On CUDA they are compiled.
 
 Inputs: ``q_nope [B, H, Dc]`` and ``q_pe [B, H, Dr]`` BF16 (last stride 1); ``ckv_cache [slots, Dc]`` and
-``kpe_cache [slots, Dr]`` FP8 e4m3 (or ``[slots, 1, D]``), rows of any stride with the last stride 1, so the
-views ``pool[:, 0, :512]`` and ``pool[:, 0, 512:]`` of one SGLang ``[slots, 1, 576]`` pool work without a
-copy. ``Dc`` and ``Dr`` powers of two (512 and 64 for DeepSeek/GLM). Page sizes above 1 are not supported
-yet: pass ``pool.view(-1, 1, D)`` and token indices ``page * page_size + offset``.
-Scales: Python numbers or one-element float32 tensors on the cache's device (read in the kernel, so a
-captured CUDA graph replays with whatever they hold).
+``kpe_cache [slots, Dr]`` FP8 e4m3, or ``[slots, 1, D]``, rows of any stride with the last stride 1, so the views
+``pool[:, 0, :512]`` and ``pool[:, 0, 512:]`` of one SGLang ``[slots, 1, 576]`` pool work without a copy (offsets
+are 64-bit); or paged ``[pages, page_size, D]`` caches with ``kv_len`` (then ``kv_indptr``/``kv_indices`` count
+pages, as FlashInfer's ``plan()`` takes them). ``Dc`` and ``Dr`` powers of two (512 and 64 for DeepSeek/GLM).
+Scales: Python numbers or one-element float32 tensors on the cache's device (read in the kernel, so a captured
+CUDA graph replays with whatever they hold). ``out``: its own memory (one that overlaps itself or shares bytes
+with an input is refused).
+
+NaN: an FP8 NaN in a token a request reads makes that request's output and LSE NaN (every head), on the GPU and
+in the interpreter alike; NaN in a slot no request reads has no effect. With ``convert="bits"`` (not used by any
+tuned entry) the GPU converts e4m3's NaN to a finite value instead.
+
+**Unchecked calls** (``check_range=False``, the contract :func:`kvwall.kernels.gather.kernel.gather_cast`
+shares): the kernels never read outside the caches, ``kv_indices``, ``kv_indptr`` or ``kv_len``, and never write
+outside ``out``; a request holding an out-of-range index gets NaN output (every head, LSE NaN), and
+``kv_indptr`` / ``kv_len`` entries past the buffers are clamped to them.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 from dataclasses import dataclass
 from numbers import Real
@@ -51,7 +68,12 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["mla_decode_fp8", "MLADecodeConfig", "default_config", "default_num_splits"]
+from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
+                                    gpu_name, keep_fp8_nan, read_tuned_table, refuse_graph_capture,
+                                    round_bf16_by_bits, sm_count)
+
+__all__ = ["mla_decode_fp8", "MLADecodeConfig", "default_config", "default_num_splits", "tuned_entry",
+           "CONVERSIONS", "TUNED_CONFIG_FILE", "LAST_COMPILED"]
 
 Q_DTYPE = torch.bfloat16
 KV_DTYPE = torch.float8_e4m3fn
@@ -63,8 +85,10 @@ def _fp8_as_f16_impl(x8, HOW: tl.constexpr):
     """FP8 e4m3 -> float16 dot operands. ``HOW == 0`` (interpreter) and ``1`` (GPU): by moving bits -- the
     sign to bit 15, the 7 exponent-and-mantissa bits to bits 7..13 -- which gives float16 values of exactly
     2^-8 x the FP8 value (the bias is 7 in e4m3 and 15 in float16, and the two formats' subnormal steps line
-    up), e4m3's NaN pattern becoming a finite value; on the GPU four values take one sign-replicating ``prmt``
-    and a shift-and-mask per pair. ``HOW == 2``: the hardware ``cvt.rn.f16x2.e4m3x2`` (exact, scale 1)."""
+    up); e4m3's NaN pattern becomes a finite value, put back to NaN in the interpreter (so it agrees with the
+    GPU's default ``cvt``), left finite on the GPU's ``"bits"``; there four values take one sign-replicating
+    ``prmt`` and a shift-and-mask per pair. ``HOW == 2``: the hardware ``cvt.rn.f16x2.e4m3x2`` (exact, scale 1,
+    NaN stays NaN)."""
     if HOW == 1:
         return tl.inline_asm_elementwise(
             asm="""{
@@ -82,7 +106,7 @@ def _fp8_as_f16_impl(x8, HOW: tl.constexpr):
         return x8.to(tl.float16)
     else:
         u = x8.to(tl.uint8, bitcast=True).to(tl.uint16)
-        return (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True)
+        return keep_fp8_nan(x8, (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True))
 
 
 def _pow2_impl(k):
@@ -140,12 +164,20 @@ def _sum_terms_impl(x, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
     return tl.reduce(tl.reshape(x, [BLOCK_N, 4, BLOCK_H]), 1, tl.standard._sum_combine)
 
 
+def _as_f32_impl(x):
+    """A dot operand in float32 for the interpreter; FP8 operands (the ``s_fp8`` scores) keep their NaN."""
+    y = x.to(tl.float32)
+    if x.dtype == tl.float8e4nv:
+        y = keep_fp8_nan(x, y)
+    return y
+
+
 def _dot_impl(a, b, acc, ON_GPU: tl.constexpr):
     """A tensor-core dot on the GPU; exact float32 products in the interpreter (whose 16-bit dot is unreliable)."""
     if ON_GPU:
         r = tl.dot(a, b, acc)
     else:
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        r = tl.dot(_as_f32(a), _as_f32(b), acc, input_precision="ieee")
     return r
 
 
@@ -153,16 +185,14 @@ def _store_bf16_impl(ptrs, o, hmask, ON_GPU: tl.constexpr):
     if ON_GPU:
         ob = o.to(tl.bfloat16)
     else:  # the interpreter truncates float32 -> bfloat16: round to nearest even by integer ops
-        u = o.to(tl.uint32, bitcast=True)
-        ob = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        ob = tl.where(o != o, float("nan"), ob).to(tl.bfloat16)
+        ob = round_bf16_by_bits(o)
     tl.store(ptrs, ob, mask=hmask[:, None])
 
 
 # The split kernel calls these; compiled kernels need them jitted, interpreted ones call the plain functions.
 _HELPERS = {"_fp8_as_f16": _fp8_as_f16_impl, "_pow2": _pow2_impl, "_q_operand": _q_operand_impl,
             "_dot": _dot_impl, "_store_bf16": _store_bf16_impl, "_e4m3_round": _e4m3_round_impl,
-            "_q_terms": _q_terms_impl, "_sum_terms": _sum_terms_impl}
+            "_q_terms": _q_terms_impl, "_sum_terms": _sum_terms_impl, "_as_f32": _as_f32_impl}
 _fp8_as_f16 = triton.jit(_fp8_as_f16_impl)
 _pow2 = triton.jit(_pow2_impl)
 _q_operand = triton.jit(_q_operand_impl)
@@ -171,6 +201,7 @@ _store_bf16 = triton.jit(_store_bf16_impl)
 _e4m3_round = triton.jit(_e4m3_round_impl)
 _q_terms = triton.jit(_q_terms_impl)
 _sum_terms = triton.jit(_sum_terms_impl)
+_as_f32 = triton.jit(_as_f32_impl)
 
 
 def _mla_split_kernel(
@@ -178,6 +209,8 @@ def _mla_split_kernel(
     ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, qk_scale,  # qk_scale = sm_scale * log2(e)
     part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
     H, num_splits,
+    num_indices,  # len(kv_indices): kv_indptr entries are clamped to it (unchecked calls read nothing past it)
+    num_units,  # slots (PAGE == 1) or pages in the cache: an index outside 0..num_units-1 makes the request NaN
     stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_ckv, stride_kpe,
     stride_o_b, stride_o_h,
     DC: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -194,11 +227,13 @@ def _mla_split_kernel(
     dch = tl.arange(0, DCH)
     dr = tl.arange(0, DR)
 
-    start = tl.load(indptr_ptr + b).to(tl.int32)
+    # Clamped to the buffers: a checked call changes nothing here, an unchecked one reads nothing outside them.
+    start = tl.minimum(tl.maximum(tl.load(indptr_ptr + b).to(tl.int32), 0), num_indices)
+    stop = tl.minimum(tl.maximum(tl.load(indptr_ptr + b + 1).to(tl.int32), start), num_indices)
     if PAGE == 1:
-        length = tl.load(indptr_ptr + b + 1).to(tl.int32) - start
+        length = stop - start
     else:
-        length = tl.load(kvlen_ptr + b).to(tl.int32)
+        length = tl.minimum(tl.maximum(tl.load(kvlen_ptr + b).to(tl.int32), 0), (stop - start) * PAGE)
     # cdiv spelled out: tl.cdiv is a jit function, which a kernel built with InterpretedFunction cannot call
     per_split = ((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     lo = s * per_split  # token positions within the request
@@ -254,6 +289,7 @@ def _mla_split_kernel(
     # twice: for the scores (CACHE_K) and again for p @ ckv (CACHE_V, an L1/L2 hit): one use per load lets
     # Triton's pipeliner stream each into shared memory with cp.async; the HBM traffic stays one read.
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    bad_seen = tl.full([BLOCK_N], 0, tl.int32)  # per tile column: did an index fall outside the cache?
     l_i = tl.full([BLOCK_H], 0.0, tl.float32)
     acc0 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
     acc1 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
@@ -264,11 +300,16 @@ def _mla_split_kernel(
         live = n < hi
         # Rows past the split's end repeat its last token: every load stays unmasked and in bounds, and what
         # they read is dropped (-inf logits, p = 0) -- no stray slot's NaN can leak in through 0 x NaN.
+        # An index outside the cache (possible in unchecked calls) reads slot 0 instead; the split ends NaN.
         t = tl.minimum(n, hi - 1)
         if PAGE == 1:
             slot = tl.load(indices_ptr + start + t).to(tl.int64)
+            bad = (slot < 0) | (slot >= num_units)
+            slot = tl.where(bad, 0, slot)
         else:
-            slot = tl.load(indices_ptr + start + t // PAGE).to(tl.int64) * PAGE + t % PAGE
+            page = tl.load(indices_ptr + start + t // PAGE).to(tl.int64)
+            bad = (page < 0) | (page >= num_units)
+            slot = tl.where(bad, 0, page) * PAGE + t % PAGE
         row = ckv_ptr + slot[:, None] * stride_ckv + dch[None, :]
         kr = tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], cache_modifier=CACHE_K)
         if S_FP8:  # [tokens, 4 x heads] on FP8 tensor cores, then the four terms summed: [heads, tokens]
@@ -289,6 +330,7 @@ def _mla_split_kernel(
                        ON_GPU)
             s_r = _dot(qr, tl.trans(_fp8_as_f16(kr, CONVERT)), None, ON_GPU)
         logits = s_c * row_c[:, None] + s_r * row_k[:, None]  # [BLOCK_H, BLOCK_N], base-2 units
+        bad_seen = bad_seen | bad.to(tl.int32)
         logits = tl.where(live[None, :], logits, float("-inf"))
         # Reductions through tl.reduce with the standard combine functions: tl.max / tl.sum are jit functions,
         # which a kernel built with InterpretedFunction (no TRITON_INTERPRET) cannot call; tl.reduce it patches.
@@ -311,9 +353,12 @@ def _mla_split_kernel(
                       ON_GPU)
         m_i = m_new
 
-    has = l_i > 0.0
-    norm = tl.where(has, ckv_scale * KV_MUL / tl.where(has, l_i, 1.0), 0.0)[:, None]  # [BLOCK_H, 1]
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    # l_i is 0 for a split with no tokens, >= 1 otherwise; NaN if a logit was (an FP8 NaN) or if an index was out
+    # of range: then out and LSE are NaN.
+    l_i = tl.where(tl.reduce(bad_seen, 0, tl.standard._elementwise_max) > 0, float("nan"), l_i)
+    empty = l_i == 0.0
+    norm = tl.where(empty, 0.0, ckv_scale * KV_MUL / tl.where(empty, 1.0, l_i))[:, None]  # [BLOCK_H, 1]
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     if DIRECT:
         o_rows = out_ptr + b.to(tl.int64) * stride_o_b + heads[:, None] * stride_o_h + dch[None, :]
         _store_bf16(o_rows + 0 * DCH, acc0 * norm, hmask, ON_GPU)
@@ -341,30 +386,35 @@ def _mla_combine_kernel(
     h = tl.program_id(1)
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     base = b.to(tl.int64) * num_splits * H + h  # row of split 0
+    # A split whose LSE is NaN (a NaN logit) makes the result NaN; the maximum is taken over the others (the GPU's
+    # maximum ignores NaN, the interpreter's propagates it: excluded explicitly, both agree).
     m = tl.full([BLOCK_S], float("-inf"), tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         ss = s0 + tl.arange(0, BLOCK_S)
-        m = tl.maximum(m, tl.load(part_lse_ptr + base + ss * H, mask=ss < num_splits, other=float("-inf")))
+        lse = tl.load(part_lse_ptr + base + ss * H, mask=ss < num_splits, other=float("-inf"))
+        m = tl.maximum(m, tl.where(lse != lse, float("-inf"), lse))
     m_all = tl.reduce(m, 0, tl.standard._elementwise_max)
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     acc = tl.full([BLOCK_D], 0.0, tl.float32)
     wsum = tl.full([BLOCK_S], 0.0, tl.float32)
+    nans = tl.full([BLOCK_S], 0.0, tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         ss = s0 + tl.arange(0, BLOCK_S)
         ok = ss < num_splits
         lse = tl.load(part_lse_ptr + base + ss * H, mask=ok, other=float("-inf"))
         w = tl.exp2(lse - m_safe)  # 0 for empty splits
-        w = tl.where(ok & (lse > float("-inf")), w, 0.0)
+        w = tl.where(ok & (lse > float("-inf")), w, 0.0)  # 0 for NaN too: counted apart
+        nans += tl.where(lse != lse, 1.0, 0.0)
         o = tl.load(part_o_ptr + (base + ss * H)[:, None] * DC + d[None, :], mask=(ok & (w > 0.0))[:, None],
                     other=0.0)
         acc += tl.reduce(w[:, None] * o, 0, tl.standard._sum_combine)
         wsum += w
     total = tl.reduce(wsum, 0, tl.standard._sum_combine)
+    poisoned = tl.reduce(nans, 0, tl.standard._sum_combine) > 0.0
     res = tl.where(total > 0.0, acc / tl.where(total > 0.0, total, 1.0), 0.0)
+    res = tl.where(poisoned, float("nan"), res)
     if RNE_BY_BITS:  # the interpreter truncates float32 -> bfloat16: round to nearest even by integer ops
-        u = res.to(tl.uint32, bitcast=True)
-        rb = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        rb = tl.where(res != res, float("nan"), rb).to(tl.bfloat16)
+        rb = round_bf16_by_bits(res)
     else:
         rb = res.to(tl.bfloat16)
     tl.store(out_ptr + b.to(tl.int64) * stride_o_b + h * stride_o_h + d, rb)
@@ -372,7 +422,7 @@ def _mla_combine_kernel(
         if tl.program_id(2) == 0:
             lse_out = tl.where(total > 0.0, (m_safe + tl.log2(tl.where(total > 0.0, total, 1.0))) * 0.6931471805599453,
                                float("-inf"))
-            tl.store(lse_ptr + b * H + h, lse_out)
+            tl.store(lse_ptr + b * H + h, tl.where(poisoned, float("nan"), lse_out))
 
 
 #: The compiled kernels of the latest CUDA launch (for resource reports: ``n_regs``, ``n_spills``, ``metadata.shared``).
@@ -382,19 +432,7 @@ LAST_COMPILED: dict[str, object] = {}
 @functools.cache
 def _kernel(name: str, interpreted: bool):
     fn = {"split": _mla_split_kernel, "combine": _mla_combine_kernel}[name]
-    if interpreted:
-        import types
-
-        from triton.runtime.interpreter import InterpretedFunction
-
-        plain = dict(fn.__globals__)
-
-        def rebind(f):  # the same code, resolving helper names to the plain functions
-            return types.FunctionType(f.__code__, plain, f.__name__, f.__defaults__, f.__closure__)
-
-        plain.update({name: rebind(impl) for name, impl in _HELPERS.items()})
-        return InterpretedFunction(rebind(fn))
-    return triton.jit(fn)
+    return build_kernel(fn, interpreted, _HELPERS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,7 +455,7 @@ class MLADecodeConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
-    convert: str = "bits"
+    convert: str = "cvt"
     cache_k: str = ""
     cache_v: str = ".ca"
     s_fp8: bool = False
@@ -426,40 +464,34 @@ class MLADecodeConfig:
     combine_warps: int = 0
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sms(device: torch.device) -> int:
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
 #: Tuned launch shapes per GPU model, head count and context (written by ``python -m kvwall.tuning.fused --write``).
 TUNED_CONFIG_FILE = Path(__file__).with_name("tuned.json")
 
 
-@functools.cache
-def _tuned_table(gpu: str) -> dict:
-    if not TUNED_CONFIG_FILE.exists():
-        return {}
-    return json.loads(TUNED_CONFIG_FILE.read_text()).get(gpu, {})
-
-
-def _tuned_entry(heads: int, max_len: int | None, device: torch.device) -> dict | None:
-    """The tuned entry nearest to (heads, context): the smallest tuned head count >= heads (else the largest),
-    and the context nearest in log scale."""
-    if device.type != "cuda":
-        return None
-    table = _tuned_table(torch.cuda.get_device_name(device))
-    if not table:
-        return None
+def tuned_entry(heads: int, max_len: int | None, gpu: str, *, path: Path | None = None) -> dict | None:
+    """The entry of the tuned table (``path``, default :data:`TUNED_CONFIG_FILE`) for GPU model ``gpu`` (as
+    ``torch.cuda.get_device_name`` says it) nearest to (heads, context): the smallest tuned head count >= heads
+    (else the largest), and the context nearest to ``max_len`` in log scale. Returns ``{"heads": tuned head
+    count, "config": {...MLADecodeConfig fields}, "splits": ...}``, or None when the table has no entry for
+    ``gpu``."""
+    table = read_tuned_table(path or TUNED_CONFIG_FILE, gpu)
     counts = sorted(int(h) for h in table if h.isdigit())
+    if not counts:
+        return None
     h = next((c for c in counts if c >= heads), counts[-1])
     by_ctx = table[str(h)]
     n = max(1, max_len or 1)
     ctx = min(by_ctx, key=lambda c: abs(math.log(int(c) / n)))
     return {"heads": h, **by_ctx[ctx]}
+
+
+@functools.cache
+def _device_entry(gpu: str, heads: int, max_len: int | None) -> dict | None:
+    return tuned_entry(heads, max_len, gpu)
+
+
+def _entry_for(heads: int, max_len: int | None, device: torch.device) -> dict | None:
+    return _device_entry(gpu_name(device), heads, max_len) if device.type == "cuda" else None
 
 
 def default_config(heads: int, dc: int, device: torch.device, max_len: int | None = None) -> MLADecodeConfig:
@@ -470,7 +502,7 @@ def default_config(heads: int, dc: int, device: torch.device, max_len: int | Non
     if device.type == "cpu":
         return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=1, num_stages=1,
                                combine_block_d=dc, combine_block_s=16, combine_warps=1)
-    entry = _tuned_entry(heads, max_len, device)
+    entry = _entry_for(heads, max_len, device)
     if entry is not None:
         return MLADecodeConfig(**{k: v for k, v in entry["config"].items() if not k.startswith("combine_")})
     return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=4 if block_h <= 32 else 8, num_stages=2,
@@ -488,11 +520,11 @@ def default_num_splits(batch: int, heads: int, max_len: int, device: torch.devic
         return max(1, min(3, triton.cdiv(max_len, 64)))
     cfg = config or default_config(heads, 512, device, max_len)
     head_blocks = triton.cdiv(heads, cfg.block_h)
-    entry = _tuned_entry(heads, max_len, device)
+    entry = _entry_for(heads, max_len, device)
     if entry is not None and entry.get("splits"):
         programs = entry["splits"] * triton.cdiv(entry["heads"], entry["config"]["block_h"])
     else:
-        programs = 2 * _sms(device)
+        programs = 2 * sm_count(device)
     want = triton.cdiv(programs, batch * head_blocks)
     return max(1, min(want, triton.cdiv(max_len, cfg.block_n)))
 
@@ -501,8 +533,7 @@ def default_num_splits(batch: int, heads: int, max_len: int, device: torch.devic
 # Validation
 # ----------------------------------------------------------------------------------------------
 
-def _fail(kind: type[Exception], text: str):
-    raise kind(f"mla_decode_fp8: {text}")
+_fail: Fail = functools.partial(fail, "mla_decode_fp8")
 
 
 def _as_rows(name: str, cache: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -609,29 +640,14 @@ def _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scal
                   f"contiguous last dim; got {getattr(out, 'dtype', type(out).__name__)} "
                   f"{tuple(getattr(out, 'shape', ()))} on {getattr(out, 'device', '?')} strides "
                   f"{out.stride() if isinstance(out, torch.Tensor) else '?'}.")
-        for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
-            if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
-                _fail(ValueError, f"out shares memory with {name}.")
+    if kv_indices.numel() > 2**31 - 1:
+        _fail(ValueError, f"kv_indices has {kv_indices.numel()} entries: more than 2^31 - 1 in one batch; split it.")
     max_len = None
     if check_range:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            _fail(RuntimeError, "input checks read kv_indptr/kv_indices on the host, which a CUDA graph capture "
-                  "cannot do: pass check_range=False (and num_splits) inside the capture.")
-        ptr = kv_indptr.tolist()
-        if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
-            _fail(ValueError, f"kv_indptr must start at 0 and never decrease; got {ptr[:6]}{'...' if len(ptr) > 6 else ''}.")
-        if ptr[-1] > kv_indices.numel():
-            _fail(ValueError, f"kv_indptr ends at {ptr[-1]} but kv_indices has only {kv_indices.numel()} entries.")
-        if ptr[-1] > 2**31 - 1:
-            _fail(ValueError, f"kv_indptr ends at {ptr[-1]}: more than 2^31 - 1 tokens in one batch.")
-        if ptr[-1]:
-            lo, hi = torch.aminmax(kv_indices[: ptr[-1]])
-            lo, hi = int(lo), int(hi)
-            units = ckv.shape[0] // page_size
-            if lo < 0 or hi >= units:
-                bad = lo if lo < 0 else hi
-                what = "slots" if page_size == 1 else "pages"
-                _fail(IndexError, f"kv_indices holds {bad}, outside the cache's {units} {what} (0..{units - 1}).")
+        refuse_graph_capture(device, _fail)
+        ptr = check_kv_indptr(kv_indptr, kv_indices.numel(), _fail)
+        check_indices_in_range(kv_indices[: ptr[-1]], ckv.shape[0] // page_size,
+                               "slots" if page_size == 1 else "pages", "the cache", _fail)
         pages = [b - a for a, b in zip(ptr, ptr[1:])]
         if kv_len is None:
             max_len = max(pages)
@@ -662,7 +678,8 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     ``num_splits``: KV splits per request (flash-decoding); default: :func:`default_num_splits`.
     ``check_range=True`` validates ``kv_indptr``/``kv_indices``/``kv_len`` on the host before the launch (a
     device sync); ``False`` skips that (needed inside CUDA-graph capture; then pass ``num_splits`` too, or the
-    default is sized from ``len(kv_indices) / B``); an out-of-range index is then not caught.
+    default is sized from ``len(kv_indices) / B``), under the unchecked-call contract of the module docstring:
+    an out-of-range index makes its request's output NaN, and nothing outside the buffers is read or written.
     ``config`` overrides the launch shape (:class:`MLADecodeConfig`).
     """
     ckv, kpe, page_size, max_len = _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
@@ -678,6 +695,10 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         else:
             k_t = torch.full((1,), k_v, dtype=torch.float32, device=device)
     from_ptr = c_t is not None
+    if out is not None:
+        check_output(out, {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache,
+                           "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len": kv_len, "ckv_scale": c_t,
+                           "kpe_scale": k_t}, _fail)
     if max_len is None:  # unchecked call: lengths unknown on the host; size by the index buffer
         max_len = triton.cdiv(kv_indices.numel() * page_size, batch)
     cfg = config or default_config(heads, dc, device, max_len)
@@ -689,7 +710,8 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         num_splits = default_num_splits(batch, heads, max_len, device, cfg)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         _fail(ValueError, f"num_splits must be a positive int, got {num_splits!r}.")
-    if kv_indices.numel() == 0:  # a valid pointer for the (never executed) index loads
+    num_indices = kv_indices.numel()
+    if num_indices == 0:  # a valid pointer for the (never executed) index loads
         kv_indices = torch.zeros(1, dtype=torch.int32, device=device)
     if out is None:
         out = torch.empty(batch, heads, dc, dtype=Q_DTYPE, device=device)
@@ -708,7 +730,7 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, kv_len if kv_len is not None else kv_indptr,
         c_t if from_ptr else ckv, k_t if from_ptr else kpe, c_v, k_v, float(sm_scale) * LOG2E,
         part_o, part_lse, out, lse_arg,
-        heads, num_splits,
+        heads, num_splits, num_indices, ckv.shape[0] // page_size,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), ckv.stride(0), kpe.stride(0),
         out.stride(0), out.stride(1),
         DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page_size,

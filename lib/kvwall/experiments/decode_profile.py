@@ -11,29 +11,25 @@ from typing import Any, Callable
 
 import torch
 
-from kvwall.kernels import mla_decode_reference, split_latent_cache
-
+from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
+from kvwall.measure.accuracy import relative_error
+from kvwall.measure.profiler import CAST_OP, kernel_names, profile_ops
+from kvwall.measure.timing import bench_ms, copy_bandwidth_gbps
 from kvwall.model.attention import make_mla_decode
 from kvwall.model.decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
 from kvwall.model.geometry import GLM5
-from kvwall.model.roofline import full_pool_cast_bytes
 from kvwall.model.pool import TokenPool, make_decode_batch, random_kv
-from kvwall.measure.profiler import CAST_OP, kernel_names, profile_ops
-from kvwall.results import Result, collect_provenance
+from kvwall.model.roofline import attention_read_bytes, full_pool_cast_bytes
 from kvwall.model.strategies import FullPoolCast
-from kvwall.measure.timing import bench_ms, copy_bandwidth_gbps
+from kvwall.results import Result, collect_provenance
 from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "short_kernel_name"]
 
-#: What these measurements depend on: a recorded result is stale once any of these changes.
-SOURCES = ("kernels/mla_decode/reference.py", "lib/kvwall/model/pool.py", "lib/kvwall/model/strategies.py", "lib/kvwall/model/attention.py",
-           "lib/kvwall/model/decode_step.py", "lib/kvwall/measure/timing.py", "lib/kvwall/measure/profiler.py",
-           "lib/kvwall/experiments/decode_profile.py")
-
 
 def _result(name: str, device: torch.device, params: dict[str, Any], rows: list[dict]) -> Result:
-    return Result(name, params, rows, collect_provenance(device, SOURCES))
+    """The result, stamped with this module's provenance (its import closure is what the numbers depend on)."""
+    return Result(name, params, rows, collect_provenance(device, __name__))
 
 
 def run_decode_profile(device: torch.device, *, pool_tokens: int, layers: int, tensor_parallel: int,
@@ -53,7 +49,7 @@ def run_decode_profile(device: torch.device, *, pool_tokens: int, layers: int, t
     out = attention(model.q_nope, model.q_pe, ckv, kpe).double()
     ref = mla_decode_reference(model.q_nope, model.q_pe, *split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank),
                                batch.kv_indptr, batch.kv_indices, geometry.sm_scale, compute_dtype=torch.float64)
-    rel_err = float((out - ref).norm() / ref.norm())
+    rel_err = relative_error(out, ref)
     if not rel_err < 2e-2:
         raise RuntimeError(f"{attention.name} disagrees with the float64 reference: relative error {rel_err:.3g}.")
     rows.append({"section": "check", "attention": attention.name, "rel_err_vs_float64": rel_err})
@@ -156,7 +152,7 @@ def run_attention_sweep(device: torch.device, *, context_lens: list[int], tensor
         q_nope = random_kv((1, geometry.heads_per_gpu, geometry.kv_lora_rank), generator=gen, device=device, dtype=torch.bfloat16)
         q_pe = random_kv((1, geometry.heads_per_gpu, geometry.qk_rope_head_dim), generator=gen, device=device, dtype=torch.bfloat16)
         ms = bench_ms(lambda: attention(q_nope, q_pe, ckv, kpe), device)
-        nbytes = ctx * geometry.kv_dim * 2
+        nbytes = attention_read_bytes(geometry, ctx)
         rows.append({"section": "sweep", "context_len": ctx, "ms": ms, "bytes": nbytes,
                      "gbps": nbytes / (ms * 1e-3) / 1e9, "attention": attention.name})
     params = {"context_lens": list(context_lens), "tensor_parallel": tensor_parallel,
@@ -170,16 +166,19 @@ EXPERIMENTS: list[Experiment] = [
                          timed_steps=5, profile_steps=3),
                small=dict(pool_tokens=50_000, layers=4, tensor_parallel=4, context_lens=[2048],
                           timed_steps=3, profile_steps=2),
-               about="one decode step, layer by layer: whole-pool cast, MLA decode, stand-in"),
+               about="one decode step, layer by layer: whole-pool cast, MLA decode, stand-in",
+               requires=("cuda", "flashinfer")),
     Experiment("cast_kernels", run_cast_kernels, full=dict(pool_tokens=495_000), small=dict(pool_tokens=50_000),
-               about="which kernel each copy gets, and its GB/s against a plain device copy"),
+               about="which kernel each copy gets, and its GB/s against a plain device copy",
+               requires=("cuda",)),
     Experiment("cast_sweep", run_cast_sweep,
                full=dict(pool_tokens=[65_536, 131_072, 262_144, 495_000, 1_048_576]),
                small=dict(pool_tokens=[8_192, 16_384, 32_768, 65_536]),
-               about="whole-pool cast time against pool size"),
+               about="whole-pool cast time against pool size", requires=("cuda",)),
     Experiment("attention_sweep", run_attention_sweep,
                full=dict(context_lens=[1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
                          tensor_parallel=4, pool_tokens=495_000),
                small=dict(context_lens=[256, 1024, 4096], tensor_parallel=4, pool_tokens=16_384),
-               about="MLA decode time against context length, 16 heads per GPU"),
+               about="MLA decode time against context length, 16 heads per GPU",
+               requires=("cuda", "flashinfer")),
 ]

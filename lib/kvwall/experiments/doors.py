@@ -1,7 +1,8 @@
 """Chapter 3's experiments: FlashInfer's other MLA doors, asked for GLM-5's shape with an FP8 KV cache.
 
-* ``doors_checks`` (any machine): the release's own source lines that decide each path (file:line),
-  a replay of every path's Python checks as on SM90 / SM100 / SM120 (see :mod:`kvwall.peers.flashinfer.doors`),
+* ``doors_checks`` (any machine with FlashInfer; recording it needs nvcc, so the builds are real):
+  the release's own source lines that decide each path (file:line),
+  a replay of every path's Python checks as on SM90 / SM100 / SM120 (see :mod:`kvwall.peers.flashinfer.replay`),
   the kernel generators' answers for GLM-5's head counts, and, where nvcc is present (full scale),
   nvcc builds of the SM120 kernels for ``sm_120a``.
 * ``doors_sm90`` (a CUDA GPU): every path called for real, 16 and 64 heads, page size 1 and the
@@ -11,136 +12,61 @@
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
-import subprocess
+import functools
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from kvwall.kernels import mla_decode_reference
-
-from kvwall.peers.flashinfer import doors as backends
-from kvwall.peers.flashinfer.doors import DOORS, DoorCase, call_door, cite_all, glm5_cases, make_inputs, outcome_of, replay_cases
-from kvwall.results import Result, collect_provenance
-from kvwall.measure.timing import bench_ms
 from kvwall.experiments.registry import Experiment
+from kvwall.kernels import mla_decode_reference
+from kvwall.measure.timing import bench_ms
+from kvwall.peers.flashinfer.calls import call_door, make_inputs, outcome_of
+from kvwall.peers.flashinfer.citations import cite_all
+from kvwall.peers.flashinfer.doors import DOORS, FAMILIES, DoorCase, glm5_cases
+from kvwall.peers.flashinfer.generator_build import GeneratorBuild, build_generator
+from kvwall.peers.flashinfer.releases import release_root
+from kvwall.peers.flashinfer.replay import replay_cases
+from kvwall.results import Result, collect_provenance
 
 __all__ = ["EXPERIMENTS", "run_doors_checks", "run_doors_sm90", "build_generated_module", "GENERATOR_BUILDS"]
 
-SOURCES = ("lib/kvwall/peers/flashinfer/doors.py", "lib/kvwall/experiments/doors.py", "kernels/mla_decode/reference.py")
 
-#: nvcc builds: name -> (python expression giving the JitSpec, FLASHINFER arch, what it shows).
-GENERATOR_BUILDS: dict[str, tuple[str, str, str]] = {
-    "xqa_mla_fp8_h128_p64_sm120a": (
-        "__import__('flashinfer.jit.xqa', fromlist=['x']).gen_xqa_module_mla(torch.float8_e4m3fn, torch.float8_e4m3fn, 64, 576, 128)",
-        "12.0a", "XQA MLA, FP8 Q and KV, 128 heads (the only head count it generates), page 64, for sm_120a"),
-    "xqa_mla_fp8_h16_p64_sm120a": (
-        "__import__('flashinfer.jit.xqa', fromlist=['x']).gen_xqa_module_mla(torch.float8_e4m3fn, torch.float8_e4m3fn, 64, 576, 16)",
-        "12.0a", "XQA MLA for GLM-5's 16 heads per GPU"),
-    "xqa_mla_fp8_h64_p64_sm120a": (
-        "__import__('flashinfer.jit.xqa', fromlist=['x']).gen_xqa_module_mla(torch.float8_e4m3fn, torch.float8_e4m3fn, 64, 576, 64)",
-        "12.0a", "XQA MLA for GLM-5's 64 heads"),
-    "xqa_mla_bf16q_fp8kv_h128_p64_sm120a": (
-        "__import__('flashinfer.jit.xqa', fromlist=['x']).gen_xqa_module_mla(torch.bfloat16, torch.float8_e4m3fn, 64, 576, 128)",
-        "12.0a", "XQA MLA with SGLang's bf16 query over an FP8 cache"),
-    "sparse_mla_sm120": (
-        "__import__('flashinfer.jit.mla', fromlist=['x']).gen_sparse_mla_sm120_module()",
-        "12.0a", "the SM120 sparse (DSA) MLA module, GLM and DeepSeek decode kernels, for sm_120a"),
+def _xqa_mla(q_dtype: str, heads: int, about: str) -> GeneratorBuild:
+    """XQA MLA for an FP8 cache, page 64, the 576-wide latent, ``heads`` query heads, for sm_120a."""
+    return GeneratorBuild("flashinfer.jit.xqa", "gen_xqa_module_mla", (q_dtype, "float8_e4m3fn", 64, 576, heads),
+                          "12.0a", about)
+
+
+#: nvcc builds of the kernels an SM120 door would need, by name.
+GENERATOR_BUILDS: dict[str, GeneratorBuild] = {
+    "xqa_mla_fp8_h128_p64_sm120a": _xqa_mla(
+        "float8_e4m3fn", 128, "XQA MLA, FP8 Q and KV, 128 heads (the only head count it generates), page 64, for sm_120a"),
+    "xqa_mla_fp8_h16_p64_sm120a": _xqa_mla("float8_e4m3fn", 16, "XQA MLA for GLM-5's 16 heads per GPU"),
+    "xqa_mla_fp8_h64_p64_sm120a": _xqa_mla("float8_e4m3fn", 64, "XQA MLA for GLM-5's 64 heads"),
+    "xqa_mla_bf16q_fp8kv_h128_p64_sm120a": _xqa_mla("bfloat16", 128, "XQA MLA with SGLang's bf16 query over an FP8 cache"),
+    "sparse_mla_sm120": GeneratorBuild(
+        "flashinfer.jit.mla", "gen_sparse_mla_sm120_module", (), "12.0a",
+        "the SM120 sparse (DSA) MLA module, GLM and DeepSeek decode kernels, for sm_120a"),
 }
-
-_BUILD_DRIVER = r'''
-import json, re, subprocess, sys, time, traceback
-args = json.loads(sys.argv[1])
-out = {}
-try:
-    import torch
-    spec = eval(args["expr"])
-except BaseException as e:
-    tb = traceback.extract_tb(e.__traceback__)
-    fr = next((f for f in reversed(tb) if "flashinfer" in f.filename), tb[-1] if tb else None)
-    where = (re.sub(r".*?(flashinfer/)", r"\1", fr.filename) + ":" + str(fr.lineno)) if fr else ""
-    out.update(status="generator_refused", exc_type=type(e).__name__, message=str(e)[:600], where=where)
-    json.dump(out, open(args["out"], "w")); sys.exit(0)
-try:
-    from flashinfer.jit import env as jit_env
-    out["include_dir"] = str(jit_env.FLASHINFER_INCLUDE_DIR)
-    out["csrc_dir"] = str(getattr(jit_env, "FLASHINFER_CSRC_DIR", ""))
-    out["sources"] = [str(s) for s in spec.sources]
-    spec.write_ninja()
-    text = open(spec.ninja_path).read()
-    objs = re.findall(r"^build (\S+?\.o)\s*:", text, re.M)
-    t0 = time.perf_counter()
-    p = subprocess.run([args["ninja"], "-k", "0", "-j", str(args["jobs"]), "-C", str(spec.build_dir), "-f",
-                        str(spec.ninja_path)] + objs, capture_output=True, text=True, timeout=args["timeout_s"])
-    out.update(status="compiled" if p.returncode == 0 else "nvcc_failed", returncode=p.returncode,
-               output=(p.stdout + p.stderr)[-60000:], compile_seconds=time.perf_counter() - t0, objects=len(objs),
-               built=[o.rsplit("/", 1)[-1] for o in objs if __import__("os").path.exists(o)],
-               failed=[o.rsplit("/", 1)[-1] for o in objs if not __import__("os").path.exists(o)])
-except subprocess.TimeoutExpired:
-    out.update(status="timeout")
-except BaseException as e:
-    out.update(status="driver_error", exc_type=type(e).__name__, message=str(e)[:600])
-json.dump(out, open(args["out"], "w"))
-'''
 
 
 def build_generated_module(name: str, *, timeout_s: float = 400, jobs: int | None = None) -> dict[str, Any]:
-    """Run one of :data:`GENERATOR_BUILDS` with the importable FlashInfer: its own JIT generator, its
-    own ninja file and nvcc flags, object files only (no link, no GPU). ``generator_refused``: the
-    generator raised before any compiler ran (type, message, file:line); ``compiled`` / ``nvcc_failed``
-    with the compiler errors parsed; ``no_nvcc`` when there is no CUDA compiler here."""
-    from kvwall.peers.flashinfer import releases as fr
-
+    """One of :data:`GENERATOR_BUILDS`, built by :func:`kvwall.peers.flashinfer.generator_build.build_generator`:
+    a row ``{"build", "arch", "about", "status", ...}``."""
     if name not in GENERATOR_BUILDS:
         raise ValueError(f"Unknown build {name!r}; one of {', '.join(GENERATOR_BUILDS)}.")
-    expr, arch, about = GENERATOR_BUILDS[name]
-    row: dict[str, Any] = {"build": name, "arch": arch, "about": about}
-    nvcc = fr.find_nvcc()
-    ninja = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
-    with tempfile.TemporaryDirectory(prefix=f"kvwall-door-build-{name}-") as tmp:
-        env = dict(os.environ, FLASHINFER_CUDA_ARCH_LIST=arch, TORCH_CUDA_ARCH_LIST=arch, FLASHINFER_WORKSPACE_BASE=tmp,
-                   CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore",
-                   PATH=os.pathsep.join(([str(nvcc.parent)] if nvcc else []) + [str(Path(sys.executable).parent),
-                                                                               os.environ.get("PATH", "")]))
-        out = Path(tmp) / "build.json"
-        payload = {"expr": expr, "out": str(out), "ninja": ninja, "jobs": jobs or os.cpu_count() or 2,
-                   "timeout_s": timeout_s}
-        t0 = time.perf_counter()
-        if nvcc is None:  # the generator's own checks still run; the compiler does not
-            payload["expr"] = expr + " and None"
-        subprocess.run([sys.executable, "-c", _BUILD_DRIVER, json.dumps(payload)], capture_output=True, text=True,
-                       env=env, cwd=tmp, timeout=timeout_s + 120)
-        d = json.loads(out.read_text()) if out.exists() else {"status": "driver_error", "message": "no result"}
-        row["seconds"] = round(time.perf_counter() - t0, 1)
-    if nvcc is None and d.get("status") != "generator_refused":
-        d = {"status": "no_nvcc", "message": "the generator accepted the configuration; no nvcc here to compile it"}
-    row["nvcc"] = fr.nvcc_version(nvcc) if nvcc else None
-    row["status"] = d.get("status")
-    for k in ("exc_type", "message", "where", "compile_seconds", "objects", "returncode", "built", "failed"):
-        if k in d:
-            row[k] = d[k]
-    if d.get("status") in ("compiled", "nvcc_failed"):
-        roots = [(d["include_dir"].rstrip("/") + "/", "")] if d.get("include_dir") else []
-        if d.get("csrc_dir"):
-            roots.append((d["csrc_dir"].rstrip("/") + "/", "csrc/"))
-        errors = fr.parse_nvcc_output(d.get("output", ""), roots)
-        row["errors"] = [{"file": e.file, "line": e.line, "message": e.message} for e in errors][:20]
-        row["sources"] = [re.sub(r".*/flashinfer/data/", "", s) for s in d.get("sources", [])]
-    return row
+    build = GENERATOR_BUILDS[name]
+    return {"build": name, "arch": build.arch, "about": build.about,
+            **build_generator(build, timeout_s=timeout_s, jobs=jobs)}
 
 
 def run_doors_checks(device: torch.device, *, builds: list[str], families: list[str], heads: list[int]) -> Result:
     """Citations + replays (+ builds) for the pinned FlashInfer; ``device`` is not used (CPU work)."""
-    version, _ = backends.release_root(None)
+    version, _ = release_root(None)
     rows: list[dict[str, Any]] = []
     for c in cite_all(None):
         rows.append({"section": "citations", **c})
@@ -150,9 +76,9 @@ def run_doors_checks(device: torch.device, *, builds: list[str], families: list[
     for name in builds:
         rows.append({"section": "builds", "release": version, **build_generated_module(name)})
     rows.append({"section": "meta", "release": version, "python": sys.version.split()[0],
-                 "doors": [asdict(d) for d in DOORS], "families": {k: list(v[0]) + [v[1]] for k, v in backends.FAMILIES.items()}})
+                 "doors": [asdict(d) for d in DOORS], "families": {k: list(v[0]) + [v[1]] for k, v in FAMILIES.items()}})
     params = {"builds": list(builds), "families": list(families), "heads": list(heads)}
-    return Result("doors_checks", params, rows, collect_provenance(torch.device("cpu"), SOURCES))
+    return Result("doors_checks", params, rows, collect_provenance(torch.device("cpu"), __name__))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,11 +86,11 @@ def run_doors_checks(device: torch.device, *, builds: list[str], families: list[
 # ------------------------------------------------------------------------------------------------
 
 
-def _guarded(fn, timeout_s: float) -> tuple[str, Any]:
+def _guarded(fn: Callable[[], Any], timeout_s: float) -> tuple[str, Any]:
     """Run ``fn`` in a daemon thread; ``("ok", value)``, ``("raised", exc)`` or ``("timeout", None)``."""
     box: dict[str, Any] = {}
 
-    def target():
+    def target() -> None:
         try:
             box["value"] = fn()
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a row
@@ -178,7 +104,8 @@ def _guarded(fn, timeout_s: float) -> tuple[str, Any]:
     return ("raised", box["exc"]) if "exc" in box else ("ok", box.get("value"))
 
 
-def _reference(case: DoorCase, inputs: dict[str, Any]) -> torch.Tensor:
+def _reference(inputs: dict[str, Any]) -> torch.Tensor:
+    """The float64 torch reference for :func:`kvwall.peers.flashinfer.calls.make_inputs`' inputs."""
     pool = inputs["pool"]
     rank = pool.shape[-1] - 64
     flat = pool.reshape(-1, 1, pool.shape[-1])
@@ -194,16 +121,15 @@ def _reference(case: DoorCase, inputs: dict[str, Any]) -> torch.Tensor:
 def run_doors_sm90(device: torch.device, *, heads: list[int], context_lens: list[int], call_timeout_s: float,
                    budget_s: float, seed: int = 0) -> Result:
     """Every path, GLM-5's head counts, page 1 and the path's own page size, called for real."""
-    import flashinfer
-
+    version, _ = release_root(None)
     rows: list[dict[str, Any]] = []
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     family = {9: "SM90", 10: "SM100", 12: "SM120"}.get(cap[0], f"SM{cap[0]}{cap[1]}") if cap else "CPU"
-    cases = [c for c in glm5_cases([family] if family in backends.FAMILIES else ["SM90"], heads)]
+    cases = glm5_cases([family] if family in FAMILIES else ["SM90"], heads)
     t_start = time.perf_counter()
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=device)
     for case in cases:
-        row: dict[str, Any] = {"section": "calls", **asdict(case), "family": family, "flashinfer": flashinfer.__version__}
+        row: dict[str, Any] = {"section": "calls", **asdict(case), "family": family, "flashinfer": version}
         if time.perf_counter() - t_start > budget_s:
             rows.append({**row, "outcome": "skipped", "message": f"time budget of {budget_s:.0f} s spent"})
             continue
@@ -211,13 +137,7 @@ def run_doors_sm90(device: torch.device, *, heads: list[int], context_lens: list
         workspace.zero_()
         t0 = time.perf_counter()
 
-        def call(case=case, inputs=inputs):
-            out = call_door(case, inputs, workspace)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return out
-
-        status, value = _guarded(call, call_timeout_s)
+        status, value = _guarded(functools.partial(_call_and_wait, case, inputs, workspace), call_timeout_s)
         row["call_seconds"] = round(time.perf_counter() - t0, 2)
         if status == "timeout":
             rows.append({**row, "outcome": "timeout", "message": f"no answer within {call_timeout_s:.0f} s"})
@@ -227,7 +147,7 @@ def run_doors_sm90(device: torch.device, *, heads: list[int], context_lens: list
             continue
         out = value
         try:
-            ref = _reference(case, inputs)
+            ref = _reference(inputs)
             rel = float((out.double() - ref).norm() / ref.norm())
             row.update(rel_err_vs_float64=rel, output_shape=list(out.shape), output_dtype=str(out.dtype).replace("torch.", ""))
             st, ms = _guarded(lambda: bench_ms(lambda: call_door(case, inputs, workspace), device), call_timeout_s)
@@ -247,11 +167,20 @@ def run_doors_sm90(device: torch.device, *, heads: list[int], context_lens: list
         del inputs
     params = {"heads": list(heads), "context_lens": list(context_lens), "call_timeout_s": call_timeout_s,
               "budget_s": budget_s, "seed": seed}
-    return Result("doors_sm90", params, rows, collect_provenance(device, SOURCES))
+    return Result("doors_sm90", params, rows, collect_provenance(device, __name__))
+
+
+def _call_and_wait(case: DoorCase, inputs: dict[str, Any], workspace: torch.Tensor) -> torch.Tensor:
+    """:func:`call_door`, then wait for the GPU to finish it (so a hang is caught by the caller's timeout)."""
+    out = call_door(case, inputs, workspace)
+    if workspace.device.type == "cuda":
+        torch.cuda.synchronize(workspace.device)
+    return out
 
 
 def _run_only_ms(case: DoorCase, inputs: dict[str, Any], workspace: torch.Tensor, device: torch.device) -> float:
-    from flashinfer import mla as fmla
+    """The decode alone (fa2/fa3): plan once, then time ``run`` as a serving loop calls it."""
+    from flashinfer import mla as fmla  # noqa: PLC0415 - optional: kvwall.experiments imports without it
 
     rank = inputs["pool"].shape[-1] - 64
     q, pool, table, lens = inputs["q"], inputs["pool"], inputs["table"], inputs["lens"]
@@ -273,11 +202,11 @@ EXPERIMENTS = [
         small={"builds": ["xqa_mla_fp8_h16_p64_sm120a", "xqa_mla_fp8_h64_p64_sm120a"],
                "families": ["SM90", "SM100", "SM120"], "heads": [16, 64]},
         about="FlashInfer's MLA paths with FP8 KV: source citations, replayed checks per GPU family, nvcc builds",
-        needs="any"),
+        requires=("flashinfer", "nvcc")),
     Experiment(
         "doors_sm90", run_doors_sm90,
         full={"heads": [16, 64], "context_lens": [4096, 1000], "call_timeout_s": 150.0, "budget_s": 420.0},
         small={"heads": [16], "context_lens": [300, 77], "call_timeout_s": 60.0, "budget_s": 60.0},
         about="every FlashInfer MLA path called on this GPU with GLM-5's shape and an FP8 KV cache",
-        needs="cuda"),
+        requires=("cuda", "flashinfer")),
 ]

@@ -16,45 +16,40 @@
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import statistics
-import subprocess
 import gc
-import sys
+import statistics
 import time
-import warnings
 from typing import Any, Callable
 
 import torch
 
-from kvwall.kernels import (full_cast, gather_cast, gather_cast_cuda, gather_cast_reference, make_gather_inputs,
-                            mla_decode_reference, nvcc_compile_check, split_latent_cache)
-from kvwall.kernels.gather.reference import POISON_BITS, bits
-
+from kvwall.kernels.gather import sanitize as sanitized_program
+from kvwall.kernels.gather.cases import VALIDATION_CASES, GatherCase, check_case, compare_rows
+from kvwall.kernels.gather.cuda import gather_cast_cuda, nvcc_compile_check
+from kvwall.kernels.gather.kernel import DEFAULT_CONFIGS, _device_configs, full_cast, gather_cast
+from kvwall.kernels.gather.reference import POISON_BITS, bits, gather_cast_reference, make_gather_inputs
+from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
+from kvwall.measure.accuracy import relative_error
+from kvwall.measure.failures import error_text
+from kvwall.measure.profiler import count_syncs
+from kvwall.measure.sanitizer import memcheck_row
+from kvwall.measure.timing import PhaseClock, bench_ms, copy_bandwidth_gbps, graph_ms, host_us_per_call, synchronize
 from kvwall.model.attention import make_mla_decode
 from kvwall.model.decode_step import PHASES, DecodeStepModel, RestOfLayerStandIn
-from kvwall.kernels.gather.cases import VALIDATION_CASES, GatherCase, check_case, compare_rows
-from kvwall.model.strategies import make_strategy
 from kvwall.model.geometry import GLM5
 from kvwall.model.pool import TokenPool, make_decode_batch, mixed_lengths, random_kv
+from kvwall.model.roofline import full_pool_cast_bytes, gather_cast_bytes
+from kvwall.model.strategies import make_strategy
 from kvwall.results import Result, collect_provenance
-from kvwall.measure.timing import bench_ms, copy_bandwidth_gbps, synchronize
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "implementations", "gather_bytes", "run_gather_cast_validation", "run_gather_cast_bench",
+__all__ = ["EXPERIMENTS", "implementations", "run_gather_cast_validation", "run_gather_cast_bench",
            "run_gather_cast_profile"]
 
-SOURCES = ("kernels/gather/kernel.py", "kernels/gather/tuned.json", "kernels/gather/gather_cast.cu", "kernels/gather/cuda.py", "kernels/gather/reference.py",
-           "kernels/gather/cases.py", "lib/kvwall/model/gather_strategies.py", "kernels/gather/sanitize.py",
-           "lib/kvwall/measure/timing.py", "lib/kvwall/experiments/gather_cast.py")
-PROFILE_SOURCES = SOURCES + ("kernels/mla_decode/reference.py", "lib/kvwall/model/pool.py", "lib/kvwall/model/strategies.py",
-                             "lib/kvwall/model/attention.py", "lib/kvwall/model/decode_step.py")
 
-
-def _result(name: str, device: torch.device, params: dict[str, Any], rows: list[dict], sources=SOURCES) -> Result:
-    return Result(name, params, rows, collect_provenance(device, sources))
+def _result(name: str, device: torch.device, params: dict[str, Any], rows: list[dict]) -> Result:
+    """The result, stamped with this module's provenance (its import closure is what the numbers depend on)."""
+    return Result(name, params, rows, collect_provenance(device, __name__))
 
 
 def implementations(device: torch.device) -> dict[str, Callable[..., torch.Tensor]]:
@@ -63,11 +58,6 @@ def implementations(device: torch.device) -> dict[str, Callable[..., torch.Tenso
     if device.type == "cuda":
         impls["cuda"] = gather_cast_cuda
     return impls
-
-
-def gather_bytes(n: int, dim: int = GLM5.kv_dim, index_bytes: int = 4) -> int:
-    """Fewest bytes a gather-cast of ``n`` rows moves: FP8 read + BF16 written + the indices read."""
-    return n * dim * (1 + 2) + n * index_bytes
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -144,27 +134,6 @@ def _error_rows(device: torch.device, impl: str, fn) -> list[dict]:
     return rows
 
 
-def _sanitizer_rows(timeout_s: int) -> list[dict]:
-    tool = shutil.which("compute-sanitizer")
-    if tool is None:
-        return [{"section": "sanitizer", "tool": "memcheck", "ran": False, "returncode": None,
-                 "summary": "compute-sanitizer not found on PATH", "output_tail": ""}]
-    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}  # exact allocation bounds for memcheck
-    cmd = [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m", "kvwall.kernels.gather.sanitize"]
-    t0 = time.time()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-        output, code = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        output = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
-        code = None
-    summary = re.findall(r"ERROR SUMMARY: .*", output)
-    return [{"section": "sanitizer", "tool": "memcheck", "ran": True, "returncode": code,
-             "seconds": round(time.time() - t0, 1), "summary": summary[-1] if summary else "(no summary line)",
-             "command": " ".join(cmd[:-3] + ["python3", "-m", "kvwall.kernels.gather.sanitize"]),
-             "output_tail": "\n".join(output.strip().splitlines()[-40:])}]
-
-
 def run_gather_cast_validation(device: torch.device, *, full_scale_slots: int, full_scale_rows: int,
                                sanitizer: bool, sanitizer_timeout_s: int = 300, seed: int = 0) -> Result:
     rows: list[dict] = []
@@ -196,7 +165,7 @@ def run_gather_cast_validation(device: torch.device, *, full_scale_slots: int, f
     except FileNotFoundError as exc:
         rows.append({"section": "nvcc", "ok": None, "summary": str(exc), "registers": {}})
     if on_gpu and sanitizer:
-        rows += _sanitizer_rows(sanitizer_timeout_s)
+        rows.append(memcheck_row(sanitized_program.__name__, sanitizer_timeout_s))
     params = {"full_scale_slots": full_scale_slots, "full_scale_rows": full_scale_rows, "sanitizer": sanitizer,
               "sanitizer_timeout_s": sanitizer_timeout_s, "seed": seed}
     return _result("gather_cast_validation", device, params, rows)
@@ -205,32 +174,6 @@ def run_gather_cast_validation(device: torch.device, *, full_scale_slots: int, f
 # ---------------------------------------------------------------------------------------------------------
 # Benchmark
 # ---------------------------------------------------------------------------------------------------------
-
-def _graph_ms_per_call(calls: list[Callable[[], object]], device: torch.device) -> float:
-    """Capture ``calls`` back to back in one CUDA graph; the median replay time divided by their number."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    return bench_ms(graph.replay, device) / len(calls)
-
-
-def _host_us_per_call(fn: Callable[[], object], device: torch.device, calls: int = 200) -> float:
-    """Host time per call when the calls are only enqueued (the launch cost the CPU pays)."""
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return host
-
 
 def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list[int], graph_max_n: int,
                           graph_sets: int, batch: int, seed: int = 0) -> Result:
@@ -245,12 +188,9 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
     impls: dict[str, Callable[..., torch.Tensor]] = {}
     if on_gpu:  # the interpreter's speed means nothing: on a CPU only PyTorch is timed
         impls = {"gather_cast (Triton)": gather_cast, "gather_cast (CUDA C++)": gather_cast_cuda}
-        import importlib
-
-        gc_mod = importlib.import_module("kvwall.kernels.gather.kernel")
         name = torch.cuda.get_device_name(device)
-        configs, small_rows = gc_mod._device_configs(name)
-        rows.append({"section": "config", "gpu": name, "tuned": configs is not gc_mod.DEFAULT_CONFIGS,
+        configs, small_rows = _device_configs(name)
+        rows.append({"section": "config", "gpu": name, "tuned": configs is not DEFAULT_CONFIGS,
                      "small_rows": small_rows, **{f"{k}_config": v.as_dict() for k, v in configs.items()},
                      **{f"{k}_label": v.label() for k, v in configs.items()}})
 
@@ -268,7 +208,7 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
                 idx = runs.repeat(-(-n // runs.numel()))[:n].to(device)
                 indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
                 capacity = n
-            nbytes = gather_bytes(n, d, 4)
+            nbytes = gather_cast_bytes(n)
             out = torch.empty((capacity, 1, d), dtype=torch.bfloat16, device=device)
             cases = {name: (lambda fn=fn: fn(pool, idx, indptr, out=out, check_range=False))
                      for name, fn in impls.items()}
@@ -283,8 +223,8 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
                 sets = [(torch.randint(1, pool_tokens + 1, (n,), generator=gen, dtype=torch.int32).to(device),
                          torch.empty((n, 1, d), dtype=torch.bfloat16, device=device)) for _ in range(graph_sets)]
                 for name, fn in impls.items():
-                    ms = _graph_ms_per_call([lambda fn=fn, i=i, o=o: fn(pool, i, None, out=o, check_range=False)
-                                             for i, o in sets], device)
+                    ms = graph_ms([lambda fn=fn, i=i, o=o: fn(pool, i, None, out=o, check_range=False)
+                                   for i, o in sets], device, reduce="do_bench")
                     rows.append({"section": "graph", "impl": name, "n": n, "ms": ms, "bytes": nbytes,
                                  "gbps": nbytes / (ms * 1e-3) / 1e9, "calls_per_graph": graph_sets})
                 del sets
@@ -299,14 +239,14 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
         for name, fn in impls.items():
             call = lambda fn=fn: fn(pool, idx, empty, out=out, check_range=False)  # noqa: E731
             rows.append({"section": "launch", "impl": name, "device_ms": bench_ms(call, device),
-                         "graph_ms": _graph_ms_per_call([call] * 20, device),
-                         "host_us_per_call": _host_us_per_call(call, device),
-                         "host_us_checked": _host_us_per_call(lambda fn=fn: fn(pool, idx, empty, out=out), device)})
+                         "graph_ms": graph_ms([call] * 20, device, reduce="do_bench"),
+                         "host_us_per_call": host_us_per_call(call, device),
+                         "host_us_checked": host_us_per_call(lambda fn=fn: fn(pool, idx, empty, out=out), device)})
         rows.append({"section": "launch", "impl": "PyTorch index_select().to(bf16)", "device_ms": None,
-                     "graph_ms": None, "host_us_per_call": _host_us_per_call(torch_op(idx.long()[:1]), device)})
+                     "graph_ms": None, "host_us_per_call": host_us_per_call(torch_op(idx.long()[:1]), device)})
 
     # The whole pool: PyTorch's cast against the vectorized full_cast.
-    full_bytes = (pool_tokens + 1) * d * 3
+    full_bytes = full_pool_cast_bytes(GLM5, pool_tokens + 1)["total"]
     casts = {"PyTorch pool.to(bf16)": lambda: pool.to(torch.bfloat16)}
     if on_gpu:
         casts["full_cast (Triton)"] = lambda: full_cast(pool)
@@ -323,103 +263,43 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
 # The decode step, after
 # ---------------------------------------------------------------------------------------------------------
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def _unmarked_steps(model: DecodeStepModel, device: torch.device, steps: int) -> tuple[float, float]:
-    """Steps with no phase marks: (median host ms to enqueue one, median device ms with events around it).
+    """Steps with no phase marks: (median host ms to enqueue one, median device ms between marks around it).
 
     When the host's enqueue time reaches the device time, the step is host-bound: the GPU idles
     between kernels and the phase clocks charge that idle time to whichever phase was waiting."""
     host, dev = [], []
     for _ in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
+        synchronize(device)
+        clock = PhaseClock(device)
+        clock.mark("step")
         model.step()
-        host.append((time.perf_counter() - t0) * 1e3)
-        if device.type == "cuda":
-            stop.record()
-            torch.cuda.synchronize(device)
-            dev.append(start.elapsed_time(stop))
-        else:
-            dev.append(host[-1])
-    return _median(host), _median(dev)
+        clock.mark("end")
+        dev.append(clock.intervals_ms()[0][2])
+        host.append(clock.host_intervals_ms()[0][1])
+    return statistics.median(host), statistics.median(dev)
 
 
-def _graph_ms(body: Callable[[], object], device: torch.device, replays: int = 5) -> tuple[float | None, str | None]:
-    """Capture ``body`` once in a CUDA graph; the median device ms of ``replays`` replays (or the error)."""
+def _graph_ms(body: Callable[[], object], device: torch.device) -> tuple[float | None, str | None]:
+    """``body`` captured once in a CUDA graph (no warm-up call: the step has run), the median of 5 replays
+    (:func:`kvwall.measure.timing.graph_ms`), or why a graph could not hold it."""
     if device.type != "cuda":
         return None, "no CUDA graphs on a CPU"
     try:
-        torch.cuda.synchronize(device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        graph.replay()
-        torch.cuda.synchronize(device)
-        times = []
-        for _ in range(replays):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            stop.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(stop))
-        del graph
-        return _median(times), None
+        return graph_ms([body], device, warmup=0, replays=5), None
     except Exception as exc:  # noqa: BLE001 - recorded: which strategies a graph can hold is a finding
         torch.cuda.synchronize(device)
-        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        return None, error_text(exc, 200)
 
 
-def _syncs_in(fn: Callable[[], object], device: torch.device) -> int | None:
-    """How many synchronizing torch operations ``fn`` performs (``torch.cuda.set_sync_debug_mode('warn')``)."""
-    if device.type != "cuda":
-        return None
-    previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-        torch.cuda.synchronize(device)
-    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
-
-
-def _host_us(fn: Callable[[], object], device: torch.device, calls: int) -> float:
-    """Host microseconds per call when calls are only enqueued (no synchronization between them)."""
-    fn()
-    synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    us = (time.perf_counter() - t0) / calls * 1e6
-    synchronize(device)
-    return us
-
-
-class _HostAndDeviceClock:
-    """Chapter 1's phase clock (an event at every phase boundary) that also notes the host's clock at each mark
-    and the garbage collector's passes, so a phase that measures longer on the device than its kernels can be
-    traced to the host: if the GPU ran dry, the device interval follows the host's."""
+class _HostAndDeviceClock(PhaseClock):
+    """Chapter 1's phase clock (an event at every phase boundary, the host's clock beside each) that also notes the
+    garbage collector's passes, so a phase that measures longer on the device than its kernels can be traced to
+    the host: if the GPU ran dry, the device interval follows the host's."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.marks: list[tuple[str, object, float]] = []
+        super().__init__(device)
         self.gc: list[tuple[str, int, float]] = []
-
-    def mark(self, label: str) -> None:
-        ev = None
-        if self.device.type == "cuda":
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-        self.marks.append((label, ev, time.perf_counter()))
 
     def _gc_callback(self, phase: str, info: dict) -> None:
         self.gc.append((phase, int(info.get("generation", -1)), time.perf_counter()))
@@ -428,21 +308,18 @@ class _HostAndDeviceClock:
         gc.callbacks.append(self._gc_callback)
         try:
             for layer in range(model.pool.num_layers):
-                model._layer(layer, self)
+                model._layer(layer, self)  # pylint: disable=protected-access  # the step's own layer loop
             self.mark("end:end")
         finally:
             gc.callbacks.remove(self._gc_callback)
-        synchronize(self.device)
         phases: dict[str, float] = {p: 0.0 for p in PHASES}
-        host_gaps = []
         kv_free_layers = []
-        for (label, a, ha), (_, b, hb) in zip(self.marks, self.marks[1:]):
+        for label, _, ms in self.intervals_ms():
             phase = label.split(":", 1)[1]
-            ms = float(a.elapsed_time(b)) if a is not None else (hb - ha) * 1e3
             phases[phase] += ms
-            host_gaps.append((hb - ha) * 1e3)
             if phase == PHASES[3]:
                 kv_free_layers.append(ms)
+        host_gaps = [ms for _, ms in self.host_intervals_ms()]
         gc_ms, gc_gen2, starts = 0.0, 0, {}
         for phase, gen, t in self.gc:
             if phase == "start":
@@ -450,10 +327,9 @@ class _HostAndDeviceClock:
             elif gen in starts:
                 gc_ms += (t - starts.pop(gen)) * 1e3
                 gc_gen2 += gen == 2
-        host_total = (self.marks[-1][2] - self.marks[0][2]) * 1e3
-        return {"step_ms": sum(phases.values()), "phases": phases, "host_ms": host_total,
+        return {"step_ms": sum(phases.values()), "phases": phases, "host_ms": sum(host_gaps),
                 "max_host_gap_ms": max(host_gaps), "host_gaps_over_1ms": sum(g > 1.0 for g in host_gaps),
-                "host_ms_in_gaps_over_1ms": sum(g for g in host_gaps if g > 1.0),
+                "host_ms_in_gaps_over_1ms": sum((g for g in host_gaps if g > 1.0), 0.0),
                 "kv_free_max_us": max(kv_free_layers) * 1e3, "kv_free_layers_over_10us": sum(v > 0.010 for v in kv_free_layers),
                 "gc_passes": sum(1 for ph, _, _ in self.gc if ph == "stop"), "gc_gen2": gc_gen2, "gc_ms": gc_ms}
 
@@ -501,7 +377,7 @@ def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: i
                                        *split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank),
                                        batch.kv_indptr, batch.kv_indices, geometry.sm_scale,
                                        compute_dtype=torch.float64)
-        rel_err = float((out - ref).norm() / ref.norm())
+        rel_err = relative_error(out, ref)
         if not rel_err < 2e-2:
             raise RuntimeError(f"{strategy.name} + {attention.name}: relative error {rel_err:.3g} against float64.")
         marked = _marked_steps(model, device, timed_steps)
@@ -517,11 +393,11 @@ def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: i
                              "kv_free_ms": m["phases"][PHASES[3]], "kv_strategy_ms": m["phases"][PHASES[1]],
                              "attention_ms": m["phases"][PHASES[2]]})
         host_ms, eager_ms = _unmarked_steps(model, device, timed_steps)
-        syncs = _syncs_in(model.step, device)
+        syncs = count_syncs(model.step, device)
         n_layers = pool.num_layers
-        host_prepare = _host_us(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device,
+        host_prepare = host_us_per_call(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device,
                                 20 if kind == "full_pool_cast" else 100)
-        host_attention = _host_us(lambda: attention(model.q_nope, model.q_pe, ckv, kpe), device, 100)
+        host_attention = host_us_per_call(lambda: attention(model.q_nope, model.q_pe, ckv, kpe), device, 100)
         graph_step, graph_error = _graph_ms(model.step, device)
         graph_phases: dict[str, float | None] = {}
         if graph_step is not None:
@@ -562,13 +438,13 @@ def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: i
                 continue
             strategy = make_strategy(kind, batch, pool, cap)
             events_ms = bench_ms(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device)
-            graph_ms, _ = _graph_ms(lambda: [strategy.prepare_kv(pool, layer, torch.bfloat16)
+            cap_graph_ms, _ = _graph_ms(lambda: [strategy.prepare_kv(pool, layer, torch.bfloat16)
                                              for layer in range(cap_layers)], device)
-            host = _host_us(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device, 50)
+            host = host_us_per_call(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device, 50)
             rows.append({"section": "capacity", "strategy": kind, "capacity": cap,
-                         "ms_per_layer": graph_ms / cap_layers if graph_ms is not None else events_ms,
+                         "ms_per_layer": cap_graph_ms / cap_layers if cap_graph_ms is not None else events_ms,
                          "ms_per_layer_events": events_ms,
-                         "ms_per_layer_graph": graph_ms / cap_layers if graph_ms is not None else None,
+                         "ms_per_layer_graph": cap_graph_ms / cap_layers if cap_graph_ms is not None else None,
                          "host_us_per_call": host, "real_tokens": batch.total_tokens})
             del strategy
     strat_rows = [r for r in rows if r.get("section") == "strategies"]
@@ -585,7 +461,7 @@ def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: i
     params = dict(pool_tokens=pool_tokens, layers=layers, tensor_parallel=tensor_parallel,
                   context_lens=list(context_lens), timed_steps=timed_steps, strategies=list(strategies),
                   capacity=capacity, capacity_sweep=list(capacity_sweep), seed=seed)
-    return _result("gather_cast_profile", device, params, rows, PROFILE_SOURCES)
+    return _result("gather_cast_profile", device, params, rows)
 
 
 _POW2_SIZES = [1024 << k for k in range(10)]  # 1K ... 512K
@@ -594,11 +470,13 @@ EXPERIMENTS: list[Experiment] = [
     Experiment("gather_cast_validation", run_gather_cast_validation,
                full=dict(full_scale_slots=495_001, full_scale_rows=131_072, sanitizer=True, sanitizer_timeout_s=150),
                small=dict(full_scale_slots=0, full_scale_rows=0, sanitizer=False),
-               about="gather_cast (Triton, CUDA C++) bit-exact vs reference; CUDA graphs; memcheck"),
+               about="gather_cast (Triton, CUDA C++) bit-exact vs reference; CUDA graphs; memcheck",
+               requires=("cuda", "nvcc", "compute-sanitizer")),
     Experiment("gather_cast_bench", run_gather_cast_bench,
                full=dict(pool_tokens=495_000, sizes=_POW2_SIZES, graph_max_n=65_536, graph_sets=16, batch=32),
                small=dict(pool_tokens=50_000, sizes=[1024, 4096, 16_384], graph_max_n=0, graph_sets=0, batch=8),
-               about="gather-cast GB/s vs n against PyTorch and the copy ceiling; full_cast; launch floor"),
+               about="gather-cast GB/s vs n against PyTorch and the copy ceiling; full_cast; launch floor",
+               requires=("cuda",)),
     Experiment("gather_cast_profile", run_gather_cast_profile,
                full=dict(pool_tokens=495_000, layers=78, tensor_parallel=4, context_lens=[8192], timed_steps=5,
                          strategies=["full_pool_cast", "index_then_cast", "index_then_cast_capacity", "gather_cast",
@@ -607,5 +485,6 @@ EXPERIMENTS: list[Experiment] = [
                small=dict(pool_tokens=50_000, layers=4, tensor_parallel=4, context_lens=[2048], timed_steps=3,
                           strategies=["full_pool_cast", "index_then_cast", "index_then_cast_capacity"],
                           capacity=16_384, capacity_sweep=[2048, 8192, 16_384, 50_000]),
-               about="chapter 1's decode step after: gather-then-cast strategies beside the whole-pool cast"),
+               about="chapter 1's decode step after: gather-then-cast strategies beside the whole-pool cast",
+               requires=("cuda", "flashinfer")),
 ]

@@ -1,11 +1,12 @@
 """Chapter 2's experiments: the compile-time wall, release by release, and the patch on a GPU.
 
-* ``wall_timeline`` (needs nothing but nvcc): for each FlashInfer release and each (backend, arch)
+* ``wall_timeline`` (nvcc, and the network or a filled release cache; no GPU): for each FlashInfer release and each (backend, arch)
   of FP8-KV MLA (BF16 Q, ``float8_e4m3fn`` KV, ckv 512 / kpe 64), the release's own plan() checks and
-  JIT build, via :mod:`kvwall.peers.flashinfer.releases`, classified as compiled / static_assert /
+  JIT build, via :func:`kvwall.peers.flashinfer.build.build_mla`, classified as compiled / static_assert /
   failed elsewhere / refused by a Python-level check / unavailable (the release could not be used).
 * ``wall_on_gpu`` (needs a CUDA GPU): the original patch, live. Each release runs in its own
-  subprocess with that release first on ``sys.path`` (installed by
+  subprocess (``python -m`` :mod:`kvwall.peers.flashinfer.patch_driver`) with that release first
+  on ``sys.path`` (installed by
   :func:`kvwall.peers.flashinfer.releases.install_release`, offline from ``$KVWALL_WHEELHOUSE`` when set):
   0.6.12's ``BatchMLAPagedAttentionWrapper.plan(kv_data_type=float8_e4m3fn)`` and ``run`` with the
   FP8 pool (the exception and its compiler errors, parsed), then the releases that accept FP8 KV:
@@ -26,14 +27,19 @@ from typing import Any
 
 import torch
 
-from kvwall.peers.flashinfer import releases as fr
-from kvwall.results import Result, collect_provenance
 from kvwall.experiments.registry import Experiment
+from kvwall.peers.flashinfer import patch_driver
+from kvwall.peers.flashinfer.build import BuildResult, arch_capability, build_mla, validate_config
+from kvwall.peers.flashinfer.errors import FlashInferReleaseError, InvalidConfigError, NvccNotFoundError
+from kvwall.peers.flashinfer.jit_driver import run_jit_driver
+from kvwall.peers.flashinfer.nvcc_errors import parse_nvcc_output, path_roots
+from kvwall.peers.flashinfer.releases import install_record, install_release, validate_release
+from kvwall.peers.flashinfer.toolchain import find_nvcc, nvcc_version
+from kvwall.results import Result, collect_provenance
 
-__all__ = ["EXPERIMENTS", "OUTCOMES", "ORIGINAL_ASSERT_CLAIM", "compiler_excerpt", "TIMELINE_RELEASES", "TIMELINE_CONFIGS", "classify", "timeline_row",
-           "run_wall_timeline", "run_wall_on_gpu"]
-
-SOURCES = ("lib/kvwall/peers/flashinfer/releases.py", "lib/kvwall/experiments/wall.py")
+__all__ = ["EXPERIMENTS", "OUTCOMES", "ORIGINAL_ASSERT_CLAIM", "compiler_excerpt", "TIMELINE_RELEASES",
+           "TIMELINE_CONFIGS", "classify", "timeline_row", "replay_fa_plan_checks", "run_wall_timeline",
+           "run_wall_on_gpu"]
 
 #: The releases of the timeline: before MLA FP8 work, the wall (0.6.12), the first SM90 FP8 (0.6.14),
 #: the first FA2 FP8 (0.6.18.post1), and the newest.
@@ -44,7 +50,7 @@ TIMELINE_CONFIGS = [["fa2", "sm_120a"], ["fa2", "sm_90a"], ["fa3", "sm_90a"]]
 OUTCOMES = ("compiled", "static_assert", "failed_elsewhere", "refused", "unavailable")
 
 
-def classify(result: fr.BuildResult) -> dict[str, Any]:
+def classify(result: BuildResult) -> dict[str, Any]:
     """The outcome of one build, with the first static_assert's location and whether the
     instantiation chain that reached it passes through ``attention/mla.cuh``."""
     out: dict[str, Any] = {"outcome": "", "assert_file": "", "assert_line": 0, "assert_source": "",
@@ -80,55 +86,18 @@ def compiler_excerpt(output: str, lines: int = 12) -> str:
 ORIGINAL_ASSERT_CLAIM = "mla.cuh:523"
 
 
-#: 0.7.x moved ``BatchMLAPagedAttentionWrapper.plan()`` into per-backend planners, which the release
-#: builder's replay of the 0.6.x plan() does not know; the FA backends' own validation function is
-#: called here instead, with the target GPU's compute capability, in a subprocess with the release.
-_FA_PLAN_CHECK = r"""
-import json, os, sys, traceback
-args = json.loads(sys.argv[1])
-sys.path.insert(0, args["release_dir"])
-out = {}
-try:
-    import torch
-    import flashinfer.mla._batch_mla._backends._fa_common as fa
-except BaseException as e:
-    out.update(result="unavailable", message=type(e).__name__ + ": " + str(e))
-else:
-    cc = tuple(args["capability"])
-    fa.get_compute_capability = lambda device: cc
-    fa.is_sm90a_supported = lambda device: cc[0] == 9
-    i32 = torch.int32
-    try:
-        fa._validate_generated_fa_plan(
-            backend=args["backend"], device=torch.device("cpu"), qo_indptr=torch.tensor([0, 1], dtype=i32),
-            kv_indptr=torch.tensor([0, 1], dtype=i32), kv_indices=torch.tensor([0], dtype=i32),
-            kv_len_arr=torch.tensor([1], dtype=i32), head_dim_ckv=512, head_dim_kpe=64, q_data_type=torch.bfloat16,
-            kv_data_type=torch.float8_e4m3fn, output_dtype=torch.bfloat16, scale_mode="kv-per-tensor")
-        out.update(result="passed")
-    except BaseException as e:
-        tb = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith(args["release_dir"])]
-        where = (os.path.relpath(tb[-1].filename, args["release_dir"]) + ":" + str(tb[-1].lineno)) if tb else ""
-        on_device = where.startswith("flashinfer/utils.py") and "CUDA" in str(e)
-        # past every dtype/arch check, the validation asks the device for its shared-memory size
-        out.update(result="passed" if on_device else "refused", exc_type=type(e).__name__, message=str(e),
-                   where=where)
-print(json.dumps(out))
-"""
-
-
 def replay_fa_plan_checks(release: str, backend: str, arch: str) -> dict[str, Any]:
-    """0.7.x: the FA backends' plan validation for FP8 KV on ``arch``: ``{"result": "passed" |
-    "refused" | "unavailable", ...}``."""
-    flashinfer_arch = fr._ARCH_TO_FLASHINFER[arch]  # noqa: SLF001 - "12.0a" -> (12, 0)
-    major, minor = flashinfer_arch.split(".")
-    payload = {"release_dir": str(fr.install_release(release)), "backend": backend,
-               "capability": [int(major), int("".join(ch for ch in minor if ch.isdigit()))]}
-    proc = subprocess.run([sys.executable, "-c", _FA_PLAN_CHECK, json.dumps(payload)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"result": "unavailable", "message": (proc.stdout + proc.stderr)[-1000:]}
+    """0.7.x moved ``BatchMLAPagedAttentionWrapper.plan()`` into per-backend planners, which the
+    release builder's replay of the 0.6.x plan() does not know: here the FA backends' own plan
+    validation for FP8 KV runs instead, with ``arch``'s compute capability, in a subprocess with the
+    release (the ``"fa_plan"`` task of :mod:`kvwall.peers.flashinfer.jit_driver`).
+    ``{"result": "passed" | "refused" | "unavailable", ...}``."""
+    request = {"task": "fa_plan", "release_dir": str(install_release(release)), "backend": backend,
+               "capability": list(arch_capability(arch))}
+    with tempfile.TemporaryDirectory(prefix="kvwall-fa-plan-") as tmp:
+        run = run_jit_driver(request, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, cwd=Path(tmp), timeout_s=300,
+                             description=f"FlashInfer {release} {backend} plan checks for {arch}")
+    return run.report if run.report is not None else {"result": "unavailable", "message": run.output_tail[-1000:]}
 
 
 def timeline_row(release: str, backend: str, arch: str, *, jobs: int | None = None) -> dict[str, Any]:
@@ -137,10 +106,10 @@ def timeline_row(release: str, backend: str, arch: str, *, jobs: int | None = No
     row: dict[str, Any] = {"section": "timeline", "release": release, "backend": backend, "arch": arch,
                            "q_dtype": "bfloat16", "kv_dtype": "float8_e4m3fn"}
     try:
-        r = fr.build_mla(release, backend, "bfloat16", "float8_e4m3fn", arch, jobs=jobs)
-    except (fr.InvalidConfigError, fr.NvccNotFoundError):
+        r = build_mla(release, backend, "bfloat16", "float8_e4m3fn", arch, jobs=jobs)
+    except (InvalidConfigError, NvccNotFoundError):
         raise
-    except fr.FlashInferReleaseError as exc:
+    except FlashInferReleaseError as exc:
         return {**row, "status": "error", "outcome": "unavailable", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
     row.update(status=r.status, duration_s=r.duration_s, from_cache=r.from_cache, nvcc_version=r.nvcc_version,
                python_checks=r.python_checks, built=r.created, **classify(r))
@@ -165,135 +134,27 @@ def run_wall_timeline(device: torch.device, *, releases: list[str], configs: lis
                       jobs: int | None = None) -> Result:
     """FP8-KV MLA across FlashInfer releases: compiled, static_assert, failed elsewhere or refused."""
     for backend, arch in configs:
-        fr.validate_config(backend, "bfloat16", "float8_e4m3fn", arch)
+        validate_config(backend, "bfloat16", "float8_e4m3fn", arch)
     for release in releases:
-        fr.validate_release(release)
-    nvcc = fr.find_nvcc()
-    rows: list[dict[str, Any]] = [{"section": "toolchain", "nvcc_version": fr.nvcc_version() if nvcc else None,
+        validate_release(release)
+    nvcc = find_nvcc()
+    rows: list[dict[str, Any]] = [{"section": "toolchain", "nvcc_version": nvcc_version() if nvcc else None,
                                    "nvcc": str(nvcc) if nvcc else None, "python": sys.version.split()[0],
                                    "torch": torch.__version__}]
     for release in releases:
         for backend, arch in configs:
             rows.append(timeline_row(release, backend, arch, jobs=jobs))
-        rec = fr.install_record(release)
+        rec = install_record(release)
         rows.append({"section": "release", "release": release, "installed_from": rec.get("source", {}).get("from", ""),
                      "source": rec.get("source", {}), "substituted": rec.get("substituted", {}),
                      "pinned_headers": rec.get("pinned_headers", {}), "dependencies": rec.get("dependencies", [])})
     params = {"releases": list(releases), "configs": [list(c) for c in configs], "jobs": jobs}
-    return Result("wall_timeline", params, rows, collect_provenance(device, SOURCES))
+    return Result("wall_timeline", params, rows, collect_provenance(device, __name__))
 
 
 # ---------------------------------------------------------------------------------------------
 # The patch on a GPU: one subprocess per release
 # ---------------------------------------------------------------------------------------------
-
-#: Runs with the release first on sys.path; kvwall and torch come from the calling environment.
-_GPU_DRIVER = r'''
-import inspect, json, sys, time, traceback
-args = json.loads(sys.argv[1])
-sys.path.insert(0, args["release_dir"])
-out = {"cases": [], "phase": "import"}
-
-def emit():
-    with open(args["result_path"], "w") as f:
-        json.dump(out, f)
-
-try:
-    import torch
-    import flashinfer
-    from flashinfer.jit import env as jit_env
-    from kvwall.model.geometry import GLM5
-    from kvwall.kernels import mla_decode_reference, split_latent_cache
-    from kvwall.model.pool import make_decode_batch, random_kv
-    from kvwall.measure.timing import bench_ms
-    out.update(flashinfer_version=flashinfer.__version__, flashinfer_file=flashinfer.__file__,
-               include_dir=str(jit_env.FLASHINFER_INCLUDE_DIR), gen_dir=str(getattr(jit_env, "FLASHINFER_GEN_SRC_DIR", "")),
-               csrc_dir=str(getattr(jit_env, "FLASHINFER_CSRC_DIR", "")),
-               device=args["device"])
-    if args["device"] == "cuda":
-        out.update(gpu=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)))
-except BaseException as e:
-    out.update(error="import", exc_type=type(e).__name__, message=str(e), traceback=traceback.format_exc()[-3000:])
-    emit(); sys.exit(0)
-
-g = GLM5.with_tensor_parallel(args["tensor_parallel"])
-dev = torch.device(args["device"])  # "cpu" only for a dry run of this driver
-gen = torch.Generator().manual_seed(args["seed"])
-pool_tokens = args["pool_tokens"] if args["mode"] == "measure" else 4096
-pool = random_kv((pool_tokens + 1, 1, g.kv_dim), generator=gen, device=dev)  # FP8, SGLang layout
-ckv8, kpe8 = split_latent_cache(pool, g.kv_lora_rank)
-workspace = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
-out["phase"] = "cases"
-
-def make(backend, kv_dtype, batch):
-    w = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend=backend)
-    qo = torch.arange(batch.batch_size + 1, dtype=torch.int32, device=dev)
-    w.plan(qo, batch.kv_indptr, batch.kv_indices, batch.context_lens, g.heads_per_gpu, g.kv_lora_rank,
-           g.qk_rope_head_dim, 1, False, g.sm_scale, torch.bfloat16, kv_dtype)
-    return w
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
-
-for case in args["cases"]:
-    row = {"backend": case["backend"], "kv": case["kv"], "context_len": case["context_len"], "mode": args["mode"]}
-    out["cases"].append(row)
-    t0 = time.perf_counter()
-    stage = "setup"
-    try:
-        batch = make_decode_batch([case["context_len"]], pool.shape[0], seed=args["seed"], device=dev)
-        q_nope = random_kv((1, g.heads_per_gpu, g.kv_lora_rank), generator=gen, device=dev, dtype=torch.bfloat16)
-        q_pe = random_kv((1, g.heads_per_gpu, g.qk_rope_head_dim), generator=gen, device=dev, dtype=torch.bfloat16)
-        fp8 = case["kv"] == "float8_e4m3fn"
-        if fp8:
-            ckv, kpe = ckv8, kpe8
-        else:  # the BF16 path: the cast done outside, once, not timed
-            bf = pool.to(torch.bfloat16)
-            ckv, kpe = split_latent_cache(bf, g.kv_lora_rank)
-        stage = "plan"
-        w = make(case["backend"], getattr(torch, case["kv"]), batch)
-        row["plan_s"] = round(time.perf_counter() - t0, 2)
-        if args["mode"] == "warm" and not case.get("run_in_warm"):
-            row["status"] = "planned"
-            row["seconds"] = round(time.perf_counter() - t0, 2)
-            emit()
-            continue
-        stage = "run"
-        kw = {}
-        if fp8 and "ckv_scale" in inspect.signature(w.run).parameters:
-            kw = {"ckv_scale": 1.0, "kpe_scale": 1.0}  # random_kv quantizes with scale 1
-        row["run_kwargs"] = sorted(kw)
-        o = w.run(q_nope, q_pe, ckv, kpe, **kw)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        stage = "check"
-        ref = mla_decode_reference(q_nope, q_pe, ckv8, kpe8, batch.kv_indptr, batch.kv_indices, g.sm_scale,
-                                   compute_dtype=torch.float64)
-        row["rel_err_vs_float64"] = rel(o, ref)
-        row["finite"] = bool(torch.isfinite(o).all())
-        if case.get("compare_bf16") and fp8:
-            bf = pool.to(torch.bfloat16)
-            cb, kb = split_latent_cache(bf, g.kv_lora_rank)
-            wb = make(case["backend"], torch.bfloat16, batch)
-            ob = wb.run(q_nope, q_pe, cb, kb)
-            row["rel_diff_vs_bf16_path"] = rel(o, ob)
-            row["bf16_rel_err_vs_float64"] = rel(ob, ref)
-            del bf, cb, kb
-        stage = "time"
-        row["ms"] = bench_ms(lambda: w.run(q_nope, q_pe, ckv, kpe, **kw), dev)
-        row["status"] = "ran"
-        if not fp8:
-            del bf
-    except BaseException as e:
-        row.update(status="failed", stage=stage, exc_type=type(e).__module__ + "." + type(e).__name__,
-                   message=str(e)[-60000:], traceback=traceback.format_exc()[-3000:])
-    row["seconds"] = round(time.perf_counter() - t0, 2)
-    emit()
-out["phase"] = "done"
-emit()
-'''
-
 
 def _warm_cases(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Plan once per (backend, KV dtype): that is where FlashInfer JIT-builds (and caches) the kernel.
@@ -324,8 +185,8 @@ def _start_release(release: str, mode: str, cases: list[dict[str, Any]], *, pool
                    seed: int, workdir: Path, device: str = "cuda") -> tuple[subprocess.Popen | None, dict[str, Any]]:
     """Install ``release`` and start the driver on ``cases`` in a subprocess with it first on sys.path."""
     try:
-        rdir = fr.install_release(release)
-    except fr.FlashInferReleaseError as exc:
+        rdir = install_release(release)
+    except FlashInferReleaseError as exc:
         return None, {"error": "install", "exc_type": type(exc).__name__, "message": str(exc)[-4000:], "cases": []}
     result_path = workdir / f"gpu-{release}-{mode}.json"
     log_path = workdir / f"gpu-{release}-{mode}.log"
@@ -336,7 +197,7 @@ def _start_release(release: str, mode: str, cases: list[dict[str, Any]], *, pool
                FLASHINFER_WORKSPACE_BASE=str(workdir / f"fi-{release}"),
                PATH=os.pathsep.join([str(rdir / "bin"), env.get("PATH", "")]))
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-c", _GPU_DRIVER, json.dumps(payload)], stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", patch_driver.__name__, json.dumps(payload)], stdout=log,
                                 stderr=subprocess.STDOUT, text=True, env=env, cwd=str(workdir))
     return proc, {"result_path": str(result_path), "log_path": str(log_path), "started": time.perf_counter()}
 
@@ -367,8 +228,7 @@ def _parse_compiler_errors(case: dict[str, Any], d: dict[str, Any]) -> list[dict
     """The nvcc errors inside a JIT-build exception's message, located in the release's sources."""
     if "Ninja build failed" not in case.get("message", "") and "error" not in case.get("message", ""):
         return []
-    roots = fr._path_roots(d)  # noqa: SLF001 - the same path shortening as the CPU builds
-    errs = fr.parse_nvcc_output(case["message"], roots)
+    errs = parse_nvcc_output(case["message"], path_roots(d))
     seen, out = set(), []
     for e in errs:
         key = (e.file, e.line, e.message)
@@ -384,7 +244,7 @@ def _release_row(release: str, phase: str, d: dict[str, Any], planned: int) -> d
     return {"section": "release", "release": release, "phase": phase, "error": d.get("error"),
             "flashinfer_version": d.get("flashinfer_version"), "flashinfer_file": d.get("flashinfer_file"),
             "gpu": d.get("gpu"), "capability": d.get("capability"), "seconds": d.get("seconds"),
-            "installed_from": fr.install_record(release).get("source", {}).get("from"),
+            "installed_from": install_record(release).get("source", {}).get("from"),
             "exc_type": d.get("exc_type"), "message": (d.get("message") or "")[-2000:],
             "output_tail": d.get("output_tail", "")[-2000:], "cases_planned": planned,
             "cases_done": len(d.get("cases", []))}
@@ -415,7 +275,7 @@ def run_wall_on_gpu(device: torch.device, *, releases: list[dict[str, Any]], con
                            "chapter shows the recorded run and builds the kernel with nvcc instead (wall_timeline).")
     t_end = time.perf_counter() + budget_s
     rows: list[dict[str, Any]] = []
-    specs = [{**s, "release": fr.validate_release(s["release"])} for s in releases]
+    specs = [{**s, "release": validate_release(s["release"])} for s in releases]
     with tempfile.TemporaryDirectory(prefix="kvwall-wall-") as tmp:
         work = Path(tmp)
         started = []
@@ -444,8 +304,7 @@ def run_wall_on_gpu(device: torch.device, *, releases: list[dict[str, Any]], con
             rows += _case_rows(spec["release"], d)
     params = {"releases": releases, "context_lens": list(context_lens), "pool_tokens": pool_tokens,
               "tensor_parallel": tensor_parallel, "seed": seed, "budget_s": budget_s}
-    return Result("wall_on_gpu", params, rows,
-                  collect_provenance(device, SOURCES + ("kernels/mla_decode/reference.py", "lib/kvwall/model/pool.py")))
+    return Result("wall_on_gpu", params, rows, collect_provenance(device, __name__))
 
 
 _GPU_RELEASES = [
@@ -459,11 +318,12 @@ EXPERIMENTS: list[Experiment] = [
                full=dict(releases=TIMELINE_RELEASES, configs=TIMELINE_CONFIGS, jobs=None),
                small=dict(releases=["0.6.12"], configs=[["fa2", "sm_120a"], ["fa2", "sm_90a"]], jobs=None),
                about="FP8-KV MLA across FlashInfer releases: compiled, static_assert, or refused (nvcc, no GPU)",
-               needs="any"),
+               requires=("nvcc", "network")),
     Experiment("wall_on_gpu", run_wall_on_gpu,
                full=dict(releases=_GPU_RELEASES, context_lens=[4096, 32768, 131072], pool_tokens=495_000,
                          tensor_parallel=4, seed=0, budget_s=540.0),
                small=dict(releases=_GPU_RELEASES, context_lens=[1024], pool_tokens=8192, tensor_parallel=4, seed=0,
                           budget_s=540.0),
-               about="the patch on a GPU: 0.6.12 fails in plan(); 0.6.14 / 0.6.18.post1 FP8 against BF16, timed"),
+               about="the patch on a GPU: 0.6.12 fails in plan(); 0.6.14 / 0.6.18.post1 FP8 against BF16, timed",
+               requires=("cuda", "network")),
 ]

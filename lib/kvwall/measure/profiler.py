@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from typing import Callable, Iterator
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["profile_ops", "kernel_names", "CAST_OP"]
+__all__ = ["profile_ops", "kernel_names", "count_syncs", "CAST_OP"]
 
 #: The op the whole-pool cast shows up as (``Tensor.to`` -> ``aten::_to_copy`` -> ``aten::copy_``).
 CAST_OP = "aten::copy_"
@@ -92,3 +93,20 @@ def kernel_names(fn: Callable[[], object], device: torch.device) -> list[str]:
         with _quiet_native_stderr():
             prof.stop()
     return [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def count_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
+    """How many synchronizing torch operations one call of ``fn`` performs, as
+    ``torch.cuda.set_sync_debug_mode("warn")`` reports them (None on a CPU)."""
+    if device.type != "cuda":
+        return None
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+        torch.cuda.synchronize(device)
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())

@@ -25,9 +25,9 @@ from typing import Protocol
 
 import torch
 
-from kvwall.kernels import plan_gather, split_latent_cache
 from kvwall.kernels.gather.cuda import launch_gather_cuda
-from kvwall.kernels.gather.kernel import launch_gather
+from kvwall.kernels.gather.kernel import launch_gather, plan_gather
+from kvwall.kernels.mla_decode.reference import split_latent_cache
 from kvwall.model.pool import RESERVED_SLOT, DecodeBatch, TokenPool
 
 __all__ = ["KVStrategy", "FullPoolCast", "compact_batch", "IndexThenCast", "GatherCast", "GATHER_STRATEGIES",
@@ -129,8 +129,6 @@ GATHER_STRATEGIES = ("full_pool_cast", "index_then_cast", "index_then_cast_capac
 
 def make_strategy(kind: str, batch: DecodeBatch, pool: TokenPool, capacity: int):
     """One of :data:`GATHER_STRATEGIES`, built for ``batch`` (``capacity`` for the graph-sized ones)."""
-    from kvwall.model.strategies import FullPoolCast
-
     if kind == "full_pool_cast":
         return FullPoolCast()
     if kind.startswith("index_then_cast"):

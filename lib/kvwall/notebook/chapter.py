@@ -10,6 +10,7 @@ computed: the tests assert on it and ``book/reproducibility.md`` lists it.
 from __future__ import annotations
 
 import datetime as _dt
+import html
 import json
 import os
 import platform
@@ -20,15 +21,17 @@ from typing import Any
 
 import torch
 
-from kvwall.experiments import run_experiment
-from kvwall.results import PROJECT_ROOT, Result, load_result, save_result
+from kvwall.experiments import EXPERIMENTS, run_experiment
+from kvwall.notebook.tables import show_markdown
+from kvwall.results import PROJECT_ROOT, Result, ResultMissingError, load_result, save_result
 
-__all__ = ["MODES", "ChapterRun", "start_chapter", "execution_dir", "load_execution_records"]
+__all__ = ["MODES", "ChapterRun", "start_chapter", "step_knobs", "execution_dir", "load_execution_records"]
 
 MODES = ("auto", "gpu", "cpu")
 
 
 def execution_dir() -> Path:
+    """Where chapters write how they executed (``KVWALL_EXECUTION_DIR``, else ``_build/execution``)."""
     return Path(os.environ.get("KVWALL_EXECUTION_DIR", PROJECT_ROOT / "_build" / "execution"))
 
 
@@ -40,6 +43,8 @@ def _device_description(device: torch.device) -> str:
 
 @dataclass
 class ChapterRun:
+    """One execution of a chapter: its resolved world and knobs, and the recorded results it used."""
+
     chapter: str
     mode: str  # resolved: "gpu" or "cpu"
     device: torch.device
@@ -54,6 +59,7 @@ class ChapterRun:
         return "full" if self.mode == "gpu" else "small"
 
     def live_caption(self, detail: str = "") -> str:
+        """The provenance line of a number measured live in this run."""
         where = _device_description(self.device)
         scale = "full scale" if self.scale == "full" else "small scale"
         extra = f"; {detail}" if detail else ""
@@ -76,6 +82,17 @@ class ChapterRun:
             _show_warning(f"Stale recorded result. {result.caption()}")
         return result
 
+    def recorded_or_none(self, experiment: str) -> Result | None:
+        """:meth:`recorded`, or None with a visible note where that experiment has not been recorded yet.
+
+        Only a missing file is "not recorded yet": an edited, truncated or unreadable one still raises
+        :class:`~kvwall.results.ResultFileError`, naming the file."""
+        try:
+            return self.recorded(experiment)
+        except ResultMissingError as exc:
+            show_markdown(f"**Not recorded yet.** There is no recorded GPU run of `{experiment}`: {exc}")
+            return None
+
     def finish(self, values: dict[str, Any]) -> Path:
         """Write how this chapter executed, and the values it computed, for tests and the status page."""
         out = execution_dir()
@@ -94,8 +111,6 @@ class ChapterRun:
 
 def _show_warning(text: str) -> None:
     """A visible warning box (the theme's admonition style in the book; plain HTML in JupyterLab)."""
-    import html
-
     try:
         from IPython.display import HTML, display
 
@@ -109,6 +124,14 @@ def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive integer (or None for the mode's default).")
     return value
+
+
+def step_knobs(experiment: str) -> dict[str, dict[str, int]]:
+    """The scale knobs of a chapter built on a decode-step experiment (``pool_tokens``, ``layers``,
+    ``context_len``), per world, from that experiment's full and small parameters."""
+    exp = EXPERIMENTS[experiment]
+    return {world: {"pool_tokens": p["pool_tokens"], "layers": p["layers"], "context_len": p["context_lens"][0]}
+            for world, p in (("gpu", exp.full), ("cpu", exp.small))}
 
 
 def start_chapter(chapter: str, *, mode: str, record: bool, defaults: dict[str, dict[str, Any]],

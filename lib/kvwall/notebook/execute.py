@@ -1,35 +1,87 @@
 """Execute a chapter headless, as CI and ``python -m kvwall execute`` do: papermill on the MyST text.
 
-papermill cannot read text notebooks itself, so the chapter is parsed with jupytext first. The
-chapter's own ``finish()`` record (how it ran, what it computed) is returned.
+papermill cannot read text notebooks itself, so the chapter is parsed with jupytext first. Before
+anything runs, the path must be a chapter (``book/NN_slug.md``) and every parameter must be one its
+``parameters`` cell defines (papermill itself only warns about unknown ones and runs on defaults).
+The chapter's own ``finish()`` record (how it ran, what it computed) is returned.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
+import jupytext
+import nbformat
+import papermill
+
 from kvwall.results import PROJECT_ROOT
 
-__all__ = ["execute_chapter"]
+__all__ = ["BOOK_DIR", "ChapterError", "chapter_files", "chapter_parameters", "execute_chapter"]
+
+BOOK_DIR = PROJECT_ROOT / "book"
+_CHAPTER_NAME = re.compile(r"\d\d_[A-Za-z0-9_]+\.md")
 
 
-def execute_chapter(path: Path, out_dir: Path, *, timeout_s: int = 900, **parameters: Any) -> dict[str, Any]:
-    """Run ``path`` with ``parameters`` injected; write ``<out_dir>/<stem>.ipynb`` and the execution record."""
-    import jupytext
-    import papermill
+class ChapterError(ValueError):
+    """Not a chapter, or parameters the chapter does not take: found before anything runs."""
 
+
+def chapter_files(book: Path = BOOK_DIR) -> list[Path]:
+    """The chapters, in order: ``book/NN_slug.md``."""
+    return sorted(p for p in book.glob("*.md") if _CHAPTER_NAME.fullmatch(p.name))
+
+
+def _chapter_notebook(path: Path) -> nbformat.NotebookNode:
+    choices = ", ".join(p.name for p in chapter_files())
+    if path.is_dir():
+        raise ChapterError(f"{path} is a folder; give one chapter file, book/NN_slug.md ({choices}).")
+    if not path.is_file():
+        raise ChapterError(f"{path}: no such file; the chapters are {choices} in {BOOK_DIR}.")
+    if not _CHAPTER_NAME.fullmatch(path.name):
+        raise ChapterError(f"{path} is not a chapter: only book/NN_slug.md files execute ({choices}).")
+    return jupytext.read(path)
+
+
+def chapter_parameters(notebook: nbformat.NotebookNode) -> dict[str, str]:
+    """Names the chapter's ``parameters`` cell assigns, with the source of each default value."""
+    found: dict[str, str] = {}
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            for node in ast.parse(cell.source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                    node, ast.AnnAssign) else []
+                found.update({t.id: ast.unparse(node.value) for t in targets
+                              if isinstance(t, ast.Name) and node.value is not None})
+    return found
+
+
+def execute_chapter(path: Path, out_dir: Path, *, timeout_s: int = 900, progress_bar: bool = False,
+                    **parameters: Any) -> dict[str, Any]:
+    """Run chapter ``path`` with ``parameters`` injected; write ``<out_dir>/<stem>.ipynb`` and the execution record.
+
+    Raises :class:`ChapterError` before running anything if ``path`` is not a chapter or a parameter is not
+    in its ``parameters`` cell; a failing cell raises papermill's ``PapermillExecutionError``.
+    """
     path, out_dir = Path(path), Path(out_dir)
+    notebook = _chapter_notebook(path)
+    known = chapter_parameters(notebook)
+    unknown = sorted(set(parameters) - set(known))
+    if unknown:
+        takes = ", ".join(f"{k} (default {v})" for k, v in known.items())
+        raise ChapterError(f"{path.name} has no parameter {', '.join(unknown)}; it takes: {takes}.")
     exec_dir = out_dir / "execution"
     out_dir.mkdir(parents=True, exist_ok=True)
     previous = os.environ.get("KVWALL_EXECUTION_DIR")
     os.environ["KVWALL_EXECUTION_DIR"] = str(exec_dir)
     try:
         papermill.execute_notebook(
-            jupytext.read(path), str(out_dir / f"{path.stem}.ipynb"), parameters=parameters,
-            kernel_name="python3", cwd=str(PROJECT_ROOT / "book"), progress_bar=False, execution_timeout=timeout_s,
+            notebook, str(out_dir / f"{path.stem}.ipynb"), parameters=parameters, kernel_name="python3",
+            cwd=str(BOOK_DIR), progress_bar=progress_bar, execution_timeout=timeout_s,
         )
     finally:
         if previous is None:

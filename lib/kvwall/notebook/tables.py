@@ -1,18 +1,79 @@
-"""Small Markdown tables and sentences for notebooks (rendered in JupyterLab and the built book)."""
+"""Small Markdown tables and sentences for notebooks (rendered in JupyterLab and the built book).
+
+A chapter's report module builds a :class:`Table` (rows, columns, caption); the chapter shows it with
+:func:`show_table`. The formatters below are the book's few ways of printing a number, so that a
+column says what it formats instead of carrying a lambda.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["markdown_table", "show_table", "show_markdown"]
+__all__ = ["Column", "Table", "CHECK_COLUMNS", "markdown_table", "show_table", "show_markdown", "number", "percent", "times",
+           "scientific", "ms_as_us", "plain"]
 
-Column = str | tuple[str, Callable[[Any], str]]
+Formatter = Callable[[Any], str]
+#: A column maps its header to a row key, or to ``(key, formatter)``.
+Column = str | tuple[str, Formatter]
+#: What a formatter prints for a missing value (None).
+MISSING = "—"
+#: The columns of every pass/fail summary of a validation run: rows with ``what``, ``passed`` and ``detail``.
+CHECK_COLUMNS: dict[str, Column] = {"check": "what", "passed": "passed", "detail": "detail"}
+
+
+def number(decimals: int = 1) -> Formatter:
+    """Thousands separators and ``decimals`` decimals: ``number(0)(4223.3) == "4,223"``; None prints a dash."""
+    return lambda v: MISSING if v is None else f"{v:,.{decimals}f}"
+
+
+def percent(v: float | None) -> str:
+    """A fraction as a whole percentage: ``percent(0.734) == "73%"``."""
+    return MISSING if v is None else f"{v:.0%}"
+
+
+def times(decimals: int = 1) -> Formatter:
+    """A ratio: ``times(2)(1.5) == "1.50×"``."""
+    return lambda v: MISSING if v is None else f"{v:,.{decimals}f}×"
+
+
+def scientific(v: float | None) -> str:
+    """An error or other small magnitude: ``scientific(0.00042) == "4.2e-04"``."""
+    return MISSING if v is None else f"{v:.1e}"
+
+
+def ms_as_us(v: float | None) -> str:
+    """A time stored in ms, shown in µs with one decimal."""
+    return MISSING if v is None else f"{v * 1e3:,.1f}"
+
+
+def plain(v: Any) -> str:
+    """A value as it is (None as a dash)."""
+    return MISSING if v is None else str(v)
 
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
     return str(value).replace("|", "\\|")
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows to show, the columns to show of them, and the caption saying where the numbers came from."""
+
+    rows: Sequence[Mapping[str, Any]]
+    columns: Mapping[str, Column]
+    caption: str
+
+    def markdown(self) -> str:
+        return markdown_table(self.rows, self.columns) + f"\n\n*{self.caption}*"
+
+    def column(self, header: str) -> list[str]:
+        """The formatted cells of one column, as the reader sees them."""
+        spec = self.columns[header]
+        key, fmt = (spec, _cell) if isinstance(spec, str) else spec
+        return [fmt(row[key]) if key in row else "" for row in self.rows]
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, Column]) -> str:
@@ -37,5 +98,11 @@ def show_markdown(text: str) -> None:
         print(text)
 
 
-def show_table(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, Column], caption: str) -> None:
-    show_markdown(markdown_table(rows, columns) + f"\n\n*{caption}*")
+def show_table(table: Table | Sequence[Mapping[str, Any]], columns: Mapping[str, Column] | None = None,
+               caption: str | None = None) -> None:
+    """Show a :class:`Table`, or ``rows`` with ``columns`` and ``caption``."""
+    if not isinstance(table, Table):
+        if columns is None or caption is None:
+            raise TypeError("show_table(rows, columns, caption): pass a Table, or rows with their columns and caption.")
+        table = Table(table, columns, caption)
+    show_markdown(table.markdown())

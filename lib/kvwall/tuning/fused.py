@@ -16,28 +16,44 @@ which :func:`kvwall.kernels.mla_decode.kernel.default_config` reads. Full number
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime as _dt
 import json
-import math
+import os
+import re
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-__all__ = ["candidates", "graph_us", "kernel_times_us", "loop_instruction_mix", "main", "matmul_tflops", "tune",
-           "write_table"]
+from kvwall.kernels import mla_decode_reference
+from kvwall.kernels.mla_decode.kernel import (CONVERSIONS, LAST_COMPILED, TUNED_CONFIG_FILE, MLADecodeConfig, _kernel,
+                                              default_num_splits, mla_decode_fp8, tuned_entry)
+from kvwall.measure.accuracy import relative_error
+from kvwall.measure.failures import error_text
+from kvwall.measure.profiler import profile_ops
+from kvwall.measure.timing import copy_bandwidth_gbps, graph_ms, matmul_tflops
+from kvwall.model.geometry import GLM5
+from kvwall.model.roofline import roofline_us
+
+__all__ = ["candidates", "graph_us", "kernel_times_us", "loop_instruction_mix", "main", "tune", "write_table",
+           "TUNING_GPU"]
 
 POOL_TOKENS = 495_000
-DC, DR = 512, 64
+DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
 D = DC + DR
+#: The GPU whose tuned shapes :func:`loop_instruction_mix` compiles when given no config (the book's GPU).
+TUNING_GPU = "NVIDIA H200"
 
 
-def candidates(heads: int):
+def candidates(heads: int) -> list[MLADecodeConfig]:
     """Launch shapes tried for a head count."""
-    from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
-
     out = []
     if heads <= 16:
         out += [MLADecodeConfig(16, bn, w, st, convert="cvt")
@@ -52,95 +68,40 @@ def candidates(heads: int):
     return list(dict.fromkeys(out))
 
 
-def graph_us(fn, flush=None, reps: int = 10, rounds: int = 3) -> float:
-    """Device µs per call from CUDA-graph replay: a graph of ``reps`` x [flush, call] minus one of ``reps``
-    x [flush] (``flush=None``: calls back to back). Best of ``rounds`` replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture wants
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-
-    def timed(body) -> float:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                body()
-        g.replay()
-        torch.cuda.synchronize()
-        best = math.inf
-        for _ in range(rounds):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            best = min(best, a.elapsed_time(b) * 1e3 / reps)
-        del g
-        return best
-
-    if flush is None:
-        return timed(fn)
-    return max(timed(lambda: (flush(), fn())) - timed(flush), 0.0)
+def graph_us(fn: Callable[[], object], flush: Callable[[], object] | None = None, reps: int = 10,
+             rounds: int = 3) -> float:
+    """Device µs per call as chapter 5 times it: :func:`kvwall.measure.timing.graph_ms` over a graph of ``reps`` x
+    [flush, call] minus one of ``reps`` x [flush] (``flush=None``: calls back to back), best of ``rounds``
+    replays, after two warm-up calls."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    return graph_ms([fn], device, repeat=reps, flush=flush, replays=rounds, reduce="min", warmup=2) * 1e3
 
 
-def matmul_tflops(device: torch.device, n: int = 8192) -> float:
-    """Dense BF16 matmul rate (TFLOP/s), n x n x n, median of triton.testing.do_bench."""
-    import triton.testing
-
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300)
-    return 2 * n**3 / (ms * 1e-3) / 1e12
+def kernel_times_us(fn: Callable[[], object], calls: int = 20) -> dict[str, float]:
+    """Device µs per call of each kernel ``fn`` launches (torch.profiler over ``calls`` calls, L2 warm)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    kernels = profile_ops(fn, device, steps=calls, top=64)["kernels"]
+    return {k["name"][:60]: k["ms_per_step"] * 1e3 for k in kernels if k["ms_per_step"] > 0}
 
 
-def kernel_times_us(fn, calls: int = 20) -> dict[str, float]:
-    """Device µs per call of each kernel ``fn`` launches (torch.profiler), L2 warm."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for ev in prof.key_averages():
-        if ev.device_type.name == "CUDA" and getattr(ev, "device_time_total", 0) > 0:
-            out[ev.key[:60]] = ev.device_time_total / calls
-    return out
-
-
-def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config=None) -> dict:
+def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config: MLADecodeConfig | None = None,
+                         gpu: str = TUNING_GPU) -> dict:
     """Compile the split kernel for ``sm_90`` (no GPU needed: Triton's bundled ptxas) with the launch shape the
-    launcher would pick on an H200 (or ``config``) and count the PTX instructions of its main loop, per thread."""
-    import collections
-    import os
-    import re
-
+    launcher picks on ``gpu`` for (heads, tokens) (or ``config``) and count the PTX instructions of its main loop,
+    per thread."""
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (silences its notice)
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    import importlib
-
-    mod = importlib.import_module("kvwall.kernels.mla_decode.kernel")  # the module (the package exports the function)
     if config is None:
-        table = json.loads(mod.TUNED_CONFIG_FILE.read_text()).get("NVIDIA H200", {})
-        counts = sorted(int(h) for h in table if h.isdigit())
-        h = next((c for c in counts if c >= heads), counts[-1])
-        ctx = min(table[str(h)], key=lambda c: abs(math.log(int(c) / tokens)))
-        config = mod.MLADecodeConfig(**table[str(h)][ctx]["config"])
-    how, kv_mul = mod.CONVERSIONS[config.convert]
+        entry = tuned_entry(heads, tokens, gpu)
+        if entry is None:
+            raise LookupError(f"the tuned table has no entry for {gpu!r}; pass a config.")
+        config = MLADecodeConfig(**entry["config"])
+    how, kv_mul = CONVERSIONS[config.convert]
     sig = {n: t for n, t in (
         ("qn_ptr", "*bf16"), ("qp_ptr", "*bf16"), ("ckv_ptr", "*fp8e4nv"), ("kpe_ptr", "*fp8e4nv"),
         ("indptr_ptr", "*i32"), ("indices_ptr", "*i32"), ("kvlen_ptr", "*i32"), ("ckv_scale_ptr", "*fp32"),
         ("kpe_scale_ptr", "*fp32"), ("ckv_scale_val", "fp32"), ("kpe_scale_val", "fp32"), ("qk_scale", "fp32"),
         ("part_o_ptr", "*fp32"), ("part_lse_ptr", "*fp32"), ("out_ptr", "*bf16"), ("lse_ptr", "*fp32"),
-        ("H", "i32"), ("num_splits", "i32"), ("stride_qn_b", "i32"), ("stride_qn_h", "i32"), ("stride_qp_b", "i32"),
+        ("H", "i32"), ("num_splits", "i32"), ("num_indices", "i32"), ("num_units", "i32"), ("stride_qn_b", "i32"), ("stride_qn_h", "i32"), ("stride_qp_b", "i32"),
         ("stride_qp_h", "i32"), ("stride_ckv", "i32"), ("stride_kpe", "i32"), ("stride_o_b", "i32"),
         ("stride_o_h", "i32"))}
     const = dict(DC=DC, DCH=DC // 4, DR=DR, BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=1,
@@ -148,7 +109,7 @@ def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config=None) -> 
                  CACHE_K=config.cache_k, CACHE_V=config.cache_v, S_FP8=config.s_fp8)
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if sig[k].startswith("*") or k.startswith("stride")}
-    src = ASTSource(fn=mod._kernel("split", False), signature=sig, constexprs=const, attrs=attrs)
+    src = ASTSource(fn=_kernel("split", False), signature=sig, constexprs=const, attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options=dict(num_warps=config.num_warps, num_stages=config.num_stages)).asm["ptx"].splitlines()
     labels = {l.split(":")[0].strip(): i for i, l in enumerate(ptx) if re.match(r"^\$L__BB\d+_\d+:", l.strip())}
@@ -173,8 +134,6 @@ def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config=None) -> 
 
 
 def _resources() -> dict:
-    from kvwall.kernels.mla_decode.kernel import LAST_COMPILED
-
     k = LAST_COMPILED.get("split")
     md = getattr(k, "metadata", None)
     return {"regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
@@ -184,7 +143,7 @@ def _resources() -> dict:
 class Case:
     """One decode batch on the shared pool: requests of given lengths over random slots."""
 
-    def __init__(self, pool, lens, heads, gen):
+    def __init__(self, pool: torch.Tensor, lens: list[int], heads: int, gen: torch.Generator) -> None:
         dev = pool.device
         self.lens = list(lens)
         self.heads = heads
@@ -195,30 +154,23 @@ class Case:
         self.idx = torch.randint(0, pool.shape[0], (sum(lens),), device=dev, generator=gen, dtype=torch.int32)
         self.ckv, self.kpe = pool[:, 0, :DC], pool[:, 0, DC:]
         self.out = torch.empty(b, heads, DC, dtype=torch.bfloat16, device=dev)
-        self.sm_scale = 1.0 / math.sqrt(192 + 64)
+        self.sm_scale = GLM5.sm_scale
 
-    def run(self, config=None, num_splits=None):
-        from kvwall.kernels.mla_decode.kernel import default_num_splits, mla_decode_fp8
-
+    def run(self, config: MLADecodeConfig | None = None, num_splits: int | None = None) -> Callable[[], torch.Tensor]:
         s = num_splits or default_num_splits(len(self.lens), self.heads, max(self.lens), self.q_nope.device, config)
         return lambda: mla_decode_fp8(self.q_nope, self.q_pe, self.ckv, self.kpe, self.indptr, self.idx,
                                       self.sm_scale, out=self.out, num_splits=s, check_range=False, config=config)
 
-    def reference(self):
-        from kvwall.kernels import mla_decode_reference
-
+    def reference(self) -> torch.Tensor:
         return mla_decode_reference(self.q_nope, self.q_pe, self.ckv.float(), self.kpe.float(), self.indptr,
                                     self.idx, self.sm_scale, compute_dtype=torch.float32)
 
 
 def tune(heads_list=(16, 64, 128), *, screen_tokens: int = 131072, contexts=(4096, 32768, 131072),
-         splits=(0, 16, 33, 66, 132, 264, 396), keep: int = 4, log=print) -> dict:
+         splits=(0, 16, 33, 66, 132, 264, 396), keep: int = 4, log: Callable[[str], object] = print) -> dict[str, Any]:
     """Screen every candidate at ``screen_tokens`` (batch 1), then time the best ``keep`` per head count across
-    ``contexts`` x ``splits`` (0: the launcher's default). Returns the report (see the module docstring)."""
-    import triton
-
-    from kvwall.measure.timing import copy_bandwidth_gbps
-
+    ``contexts`` x ``splits`` (0: the launcher's default). Returns the report (see the module docstring); its
+    ``roofline_us`` is :func:`kvwall.model.roofline.roofline_us` with the ceilings measured at the start."""
     t0 = time.perf_counter()
     dev = torch.device("cuda")
     gpu = torch.cuda.get_device_name(dev)
@@ -233,9 +185,6 @@ def tune(heads_list=(16, 64, 128), *, screen_tokens: int = 131072, contexts=(409
               "bf16_tflops": tflops, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(), "screen": [],
               "sweep": [], "winners": {}}
 
-    def roofline_us(heads, tokens):
-        return max(tokens * D / (copy_gbps * 1e3), 2 * heads * tokens * (DC + D) / (tflops * 1e6))
-
     for heads in heads_list:
         check = Case(pool, [1, 777, 64, 4097, 33], heads, gen)
         want = check.reference()
@@ -246,33 +195,33 @@ def tune(heads_list=(16, 64, 128), *, screen_tokens: int = 131072, contexts=(409
             try:
                 check.run(cfg)()
                 got = check.out.float()
-                row["rel_err"] = float((got - want).norm() / want.norm())
+                row["rel_err"] = relative_error(got, want)
                 row.update(_resources())
                 if not row["rel_err"] <= 1e-2:
                     raise RuntimeError(f"rel. error {row['rel_err']:.2e}")
                 row["us"] = graph_us(case.run(cfg), flush)
-                row["roofline_us"] = roofline_us(heads, screen_tokens)
+                row["roofline_us"] = roofline_us(heads, screen_tokens, copy_gbps, tflops)
             except Exception as exc:  # noqa: BLE001 - a failing candidate is a result, not a crash
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                row["error"] = error_text(exc, 300)
             rows.append(row)
             log(json.dumps(row))
         report["screen"] += rows
         good = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[:keep]
         best_by_ctx = {}
         for r in good:
-            cfg = type(candidates(heads)[0])(**r["config"])
+            cfg = MLADecodeConfig(**r["config"])
             for n in contexts:
                 c = Case(pool, [n], heads, gen)
                 for s in splits:
                     us = graph_us(c.run(cfg, s or None), flush)
                     row = {"heads": heads, "tokens": n, "splits": s, "config": r["config"], "us": us,
-                           "roofline_us": roofline_us(heads, n)}
+                           "roofline_us": roofline_us(heads, n, copy_gbps, tflops)}
                     report["sweep"].append(row)
                     if n not in best_by_ctx or us < best_by_ctx[n]["us"]:
                         best_by_ctx[n] = row
         for n, row in sorted(best_by_ctx.items()):
             row["kernels_us"] = kernel_times_us(Case(pool, [n], heads, gen).run(
-                type(candidates(heads)[0])(**row["config"]), row["splits"] or None))
+                MLADecodeConfig(**row["config"]), row["splits"] or None))
             log(f"heads {heads:4d} ctx {n:7d}: best {row['us']:8.1f} us (roofline {row['roofline_us']:.1f}) "
                 f"splits {row['splits']} {row['config']} kernels {row['kernels_us']}")
         report["winners"][str(heads)] = {str(n): row for n, row in best_by_ctx.items()}
@@ -282,8 +231,7 @@ def tune(heads_list=(16, 64, 128), *, screen_tokens: int = 131072, contexts=(409
 
 def write_table(report: dict) -> Path:
     """Store a report's winners (split-kernel shape and splits) in the launcher's tuned table."""
-    from kvwall.kernels.mla_decode.kernel import TUNED_CONFIG_FILE as path
-
+    path = TUNED_CONFIG_FILE
     table = json.loads(path.read_text()) if path.exists() else {}
     table[report["gpu"]] = {
         "by": "python -m kvwall.tuning.fused --write (combine shape: sized at launch, not tuned)",

@@ -28,19 +28,27 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+
+from kvwall.kernels import gather_cast_reference
+from kvwall.kernels.gather.cuda import launch_gather_cuda
+from kvwall.kernels.gather.kernel import GatherConfig, launch_gather, plan_gather
+from kvwall.kernels.gather.reference import bits
+from kvwall.measure.timing import bench_ms, copy_bandwidth_gbps, graph_ms
+from kvwall.model.geometry import GLM5
+from kvwall.model.pool import make_decode_batch, random_kv
+from kvwall.model.roofline import gather_cast_bytes
 
 __all__ = ["candidates", "main"]
 
 SIZES = (4096, 32768, 131072, 524288)
 GRAPH_SIZES = (4096, 16384)
 POOL_TOKENS = 495_000
-D = 576
+D = GLM5.kv_dim
 
 
-def candidates():
+def candidates() -> list[GatherConfig]:
     """The launch shapes tried: (compiled variant) x (grid)."""
-    from kvwall.kernels.gather.kernel import GatherConfig
-
     out = []
     for block, warps in ((64, 2), (128, 4), (256, 4), (512, 8), (512, 4), (1024, 8)):
         for pps in (0, 2, 4, 8, 16):
@@ -50,10 +58,6 @@ def candidates():
         out.append(GatherConfig(256, 4, pps, evict_stores=True))
         out.append(GatherConfig(256, 4, pps, load_vec=16))
     return out
-
-
-def _bytes(n: int) -> int:
-    return n * D * 3 + n * 4
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,16 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         print("gather_tune needs an NVIDIA GPU (it times compiled kernels); --cpu-smoke checks the script.",
               file=sys.stderr)
         return 2
-    import triton
-    import triton.testing
-
-    from kvwall.kernels import gather_cast_reference
-    from kvwall.kernels.gather.kernel import GatherConfig, launch_gather, plan_gather
-    from kvwall.kernels.gather.cuda import launch_gather_cuda
-    from kvwall.kernels.gather.reference import bits
-    from kvwall.model.pool import random_kv
-    from kvwall.measure.timing import copy_bandwidth_gbps
-
     t_start = time.time()
     dev = torch.device("cpu" if smoke else "cuda")
     name = "cpu-smoke" if smoke else torch.cuda.get_device_name(dev)
@@ -91,29 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     pool = random_kv((pool_tokens + 1, 1, D), generator=gen, device=dev)
     copy_ms, copy_gbps = copy_bandwidth_gbps(dev, pool_tokens * D * 3 // 2)
 
-    def bench(fn) -> float:
-        if smoke:
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
-        return float(triton.testing.do_bench(fn, warmup=10, rep=args.rep_ms, return_mode="median"))
+    def bench(fn) -> float:  # do_bench medians (10 ms warm-up); a smoke run times a call or two on the host
+        return bench_ms(fn, dev, warmup_ms=10, rep_ms=0 if smoke else args.rep_ms, min_reps=1)
 
-    def graph_ms(calls) -> float:
+    def graph_ms_per_call(calls) -> float:  # one graph of all calls, do_bench over its replays
         if smoke:
-            t0 = time.perf_counter()
-            for c in calls:
-                c()
-            return (time.perf_counter() - t0) * 1e3 / len(calls)
-        for c in calls:
-            c()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for c in calls:
-                c()
-        ms = bench(g.replay) / len(calls)
-        del g
-        return ms
+            return bench(lambda: [c() for c in calls]) / len(calls)
+        return graph_ms(calls, dev, reduce="do_bench", warmup_ms=10, rep_ms=args.rep_ms)
 
     def rand_idx(n: int) -> torch.Tensor:
         return torch.randint(1, pool_tokens + 1, (n,), generator=gen, dtype=torch.int32).to(dev)
@@ -148,19 +126,19 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_gather(pool, idx, out=out, check_range=False)
         for label, (cfg, launch) in impls.items():
             ms = bench(lambda: launch(plan))
-            rows.append({"kind": "events", "impl": label, "n": n, "ms": ms, "gbps": _bytes(n) / ms / 1e6,
-                         "of_copy": _bytes(n) / ms / 1e6 / copy_gbps})
+            rows.append({"kind": "events", "impl": label, "n": n, "ms": ms, "gbps": gather_cast_bytes(n) / ms / 1e6,
+                         "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps})
         ms = bench(lambda: pool.index_select(0, idx_long).to(torch.bfloat16))
-        rows.append({"kind": "events", "impl": torch_label, "n": n, "ms": ms, "gbps": _bytes(n) / ms / 1e6,
-                     "of_copy": _bytes(n) / ms / 1e6 / copy_gbps})
+        rows.append({"kind": "events", "impl": torch_label, "n": n, "ms": ms, "gbps": gather_cast_bytes(n) / ms / 1e6,
+                     "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps})
         del out, plan
     for n in graph_sizes:
         plans = [plan_gather(pool, rand_idx(n), out=torch.empty((n, 1, D), dtype=torch.bfloat16, device=dev),
                              check_range=False) for _ in range(2 if smoke else 16)]
         for label, (cfg, launch) in impls.items():
-            ms = graph_ms([lambda p=p, launch=launch: launch(p) for p in plans])
-            rows.append({"kind": "graph", "impl": label, "n": n, "ms": ms, "gbps": _bytes(n) / ms / 1e6,
-                         "of_copy": _bytes(n) / ms / 1e6 / copy_gbps})
+            ms = graph_ms_per_call([lambda p=p, launch=launch: launch(p) for p in plans])
+            rows.append({"kind": "graph", "impl": label, "n": n, "ms": ms, "gbps": gather_cast_bytes(n) / ms / 1e6,
+                         "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps})
         del plans
 
     def pick(kind: str, ns) -> str:
@@ -176,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     winners = {"small": impls[small][0], "large": impls[large][0]}
 
     # Index layouts for the large winner: what random rows cost against sorted rows and allocator runs.
-    from kvwall.model.pool import make_decode_batch
-
     layouts = []
     cfg_large = winners["large"]
     for n in ((512,) if smoke else (131072, 524288)):
@@ -193,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                 pair.append(("CUDA C++ twin", launch_gather_cuda))
             for label, launch in pair:
                 ms = bench(lambda: launch(plan))
-                layouts.append({"layout": layout, "impl": label, "n": n, "ms": ms, "gbps": _bytes(n) / ms / 1e6,
-                                "of_copy": _bytes(n) / ms / 1e6 / copy_gbps})
+                layouts.append({"layout": layout, "impl": label, "n": n, "ms": ms, "gbps": gather_cast_bytes(n) / ms / 1e6,
+                                "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps})
             del out, plan
 
     result = {"device": name, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

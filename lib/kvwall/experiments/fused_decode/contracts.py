@@ -1,0 +1,180 @@
+"""What a caller of the fused FP8 MLA decode kernel can rely on besides accuracy, checked for
+``fused_decode_validation``: bad inputs raise before any launch (a poisoned ``out`` stays untouched), a checked call
+refuses CUDA-graph capture, and an unchecked call captured once replays correctly with new indices, lengths and
+scales (bit-identical to eager calls).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs
+from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8
+from kvwall.kernels.mla_decode.reference import nonempty_requests, reference64
+from kvwall.measure.accuracy import bf16_bits, finite_or_none, relative_error, same_bits
+from kvwall.measure.failures import error_text
+from kvwall.measure.timing import synchronize
+from kvwall.model.geometry import GLM5
+
+__all__ = ["error_rows", "graph_rows", "GRAPH_TRIALS"]
+
+DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
+D = DC + DR
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
+SM_SCALE = GLM5.sm_scale
+
+
+def _bad_inputs(device: torch.device):
+    """(what, kwargs change, expected exception) -- each must raise before any launch."""
+    case = DecodeCase("errors", 2, (3, 5), "pool_view", 1.0, 1.0, "int32", None, 10)
+    inp = make_case_inputs(case, device, 64)
+    ok = dict(q_nope=inp.q_nope, q_pe=inp.q_pe, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache,
+              kv_indptr=inp.kv_indptr, kv_indices=inp.kv_indices)
+    paged = (torch.randn(32, 2, D, device=device) * 0.5).to(FP8)
+    other = "cpu" if device.type == "cuda" else "meta"
+    i32 = dict(dtype=torch.int32, device=device)
+    cases = [
+        ("cache dtype bf16", dict(ckv_cache=inp.ckv_cache.to(BF16)), TypeError),
+        ("q_nope float32", dict(q_nope=inp.q_nope.float()), TypeError),
+        ("kv_indices float32", dict(kv_indices=inp.kv_indices.float()), TypeError),
+        ("q_pe heads differ", dict(q_pe=inp.q_pe[:, :1]), ValueError),
+        ("index one past the pool", dict(kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 64], **i32)), IndexError),
+        ("negative index", dict(kv_indices=torch.tensor([0, -1, 2, 3, 4, 5, 6, 7], **i32)), IndexError),
+        ("kv_indptr decreasing", dict(kv_indptr=torch.tensor([0, 5, 3], **i32)), ValueError),
+        ("kv_indptr past kv_indices", dict(kv_indptr=torch.tensor([0, 3, 99], **i32)), ValueError),
+        ("paged: kv_len past its pages", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:],
+                                              kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], **i32),
+                                              kv_len=torch.tensor([3, 17], **i32)), ValueError),
+        ("paged: page index out of range", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:],
+                                                kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 32], **i32),
+                                                kv_len=torch.tensor([3, 5], **i32)), IndexError),
+        ("tensors on two devices", dict(kv_indptr=inp.kv_indptr.to(other)), ValueError),
+        ("out of the wrong shape", dict(out=torch.full((2, 3, DC), float("nan"), dtype=BF16, device=device)),
+         ValueError),
+        ("out aliases q_nope", dict(out=inp.q_nope), ValueError),
+        ("num_splits 0", dict(num_splits=0), ValueError),
+        ("scale tensor float64", dict(ckv_scale=torch.ones(1, dtype=torch.float64, device=device)), ValueError),
+        ("sm_scale NaN", dict(sm_scale=float("nan")), TypeError),
+    ]
+    return ok, cases
+
+
+def _error_row(what: str, expected: str, raised: str, message: str, untouched: bool) -> dict[str, Any]:
+    return {"section": "errors", "input": what, "expected": expected, "raised": raised, "message": message[:300],
+            "out_untouched": untouched, "passed": raised == expected and untouched}
+
+
+def error_rows(device: torch.device) -> list[dict]:
+    """One ``errors`` row per bad input (and, on a GPU, a checked call inside graph capture)."""
+    ok, cases = _bad_inputs(device)
+    rows = []
+    for what, change, kind in cases:
+        args = {**ok, "sm_scale": SM_SCALE, "out": torch.full((2, 2, DC), float("nan"), dtype=BF16, device=device),
+                **change}
+        out = args["out"]
+        before = bf16_bits(out).clone()
+        raised, message = "nothing", ""
+        try:
+            mla_decode_fp8(args.pop("q_nope"), args.pop("q_pe"), args.pop("ckv_cache"), args.pop("kpe_cache"),
+                           args.pop("kv_indptr"), args.pop("kv_indices"), args.pop("sm_scale"), **args)
+            synchronize(device)
+        except Exception as exc:  # noqa: BLE001 - the row records what was raised
+            raised, message = type(exc).__name__, str(exc)
+        rows.append(_error_row(what, kind.__name__, raised, message, bool(torch.equal(bf16_bits(out), before))))
+    if device.type == "cuda":  # a checked call (host reads of kv_indptr/kv_indices) inside graph capture
+        out = torch.full((2, 2, DC), float("nan"), dtype=BF16, device=device)
+        before = bf16_bits(out).clone()
+        mla_decode_fp8(**ok, sm_scale=SM_SCALE, num_splits=2, check_range=False)
+        synchronize(device)
+        raised, message = "nothing", ""
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                mla_decode_fp8(**ok, sm_scale=SM_SCALE, out=out, num_splits=2)
+        except Exception as exc:  # noqa: BLE001
+            raised, message = type(exc).__name__, str(exc)
+        del graph
+        synchronize(device)
+        rows.append(_error_row("checked call inside CUDA-graph capture", "RuntimeError", raised, message,
+                               bool(torch.equal(bf16_bits(out), before))))
+    return rows
+
+
+#: Graph trials: (request lengths, ckv_scale, kpe_scale); the capture saw the first.
+GRAPH_TRIALS = [([100, 3000, 0, 5], 1.0, 1.0), ([0, 8000, 1, 4097], 1.5, 0.75), ([4000, 4000, 4000, 4000], 0.37, 0.74),
+                ([0, 0, 0, 0], 2.0, 2.0), ([16_384, 0, 0, 0], 0.5, 0.25), ([1, 1, 1, 1], 1.0, 1.0)]
+
+
+def graph_rows(device: torch.device, heads: int, *, seed: int) -> list[dict]:
+    """Capture one call with static buffers (capacity-sized ``kv_indices``, scales as tensors, fixed splits,
+    ``check_range=False``), then replay it with new indices, lengths and scales: each replay against the float64
+    reference and bit for bit against an eager (checked) call with the same inputs."""
+    slots, capacity, batch = 100_000, 16_384, 4
+    g = torch.Generator(device=device).manual_seed(seed)
+    pool = (torch.randn(slots, 1, D, generator=g, device=device) * 0.7).to(FP8)
+    ckv, kpe = pool[:, 0, :DC], pool[:, 0, DC:]
+    q_nope = (torch.randn(batch, heads, DC, generator=g, device=device) * 0.5).to(BF16)
+    q_pe = (torch.randn(batch, heads, DR, generator=g, device=device) * 0.5).to(BF16)
+    idx_buf = torch.zeros(capacity, dtype=torch.int32, device=device)
+    ptr_buf = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    cs_t = torch.ones(1, dtype=torch.float32, device=device)
+    ks_t = torch.ones(1, dtype=torch.float32, device=device)
+    out = torch.empty(batch, heads, DC, dtype=BF16, device=device)
+    cfg = default_config(heads, DC, device, capacity)
+    splits = default_num_splits(batch, heads, capacity, device, cfg)
+    kw = dict(ckv_scale=cs_t, kpe_scale=ks_t, out=out, num_splits=splits, check_range=False, config=cfg)
+    rows = []
+
+    def load(lens, cs, ks):
+        n = sum(lens)
+        idx_buf.fill_(slots + 7)  # garbage past the real rows: the kernel must not read it
+        if n:
+            idx_buf[:n] = torch.randint(0, slots, (n,), generator=g, device=device, dtype=torch.int32)
+        ptr_buf.copy_(torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32))
+        cs_t.fill_(cs)
+        ks_t.fill_(ks)
+
+    try:
+        load(*GRAPH_TRIALS[0])
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # compile and load before the capture
+            mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, **kw)
+        torch.cuda.current_stream(device).wait_stream(side)
+        synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, **kw)
+    except Exception as exc:  # noqa: BLE001
+        return [{"section": "graph", "heads": heads, "trial": None, "error": error_text(exc), "passed": False}]
+    for trial, (lens, cs, ks) in enumerate(GRAPH_TRIALS):
+        row: dict[str, Any] = {"section": "graph", "heads": heads, "trial": trial, "lens": lens, "ckv_scale": cs,
+                               "kpe_scale": ks, "num_splits": splits, "config": dataclasses.asdict(cfg),
+                               "capacity": capacity, "rel_err": None, "passed": False}
+        try:
+            load(lens, cs, ks)
+            out.fill_(float("nan"))
+            graph.replay()
+            synchronize(device)
+            keep = nonempty_requests(lens)
+            empties = [i for i in range(batch) if i not in keep]
+            eager = mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, ckv_scale=cs_t, kpe_scale=ks_t,
+                                   num_splits=splits, config=cfg)  # checked; same variant, config, splits: same bits
+            row["equal_to_eager"] = same_bits(out, eager)
+            row["empty_out_zero"] = bool((out[empties] == 0).all()) if empties else True
+            row["finite"] = bool(torch.isfinite(out).all())
+            if keep:
+                ptr = ptr_buf.tolist()
+                inp = CaseInputs(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, None, ckv, kpe, ckv, kpe,
+                                 [idx_buf[ptr[i]:ptr[i + 1]].long() for i in range(batch)])
+                row["rel_err"] = finite_or_none(relative_error(out[keep], reference64(inp, keep, cs, ks, SM_SCALE)))
+            row["passed"] = bool(row["equal_to_eager"] and row["empty_out_zero"] and row["finite"]
+                                 and (not keep or (row["rel_err"] is not None and row["rel_err"] <= 1e-2)))
+        except Exception as exc:  # noqa: BLE001
+            row["error"] = error_text(exc)
+        rows.append(row)
+    del graph
+    return rows

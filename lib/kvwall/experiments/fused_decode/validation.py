@@ -1,0 +1,279 @@
+"""``fused_decode_validation`` (any device): the fused FP8 MLA decode kernel against float64, beside the BF16 path.
+
+A table of seeded cases (:func:`kvwall.kernels.mla_decode.cases.validation_cases`) -- head counts, odd lengths,
+empty requests, mixed batches, ``ckv_scale``/``kpe_scale`` other than 1, strided views of one ``[slots, 1, 576]``
+pool, contiguous caches, 3-D page-size-1 views and a paged cache (page 64, ``kv_len``) -- each against the float64
+reference on the *dequantized* cache, beside "the BF16 path" on exactly the same inputs. The accuracy rule (the
+issue's): our relative error at most twice the BF16 path's. On a CPU the kernel runs in Triton's interpreter and
+the BF16 path is the torch reference computing in bfloat16 (FlashInfer needs a GPU; rows say so); on a GPU it is
+FlashInfer's BF16 MLA (fa2), and the FP8 peers are compared too: FlashInfer's native FP8 MLA (fa2, fa3) and, where
+``flash_mla`` imports, FlashMLA dense BF16 (every case) and dense FP8 (cases with unit scales), on the same rows
+laid out in pages of 64. Beside the cases: the contracts of :mod:`.contracts` (bad inputs raise before any
+launch; CUDA-graph replays) and ``compute-sanitizer --tool memcheck`` over ``python -m
+kvwall.kernels.mla_decode.sanitize``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from kvwall.kernels.mla_decode import sanitize as sanitized_program
+from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs, validation_cases
+from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8
+from kvwall.kernels.mla_decode.reference import mla_decode_reference, nonempty_requests, reference64
+from kvwall.measure.accuracy import finite_or_none, relative_error
+from kvwall.measure.failures import error_text, traceback_tail
+from kvwall.measure.sanitizer import memcheck_row
+from kvwall.measure.timing import release_memory, synchronize
+from kvwall.model.attention import FlashInferMLADecode, flashinfer_version, prebuild_flashinfer_mla
+from kvwall.model.geometry import GLM5
+from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode
+from kvwall.results import Result, collect_provenance
+from kvwall.experiments.fused_decode.contracts import error_rows, graph_rows
+from kvwall.experiments.registry import Experiment
+
+__all__ = ["EXPERIMENTS", "run_fused_decode_validation"]
+
+DC = GLM5.kv_lora_rank
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
+SM_SCALE = GLM5.sm_scale
+#: FlashMLA's dense kernels are compared at 16 heads and more (the head counts they were measured at; GLM-5 per GPU).
+FLASHMLA_MIN_HEADS = 16
+
+
+def _bf16_inputs(inp: CaseInputs, keep: list[int], cs: float, ks: float, sm_scale: float):
+    """The BF16 path's inputs, kept exact. FP8 -> BF16 is exact, so the cache is cast as it is (no scale folded
+    into it: ``fp8 * 0.37`` is not a BF16 number). FlashInfer's BF16 ``run()`` takes no ``ckv_scale``/``kpe_scale``
+    (it rejects them unless the KV is FP8), so the scales go elsewhere: ``sm_scale * ckv_scale`` as the softmax
+    scale, ``q_pe * (kpe_scale / ckv_scale)`` (exact: the ratio is a power of two in every case) and the output times
+    ``ckv_scale`` (in float64, then rounded to BF16 by :func:`_bf16_output`: every path delivers a BF16 output, ours
+    included; left in float64, a one-token request's BF16-path output would be exact and no BF16 output could match
+    it). Returns (q_nope, q_pe', sm_scale', output multiplier, whether q_pe' is exact)."""
+    ratio = ks / cs
+    qpe = (inp.q_pe[keep].float() * ratio).to(BF16)
+    exact = bool(torch.equal(qpe.double(), inp.q_pe[keep].double() * ratio))
+    return inp.q_nope[keep], qpe, sm_scale * cs, cs, exact
+
+
+def _bf16_output(out: torch.Tensor, mul: float) -> torch.Tensor:
+    """The BF16 path's output: its attention output times ``mul`` (= ckv_scale), rounded to BF16 once (exact when
+    ``mul`` is 1)."""
+    return (out.double() * mul).to(BF16) if mul != 1.0 else out.to(BF16)
+
+
+def _defaults_used(case: DecodeCase, device: torch.device) -> tuple[int, dict]:
+    """(splits, launch config) a checked call picks for the case (its max_len: the longest request)."""
+    max_len = max(case.lens) if case.lens else 0
+    cfg = default_config(case.heads, DC, device, max_len)
+    splits = case.num_splits if case.num_splits is not None else default_num_splits(len(case.lens), case.heads,
+                                                                                     max_len, device, cfg)
+    return splits, dataclasses.asdict(cfg)
+
+
+def _bf16_path(case: DecodeCase, inp: CaseInputs, keep: list[int], row: dict) -> torch.Tensor:
+    """The BF16 path's output on the case: FlashInfer BF16 fa2 (GPU) or the torch reference computing in bfloat16
+    (CPU, or where FlashInfer failed: ``bf16_path_error`` says why)."""
+    device = inp.q_nope.device
+    q_n, q_p, sm_b, mul, exact = _bf16_inputs(inp, keep, case.ckv_scale, case.kpe_scale, SM_SCALE)
+    row["bf16_inputs_exact"] = exact
+    ptr, idx, sub_lens = inp.token_batch(keep)
+    if device.type == "cuda":
+        try:
+            ckv_b = inp.tok_ckv.to(BF16).unsqueeze(1)  # the exactly cast cache, [T, 1, 512]
+            kpe_b = inp.tok_kpe.to(BF16).unsqueeze(1)
+            wrapper = FlashInferMLADecode(case.heads, ptr, idx, sub_lens, sm_b, kv_dtype=BF16, backend="fa2")
+            out = _bf16_output(wrapper.run(q_n, q_p, ckv_b, kpe_b), mul)
+            synchronize(device)
+            row["bf16_path"] = (f"FlashInfer {wrapper.flashinfer_version} BatchMLAPagedAttentionWrapper "
+                                f"{wrapper.backend}, BF16 KV")
+            return out
+        except Exception as exc:  # noqa: BLE001 - fall back to the stand-in, saying why
+            row["bf16_path_error"] = error_text(exc)
+    sel = inp.tok_ckv.index_select(0, idx.long()).to(BF16)
+    selk = inp.tok_kpe.index_select(0, idx.long()).to(BF16)
+    compact = torch.arange(idx.numel(), device=device)
+    row["bf16_path"] = "torch reference, bfloat16 compute"
+    return _bf16_output(mla_decode_reference(q_n, q_p, sel, selk, ptr, compact, sm_b, compute_dtype=torch.bfloat16),
+                        mul)
+
+
+def _peer_row(case: DecodeCase, peer: str) -> dict[str, Any]:
+    return {"section": "fp8_peers", "case": case.name, "heads": case.heads, "lens": list(case.lens),
+            "layout": case.layout, "peer": peer, "flashinfer": flashinfer_version(), "rel_err": None,
+            "rel_diff_vs_ours": None, "ratio_vs_bf16": None}
+
+
+def _score(prow: dict, got: torch.Tensor, want: torch.Tensor, ours: torch.Tensor, bf16_err: float) -> None:
+    err = relative_error(got, want)
+    prow.update(rel_err=finite_or_none(err), rel_diff_vs_ours=finite_or_none(relative_error(got, ours)),
+                ratio_vs_bf16=finite_or_none(err / bf16_err) if bf16_err > 0 else None,
+                finite=bool(torch.isfinite(got).all()))
+
+
+def _flashinfer_fp8_rows(case: DecodeCase, inp: CaseInputs, keep: list[int], want: torch.Tensor,
+                         ours: torch.Tensor, bf16_err: float) -> list[dict]:
+    """FlashInfer 0.6.18.post1's native FP8 MLA (fa2, fa3) on the case's page-size-1 token view."""
+    ptr, idx, sub_lens = inp.token_batch(keep)
+    rows = []
+    for backend in ("fa2", "fa3"):
+        prow = _peer_row(case, f"flashinfer_fp8_{backend}")
+        try:
+            wrapper = FlashInferMLADecode(case.heads, ptr, idx, sub_lens, SM_SCALE, kv_dtype=FP8, backend=backend)
+            got = wrapper.run(inp.q_nope[keep], inp.q_pe[keep], inp.tok3_ckv, inp.tok3_kpe,
+                              fp8_scales=(case.ckv_scale, case.kpe_scale))
+            synchronize(got.device)
+            _score(prow, got, want, ours, bf16_err)
+        except Exception as exc:  # noqa: BLE001 - one failing peer is a row with an error
+            prow["error"] = error_text(exc)
+        rows.append(prow)
+    return rows
+
+
+def _paged_rows(inp: CaseInputs, keep: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows the requests ``keep`` read, copied request by request into pages of :data:`PAGE_SIZE`:
+    ``(pages [P, 64, 1, 576] FP8, block_table [B, max pages] int32, cache_seqlens [B] int32)``."""
+    device = inp.q_nope.device
+    lens = [int(inp.tok_slots[i].numel()) for i in keep]
+    pages = [-(-n // PAGE_SIZE) for n in lens]
+    cache = torch.zeros(sum(pages), PAGE_SIZE, 1, DC + GLM5.qk_rope_head_dim, dtype=FP8, device=device)
+    flat = cache.view(-1, DC + GLM5.qk_rope_head_dim)
+    table = torch.zeros(len(keep), max(pages), dtype=torch.int32, device=device)
+    first = 0
+    for row, (i, n, p) in enumerate(zip(keep, lens, pages)):
+        slots = inp.tok_slots[i]
+        flat[first * PAGE_SIZE:first * PAGE_SIZE + n, :DC] = inp.tok_ckv.index_select(0, slots)
+        flat[first * PAGE_SIZE:first * PAGE_SIZE + n, DC:] = inp.tok_kpe.index_select(0, slots)
+        table[row, :p] = torch.arange(first, first + p, dtype=torch.int32, device=device)
+        first += p
+    return cache, table, torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+def _flashmla_rows(case: DecodeCase, inp: CaseInputs, keep: list[int], want: torch.Tensor, ours: torch.Tensor,
+                   bf16_err: float) -> list[dict]:
+    """FlashMLA dense BF16 (the scales folded as the BF16 path folds them) and, with unit scales, dense FP8 (the
+    query quantized per tensor), on the case's rows laid out in pages of 64; cases with 16 heads or more."""
+    if case.heads < FLASHMLA_MIN_HEADS:
+        return []
+    rows = []
+    try:
+        cache, table, seqlens = _paged_rows(inp, keep)
+    except Exception as exc:  # noqa: BLE001 - no pages, no FlashMLA rows: say why once
+        prow = _peer_row(case, "flashmla_dense_bf16")
+        prow["error"] = error_text(exc)
+        return [prow]
+    for peer in ("flashmla_dense_bf16", "flashmla_dense_fp8"):
+        if peer.endswith("fp8") and (case.ckv_scale, case.kpe_scale) != (1.0, 1.0):
+            continue  # one per-tensor descale_k: unit scales only, so nothing is folded into FlashMLA's FP8 path
+        prow = _peer_row(case, peer)
+        try:
+            if peer.endswith("bf16"):
+                q_n, q_p, sm_b, mul, _ = _bf16_inputs(inp, keep, case.ckv_scale, case.kpe_scale, SM_SCALE)
+                decode = FlashMLADecode(q_n, q_p, cache.to(BF16), table, seqlens, sm_b)
+                got = _bf16_output(decode(), mul)
+            else:
+                decode = FlashMLADecode(inp.q_nope[keep], inp.q_pe[keep], cache, table, seqlens, SM_SCALE, fp8=True)
+                got = decode()
+            synchronize(got.device)
+            prow["flash_mla"] = decode.version
+            _score(prow, got, want, ours, bf16_err)
+        except Exception as exc:  # noqa: BLE001 - FlashMLA absent or refusing a shape: a row with an error
+            prow["error"] = error_text(exc)
+        rows.append(prow)
+    return rows
+
+
+def _compare(case: DecodeCase, inp: CaseInputs, out: torch.Tensor, keep: list[int], row: dict,
+             peers: bool) -> list[dict]:
+    """Fill ``row`` with our error, the BF16 path's and the verdict; return the peers' rows (GPU)."""
+    want = reference64(inp, keep, case.ckv_scale, case.kpe_scale, SM_SCALE)
+    ours = out[keep]
+    ours_err = relative_error(ours, want)
+    row["rel_err"] = finite_or_none(ours_err)
+    bf16_err = relative_error(_bf16_path(case, inp, keep, row), want)
+    row["bf16_rel_err"] = finite_or_none(bf16_err)
+    row["ratio"] = finite_or_none(ours_err / bf16_err) if bf16_err > 0 else (1.0 if ours_err == 0 else None)
+    # the issue's rule: ours at most twice the BF16 path's error (both 0 passes)
+    row["passed"] = bool(row["finite"] and row["empty_out_zero"] and ours_err <= 2.0 * bf16_err)
+    if out.device.type != "cuda" or not peers:
+        return []
+    return (_flashinfer_fp8_rows(case, inp, keep, want, ours, bf16_err)
+            + _flashmla_rows(case, inp, keep, want, ours, bf16_err))
+
+
+def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: bool) -> list[dict]:
+    lens = list(case.lens)
+    keep = nonempty_requests(lens)
+    empties = [i for i in range(len(lens)) if i not in keep]
+    row: dict[str, Any] = {"section": "cases", "case": case.name, "heads": case.heads, "lens": lens,
+                           "batch": len(lens), "tokens": sum(lens), "layout": case.layout,
+                           "page_size": case.page_size, "index_dtype": case.index_dtype,
+                           "ckv_scale": case.ckv_scale, "kpe_scale": case.kpe_scale, "seed": case.seed,
+                           "num_splits": None, "rel_err": None, "bf16_path": None, "bf16_rel_err": None,
+                           "ratio": None, "finite": None, "empty_requests": len(empties), "empty_out_zero": None,
+                           "passed": False}
+    try:
+        inp = make_case_inputs(case, device, pool_slots)
+        row["num_splits"], row["config"] = _defaults_used(case, device)
+        poisoned = torch.full((len(lens), case.heads, DC), float("nan"), dtype=BF16, device=device)
+        out = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
+                             SM_SCALE, ckv_scale=case.ckv_scale, kpe_scale=case.kpe_scale, out=poisoned,
+                             kv_len=inp.kv_len, num_splits=case.num_splits)
+        synchronize(device)
+        row["finite"] = bool(torch.isfinite(out).all())
+        row["empty_out_zero"] = bool((out[empties] == 0).all()) if empties else True
+    except Exception as exc:  # noqa: BLE001 - a failing case is a row
+        row.update(error=error_text(exc), traceback_tail=traceback_tail(1500))
+        return [row]
+    if not keep:  # nothing to compare: every request empty, the output must be zeros
+        row["passed"] = bool(row["finite"] and row["empty_out_zero"])
+        return [row]
+    try:
+        return [row] + _compare(case, inp, out, keep, row, peers)
+    except Exception as exc:  # noqa: BLE001 - a comparison that fails (reference, BF16 path) is the row's error
+        row.update(error=error_text(exc), traceback_tail=traceback_tail(1500), passed=False)
+        return [row]
+
+
+def run_fused_decode_validation(device: torch.device, *, heads: list[int], length_sets: list[list[int]],
+                                paged_length_sets: list[list[int]], page_size: int, pool_slots: int, peers: bool,
+                                graph: bool, sanitizer: bool, sanitizer_timeout_s: int = 300,
+                                seed: int = 0) -> Result:
+    """See the module docstring. Row sections: ``cases`` (one per case), ``fp8_peers`` (GPU), ``errors``,
+    ``graph`` (GPU), ``sanitizer`` (GPU, with ``sanitizer``)."""
+    on_gpu = device.type == "cuda"
+    rows: list[dict] = []
+    if on_gpu and peers:
+        rows.append({"section": "setup", "flashinfer_prebuild": prebuild_flashinfer_mla(device)})
+    for case in validation_cases(heads, length_sets, paged_length_sets, page_size, seed):
+        rows += _case_rows(case, device, pool_slots, peers)
+        release_memory(device)
+    rows += error_rows(device)
+    if on_gpu and graph:
+        for h in sorted({heads[0], heads[-1]}):
+            rows += graph_rows(device, h, seed=seed + h)
+            release_memory(device)
+    if on_gpu and sanitizer:
+        rows.append(memcheck_row(sanitized_program.__name__, sanitizer_timeout_s))
+    params = dict(heads=list(heads), length_sets=[list(x) for x in length_sets],
+                  paged_length_sets=[list(x) for x in paged_length_sets], page_size=page_size, pool_slots=pool_slots,
+                  peers=peers, graph=graph, sanitizer=sanitizer, sanitizer_timeout_s=sanitizer_timeout_s, seed=seed)
+    return Result("fused_decode_validation", params, rows, collect_provenance(device, __name__))
+
+
+EXPERIMENTS: list[Experiment] = [
+    Experiment("fused_decode_validation", run_fused_decode_validation,
+               full=dict(heads=[16, 64, 128],
+                         length_sets=[[1], [7], [4097], [32_768], [131_072], [0, 1, 777, 4096, 33, 20_000, 130, 5],
+                                      [65, 0, 129, 2], [0, 0]],
+                         paged_length_sets=[[1, 0, 4097, 30_000, 64, 65]], page_size=64, pool_slots=495_000,
+                         peers=True, graph=True, sanitizer=True, sanitizer_timeout_s=300),
+               small=dict(heads=[1, 3, 16], length_sets=[[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
+                          paged_length_sets=[[1, 0, 63, 64, 65, 200]], page_size=64, pool_slots=4096,
+                          peers=True, graph=True, sanitizer=False),
+               about="fused FP8 MLA decode vs float64 and the BF16 path (<= 2x its error); FP8 peers and FlashMLA; "
+                     "errors; graphs; memcheck",
+               requires=("cuda", "flashinfer", "compute-sanitizer")),
+]

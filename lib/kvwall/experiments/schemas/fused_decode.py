@@ -1,0 +1,242 @@
+"""Row schemas of chapter 5's experiments (the fused FP8 MLA decode kernel): one model per section."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from kvwall.experiments.schemas.base import ErrorCheck, Row, SanitizerRun
+
+__all__ = ["FusedDecodeTuningRow", "FusedDecodeValidationRow", "FusedDecodeNcuRow", "FusedDecodeBenchRow"]
+
+
+class FusedDecodeTuningCeilings(Row):
+    section: Literal["ceilings"]
+    copy_gbps: float
+    bf16_tflops: float
+
+
+class _TunedLaunch(Row):
+    """One timed launch of the fused kernel: the shape, the time, and the launch configuration (``cfg_*``)."""
+
+    heads: int
+    tokens: int
+    us: float
+    roofline_us: float
+    cfg_block_h: int
+    cfg_block_n: int
+    cfg_num_warps: int
+    cfg_num_stages: int
+    cfg_convert: str
+    cfg_cache_k: str
+    cfg_cache_v: str
+    cfg_s_fp8: bool
+    cfg_combine_block_d: int
+    cfg_combine_block_s: int
+    cfg_combine_warps: int
+
+
+class FusedDecodeTuningScreen(_TunedLaunch):
+    section: Literal["screen"]
+    rel_err: float
+    regs: int
+    spills: int
+    shared_bytes: int
+
+
+class FusedDecodeTuningSweep(_TunedLaunch):
+    section: Literal["sweep"]
+    splits: int
+    split_kernel_us: float | None = None
+    combine_kernel_us: float | None = None
+
+
+class FusedDecodeTuningWinner(_TunedLaunch):
+    section: Literal["winner"]
+    splits: int
+    split_kernel_us: float
+    combine_kernel_us: float
+
+
+#: One row of ``fused_decode_tuning``, by its section.
+FusedDecodeTuningRow = Annotated[
+    FusedDecodeTuningCeilings
+    | FusedDecodeTuningScreen
+    | FusedDecodeTuningSweep
+    | FusedDecodeTuningWinner,
+    Field(discriminator="section"),
+]
+
+
+class FusedDecodeValidationSetup(Row):
+    section: Literal["setup"]
+    flashinfer_prebuild: dict[str, Any]
+
+
+class FusedDecodeValidationCases(Row):
+    section: Literal["cases"]
+    case: str
+    heads: int
+    lens: list[Any]
+    batch: int
+    tokens: int
+    layout: str
+    page_size: int
+    index_dtype: str
+    ckv_scale: float
+    kpe_scale: float
+    seed: int
+    num_splits: int | None
+    rel_err: float | None
+    bf16_path: str | None
+    bf16_rel_err: float | None
+    ratio: float | None
+    finite: bool | None
+    empty_requests: int
+    empty_out_zero: bool | None
+    passed: bool
+    config: dict[str, Any]
+    bf16_inputs_exact: bool | None = None
+
+
+class FusedDecodeValidationFp8Peers(Row):
+    section: Literal["fp8_peers"]
+    case: str
+    heads: int
+    lens: list[Any]
+    layout: str
+    peer: str
+    flashinfer: str
+    rel_err: float | None
+    rel_diff_vs_ours: float | None
+    ratio_vs_bf16: float | None
+    finite: bool | None = None
+
+
+class FusedDecodeValidationErrors(ErrorCheck):
+    passed: bool
+
+
+class FusedDecodeValidationGraph(Row):
+    section: Literal["graph"]
+    heads: int
+    trial: int | None
+    lens: list[Any] | None = None
+    ckv_scale: float | None = None
+    kpe_scale: float | None = None
+    num_splits: int | None = None
+    config: dict[str, Any] | None = None
+    capacity: int | None = None
+    rel_err: float | None = None
+    passed: bool
+    equal_to_eager: bool | None = None
+    empty_out_zero: bool | None = None
+    finite: bool | None = None
+
+
+#: One row of ``fused_decode_validation``, by its section.
+FusedDecodeValidationRow = Annotated[
+    FusedDecodeValidationSetup
+    | FusedDecodeValidationCases
+    | FusedDecodeValidationFp8Peers
+    | FusedDecodeValidationErrors
+    | FusedDecodeValidationGraph
+    | SanitizerRun,
+    Field(discriminator="section"),
+]
+
+
+class FusedDecodeNcuProfile(Row):
+    section: Literal["profile"]
+    heads: int
+    tokens: int
+    min_bytes: int
+    dram_read_bytes: float | None = None
+    dram_write_bytes: float | None = None
+    dram_pct_of_peak: float | None = None
+    duration_ns: float | None = None
+    block_size: float | None = None
+    grid_size: float | None = None
+    registers_per_thread: float | None = None
+    dynamic_smem_bytes: float | None = None
+    l2_bytes: float | None = None
+    warp_instructions: float | None = None
+    theoretical_occupancy_pct: float | None = None
+    achieved_occupancy_pct: float | None = None
+    stall_barrier: float | None = None
+    stall_dispatch_stall: float | None = None
+    stall_lg_throttle: float | None = None
+    stall_long_scoreboard: float | None = None
+    stall_math_pipe_throttle: float | None = None
+    stall_mio_throttle: float | None = None
+    stall_no_instruction: float | None = None
+    stall_not_selected: float | None = None
+    stall_short_scoreboard: float | None = None
+    stall_wait: float | None = None
+    issue_active_pct: float | None = None
+    flops: int | None = None
+
+
+#: One row of ``fused_decode_ncu``.
+FusedDecodeNcuRow = FusedDecodeNcuProfile
+
+
+class FusedDecodeBenchCeilings(Row):
+    section: Literal["ceilings"]
+    gpu: str
+    sms: int
+    copy_gbps: float
+    copy_ms: float
+    copy_bytes: int
+    bf16_tflops: float
+    flashinfer: str
+    flashinfer_prebuild: dict[str, Any]
+    sglang: dict[str, Any]
+    us_means: str
+    host_us_means: str
+    active_bytes_means: str
+    roofline_means: str
+    seconds_to_here: float
+    seconds_total: float
+
+
+class FusedDecodeBenchBench(Row):
+    section: Literal["bench"]
+    strategy: str
+    heads: int
+    context: int
+    batch: int
+    tokens: int
+    len_min: int
+    len_max: int
+    active_bytes: int
+    qo_bytes: int
+    flops: int
+    roofline_us: float
+    us: float | None
+    host_us: float | None
+    gbps: float | None
+    tflops: float | None
+    pct_roofline: float | None
+    num_splits: int | None = None
+    config: dict[str, Any] | None = None
+    timing: str
+    backend: str | None = None
+    plan_ms: float | None = None
+    rel_diff_vs_fused: float | None = None
+    buffer_bytes: int | None = None
+    pool_bf16_bytes: int | None = None
+    max_kv_splits: int | None = None
+    num_kv_splits_min: int | None = None
+    num_kv_splits_max: int | None = None
+    use_pdl: bool | None = None
+    sglang_file: str | None = None
+    sglang_source: str | None = None
+    sweep_us: dict[str, Any] | None = None
+    best_fixed_splits: int | None = None
+    best_fixed_us: float | None = None
+
+
+#: One row of ``fused_decode_bench``, by its section.
+FusedDecodeBenchRow = Annotated[FusedDecodeBenchCeilings | FusedDecodeBenchBench, Field(discriminator="section")]

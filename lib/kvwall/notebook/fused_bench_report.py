@@ -1,0 +1,314 @@
+"""Chapter 5's benchmark and profile: the fused FP8 kernel against every path, point by point.
+
+:class:`FusedBench` indexes a recorded ``fused_decode_bench`` run by (strategy, heads, context, batch); the
+functions below turn it, and the ``fused_decode_ncu`` profile, into the chapter's figures, tables and
+targets. A point's roofline is the experiment's ``roofline_us`` (from :func:`kvwall.model.roofline.roofline_us`,
+one byte count); "of roofline" is always that over the measured µs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvwall.notebook import plots
+from kvwall.notebook.tables import Table, number, percent, times
+from kvwall.results import Result
+
+__all__ = ["STRATEGY_NAMES", "STRATEGY_COLORS", "Point", "FusedBench", "bench_figures", "bench_table", "Targets",
+           "targets", "host_table", "per_point", "imbalance_table", "tensor_rate_table", "ncu_tables", "ncu_text",
+           "instruction_mix_table"]
+
+#: Reader-facing names of the strategies the benchmark times, in the order tables list them.
+STRATEGY_NAMES = {
+    "fused_fp8": "fused FP8 (this chapter)", "full_cast_bf16": "whole-pool cast + FlashInfer BF16 (original)",
+    "gather_cast_bf16": "gather-cast + FlashInfer BF16 (ch. 4)", "flashinfer_fp8_fa2": "FlashInfer FP8, fa2",
+    "flashinfer_fp8_fa3": "FlashInfer FP8, fa3", "flashinfer_bf16_precast": "FlashInfer BF16 on a BF16 cache",
+    "sglang_triton_fp8": "SGLang Triton (FP8 pool)"}
+STRATEGY_COLORS = {
+    "fused_fp8": "#d62728", "full_cast_bf16": "#7f7f7f", "gather_cast_bf16": "#ff7f0e",
+    "flashinfer_fp8_fa2": "#1f77b4", "flashinfer_fp8_fa3": "#17becf", "flashinfer_bf16_precast": "#2ca02c",
+    "sglang_triton_fp8": "#9467bd"}
+FUSED = "fused_fp8"
+FLASHINFER_FP8 = ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3")
+BF16_CACHE = "flashinfer_bf16_precast"
+ORIGINAL_PATH = "full_cast_bf16"
+
+#: (heads, context, batch)
+Point = tuple[int, int, int]
+
+
+def _label(p: Point) -> str:
+    return f"{p[0]} h, {p[1] // 1024}K, b{p[2]}"
+
+
+def _share(row: Mapping[str, Any] | None) -> float | None:
+    return row["roofline_us"] / row["us"] if row and row.get("us") else None
+
+
+@dataclass
+class FusedBench:
+    """A recorded ``fused_decode_bench`` run, indexed by strategy and point."""
+
+    result: Result
+    by: dict[tuple[str, int, int, int], dict[str, Any]] = field(init=False)
+    points: list[Point] = field(init=False)
+
+    def __post_init__(self) -> None:
+        rows = self.result.table("bench")
+        self.by = {(r["strategy"], r["heads"], r["context"], r["batch"]): r for r in rows}
+        self.points = sorted({(r["heads"], r["context"], r["batch"]) for r in rows})
+
+    def row(self, strategy: str, point: Point) -> dict[str, Any] | None:
+        """The benchmark row of ``strategy`` at ``point``, None where it was not timed."""
+        return self.by.get((strategy, *point))
+
+    def us(self, strategy: str, point: Point) -> float | None:
+        """Device µs per call, None where the strategy did not run (or failed) there."""
+        r = self.row(strategy, point)
+        return r["us"] if r and r.get("us") else None
+
+    def fastest_flashinfer_fp8(self, point: Point) -> float | None:
+        """µs of the faster of FlashInfer's two FP8 kernels at ``point``."""
+        return min((u for u in (self.us(s, point) for s in FLASHINFER_FP8) if u), default=None)
+
+    @property
+    def caption(self) -> str:
+        """The recorded run's provenance line."""
+        return self.result.caption()
+
+    @property
+    def ceilings(self) -> dict[str, Any]:
+        """The run's measured ceilings (copy GB/s, BF16 TFLOP/s) and what its columns mean."""
+        return self.result.table("ceilings")[0]
+
+
+def bench_figures(bench: FusedBench) -> list[go.Figure]:
+    """One figure per batch size: µs per layer against context, one panel per head count, the roofline dotted."""
+    figures = []
+    heads_set = sorted({p[0] for p in bench.points})
+    for batch in sorted({p[2] for p in bench.points}):
+        fig = make_subplots(rows=1, cols=len(heads_set), subplot_titles=[f"{h} heads" for h in heads_set],
+                            shared_yaxes=True)
+        for col, heads in enumerate(heads_set, 1):
+            contexts = sorted({p[1] for p in bench.points if p[0] == heads and p[2] == batch})
+            for strategy, name in STRATEGY_NAMES.items():
+                ys = [bench.us(strategy, (heads, c, batch)) for c in contexts]
+                if any(y is not None for y in ys):
+                    fig.add_scatter(x=contexts, y=ys, mode="lines+markers", name=name, legendgroup=strategy,
+                                    showlegend=col == 1, row=1, col=col,
+                                    line=dict(color=STRATEGY_COLORS[strategy], width=3 if strategy == FUSED else 1.5))
+            roof = [(bench.row(FUSED, (heads, c, batch)) or {}).get("roofline_us") for c in contexts]
+            fig.add_scatter(x=contexts, y=roof, mode="lines", name="roofline", legendgroup="roofline",
+                            showlegend=col == 1, line=dict(color="black", dash="dot"), row=1, col=col)
+        fig.update_xaxes(type="log", tickvals=[4096, 32768, 131072], ticktext=["4K", "32K", "128K"])
+        fig.update_xaxes(title_text="context (tokens per request)", row=1, col=(len(heads_set) + 1) // 2)
+        fig.update_yaxes(type="log")
+        fig.update_yaxes(title_text="µs per layer (CUDA graph)", row=1, col=1)
+        fig.update_layout(title=f"Decode attention, batch {batch}: time per layer")
+        plots.with_caption(fig, [bench.caption], height=520)
+        fig.update_layout(legend=dict(orientation="h", x=0, y=1.1, xanchor="left", yanchor="bottom"),
+                          margin=dict(t=170), title=dict(y=0.98, yanchor="top"))
+        figures.append(fig)
+    return figures
+
+
+def bench_table(bench: FusedBench) -> Table:
+    """µs per layer of every strategy at every point, its share of the roofline in brackets."""
+    rows = []
+    for p in bench.points:
+        row: dict[str, Any] = {"point": _label(p), "roof": (bench.row(FUSED, p) or {}).get("roofline_us")}
+        for s in STRATEGY_NAMES:
+            r = bench.row(s, p) or {}
+            row[s] = (f"{r['us']:,.1f} ({_share(r):.0%})" if r.get("us") else ("error" if r.get("error") else ""))
+        rows.append(row)
+    return Table(rows, {"heads, context, batch": "point", "roofline µs": ("roof", number(1)),
+                        **{name: s for s, name in STRATEGY_NAMES.items()}},
+                 bench.caption + " µs per layer (share of the roofline in brackets).")
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The four targets the kernel was built against, and the headline against the original's path."""
+
+    text: str
+    values: dict[str, Any]
+
+
+def _verdict(ok: bool) -> str:
+    return "**met**" if ok else "**missed**"
+
+
+def targets(bench: FusedBench, key: Point = (16, 131072, 1)) -> Targets:
+    """The targets point by point: against FlashInfer's FP8 and BF16 kernels, the roofline share at ``key``,
+    and the original's path."""
+    points = bench.points
+    beat_fp8 = [p for p in points if bench.us(FUSED, p) and bench.fastest_flashinfer_fp8(p)
+                and bench.us(FUSED, p) < bench.fastest_flashinfer_fp8(p)]
+    x_fp8 = {p: bench.fastest_flashinfer_fp8(p) / bench.us(FUSED, p) for p in points
+             if p[0] == 16 and p[2] == 1 and p[1] >= 32768 and bench.fastest_flashinfer_fp8(p) and bench.us(FUSED, p)}
+    x_bf16 = {p: bench.us(BF16_CACHE, p) / bench.us(FUSED, p) for p in points
+              if p[0] == 16 and p[1] >= 32768 and bench.us(BF16_CACHE, p) and bench.us(FUSED, p)}
+    x_original = {p[1]: bench.us(ORIGINAL_PATH, p) / bench.us(FUSED, p) for p in points
+                  if p[0] == 16 and p[2] == 1 and bench.us(ORIGINAL_PATH, p) and bench.us(FUSED, p)}
+    headline = bench.row(FUSED, key) or {}
+    share = _share(headline)
+    lines = [
+        f"- faster than FlashInfer's native FP8 (the faster of fa2 and fa3) at every point: {len(beat_fp8)} of "
+        f"{len(points)} points — {_verdict(len(beat_fp8) == len(points))}",
+        "- ≥ 2× faster than it at batch 1, 16 heads, context ≥ 32K: "
+        + ", ".join(f"{p[1] // 1024}K **{x:.1f}×**" for p, x in sorted(x_fp8.items()))
+        + f" — {_verdict(bool(x_fp8) and min(x_fp8.values()) >= 2)}",
+        "- faster than FlashInfer BF16 on a pre-cast (BF16) cache at context ≥ 32K with 16 heads: "
+        + ", ".join(f"{p[1] // 1024}K b{p[2]} {x:.2f}×" for p, x in sorted(x_bf16.items()))
+        + f" — {_verdict(bool(x_bf16) and min(x_bf16.values()) > 1)}",
+    ]
+    if share is not None:
+        lines.append(f"- batch 1, {key[0]} heads, {key[1] // 1024}K: **{headline['us']:.1f} µs** against a roofline of "
+                     f"{headline['roofline_us']:.1f} µs: **{share:.0%}** of it (target ≥ 50 %, about "
+                     f"{2 * headline['roofline_us']:.0f} µs) — {_verdict(share >= 0.5)}")
+    lines.append("- and the problem this book started from: against the original's path (the whole-pool cast, then "
+                 "FlashInfer BF16), one layer at batch 1 with 16 heads is "
+                 + ", ".join(f"{c // 1024}K **{x:.0f}×**" for c, x in sorted(x_original.items())) + " faster")
+    values = {"points": len(points), "faster_than_flashinfer_fp8": len(beat_fp8),
+              "min_x_vs_fp8_b1_16h_ge32k": min(x_fp8.values()) if x_fp8 else None,
+              "min_x_vs_bf16_16h_ge32k": min(x_bf16.values()) if x_bf16 else None,
+              "us_b1_16h_128k": headline.get("us"), "roofline_us_b1_16h_128k": headline.get("roofline_us"),
+              "x_vs_original_path_b1_16h": x_original}
+    return Targets("\n".join(lines), values)
+
+
+def host_table(bench: FusedBench, heads: int = 16) -> Table:
+    """Host µs per eager call of every strategy, batch 1."""
+    rows = [{"point": _label(p), **{s: (bench.row(s, p) or {}).get("host_us") for s in STRATEGY_NAMES}}
+            for p in bench.points if p[0] == heads and p[2] == 1]
+    return Table(rows, {"point": "point", **{name: (s, number(0)) for s, name in STRATEGY_NAMES.items()}},
+                 bench.caption + " Host µs per call: " + bench.ceilings.get("host_us_means", ""))
+
+
+def per_point(bench: FusedBench) -> tuple[Table, str, dict[str, int]]:
+    """Per point, the fused kernel against the fastest other path; a sentence on where it wins and loses."""
+    rows = []
+    for p in bench.points:
+        fused = bench.row(FUSED, p)
+        others = [bench.row(s, p) for s in STRATEGY_NAMES if s != FUSED and bench.us(s, p)]
+        if not fused or not fused.get("us") or not others:
+            continue
+        peer = min(others, key=lambda r: r["us"])
+        rows.append({"point": _label(p), "us": fused["us"], "gbps": fused.get("gbps"), "tflops": fused.get("tflops"),
+                     "share": _share(fused), "peer": peer["strategy"], "best": STRATEGY_NAMES[peer["strategy"]],
+                     "best_us": peer["us"], "x": fused["us"] / peer["us"]})
+    table = Table(rows, {"point": "point", "fused µs": ("us", number(1)), "GB/s": ("gbps", number(0)),
+                         "TFLOP/s": ("tflops", number(0)), "of roofline": ("share", percent),
+                         "fastest other path": "best", "its µs": ("best_us", number(1)),
+                         "fused / it": ("x", times(2))},
+                  bench.caption + " GB/s counts the FP8 KV and index bytes; TFLOP/s the attention's FLOPs.")
+    wins = [r for r in rows if r["x"] < 1.0]
+    beaten_by = Counter(STRATEGY_NAMES[r["peer"]] for r in rows if r["x"] >= 1.0)
+    fp8_cache_paths = [s for s in STRATEGY_NAMES if s not in (FUSED, BF16_CACHE)]
+    fp8_wins = [p for p in bench.points if bench.us(FUSED, p)
+                and all(bench.us(FUSED, p) < bench.us(s, p) for s in fp8_cache_paths if bench.us(s, p))]
+    n = len(bench.points)
+    text = (f"The fused kernel is the fastest path at **{len(wins)} of {n}** points "
+            f"({'; '.join(r['point'] for r in wins)}). Where it is not, the faster path is "
+            + "; ".join(f"{name} at {k} point{'s' if k > 1 else ''}" for name, k in beaten_by.most_common())
+            + ". FlashInfer's BF16 kernel needs a BF16 cache: twice the bytes per token, half the tokens in the same "
+            f"memory. Among the paths that keep the FP8 cache, the fused kernel is the fastest at "
+            f"**{len(fp8_wins)} of {n}** points.")
+    return table, text, {"points_fused_is_fastest": len(wins), "points_fastest_among_fp8_cache_paths": len(fp8_wins)}
+
+
+def imbalance_table(bench: FusedBench) -> Table:
+    """Mixed batches: tokens per program of the longest request against a balanced share."""
+    rows = []
+    for p in bench.points:
+        fused = bench.row(FUSED, p)
+        if not fused or not fused.get("us") or p[2] == 1:
+            continue
+        head_blocks = -(-p[0] // fused["config"]["block_h"])
+        programs = p[2] * fused["num_splits"] * head_blocks
+        longest = -(-fused["len_max"] // fused["num_splits"])
+        balanced = fused["tokens"] * head_blocks / programs
+        single = bench.row(FUSED, (p[0], p[1], 1))
+        rows.append({"point": _label(p), "lens": f"{fused['len_min']:,}–{fused['len_max']:,}",
+                     "splits": fused["num_splits"], "longest": longest, "balanced": balanced, "x": longest / balanced,
+                     "per_token": fused["us"] / fused["tokens"] * 1e3,
+                     "per_token_b1": single["us"] / single["tokens"] * 1e3 if single and single.get("us") else None})
+    return Table(rows, {"point": "point", "request lengths": "lens", "splits per request": "splits",
+                        "tokens per program, longest request": ("longest", number(0)),
+                        "balanced share": ("balanced", number(0)), "imbalance": ("x", times(1)),
+                        "ns per token": ("per_token", number(2)), "ns per token at batch 1": ("per_token_b1", number(2))},
+                 bench.caption)
+
+
+def tensor_rate_table(bench: FusedBench,
+                      strategies: tuple[str, ...] = (FUSED, BF16_CACHE, "flashinfer_fp8_fa3")) -> Table:
+    """TFLOP/s at batch 1, against the BF16 matmul ceiling of the same run."""
+    rows = [{"point": _label(p), **{s: (bench.row(s, p) or {}).get("tflops") for s in strategies}}
+            for p in bench.points if p[2] == 1]
+    return Table(rows, {"point": "point", **{f"{STRATEGY_NAMES[s]} TFLOP/s": (s, number(0)) for s in strategies}},
+                 bench.caption + f" BF16 matmul ceiling in the same run: {bench.ceilings['bf16_tflops']:,.0f} TFLOP/s.")
+
+
+def _profiles(ncu: Result) -> list[dict[str, Any]]:
+    return [r for r in ncu.table("profile") if "error" not in r]
+
+
+def _stalls(row: Mapping[str, Any]) -> list[str]:
+    """The row's stall-reason fields, largest first."""
+    return sorted((k for k in row if k.startswith("stall_")), key=lambda k: -row[k])
+
+
+def ncu_tables(ncu: Result) -> tuple[Table, Table]:
+    """Nsight Compute's view of the split kernel (bytes, rates, occupancy), and its stall reasons."""
+    prof = _profiles(ncu)
+    rows = [{**r, "point": f"{r['heads']} heads, {r['tokens'] // 1024}K", "us": r["duration_ns"] / 1e3,
+             "dram": r["dram_read_bytes"] / r["min_bytes"], "l2": r["l2_bytes"] / r["min_bytes"],
+             "tflops": r["flops"] / r["duration_ns"] / 1e3, "gbps": r["dram_read_bytes"] / r["duration_ns"],
+             "smem_kb": r["dynamic_smem_bytes"] / 1024} for r in prof]
+    profile = Table(rows, {"point": "point", "µs under ncu": ("us", number(1)),
+                           "HBM read / FP8 bytes": ("dram", times(2)), "GB/s": ("gbps", number(0)),
+                           "L2 traffic / FP8 bytes": ("l2", times(2)), "TFLOP/s": ("tflops", number(0)),
+                           "registers": ("registers_per_thread", number(0)), "smem KB": ("smem_kb", number(0)),
+                           "occupancy %": ("achieved_occupancy_pct", number(0)),
+                           "issue slots busy %": ("issue_active_pct", number(0))},
+                    ncu.caption() + " ncu locks clocks to base, so its durations exceed the graph timings.")
+    stall_rows = [{"reason": k[6:].replace("_", " "), **{f"{r['heads']}h": r[k] for r in prof}}
+                  for k in (_stalls(prof[0]) if prof else [])]
+    stalls = Table(stall_rows, {"stall reason (warps per issued instruction)": "reason",
+                                **{f"{r['heads']} heads": (f"{r['heads']}h", number(2)) for r in prof}},
+                   ncu.caption())
+    return profile, stalls
+
+
+def ncu_text(ncu: Result, heads: int = 16) -> str:
+    """What Nsight Compute says limits the split kernel at ``heads``: bytes, occupancy, issue, stalls."""
+    prof = _profiles(ncu)
+    if not prof:
+        return "Nsight Compute profiled no launch successfully in this run."
+    p = next((r for r in prof if r["heads"] == heads), prof[0])
+    top = ", ".join(f"`{k[6:].replace('_', ' ')}` ({p[k]:.2f})" for k in _stalls(p)[:3])
+    return (f"At {p['heads']} heads the split kernel reads **{p['dram_read_bytes'] / p['min_bytes']:.2f}×** the FP8 "
+            f"bytes from HBM (random slots repeat; each token once), at {p['dram_pct_of_peak']:.0f} % of HBM's peak. "
+            f"Its limits are elsewhere: {p['registers_per_thread']:.0f} registers per thread and "
+            f"{p['dynamic_smem_bytes'] / 1024:.0f} KB of shared memory per program leave room for "
+            f"{p['theoretical_occupancy_pct']:.1f} % of the warps a multiprocessor can hold, and with so few warps the "
+            f"schedulers issue in only {p['issue_active_pct']:.0f} % of cycles. The largest stall reasons: {top}. "
+            "Shared memory is busy because the FP8 value tile is read from it a byte at a time (the compiled loop "
+            "below): the `p @ kv` dot needs pairs of *consecutive tokens* per register and FP8 has no transposing "
+            f"`ldmatrix` on SM90. The L2 sees {p['l2_bytes'] / p['min_bytes']:.1f}× the FP8 bytes: each tile is loaded "
+            "twice (once per dot; the second load hits L2), which is what lets Triton's pipeliner stream both through "
+            "`cp.async`.")
+
+
+def instruction_mix_table(mix: Mapping[str, Any], top: int = 12) -> Table:
+    """The PTX instruction counts of the split kernel's main loop (:func:`kvwall.tuning.fused.loop_instruction_mix`)."""
+    return Table([{"op": k, "n": v} for k, v in mix["counts"].most_common(top)],
+                 {"PTX instruction (main loop)": "op", "per thread per tile": "n"},
+                 f"Computed here: Triton {mix['triton']} compiling the tuned 16-head shape ({mix['shape']}) for "
+                 f"sm_90; {mix['total']} instructions per thread per tile, {mix['byte_loads']} of them one-byte "
+                 "shared-memory loads.")

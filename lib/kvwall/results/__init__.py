@@ -1,0 +1,26 @@
+"""Recorded GPU runs: one JSON file per experiment, ``{schema, experiment, params, rows, provenance}``.
+
+These files in ``book/results/`` are the only numbers the book does not compute live. The provenance
+says where, when, with what and at which scale a result was measured, fingerprints the code its
+numbers depend on (:mod:`~kvwall.results.fingerprint`: the experiment's import closure, normalized so
+comments and docstrings do not count) and holds a digest of params+rows. Loading refuses a file that
+is malformed, edited after recording or whose rows do not match the experiment's row schema, naming
+the file (:mod:`~kvwall.results.store`); a result whose code changed since the run is *stale*, and
+chapters show that with a visible warning.
+
+This is the lowest library layer above the kernels: it imports nothing else of ``kvwall``.
+"""
+
+from kvwall.results.fingerprint import source_fingerprint
+from kvwall.results.paths import PROJECT_ROOT, RESULTS_DIR
+from kvwall.results.provenance import SCALES, Provenance, collect_provenance
+from kvwall.results.store import (
+    Result, ResultFileError, ResultMissingError, RowSchemaError, content_digest, load_result, recorded_scale,
+    register_row_schema, save_result, validate_rows,
+)
+
+__all__ = [
+    "PROJECT_ROOT", "RESULTS_DIR", "SCALES", "Provenance", "Result", "ResultFileError", "ResultMissingError",
+    "RowSchemaError", "collect_provenance", "content_digest", "load_result", "recorded_scale",
+    "register_row_schema", "save_result", "source_fingerprint", "validate_rows",
+]

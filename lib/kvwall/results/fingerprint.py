@@ -1,0 +1,153 @@
+"""The code a recorded result depends on: found from its experiment's imports, hashed so only code counts.
+
+An experiment's fingerprint covers the import closure of its module inside ``kvwall`` (``lib/kvwall/``)
+and ``kvwall.kernels`` (``kernels/``): every project module an ``import`` or ``from ... import``
+statement of the module names (function-local imports too), followed transitively; plus the data
+files of every kernel folder the closure reaches (its ``*.json``, ``*.cu`` and ``*.cuh``: tuned
+tables, CUDA twins). A package's ``__init__.py`` belongs to the closure only where an import names
+the package itself (``from kvwall.kernels import gather_cast``), not for each submodule imported
+(``from kvwall.kernels.gather.kernel import plan_gather`` reaches ``kernels/gather/kernel.py`` alone).
+The bookkeeping modules (:data:`BOOKKEEPING`: recording results, describing experiments) are not
+followed: they file the numbers, they do not produce them.
+
+Python files are hashed after normalizing (parse, drop docstrings, write out the syntax tree without
+positions): comments, docstrings and formatting do not change a fingerprint, a line of code does. Data files are hashed by their bytes.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+from pathlib import Path
+from typing import Iterable
+
+from kvwall.results.paths import PACKAGE_DIRS, PROJECT_ROOT
+
+__all__ = ["BOOKKEEPING", "DATA_SUFFIXES", "import_closure", "normalized_code", "source_fingerprint", "source_hashes"]
+
+#: Files of a kernel folder that its code reads at run time or compiles (tuned tables, CUDA sources).
+DATA_SUFFIXES = (".json", ".cu", ".cuh")
+_PROJECT_PACKAGE = "kvwall"
+#: Modules (and their submodules) left out of every closure: they record and describe results.
+BOOKKEEPING = ("kvwall.results", "kvwall.experiments.registry", "kvwall.experiments.schemas")
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _module_file(module: str, root: Path) -> Path | None:
+    """The file that defines ``module`` in the tree at ``root``, or None if the tree has none."""
+    for package, folder in PACKAGE_DIRS:
+        if not _within(module, package):
+            continue
+        parts = module[len(package) + 1:].split(".") if module != package else []
+        base = root.joinpath(folder, *parts)
+        candidates = ([base.with_name(base.name + ".py")] if parts else []) + [base / "__init__.py"]
+        return next((c for c in candidates if c.is_file()), None)
+    return None
+
+
+def _imported_modules(tree: ast.Module, module: str, is_package: bool) -> set[str]:
+    """Project modules named by the import statements in ``tree`` (the source of ``module``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+    return {n for n in names if _within(n, _PROJECT_PACKAGE) and not any(_within(n, b) for b in BOOKKEEPING)}
+
+
+def import_closure(module: str, root: Path = PROJECT_ROOT) -> list[Path]:
+    """Files of ``module`` and of every project module it imports, transitively, in the tree at ``root``.
+
+    Names that are not modules (``from kvwall.kernels import gather_cast``, a function) resolve to no file
+    and are skipped; the package they come from is in the closure.
+    """
+    start = _module_file(module, root)
+    if start is None:
+        raise ModuleNotFoundError(f"{module!r} is not a module of this project under {root} (folders: "
+                                  + ", ".join(f"{p} -> {f}/" for p, f in PACKAGE_DIRS) + ").")
+    seen: dict[str, Path] = {module: start}
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        path = seen[current]
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+        for name in _imported_modules(tree, current, path.name == "__init__.py"):
+            if name not in seen and (found := _module_file(name, root)) is not None:
+                seen[name] = found
+                todo.append(name)
+    return sorted(set(seen.values()))
+
+
+def _kernel_data_files(files: Iterable[Path], root: Path) -> list[Path]:
+    """The data files (:data:`DATA_SUFFIXES`) of each kernel folder that holds one of ``files``."""
+    kernels_dir = root / dict(PACKAGE_DIRS)["kvwall.kernels"]
+    folders = {f.parent for f in files if f.parent != kernels_dir and f.parent.is_relative_to(kernels_dir)}
+    return sorted(p for folder in folders for p in folder.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES)
+
+
+def _canonical(node: object) -> str:
+    """An AST as text, without positions and without empty fields: Python 3.12 added fields (``type_params``)
+    that are empty in this project's code, and the same code must fingerprint alike under 3.11 and later."""
+    if isinstance(node, ast.AST):
+        fields = ", ".join(f"{name}={_canonical(value)}" for name, value in ast.iter_fields(node)
+                           if value is not None and value != [])
+        return f"{type(node).__name__}({fields})"
+    if isinstance(node, list):
+        return "[" + ", ".join(_canonical(item) for item in node) + "]"
+    return repr(node)
+
+
+def normalized_code(source: str | bytes) -> str:
+    """Python source reduced to what runs: parsed, docstrings dropped, written out as its syntax tree
+    (comments, docstrings and formatting are gone; an edited line of code shows)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            is_docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            if is_docstring and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return _canonical(tree)
+
+
+@functools.lru_cache(maxsize=512)
+def _hash_file(path: Path, _mtime_ns: int, _size: int) -> str:
+    data = path.read_bytes()
+    if path.suffix == ".py":
+        try:
+            data = normalized_code(data).encode()
+        except SyntaxError:
+            pass  # a file that does not parse is hashed as it is: it differs from any recorded hash
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _file_hash(path: Path) -> str | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _hash_file(path, stat.st_mtime_ns, stat.st_size)
+
+
+def source_hashes(paths: Iterable[str], root: Path = PROJECT_ROOT) -> dict[str, str | None]:
+    """Hash of each file (relative to ``root``) as it is now; None where it is gone."""
+    return {p: _file_hash(root / p) for p in paths}
+
+
+def source_fingerprint(module: str, root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """``{path relative to root: hash}`` of the code ``module``'s results depend on (see the module docstring)."""
+    code = import_closure(module, root)
+    files = code + _kernel_data_files(code, root)
+    return {f.relative_to(root).as_posix(): h for f in files if (h := _file_hash(f)) is not None}

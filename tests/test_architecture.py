@@ -1,0 +1,79 @@
+"""The library's shape is a checked contract, not a hope.
+
+- The layers (``[tool.importlinter]`` in pyproject.toml): each layer of ``kvwall`` imports only from layers
+  below it. ``kvwall.kernels`` lives in the top-level ``kernels/`` folder (a setuptools package-dir), which
+  import-linter cannot see as part of ``kvwall``; the test therefore lints a copy of the package with
+  ``kernels/`` placed where Python finds it at run time.
+- No repeated code: pylint's duplicate-code check (6 or more similar lines, imports, docstrings and comments
+  ignored) is clean on ``lib/`` and ``kernels/``.
+- No module over ~500 lines, unless it is one kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT / "lib" / "kvwall"
+KERNELS = ROOT / "kernels"
+MAX_LINES = 500
+#: Modules allowed past MAX_LINES: each is one kernel (its Triton source and launcher).
+ONE_KERNEL = {KERNELS / "gather" / "kernel.py", KERNELS / "mla_decode" / "kernel.py"}
+
+
+def _bin(name: str) -> str:
+    path = Path(sys.executable).with_name(name)
+    if not path.exists():
+        pytest.fail(f"{name} is not installed in {path.parent}: run `make setup` (it comes from requirements.txt).")
+    return str(path)
+
+
+def _package_view(tmp_path: Path) -> Path:
+    view = tmp_path / "view"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(LIBRARY, view / "kvwall", ignore=ignore)
+    shutil.copytree(KERNELS, view / "kvwall" / "kernels", ignore=ignore)
+    return view
+
+
+def test_layers_contract(tmp_path):
+    view = _package_view(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(view)}
+    proc = subprocess.run([_bin("lint-imports"), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+                          cwd=view, env=env, capture_output=True, text=True, timeout=600)
+    assert "Contracts: 1 kept, 0 broken." in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_a_higher_layer_import_breaks_the_contract(tmp_path):
+    """The contract can fail: a model module importing the notebook layer is reported as broken."""
+    view = _package_view(tmp_path)
+    pool = view / "kvwall" / "model" / "pool.py"
+    pool.write_text(pool.read_text() + "\nimport kvwall.notebook.tables  # a layer violation\n")
+    env = {**os.environ, "PYTHONPATH": str(view)}
+    proc = subprocess.run([_bin("lint-imports"), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+                          cwd=view, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "kvwall.model.pool -> kvwall.notebook.tables" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_no_duplicate_code():
+    proc = subprocess.run(
+        [_bin("pylint"), "--disable=all", "--enable=duplicate-code", "--min-similarity-lines=6",
+         "--ignore-imports=yes", "--ignore-docstrings=yes", "--ignore-comments=yes", "--score=no",
+         str(LIBRARY), str(KERNELS)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "R0801" not in proc.stdout, proc.stdout[-6000:]
+
+
+def test_modules_stay_small():
+    too_long = {}
+    for path in sorted([*LIBRARY.rglob("*.py"), *KERNELS.rglob("*.py")]):
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES and path not in ONE_KERNEL:
+            too_long[str(path.relative_to(ROOT))] = lines
+    assert not too_long, f"modules over {MAX_LINES} lines (split them by concern): {too_long}"

@@ -1,0 +1,134 @@
+"""Provenance from imports: a result goes stale when the code it imports changes, and only then."""
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import torch
+
+from kvwall.results import PROJECT_ROOT, Result, collect_provenance, source_fingerprint
+from kvwall.results.fingerprint import import_closure, normalized_code
+
+EXPERIMENT = "kvwall.experiments.gather_cast"
+
+
+def _copy_tree(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    for folder in ("lib/kvwall", "kernels"):
+        shutil.copytree(PROJECT_ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def _result(root: Path) -> Result:
+    prov = collect_provenance(torch.device("cpu"), EXPERIMENT)
+    prov.sources = source_fingerprint(EXPERIMENT, root)
+    return Result("gather_cast_bench", {}, [], prov)
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path}: no {old!r} to edit"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_fingerprint_covers_the_import_closure_and_the_kernel_tables():
+    sources = source_fingerprint(EXPERIMENT)
+    assert "lib/kvwall/experiments/gather_cast.py" in sources
+    assert "kernels/gather/kernel.py" in sources and "kernels/gather/tuned.json" in sources
+    assert "kernels/gather/gather_cast.cu" in sources
+    # Bookkeeping is not measurement: recording a result or describing an experiment does not stale it.
+    assert not any(p.startswith("lib/kvwall/results/") or "experiments/schemas" in p for p in sources)
+    assert "lib/kvwall/experiments/registry.py" not in sources
+    # Chapter 2's FlashInfer release machinery is not imported by chapter 4's experiments.
+    assert not any(p.startswith("lib/kvwall/peers/") for p in sources)
+
+
+def test_comment_and_docstring_edits_keep_a_result_fresh(tmp_path):
+    root = _copy_tree(tmp_path)
+    result = _result(root)
+    assert result.changed_sources(root) == []
+    kernel = root / "kernels/gather/kernel.py"
+    text = kernel.read_text()
+    assert text.startswith('"""')
+    kernel.write_text('"""A reworded module docstring."""\n# a new comment\n' + text.split('"""', 2)[2])
+    _edit(kernel, "\ndef ", "\n\n\n# a comment between functions\ndef ")
+    assert result.changed_sources(root) == []
+
+
+def _module_name(rel: str) -> str:
+    dotted = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    return dotted.replace("lib.kvwall", "kvwall", 1) if dotted.startswith("lib.") else "kvwall." + dotted
+
+
+def test_a_code_edit_in_a_transitive_dependency_stales_it(tmp_path):
+    root = _copy_tree(tmp_path)
+    result = _result(root)
+    experiment_source = (root / "lib/kvwall/experiments/gather_cast.py").read_text()
+    transitive = [p for p in result.provenance.sources
+                  if p.endswith(".py") and _module_name(p) not in experiment_source]
+    assert transitive, "the experiment should import some project code only through other modules"
+    victim = transitive[0]
+    with (root / victim).open("a") as f:
+        f.write("\nTRANSITIVE_EDIT = 1\n")
+    assert result.changed_sources(root) == [victim]
+
+
+def test_an_edit_outside_the_closure_keeps_it_fresh(tmp_path):
+    root = _copy_tree(tmp_path)
+    result = _result(root)
+    outside = "lib/kvwall/peers/flashinfer/releases.py"
+    assert outside not in result.provenance.sources
+    with (root / outside).open("a") as f:
+        f.write("\nUNRELATED = 1\n")
+    (root / "kernels/new_kernel.py").write_text("X = 1\n")  # a kernel added later does not stale old results
+    assert result.changed_sources(root) == []
+
+
+def test_editing_a_tuned_table_or_removing_a_file_stales_it(tmp_path):
+    root = _copy_tree(tmp_path)
+    result = _result(root)
+    tuned = root / "kernels/gather/tuned.json"
+    tuned.write_text(tuned.read_text() + "\n")
+    (root / "kernels/gather/gather_cast.cu").unlink()
+    assert result.changed_sources(root) == ["kernels/gather/gather_cast.cu", "kernels/gather/tuned.json"]
+    assert "STALE" not in result.caption()  # the caption compares with the real tree, not the copy
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
+def test_closure_rules_on_a_small_tree(tmp_path):
+    """Relative and function-local imports are followed; a package's __init__ only where it is named;
+    names that are not modules are skipped; kernel folders bring their data files."""
+    root = tmp_path
+    for rel in ("lib/kvwall/__init__.py", "lib/kvwall/model/__init__.py", "kernels/__init__.py",
+                "kernels/k/__init__.py"):
+        _write(root, rel, "import kvwall.model.unused\n")
+    _write(root, "lib/kvwall/experiments/__init__.py", "")
+    _write(root, "lib/kvwall/experiments/toy.py", """\
+        from kvwall.model.a import helper
+        def run():
+            from . import sibling
+            return helper()
+        """)
+    _write(root, "lib/kvwall/experiments/sibling.py", "X = 1\n")
+    _write(root, "lib/kvwall/model/a.py", "from kvwall.kernels.k.kernel import launch as helper\n")
+    _write(root, "lib/kvwall/model/unused.py", "Y = 2\n")
+    _write(root, "kernels/k/kernel.py", "def launch():\n    return 1\n")
+    _write(root, "kernels/k/tuned.json", "{}\n")
+    _write(root, "kernels/k/NOTES.md", "notes do not count\n")
+    _write(root, "kernels/other/tuned.json", "{}\n")
+    closure = {p.relative_to(root).as_posix() for p in import_closure("kvwall.experiments.toy", root)}
+    assert closure == {"lib/kvwall/experiments/toy.py", "lib/kvwall/experiments/__init__.py",
+                       "lib/kvwall/experiments/sibling.py", "lib/kvwall/model/a.py", "kernels/k/kernel.py"}
+    assert set(source_fingerprint("kvwall.experiments.toy", root)) == closure | {"kernels/k/tuned.json"}
+
+
+def test_normalized_code_ignores_what_does_not_run():
+    a = 'def f(x):\n    """Doc."""\n    # comment\n    return x+1\n'
+    b = "def f( x ):\n    return (x + 1)  # another\n"
+    assert normalized_code(a) == normalized_code(b)
+    assert normalized_code(a) != normalized_code(b.replace("1", "2"))
