@@ -110,7 +110,8 @@ def check_kv_indptr(kv_indptr: torch.Tensor, num_indices: int, fail_: Fail) -> l
     """``kv_indptr`` on the host: it must start at 0, never decrease and end at most at ``num_indices``."""
     ptr = kv_indptr.tolist()
     if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
-        fail_(ValueError, f"kv_indptr must start at 0 and never decrease; got {ptr[:6]}{'...' if len(ptr) > 6 else ''}.")
+        fail_(ValueError, "kv_indptr must start at 0 and never decrease; got "
+              f"{ptr[:6]}{'...' if len(ptr) > 6 else ''}.")
     if ptr[-1] > num_indices:
         fail_(ValueError, f"kv_indptr ends at {ptr[-1]} but kv_indices has only {num_indices} entries (the capacity).")
     return ptr
@@ -122,7 +123,8 @@ def check_indices_in_range(kv_indices: torch.Tensor, units: int, what: str, wher
         return
     lo, hi = (int(v) for v in torch.aminmax(kv_indices))
     if lo < 0 or hi >= units:
-        fail_(IndexError, f"kv_indices holds {lo if lo < 0 else hi}, outside {where}'s {units} {what} (0..{units - 1}).")
+        fail_(IndexError, f"kv_indices holds {lo if lo < 0 else hi}, outside {where}'s {units} {what} "
+              f"(0..{units - 1}).")
 
 
 def overlaps_itself(t: torch.Tensor) -> bool:

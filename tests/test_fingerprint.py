@@ -101,29 +101,32 @@ def _write(root: Path, rel: str, text: str) -> None:
 
 
 def test_closure_rules_on_a_small_tree(tmp_path):
-    """Relative and function-local imports are followed; a package's __init__ only where it is named;
-    names that are not modules are skipped; kernel folders bring their data files."""
+    """Relative and function-local imports are followed; a package's __init__ only where its own code is used;
+    a name a package re-exports leads to the module defining it; kernel modules bring the data files they name."""
     root = tmp_path
-    for rel in ("lib/kvwall/__init__.py", "lib/kvwall/model/__init__.py", "kernels/__init__.py",
-                "kernels/k/__init__.py"):
+    for rel in ("lib/kvwall/__init__.py", "lib/kvwall/model/__init__.py", "kernels/k/__init__.py"):
         _write(root, rel, "import kvwall.model.unused\n")
+    _write(root, "kernels/__init__.py", "import kvwall.model.unused\nfrom kvwall.kernels.k.kernel import launch\n")
     _write(root, "lib/kvwall/experiments/__init__.py", "")
     _write(root, "lib/kvwall/experiments/toy.py", """\
         from kvwall.model.a import helper
+        from kvwall.kernels import launch
         def run():
             from . import sibling
-            return helper()
+            return helper() + launch()
         """)
     _write(root, "lib/kvwall/experiments/sibling.py", "X = 1\n")
     _write(root, "lib/kvwall/model/a.py", "from kvwall.kernels.k.kernel import launch as helper\n")
     _write(root, "lib/kvwall/model/unused.py", "Y = 2\n")
-    _write(root, "kernels/k/kernel.py", "def launch():\n    return 1\n")
+    _write(root, "kernels/k/kernel.py", "from pathlib import Path\nTABLE = Path(__file__).with_name('tuned.json')\n"
+                                        "def launch():\n    return 1\n")
     _write(root, "kernels/k/tuned.json", "{}\n")
+    _write(root, "kernels/k/unread.json", "{}\n")
     _write(root, "kernels/k/NOTES.md", "notes do not count\n")
     _write(root, "kernels/other/tuned.json", "{}\n")
     closure = {p.relative_to(root).as_posix() for p in import_closure("kvwall.experiments.toy", root)}
-    assert closure == {"lib/kvwall/experiments/toy.py", "lib/kvwall/experiments/__init__.py",
-                       "lib/kvwall/experiments/sibling.py", "lib/kvwall/model/a.py", "kernels/k/kernel.py"}
+    assert closure == {"lib/kvwall/experiments/toy.py", "lib/kvwall/experiments/sibling.py", "lib/kvwall/model/a.py",
+                       "kernels/k/kernel.py"}
     assert set(source_fingerprint("kvwall.experiments.toy", root)) == closure | {"kernels/k/tuned.json"}
 
 

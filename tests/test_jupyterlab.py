@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import jupytext
 import pytest
 from jupytext.config import find_jupytext_configuration_file, load_jupytext_configuration_file
 
-from conftest import BOOK, ROOT
+from conftest import BOOK
 from kvwall.notebook.lab_settings import install_overrides, merge_settings
 
 PAGES = sorted(BOOK.glob("*.md"))
@@ -32,14 +33,30 @@ def _as_jupyterlab_leaves_it(path: Path):
 
 
 def test_the_project_config_is_the_one_jupytext_finds():
-    assert find_jupytext_configuration_file(str(BOOK)) == str(ROOT / "jupytext.toml")
+    assert find_jupytext_configuration_file(str(BOOK)) == str(BOOK / "jupytext.toml")
 
 
 @pytest.mark.parametrize("path", PAGES, ids=[p.name for p in PAGES])
 def test_saving_an_unchanged_page_leaves_it_byte_identical(path):
     text = path.read_text()
     saved = jupytext.writes(_as_jupyterlab_leaves_it(path), fmt="md:myst", config=CONFIG)
-    assert saved == text, f"{path.name}: JupyterLab's save would rewrite it (check its header and jupytext.toml)"
+    assert saved == text, f"{path.name}: JupyterLab's save would rewrite it (check its header and book/jupytext.toml)"
+
+
+def test_open_and_save_through_jupyterlabs_contents_manager(tmp_path):
+    """The server side of JupyterLab: jupytext's contents manager, serving a copy of book/ as `make lab` serves
+    book/, opens each page as a notebook and saves it back (after the kernel has added its language_info)."""
+    from jupyter_server.services.contents.largefilemanager import LargeFileManager
+    from jupytext.sync_contentsmanager import build_sync_jupytext_contents_manager_class
+
+    shutil.copy(BOOK / "jupytext.toml", tmp_path)
+    manager = build_sync_jupytext_contents_manager_class(LargeFileManager)(root_dir=str(tmp_path))
+    for page in PAGES:
+        shutil.copy(page, tmp_path)
+        model = manager.get(page.name, type="notebook")
+        model["content"]["metadata"]["language_info"] = {"name": "python", "version": "3.11.7"}
+        manager.save(model, page.name)
+        assert (tmp_path / page.name).read_text() == page.read_text(), f"saving {page.name} changed it"
 
 
 @pytest.mark.parametrize("path", PAGES, ids=[p.name for p in PAGES])
@@ -68,7 +85,7 @@ def test_merge_keeps_the_users_settings():
 
 
 def test_install_overrides_merges_skips_and_never_clobbers(tmp_path):
-    source = ROOT / "book" / "lab-overrides.json"
+    source = BOOK / "lab-overrides.json"
     target = tmp_path / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
     assert "merged" in install_overrides(source, tmp_path)
     assert json.loads(target.read_text()) == json.loads(source.read_text())

@@ -10,6 +10,7 @@ operands.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from kvwall.kernels import mla_decode_fp8
 from kvwall.kernels.mla_decode import sanitize
 from kvwall.kernels.mla_decode.cases import (SANITIZED_CASES, SM_SCALE, SMALL_CASES, DecodeCase, check_case,
                                              validation_cases)
-from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, default_config
+from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, default_config, tuned_entry
 from kvwall.kernels.mla_decode.reference import MLAInputs, make_mla_inputs, nonempty_requests, reference64
 from kvwall.measure.accuracy import relative_error
 
@@ -325,7 +326,8 @@ def _bad_cases():
          "pages hold 2 tokens but kpe_cache pages hold 1"),
         ("indptr length", dict(kv_indptr=indptr[:-1]), ValueError, "batch \\+ 1"),
         ("indptr decreasing", dict(kv_indptr=torch.tensor([0, 5, 3], dtype=torch.int32)), ValueError, "never decrease"),
-        ("indptr past indices", dict(kv_indptr=torch.tensor([0, 3, 99], dtype=torch.int32)), ValueError, "only 8 entries"),
+        ("indptr past indices", dict(kv_indptr=torch.tensor([0, 3, 99], dtype=torch.int32)), ValueError,
+         "only 8 entries"),
         ("index out of range", dict(kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 10**6], dtype=torch.int32)),
          IndexError, "outside the cache"),
         ("negative index", dict(kv_indices=torch.tensor([0, -1, 2, 3, 4, 5, 6, 7], dtype=torch.int32)),
@@ -361,6 +363,21 @@ def test_bad_input_raises_before_launch(name):
         mla_decode_fp8(*args.values(), sm, **named)
     assert str(info.value).startswith("mla_decode_fp8: ")
     assert torch.isnan(poisoned).all()
+
+
+def test_tuned_entry_is_the_nearest_one(tmp_path):
+    table = tmp_path / "tuned.json"
+
+    def entry(splits):
+        return {"config": {"block_h": 16, "block_n": 64}, "splits": splits}
+
+    table.write_text(json.dumps({"GPU X": {"by": "test", "16": {"4096": entry(1), "131072": entry(2)},
+                                           "64": {"4096": entry(3)}}}))
+    assert tuned_entry(3, 5000, "GPU X", path=table) == {"heads": 16, **entry(1)}  # heads round up
+    assert tuned_entry(16, 60000, "GPU X", path=table)["splits"] == 2  # nearest context in log scale
+    assert tuned_entry(200, None, "GPU X", path=table)["heads"] == 64  # more heads than tuned: the largest
+    assert tuned_entry(16, 4096, "GPU Y", path=table) is None
+    assert tuned_entry(16, 4096, "NVIDIA H200")["config"]["convert"] == "cvt"  # the shipped table
 
 
 def test_default_config_is_the_conversion_every_launch_uses():
@@ -435,7 +452,10 @@ def test_cuda_graph_replay_with_changed_lengths():
     scale = torch.tensor([1.0], device="cuda")
     out = torch.empty(2, 16, DC, dtype=BF16, device="cuda")
     kw = dict(ckv_scale=scale, kpe_scale=scale, out=out, num_splits=16, check_range=False)
-    call = lambda: mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, ptr_buf, idx_buf, 0.1, **kw)  # noqa: E731
+
+    def call():
+        return mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, ptr_buf, idx_buf, 0.1, **kw)
+
     call()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -458,8 +478,11 @@ def test_cuda_graph_replay_with_changed_lengths():
 @on_gpu
 def test_checked_call_refuses_graph_capture():
     inp = make_mla_inputs([10], 16, seed=0, device="cuda")
-    call = lambda **kw: mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr,  # noqa: E731
-                                       inp.kv_indices, 0.1, num_splits=2, **kw)
+
+    def call(**kw):
+        return mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, 0.1,
+                              num_splits=2, **kw)
+
     call(check_range=False)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="check_range=False"):

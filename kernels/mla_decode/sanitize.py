@@ -51,7 +51,8 @@ def checks(device: torch.device, names: Sequence[str]) -> list[tuple[str, Callab
     out: list[tuple[str, Callable[[], bool]]] = [
         (name, lambda c=by_name[name]: check_case(mla_decode_fp8, c, device, POOL_SLOTS)["ok"]) for name in names]
     out += [(f"unchecked out-of-range -> NaN rows ({layout})",
-             lambda layout=layout: unchecked_out_of_range_gives_nan(device, layout)) for layout in ("pool_view", "paged")]
+             lambda layout=layout: unchecked_out_of_range_gives_nan(device, layout))
+            for layout in ("pool_view", "paged")]
     return out
 
 

@@ -3,10 +3,9 @@
 An experiment's fingerprint covers the import closure of its module inside ``kvwall`` (``lib/kvwall/``)
 and ``kvwall.kernels`` (``kernels/``): every project module an ``import`` or ``from ... import``
 statement of the module names (function-local imports too), followed transitively; plus the data
-files of every kernel folder the closure reaches (its ``*.json``, ``*.cu`` and ``*.cuh``: tuned
-tables, CUDA twins). A package's ``__init__.py`` belongs to the closure only where an import names
-the package itself (``from kvwall.kernels import gather_cast``), not for each submodule imported
-(``from kvwall.kernels.gather.kernel import plan_gather`` reaches ``kernels/gather/kernel.py`` alone).
+files (``*.json``, ``*.cu``, ``*.cuh``: tuned tables, CUDA twins) that the kernel modules in the closure read. A package's ``__init__.py`` belongs to the closure only where its own code is used
+(``import kvwall.kernels``, or a name it defines); a name it re-exports leads to the module that defines it
+(``from kvwall.kernels import gather_cast`` reaches ``kernels/gather/kernel.py``, not every kernel).
 The bookkeeping modules (:data:`BOOKKEEPING`: recording results, describing experiments) are not
 followed: they file the numbers, they do not produce them.
 
@@ -49,12 +48,13 @@ def _module_file(module: str, root: Path) -> Path | None:
     return None
 
 
-def _imported_modules(tree: ast.Module, module: str, is_package: bool) -> set[str]:
-    """Project modules named by the import statements in ``tree`` (the source of ``module``)."""
-    names: set[str] = set()
+def _import_statements(tree: ast.Module, module: str, is_package: bool) -> list[tuple[str, list[str]]]:
+    """``(imported module, [names imported from it])`` for each import statement in ``tree`` (the source of
+    ``module``); plain ``import a.b`` gives ``("a.b", [])``."""
+    found: list[tuple[str, list[str]]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            found.extend((alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 anchor = module.split(".") if is_package else module.split(".")[:-1]
@@ -62,16 +62,57 @@ def _imported_modules(tree: ast.Module, module: str, is_package: bool) -> set[st
                 base = ".".join(anchor + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
-    return {n for n in names if _within(n, _PROJECT_PACKAGE) and not any(_within(n, b) for b in BOOKKEEPING)}
+            found.append((base, [alias.name for alias in node.names if alias.name != "*"]))
+    return found
+
+
+def _counts(module: str) -> bool:
+    return _within(module, _PROJECT_PACKAGE) and not any(_within(module, b) for b in BOOKKEEPING)
+
+
+def _re_exported_from(package: str, name: str, root: Path, depth: int = 0) -> str | None:
+    """The module a package's ``__init__.py`` takes ``name`` from (``from .gather.kernel import gather_cast``),
+    followed through further re-exports; None when the ``__init__.py`` defines ``name`` itself."""
+    path = _module_file(package, root)
+    if path is None or path.name != "__init__.py" or depth > 8:
+        return None
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for base, names in _import_statements(ast.Module(body=[node], type_ignores=[]), package, True):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name and alias.name in names:
+                        if _module_file(f"{base}.{alias.name}", root) is not None:
+                            return f"{base}.{alias.name}"
+                        deeper = _re_exported_from(base, alias.name, root, depth + 1)
+                        return deeper or base
+    return None
+
+
+def _imported_modules(tree: ast.Module, module: str, is_package: bool, root: Path) -> set[str]:
+    """Project modules whose code the import statements in ``tree`` (the source of ``module``) reach.
+
+    ``from package import name`` reaches the module ``package.name`` if there is one, else the module the
+    package's ``__init__.py`` re-exports ``name`` from (``from kvwall.kernels import mla_decode_reference``
+    reaches ``kernels/mla_decode/reference.py`` alone, not every kernel), else the ``__init__.py`` itself."""
+    modules: set[str] = set()
+    for base, names in _import_statements(tree, module, is_package):
+        if not names:
+            modules.add(base)
+            continue
+        for name in names:
+            if _module_file(f"{base}.{name}", root) is not None:
+                modules.add(f"{base}.{name}")
+            else:
+                modules.add(_re_exported_from(base, name, root) or base)
+    return {m for m in modules if _counts(m)}
 
 
 def import_closure(module: str, root: Path = PROJECT_ROOT) -> list[Path]:
     """Files of ``module`` and of every project module it imports, transitively, in the tree at ``root``.
 
-    Names that are not modules (``from kvwall.kernels import gather_cast``, a function) resolve to no file
-    and are skipped; the package they come from is in the closure.
+    Names that are not modules (``from kvwall.kernels import gather_cast``, a function) lead to the module
+    that defines them (see :func:`_imported_modules`).
     """
     start = _module_file(module, root)
     if start is None:
@@ -83,7 +124,7 @@ def import_closure(module: str, root: Path = PROJECT_ROOT) -> list[Path]:
         current = todo.pop()
         path = seen[current]
         tree = ast.parse(path.read_bytes(), filename=str(path))
-        for name in _imported_modules(tree, current, path.name == "__init__.py"):
+        for name in _imported_modules(tree, current, path.name == "__init__.py", root):
             if name not in seen and (found := _module_file(name, root)) is not None:
                 seen[name] = found
                 todo.append(name)
@@ -91,10 +132,17 @@ def import_closure(module: str, root: Path = PROJECT_ROOT) -> list[Path]:
 
 
 def _kernel_data_files(files: Iterable[Path], root: Path) -> list[Path]:
-    """The data files (:data:`DATA_SUFFIXES`) of each kernel folder that holds one of ``files``."""
+    """The data files (:data:`DATA_SUFFIXES`) of a kernel folder that a closure module of that folder names in
+    a string (``Path(__file__).with_name("tuned.json")``, ``with_name("gather_cast.cu")``): what its code reads."""
     kernels_dir = root / dict(PACKAGE_DIRS)["kvwall.kernels"]
-    folders = {f.parent for f in files if f.parent != kernels_dir and f.parent.is_relative_to(kernels_dir)}
-    return sorted(p for folder in folders for p in folder.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES)
+    found: set[Path] = set()
+    for f in files:
+        if f.suffix != ".py" or not f.parent.is_relative_to(kernels_dir):
+            continue
+        strings = {node.value for node in ast.walk(ast.parse(f.read_bytes()))
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+        found.update(p for p in f.parent.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES and p.name in strings)
+    return sorted(found)
 
 
 def _canonical(node: object) -> str:

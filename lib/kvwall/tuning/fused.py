@@ -101,7 +101,8 @@ def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config: MLADecod
         ("indptr_ptr", "*i32"), ("indices_ptr", "*i32"), ("kvlen_ptr", "*i32"), ("ckv_scale_ptr", "*fp32"),
         ("kpe_scale_ptr", "*fp32"), ("ckv_scale_val", "fp32"), ("kpe_scale_val", "fp32"), ("qk_scale", "fp32"),
         ("part_o_ptr", "*fp32"), ("part_lse_ptr", "*fp32"), ("out_ptr", "*bf16"), ("lse_ptr", "*fp32"),
-        ("H", "i32"), ("num_splits", "i32"), ("num_indices", "i32"), ("num_units", "i32"), ("stride_qn_b", "i32"), ("stride_qn_h", "i32"), ("stride_qp_b", "i32"),
+        ("H", "i32"), ("num_splits", "i32"), ("num_indices", "i32"), ("num_units", "i32"),
+        ("stride_qn_b", "i32"), ("stride_qn_h", "i32"), ("stride_qp_b", "i32"),
         ("stride_qp_h", "i32"), ("stride_ckv", "i32"), ("stride_kpe", "i32"), ("stride_o_b", "i32"),
         ("stride_o_h", "i32"))}
     const = dict(DC=DC, DCH=DC // 4, DR=DR, BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=1,

@@ -191,11 +191,11 @@ class GatherCastProfileStrategies(Row):
     host_us_per_layer: float
     host_us_prepare_kv: float
     host_us_attention: float
-    syncs_per_step: int
-    graph_step_ms: float
+    syncs_per_step: int | None
+    graph_step_ms: float | None
     graph_error: str | None
-    graph_kv_ms_per_step: float
-    graph_phase_sum_ms: float
+    graph_kv_ms_per_step: float | None
+    graph_phase_sum_ms: float | None
 
 
 class GatherCastProfileCapacity(Row):
@@ -204,7 +204,7 @@ class GatherCastProfileCapacity(Row):
     capacity: int
     ms_per_layer: float
     ms_per_layer_events: float
-    ms_per_layer_graph: float
+    ms_per_layer_graph: float | None
     host_us_per_call: float
     real_tokens: int
 
@@ -215,9 +215,9 @@ class GatherCastProfileGain(Row):
     step_ms: float
     time_saved: float
     speedup: float
-    graph_step_ms: float
-    graph_time_saved: float
-    graph_speedup: float
+    graph_step_ms: float | None
+    graph_time_saved: float | None
+    graph_speedup: float | None
 
 
 #: One row of ``gather_cast_profile``, by its section.
