@@ -24,12 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import papermill
 import torch
 from tqdm import tqdm
 
 from kvwall.experiments import EXPERIMENTS, Experiment, missing_prerequisites, run_experiment
-from kvwall.notebook.execute import ChapterError, execute_chapter
 from kvwall.results import (
     RESULTS_DIR, ResultFileError, ResultMissingError, load_result, recorded_scale, save_result,
 )
@@ -129,6 +127,11 @@ def _parameter_values(items: list[str], parser: argparse.ArgumentParser) -> dict
 
 
 def _execute(chapter: Path, out: Path, values: dict[str, Any]) -> int:
+    # Imported here, not at the top: `record` must run on GPU machines that have no Jupyter (papermill,
+    # jupytext, nbformat), and only `execute` needs the notebook layer's execution.
+    import papermill  # pylint: disable=import-outside-toplevel
+    from kvwall.notebook.execute import ChapterError, execute_chapter  # pylint: disable=import-outside-toplevel
+
     try:
         record = execute_chapter(chapter, out, progress_bar=sys.stderr.isatty(), **values)
     except ChapterError as exc:
