@@ -1,5 +1,6 @@
 """Provenance from imports: a result goes stale when the code it imports changes, and only then."""
 
+import ast
 import shutil
 import textwrap
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import torch
 
 from kvwall.results import PROJECT_ROOT, Result, collect_provenance, source_fingerprint
-from kvwall.results.fingerprint import import_closure, normalized_code
+from kvwall.results.fingerprint import _canonical, import_closure, normalized_code
 
 EXPERIMENT = "kvwall.experiments.gather_cast"
 
@@ -135,3 +136,14 @@ def test_normalized_code_ignores_what_does_not_run():
     b = "def f( x ):\n    return (x + 1)  # another\n"
     assert normalized_code(a) == normalized_code(b)
     assert normalized_code(a) != normalized_code(b.replace("1", "2"))
+
+
+def test_nested_format_specs_hash_alike_under_python_3_11_and_3_12():
+    """Python 3.12 parses f"{n:>{w}}" with an extra empty Constant at the end of the format spec (3.11 and 3.13
+    do not); the GPU machine runs 3.12, CI runs 3.11: both must give the same fingerprint."""
+    source = 'def f(n, w):\n    return f"{n:>{w}} |"\n'
+    tree = ast.parse(source)
+    spec = next(node for node in ast.walk(tree) if isinstance(node, ast.FormattedValue) and node.format_spec)
+    spec.format_spec.values.append(ast.Constant(value=""))  # what Python 3.12 writes
+    assert normalized_code(ast.unparse(tree)) == normalized_code(source)
+    assert _canonical(tree) == _canonical(ast.parse(source))
