@@ -20,7 +20,7 @@ def test_standin_spends_the_originals_non_cast_time():
 
 def test_step_phases_and_profile():
     cpu = torch.device("cpu")
-    pool = TokenPool.random(GLM5, 20_001, 2, seed=5)
+    pool = TokenPool.random(GLM5, 80_001, 2, seed=5)  # large enough that the cast leads even on a loaded machine
     batch = make_decode_batch([300, 17], pool.num_slots, seed=5)
     model = DecodeStepModel(pool, batch, FullPoolCast(), make_mla_decode("auto", GLM5, batch),
                             RestOfLayerStandIn(0.2, cpu), seed=5)
