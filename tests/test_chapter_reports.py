@@ -169,6 +169,28 @@ def test_per_point_names_where_the_fused_kernel_wins_and_loses():
     assert "**1 of 3** points (16 h, 32K, b1)" in text and "FlashInfer BF16 on a BF16 cache at 2 points" in text
 
 
+def test_against_flashmla_leads_with_the_losses_and_the_accuracy_trade():
+    rows = [{"section": "ceilings", "bf16_tflops": 700.0}]
+    for context, fused, fp8, bf16 in ((4096, 10.0, 12.0, 20.0), (32768, 30.0, 20.0, 25.0), (131072, 60.0, None, None)):
+        rows += [_bench_row("fused_fp8", 16, context, 1, fused),
+                 _bench_row("flashmla_dense_fp8", 16, context, 1, fp8,
+                            **({} if fp8 else {"error": "ValueError: pages do not fit."})),
+                 _bench_row("flashmla_dense_bf16", 16, context, 1, bf16)]
+    bench = fused_bench_report.FusedBench(result("fused_decode_bench", rows))
+    validation = result("fused_decode_validation", [
+        {"section": "cases", "rel_err": 2e-3}, {"section": "cases", "rel_err": 1e-3},
+        {"section": "fp8_peers", "peer": "flashmla_dense_fp8", "rel_err": 3e-2},
+        {"section": "fp8_peers", "peer": "flashmla_dense_bf16", "rel_err": 2e-3}])
+    table, text = fused_bench_report.against_flashmla(bench, validation)
+    assert table.column("fused / FlashMLA FP8") == ["0.83×", "1.50×", "—"]
+    assert "loses at 1 of 2 points" in text and "except 16 h, 4K, b1" in text and "up to 1.5× (16 h, 32K, b1)" in text
+    assert "faster at 1 of 2 points" in text  # FlashMLA BF16: 25 < 30 at 32K only
+    assert "not timed at 16 h, 128K, b1 (ValueError: pages do not fit:" in text
+    assert "3.0e-02, 15× the fused kernel's worst (2.0e-03" in text
+    _, without = fused_bench_report.against_flashmla(bench)
+    assert "accuracy" not in without
+
+
 def test_imbalance_of_a_mixed_batch():
     (row,) = fused_bench_report.imbalance_table(_bench()).rows
     # 8 requests x 10 splits x 1 head block = 80 programs over 32,768 tokens; the longest request: 20,000 / 10.

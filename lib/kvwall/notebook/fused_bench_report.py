@@ -20,6 +20,7 @@ from kvwall.notebook.tables import Table, number, percent, times
 from kvwall.results import Result
 
 __all__ = ["STRATEGY_NAMES", "STRATEGY_COLORS", "Point", "FusedBench", "bench_figures", "bench_table", "Targets",
+           "against_flashmla",
            "targets", "host_table", "per_point", "imbalance_table", "tensor_rate_table", "ncu_tables", "ncu_text",
            "instruction_mix_table"]
 
@@ -28,14 +29,19 @@ STRATEGY_NAMES = {
     "fused_fp8": "fused FP8 (this chapter)", "full_cast_bf16": "whole-pool cast + FlashInfer BF16 (original)",
     "gather_cast_bf16": "gather-cast + FlashInfer BF16 (ch. 4)", "flashinfer_fp8_fa2": "FlashInfer FP8, fa2",
     "flashinfer_fp8_fa3": "FlashInfer FP8, fa3", "flashinfer_bf16_precast": "FlashInfer BF16 on a BF16 cache",
-    "sglang_triton_fp8": "SGLang Triton (FP8 pool)"}
+    "sglang_triton_fp8": "SGLang Triton (FP8 pool)",
+    "flashmla_dense_fp8": "FlashMLA dense FP8 (FP8 query, page 64)",
+    "flashmla_dense_bf16": "FlashMLA dense BF16 on a BF16 cache (page 64)"}
 STRATEGY_COLORS = {
     "fused_fp8": "#d62728", "full_cast_bf16": "#7f7f7f", "gather_cast_bf16": "#ff7f0e",
     "flashinfer_fp8_fa2": "#1f77b4", "flashinfer_fp8_fa3": "#17becf", "flashinfer_bf16_precast": "#2ca02c",
-    "sglang_triton_fp8": "#9467bd"}
+    "sglang_triton_fp8": "#9467bd", "flashmla_dense_fp8": "#8c564b", "flashmla_dense_bf16": "#e377c2"}
 FUSED = "fused_fp8"
 FLASHINFER_FP8 = ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3")
 BF16_CACHE = "flashinfer_bf16_precast"
+#: The paths that need a BF16 cache (twice the bytes per token of the FP8 pool).
+BF16_CACHE_PATHS = (BF16_CACHE, "flashmla_dense_bf16")
+FLASHMLA_FP8, FLASHMLA_BF16 = "flashmla_dense_fp8", "flashmla_dense_bf16"
 ORIGINAL_PATH = "full_cast_bf16"
 
 #: (heads, context, batch)
@@ -209,15 +215,15 @@ def per_point(bench: FusedBench) -> tuple[Table, str, dict[str, int]]:
                   bench.caption + " GB/s counts the FP8 KV and index bytes; TFLOP/s the attention's FLOPs.")
     wins = [r for r in rows if r["x"] < 1.0]
     beaten_by = Counter(STRATEGY_NAMES[r["peer"]] for r in rows if r["x"] >= 1.0)
-    fp8_cache_paths = [s for s in STRATEGY_NAMES if s not in (FUSED, BF16_CACHE)]
+    fp8_cache_paths = [s for s in STRATEGY_NAMES if s != FUSED and s not in BF16_CACHE_PATHS]
     fp8_wins = [p for p in bench.points if bench.us(FUSED, p)
                 and all(bench.us(FUSED, p) < bench.us(s, p) for s in fp8_cache_paths if bench.us(s, p))]
     n = len(bench.points)
     text = (f"The fused kernel is the fastest path at **{len(wins)} of {n}** points "
             f"({'; '.join(r['point'] for r in wins)}). Where it is not, the faster path is "
             + "; ".join(f"{name} at {k} point{'s' if k > 1 else ''}" for name, k in beaten_by.most_common())
-            + ". FlashInfer's BF16 kernel needs a BF16 cache: twice the bytes per token, half the tokens in the same "
-            f"memory. Among the paths that keep the FP8 cache, the fused kernel is the fastest at "
+            + ". The BF16 kernels (FlashInfer's, FlashMLA's) need a BF16 cache: twice the bytes per token, half the "
+            f"tokens in the same memory. Among the paths that keep the FP8 cache, the fused kernel is the fastest at "
             f"**{len(fp8_wins)} of {n}** points.")
     return table, text, {"points_fused_is_fastest": len(wins), "points_fastest_among_fp8_cache_paths": len(fp8_wins)}
 
@@ -312,3 +318,55 @@ def instruction_mix_table(mix: Mapping[str, Any], top: int = 12) -> Table:
                  f"Computed here: Triton {mix['triton']} compiling the tuned 16-head shape ({mix['shape']}) for "
                  f"sm_90; {mix['total']} instructions per thread per tile, {mix['byte_loads']} of them one-byte "
                  "shared-memory loads.")
+
+
+def _worst_rel_err(validation: Result | None, peer: str) -> float | None:
+    if validation is None:
+        return None
+    errs = [r["rel_err"] for r in validation.table("fp8_peers") if r.get("peer") == peer and r.get("rel_err") is not None]
+    return max(errs, default=None)
+
+
+def against_flashmla(bench: FusedBench, validation: Result | None = None) -> tuple[Table, str]:
+    """The fused kernel against the best MLA decode kernel that runs on this GPU (FlashMLA, dense FP8 and dense
+    BF16), point by point, and a paragraph leading with where the fused kernel loses; accuracy from the recorded
+    validation (worst relative error against float64 over the cases each ran)."""
+    rows = []
+    for p in bench.points:
+        fused, fp8, bf16 = (bench.us(s, p) for s in (FUSED, FLASHMLA_FP8, FLASHMLA_BF16))
+        if fused:
+            rows.append({"point": _label(p), "fused": fused, "fp8": fp8, "bf16": bf16,
+                         "x_fp8": fused / fp8 if fp8 else None, "x_bf16": fused / bf16 if bf16 else None})
+    table = Table(rows, {"heads, context, batch": "point", "fused FP8 µs": ("fused", number(1)),
+                         "FlashMLA FP8 µs": ("fp8", number(1)), "fused / FlashMLA FP8": ("x_fp8", times(2)),
+                         "FlashMLA BF16 µs": ("bf16", number(1)), "fused / FlashMLA BF16": ("x_bf16", times(2))},
+                  bench.caption + " FlashMLA reads random 64-token pages of the same pool size; the fused kernel "
+                  "and every other path read SGLang's page-1 layout.")
+    timed = [r for r in rows if r["x_fp8"] is not None]
+    if not timed:
+        return table, "FlashMLA was not timed in this run (see the benchmark's error rows)."
+    loses = [r for r in timed if r["x_fp8"] > 1.0]
+    wins = [r for r in timed if r["x_fp8"] <= 1.0]
+    worst = max(timed, key=lambda r: r["x_fp8"])
+    timed_bf16 = [r for r in rows if r["x_bf16"] is not None]
+    slower_than_bf16 = [r for r in timed_bf16 if r["x_bf16"] > 1.0]
+    text = (f"**Against the best peer on this GPU, FlashMLA, the fused kernel loses at {len(loses)} of {len(timed)} "
+            f"points**: FlashMLA's dense FP8 kernel is faster everywhere except "
+            + (", ".join(r["point"] for r in wins) or "nowhere")
+            + f", by up to {worst['x_fp8']:.1f}× ({worst['point']}). FlashMLA's dense BF16 kernel, on a BF16 cache "
+            f"twice the size, is also faster at {len(slower_than_bf16)} of {len(timed_bf16)} points.")
+    untimed = [p for p in bench.points if bench.us(FUSED, p) and not bench.us(FLASHMLA_FP8, p)]
+    if untimed:
+        why = ((bench.row(FLASHMLA_FP8, untimed[0]) or {}).get("error") or "not run").rstrip(".")
+        text += (f" FlashMLA was not timed at {', '.join(_label(p) for p in untimed)} ({why}: its page-64 layout "
+                 "cannot hold these batches in the benchmark's pool).")
+    err_fp8 = _worst_rel_err(validation, FLASHMLA_FP8)
+    err_ours = max((r["rel_err"] for r in validation.table("cases") if r.get("rel_err") is not None),
+                   default=None) if validation is not None else None
+    if err_ours and err_fp8:
+        text += (f" What FlashMLA's FP8 kernel gives up for its speed is accuracy: it quantizes the query (and the "
+                 f"softmax weights) to FP8, and its worst relative error against float64 in the validation is "
+                 f"{err_fp8:.1e}, {err_fp8 / err_ours:.0f}× the fused kernel's worst ({err_ours:.1e}, at the BF16 "
+                 f"path's level). An FP8-cache kernel with BF16-level accuracy at FlashMLA's speed does not exist yet: "
+                 f"that is the next kernel (issue 12 in the project's tracker).")
+    return table, text
