@@ -27,15 +27,20 @@ class DoorsChecksCitations(Row):
     rendered: str
 
 
-class DoorsChecksReplays(MaybeRaised):
-    section: Literal["replays"]
-    release: str
+class DoorCase(MaybeRaised):
+    """The fields that name one door case (chapter 3's DoorCase): shared by replays and GPU calls."""
+
     door: str
     heads: int
     page_size: int
     q_dtype: str
     kv_dtype: str
     family: str
+
+
+class DoorsChecksReplays(DoorCase):
+    section: Literal["replays"]
+    release: str
     outcome: str
     kernel: str | None = None
 
@@ -76,14 +81,8 @@ DoorsChecksRow = Annotated[
 ]
 
 
-class DoorsSm90Calls(MaybeRaised):
+class DoorsSm90Calls(DoorCase):
     section: Literal["calls"]
-    door: str
-    heads: int
-    page_size: int
-    q_dtype: str
-    kv_dtype: str
-    family: str
     flashinfer: str
     call_seconds: float
     rel_err_vs_float64: float | None = None
