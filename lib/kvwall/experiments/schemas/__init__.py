@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvwall.experiments.schemas.answer import DecodeStepPathsRow, PathSweepRow
 from kvwall.experiments.schemas.decode_profile import AttentionSweepRow, CastKernelsRow, CastSweepRow, DecodeProfileRow
 from kvwall.experiments.schemas.doors import DoorsChecksRow, DoorsSm90Row
 from kvwall.experiments.schemas.fused_decode import (
@@ -38,4 +39,6 @@ ROW_SCHEMAS: dict[str, Any] = {
     "fused_decode_validation": FusedDecodeValidationRow,
     "fused_decode_ncu": FusedDecodeNcuRow,
     "fused_decode_bench": FusedDecodeBenchRow,
+    "decode_step_paths": DecodeStepPathsRow,
+    "path_sweep": PathSweepRow,
 }

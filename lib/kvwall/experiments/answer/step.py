@@ -1,0 +1,156 @@
+"""``decode_step_paths``: chapter 1's decode-step model (GLM-5, 78 layers, a 495K-token pool, 16 heads per GPU, the
+original's rest of the layer as a labelled stand-in) run with each path of :mod:`kvwall.model.paths` in one process,
+on the same pool and page table: on a GPU each whole step captured in a CUDA graph and replayed (and each phase's 78
+layers in a graph of their own), on a CPU eager with a clock on every phase. Every path's attention output is checked
+against float64 first, and the step's transient memory is measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
+from kvwall.measure.accuracy import finite_or_none, relative_error
+from kvwall.measure.failures import error_text, traceback_tail
+from kvwall.measure.timing import copy_bandwidth_gbps, graph_ms, matmul_tflops, release_memory, synchronize
+from kvwall.model.attention import flashinfer_version, prebuild_flashinfer_mla
+from kvwall.model.decode_step import PHASES, STANDIN_LABEL, DecodeStepModel, RestOfLayerStandIn
+from kvwall.model.geometry import GLM5
+from kvwall.model.original import ORIGINAL
+from kvwall.model.paths import PATH_INFO, STEP_PATHS, bf16_backend_for, build_step_path, kv_bytes_per_token
+from kvwall.model.pool import TokenPool, make_decode_batch
+from kvwall.results import Result, collect_provenance
+from kvwall.experiments.registry import Experiment
+
+__all__ = ["EXPERIMENTS", "run_decode_step_paths"]
+
+BF16 = torch.bfloat16
+DC = GLM5.kv_lora_rank
+
+
+
+def _graph_phase_ms(model: DecodeStepModel, device: torch.device, replays: int) -> dict[str, float]:
+    """Each phase's ``layers`` calls captured in a CUDA graph of their own: device ms per step, by phase."""
+    pool, layers = model.pool, model.pool.num_layers
+    ckv, kpe = model.strategy.prepare_kv(pool, 0, model.q_dtype)
+    bodies: dict[str, Callable[[], object]] = {
+        PHASES[0]: lambda: [pool.write_new_tokens(i, model.batch.new_token_slots, model.new_kv) for i in range(layers)],
+        PHASES[1]: lambda: [model.strategy.prepare_kv(pool, i, model.q_dtype) for i in range(layers)],
+        PHASES[2]: lambda: [model.attention(model.q_nope, model.q_pe, ckv, kpe) for _ in range(layers)],
+        STANDIN_LABEL: lambda: [model.rest_of_layer() for _ in range(layers)],
+    }
+    return {phase: graph_ms([body], device, warmup=1, replays=replays) for phase, body in bodies.items()}
+
+
+def _eager_phase_ms(model: DecodeStepModel, steps: int) -> tuple[float, dict[str, float]]:
+    """Median eager step (a clock at every phase boundary) and each phase's median ms per step."""
+    per_step = []
+    for _ in range(steps):
+        phases = dict.fromkeys(PHASES, 0.0)
+        for row in model.timed_step():
+            phases[row["phase"]] += row["ms"]
+        per_step.append(phases)
+    totals = [sum(p.values()) for p in per_step]
+    return statistics.median(totals), {p: statistics.median(s[p] for s in per_step) for p in PHASES}
+
+
+def _transient_bytes(model: DecodeStepModel, device: torch.device) -> int | None:
+    """Peak device memory one step allocates beyond what was allocated before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    model.step()
+    synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - base)
+
+
+def _path_row(path: str, pool: TokenPool, batch, standin, device: torch.device, *, bf16_backend: str, steps: int,
+              seed: int) -> dict[str, Any]:
+    info = PATH_INFO[path]
+    row: dict[str, Any] = {"section": "path", "path": path, "label": info.label,
+                           "cache_dtype": str(info.cache_dtype).removeprefix("torch."),
+                           "kv_bytes_per_token": kv_bytes_per_token(pool.geometry, info.cache_dtype)}
+    strategy, attention, built = build_step_path(path, pool, batch, bf16_backend=bf16_backend)
+    row.update(built, strategy=strategy.name)
+    model = DecodeStepModel(pool, batch, strategy, attention, standin, seed=seed)
+    model.step()  # warm-up: JIT, allocator; the pool's new-token slots now hold their steady values
+    ckv, kpe = strategy.prepare_kv(pool, 0, BF16)
+    out = attention(model.q_nope, model.q_pe, ckv, kpe).double()
+    del ckv, kpe
+    ref = mla_decode_reference(model.q_nope, model.q_pe, *split_latent_cache(pool.key_buffer(0), DC),
+                               batch.kv_indptr, batch.kv_indices, pool.geometry.sm_scale, compute_dtype=torch.float64)
+    row["rel_err_vs_float64"] = finite_or_none(relative_error(out, ref))
+    row["transient_bytes"] = _transient_bytes(model, device)
+    if device.type == "cuda":
+        step = graph_ms([model.step], device, warmup=0, replays=steps)
+        phases = _graph_phase_ms(model, device, steps)
+        row.update(timing="cuda_graph", step_ms=step)
+    else:
+        step, eager = _eager_phase_ms(model, steps)
+        phases = {p: eager[p] for p in (PHASES[0], PHASES[1], PHASES[2], STANDIN_LABEL)}
+        phases[PHASES[2]] += eager[PHASES[3]]  # freeing the materialized KV is the attention phase's tail
+        row.update(timing="eager, clock at each phase", step_ms=step)
+    row.update(write_kv_ms=phases[PHASES[0]], kv_ms=phases[PHASES[1]], attention_ms=phases[PHASES[2]],
+               rest_ms=phases[STANDIN_LABEL])
+    return row
+
+
+def run_decode_step_paths(device: torch.device, *, pool_tokens: int, layers: int, tensor_parallel: int,
+                          context_lens: list[int], paths: list[str], steps: int, bf16_backend: str = "auto",
+                          seed: int = 0) -> Result:
+    """Rows: one ``setup`` (what ran: GPU, ceilings, FlashInfer backend, the stand-in), then one ``path`` row per
+    path (step ms, phases, accuracy, transient memory, bytes per token), or that path's ``error``."""
+    unknown = set(paths) - set(STEP_PATHS)
+    if unknown:
+        raise ValueError(f"unknown paths {sorted(unknown)}; known: {STEP_PATHS}.")
+    t0 = time.perf_counter()
+    geometry = GLM5.with_tensor_parallel(tensor_parallel)
+    backend = bf16_backend_for(device) if bf16_backend == "auto" else bf16_backend
+    fp8_pool = TokenPool.random(geometry, pool_tokens + 1, layers, device=device, seed=seed)
+    batch = make_decode_batch(context_lens, fp8_pool.num_slots, seed=seed, device=device)
+    standin = RestOfLayerStandIn.from_original(GLM5.num_layers, device)
+    setup: dict[str, Any] = {"section": "setup", "device": str(device), "bf16_backend": backend,
+                             "flashinfer": flashinfer_version(), "standin_ms_per_layer": standin.ms_per_layer,
+                             "original_step_ms": ORIGINAL.step_ms, "original_cast_ms": ORIGINAL.cast_ms,
+                             "heads_per_gpu": geometry.heads_per_gpu, "tokens": batch.total_tokens}
+    if device.type == "cuda":
+        setup.update(gpu=torch.cuda.get_device_name(device), copy_gbps=copy_bandwidth_gbps(device, 1 << 30)[1],
+                     bf16_tflops=matmul_tflops(device), flashinfer_prebuild=prebuild_flashinfer_mla(device))
+    rows: list[dict] = [setup]
+    bf16_pool: TokenPool | None = None
+    for path in paths:
+        pool = fp8_pool
+        if PATH_INFO[path].cache_dtype == BF16:
+            if bf16_pool is None:  # the same values, held in BF16 (FP8 -> BF16 is exact)
+                bf16_pool = TokenPool(geometry, [b.to(BF16) for b in fp8_pool.buffers])
+            pool = bf16_pool
+        try:
+            rows.append(_path_row(path, pool, batch, standin, device, bf16_backend=backend, steps=steps, seed=seed))
+        except Exception as exc:  # noqa: BLE001 - a path that cannot run here is a finding, recorded
+            rows.append({"section": "path", "path": path, "label": PATH_INFO[path].label,
+                         "error": error_text(exc, 600), "traceback_tail": traceback_tail()})
+        release_memory(device)
+    setup["seconds_total"] = round(time.perf_counter() - t0, 1)
+    params = dict(pool_tokens=pool_tokens, layers=layers, tensor_parallel=tensor_parallel,
+                  context_lens=list(context_lens), paths=list(paths), steps=steps, bf16_backend=bf16_backend,
+                  seed=seed)
+    return Result("decode_step_paths", params, rows, collect_provenance(device, __name__))
+
+
+
+EXPERIMENTS: list[Experiment] = [
+    Experiment("decode_step_paths", run_decode_step_paths,
+               full=dict(pool_tokens=495_000, layers=78, tensor_parallel=4, context_lens=[8192],
+                         paths=list(STEP_PATHS), steps=5, bf16_backend="auto", seed=0),
+               small=dict(pool_tokens=50_000, layers=2, tensor_parallel=4, context_lens=[2048],
+                          paths=[p for p in STEP_PATHS if not PATH_INFO[p].gpu_only], steps=3, bf16_backend="auto",
+                          seed=0),
+               about="chapter 1's decode step with every path past the wall (CUDA-graph replayed), same pool",
+               requires=("cuda", "flashinfer")),
+]
