@@ -18,6 +18,7 @@ from kvwall.experiments.schemas.fused_decode import (
     FusedDecodeBenchRow, FusedDecodeNcuRow, FusedDecodeTuningRow, FusedDecodeValidationRow,
 )
 from kvwall.experiments.schemas.gather_cast import GatherCastBenchRow, GatherCastProfileRow, GatherCastValidationRow
+from kvwall.experiments.schemas.sglang_patch import SGLangPatchCheckRow
 from kvwall.experiments.schemas.wall import WallOnGpuRow, WallTimelineRow
 
 __all__ = ["ROW_SCHEMAS"]
@@ -41,4 +42,5 @@ ROW_SCHEMAS: dict[str, Any] = {
     "fused_decode_bench": FusedDecodeBenchRow,
     "decode_step_paths": DecodeStepPathsRow,
     "path_sweep": PathSweepRow,
+    "sglang_patch_check": SGLangPatchCheckRow,
 }

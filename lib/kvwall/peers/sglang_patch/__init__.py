@@ -1,0 +1,181 @@
+"""Two patches for SGLang 0.5.23's ``flashinfer_mla`` backend that remove the whole-pool FP8 -> BF16 cast in decode,
+as unified diffs a reader applies to ``python/sglang/srt/layers/attention/flashinfer_mla_backend.py``.
+
+- ``gather_cast.diff``: once per step, where the decode wrapper is planned, the wrapper is planned over a compact
+  BF16 buffer with indices ``0..n-1``; each layer gathers+casts only the rows the batch's ``kv_indices`` reference
+  (:func:`kvwall.kernels.gather.kernel.plan_gather` once a step, ``launch_gather`` per layer) and runs FlashInfer.
+- ``fused.diff``: decode calls :func:`kvwall.kernels.mla_decode_fp8` straight on the FP8 pool with the pool's
+  ``kv_indices``; no BF16 at all, no FlashInfer plan.
+
+Both leave a 16-bit cache, an FP16 model, FP8 e5m2, DCP and prefill/verify (``forward_extend``, which casts the whole
+pool too, on its paged path) as they were; ``UPSTREAM.md`` in this folder says how CUDA graphs are handled.
+
+``flashinfer_mla_backend.py.orig`` is the upstream file, byte for byte (``UPSTREAM.md``: source, version, licence).
+:func:`apply_patch` applies a diff in pure Python and refuses any hunk whose lines differ from the file's;
+:func:`load_patched_backend` executes the (un)patched source as a module, with the stand-ins of
+:mod:`kvwall.peers.sglang_patch.stubs` for its sglang imports (why real sglang cannot be imported: ``stubs.BLOCKER``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from importlib import resources
+from typing import Any
+
+import torch
+
+from kvwall.peers.sglang_patch.stubs import BLOCKER, StubSettings, device_torch, stub_modules
+
+__all__ = ["PATCHES", "VARIANTS", "UPSTREAM_PATH", "UPSTREAM_VERSION", "BLOCKER", "PatchError", "upstream_source",
+           "patch_text", "apply_patch", "apply_diff", "patched_source", "load_patched_backend"]
+
+#: The patches, by name (``<name>.diff`` in this package).
+PATCHES = ("gather_cast", "fused")
+#: What :func:`load_patched_backend` loads: the upstream file, or one of :data:`PATCHES` applied to it.
+VARIANTS = ("unpatched",) + PATCHES
+#: The patched file's path in SGLang's repository (the diffs' ``a/`` and ``b/`` names).
+UPSTREAM_PATH = "python/sglang/srt/layers/attention/flashinfer_mla_backend.py"
+UPSTREAM_VERSION = "sglang 0.5.23 (PyPI wheel)"
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+class PatchError(ValueError):
+    """A diff that does not apply: the hunk, the line, what it expected and what the file holds."""
+
+
+def _read(name: str) -> str:
+    return resources.files(__name__).joinpath(name).read_bytes().decode("utf-8")
+
+
+def upstream_source() -> str:
+    """SGLang 0.5.23's ``flashinfer_mla_backend.py``, exactly as the wheel ships it."""
+    return _read("flashinfer_mla_backend.py.orig")
+
+
+def patch_text(name: str) -> str:
+    """The unified diff of patch ``name`` (one of :data:`PATCHES`)."""
+    if name not in PATCHES:
+        raise ValueError(f"unknown patch {name!r}; the patches are {PATCHES}.")
+    return _read(f"{name}.diff")
+
+
+def _hunks(diff: str) -> list[tuple[int, int, list[str]]]:
+    """``(old_start, old_count, lines)`` per hunk; lines keep their ``' '``/``'-'``/``'+'`` prefix and newline."""
+    hunks: list[tuple[int, int, list[str]]] = []
+    lines = diff.splitlines(keepends=True)
+    i = 0
+    while i < len(lines) and not lines[i].startswith("@@"):
+        i += 1
+    if i == len(lines):
+        raise PatchError("the diff has no hunk (no line starting with '@@').")
+    while i < len(lines):
+        m = _HUNK.match(lines[i])
+        if not m:
+            raise PatchError(f"diff line {i + 1} should start a hunk ('@@ -a,b +c,d @@'): {lines[i]!r}")
+        old_start, old_count = int(m.group(1)), int(m.group(2) or 1)
+        new_count = int(m.group(4) or 1)
+        body: list[str] = []
+        i += 1
+        seen_old = seen_new = 0
+        while i < len(lines) and (seen_old < old_count or seen_new < new_count):
+            line = lines[i]
+            if line.startswith("\\"):  # "\ No newline at end of file": the previous line has no newline
+                body[-1] = body[-1].rstrip("\n")
+            elif line[:1] in (" ", "-", "+"):
+                body.append(line)
+                seen_old += line[0] != "+"
+                seen_new += line[0] != "-"
+            elif line in ("\n", ""):  # an empty context line some editors strip to nothing
+                body.append(" \n")
+                seen_old += 1
+                seen_new += 1
+            else:
+                raise PatchError(f"diff line {i + 1} is not a hunk line: {line!r}")
+            i += 1
+        if (seen_old, seen_new) != (old_count, new_count):
+            raise PatchError(f"hunk @@ -{old_start},{old_count} is truncated: {seen_old} old and {seen_new} new lines "
+                             f"of {old_count} and {new_count}.")
+        while i < len(lines) and lines[i].startswith("\\"):
+            body[-1] = body[-1].rstrip("\n")
+            i += 1
+        hunks.append((old_start, old_count, body))
+    return hunks
+
+
+def apply_diff(source: str, diff: str, *, label: str = "diff") -> str:
+    """``source`` with the unified ``diff`` applied, strictly: every hunk where it says (after the shifts of the
+    hunks before it), its context and removed lines byte-identical to the file's, no fuzz. Raises
+    :class:`PatchError` naming the hunk and the first line that differs."""
+    src = source.splitlines(keepends=True)
+    out: list[str] = []
+    pos = 0  # next source line (0-based) not yet copied
+    for n, (old_start, old_count, body) in enumerate(_hunks(diff), 1):
+        start = old_start - 1 if old_count else old_start
+        if start < pos:
+            raise PatchError(f"{label}: hunk {n} (@@ -{old_start},{old_count}) overlaps the hunk before it.")
+        old = [line[1:] for line in body if line[0] != "+"]
+        if start + len(old) > len(src):
+            raise PatchError(f"{label}: hunk {n} (@@ -{old_start},{old_count}) runs past the end of the file "
+                             f"({len(src)} lines).")
+        for k, want in enumerate(old):
+            have = src[start + k]
+            if have != want:
+                raise PatchError(f"{label}: hunk {n} (@@ -{old_start},{old_count}) does not apply: line "
+                                 f"{start + k + 1} should be {want!r} but the file has {have!r}.")
+        out.extend(src[pos:start])
+        out.extend(line[1:] for line in body if line[0] != "-")
+        pos = start + len(old)
+    out.extend(src[pos:])
+    return "".join(out)
+
+
+def apply_patch(name: str, source: str | None = None) -> str:
+    """Patch ``name`` applied to ``source`` (default: the pristine upstream file); fails loudly
+    (:class:`PatchError`) if any hunk does not apply."""
+    return apply_diff(upstream_source() if source is None else source, patch_text(name), label=f"{name}.diff")
+
+
+def patched_source(variant: str) -> str:
+    """The backend's source for one of :data:`VARIANTS`."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}.")
+    return upstream_source() if variant == "unpatched" else apply_patch(variant)
+
+
+def load_patched_backend(name: str, *, wrappers: dict[str, Any] | None = None,
+                         device: torch.device | None = None) -> types.ModuleType:
+    """The backend module for ``name`` (one of :data:`VARIANTS`), executed from its (patched) source with the
+    stand-ins of :mod:`~kvwall.peers.sglang_patch.stubs` in ``sys.modules`` for its sglang imports (removed
+    afterwards, so a real sglang imported later is unaffected).
+
+    ``wrappers``: classes to use instead of FlashInfer's (``{"BatchMLAPagedAttentionWrapper": ...,
+    "BatchPrefillWithRaggedKVCacheWrapper": ...}``); then FlashInfer is not imported (its kernels need a GPU).
+    ``device``: where the backend's hard-coded ``device="cuda"`` allocations go (default: CUDA, as in SGLang; give
+    a CPU device to run the decode path on the CPU). Each call returns a fresh module."""
+    source = patched_source(name)
+    settings = StubSettings(flashinfer_available=wrappers is None)
+    stubs = stub_modules(settings)
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    module_name = f"kvwall_sglang_{name}_flashinfer_mla_backend"
+    module = types.ModuleType(module_name)
+    module.__file__ = f"<{name}: {UPSTREAM_PATH}>"
+    code = compile(source, module.__file__, "exec")
+    for k in saved:
+        del sys.modules[k]
+    sys.modules.update(stubs)
+    sys.modules[module_name] = module  # dataclasses look their module up while the file executes
+    try:
+        exec(code, module.__dict__)  # noqa: S102 - the upstream file (or its patch), as SGLang would import it
+    finally:
+        for k in stubs:
+            sys.modules.pop(k, None)
+        sys.modules.update(saved)
+    if wrappers:
+        module.__dict__.update(wrappers)
+    if device is not None and torch.device(device).type != "cuda":
+        module.torch = device_torch(torch.device(device))
+    module.kvwall_stub_settings = settings
+    return module
