@@ -20,7 +20,7 @@ from kvwall.notebook.tables import Table, number, percent, times
 from kvwall.results import Result
 
 __all__ = ["STRATEGY_NAMES", "STRATEGY_COLORS", "Point", "FusedBench", "bench_figures", "bench_table", "Targets",
-           "against_flashmla",
+           "against_flashmla", "flashmla_fp8_error",
            "targets", "host_table", "per_point", "imbalance_table", "tensor_rate_table", "ncu_tables", "ncu_text",
            "instruction_mix_table"]
 
@@ -325,6 +325,15 @@ def _worst_rel_err(validation: Result | None, peer: str) -> float | None:
         return None
     errs = [r["rel_err"] for r in validation.table("fp8_peers") if r.get("peer") == peer and r.get("rel_err") is not None]
     return max(errs, default=None)
+
+
+def flashmla_fp8_error(validation: Result | None) -> tuple[float | None, float | None]:
+    """From a recorded ``fused_decode_validation``: FlashMLA's dense FP8 kernel's worst relative error against float64
+    and the fused kernel's worst (BF16-level), or Nones."""
+    if validation is None:
+        return None, None
+    ours = max((r["rel_err"] for r in validation.table("cases") if r.get("rel_err") is not None), default=None)
+    return _worst_rel_err(validation, FLASHMLA_FP8), ours
 
 
 def against_flashmla(bench: FusedBench, validation: Result | None = None) -> tuple[Table, str]:

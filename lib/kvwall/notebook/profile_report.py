@@ -17,11 +17,27 @@ from kvwall.notebook import plots
 from kvwall.notebook.tables import Table, number, percent
 from kvwall.results import Result
 
-__all__ = ["bytes_text", "bytes_figure", "live_text", "ops_table", "recorded_text", "kernels_table", "phases",
-           "step_figure", "copy_rows", "copies_table", "cast_rate_text", "sweeps_figure", "sweep_text",
+__all__ = ["original_text", "bytes_text", "bytes_figure", "step_shares", "live_text", "ops_table", "recorded_text",
+           "kernels_table", "phases", "step_figures", "copy_rows", "copies_table", "cast_rate_text", "sweeps_figure", "sweep_text",
            "side_by_side"]
 
 _SHARE = {"share of step": ("share", percent)}
+
+
+def original_text() -> str:
+    """The original's reported figures, and the one that does not follow from the others, as Markdown."""
+    o = ORIGINAL
+    return (
+        f"The original investigation's figures, as reported ({o.gpu}): a single-stream decode step of "
+        f"**{o.step_ms:g} ms**, of which a `torch.profiler` trace put **{o.cast_ms:g} ms ({o.reported_cast_share:.0%})** "
+        "in `aten::copy_` / `unrolled_elementwise_kernel`.\n\n"
+        f"Those figures disagree with each other: {o.cast_ms:g} / {o.step_ms:g} = **{o.cast_share_of_step:.1%}**, not "
+        f"{o.reported_cast_share:.0%} ({o.cast_ms:g} ms is {o.reported_cast_share:.0%} of "
+        f"{o.cast_ms / o.reported_cast_share:.1f} ms, a total the original does not mention). This book uses the two "
+        f"times, and so **{o.cast_share_of_step:.0%}** wherever it shows the original's share: the times are what a "
+        "trace measures, the share is arithmetic on them, and the step model below spends the original's non-cast time, "
+        f"{o.step_ms:g} − {o.cast_ms:g} ms, in its stand-in. Where the reported {o.reported_cast_share:.0%} is shown, "
+        "it is labelled as reported.")
 
 
 def bytes_text(context: int, pool_tokens: int = ORIGINAL.pool_tokens, geometry: MLAGeometry = GLM5) -> str:
@@ -53,41 +69,94 @@ def bytes_figure(context: int, pool_tokens: int = ORIGINAL.pool_tokens, geometry
         texts={"MB per layer": [f"{v / 1e6:,.1f}" for v in values]})
 
 
+def _copy_calls(result: Result) -> float | None:
+    return next((r["calls_per_step"] for r in result.table("ops") if r["name"] == "aten::copy_"), None)
+
+
+def step_shares(result: Result) -> dict[str, Any]:
+    """The cast's share of the step, by the two clocks of a ``decode_profile`` run, each a ratio of numbers from the
+    same steps:
+
+    - ``phase_*``: the phase clock (a mark at every phase boundary; the median of each phase over the timed steps,
+      summed), which the figures show: the cast phase over the step;
+    - ``profiler_*``: ``aten::copy_``'s self time over the profiled steps' own wall clock (mean per step, profiler
+      overhead in both). ``profiler_step_ms`` and ``profiler_share`` are None for a recording made before the
+      profiled steps carried a clock."""
+    summary, by_phase = result.table("summary")[0], phases(result)
+    phase_step = sum(by_phase.values())
+    profiled = summary.get("profiled_step_ms")
+    return {"phase_step_ms": phase_step, "phase_cast_ms": by_phase["kv_strategy"],
+            "phase_share": by_phase["kv_strategy"] / phase_step,
+            "copy_ms": summary["cast_op_ms_per_step"], "copy_calls": _copy_calls(result),
+            "profiler_step_ms": profiled, "profiler_share": summary["cast_op_ms_per_step"] / profiled if profiled else None,
+            "timed_steps": len(result.table("step")), "profiled_steps": result.params.get("profile_steps")}
+
+
+def _shares_text(result: Result) -> str:
+    sh = step_shares(result)
+    text = (f"- **phase clock** (a mark at every phase boundary, median per phase over {sh['timed_steps']} timed steps; "
+            f"what the figures show): step **{sh['phase_step_ms']:,.1f} ms**, the cast phase "
+            f"**{sh['phase_cast_ms']:,.1f} ms ({sh['phase_share']:.0%})**\n")
+    calls = f", {sh['copy_calls']:g} calls a step" if sh["copy_calls"] else ""
+    if sh["profiler_share"] is not None:
+        text += (f"- **torch.profiler** (over {sh['profiled_steps']} profiled steps, timed by their own clock, profiler "
+                 f"overhead included): step **{sh['profiler_step_ms']:,.1f} ms**, `aten::copy_` self time "
+                 f"**{sh['copy_ms']:,.1f} ms ({sh['profiler_share']:.0%})**{calls}")
+    else:
+        text += (f"- **torch.profiler**: `aten::copy_` self time **{sh['copy_ms']:,.1f} ms** per profiled step{calls}. "
+                 "This recording predates the profiled steps' own clock, so no share is computed for it: dividing it by "
+                 "the phase-clocked step would mix two runs.")
+    return text
+
+
 def live_text(live: Result, caption: str) -> str:
-    """The live step's attention check and its cast share, as Markdown."""
-    summary, check = live.table("summary")[0], live.table("check")[0]
+    """The live step's attention check and the cast's share of it by both clocks, as Markdown."""
+    check = live.table("check")[0]
+    cpu_note = ("\n\nOn a CPU, `aten::copy_` also counts the torch reference attention's dtype conversions, so it "
+                "is somewhat more than the cast." if live.table("summary")[0]["device_kind"] == "cpu" else "")
     return (f"Attention check: {check['attention']} against float64, relative error "
             f"**{check['rel_err_vs_float64']:.2e}** (BF16 output: 1e-3 to 1e-2 is the expected range).\n\n"
-            f"Live step: **{summary['step_ms']:,.1f} ms**, of which `aten::copy_` took "
-            f"**{summary['cast_op_ms_per_step']:,.1f} ms ({summary['cast_share']:.0%})**. {caption}")
+            f"The live step, by two clocks:\n\n{_shares_text(live)}{cpu_note}\n\n{caption}")
+
+
+def _share_denominator(result: Result) -> tuple[float | None, str]:
+    """The profiled steps' own mean wall time, for shares of profiler times, and a note saying so."""
+    profiled = result.table("summary")[0].get("profiled_step_ms")
+    if profiled:
+        return profiled, (f"Shares: of the profiled steps' own wall time ({profiled:,.1f} ms a step, profiler overhead "
+                          "included).")
+    return None, ("No share column: this recording predates the profiled steps' own clock (a share of the "
+                  "phase-clocked step would divide numbers from two different runs).")
 
 
 def ops_table(result: Result, caption: str, top: int = 8) -> Table:
-    """Ops ranked by self time per step, with their share of the step."""
-    step_ms = result.table("summary")[0]["step_ms"]
-    rows = [{**r, "share": r["ms_per_step"] / step_ms} for r in result.table("ops")[:top]]
+    """Ops ranked by self time per step, with their share of the profiled steps."""
+    step_ms, note = _share_denominator(result)
+    rows = [{**r, "share": r["ms_per_step"] / step_ms if step_ms else None} for r in result.table("ops")[:top]]
     return Table(rows, {"op": "name", "calls / step": ("calls_per_step", number(0)),
-                        "ms / step": ("ms_per_step", number(3)), **_SHARE}, caption)
+                        "ms / step": ("ms_per_step", number(3)), **(_SHARE if step_ms else {})}, f"{caption} {note}")
 
 
 def recorded_text(rec: Result) -> str:
-    """The recorded full-scale step beside the original's, as Markdown."""
+    """The recorded full-scale step by both clocks, beside the original's, as Markdown."""
     summary, check = rec.table("summary")[0], rec.table("check")[0]
-    return (f"Recorded step: **{summary['step_ms']:,.1f} ms**, `aten::copy_` **{summary['cast_op_ms_per_step']:,.1f} ms "
-            f"({summary['cast_share']:.0%})**; {summary['layers']} layers, {summary['pool_slots'] - 1:,}-token pool, "
+    o = ORIGINAL
+    return (f"The recorded step ({summary['layers']} layers, {summary['pool_slots'] - 1:,}-token pool, "
             f"{summary['heads_per_gpu']} heads per GPU, context {rec.params['context_lens'][0]:,}; attention "
-            f"{check['attention']}, relative error {check['rel_err_vs_float64']:.2e} against float64.\n\n"
-            f"The original: **{ORIGINAL.step_ms:g} ms**, cast **{ORIGINAL.cast_ms:g} ms ({ORIGINAL.cast_share:.0%})** "
-            f"on an {ORIGINAL.gpu}.")
+            f"{check['attention']}, relative error {check['rel_err_vs_float64']:.2e} against float64), by two clocks:\n\n"
+            f"{_shares_text(rec)}\n\n"
+            f"The original (as reported, {o.gpu}): **{o.step_ms:g} ms**, cast **{o.cast_ms:g} ms**, "
+            f"{o.cast_ms:g} / {o.step_ms:g} = **{o.cast_share_of_step:.0%}** (printed as {o.reported_cast_share:.0%} "
+            "in the original; see above).")
 
 
 def kernels_table(rec: Result, top: int = 6) -> Table:
-    """CUDA kernels ranked by time per step, with their share of the step."""
-    step_ms = rec.table("summary")[0]["step_ms"]
-    rows = [{**r, "share": r["ms_per_step"] / step_ms} for r in rec.table("kernels")[:top]]
+    """CUDA kernels ranked by time per step, with their share of the profiled steps."""
+    step_ms, note = _share_denominator(rec)
+    rows = [{**r, "share": r["ms_per_step"] / step_ms if step_ms else None} for r in rec.table("kernels")[:top]]
     return Table(rows, {"kernel": "kernel", "calls / step": ("calls_per_step", number(0)),
-                        "ms / step": ("ms_per_step", number(3)), **_SHARE},
-                 rec.caption() + " Kernels ranked by CUDA time per step; spin_kernel is the stand-in.")
+                        "ms / step": ("ms_per_step", number(3)), **(_SHARE if step_ms else {})},
+                 rec.caption() + " Kernels ranked by CUDA time per step; spin_kernel is the stand-in. " + note)
 
 
 def phases(result: Result) -> dict[str, float]:
@@ -95,16 +164,30 @@ def phases(result: Result) -> dict[str, float]:
     return {r["phase"]: r["ms_per_step"] for r in result.table("breakdown")}
 
 
-def step_figure(live: Result, live_label: str, live_caption: str, rec: Result) -> go.Figure:
-    """Where one decode step goes: live, recorded, and as the original reported it."""
-    return plots.step_breakdown(
-        {live_label: phases(live), "recorded, H200<br>(full scale)": phases(rec),
-         "original, RTX PRO 6000<br>(as reported)": {"original_cast": ORIGINAL.cast_ms,
-                                                    "original_rest": ORIGINAL.non_cast_ms}},
-        title="Where one decode step goes",
-        caption=[f"Live: {live_caption}", rec.caption(),
-                 f"Original: the investigation's reported {ORIGINAL.step_ms:g} ms step and {ORIGINAL.cast_ms:g} ms cast "
-                 f"({ORIGINAL.gpu}). Our 'rest of layer' is that non-cast time, modelled."])
+def step_figures(live: Result, live_label: str, live_caption: str, rec: Result, *, same_axis: bool) -> list[go.Figure]:
+    """Where one decode step goes, by the phase clock: the recorded full-scale run beside the original's reported
+    step on one axis; the live run on that axis too when it is at full scale (``same_axis``), else in a figure of its
+    own (a small-scale CPU step is neither the same work nor the same hardware, and would dwarf the GPU bars)."""
+    original = {"original_cast": ORIGINAL.cast_ms, "original_rest": ORIGINAL.non_cast_ms}
+    original_note = (f"Original: the investigation's reported {ORIGINAL.step_ms:g} ms step and {ORIGINAL.cast_ms:g} ms "
+                     f"cast ({ORIGINAL.gpu}); its bar's share is {ORIGINAL.cast_ms:g} / {ORIGINAL.step_ms:g} "
+                     f"(reported as {ORIGINAL.reported_cast_share:.0%}). Our 'rest of layer' is that non-cast time, "
+                     "modelled.")
+    clock = "Shares on the bars: the phase clock (cast phase over the sum of the phases' medians)."
+    columns = {"recorded, H200<br>(full scale)": phases(rec), "original, RTX PRO 6000<br>(as reported)": original}
+    if same_axis:
+        columns = {live_label: phases(live), **columns}
+        return [plots.step_breakdown(columns, title="Where one decode step goes",
+                                     caption=[f"Live: {live_caption}", rec.caption(), original_note, clock])]
+    return [
+        plots.step_breakdown(columns, title="Where one decode step goes: recorded on an H200, and the original",
+                             caption=[rec.caption(), original_note, clock]),
+        plots.step_breakdown({live_label: phases(live)},
+                             title="The same step live on this machine (small scale, its own axis)",
+                             caption=[f"Live: {live_caption}",
+                                      "A small pool on this machine's processor: the shape of the step, not a time "
+                                      "to compare with the H200's. " + clock]),
+    ]
 
 
 def copy_rows(result: Result) -> tuple[list[dict[str, Any]], float]:
@@ -161,17 +244,25 @@ def sweep_text(cast_sweep: list[Mapping[str, Any]], attention_sweep: list[Mappin
 
 
 def side_by_side(rec: Result, live: Result, *, live_label: str, caption: str) -> Table:
-    """The original's step, cast, share and bytes beside ours, recorded and live."""
+    """The original's step, cast, share and bytes beside ours, recorded and live; each share by a named clock."""
     ours = {"rec": rec.table("summary")[0], "live": live.table("summary")[0]}
+    shares = {"rec": step_shares(rec), "live": step_shares(live)}
+    o = ORIGINAL
     rows = [
-        {"what": "decode step, ms", "orig": f"{ORIGINAL.step_ms:g}",
-         **{k: f"{s['step_ms']:,.1f}" for k, s in ours.items()}},
-        {"what": "aten::copy_ (the cast), ms per step", "orig": f"{ORIGINAL.cast_ms:g}",
-         **{k: f"{s['cast_op_ms_per_step']:,.1f}" for k, s in ours.items()}},
-        {"what": "cast share of the step", "orig": f"{ORIGINAL.cast_share:.0%}",
-         **{k: f"{s['cast_share']:.0%}" for k, s in ours.items()}},
-        {"what": "cast MB per layer", "orig": f"{ORIGINAL.cast_mb_per_layer:g}",
+        {"what": "decode step, ms (phase clock; the original's: its reported step)", "orig": f"{o.step_ms:g}",
+         **{k: f"{sh['phase_step_ms']:,.1f}" for k, sh in shares.items()}},
+        {"what": "the cast phase, ms per step (phase clock)", "orig": "—",
+         **{k: f"{sh['phase_cast_ms']:,.1f}" for k, sh in shares.items()}},
+        {"what": "cast share of the step (phase clock)", "orig": "—",
+         **{k: f"{sh['phase_share']:.0%}" for k, sh in shares.items()}},
+        {"what": "aten::copy_, ms per profiled step (torch.profiler)", "orig": f"{o.cast_ms:g}",
+         **{k: f"{sh['copy_ms']:,.1f}" for k, sh in shares.items()}},
+        {"what": "aten::copy_ share of the step (torch.profiler)",
+         "orig": f"{o.cast_share_of_step:.0%} ({o.cast_ms:g} / {o.step_ms:g}; printed as {o.reported_cast_share:.0%})",
+         **{k: f"{sh['profiler_share']:.0%}" if sh["profiler_share"] is not None else "not in this recording"
+            for k, sh in shares.items()}},
+        {"what": "cast MB per layer", "orig": f"{o.cast_mb_per_layer:g}",
          **{k: f"{s['cast_bytes_per_layer'] / 1e6:,.1f}" for k, s in ours.items()}},
     ]
-    return Table(rows, {"": "what", f"original ({ORIGINAL.gpu}, as reported)": "orig",
+    return Table(rows, {"": "what", f"original ({o.gpu}, as reported)": "orig",
                         f"ours, recorded ({rec.provenance.gpu}, full scale)": "rec", live_label: "live"}, caption)

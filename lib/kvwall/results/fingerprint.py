@@ -26,7 +26,7 @@ from kvwall.results.paths import PACKAGE_DIRS, PROJECT_ROOT
 __all__ = ["BOOKKEEPING", "DATA_SUFFIXES", "import_closure", "normalized_code", "source_fingerprint", "source_hashes"]
 
 #: Files of a kernel folder that its code reads at run time or compiles (tuned tables, CUDA sources).
-DATA_SUFFIXES = (".json", ".cu", ".cuh")
+DATA_SUFFIXES = (".json", ".cu", ".cuh", ".diff", ".orig")
 _PROJECT_PACKAGE = "kvwall"
 #: Modules (and their submodules) left out of every closure: they record and describe results.
 BOOKKEEPING = ("kvwall.results", "kvwall.experiments.registry", "kvwall.experiments.schemas")
@@ -132,16 +132,20 @@ def import_closure(module: str, root: Path = PROJECT_ROOT) -> list[Path]:
 
 
 def _kernel_data_files(files: Iterable[Path], root: Path) -> list[Path]:
-    """The data files (:data:`DATA_SUFFIXES`) of a kernel folder that a closure module of that folder names in
-    a string (``Path(__file__).with_name("tuned.json")``, ``with_name("gather_cast.cu")``): what its code reads."""
-    kernels_dir = root / dict(PACKAGE_DIRS)["kvwall.kernels"]
+    """The data files (:data:`DATA_SUFFIXES`) beside a closure module that it names in a string: by name
+    (``Path(__file__).with_name("tuned.json")``, ``with_name("gather_cast.cu")``), or by suffix where it builds the
+    name (``f"{name}.diff"``: every ``*.diff`` of its folder). Kernel folders and the peers' packages hold them."""
+    del root
     found: set[Path] = set()
     for f in files:
-        if f.suffix != ".py" or not f.parent.is_relative_to(kernels_dir):
+        if f.suffix != ".py":
+            continue
+        data = [p for p in f.parent.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES]
+        if not data:
             continue
         strings = {node.value for node in ast.walk(ast.parse(f.read_bytes()))
                    if isinstance(node, ast.Constant) and isinstance(node.value, str)}
-        found.update(p for p in f.parent.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES and p.name in strings)
+        found.update(p for p in data if p.name in strings or p.suffix in strings)
     return sorted(found)
 
 

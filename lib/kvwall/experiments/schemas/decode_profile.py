@@ -53,9 +53,14 @@ class DecodeProfileKernels(Row):
 
 
 class DecodeProfileSummary(Row):
+    """``step_ms``: the median phase-clocked step. ``profiled_step_ms``: the mean wall time of the profiled steps
+    (absent from recordings made before it was measured). ``cast_share``: ``cast_op_ms_per_step`` over
+    ``profiled_step_ms`` where the run has it (both from the profiled steps), else over ``step_ms``."""
+
     section: Literal["summary"]
     step_ms: float
     cast_op_ms_per_step: float
+    profiled_step_ms: float | None = None
     cast_share: float
     layers: int
     heads_per_gpu: int

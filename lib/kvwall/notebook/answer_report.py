@@ -1,0 +1,339 @@
+"""Chapter 6's analysis: every path on the decode step, the sweep, the cost model fitted and validated on it, the
+original's GPU, and what to do. Chapter 6 calls these and narrates; every number comes from a recorded or live
+result, or from :mod:`kvwall.model.cost` fitted on the recorded sweep."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvwall.model.cost import GPUS, PATHS, CostModel, GPUSpec, Point, fit_cost_model, paths_on, split_train_test, validate
+from kvwall.model.geometry import GLM5
+from kvwall.model.original import ORIGINAL
+from kvwall.notebook.plots import with_caption
+from kvwall.notebook.tables import Table, number, percent, scientific, times
+from kvwall.results import Result
+
+__all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "step_figure", "sweep_figure",
+           "validation_figure", "validation_table", "misses_table", "original_gpu_rows", "original_gpu_table",
+           "cast_check", "decision_table", "sweep_samples", "headline_point", "rest_without_attention_ms", "fmt_range"]
+
+#: Short names of the step's paths for axes and tables.
+STEP_NAMES = {
+    "full_pool_cast": "whole-pool cast (original)",
+    "index_then_cast": "index_select().to()",
+    "gather_cast": "gather_cast (ch. 4)",
+    "fused_fp8": "fused FP8 (ours, ch. 5)",
+    "flashinfer_fp8": "FlashInfer FP8 (fa3)",
+    "bf16_cache": "BF16 cache (2× memory)",
+}
+#: The sweep paths the figures draw, with a colour each (FlashInfer fa2 twins are in the tables and the model).
+SWEEP_COLORS = {
+    "full_pool_cast": "#d62728", "index_then_cast": "#ff7f0e", "gather_cast": "#2ca02c", "fused_fp8": "#9467bd",
+    "flashinfer_fp8": "#8c564b", "bf16_cache": "#1f77b4", "flashmla_bf16": "#17becf", "flashmla_fp8": "#7f7f7f",
+}
+MISS = 0.20  # a held-out prediction off by more than this is listed, with why
+
+
+def _rows(result: Result, section: str) -> list[dict[str, Any]]:
+    return [r for r in result.rows if r.get("section") == section]
+
+
+def _setup(result: Result) -> dict[str, Any]:
+    return _rows(result, "setup")[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The step
+# ---------------------------------------------------------------------------------------------------------
+
+def step_rows(result: Result) -> list[dict[str, Any]]:
+    """One row per path that ran: its step, the original path's step over it, time saved, the KV work per step
+    (preparation + attention), and what it costs in memory."""
+    paths = [r for r in _rows(result, "path") if r.get("step_ms") is not None]
+    base = next((r for r in paths if r["path"] == "full_pool_cast"), None)
+    fp8_bytes = next((r["kv_bytes_per_token"] for r in paths if r.get("cache_dtype") == "float8_e4m3fn"), None)
+    out = []
+    for r in paths:
+        kv_work = r["kv_ms"] + r["attention_ms"]
+        out.append({**r, "name": STEP_NAMES.get(r["path"], r["path"]), "kv_work_ms": kv_work,
+                    "speedup": base["step_ms"] / r["step_ms"] if base else None,
+                    "time_saved": 1 - r["step_ms"] / base["step_ms"] if base else None,
+                    "tokens_per_fp8_pool": (fp8_bytes / r["kv_bytes_per_token"]) if fp8_bytes else None,
+                    "transient_mb": r["transient_bytes"] / 2**20 if r.get("transient_bytes") is not None else None})
+    return out
+
+
+def step_table(result: Result, caption: str) -> Table:
+    return Table(step_rows(result), {
+        "path": "name", "step ms": ("step_ms", number(2)), "vs the original": ("speedup", times(2)),
+        "time saved": ("time_saved", percent), "KV work ms/step": ("kv_work_ms", number(2)),
+        "error vs float64": ("rel_err_vs_float64", scientific), "KV bytes/token (78 layers)": ("kv_bytes_per_token", number(0)),
+        "tokens in the same memory": ("tokens_per_fp8_pool", times(2)),
+        "extra memory a step, MB": ("transient_mb", number(1)), "attention": "backend"}, caption)
+
+
+def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure:
+    """Stacked bars, one per path: the step's phases (ms)."""
+    rows = step_rows(result)
+    x = [r["name"] for r in rows]
+    fig = go.Figure()
+    for key, name, color in (("write_kv_ms", "write new token's KV", "#8c8c8c"),
+                             ("kv_ms", "KV preparation (cast / gather)", "#d62728"),
+                             ("attention_ms", "MLA decode attention", "#1f77b4"),
+                             ("rest_ms", "rest of layer (stand-in: the original's non-cast time)", "#c7c7c7")):
+        fig.add_bar(name=name, x=x, y=[r[key] for r in rows], marker_color=color,
+                    hovertemplate="%{x}<br>" + name + ": %{y:.2f} ms<extra></extra>")
+    for r in rows:
+        fig.add_annotation(x=r["name"], y=r["step_ms"], text=f"{r['step_ms']:.1f} ms", showarrow=False,
+                           yanchor="bottom", font=dict(size=11))
+    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per decode step")
+    return with_caption(fig, caption, height=520)
+
+
+def headline_point(result: Result) -> Point:
+    """The step's geometry as a cost-model point: GLM-5 at the step's heads per GPU, its batch and pool."""
+    p = result.params
+    return Point(heads=_setup(result)["heads_per_gpu"], batch=len(p["context_lens"]), tokens=sum(p["context_lens"]),
+                 pool_tokens=p["pool_tokens"], geometry=GLM5.with_tensor_parallel(p["tensor_parallel"]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The sweep and the cost model
+# ---------------------------------------------------------------------------------------------------------
+
+def sweep_samples(result: Result) -> list[tuple[str, str, Point, float]]:
+    """``(axis, path, point, µs per layer)`` for every timed point of a ``path_sweep`` result."""
+    return [(r["axis"], r["path"], Point(r["heads"], r["batch"], r["tokens"], r["pool_tokens"]), float(r["us"]))
+            for r in _rows(result, "point") if r.get("us")]
+
+
+@dataclass
+class SweepFit:
+    """The model fitted on the even points of each sweep series, and its errors on the odd ones."""
+
+    model: CostModel
+    held_out: list[dict[str, Any]]
+    trained: int
+
+    @property
+    def median_abs_err(self) -> float:
+        return statistics.median(abs(r["rel_err"]) for r in self.held_out)
+
+    def share_within(self, bound: float = MISS) -> float:
+        return sum(abs(r["rel_err"]) <= bound for r in self.held_out) / len(self.held_out)
+
+
+def fit_sweep(result: Result) -> SweepFit:
+    train, test = split_train_test(sweep_samples(result))
+    model = fit_cost_model(train)
+    return SweepFit(model, validate(model, test), len(train))
+
+
+def validation_table(fit: SweepFit, caption: str) -> Table:
+    """Per path: what each component was fitted to (rates, launch constant) and the held-out error."""
+    rows = []
+    for path, comp in PATHS.items():
+        errs = [abs(r["rel_err"]) for r in fit.held_out if r["path"] == path]
+        if not errs:
+            continue
+        att = fit.model.components[comp.attention]
+        prep = fit.model.components.get(comp.prep)
+        rows.append({"path": path, "held_out": len(errs), "median": statistics.median(errs), "max": max(errs),
+                     "attention": f"{att.gbps:,.0f} GB/s" + (f", {att.tflops:,.0f} TFLOP/s" if att.tflops else "")
+                     + f", {att.c0_us:.1f} µs",
+                     "preparation": "—" if prep is None else f"{prep.gbps:,.0f} GB/s, {prep.c0_us:.1f} µs"})
+    return Table(rows, {"path": "path", "held-out points": "held_out", "median |error|": ("median", percent),
+                        "max |error|": ("max", percent), "attention fitted": "attention",
+                        "preparation fitted": "preparation"}, caption)
+
+
+def _why(row: dict[str, Any]) -> str:
+    """Why a held-out point misses, from what the model leaves out (checked against the sweep in chapter 6)."""
+    if row["path"] == "fused_fp8" and row["batch"] > 1:
+        return ("mixed batch: the fused kernel gives every request the same split count, so the longest request "
+                "sets the pace (chapter 5); the model counts bytes, not imbalance")
+    if row["batch"] == 1 and row["tokens"] <= 65_536:
+        return ("one request: the kernel splits it over the SMs in fixed chunks, so time rises in steps with the "
+                "length, not on the line the model fits through all lengths")
+    if row["heads"] >= 64:
+        return "many heads: the tensor-core rate depends on the tile the kernel picks for this head count"
+    return "outside the model's bytes-and-FLOPs terms"
+
+
+def misses_table(fit: SweepFit, caption: str) -> Table:
+    rows = [{**r, "why": _why(r)} for r in fit.held_out if abs(r["rel_err"]) > MISS]
+    return Table(rows, {"path": "path", "axis": "axis", "heads": "heads", "batch": "batch",
+                        "tokens": ("tokens", number(0)), "measured µs": ("measured_us", number(1)),
+                        "predicted µs": ("predicted_us", number(1)), "error": ("rel_err", percent), "why": "why"},
+                 caption)
+
+
+def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.Figure:
+    """Predicted against measured (held-out points only), log-log, with the ±20 % band."""
+    fig = go.Figure()
+    lo = min(min(r["measured_us"], r["predicted_us"]) for r in fit.held_out) * 0.8
+    hi = max(max(r["measured_us"], r["predicted_us"]) for r in fit.held_out) * 1.25
+    for k, dash in ((1.0, "solid"), (1 + MISS, "dot"), (1 - MISS, "dot")):
+        fig.add_scatter(x=[lo, hi], y=[lo * k, hi * k], mode="lines", line=dict(color="#999", dash=dash, width=1),
+                        showlegend=False, hoverinfo="skip")
+    for path in dict.fromkeys(r["path"] for r in fit.held_out):
+        sel = [r for r in fit.held_out if r["path"] == path]
+        fig.add_scatter(name=path, x=[r["measured_us"] for r in sel], y=[r["predicted_us"] for r in sel],
+                        mode="markers", marker=dict(size=8, color=SWEEP_COLORS.get(path.removesuffix("_fa2"))),
+                        customdata=[[r["axis"], r["heads"], r["batch"], r["tokens"], r["rel_err"] * 100] for r in sel],
+                        hovertemplate=path + "<br>%{customdata[0]} axis, %{customdata[1]} heads, batch "
+                        "%{customdata[2]}, %{customdata[3]:,} tokens<br>measured %{x:.1f} µs, predicted "
+                        "%{y:.1f} µs (%{customdata[4]:+.0f}%)<extra></extra>")
+    fig.update_layout(title=title, xaxis_title="measured µs per layer (held out)", yaxis_title="predicted µs per layer")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return with_caption(fig, caption, height=560)
+
+
+def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[str]) -> go.Figure:
+    """The four axes, measured (markers) and the model (dashed lines), µs per layer, log scales."""
+    axes = (("context", "tokens", "context (batch 1, 16 heads)"), ("pool", "pool_tokens", "pool tokens (8K context)"),
+            ("batch", "batch", "batch (mixed lengths, 16 heads)"), ("heads", "heads", "heads per GPU (batch 1, 32K)"))
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[a[2] for a in axes], horizontal_spacing=0.08,
+                        vertical_spacing=0.14)
+    samples = sweep_samples(result)
+    for i, (axis, key, _) in enumerate(axes):
+        row, col = i // 2 + 1, i % 2 + 1
+        for path, color in SWEEP_COLORS.items():
+            pts = [(p, us) for a, pa, p, us in samples if a == axis and pa == path
+                   and (axis != "heads" or p.batch == 1)]
+            if not pts:
+                continue
+            xs = [getattr(p, key) for p, _ in pts]
+            fig.add_scatter(x=xs, y=[us for _, us in pts], mode="markers", marker=dict(color=color, size=7),
+                            name=path, legendgroup=path, showlegend=i == 0, row=row, col=col,
+                            hovertemplate=path + ": %{y:.1f} µs at %{x:,}<extra></extra>")
+            fig.add_scatter(x=xs, y=[fit.model.layer_us(path, p) for p, _ in pts], mode="lines",
+                            line=dict(color=color, dash="dash", width=1), legendgroup=path, showlegend=False,
+                            row=row, col=col, hoverinfo="skip")
+        fig.update_xaxes(type="log", row=row, col=col)
+        fig.update_yaxes(type="log", title_text="µs per layer" if col == 1 else None, row=row, col=col)
+    fig.update_layout(title=title)
+    return with_caption(fig, caption, height=820)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The original's GPU
+# ---------------------------------------------------------------------------------------------------------
+
+def rest_without_attention_ms(model: CostModel, p: Point, gpu: GPUSpec) -> tuple[float, float]:
+    """The original's step minus its cast and minus its own attention (FlashInfer fa2 BF16, predicted on ``gpu``
+    under each transfer rule): what every path adds its own KV work to. (low, high)."""
+    lo, hi = (p.geometry.num_layers * v / 1e3 for v in model.layer_range_us("bf16_cache_fa2", p, gpu))
+    return ORIGINAL.non_cast_ms - hi, ORIGINAL.non_cast_ms - lo
+
+
+def original_gpu_rows(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6000"]) -> list[dict[str, Any]]:
+    """Each path that exists on ``gpu`` at ``p``: predicted µs per layer and ms per step, as ranges over the two
+    transfer rules, the step being the original's rest (its attention taken out) plus the path's own KV work."""
+    rest_lo, rest_hi = rest_without_attention_ms(model, p, gpu)
+    rows = []
+    for path in paths_on(gpu.arch, p.heads):
+        lo, hi = model.layer_range_us(path, p, gpu)
+        layers = p.geometry.num_layers
+        rows.append({"path": path, "label": PATHS[path].label, "layer_lo": lo, "layer_hi": hi,
+                     "step_lo": rest_lo + layers * lo / 1e3, "step_hi": rest_hi + layers * hi / 1e3,
+                     "cache": PATHS[path].cache_dtype.upper()})
+    return rows
+
+
+def original_gpu_table(rows: Sequence[dict[str, Any]], caption: str) -> Table:
+    def rng(lo_key: str, hi_key: str, d: int):
+        return lambda r: f"{r[lo_key]:,.{d}f} – {r[hi_key]:,.{d}f}"
+    shaped = [{**r, "layer": rng("layer_lo", "layer_hi", 0)(r), "step": rng("step_lo", "step_hi", 1)(r)} for r in rows]
+    return Table(shaped, {"path": "label", "cache": "cache", "µs per layer (predicted)": "layer",
+                          "ms per step (predicted)": "step"}, caption)
+
+
+def cast_check(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6000"]) -> dict[str, float]:
+    """The one SM120 measurement we have, the original's 64.6 ms of cast, against the model's whole-pool cast on
+    ``gpu`` under each transfer rule; and the bandwidth the original's own figure implies."""
+    fit = model.components["full_cast"]
+    bytes_per_layer = p.pool_tokens * p.geometry.kv_dim * 3
+    out = {"original_cast_ms": ORIGINAL.cast_ms,
+           "original_gbps": bytes_per_layer * p.geometry.num_layers / (ORIGINAL.cast_ms * 1e6),
+           "h200_gbps": fit.gbps, "h200_share_of_peak": fit.gbps / model.reference.hbm_gbps}
+    out["original_share_of_peak"] = out["original_gbps"] / gpu.hbm_gbps
+    for rule in ("fraction of peak", "per-SM rate"):
+        out[rule] = p.geometry.num_layers * (model.layer_us("full_pool_cast_fa2", p, gpu, rule)
+                                             - model.layer_us("bf16_cache_fa2", p, gpu, rule)) / 1e3
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What to do
+# ---------------------------------------------------------------------------------------------------------
+
+def _link(chapter: str, text: str) -> str:
+    """A link to a chapter's page in the built site (where this table is read)."""
+    return f"[{text}]({chapter}.html)"
+
+
+def decision_table(step: Result, sweep: Result, fit: SweepFit, caption: str) -> Table:
+    """Architecture x FlashInfer version x batch regime -> what to run, each with the measured or predicted figure
+    that says so and the chapter that shows it."""
+    s = {r["path"]: r for r in step_rows(step)}
+    us = {(r["axis"], r["path"], r["batch"], r["tokens"], r["heads"]): r["us"] for r in _rows(sweep, "point") if r.get("us")}
+    long_ = max(t for a, _, b, t, h in us if a == "context")
+
+    def at(path: str, axis: str = "context", batch: int = 1, tokens: int = long_, heads: int = 16) -> float:
+        return us[(axis, path, batch, tokens, heads)]
+
+    big_b = max(b for a, _, b, _, _ in us if a == "batch")
+    big_t = next(t for a, _, b, t, _ in us if a == "batch" and b == big_b)
+    step_ms = {k: v["step_ms"] for k, v in s.items()}
+    p = headline_point(step)
+    sm120 = {r["path"]: r for r in original_gpu_rows(fit.model, p)}
+    ch4, ch5, ch3, ch6 = (_link("04_gather_then_cast", "ch. 4"), _link("05_fused_fp8_decode", "ch. 5"),
+                          _link("03_the_other_doors", "ch. 3"), "this chapter")
+    rows = [
+        {"arch": "SM90 (H100, H200)", "flashinfer": "< 0.6.14 (no FP8 MLA)", "batch": "1 (single stream)",
+         "do": "apply the gather_cast patch (below), or decode with the fused FP8 kernel",
+         "why": f"step {step_ms['full_pool_cast']:.1f} → {step_ms['gather_cast']:.1f} ms (gather_cast) or "
+                f"{step_ms['fused_fp8']:.1f} ms (fused), measured on the H200", "where": f"{ch4}, {ch5}, {ch6}"},
+        {"arch": "SM90", "flashinfer": "≥ 0.6.14 (FP8 fa3)", "batch": "any",
+         "do": "delete the cast: even FlashInfer's own FP8 kernel beats cast + BF16; but it is the slowest "
+               "cast-free path",
+         "why": f"per layer at {long_ // 1024}K tokens: FP8 fa3 {at('flashinfer_fp8'):.0f} µs vs cast + BF16 "
+                f"{at('full_pool_cast'):.0f} µs ({at('full_pool_cast') / at('flashinfer_fp8'):.1f}× less); "
+                f"gather_cast + fa3 {at('gather_cast'):.0f} µs", "where": f"{ch4}, {ch6}"},
+        {"arch": "SM90", "flashinfer": "any", "batch": f"≥ 16 (mixed, e.g. {big_b} × {big_t // big_b // 1024}K)",
+         "do": "gather_cast + fa3 keeps the FP8 cache; FlashMLA BF16 is faster if twice the KV memory is affordable; "
+               "FlashMLA FP8 is fastest but 16× less accurate",
+         "why": f"batch {big_b}: gather_cast {at('gather_cast', 'batch', big_b, big_t):.0f} µs, fused "
+                f"{at('fused_fp8', 'batch', big_b, big_t):.0f} µs, FlashMLA BF16 "
+                f"{at('flashmla_bf16', 'batch', big_b, big_t):.0f} µs, FlashMLA FP8 "
+                f"{at('flashmla_fp8', 'batch', big_b, big_t):.0f} µs per layer", "where": f"{ch5}, {ch6}"},
+        {"arch": "SM120 (RTX PRO 6000, RTX 5090)", "flashinfer": "any, through 0.7.x (no FP8 MLA)",
+         "batch": "1 (the original)",
+         "do": "apply the gather_cast patch (fa2); the fused kernel at ≤ 16 heads per GPU",
+         "why": f"predicted step {sm120['full_pool_cast_fa2']['step_lo']:.0f}–{sm120['full_pool_cast_fa2']['step_hi']:.0f}"
+                f" ms → {sm120['gather_cast_fa2']['step_lo']:.0f}–{sm120['gather_cast_fa2']['step_hi']:.0f} ms "
+                f"(gather_cast) or {sm120['fused_fp8']['step_lo']:.0f}–{sm120['fused_fp8']['step_hi']:.0f} ms "
+                f"(fused); a BF16 cache halves the tokens a GPU holds", "where": f"{ch3}, {ch6}"},
+        {"arch": "SM100 (B200)", "flashinfer": "≥ 0.6.x", "batch": "any",
+         "do": "FlashInfer's trtllm-gen / CUTLASS MLA read FP8 there (not measured here); the gather_cast patch "
+               "works on any GPU",
+         "why": "chapter 3 lists which doors exist per architecture", "where": ch3},
+    ]
+    return Table(rows, {"your GPU": "arch", "FlashInfer": "flashinfer", "batch": "batch", "do this": "do",
+                        "because": "why", "shown in": "where"}, caption)
+
+
+def fmt_range(lo: float, hi: float, d: int = 1) -> str:
+    """``"12.3–14.5"``, or one number when the range is a point."""
+    if math.isclose(lo, hi, rel_tol=1e-3):
+        return f"{lo:,.{d}f}"
+    return f"{lo:,.{d}f}–{hi:,.{d}f}"
+
