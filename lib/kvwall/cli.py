@@ -1,4 +1,4 @@
-"""``python -m kvwall``: record experiments, list them, check recorded results, execute a chapter.
+"""``python -m kvwall``: record experiments, list them, check recorded results, execute a chapter, predict costs.
 
     python -m kvwall list
     python -m kvwall record decode_profile        # one experiment, full scale, into book/results/
@@ -6,6 +6,7 @@
     python -m kvwall check                        # validate every file in book/results/
     python -m kvwall execute book/01_the_86ms_profile.md --out /tmp/run -p mode=gpu
                                                   # run a chapter headless (papermill)
+    python -m kvwall cost --gpu all --tp 8        # the cost model's prediction of every path (chapter 6)
 
 ``record`` checks everything before it runs anything: the experiment names, that ``--out`` is a
 writable folder, every experiment's prerequisites, and that no full-scale result would be replaced
@@ -21,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ import torch
 from tqdm import tqdm
 
 from kvwall.experiments import EXPERIMENTS, Experiment, missing_prerequisites, run_experiment
+from kvwall.model.cost import GPUS, MODEL_PRESETS, TRANSFER_RULES
+from kvwall.model.original import ORIGINAL
 from kvwall.results import (
     RESULTS_DIR, ResultFileError, ResultMissingError, load_result, recorded_scale, save_result,
 )
@@ -145,6 +149,48 @@ def _execute(chapter: Path, out: Path, values: dict[str, Any]) -> int:
     return 0
 
 
+#: ``--rule`` values: both transfer rules (a range), or one of them.
+_RULES: dict[str, str | None] = {"both": None, **{r.replace(" ", "-"): r for r in TRANSFER_RULES}}
+
+
+def _cost(args: argparse.Namespace) -> int:
+    # The notebook layer (plotly, IPython) only for this command, as for `execute`.
+    # pylint: disable=import-outside-toplevel
+    from kvwall.notebook.answer_report import fit_sweep, fmt_range, rest_without_attention_ms
+    from kvwall.notebook.cost_explorer import ORIGINAL_STATE, cost_rows, rates_note
+
+    given = {f: getattr(args, f) for f in ("model", "tp", "context", "batch", "pool") if getattr(args, f) is not None}
+    base = replace(ORIGINAL_STATE, **given)
+    problem = base.problem()
+    if problem:
+        hint = "; raise --pool or lower --batch / --context" if not base.fits else ""
+        return _fail(f"cost: {problem}{hint}.")
+    try:
+        sweep = load_result("path_sweep")
+    except ResultFileError as exc:
+        return _fail(f"cost: the cost model is fitted on the recorded path_sweep, which cannot be read: {exc}")
+    model, rule, g = fit_sweep(sweep).model, _RULES[args.rule], base.geometry
+    spread = f"low–high over the rules {' / '.join(TRANSFER_RULES)}" if rule is None else f"rule: {rule}"
+    print(f"Rates: {rates_note(model, model.reference)}. {sweep.caption()} Other GPUs: datasheet ceilings, "
+          f"rates transferred from the {model.reference.name} ({spread}).")
+    print(f"{g.name}: {g.heads_per_gpu} heads per GPU (TP {base.tp}), {base.batch} × {base.context:,} tokens, pool "
+          f"{base.pool:,} tokens. KV work per step = preparation + attention, all {g.num_layers} layers.")
+    for key in GPUS if args.gpu == "all" else [args.gpu or ORIGINAL_STATE.gpu]:
+        state, gpu = replace(base, gpu=key), GPUS[key]
+        print(f"\n{gpu.name} ({gpu.arch}): {rates_note(model, gpu)}")
+        print(f"  {'path':20s} {'cache':5s} {'KV B/token':>10s} {'µs per layer':>14s} {'ms KV work/step':>16s}  label")
+        for r in cost_rows(model, state, rule):
+            print(f"  {r.path:20s} {r.cache:5s} {r.kv_bytes_per_token:>10,} "
+                  f"{fmt_range(r.layer_lo_us, r.layer_hi_us):>14s} {fmt_range(r.step_lo_ms, r.step_hi_ms, 2):>16s}  "
+                  f"{r.label}")
+        if state == ORIGINAL_STATE:
+            lo, hi = rest_without_attention_ms(model, state.point, gpu)
+            print(f"  The original's step here: {ORIGINAL.step_ms} ms, {ORIGINAL.cast_ms} ms of it the cast. Without "
+                  f"the cast and its own attention (FlashInfer fa2 BF16, predicted), {fmt_range(lo, hi)} ms remain: "
+                  "a path's step is about that plus its KV work.")
+    return 0
+
+
 def _check(directory: Path) -> int:
     if not directory.is_dir():
         return _fail(f"check: {directory} is not a folder of results (the default is {RESULTS_DIR}).")
@@ -178,6 +224,16 @@ def _parser() -> argparse.ArgumentParser:
     exe.add_argument("--out", type=Path, required=True, help="folder for the executed .ipynb and its record")
     exe.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                      help="a parameter, VALUE as a Python literal (strings may be bare): -p mode=gpu -p layers=8")
+    cst = sub.add_parser("cost", help="predict every path's KV work per decode step (chapter 6's cost model)")
+    cst.add_argument("--model", choices=list(MODEL_PRESETS), help="model preset (default: the original's, glm-5)")
+    cst.add_argument("--gpu", choices=[*GPUS, "all"], help="GPU, or 'all' (default: the original's, rtx-pro-6000)")
+    cst.add_argument("--tp", type=int, help="tensor parallel degree: heads per GPU = the model's heads / TP "
+                                            "(default: the original's)")
+    cst.add_argument("--context", type=int, help="tokens per request (default: the original's)")
+    cst.add_argument("--batch", type=int, help="requests, each of --context tokens (default: 1)")
+    cst.add_argument("--pool", type=int, help="KV pool tokens (default: the original's)")
+    cst.add_argument("--rule", choices=list(_RULES), default="both",
+                     help="how the H200's fitted rates transfer to other GPUs: both (a range) or one rule")
     return parser
 
 
@@ -197,6 +253,8 @@ def _run(argv: list[str] | None) -> int:
         return _record([EXPERIMENTS[n] for n in names], args.scale, args.out, args.force)
     if args.command == "execute":
         return _execute(args.chapter, args.out, _parameter_values(args.param, parser))
+    if args.command == "cost":
+        return _cost(args)
     return _check(args.dir)
 
 
