@@ -55,3 +55,42 @@ def test_plotly_figures_draw_in_headless_chromium(built_book, tmp_path):
     shot = Path(os.environ.get("KVWALL_SCREENSHOT_DIR", tmp_path)) / f"{CHAPTERS[0].stem}.png"
     subprocess.run([browser, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180)
     assert shot.is_file() and shot.stat().st_size > 50_000, "the screenshot is missing or blank"
+
+
+def test_chapter_6_explorer_draws_in_the_built_page(built_book, tmp_path):
+    """The interactive cost explorer, in the built site, offline: the state in the URL is drawn with the cost model's
+    numbers (fitted on the recorded sweep), and the front page draws the answer figure."""
+    import html as html_lib
+    import json
+    import re
+
+    import kvwall.experiments  # noqa: F401 - registers the row schemas
+    from kvwall.notebook import answer_report, cost_explorer as ce
+    from kvwall.results import load_result
+
+    browser = _chromium()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}", "--virtual-time-budget=20000",
+             "--window-size=1300,2400"]
+    page = built_book / "book" / "06_the_answer.html"
+    state = ce.State("deepseek-v3", "rtx-pro-6000", 8, 32768, 8, 495_000)
+    url = page.as_uri() + (f"#explorer:model={state.model}&gpu={state.gpu}&tp={state.tp}&context={state.context}"
+                           f"&batch={state.batch}&pool={state.pool}")
+    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'data-drawn="([^"]*)"', dom.stdout)
+    assert found, "chapter 6's explorer did not draw in the built page (plotly.js missing, or its script failed)"
+    drawn = json.loads(html_lib.unescape(found.group(1)))
+    model = answer_report.fit_sweep(load_result("path_sweep")).model
+    assert drawn["key"] == state.key
+    assert drawn["values"] == ce.grid_values(ce.explorer_grid(model), state)
+    assert "predicted from datasheet ceilings" in drawn["title"]
+    front = built_book / "index.html"
+    dom = subprocess.run([browser, *flags, "--dump-dom", front.as_uri()], capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0 and 'class="main-svg"' in dom.stdout, "the front page's answer figure did not draw"
+    shots = Path(os.environ.get("KVWALL_SCREENSHOT_DIR", tmp_path))
+    for name, target in (("index", front.as_uri()), ("06_the_answer", url)):
+        shot = shots / f"{name}.png"
+        subprocess.run([browser, *flags, f"--screenshot={shot}", target], capture_output=True, timeout=180)
+        assert shot.is_file() and shot.stat().st_size > 50_000, f"the screenshot of {name} is missing or blank"

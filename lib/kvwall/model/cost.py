@@ -77,7 +77,7 @@ MODEL_PRESETS: dict[str, MLAGeometry] = {
     "kimi-k2": _preset("Kimi-K2-style", 61, 1, 64, 128, 128),
 }
 
-#: Attention component -> (the KV dtype it reads, bytes per index entry per page, page size, archs it runs on).
+#: Attention component -> (the KV dtype it reads, its page size (one 4-byte index per page), archs it runs on).
 ATTENTIONS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "fa3_bf16": ("bf16", 1, ("sm_90",)),
     "fa2_bf16": ("bf16", 1, ("sm_90", "sm_100", "sm_120")),
@@ -115,7 +115,7 @@ PATHS: dict[str, PathComposition] = {
     "bf16_cache": PathComposition("none", "fa3_bf16", "BF16 cache + FlashInfer fa3 (2x memory)"),
     "bf16_cache_fa2": PathComposition("none", "fa2_bf16", "BF16 cache + FlashInfer fa2 (2x memory)"),
     "flashmla_bf16": PathComposition("none", "flashmla_bf16", "FlashMLA dense BF16 cache, page 64 (2x memory)"),
-    "flashmla_fp8": PathComposition("none", "flashmla_fp8", "FlashMLA dense FP8, page 64 (FP8 query: ~16x error)"),
+    "flashmla_fp8": PathComposition("none", "flashmla_fp8", "FlashMLA dense FP8, page 64 (FP8 query)"),
 }
 
 

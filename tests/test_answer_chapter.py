@@ -1,0 +1,21 @@
+"""Chapter 6 runs on a CPU under papermill, within three minutes, and computes what its text says."""
+
+import pytest
+
+from conftest import BOOK, run_chapter
+from kvwall.model.paths import PATH_INFO
+
+pytestmark = pytest.mark.slow
+
+
+def test_chapter_6_on_cpu(tmp_path):
+    rec = run_chapter(BOOK / "06_the_answer.md", tmp_path, mode="cpu")
+    v = rec["values"]
+    assert rec["mode"] == "cpu" and rec["duration_s"] < 180, "chapter 6 must run in 3 minutes on a 2-core CPU"
+    assert v["live_paths"] == [p for p, info in PATH_INFO.items() if not info.gpu_only]
+    steps = v["recorded_step_ms"]
+    assert steps["full_pool_cast"] > 3 * max(ms for p, ms in steps.items() if p != "full_pool_cast")
+    assert v["model_held_out"] > 50 and v["model_median_abs_err"] < 0.15
+    assert "full_pool_cast_fa2" in v["sm120_paths"] and not any("fa3" in p or "flashmla" in p for p in v["sm120_paths"])
+    assert v["sm120_cast_ms"]["per-SM rate"] < v["sm120_cast_ms"]["fraction of peak"]
+    assert {u["experiment"] for u in rec["recorded_used"]} == {"decode_step_paths", "path_sweep", "sglang_patch_check"}
