@@ -11,7 +11,7 @@ from kvwall.model.cost import (GPUS, PATHS, ComponentFit, CostModel, Point, comp
                                split_train_test, validate)
 from kvwall.model.geometry import GLM5
 from kvwall.model.roofline import decode_flops
-from kvwall.notebook import answer_report
+from kvwall.notebook import answer_report, original_gpu_report
 from kvwall.results import load_result
 
 TRUE = {  # component -> (c0 µs, GB/s, TFLOP/s or None)
@@ -100,7 +100,7 @@ def test_recorded_sweep_fit_meets_what_chapter_6_says():
 def test_original_gpu_prediction_brackets_the_originals_cast():
     step = load_result("decode_step_paths")
     fit = answer_report.fit_sweep(load_result("path_sweep"))
-    check = answer_report.cast_check(fit.model, answer_report.headline_point(step))
+    check = original_gpu_report.cast_check(fit.model, answer_report.headline_point(step))
     assert check["per-SM rate"] < check["original_cast_ms"] < check["fraction of peak"]
-    rows = answer_report.original_gpu_rows(fit.model, answer_report.headline_point(step))
+    rows = original_gpu_report.original_gpu_rows(fit.model, answer_report.headline_point(step))
     assert rows[0]["path"] == "full_pool_cast_fa2" and all(r["step_lo"] <= r["step_hi"] for r in rows)

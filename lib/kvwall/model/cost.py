@@ -32,7 +32,7 @@ from kvwall.model.roofline import decode_flops, qo_bytes
 
 __all__ = ["GPUSpec", "GPUS", "MODEL_PRESETS", "ATTENTIONS", "PREPARATIONS", "PATHS", "Point", "PathComposition",
            "ComponentFit", "CostModel", "component_bytes", "fit_cost_model", "validate", "split_train_test",
-           "TRANSFER_RULES", "paths_on"]
+           "TRANSFER_RULES", "paths_on", "FUSED_MAX_HEADS"]
 
 
 @dataclass(frozen=True)
@@ -190,14 +190,19 @@ def _transfer(fit: ComponentFit, src: GPUSpec, dst: GPUSpec, rule: str) -> Compo
     return replace(fit, gbps=gbps, tflops=tflops)
 
 
+#: Heads per GPU up to which the fused kernel's fallback launch shape fits an architecture (checked offline).
+FUSED_MAX_HEADS = {"sm_100": 32, "sm_120": 16}
+
+
 def paths_on(arch: str, heads: int) -> list[str]:
-    """The paths that exist on ``arch`` for ``heads`` per GPU (fa3, FlashInfer FP8 and FlashMLA: SM90 only; our
-    fused kernel's shipped shapes launch on SM100/SM120 at 16 heads or fewer only, see chapter 5)."""
+    """The paths that exist on ``arch`` for ``heads`` per GPU (fa3, FlashInfer FP8 and FlashMLA: SM90 only). Our
+    fused kernel's launch shapes, compiled offline (:mod:`kvwall.tuning.arch_check`), fit SM120's shared memory
+    at 16 heads per GPU or fewer, and SM100's tensor memory at 32 or fewer: beyond, it does not launch there."""
     out = []
     for name, comp in PATHS.items():
         if arch not in ATTENTIONS[comp.attention][2]:
             continue
-        if comp.attention == "fused_fp8" and arch != "sm_90" and heads > 16:
+        if comp.attention == "fused_fp8" and heads > FUSED_MAX_HEADS.get(arch, 10**6):
             continue
         out.append(name)
     return out
