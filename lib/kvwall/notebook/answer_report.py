@@ -20,7 +20,7 @@ from kvwall.notebook.plots import with_caption
 from kvwall.notebook.tables import Table, number, percent, scientific, times
 from kvwall.results import Result
 
-__all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "step_figure", "sweep_figure",
+__all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "memory_table", "step_figure", "sweep_figure",
            "validation_figure", "validation_table", "misses_table", "decision_table", "sweep_samples", "headline_point", "fmt_range",
            "lead_text", "memory_text", "sweep_findings", "patch_check_table", "patch_meta", "front_page_figure",
            "front_page_text"]
@@ -72,24 +72,30 @@ def step_rows(result: Result) -> list[dict[str, Any]]:
 
 
 def step_table(result: Result, caption: str) -> Table:
-    """The step per path. On a CPU (small scale, Triton kernels interpreted) ratios to the original path would
-    compare an interpreter with PyTorch's CPU kernels, so that run's table leaves them out."""
+    """The step per path: time, against the original path, KV work, accuracy. On a CPU (small scale, Triton kernels
+    interpreted) ratios to the original path would compare an interpreter with PyTorch's CPU kernels: left out."""
     columns = {"path": "name", "step ms": ("step_ms", number(2)), "vs the original": ("speedup", times(2)),
                "time saved": ("time_saved", percent), "KV work ms/step": ("kv_work_ms", number(2)),
-               "error vs float64": ("rel_err_vs_float64", scientific),
-               "KV bytes/token (78 layers)": ("kv_bytes_per_token", number(0)),
-               "tokens in the same memory": ("tokens_per_fp8_pool", times(2)),
-               "extra memory a step, MB": ("transient_mb", number(1)), "attention": "backend"}
+               "error vs float64": ("rel_err_vs_float64", scientific), "attention": "backend"}
     if _setup(result)["device"] == "cpu":
-        for key in ("vs the original", "time saved", "extra memory a step, MB"):
+        for key in ("vs the original", "time saved"):
             columns.pop(key)
     return Table(step_rows(result), columns, caption)
+
+
+def memory_table(result: Result, caption: str) -> Table:
+    """What each path costs in memory: KV bytes per token over the model's layers, tokens held in the FP8 pool's
+    memory, and the extra peak one step allocates (measured on a GPU)."""
+    return Table(step_rows(result), {
+        "path": "name", "cache": "cache_dtype", "KV bytes/token (78 layers)": ("kv_bytes_per_token", number(0)),
+        "tokens in the same memory": ("tokens_per_fp8_pool", times(2)),
+        "extra peak memory a step, MB": ("transient_mb", number(1))}, caption)
 
 
 def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure:
     """Stacked bars, one per path: the step's phases (ms)."""
     rows = step_rows(result)
-    x = [r["name"] for r in rows]
+    x = [r["name"].replace(" (", "<br>(") for r in rows]
     fig = go.Figure()
     for key, name, color in (("write_kv_ms", "write new token's KV", "#8c8c8c"),
                              ("kv_ms", "KV preparation (cast / gather)", "#d62728"),
@@ -97,11 +103,14 @@ def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure
                              ("rest_ms", "rest of layer (stand-in: the original's non-cast time)", "#c7c7c7")):
         fig.add_bar(name=name, x=x, y=[r[key] for r in rows], marker_color=color,
                     hovertemplate="%{x}<br>" + name + ": %{y:.2f} ms<extra></extra>")
-    for r in rows:
-        fig.add_annotation(x=r["name"], y=r["step_ms"], text=f"{r['step_ms']:.1f} ms", showarrow=False,
+    for name, r in zip(x, rows):
+        fig.add_annotation(x=name, y=r["step_ms"], text=f"{r['step_ms']:.1f} ms", showarrow=False,
                            yanchor="bottom", font=dict(size=11))
     fig.update_layout(barmode="stack", title=title, yaxis_title="ms per decode step")
-    return with_caption(fig, caption, height=520)
+    fig = with_caption(fig, caption, height=560)
+    fig.update_layout(legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", xanchor="left"),
+                      margin=dict(t=110), xaxis_tickangle=0)
+    return fig
 
 
 def headline_point(result: Result) -> Point:
@@ -156,22 +165,22 @@ def validation_table(fit: SweepFit, caption: str) -> Table:
                      "attention": f"{att.gbps:,.0f} GB/s" + (f", {att.tflops:,.0f} TFLOP/s" if att.tflops else "")
                      + f", {att.c0_us:.1f} µs",
                      "preparation": "—" if prep is None else f"{prep.gbps:,.0f} GB/s, {prep.c0_us:.1f} µs"})
-    return Table(rows, {"path": "path", "held-out points": "held_out", "median |error|": ("median", percent),
-                        "max |error|": ("max", percent), "attention fitted": "attention",
+    return Table(rows, {"path": "path", "held-out points": "held_out", "median error (abs.)": ("median", percent),
+                        "max error (abs.)": ("max", percent), "attention fitted": "attention",
                         "preparation fitted": "preparation"}, caption)
 
 
 def _why(row: dict[str, Any]) -> str:
-    """Why a held-out point misses, from what the model leaves out (checked against the sweep in chapter 6)."""
+    """Why a held-out point misses, from what the model leaves out (the chapter explains each reason)."""
     if row["path"] == "fused_fp8" and row["batch"] > 1:
-        return ("mixed batch: the fused kernel gives every request the same split count, so the longest request "
-                "sets the pace (chapter 5); the model counts bytes, not imbalance")
-    if row["batch"] == 1 and row["tokens"] <= 65_536:
-        return ("one request: the kernel splits it over the SMs in fixed chunks, so time rises in steps with the "
-                "length, not on the line the model fits through all lengths")
+        return "mixed batch: equal splits per request"
+    if row["path"] == "fused_fp8" and row["heads"] >= 64:
+        return "many heads: tile and tensor-core rate"
+    if row["batch"] == 1:
+        return "one request: time rises in steps"
     if row["heads"] >= 64:
-        return "many heads: the tensor-core rate depends on the tile the kernel picks for this head count"
-    return "outside the model's bytes-and-FLOPs terms"
+        return "many heads: tile and tensor-core rate"
+    return "outside the bytes-and-FLOPs terms"
 
 
 def misses_table(fit: SweepFit, caption: str) -> Table:
@@ -225,10 +234,13 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
             fig.add_scatter(x=xs, y=[fit.model.layer_us(path, p) for p, _ in pts], mode="lines",
                             line=dict(color=color, dash="dash", width=1), legendgroup=path, showlegend=False,
                             row=row, col=col, hoverinfo="skip")
-        fig.update_xaxes(type="log", row=row, col=col)
-        fig.update_yaxes(type="log", title_text="µs per layer" if col == 1 else None, row=row, col=col)
+        fig.update_xaxes(type="log", dtick="D2" if axis in ("batch", "heads") else 1, row=row, col=col)
+        fig.update_yaxes(type="log", dtick=1, title_text="µs per layer" if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title)
-    return with_caption(fig, caption, height=820)
+    fig = with_caption(fig, caption, height=860)
+    fig.update_layout(legend=dict(orientation="h", x=0, y=1.06, yanchor="bottom", xanchor="left"),
+                      margin=dict(t=130))
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -287,8 +299,10 @@ def decision_table(step: Result, sweep: Result, fit: SweepFit, caption: str) -> 
                "works on any GPU",
          "why": "chapter 3 lists which doors exist per architecture", "where": ch3},
     ]
-    return Table(rows, {"your GPU": "arch", "FlashInfer": "flashinfer", "batch": "batch", "do this": "do",
-                        "because": "why", "shown in": "where"}, caption)
+    for r in rows:
+        r["setup"] = f"**{r['arch']}**; FlashInfer {r['flashinfer']}; batch {r['batch']}"
+    return Table(rows, {"your GPU, FlashInfer, batch": "setup", "do this": "do", "because": "why",
+                        "shown in": "where"}, caption)
 
 
 def fmt_range(lo: float, hi: float, d: int = 1) -> str:
@@ -406,7 +420,7 @@ def patch_check_table(result: Result, caption: str) -> Table:
     rows = _rows(result, "checks")
     return Table(rows, {"case": "case", "batch": "batch", "tokens": ("tokens", number(0)), "variant": "variant",
                         "KV path": "kv_path", "whole-pool casts": "whole_pool_casts",
-                        "max |Δ| vs unpatched": ("max_abs_diff_vs_unpatched", scientific),
+                        "largest difference vs unpatched": ("max_abs_diff_vs_unpatched", scientific),
                         "bit-identical": "bit_identical_vs_unpatched", "error vs float64": ("rel_err_vs_f64", scientific),
                         "ok": "ok"}, caption)
 
