@@ -86,7 +86,7 @@ def test_chapter_6_explorer_draws_in_the_built_page(built_book, tmp_path):
     assert drawn["key"] == state.key
     assert drawn["values"] == ce.grid_values(ce.explorer_grid(model), state)
     assert "predicted from datasheet ceilings" in drawn["title"]
-    front = built_book / "index.html"
+    front = built_book / "book" / "index.html"
     dom = subprocess.run([browser, *flags, "--dump-dom", front.as_uri()], capture_output=True, text=True, timeout=180)
     assert dom.returncode == 0 and 'class="main-svg"' in dom.stdout, "the front page's answer figure did not draw"
     shots = Path(os.environ.get("KVWALL_SCREENSHOT_DIR", tmp_path))

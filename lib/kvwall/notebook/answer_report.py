@@ -28,7 +28,7 @@ __all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "me
 #: Short names of the step's paths for axes and tables.
 STEP_NAMES = {
     "full_pool_cast": "whole-pool cast (original)",
-    "index_then_cast": "index_select().to()",
+    "index_then_cast": "PyTorch index-then-cast",
     "gather_cast": "gather_cast (ch. 4)",
     "fused_fp8": "fused FP8 (ours, ch. 5)",
     "flashinfer_fp8": "FlashInfer FP8 (fa3)",
@@ -95,7 +95,7 @@ def memory_table(result: Result, caption: str) -> Table:
 def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure:
     """Stacked bars, one per path: the step's phases (ms)."""
     rows = step_rows(result)
-    x = [r["name"].replace(" (", "<br>(") for r in rows]
+    x = [r["name"].replace(" (", "<br>(").replace(" index-", "<br>index-") for r in rows]
     fig = go.Figure()
     for key, name, color in (("write_kv_ms", "write new token's KV", "#8c8c8c"),
                              ("kv_ms", "KV preparation (cast / gather)", "#d62728"),
@@ -107,10 +107,17 @@ def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure
         fig.add_annotation(x=name, y=r["step_ms"], text=f"{r['step_ms']:.1f} ms", showarrow=False,
                            yanchor="bottom", font=dict(size=11))
     fig.update_layout(barmode="stack", title=title, yaxis_title="ms per decode step")
-    fig = with_caption(fig, caption, height=560)
-    fig.update_layout(legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", xanchor="left"),
-                      margin=dict(t=110), xaxis_tickangle=0)
+    fig = with_caption(fig, caption, height=600)
+    _legend_on_top(fig, per_row=2)
+    fig.update_layout(xaxis_tickangle=0, xaxis_tickfont_size=10)
     return fig
+
+
+def _legend_on_top(fig: go.Figure, per_row: int, top: int = 150) -> None:
+    """The legend in rows between the title and the plot (the caption holds the space under it)."""
+    fig.update_layout(title=dict(y=0.99, yanchor="top"), margin=dict(t=top),
+                      legend=dict(orientation="h", x=0, y=1.01, yanchor="bottom", xanchor="left",
+                                  entrywidth=1 / per_row, entrywidthmode="fraction"))
 
 
 def headline_point(result: Result) -> Point:
@@ -184,11 +191,20 @@ def _why(row: dict[str, Any]) -> str:
 
 
 def misses_table(fit: SweepFit, caption: str) -> Table:
-    rows = [{**r, "why": _why(r)} for r in fit.held_out if abs(r["rel_err"]) > MISS]
-    return Table(rows, {"path": "path", "axis": "axis", "heads": "heads", "batch": "batch",
-                        "tokens": ("tokens", number(0)), "measured µs": ("measured_us", number(1)),
-                        "predicted µs": ("predicted_us", number(1)), "error": ("rel_err", percent), "why": "why"},
-                 caption)
+    """The held-out points the model misses by more than :data:`MISS`, grouped by why: how many, which paths, and
+    the worst one."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in fit.held_out:
+        if abs(r["rel_err"]) > MISS:
+            groups.setdefault(_why(r), []).append(r)
+    rows = []
+    for why, misses in groups.items():
+        worst = max(misses, key=lambda r: abs(r["rel_err"]))
+        rows.append({"why": why, "misses": len(misses), "paths": ", ".join(dict.fromkeys(r["path"] for r in misses)),
+                     "worst": f"{worst['path']}, {worst['heads']} heads, batch {worst['batch']}, {worst['tokens']:,} "
+                              f"tokens: measured {worst['measured_us']:.0f} µs, predicted {worst['predicted_us']:.0f} "
+                              f"µs ({worst['rel_err']:+.0%})"})
+    return Table(rows, {"why": "why", "misses": "misses", "paths": "paths", "the worst": "worst"}, caption)
 
 
 def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.Figure:
@@ -208,9 +224,11 @@ def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.F
                         "%{customdata[2]}, %{customdata[3]:,} tokens<br>measured %{x:.1f} µs, predicted "
                         "%{y:.1f} µs (%{customdata[4]:+.0f}%)<extra></extra>")
     fig.update_layout(title=title, xaxis_title="measured µs per layer (held out)", yaxis_title="predicted µs per layer")
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
-    return with_caption(fig, caption, height=560)
+    fig.update_xaxes(type="log", dtick=1)
+    fig.update_yaxes(type="log", dtick=1)
+    fig = with_caption(fig, caption, height=640)
+    _legend_on_top(fig, per_row=4, top=150)
+    return fig
 
 
 def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[str]) -> go.Figure:
@@ -237,9 +255,9 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
         fig.update_xaxes(type="log", dtick="D2" if axis in ("batch", "heads") else 1, row=row, col=col)
         fig.update_yaxes(type="log", dtick=1, title_text="µs per layer" if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title)
-    fig = with_caption(fig, caption, height=860)
-    fig.update_layout(legend=dict(orientation="h", x=0, y=1.06, yanchor="bottom", xanchor="left"),
-                      margin=dict(t=130))
+    fig = with_caption(fig, caption, height=900)
+    _legend_on_top(fig, per_row=4, top=170)
+    fig.update_layout(legend_y=1.07)
     return fig
 
 
@@ -431,21 +449,25 @@ def patch_meta(result: Result) -> dict[str, Any]:
 
 def front_page_figure(step: Result) -> go.Figure:
     """The book's answer in one figure: the original's step (its own figure), and chapter 1's step on the H200 with
-    each path, ms per step, with each path's tokens per GPU in the same KV memory on the bar."""
+    each path, ms per step, each bar saying what its cache holds in the same memory."""
     rows = step_rows(step)
-    x = [f"the original<br>({ORIGINAL.gpu.split(' (')[0]}, its figure)"] + [r["name"] for r in rows]
+    x = ["the original<br>(its figure)"] + [r["name"].replace(" (", "<br>(").replace(" index-", "<br>index-")
+                                            for r in rows]
     y = [ORIGINAL.step_ms] + [r["step_ms"] for r in rows]
-    text = [f"{ORIGINAL.step_ms:g} ms"] + [f"{r['step_ms']:.1f} ms<br>{r['tokens_per_fp8_pool']:.1f}× tokens"
-                                           for r in rows]
+    text = [f"{ORIGINAL.step_ms:g} ms"] + [
+        f"{r['step_ms']:.1f} ms<br>" + ("FP8 cache" if r["tokens_per_fp8_pool"] >= 1 else
+                                       f"{r['tokens_per_fp8_pool']:.1f}× the tokens") for r in rows]
     colors = ["#bbbbbb"] + ["#d62728" if r["path"] == "full_pool_cast" else "#1f77b4" for r in rows]
     fig = go.Figure(go.Bar(x=x, y=y, text=text, textposition="outside", marker_color=colors,
                            hovertemplate="%{x}: %{y:.1f} ms a step<extra></extra>"))
     fig.update_layout(title="One GLM-5 decode step, every way past the wall", yaxis_title="ms per decode step",
-                      yaxis_range=[0, max(y) * 1.25], showlegend=False)
-    return with_caption(fig, [f"Bars: {step.caption()} Chapter 1's step model (78 layers, 495,000-token pool, 16 "
-                              "heads per GPU, one 8K request; the rest of the layer is a stand-in for the original's "
-                              "non-cast time). '× tokens': tokens a GPU holds in the same KV memory as the FP8 pool.",
-                              "Grey: the original's reported step on its RTX PRO 6000, not measured here."], height=500)
+                      yaxis_range=[0, max(y) * 1.25], showlegend=False, xaxis_tickangle=0, xaxis_tickfont_size=10,
+                      uniformtext=dict(minsize=10, mode="show"))
+    return with_caption(fig, [f"Blue and red: {step.caption()} Chapter 1's step model (78 layers, 495,000-token "
+                              "pool, 16 heads per GPU, one 8K request; the rest of each layer is a stand-in for the "
+                              "original's non-cast time). '× the tokens': what a BF16 cache holds in the FP8 pool's "
+                              "memory.", f"Grey: the original's reported step on its {ORIGINAL.gpu}, not measured "
+                              "here."], height=520)
 
 
 def front_page_text(step: Result) -> str:

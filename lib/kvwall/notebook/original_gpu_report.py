@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from kvwall.model.cost import GPUS, PATHS, CostModel, GPUSpec, Point, paths_on
 from kvwall.model.original import ORIGINAL
-from kvwall.notebook.tables import Table, number
+from kvwall.notebook.tables import Table
 
 __all__ = ["rest_without_attention_ms", "original_gpu_rows", "original_gpu_table", "cast_check", "arch_table"]
 
@@ -60,14 +60,24 @@ def cast_check(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6000"]) 
 
 
 
+def _cell(b: dict[str, Any]) -> str:
+    if b["error"]:
+        return "not checked (this Triton could not compile it)"
+    used = f"{b['shared_bytes'] / 1024:,.0f} of {b['shared_limit'] / 1024:,.0f} KB shared, {b['regs']} regs"
+    if b["trap_only"]:
+        return "**no**: a trap-only kernel"
+    if not b["fits"]:
+        return f"**no**: {used}"
+    return f"yes: {used}" + (f", {b['spills']} B spilled" if b["spills"] else "")
+
+
 def arch_table(builds: Sequence[dict[str, Any]], caption: str) -> Table:
-    """The offline compiles: per architecture and head count, the fallback shape's shared memory against the
-    limit, registers, spills, and whether it would launch."""
-    rows = [{**b, "shared": f"{b['shared_bytes']:,} / {b['shared_limit']:,}" if b["shared_bytes"] else "—",
-             "launches": ("not checked: this Triton could not compile it (" + b["error"][:120] + ")" if b["error"]
-                          else "yes" if b["fits"] else "no: trap-only kernel" if b["trap_only"] else
-                          "no: shared memory over the limit" if (b["shared_bytes"] or 0) > b["shared_limit"]
-                          else "no: spills")} for b in builds]
-    return Table(rows, {"architecture": "arch", "heads per GPU": "heads", "launch shape": "shape",
-                        "shared B (used / limit)": "shared", "registers": ("regs", number(0)),
-                        "spill B": ("spills", number(0)), "launches?": "launches"}, caption)
+    """The offline compiles as one row per kernel and launch shape, one column per architecture: would it launch,
+    and the shared memory (against the per-block limit) and registers the compiler reports."""
+    archs = list(dict.fromkeys(b["arch"] for b in builds))
+    rows: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for b in builds:
+        what = b["kernel"] + (f", {b['heads']} heads" if b["heads"] else "")
+        row = rows.setdefault((b["kernel"], b["heads"], b["shape"]), {"what": what, "shape": b["shape"]})
+        row[b["arch"]] = _cell(b)
+    return Table(list(rows.values()), {"kernel": "what", "launch shape": "shape", **{a: a for a in archs}}, caption)
