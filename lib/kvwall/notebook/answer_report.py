@@ -280,6 +280,9 @@ def decision_table(step: Result, sweep: Result, fit: SweepFit, caption: str) -> 
     def at(path: str, axis: str = "context", batch: int = 1, tokens: int = long_, heads: int = 16) -> float:
         return us[(axis, path, batch, tokens, heads)]
 
+    points = {(a, b, t, h) for a, _, b, t, h in us if a != "pool"}
+    fm_wins = sum(min((v, p) for (a2, p, b2, t2, h2), v in us.items() if (a2, b2, t2, h2) == pt)[1] == "flashmla_fp8"
+                  for pt in points)
     big_b = max(b for a, _, b, _, _ in us if a == "batch")
     big_t = next(t for a, _, b, t, _ in us if a == "batch" and b == big_b)
     step_ms = {k: v["step_ms"] for k, v in s.items()}
@@ -298,9 +301,15 @@ def decision_table(step: Result, sweep: Result, fit: SweepFit, caption: str) -> 
          "why": f"per layer at {long_ // 1024}K tokens: FP8 fa3 {at('flashinfer_fp8'):.0f} µs vs cast + BF16 "
                 f"{at('full_pool_cast'):.0f} µs ({at('full_pool_cast') / at('flashinfer_fp8'):.1f}× less); "
                 f"gather_cast + fa3 {at('gather_cast'):.0f} µs", "where": f"{ch4}, {ch6}"},
+        {"arch": "SM90", "flashinfer": "any", "batch": "any, no patch",
+         "do": "switch SGLang to `--attention-backend flashmla --page-size 64`: FlashMLA's FP8 decode, no cast, "
+               f"the fastest path at {fm_wins} of {len(points)} sweep points, with an FP8 query (chapter 5 measures "
+               "its error; SGLang issue #35291 reports GSM8K unchanged)",
+         "why": f"per layer at {long_ // 1024}K tokens: FlashMLA FP8 {at('flashmla_fp8'):.0f} µs, our fused kernel "
+                f"{at('fused_fp8'):.0f} µs, cast + BF16 {at('full_pool_cast'):.0f} µs", "where": f"{ch5}, {ch6}"},
         {"arch": "SM90", "flashinfer": "any", "batch": f"≥ 16 (mixed, e.g. {big_b} × {big_t // big_b // 1024}K)",
-         "do": "gather_cast + fa3 keeps the FP8 cache; FlashMLA BF16 is faster if twice the KV memory is affordable; "
-               "FlashMLA FP8 is fastest but quantizes the query (chapter 5's error table)",
+         "do": "gather_cast + fa3 keeps the FP8 cache and BF16 accuracy; FlashMLA BF16 is faster if twice the KV "
+               "memory is affordable; FlashMLA FP8 is fastest but quantizes the query (chapter 5's error table)",
          "why": f"batch {big_b}: gather_cast {at('gather_cast', 'batch', big_b, big_t):.0f} µs, fused "
                 f"{at('fused_fp8', 'batch', big_b, big_t):.0f} µs, FlashMLA BF16 "
                 f"{at('flashmla_bf16', 'batch', big_b, big_t):.0f} µs, FlashMLA FP8 "
