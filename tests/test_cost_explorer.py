@@ -139,6 +139,18 @@ def test_cli_cost_prints_every_available_path(model, capsys):
     assert "The original's step here: 86.0 ms" in out, "the original's rest-of-step note is missing"
 
 
+def test_cli_cost_takes_a_users_own_shape(model, capsys):
+    state = ce.State("glm-5", "h200", 2, 32768, 1, 495_000, layers=40, heads=32)
+    assert state.geometry.num_layers == 40 and state.geometry.heads_per_gpu == 16 and state.problem() is None
+    assert cli.main(["cost", "--gpu", "h200", "--layers", "40", "--heads", "32", "--tp", "2", "--context", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert "(user shape)" in out and "all 40 layers" in out
+    gather = next(r for r in ce.cost_rows(model, state) if r.path == "gather_cast")
+    assert f"{gather.step_lo_ms:.2f}" in out  # 40 layers x the model's µs per layer, as printed
+    assert ce.State("glm-5", "h200", 3, 8192, 1, 495_000, heads=32).problem().startswith("tensor parallel 3")
+    assert cli.main(["cost", "--heads", "0"]) == 2
+
+
 def test_cli_cost_all_gpus_and_one_rule(capsys):
     assert cli.main(["cost", "--gpu", "all", "--model", "deepseek-v3", "--tp", "8", "--rule", "per-SM-rate"]) == 0
     out = capsys.readouterr().out

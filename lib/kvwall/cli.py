@@ -160,7 +160,8 @@ def _cost(args: argparse.Namespace) -> int:
     from kvwall.notebook.original_gpu_report import rest_without_attention_ms
     from kvwall.notebook.cost_explorer import ORIGINAL_STATE, cost_rows, rates_note
 
-    given = {f: getattr(args, f) for f in ("model", "tp", "context", "batch", "pool") if getattr(args, f) is not None}
+    given = {f: getattr(args, f) for f in ("model", "tp", "context", "batch", "pool", "layers", "heads")
+             if getattr(args, f) is not None}
     base = replace(ORIGINAL_STATE, **given)
     problem = base.problem()
     if problem:
@@ -233,6 +234,8 @@ def _parser() -> argparse.ArgumentParser:
     cst.add_argument("--context", type=int, help="tokens per request (default: the original's)")
     cst.add_argument("--batch", type=int, help="requests, each of --context tokens (default: 1)")
     cst.add_argument("--pool", type=int, help="KV pool tokens (default: the original's)")
+    cst.add_argument("--layers", type=int, help="your model's layers (a user shape: overrides the preset's)")
+    cst.add_argument("--heads", type=int, help="your model's attention heads, all GPUs (overrides the preset's)")
     cst.add_argument("--rule", choices=list(_RULES), default="both",
                      help="how the H200's fitted rates transfer to other GPUs: both (a range) or one rule")
     return parser

@@ -14,7 +14,7 @@ import html
 import itertools
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from IPython.display import HTML
@@ -38,7 +38,9 @@ POOLS = (ORIGINAL.pool_tokens, 1_048_576)
 
 @dataclass(frozen=True)
 class State:
-    """One choice of every control: model preset, GPU, tensor parallel degree, context per request, requests, pool."""
+    """One choice of every control: model preset, GPU, tensor parallel degree, context per request, requests, pool;
+    ``layers`` / ``heads`` (the model's attention heads, all GPUs) override the preset for a user's own MLA shape
+    (the CLI's ``--layers`` / ``--heads``; the explorer's grid holds the presets only)."""
 
     model: str
     gpu: str
@@ -46,6 +48,8 @@ class State:
     context: int
     batch: int
     pool: int
+    layers: int | None = None
+    heads: int | None = None
 
     def problem(self) -> str | None:
         """Why this state cannot be predicted (None when it can)."""
@@ -53,7 +57,9 @@ class State:
             return f"unknown model {self.model!r}; choose from {', '.join(MODEL_PRESETS)}"
         if self.gpu not in GPUS:
             return f"unknown GPU {self.gpu!r}; choose from {', '.join(GPUS)}"
-        heads = MODEL_PRESETS[self.model].num_heads
+        if any(v is not None and v < 1 for v in (self.layers, self.heads)):
+            return "layers and heads must be positive"
+        heads = self.heads if self.heads is not None else MODEL_PRESETS[self.model].num_heads
         if self.tp < 1 or heads % self.tp:
             return f"tensor parallel {self.tp} does not divide {self.model}'s {heads} heads"
         if min(self.context, self.batch, self.pool) < 1:
@@ -77,7 +83,12 @@ class State:
 
     @property
     def geometry(self) -> MLAGeometry:
-        return MODEL_PRESETS[self.model].with_tensor_parallel(self.tp)
+        preset = MODEL_PRESETS[self.model]
+        if self.layers is None and self.heads is None:
+            return preset.with_tensor_parallel(self.tp)
+        return replace(preset, name=f"{preset.name} (user shape)",
+                       num_layers=preset.num_layers if self.layers is None else self.layers,
+                       num_heads=preset.num_heads if self.heads is None else self.heads, tensor_parallel=self.tp)
 
     @property
     def point(self) -> Point:
