@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from kvwall.notebook.tables import Table
+from kvwall.notebook.tables import Table, number
 from kvwall.results import PROJECT_ROOT, load_result
 
-__all__ = ["pins", "recorded_runs", "versions_table", "runs_table", "versions_text", "build_time_text"]
+__all__ = ["executions_table", "pins", "recorded_runs", "versions_table", "runs_table", "versions_text", "build_time_text"]
 
 
 def pins() -> dict[str, str]:
@@ -71,6 +71,19 @@ def versions_table(runs: Sequence[Mapping[str, Any]]) -> Table:
                  f"Versions of each recorded run, from its provenance; bold where it differs from the pins "
                  f"(torch {p.get('torch')}, FlashInfer {p.get('flashinfer-python')}; Triton {p.get('triton')} on a "
                  "CPU machine, the Triton torch's CUDA build brings on a GPU machine).")
+
+
+def executions_table(records: Sequence[Mapping[str, Any]]) -> Table:
+    """How each chapter executed in this build: mode and scale, device, start time, seconds; the date, torch and any
+    non-default parameters in the caption (so the table stays narrow enough not to clip)."""
+    rows = [{"chapter": r["chapter"], "mode": f"{r['mode']}, {r['scale']} scale", "device": r["device"],
+             "started": r["started"][11:19], "seconds": r["duration_s"]} for r in records]
+    knobs = "; ".join(f"{r['chapter']}: " + ", ".join(f"{k}={v:,}" for k, v in r["knobs"].items())
+                      for r in records if r["knobs"])
+    caption = (f"Execution of each chapter in this build, {records[0]['started'][:10] if records else '—'} (UTC), "
+               f"torch {', '.join(sorted({r['torch'] for r in records})) or '—'}; scale knobs: {knobs or 'none'}.")
+    return Table(rows, {"chapter": "chapter", "mode": "mode", "device": "device", "started (UTC)": "started",
+                        "seconds": ("seconds", number(1))}, caption)
 
 
 def runs_table(runs: Sequence[Mapping[str, Any]]) -> Table:
