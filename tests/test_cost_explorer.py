@@ -108,7 +108,8 @@ def test_rates_and_memory_notes(model):
         if key != "h200":
             assert ce.rates_note(model, GPUS[key]) == DATASHEET
     note = ce.memory_note("glm-5")
-    assert "FP8 cache 44,928 B, BF16 cache 89,856 B" in note and "holds 495,000 tokens, a BF16 cache 247,500" in note
+    # One definition with chapter 6's step table (kvwall.model.paths): 576 values a layer x 78 layers + a 4-byte index.
+    assert "FP8 cache 44,932 B, BF16 cache 89,860 B" in note and "holds 495,000 tokens, a BF16 cache 247,511" in note
 
 
 def test_one_rule_gives_one_value(model):
@@ -119,7 +120,7 @@ def test_one_rule_gives_one_value(model):
     one = {r.path: r for r in ce.cost_rows(model, ce.ORIGINAL_STATE, TRANSFER_RULES[0])}
     assert all(both[p].layer_lo_us <= one[p].layer_lo_us <= both[p].layer_hi_us for p in both)
     assert {r.cache for r in both.values()} == {"FP8", "BF16"}
-    assert both["bf16_cache_fa2"].kv_bytes_per_token == 2 * both["fused_fp8"].kv_bytes_per_token
+    assert both["bf16_cache_fa2"].kv_bytes_per_token == 2 * both["fused_fp8"].kv_bytes_per_token - 4  # one index
 
 
 # ---------------------------------------------------------------------------------------------------------

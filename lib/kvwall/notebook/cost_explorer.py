@@ -17,9 +17,11 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import torch
 from IPython.display import HTML
 
 from kvwall.experiments import EXPERIMENTS
+from kvwall.model.paths import kv_bytes_per_token as paths_kv_bytes
 from kvwall.model.cost import GPUS, MODEL_PRESETS, PATHS, TRANSFER_RULES, CostModel, GPUSpec, Point, paths_on
 from kvwall.model.geometry import MLAGeometry
 from kvwall.model.original import ORIGINAL
@@ -122,8 +124,9 @@ class CostRow:
 
 
 def kv_bytes_per_token(geometry: MLAGeometry, cache: str) -> int:
-    """Bytes one token's KV takes over every layer, in an FP8 or a BF16 cache."""
-    return geometry.num_layers * geometry.kv_dim * (2 if cache.lower() == "bf16" else 1)
+    """Bytes one token takes over every layer in an FP8 or a BF16 cache, its slot index included (chapter 6's one
+    definition, :func:`kvwall.model.paths.kv_bytes_per_token`)."""
+    return paths_kv_bytes(geometry, torch.bfloat16 if cache.lower() == "bf16" else torch.float8_e4m3fn)
 
 
 def cost_rows(model: CostModel, state: State, rule: str | None = None) -> list[CostRow]:
@@ -165,7 +168,8 @@ def memory_note(model_key: str) -> str:
     geometry = MODEL_PRESETS[model_key]
     fp8, bf16 = kv_bytes_per_token(geometry, "fp8"), kv_bytes_per_token(geometry, "bf16")
     memory = ORIGINAL.pool_tokens * fp8
-    return (f"{geometry.name}: KV bytes per token ({geometry.num_layers} layers × {geometry.kv_dim} values): "
+    return (f"{geometry.name}: KV bytes per token ({geometry.num_layers} layers × {geometry.kv_dim} values, plus a "
+            f"4-byte slot index): "
             f"FP8 cache {fp8:,} B, BF16 cache {bf16:,} B. In the original's pool memory ({ORIGINAL.pool_tokens:,} "
             f"tokens × {fp8:,} B = {memory / 1e9:.1f} GB) an FP8 cache holds {memory // fp8:,} tokens, a BF16 cache "
             f"{memory // bf16:,}.")
