@@ -87,7 +87,8 @@ def memory_table(result: Result, caption: str) -> Table:
     """What each path costs in memory: KV bytes per token over the model's layers, tokens held in the FP8 pool's
     memory, and the extra peak one step allocates (measured on a GPU)."""
     return Table(step_rows(result), {
-        "path": "name", "cache": "cache_dtype", "KV bytes/token (78 layers)": ("kv_bytes_per_token", number(0)),
+        "path": "name", "cache": ("cache_dtype", lambda d: {"float8_e4m3fn": "FP8 (e4m3)", "bfloat16": "BF16"}.get(d, d)),
+        "KV bytes/token (78 layers)": ("kv_bytes_per_token", number(0)),
         "tokens in the same memory": ("tokens_per_fp8_pool", times(2)),
         "extra peak memory a step, MB": ("transient_mb", number(1))}, caption)
 
@@ -100,7 +101,7 @@ def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure
     for key, name, color in (("write_kv_ms", "write new token's KV", "#8c8c8c"),
                              ("kv_ms", "KV preparation (cast / gather)", "#d62728"),
                              ("attention_ms", "MLA decode attention", "#1f77b4"),
-                             ("rest_ms", "rest of layer (stand-in: the original's non-cast time)", "#c7c7c7")):
+                             ("rest_ms", "rest of layer (stand-in)", "#c7c7c7")):
         fig.add_bar(name=name, x=x, y=[r[key] for r in rows], marker_color=color,
                     hovertemplate="%{x}<br>" + name + ": %{y:.2f} ms<extra></extra>")
     for name, r in zip(x, rows):
