@@ -156,7 +156,8 @@ _RULES: dict[str, str | None] = {"both": None, **{r.replace(" ", "-"): r for r i
 def _cost(args: argparse.Namespace) -> int:
     # The notebook layer (plotly, IPython) only for this command, as for `execute`.
     # pylint: disable=import-outside-toplevel
-    from kvwall.notebook.answer_report import fit_sweep, fmt_range
+    from kvwall.notebook.answer_report import fit_sweep
+    from kvwall.notebook.tables import fmt_range
     from kvwall.notebook.original_gpu_report import rest_without_attention_ms
     from kvwall.notebook.cost_explorer import ORIGINAL_STATE, cost_rows, rates_note
 

@@ -4,7 +4,6 @@ result, or from :mod:`kvwall.model.cost` fitted on the recorded sweep."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -21,7 +20,7 @@ from kvwall.notebook.tables import Table, number, percent, scientific, times
 from kvwall.results import Result
 
 __all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "memory_table", "step_figure", "sweep_figure",
-           "validation_figure", "validation_table", "misses_table", "decision_table", "sweep_samples", "headline_point", "fmt_range",
+           "validation_figure", "validation_table", "misses_table", "decision_table", "sweep_samples", "headline_point",
            "lead_text", "memory_text", "sweep_findings", "patch_check_table", "patch_meta", "front_page_figure",
            "front_page_text"]
 
@@ -275,7 +274,7 @@ def decision_table(step: Result, sweep: Result, fit: SweepFit, caption: str) -> 
     """Architecture x FlashInfer version x batch regime -> what to run, each with the measured or predicted figure
     that says so and the chapter that shows it."""
     s = {r["path"]: r for r in step_rows(step)}
-    us = {(r["axis"], r["path"], r["batch"], r["tokens"], r["heads"]): r["us"] for r in _rows(sweep, "point") if r.get("us")}
+    us = _sweep_us(sweep)
     long_ = max(t for a, _, b, t, h in us if a == "context")
 
     def at(path: str, axis: str = "context", batch: int = 1, tokens: int = long_, heads: int = 16) -> float:
@@ -331,14 +330,6 @@ def decision_table(step: Result, sweep: Result, fit: SweepFit, caption: str) -> 
         r["setup"] = f"**{r['arch']}**; FlashInfer {r['flashinfer']}; batch {r['batch']}"
     return Table(rows, {"your GPU, FlashInfer, batch": "setup", "do this": "do", "because": "why",
                         "shown in": "where"}, caption)
-
-
-def fmt_range(lo: float, hi: float, d: int = 1) -> str:
-    """``"12.3–14.5"``, or one number when the range is a point."""
-    if math.isclose(lo, hi, rel_tol=1e-3):
-        return f"{lo:,.{d}f}"
-    return f"{lo:,.{d}f}–{hi:,.{d}f}"
-
 
 
 # ---------------------------------------------------------------------------------------------------------

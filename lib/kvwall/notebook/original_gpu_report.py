@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from kvwall.model.cost import GPUS, PATHS, CostModel, GPUSpec, Point, paths_on
 from kvwall.model.original import ORIGINAL
-from kvwall.notebook.tables import Table
+from kvwall.notebook.tables import Table, fmt_range
 
 __all__ = ["rest_without_attention_ms", "original_gpu_rows", "original_gpu_table", "cast_check", "arch_table"]
 
@@ -36,9 +36,8 @@ def original_gpu_rows(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6
 
 
 def original_gpu_table(rows: Sequence[dict[str, Any]], caption: str) -> Table:
-    def rng(lo_key: str, hi_key: str, d: int):
-        return lambda r: f"{r[lo_key]:,.{d}f} – {r[hi_key]:,.{d}f}"
-    shaped = [{**r, "layer": rng("layer_lo", "layer_hi", 0)(r), "step": rng("step_lo", "step_hi", 1)(r)} for r in rows]
+    shaped = [{**r, "layer": fmt_range(r["layer_lo"], r["layer_hi"], 0), "step": fmt_range(r["step_lo"], r["step_hi"])}
+              for r in rows]
     return Table(shaped, {"path": "label", "cache": "cache", "µs per layer (predicted)": "layer",
                           "ms per step (predicted)": "step"}, caption)
 

@@ -7,11 +7,12 @@ column says what it formats instead of carrying a lambda.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["Column", "Table", "CHECK_COLUMNS", "markdown_table", "show_table", "show_markdown", "number", "percent", "times",
-           "scientific", "ms_as_us", "plain"]
+           "scientific", "ms_as_us", "plain", "fmt_range"]
 
 Formatter = Callable[[Any], str]
 #: A column maps its header to a row key, or to ``(key, formatter)``.
@@ -45,6 +46,13 @@ def scientific(v: float | None) -> str:
 def ms_as_us(v: float | None) -> str:
     """A time stored in ms, shown in µs with one decimal."""
     return MISSING if v is None else f"{v * 1e3:,.1f}"
+
+
+def fmt_range(lo: float, hi: float, d: int = 1) -> str:
+    """A predicted range, ``"12.3–14.5"``, or one number when it is a point (``d`` decimals)."""
+    if math.isclose(lo, hi, rel_tol=1e-3):
+        return f"{lo:,.{d}f}"
+    return f"{lo:,.{d}f}–{hi:,.{d}f}"
 
 
 def plain(v: Any) -> str:
