@@ -488,3 +488,132 @@ def test_checked_call_refuses_graph_capture():
     with pytest.raises(RuntimeError, match="check_range=False"):
         with torch.cuda.graph(graph):
             call()
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan: a balanced work list, reused across calls (layers), correct for requests that grew
+# ----------------------------------------------------------------------------------------------
+
+from kvwall.kernels.mla_decode.kernel import plan_mla_decode  # noqa: E402
+from kvwall.kernels.mla_decode.plan import TO_THE_END, build_work_list  # noqa: E402
+
+
+@pytest.mark.parametrize("lens,block_n,wanted", [
+    ([1000], 64, 10), ([5, 0, 64, 65, 1, 129, 0, 200], 16, 7), ([0, 0], 64, 3), ([1] * 40, 64, 5),
+    ([32_000, 1024, 3, 17_000, 0, 9_999], 64, 264), ([131_072], 64, 264), ([7], 32, 1000),
+])
+def test_work_list_covers_every_token_once_in_even_chunks(lens, block_n, wanted):
+    wl = build_work_list(lens, block_n=block_n, items_wanted=wanted)
+    covered = {b: [] for b in range(len(lens))}
+    for b, lo, hi, row in wl.items:
+        covered[b].append((lo, min(hi, lens[b])))
+        assert lo % block_n == 0 and (hi == TO_THE_END or hi % block_n == 0)
+        assert min(hi, lens[b]) - lo <= wl.chunk_tokens
+    for b, spans in covered.items():
+        spans.sort()
+        assert spans[0][0] == 0 and spans[-1][1] == lens[b]
+        assert all(a[1] == c[0] for a, c in zip(spans, spans[1:]))  # contiguous, no overlap
+        assert sum(1 for it in wl.items if it[0] == b and it[2] == TO_THE_END) == 1  # one last chunk
+    rows = sorted(r for *_, r in wl.items if r >= 0)
+    assert rows == list(range(wl.partial_rows))  # every partial row written exactly once
+    for i, b in enumerate(wl.combine):
+        mine = sorted(r for bb, _, _, r in wl.items if bb == b)
+        assert mine == list(range(wl.part_indptr[i], wl.part_indptr[i + 1])) and len(mine) > 1
+    sizes = wl.item_tokens()
+    assert sizes == sorted(sizes, reverse=True)  # longest first
+
+
+def test_work_list_balances_a_mixed_batch():
+    lens = [32_000] + [1_000] * 31  # one long request, the rest short: a uniform split leaves the long one's
+    wl = build_work_list(lens, block_n=64, items_wanted=264)  # programs with 32x the short ones' work
+    assert wl.imbalance() < 1.3 and wl.chunk_tokens <= 256
+
+
+def _plan_case(lens, heads=16, **kw):
+    inp = make_mla_inputs(lens, heads, seed=21, pool_slots=CPU_POOL, **kw)
+    keep = nonempty_requests(lens)
+    return inp, keep
+
+
+@pytest.mark.parametrize("lens,programs", [([700, 0, 5, 129], 24), ([1000], 40), ([3, 64, 65], 2)])
+def test_explicit_plan_matches_float64_and_is_reused(lens, programs):
+    inp, keep = _plan_case(lens)
+    plan = plan_mla_decode(inp.kv_indptr, heads=16, device="cpu", programs=programs)
+    assert plan.items >= min(programs, sum(-(-n // 64) for n in lens)) - len(lens)
+    want = reference64(inp, keep, 1.0, 1.0, SM_SCALE)
+    for _ in range(2):  # two "layers" on one plan
+        out = torch.full((len(lens), 16, DC), float("nan"), dtype=BF16)
+        got, lse = run(inp, out=out, plan=plan, check_range=False)
+        assert relative_error(got[keep], want) <= CPU_TOL
+        assert all((got[i] == 0).all() and torch.isneginf(lse[i]).all() for i, n in enumerate(lens) if not n)
+
+
+def test_plan_made_for_shorter_requests_stays_correct():
+    lens = [300, 90]
+    inp, keep = _plan_case(lens)
+    old = torch.tensor([0, 100, 120], dtype=torch.int32)  # the plan of an earlier step: 100 and 20 tokens
+    plan = plan_mla_decode(old, heads=16, device="cpu")
+    got, _ = run(inp, plan=plan, check_range=False)
+    assert relative_error(got[keep], reference64(inp, keep, 1.0, 1.0, SM_SCALE)) <= CPU_TOL
+
+
+def test_paged_plan_matches_float64():
+    lens = [1, 0, 63, 64, 65, 200]
+    inp, keep = _plan_case(lens, layout="paged", page_size=16)
+    plan = plan_mla_decode(inp.kv_indptr, inp.kv_len, heads=16, page_size=16, device="cpu")
+    got, _ = run(inp, plan=plan)
+    assert relative_error(got[keep], reference64(inp, keep, 1.0, 1.0, SM_SCALE)) <= CPU_TOL
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(heads=8), "made for"), (dict(page_size=16), "kv_len"), (dict(num_splits=2), "either plan or num_splits"),
+])
+def test_plan_mismatch_is_refused_before_launch(change, match):
+    inp, _ = _plan_case([10, 20])
+    heads = change.pop("heads", 16)
+    if "page_size" in change:
+        with pytest.raises(ValueError, match=match):
+            plan_mla_decode(inp.kv_indptr, heads=16, device="cpu", **change)
+        return
+    plan = plan_mla_decode(inp.kv_indptr, heads=heads, device="cpu")
+    with pytest.raises(ValueError, match=match):
+        run(inp, plan=plan, **change)
+
+
+def test_plan_refuses_a_bad_indptr():
+    with pytest.raises(ValueError, match="never decrease"):
+        plan_mla_decode(torch.tensor([0, 5, 3], dtype=torch.int32), heads=16, device="cpu")
+
+
+@on_gpu
+def test_planned_call_replays_in_a_cuda_graph_as_requests_grow():
+    lens = [100, 3000, 40_000, 7]
+    inp = make_mla_inputs(lens, 16, seed=17, device="cuda", pool_slots=100_000)
+    cap = 65_536
+    idx_buf = torch.zeros(cap, dtype=torch.int32, device="cuda")
+    idx_buf[:sum(lens)] = inp.kv_indices[:sum(lens)]
+    ptr_buf = inp.kv_indptr.clone()
+    plan = plan_mla_decode(ptr_buf, heads=16)
+    out = torch.empty(len(lens), 16, DC, dtype=BF16, device="cuda")
+
+    def call():
+        return mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, ptr_buf, idx_buf, 0.1, out=out,
+                              plan=plan, check_range=False)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for grow in (0, 1, 17):  # steps later: every request longer than planned
+        new = [n + grow for n in lens]
+        n = sum(new)
+        idx_buf[:n] = torch.randint(0, inp.ckv_cache.shape[0], (n,), device="cuda", generator=g, dtype=torch.int32)
+        ptr_buf.copy_(torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        starts = [0, *torch.tensor(new).cumsum(0).tolist()]
+        replayed = dataclasses.replace(inp, tok_slots=[idx_buf[a:b].long() for a, b in zip(starts, starts[1:])])
+        keep = list(range(len(lens)))
+        assert relative_error(out, reference64(replayed, keep, 1.0, 1.0, 0.1)) <= 1e-2

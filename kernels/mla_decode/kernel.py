@@ -68,12 +68,17 @@ import torch
 import triton
 import triton.language as tl
 
+from kvwall.kernels.mla_decode.plan import WorkList, build_work_list
 from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
                                     gpu_name, keep_fp8_nan, read_tuned_table, refuse_graph_capture,
                                     round_bf16_by_bits, sm_count)
 
-__all__ = ["mla_decode_fp8", "MLADecodeConfig", "default_config", "default_num_splits", "tuned_entry",
-           "CONVERSIONS", "TUNED_CONFIG_FILE", "LAST_COMPILED"]
+__all__ = ["mla_decode_fp8", "plan_mla_decode", "MLADecodePlan", "MLADecodeConfig", "default_config",
+           "default_num_splits", "programs_wanted", "blocks_per_sm", "tuned_entry", "fallback_config",
+           "fallback_shapes", "FALLBACK_SHAPES", "split_constexprs", "kernel_signature", "compile_offline",
+           "split_resources", "SplitResources", "is_trap_only", "CONVERSIONS", "TUNED_CONFIG_FILE", "LAST_COMPILED"]
+
+_plan_fail: Fail = functools.partial(fail, "plan_mla_decode")
 
 Q_DTYPE = torch.bfloat16
 KV_DTYPE = torch.float8_e4m3fn
@@ -189,10 +194,96 @@ def _store_bf16_impl(ptrs, o, hmask, ON_GPU: tl.constexpr):
     tl.store(ptrs, ob, mask=hmask[:, None])
 
 
+def _write_out_impl(o_rows, lse_ptrs, acc0, acc1, acc2, acc3, norm, lse2, hmask, DCH: tl.constexpr,
+                    WRITE_LSE: tl.constexpr, ON_GPU: tl.constexpr):
+    """A request's finished output (BF16) and natural-log LSE, from the four accumulators."""
+    _store_bf16(o_rows + 0 * DCH, acc0 * norm, hmask, ON_GPU)
+    _store_bf16(o_rows + 1 * DCH, acc1 * norm, hmask, ON_GPU)
+    _store_bf16(o_rows + 2 * DCH, acc2 * norm, hmask, ON_GPU)
+    _store_bf16(o_rows + 3 * DCH, acc3 * norm, hmask, ON_GPU)
+    if WRITE_LSE:
+        tl.store(lse_ptrs, lse2 * 0.6931471805599453, mask=hmask)
+
+
+def _write_partial_impl(o_rows, lse_ptrs, acc0, acc1, acc2, acc3, norm, lse2, hmask, DCH: tl.constexpr):
+    """A chunk's normalized float32 partial output and base-2 LSE, for the combine."""
+    tl.store(o_rows + 0 * DCH, acc0 * norm, mask=hmask[:, None])
+    tl.store(o_rows + 1 * DCH, acc1 * norm, mask=hmask[:, None])
+    tl.store(o_rows + 2 * DCH, acc2 * norm, mask=hmask[:, None])
+    tl.store(o_rows + 3 * DCH, acc3 * norm, mask=hmask[:, None])
+    tl.store(lse_ptrs, lse2, mask=hmask)
+
+
+def _tokens_m_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe,
+                        q0, q1, q2, q3, qr, row_c, row_k, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                        DCH: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr, CONVERT: tl.constexpr,
+                        CACHE_K: tl.constexpr, ON_GPU: tl.constexpr):
+    """The token loop with tokens as the MMA's M side: scores^T [tokens, heads] = ckv @ q_nope^T + kpe @ q_pe^T,
+    online softmax down the columns, out^T [512, heads] += ckv^T @ p^T in four 128-row chunks. Returns the
+    running max, the sum, the four accumulators as [heads, 128] (transposed back once, at the end), and the
+    per-row out-of-range flags."""
+    dch = tl.arange(0, DCH)
+    dr = tl.arange(0, DR)
+    q0t = tl.trans(q0)  # [DCH, BLOCK_H]
+    q1t = tl.trans(q1)
+    q2t = tl.trans(q2)
+    q3t = tl.trans(q3)
+    qrt = tl.trans(qr)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_H], 0.0, tl.float32)
+    bad_seen = tl.full([BLOCK_N], 0, tl.int32)
+    a0 = tl.full([DCH, BLOCK_H], 0.0, tl.float32)
+    a1 = tl.full([DCH, BLOCK_H], 0.0, tl.float32)
+    a2 = tl.full([DCH, BLOCK_H], 0.0, tl.float32)
+    a3 = tl.full([DCH, BLOCK_H], 0.0, tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        live = n < hi
+        t = tl.minimum(n, hi - 1)
+        if PAGE == 1:
+            raw = tl.load(indices_ptr + start + t)
+            bad = (raw < 0) | (raw >= num_units)
+            slot = tl.where(bad, 0, raw).to(tl.int64)
+        else:
+            raw = tl.load(indices_ptr + start + t // PAGE)
+            bad = (raw < 0) | (raw >= num_units)
+            slot = tl.where(bad, 0, raw).to(tl.int64) * PAGE + t % PAGE
+        row = ckv_ptr + slot[:, None] * stride_ckv + dch[None, :]
+        f0 = _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), CONVERT)  # [BLOCK_N, DCH]
+        f1 = _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), CONVERT)
+        f2 = _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), CONVERT)
+        f3 = _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), CONVERT)
+        fr = _fp8_as_f16(tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], cache_modifier=CACHE_K), CONVERT)
+        st = _dot(f0, q0t, None, ON_GPU)  # [BLOCK_N, BLOCK_H]
+        st = _dot(f1, q1t, st, ON_GPU)
+        st = _dot(f2, q2t, st, ON_GPU)
+        st = _dot(f3, q3t, st, ON_GPU)
+        sr = _dot(fr, qrt, None, ON_GPU)
+        logits = st * row_c[None, :] + sr * row_k[None, :]
+        bad_seen = bad_seen | bad.to(tl.int32)
+        logits = tl.where(live[:, None], logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.reduce(logits, 0, tl.standard._elementwise_max))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(logits - m_new[None, :])
+        l_i = l_i * alpha + tl.reduce(p, 0, tl.standard._sum_combine)
+        if ON_GPU:
+            pv = p.to(tl.float16)
+        else:
+            pv = p
+        a0 = _dot(tl.trans(f0), pv, a0 * alpha[None, :], ON_GPU)  # [DCH, BLOCK_H]
+        a1 = _dot(tl.trans(f1), pv, a1 * alpha[None, :], ON_GPU)
+        a2 = _dot(tl.trans(f2), pv, a2 * alpha[None, :], ON_GPU)
+        a3 = _dot(tl.trans(f3), pv, a3 * alpha[None, :], ON_GPU)
+        m_i = m_new
+    return m_i, l_i, tl.trans(a0), tl.trans(a1), tl.trans(a2), tl.trans(a3), bad_seen
+
+
 # The split kernel calls these; compiled kernels need them jitted, interpreted ones call the plain functions.
 _HELPERS = {"_fp8_as_f16": _fp8_as_f16_impl, "_pow2": _pow2_impl, "_q_operand": _q_operand_impl,
             "_dot": _dot_impl, "_store_bf16": _store_bf16_impl, "_e4m3_round": _e4m3_round_impl,
-            "_q_terms": _q_terms_impl, "_sum_terms": _sum_terms_impl, "_as_f32": _as_f32_impl}
+            "_q_terms": _q_terms_impl, "_sum_terms": _sum_terms_impl, "_as_f32": _as_f32_impl,
+            "_write_out": _write_out_impl, "_write_partial": _write_partial_impl,
+            "_tokens_m_loop": _tokens_m_loop_impl}
 _fp8_as_f16 = triton.jit(_fp8_as_f16_impl)
 _pow2 = triton.jit(_pow2_impl)
 _q_operand = triton.jit(_q_operand_impl)
@@ -202,12 +293,16 @@ _e4m3_round = triton.jit(_e4m3_round_impl)
 _q_terms = triton.jit(_q_terms_impl)
 _sum_terms = triton.jit(_sum_terms_impl)
 _as_f32 = triton.jit(_as_f32_impl)
+_write_out = triton.jit(_write_out_impl)
+_write_partial = triton.jit(_write_partial_impl)
+_tokens_m_loop = triton.jit(_tokens_m_loop_impl)
 
 
 def _mla_split_kernel(
     qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, indptr_ptr, indices_ptr, kvlen_ptr,
     ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, qk_scale,  # qk_scale = sm_scale * log2(e)
     part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
+    work_ptr,  # WORKLIST: the plan's items, int32 [items, 4] rows (request, first token, end token, partial row)
     H, num_splits,
     num_indices,  # len(kv_indices): kv_indptr entries are clamped to it (unchecked calls read nothing past it)
     num_units,  # slots (PAGE == 1) or pages in the cache: an index outside 0..num_units-1 makes the request NaN
@@ -216,11 +311,19 @@ def _mla_split_kernel(
     DC: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
     ON_GPU: tl.constexpr, CONVERT: tl.constexpr, KV_MUL: tl.constexpr, CACHE_K: tl.constexpr,
-    CACHE_V: tl.constexpr, S_FP8: tl.constexpr,
+    CACHE_V: tl.constexpr, S_FP8: tl.constexpr, WORKLIST: tl.constexpr, TOKENS_M: tl.constexpr,
 ):
     hb = tl.program_id(0)  # head blocks vary fastest: programs sharing a split run together and share it in L2
-    s = tl.program_id(1)
-    b = tl.program_id(2)
+    if WORKLIST:  # one item of the plan: a request and a chunk of its tokens
+        wrow = work_ptr + tl.program_id(1) * 4
+        b = tl.load(wrow)
+        item_lo = tl.load(wrow + 1)
+        item_hi = tl.load(wrow + 2)  # 2^31 - 1 for a request's last chunk: up to the length it has at run time
+        prow = tl.load(wrow + 3)  # partial row, or -1: the request's only chunk, written straight to out
+        s = 0
+    else:
+        s = tl.program_id(1)
+        b = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
     dc = tl.arange(0, DC)
@@ -235,9 +338,13 @@ def _mla_split_kernel(
     else:
         length = tl.minimum(tl.maximum(tl.load(kvlen_ptr + b).to(tl.int32), 0), (stop - start) * PAGE)
     # cdiv spelled out: tl.cdiv is a jit function, which a kernel built with InterpretedFunction cannot call
-    per_split = ((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    lo = s * per_split  # token positions within the request
-    hi = tl.minimum(lo + per_split, length)
+    if WORKLIST:
+        lo = tl.minimum(tl.maximum(item_lo, 0), length)  # token positions within the request
+        hi = tl.minimum(tl.maximum(item_hi, lo), length)
+    else:
+        per_split = ((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        lo = s * per_split
+        hi = tl.minimum(lo + per_split, length)
 
     if SCALE_FROM_PTR:
         ckv_scale = tl.load(ckv_scale_ptr).to(tl.float32)
@@ -288,71 +395,79 @@ def _mla_split_kernel(
     # 128-wide chunks (four dots each way, four accumulators): whole-tile operands would spill. The tile is read
     # twice: for the scores (CACHE_K) and again for p @ ckv (CACHE_V, an L1/L2 hit): one use per load lets
     # Triton's pipeliner stream each into shared memory with cp.async; the HBM traffic stays one read.
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    bad_seen = tl.full([BLOCK_N], 0, tl.int32)  # per tile column: did an index fall outside the cache?
-    l_i = tl.full([BLOCK_H], 0.0, tl.float32)
-    acc0 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
-    acc1 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
-    acc2 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
-    acc3 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        live = n < hi
-        # Rows past the split's end repeat its last token: every load stays unmasked and in bounds, and what
-        # they read is dropped (-inf logits, p = 0) -- no stray slot's NaN can leak in through 0 x NaN.
-        # An index outside the cache (possible in unchecked calls) reads slot 0 instead; the split ends NaN.
-        t = tl.minimum(n, hi - 1)
-        # Checked in the index's own width, before widening: in 64 bits the check cost 2-5 % of the kernel's time.
-        if PAGE == 1:
-            raw = tl.load(indices_ptr + start + t)
-            bad = (raw < 0) | (raw >= num_units)
-            slot = tl.where(bad, 0, raw).to(tl.int64)
-        else:
-            raw = tl.load(indices_ptr + start + t // PAGE)
-            bad = (raw < 0) | (raw >= num_units)
-            slot = tl.where(bad, 0, raw).to(tl.int64) * PAGE + t % PAGE
-        row = ckv_ptr + slot[:, None] * stride_ckv + dch[None, :]
-        kr = tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], cache_modifier=CACHE_K)
-        if S_FP8:  # [tokens, 4 x heads] on FP8 tensor cores, then the four terms summed: [heads, tokens]
-            st = _dot(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), tl.trans(q0), None, ON_GPU)
-            st = _dot(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), tl.trans(q1), st, ON_GPU)
-            st = _dot(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), tl.trans(q2), st, ON_GPU)
-            st = _dot(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), tl.trans(q3), st, ON_GPU)
-            s_c = tl.trans(_sum_terms(st * t_w[None, :], BLOCK_N, BLOCK_H))
-            s_r = tl.trans(_sum_terms(_dot(kr, tl.trans(qr), None, ON_GPU) * t_w[None, :], BLOCK_N, BLOCK_H))
-        else:
-            s_c = _dot(q0, tl.trans(_fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), CONVERT)), None,
-                       ON_GPU)
-            s_c = _dot(q1, tl.trans(_fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
-                       ON_GPU)
-            s_c = _dot(q2, tl.trans(_fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
-                       ON_GPU)
-            s_c = _dot(q3, tl.trans(_fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
-                       ON_GPU)
-            s_r = _dot(qr, tl.trans(_fp8_as_f16(kr, CONVERT)), None, ON_GPU)
-        logits = s_c * row_c[:, None] + s_r * row_k[:, None]  # [BLOCK_H, BLOCK_N], base-2 units
-        bad_seen = bad_seen | bad.to(tl.int32)
-        logits = tl.where(live[None, :], logits, float("-inf"))
-        # Reductions through tl.reduce with the standard combine functions: tl.max / tl.sum are jit functions,
-        # which a kernel built with InterpretedFunction (no TRITON_INTERPRET) cannot call; tl.reduce it patches.
-        # m_new is finite: every tile holds at least one live token.
-        m_new = tl.maximum(m_i, tl.reduce(logits, 1, tl.standard._elementwise_max))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-        if ON_GPU:
-            pv = p.to(tl.float16)  # rounded to the operand type, as flash attention does
-        else:
-            pv = p  # float32 p: the interpreter checks everything but the GPU's float16 rounding of p
-        acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), CONVERT), acc0 * alpha[:, None],
-                      ON_GPU)
-        acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), CONVERT), acc1 * alpha[:, None],
-                      ON_GPU)
-        acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), CONVERT), acc2 * alpha[:, None],
-                      ON_GPU)
-        acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), CONVERT), acc3 * alpha[:, None],
-                      ON_GPU)
-        m_i = m_new
+    if TOKENS_M:
+        # Transposed: tokens are the MMA's M side and heads its N (16 heads need no padding to 64), so on Hopper
+        # the scores are one warpgroup MMA per 64 tokens with the converted tile as its register operand; the tile
+        # is loaded and converted once, and serves transposed as the first operand of out^T += ckv^T @ p^T.
+        m_i, l_i, acc0, acc1, acc2, acc3, bad_seen = _tokens_m_loop(
+            ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe, q0, q1, q2, q3, qr,
+            row_c, row_k, BLOCK_H, BLOCK_N, DCH, DR, PAGE, CONVERT, CACHE_K, ON_GPU)
+    else:
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        bad_seen = tl.full([BLOCK_N], 0, tl.int32)  # per tile column: did an index fall outside the cache?
+        l_i = tl.full([BLOCK_H], 0.0, tl.float32)
+        acc0 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
+        acc1 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
+        acc2 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
+        acc3 = tl.full([BLOCK_H, DCH], 0.0, tl.float32)
+        for n0 in range(lo, hi, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            live = n < hi
+            # Rows past the split's end repeat its last token: every load stays unmasked and in bounds, and what
+            # they read is dropped (-inf logits, p = 0) -- no stray slot's NaN can leak in through 0 x NaN.
+            # An index outside the cache (possible in unchecked calls) reads slot 0 instead; the split ends NaN.
+            t = tl.minimum(n, hi - 1)
+            # Checked in the index's own width, before widening: in 64 bits the check cost 2-5 % of the kernel's time.
+            if PAGE == 1:
+                raw = tl.load(indices_ptr + start + t)
+                bad = (raw < 0) | (raw >= num_units)
+                slot = tl.where(bad, 0, raw).to(tl.int64)
+            else:
+                raw = tl.load(indices_ptr + start + t // PAGE)
+                bad = (raw < 0) | (raw >= num_units)
+                slot = tl.where(bad, 0, raw).to(tl.int64) * PAGE + t % PAGE
+            row = ckv_ptr + slot[:, None] * stride_ckv + dch[None, :]
+            kr = tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], cache_modifier=CACHE_K)
+            if S_FP8:  # [tokens, 4 x heads] on FP8 tensor cores, then the four terms summed: [heads, tokens]
+                st = _dot(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), tl.trans(q0), None, ON_GPU)
+                st = _dot(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), tl.trans(q1), st, ON_GPU)
+                st = _dot(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), tl.trans(q2), st, ON_GPU)
+                st = _dot(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), tl.trans(q3), st, ON_GPU)
+                s_c = tl.trans(_sum_terms(st * t_w[None, :], BLOCK_N, BLOCK_H))
+                s_r = tl.trans(_sum_terms(_dot(kr, tl.trans(qr), None, ON_GPU) * t_w[None, :], BLOCK_N, BLOCK_H))
+            else:
+                s_c = _dot(q0, tl.trans(_fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), CONVERT)), None,
+                           ON_GPU)
+                s_c = _dot(q1, tl.trans(_fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
+                           ON_GPU)
+                s_c = _dot(q2, tl.trans(_fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
+                           ON_GPU)
+                s_c = _dot(q3, tl.trans(_fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
+                           ON_GPU)
+                s_r = _dot(qr, tl.trans(_fp8_as_f16(kr, CONVERT)), None, ON_GPU)
+            logits = s_c * row_c[:, None] + s_r * row_k[:, None]  # [BLOCK_H, BLOCK_N], base-2 units
+            bad_seen = bad_seen | bad.to(tl.int32)
+            logits = tl.where(live[None, :], logits, float("-inf"))
+            # Reductions through tl.reduce with the standard combine functions: tl.max / tl.sum are jit functions,
+            # which a kernel built with InterpretedFunction (no TRITON_INTERPRET) cannot call; tl.reduce it patches.
+            # m_new is finite: every tile holds at least one live token.
+            m_new = tl.maximum(m_i, tl.reduce(logits, 1, tl.standard._elementwise_max))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(logits - m_new[:, None])
+            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+            if ON_GPU:
+                pv = p.to(tl.float16)  # rounded to the operand type, as flash attention does
+            else:
+                pv = p  # float32 p: the interpreter checks everything but the GPU's float16 rounding of p
+            acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), CONVERT),
+                        acc0 * alpha[:, None], ON_GPU)
+            acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), CONVERT),
+                        acc1 * alpha[:, None], ON_GPU)
+            acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), CONVERT),
+                        acc2 * alpha[:, None], ON_GPU)
+            acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), CONVERT),
+                        acc3 * alpha[:, None], ON_GPU)
+            m_i = m_new
 
     # l_i is 0 for a split with no tokens, >= 1 otherwise; NaN if a logit was (an FP8 NaN) or if an index was out
     # of range: then out and LSE are NaN.
@@ -360,33 +475,38 @@ def _mla_split_kernel(
     empty = l_i == 0.0
     norm = tl.where(empty, 0.0, ckv_scale * KV_MUL / tl.where(empty, 1.0, l_i))[:, None]  # [BLOCK_H, 1]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    if DIRECT:
-        o_rows = out_ptr + b.to(tl.int64) * stride_o_b + heads[:, None] * stride_o_h + dch[None, :]
-        _store_bf16(o_rows + 0 * DCH, acc0 * norm, hmask, ON_GPU)
-        _store_bf16(o_rows + 1 * DCH, acc1 * norm, hmask, ON_GPU)
-        _store_bf16(o_rows + 2 * DCH, acc2 * norm, hmask, ON_GPU)
-        _store_bf16(o_rows + 3 * DCH, acc3 * norm, hmask, ON_GPU)
-        if WRITE_LSE:
-            tl.store(lse_ptr + b * H + heads, lse2 * 0.6931471805599453, mask=hmask)
+    if WORKLIST:
+        to_out = prow < 0  # the request's only chunk
+        part_row = tl.maximum(prow, 0)
     else:
-        rows = (b * num_splits + s).to(tl.int64) * H + heads  # partials laid out [B, S, H, DC]
-        o_rows = part_o_ptr + rows[:, None] * DC + dch[None, :]
-        tl.store(o_rows + 0 * DCH, acc0 * norm, mask=hmask[:, None])
-        tl.store(o_rows + 1 * DCH, acc1 * norm, mask=hmask[:, None])
-        tl.store(o_rows + 2 * DCH, acc2 * norm, mask=hmask[:, None])
-        tl.store(o_rows + 3 * DCH, acc3 * norm, mask=hmask[:, None])
-        tl.store(part_lse_ptr + rows, lse2, mask=hmask)
+        to_out = DIRECT
+        part_row = b * num_splits + s  # partials laid out [B, S, H, DC]
+    if to_out:
+        _write_out(out_ptr + b.to(tl.int64) * stride_o_b + heads[:, None] * stride_o_h + dch[None, :],
+                   lse_ptr + b * H + heads, acc0, acc1, acc2, acc3, norm, lse2, hmask, DCH, WRITE_LSE, ON_GPU)
+    else:
+        rows = part_row.to(tl.int64) * H + heads
+        _write_partial(part_o_ptr + rows[:, None] * DC + dch[None, :], part_lse_ptr + rows, acc0, acc1, acc2, acc3,
+                       norm, lse2, hmask, DCH)
 
 
 def _mla_combine_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, H, num_splits, stride_o_b, stride_o_h,
+    combine_req_ptr, part_indptr_ptr,  # WORKLIST: the requests with more than one chunk, and their partial rows
     DC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, WRITE_LSE: tl.constexpr,
-    RNE_BY_BITS: tl.constexpr,
+    RNE_BY_BITS: tl.constexpr, WORKLIST: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    if WORKLIST:  # program i merges request combine_req[i]'s chunks: partial rows part_indptr[i] .. [i + 1]
+        i = tl.program_id(0)
+        b = tl.load(combine_req_ptr + i)
+        first = tl.load(part_indptr_ptr + i)
+        num_splits = tl.load(part_indptr_ptr + i + 1) - first
+    else:  # request b's splits: rows b * num_splits ..
+        b = tl.program_id(0)
+        first = b * num_splits
     h = tl.program_id(1)
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    base = b.to(tl.int64) * num_splits * H + h  # row of split 0
+    base = first.to(tl.int64) * H + h  # row of the first split
     # A split whose LSE is NaN (a NaN logit) makes the result NaN; the maximum is taken over the others (the GPU's
     # maximum ignores NaN, the interpreter's propagates it: excluded explicitly, both agree).
     m = tl.full([BLOCK_S], float("-inf"), tl.float32)
@@ -460,6 +580,7 @@ class MLADecodeConfig:
     cache_k: str = ""
     cache_v: str = ".ca"
     s_fp8: bool = False
+    tokens_m: bool = False
     combine_block_d: int = 32
     combine_block_s: int = 0
     combine_warps: int = 0
@@ -495,39 +616,240 @@ def _entry_for(heads: int, max_len: int | None, device: torch.device) -> dict | 
     return _device_entry(gpu_name(device), heads, max_len) if device.type == "cuda" else None
 
 
+#: Launch shapes a GPU missing from the tuned table may get, best first, for up to 16 heads and for more: the
+#: launcher takes the first whose compiled shared memory fits the device's per-block limit and that is not a
+#: trap-only kernel (:func:`fallback_config`). The later ones exist for SM120's 99 KB blocks and SM100's 512
+#: tensor-memory columns.
+FALLBACK_SHAPES: dict[str, tuple[MLADecodeConfig, ...]] = {
+    "up to 16 heads": (MLADecodeConfig(16, 64, 4, 2), MLADecodeConfig(16, 64, 4, 1, cache_v="")),
+    "more than 16 heads": (MLADecodeConfig(64, 64, 8, 2), MLADecodeConfig(64, 64, 8, 2, cache_v=""),
+                           MLADecodeConfig(32, 64, 4, 2, cache_v=""), MLADecodeConfig(16, 64, 4, 1, cache_v="")),
+}
+
+
+def fallback_shapes(heads: int) -> tuple[MLADecodeConfig, ...]:
+    return FALLBACK_SHAPES["up to 16 heads" if heads <= 16 else "more than 16 heads"]
+
+
+def split_constexprs(cfg: MLADecodeConfig, *, dc: int = 512, dr: int = 64, page: int = 1, worklist: bool = True,
+                     direct: bool = False, write_lse: bool = False, scale_from_ptr: bool = False,
+                     on_gpu: bool = True) -> dict:
+    """The split kernel's compile-time parameters for a launch with ``cfg`` (what the launcher passes)."""
+    how, kv_mul = CONVERSIONS[cfg.convert] if on_gpu else (0, 256.0)
+    return dict(DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page,
+                SCALE_FROM_PTR=scale_from_ptr, DIRECT=direct and not worklist, WRITE_LSE=write_lse, ON_GPU=on_gpu,
+                CONVERT=how, KV_MUL=kv_mul, CACHE_K=cfg.cache_k, CACHE_V=cfg.cache_v, S_FP8=cfg.s_fp8,
+                WORKLIST=worklist, TOKENS_M=cfg.tokens_m)
+
+
+_POINTER_TYPES = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "out_ptr": "*bf16", "ckv_ptr": "*fp8e4nv",
+                  "kpe_ptr": "*fp8e4nv", "indptr_ptr": "*i32", "indices_ptr": "*i32", "kvlen_ptr": "*i32",
+                  "work_ptr": "*i32", "combine_req_ptr": "*i32", "part_indptr_ptr": "*i32"}
+_FLOAT_ARGS = ("ckv_scale_val", "kpe_scale_val", "qk_scale")
+
+
+def kernel_signature(name: str, constexprs: dict) -> dict[str, str]:
+    """Argument types of kernel ``name`` ("split" or "combine") for an offline compile: int32 indices, BF16 queries
+    and output, FP8 caches, float32 scales and partials."""
+    fn = _kernel(name, False)
+    sig = {}
+    for arg in fn.arg_names:
+        if arg in constexprs:
+            sig[arg] = "constexpr"
+        elif arg.endswith("_ptr"):
+            sig[arg] = _POINTER_TYPES.get(arg, "*fp32")
+        else:
+            sig[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
+    return sig
+
+
+def compile_offline(name: str, constexprs: dict, num_warps: int, num_stages: int, cap: int):
+    """Kernel ``name`` compiled for compute capability ``cap`` without launching it (no GPU of that kind needed:
+    Triton's ``triton.compile`` with its bundled ptxas). Raises what the compiler raises."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = kernel_signature(name, constexprs)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if sig[k].startswith("*") or "stride" in k}
+    return triton.compile(ASTSource(fn=_kernel(name, False), signature=sig, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", cap, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def is_trap_only(compiled) -> bool:
+    """Where Triton gives up on a layout (e.g. more tensor-memory columns than SM100's 512) it emits a kernel that
+    only traps: it compiles, and fails at launch."""
+    ptx = compiled.asm.get("ptx", "")
+    return "trap;" in ptx and sum(1 for line in ptx.splitlines() if line.strip().endswith(";")) < 50
+
+
+@dataclass(frozen=True)
+class SplitResources:
+    """What the compiler gave one launch shape on one architecture: shared memory per block, registers per thread
+    (None when they cannot be read), and whether the kernel only traps."""
+
+    shared: int
+    regs: int | None
+    trap_only: bool
+
+
+@functools.cache
+def split_resources(cfg: MLADecodeConfig, cap: int) -> SplitResources:
+    """:class:`SplitResources` of the split kernel (work-list launch) with ``cfg`` compiled for ``cap``; on the GPU
+    of that capability the registers come from loading the binary."""
+    compiled = compile_offline("split", split_constexprs(cfg), cfg.num_warps, cfg.num_stages, cap)
+    regs = None
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == divmod(cap, 10):
+        compiled._init_handles()
+        regs = int(compiled.n_regs)
+    return SplitResources(int(compiled.metadata.shared), regs, is_trap_only(compiled))
+
+
+def _device_limits(device: torch.device) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(device)
+    return props.major * 10 + props.minor, int(props.shared_memory_per_block_optin)
+
+
+def fallback_config(heads: int, cap: int, shared_limit: int) -> MLADecodeConfig:
+    """The first of :data:`FALLBACK_SHAPES` for ``heads`` that compiles for ``cap`` within ``shared_limit`` bytes of
+    shared memory per block and is not trap-only; the last one if none is."""
+    shapes = fallback_shapes(heads)
+    for cfg in shapes:
+        try:
+            res = split_resources(cfg, cap)
+        except Exception:  # noqa: BLE001 - a shape the compiler refuses is skipped
+            continue
+        if res.shared <= shared_limit and not res.trap_only:
+            return cfg
+    return shapes[-1]
+
+
 def default_config(heads: int, dc: int, device: torch.device, max_len: int | None = None) -> MLADecodeConfig:
-    """The launch shape: the tuned one for this GPU, head count and context if the table has it; else up to 64
-    heads per program (one program reads a token tile for all of them), 64-token tiles, two pipeline stages.
-    In the interpreter, large tiles (its cost is per program and per operation, not per element)."""
-    block_h = min(max(16, triton.next_power_of_2(heads)), 64)
+    """The launch shape: the tuned one for this GPU, head count and context if the table has it; else the first of
+    :data:`FALLBACK_SHAPES` that fits this device (:func:`fallback_config`: shared memory within the device's real
+    per-block limit, not a trap-only kernel). In the interpreter, large tiles (its cost is per program and per
+    operation, not per element)."""
     if device.type == "cpu":
+        block_h = min(max(16, triton.next_power_of_2(heads)), 64)
         return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=1, num_stages=1,
                                combine_block_d=dc, combine_block_s=16, combine_warps=1)
     entry = _entry_for(heads, max_len, device)
     if entry is not None:
         return MLADecodeConfig(**{k: v for k, v in entry["config"].items() if not k.startswith("combine_")})
-    return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=4 if block_h <= 32 else 8, num_stages=2,
-                           convert="cvt")
+    if device.type != "cuda":  # e.g. "meta": the first preference, unfiltered
+        return fallback_shapes(heads)[0]
+    return fallback_config(heads, *_device_limits(device))
+
+
+def blocks_per_sm(cfg: MLADecodeConfig, device: torch.device) -> int:
+    """Split-kernel programs with ``cfg`` one multiprocessor of ``device`` holds at once: the least of what its
+    shared memory (per SM, 1 KB reserved per block), registers and thread slots allow, from the compiled kernel."""
+    props = torch.cuda.get_device_properties(device)
+    res = split_resources(cfg, props.major * 10 + props.minor)
+    threads = 32 * cfg.num_warps
+    by_smem = int(props.shared_memory_per_multiprocessor) // (res.shared + 1024)
+    by_threads = int(props.max_threads_per_multi_processor) // threads
+    by_regs = int(props.regs_per_multiprocessor) // (-(-res.regs // 8) * 8 * threads) if res.regs else by_threads
+    return max(1, min(by_smem, by_regs, by_threads))
+
+
+def programs_wanted(heads: int, max_len: int, device: torch.device, config: MLADecodeConfig | None = None) -> int:
+    """Split-kernel programs to launch at once on ``device``: the tuned count (the tuned batch-1 run's splits x head
+    blocks) where the table has one, else one full wave at the compiled kernel's occupancy (:func:`blocks_per_sm`
+    x multiprocessors)."""
+    entry = _entry_for(heads, max_len, device)
+    if entry is not None and entry.get("splits"):
+        return entry["splits"] * triton.cdiv(entry["heads"], entry["config"]["block_h"])
+    cfg = config or default_config(heads, 512, device, max_len)
+    return blocks_per_sm(cfg, device) * sm_count(device)
 
 
 def default_num_splits(batch: int, heads: int, max_len: int, device: torch.device,
                        config: MLADecodeConfig | None = None) -> int:
-    """Splits per request. On a GPU with a tuned entry: as many programs in all as the tuned batch-1 run used
-    (splits x head blocks), shared among the batch; else about two programs per multiprocessor. Never more
-    splits than ``block_n`` tiles. On CPU: at most 3 splits (enough to exercise the combine)."""
+    """Splits per request of the uniform launch (no plan): :func:`programs_wanted` shared among the batch, never
+    more splits than ``block_n`` tiles. On CPU: at most 3 splits (enough to exercise the combine)."""
     if max_len <= 0:
         return 1
     if device.type == "cpu":
         return max(1, min(3, triton.cdiv(max_len, 64)))
     cfg = config or default_config(heads, 512, device, max_len)
-    head_blocks = triton.cdiv(heads, cfg.block_h)
-    entry = _entry_for(heads, max_len, device)
-    if entry is not None and entry.get("splits"):
-        programs = entry["splits"] * triton.cdiv(entry["heads"], entry["config"]["block_h"])
-    else:
-        programs = 2 * sm_count(device)
-    want = triton.cdiv(programs, batch * head_blocks)
+    want = triton.cdiv(programs_wanted(heads, max_len, device, cfg), batch * triton.cdiv(heads, cfg.block_h))
     return max(1, min(want, triton.cdiv(max_len, cfg.block_n)))
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan: a work list for a batch, reused by every layer of a step
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MLADecodePlan:
+    """A batch's work list on the device (:mod:`kvwall.kernels.mla_decode.plan`), the launch shape it was cut for,
+    and the float32 partial buffers of the requests with more than one chunk. Made once per decode step by
+    :func:`plan_mla_decode`; every layer's :func:`mla_decode_fp8` call with ``plan=`` reuses it, and such a call
+    never synchronizes (CUDA-graph capturable)."""
+
+    batch: int
+    heads: int
+    kv_lora_rank: int
+    page_size: int
+    device: torch.device
+    config: MLADecodeConfig
+    work_list: WorkList
+    work: torch.Tensor  # int32 [items, 4]
+    combine_requests: torch.Tensor  # int32 [requests with > 1 chunk] (at least one entry)
+    part_indptr: torch.Tensor  # int32 [that + 1]
+    part_o: torch.Tensor  # float32 [partial rows, heads, kv_lora_rank]
+    part_lse: torch.Tensor  # float32 [partial rows, heads]
+
+    @property
+    def items(self) -> int:
+        return len(self.work_list.items)
+
+
+def plan_mla_decode(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
+                    kv_lora_rank: int = 512, page_size: int = 1, device: torch.device | None = None,
+                    config: MLADecodeConfig | None = None, programs: int | None = None,
+                    min_chunk: int | None = None) -> MLADecodePlan:
+    """The work list for a batch (FlashInfer's ``plan()``): lengths from ``kv_indptr`` (page size 1) or ``kv_len``
+    (paged caches), read on the host (one synchronization if they are on the GPU). ``programs``: split-kernel
+    programs to aim for at once (default :func:`programs_wanted`); ``min_chunk``: fewest tokens a chunk may hold
+    (default one tile)."""
+    ptr = [int(x) for x in kv_indptr.tolist()]
+    if len(ptr) < 2 or ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
+        _plan_fail(ValueError, f"kv_indptr must have batch + 1 >= 2 entries, start at 0 and never decrease; got "
+                   f"{ptr[:6]}{'...' if len(ptr) > 6 else ''}.")
+    batch = len(ptr) - 1
+    if page_size == 1:
+        if kv_len is not None:
+            _plan_fail(ValueError, "kv_len is for paged caches (page_size > 1).")
+        lengths = [b - a for a, b in zip(ptr, ptr[1:])]
+    else:
+        if kv_len is None or kv_len.numel() != batch:
+            _plan_fail(ValueError, f"a paged cache (page_size {page_size}) needs kv_len with batch = {batch} entries.")
+        lengths = [int(x) for x in kv_len.tolist()]
+        for i, (n, a, b) in enumerate(zip(lengths, ptr, ptr[1:])):
+            if n < 0 or n > (b - a) * page_size:
+                _plan_fail(ValueError, f"kv_len[{i}] = {n} does not fit request {i}'s {b - a} pages of {page_size} "
+                           f"tokens.")
+    if heads < 1:
+        _plan_fail(ValueError, f"heads is {heads}; it must be at least 1.")
+    device = torch.device(device) if device is not None else kv_indptr.device
+    max_len = max(lengths)
+    cfg = config or default_config(heads, kv_lora_rank, device, max_len)
+    head_blocks = triton.cdiv(heads, cfg.block_h)
+    if device.type == "cpu" and programs is None:  # the interpreter: at most 3 chunks a request, enough to combine
+        wl = build_work_list(lengths, block_n=cfg.block_n, items_wanted=1,
+                             max_chunk=triton.cdiv(triton.cdiv(max(max_len, 1), 3), cfg.block_n) * cfg.block_n)
+    else:
+        wanted = programs or programs_wanted(heads, max_len, device, cfg)
+        wl = build_work_list(lengths, block_n=cfg.block_n, items_wanted=max(1, triton.cdiv(wanted, head_blocks)),
+                             min_chunk=min_chunk)
+    i32 = dict(dtype=torch.int32, device=device)
+    rows = max(wl.partial_rows, 1)
+    return MLADecodePlan(batch, heads, kv_lora_rank, page_size, device, cfg, wl,
+                         torch.tensor(wl.items, **i32).reshape(-1, 4), torch.tensor(list(wl.combine) or [0], **i32),
+                         torch.tensor(wl.part_indptr, **i32),
+                         torch.empty(rows, heads, kv_lora_rank, dtype=torch.float32, device=device),
+                         torch.empty(rows, heads, dtype=torch.float32, device=device))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -670,7 +992,8 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
                    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *,
                    ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
                    out: torch.Tensor | None = None, return_lse: bool = False, kv_len: torch.Tensor | None = None,
-                   num_splits: int | None = None, check_range: bool = True, config: MLADecodeConfig | None = None):
+                   num_splits: int | None = None, check_range: bool = True, config: MLADecodeConfig | None = None,
+                   plan: MLADecodePlan | None = None):
     """MLA decode attention straight from an FP8 latent cache; returns ``out`` ``[B, H, Dc]`` BF16 (and the
     natural-log LSE ``[B, H]`` float32 with ``return_lse``). See the module docstring for the semantics.
 
@@ -682,6 +1005,12 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     default is sized from ``len(kv_indices) / B``), under the unchecked-call contract of the module docstring:
     an out-of-range index makes its request's output NaN, and nothing outside the buffers is read or written.
     ``config`` overrides the launch shape (:class:`MLADecodeConfig`).
+
+    ``plan`` (:func:`plan_mla_decode`, made once per step): run the plan's work list -- every request cut into
+    chunks of about equal size, so a mixed batch is balanced -- with its partial buffers; no host synchronization
+    (with ``check_range=False``, CUDA-graph capturable), and a plan made for shorter requests stays correct (a
+    request's last chunk runs to its length at run time). Without a plan a checked call plans for itself; an
+    unchecked one, or one given ``num_splits``, splits every request into the same number of parts.
     """
     ckv, kpe, page_size, max_len = _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
                                              out, check_range, kv_len)
@@ -707,9 +1036,24 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         _fail(ValueError, f"config {cfg}: block_h and block_n must be powers of two >= 16.")
     if cfg.convert not in CONVERSIONS:
         _fail(ValueError, f"config {cfg}: convert must be one of {sorted(CONVERSIONS)}.")
-    if num_splits is None:
+    if cfg.tokens_m and cfg.s_fp8:
+        _fail(ValueError, f"config {cfg}: tokens_m needs the float16 scores (s_fp8=False).")
+    if plan is not None:
+        if num_splits is not None:
+            _fail(ValueError, "pass either plan or num_splits: a plan has its own chunks.")
+        if not isinstance(plan, MLADecodePlan):
+            _fail(TypeError, f"plan must come from plan_mla_decode, got {type(plan).__name__}.")
+        want = (batch, heads, dc, page_size, device)
+        have = (plan.batch, plan.heads, plan.kv_lora_rank, plan.page_size, plan.device)
+        if have != want:
+            _fail(ValueError, f"the plan was made for (batch, heads, kv_lora_rank, page_size, device) = {have}; this "
+                  f"call has {want}.")
+    elif num_splits is None and check_range:
+        plan = plan_mla_decode(kv_indptr, kv_len, heads=heads, kv_lora_rank=dc, page_size=page_size, device=device,
+                               config=cfg)
+    elif num_splits is None:
         num_splits = default_num_splits(batch, heads, max_len, device, cfg)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+    if plan is None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         _fail(ValueError, f"num_splits must be a positive int, got {num_splits!r}.")
     num_indices = kv_indices.numel()
     if num_indices == 0:  # a valid pointer for the (never executed) index loads
@@ -718,38 +1062,45 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         out = torch.empty(batch, heads, dc, dtype=Q_DTYPE, device=device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if return_lse else None
     interpreted = device.type == "cpu"
-    direct = num_splits == 1
-    if direct:
-        part_o = part_lse = out  # unused
+    worklist = plan is not None
+    if worklist:
+        direct = False
+        part_o, part_lse, work = plan.part_o, plan.part_lse, plan.work
+        grid = (triton.cdiv(heads, cfg.block_h), plan.items, 1)
+        num_splits, most_splits, combined = 0, plan.work_list.max_chunks, len(plan.work_list.combine)
     else:
-        part_o = torch.empty(batch, num_splits, heads, dc, dtype=torch.float32, device=device)
-        part_lse = torch.empty(batch, num_splits, heads, dtype=torch.float32, device=device)
+        direct = num_splits == 1
+        if direct:
+            part_o = part_lse = out  # unused
+        else:
+            part_o = torch.empty(batch, num_splits, heads, dc, dtype=torch.float32, device=device)
+            part_lse = torch.empty(batch, num_splits, heads, dtype=torch.float32, device=device)
+        work = kv_indptr  # unused
+        grid = (triton.cdiv(heads, cfg.block_h), num_splits, batch)
+        most_splits, combined = num_splits, 0 if direct else batch
     lse_arg = lse if lse is not None else part_lse
-    how, kv_mul = (0, 256.0) if interpreted else CONVERSIONS[cfg.convert]
-    grid = (triton.cdiv(heads, cfg.block_h), num_splits, batch)
     handle = _kernel("split", interpreted)[grid](
         q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, kv_len if kv_len is not None else kv_indptr,
         c_t if from_ptr else ckv, k_t if from_ptr else kpe, c_v, k_v, float(sm_scale) * LOG2E,
-        part_o, part_lse, out, lse_arg,
+        part_o, part_lse, out, lse_arg, work,
         heads, num_splits, num_indices, ckv.shape[0] // page_size,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), ckv.stride(0), kpe.stride(0),
         out.stride(0), out.stride(1),
-        DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page_size,
-        SCALE_FROM_PTR=from_ptr, DIRECT=direct, WRITE_LSE=return_lse, ON_GPU=not interpreted,
-        CONVERT=how, KV_MUL=kv_mul, CACHE_K=cfg.cache_k, CACHE_V=cfg.cache_v,
-        S_FP8=cfg.s_fp8,
+        **split_constexprs(cfg, dc=dc, dr=dr, page=page_size, worklist=worklist, direct=direct,
+                           write_lse=return_lse, scale_from_ptr=from_ptr, on_gpu=not interpreted),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not interpreted:
         LAST_COMPILED["split"] = handle
-    if not direct:
+    if combined:
         block_d = min(cfg.combine_block_d, dc)
-        block_s = cfg.combine_block_s or min(triton.next_power_of_2(num_splits), 512)
+        block_s = cfg.combine_block_s or min(triton.next_power_of_2(most_splits), 512)
         warps = cfg.combine_warps or (8 if block_s * block_d >= 8192 else 4)
-        handle = _kernel("combine", interpreted)[(batch, heads, dc // block_d)](
-            part_o, part_lse, out, lse_arg, heads, num_splits, out.stride(0), out.stride(1),
+        creq, pptr = (plan.combine_requests, plan.part_indptr) if worklist else (kv_indptr, kv_indptr)
+        handle = _kernel("combine", interpreted)[(combined, heads, dc // block_d)](
+            part_o, part_lse, out, lse_arg, heads, num_splits, out.stride(0), out.stride(1), creq, pptr,
             DC=dc, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=return_lse,
-            RNE_BY_BITS=interpreted, num_warps=warps,
+            RNE_BY_BITS=interpreted, WORKLIST=worklist, num_warps=warps,
         )
         if not interpreted:
             LAST_COMPILED["combine"] = handle

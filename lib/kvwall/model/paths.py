@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8
+from kvwall.kernels.mla_decode.kernel import default_config, mla_decode_fp8, plan_mla_decode
 from kvwall.kernels.mla_decode.reference import split_latent_cache
 from kvwall.model.attention import FlashInferMLADecode, MLADecode, ReferenceMLADecode
 from kvwall.model.geometry import MLAGeometry, dtype_bytes
@@ -89,8 +89,9 @@ class CacheViews:
 
 
 class FusedFP8Decode:
-    """:func:`kvwall.kernels.mla_decode_fp8` on a batch: the launch a checked call would pick (config and split
-    count for the longest request), validated once here (with the range check), then unchecked per layer."""
+    """:func:`kvwall.kernels.mla_decode_fp8` on a batch: the step's plan (:func:`kvwall.kernels.mla_decode.kernel.
+    plan_mla_decode`, a balanced work list made once here and reused by every layer), the first call checked (the
+    range check), the rest unchecked."""
 
     def __init__(self, geometry: MLAGeometry, batch: DecodeBatch, pool: TokenPool) -> None:
         self.batch, self.sm_scale = batch, geometry.sm_scale
@@ -98,15 +99,15 @@ class FusedFP8Decode:
         max_len = int(batch.context_lens.max())
         heads = geometry.heads_per_gpu
         self.config = default_config(heads, geometry.kv_lora_rank, device, max_len)
-        self.num_splits = default_num_splits(batch.batch_size, heads, max_len, device, self.config)
+        self.plan = plan_mla_decode(batch.kv_indptr, heads=heads, kv_lora_rank=geometry.kv_lora_rank, device=device,
+                                    config=self.config)
         self.out = torch.empty(batch.batch_size, heads, geometry.kv_lora_rank, dtype=BF16, device=device)
-        self.name = f"kvwall mla_decode_fp8 ({self.num_splits} splits)"
+        self.name = f"kvwall mla_decode_fp8 ({self.plan.items} work items)"
         self._checked = False
 
     def __call__(self, q_nope, q_pe, ckv, kpe):
         out = mla_decode_fp8(q_nope, q_pe, ckv, kpe, self.batch.kv_indptr, self.batch.kv_indices, self.sm_scale,
-                             out=self.out, num_splits=self.num_splits, check_range=not self._checked,
-                             config=self.config)
+                             out=self.out, check_range=not self._checked, config=self.config, plan=self.plan)
         self._checked = True
         return out
 

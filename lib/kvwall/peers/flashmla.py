@@ -55,12 +55,14 @@ def load_flash_mla() -> dict[str, Any]:
 
 def random_page_table(lens: Sequence[int], pool_pages: int, generator: torch.Generator,
                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(block_table [B, max pages] int32, cache_seqlens [B] int32)``: each request's tokens on distinct random
-    pages of a ``pool_pages``-page pool (unused table entries 0). Raises ValueError if the pages do not fit."""
+    """``(block_table [B, max pages] int32, cache_seqlens [B] int32)``: each request's tokens on random pages of a
+    ``pool_pages``-page pool (unused table entries 0): distinct pages while the batch fits the pool, else drawn with
+    repeats (as the page-size-1 benchmarks draw slots), so a batch larger than the pool reads some pages twice."""
     pages = [-(-int(n) // PAGE_SIZE) for n in lens]
-    if sum(pages) > pool_pages:
-        raise ValueError(f"{sum(pages)} pages of {PAGE_SIZE} tokens do not fit a {pool_pages}-page pool.")
-    chosen = torch.randperm(pool_pages, generator=generator, device=generator.device)[:sum(pages)].to(device)
+    if sum(pages) <= pool_pages:
+        chosen = torch.randperm(pool_pages, generator=generator, device=generator.device)[:sum(pages)].to(device)
+    else:
+        chosen = torch.randint(0, pool_pages, (sum(pages),), generator=generator, device=generator.device).to(device)
     table = torch.zeros(len(pages), max(max(pages, default=1), 1), dtype=torch.int32, device=device)
     start = 0
     for i, n in enumerate(pages):

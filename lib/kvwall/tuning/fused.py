@@ -29,12 +29,11 @@ from typing import Any, Callable
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from kvwall.kernels import mla_decode_reference
-from kvwall.kernels.mla_decode.kernel import (CONVERSIONS, LAST_COMPILED, TUNED_CONFIG_FILE, MLADecodeConfig, _kernel,
-                                              default_num_splits, mla_decode_fp8, tuned_entry)
+from kvwall.kernels.mla_decode.kernel import (LAST_COMPILED, TUNED_CONFIG_FILE, MLADecodeConfig, compile_offline,
+                                              default_config, mla_decode_fp8, plan_mla_decode, split_constexprs,
+                                              tuned_entry)
 from kvwall.measure.accuracy import relative_error
 from kvwall.measure.failures import error_text
 from kvwall.measure.profiler import profile_ops
@@ -58,13 +57,21 @@ def candidates(heads: int) -> list[MLADecodeConfig]:
     if heads <= 16:
         out += [MLADecodeConfig(16, bn, w, st, convert="cvt")
                 for bn, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2))]
+        # tokens as the MMA's M side (warpgroup MMAs on Hopper, the tile converted once)
+        out += [MLADecodeConfig(16, bn, w, st, convert="cvt", tokens_m=True)
+                for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2), (32, 4, 2))]
         out += [MLADecodeConfig(16, bn, w, 2, convert="cvt", s_fp8=True) for bn, w in ((64, 4), (64, 8))]
         out += [MLADecodeConfig(16, 64, 4, 2, convert="bits"), MLADecodeConfig(16, 64, 4, 2, convert="cvt", cache_v="")]
     else:
         out += [MLADecodeConfig(64, 64, 8, 2, convert="cvt", cache_v=cv) for cv in (".ca", "")]
         out += [MLADecodeConfig(32, 64, 4, 3, convert="cvt"), MLADecodeConfig(32, 128, 8, 3, convert="cvt"),
                 MLADecodeConfig(64, 32, 8, 2, convert="cvt", cache_v=""), MLADecodeConfig(32, 64, 4, 2, convert="cvt", s_fp8=True),
-                MLADecodeConfig(64, 64, 8, 2, convert="bits", cache_v="")]
+                MLADecodeConfig(64, 64, 8, 2, convert="bits", cache_v=""),
+                MLADecodeConfig(64, 32, 8, 3, convert="cvt", cache_v=""), MLADecodeConfig(64, 64, 8, 3, convert="cvt", cache_v=""),
+                MLADecodeConfig(64, 32, 4, 2, convert="cvt", cache_v=""),
+                MLADecodeConfig(64, 64, 8, 2, convert="cvt", tokens_m=True),
+                MLADecodeConfig(32, 64, 8, 2, convert="cvt", tokens_m=True),
+                MLADecodeConfig(32, 64, 4, 2, convert="cvt", tokens_m=True)]
     return list(dict.fromkeys(out))
 
 
@@ -95,24 +102,8 @@ def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config: MLADecod
         if entry is None:
             raise LookupError(f"the tuned table has no entry for {gpu!r}; pass a config.")
         config = MLADecodeConfig(**entry["config"])
-    how, kv_mul = CONVERSIONS[config.convert]
-    sig = {n: t for n, t in (
-        ("qn_ptr", "*bf16"), ("qp_ptr", "*bf16"), ("ckv_ptr", "*fp8e4nv"), ("kpe_ptr", "*fp8e4nv"),
-        ("indptr_ptr", "*i32"), ("indices_ptr", "*i32"), ("kvlen_ptr", "*i32"), ("ckv_scale_ptr", "*fp32"),
-        ("kpe_scale_ptr", "*fp32"), ("ckv_scale_val", "fp32"), ("kpe_scale_val", "fp32"), ("qk_scale", "fp32"),
-        ("part_o_ptr", "*fp32"), ("part_lse_ptr", "*fp32"), ("out_ptr", "*bf16"), ("lse_ptr", "*fp32"),
-        ("H", "i32"), ("num_splits", "i32"), ("num_indices", "i32"), ("num_units", "i32"),
-        ("stride_qn_b", "i32"), ("stride_qn_h", "i32"), ("stride_qp_b", "i32"),
-        ("stride_qp_h", "i32"), ("stride_ckv", "i32"), ("stride_kpe", "i32"), ("stride_o_b", "i32"),
-        ("stride_o_h", "i32"))}
-    const = dict(DC=DC, DCH=DC // 4, DR=DR, BLOCK_H=config.block_h, BLOCK_N=config.block_n, PAGE=1,
-                 SCALE_FROM_PTR=False, DIRECT=False, WRITE_LSE=False, ON_GPU=True, CONVERT=how, KV_MUL=kv_mul,
-                 CACHE_K=config.cache_k, CACHE_V=config.cache_v, S_FP8=config.s_fp8)
-    sig.update({k: "constexpr" for k in const})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if sig[k].startswith("*") or k.startswith("stride")}
-    src = ASTSource(fn=_kernel("split", False), signature=sig, constexprs=const, attrs=attrs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options=dict(num_warps=config.num_warps, num_stages=config.num_stages)).asm["ptx"].splitlines()
+    ptx = compile_offline("split", split_constexprs(config), config.num_warps, config.num_stages,
+                          90).asm["ptx"].splitlines()
     labels = {l.split(":")[0].strip(): i for i, l in enumerate(ptx) if re.match(r"^\$L__BB\d+_\d+:", l.strip())}
     loop = (0, 0)
     for i, l in enumerate(ptx):  # the longest backward branch is the token loop
@@ -158,9 +149,14 @@ class Case:
         self.sm_scale = GLM5.sm_scale
 
     def run(self, config: MLADecodeConfig | None = None, num_splits: int | None = None) -> Callable[[], torch.Tensor]:
-        s = num_splits or default_num_splits(len(self.lens), self.heads, max(self.lens), self.q_nope.device, config)
+        """The planned call (:func:`plan_mla_decode`) with ``config``; ``num_splits``: chunks per request at batch 1
+        (programs = that x head blocks), None: the launcher's default."""
+        dev = self.q_nope.device
+        cfg = config or default_config(self.heads, DC, dev, max(self.lens))
+        programs = num_splits * triton.cdiv(self.heads, cfg.block_h) if num_splits else None
+        plan = plan_mla_decode(self.indptr, heads=self.heads, config=cfg, programs=programs)
         return lambda: mla_decode_fp8(self.q_nope, self.q_pe, self.ckv, self.kpe, self.indptr, self.idx,
-                                      self.sm_scale, out=self.out, num_splits=s, check_range=False, config=config)
+                                      self.sm_scale, out=self.out, check_range=False, config=cfg, plan=plan)
 
     def reference(self) -> torch.Tensor:
         return mla_decode_reference(self.q_nope, self.q_pe, self.ckv.float(), self.kpe.float(), self.indptr,

@@ -25,7 +25,8 @@ from kvwall.model.roofline import decode_flops, kv_read_bytes, qo_bytes, rooflin
 from kvwall.peers.flashmla import load_flash_mla
 from kvwall.peers.sglang import SGLangTritonMLA, load_sglang
 from kvwall.results import Result, collect_provenance
-from kvwall.experiments.fused_decode.bench_strategies import STRATEGIES, BenchPoint, build_strategy, make_point
+from kvwall.experiments.fused_decode.bench_strategies import (STRATEGIES, BenchPoint, build_strategy, make_point,
+                                                             reference_f64)
 from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "run_fused_decode_bench", "bench_point_rows", "time_call"]
@@ -85,11 +86,13 @@ def bench_point_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, s
                      sglang_max_context: int, sm_count: int, sglang_split_sweep: list[int],
                      timer: Callable[..., tuple[float, str, str | None]] = time_call) -> list[dict]:
     """One ``bench`` row per strategy at one point. Each strategy is built (outside the timing), run once (its output
-    compared with fused_fp8's, when it reads the same slots), timed by ``timer``, its host µs measured, and freed;
+    compared with float64 attention on the same tokens, ``rel_err_f64``, and with our kernel's on the same layout,
+    ``rel_diff_vs_fused``), timed by ``timer``, its host µs measured, and freed;
     any exception on the way becomes the row's ``error`` (with the traceback's tail), never a crash."""
     h, n = pt.heads, pt.tokens
     roof = roofline_us(h, n, copy_gbps, bf16_tflops)
-    fused_out = None
+    fused_out: dict[bool, torch.Tensor] = {}
+    refs: dict[bool, torch.Tensor] = {}
     rows = []
     for name in strategies:
         row: dict[str, Any] = {"section": "bench", "strategy": name, "heads": h, "context": pt.context,
@@ -104,10 +107,14 @@ def bench_point_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, s
             row.update(info)
             got = fn()
             synchronize(device)
-            if name == "fused_fp8":
-                fused_out = got.clone()
-            elif fused_out is not None and "page_size" not in info:  # FlashMLA reads other (paged) slots
-                row["rel_diff_vs_fused"] = finite_or_none(relative_error(got, fused_out))
+            paged = "page_size" in info  # FlashMLA's layout: other (paged) slots, the same for every paged row
+            if paged not in refs:
+                refs[paged] = reference_f64(pt, pool, paged)
+            row["rel_err_f64"] = finite_or_none(relative_error(got, refs[paged]))
+            if name in ("fused_fp8", "fused_fp8_page64"):
+                fused_out[paged] = got.clone()
+            elif paged in fused_out:
+                row["rel_diff_vs_fused"] = finite_or_none(relative_error(got, fused_out[paged]))
             us, how, why = timer(fn, flush, device, reps, rounds)
             row.update(us=us, timing=how, **({"graph_error": why} if why else {}))
             row["host_us"] = host_us_per_call(fn, device, host_calls)
@@ -185,7 +192,7 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
 
 EXPERIMENTS: list[Experiment] = [
     Experiment("fused_decode_bench", run_fused_decode_bench,
-               full=dict(heads=[16, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32],
+               full=dict(heads=[16, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64],
                          pool_slots=495_000, max_total_tokens=2_000_000, strategies=list(STRATEGIES), reps=10,
                          rounds=3, host_calls=20, flush_mb=256, cast_backend="fa3", sglang_max_context=131_072,
                          sglang_split_sweep=[8, 16, 32, 64], seed=0),

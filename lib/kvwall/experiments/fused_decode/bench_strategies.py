@@ -1,8 +1,9 @@
 """The strategies ``fused_decode_bench`` times at each point, each built into one call (everything outside the call --
 plan(), buffers, SGLang's split choice, one-off BF16 pools, FlashMLA's metadata -- done while building it).
 
-- ``fused_fp8``: :func:`kvwall.kernels.mla_decode_fp8` straight from the FP8 pool (unchecked, the launch a checked
-  call would pick);
+- ``fused_fp8``: :func:`kvwall.kernels.mla_decode_fp8` straight from the FP8 pool (unchecked, with the launch shape and
+  the plan -- balanced work list -- a checked call would make);
+- ``fused_fp8_page64``: the same on FlashMLA's layout (pages of 64, the same page table as the FlashMLA rows);
 - ``full_cast_bf16``: the original -- the whole pool cast to BF16 every call, then FlashInfer BF16 attention;
 - ``gather_cast_bf16``: chapter 4 -- only the rows the batch reads, cast into a compact BF16 buffer, then FlashInfer;
 - ``flashinfer_fp8_fa2`` / ``flashinfer_fp8_fa3``: FlashInfer's native FP8 MLA;
@@ -24,7 +25,8 @@ from typing import Any, Callable
 import torch
 
 from kvwall.kernels.gather.kernel import gather_cast
-from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8
+from kvwall.kernels.mla_decode.reference import mla_decode_reference
+from kvwall.kernels.mla_decode.kernel import default_config, mla_decode_fp8, plan_mla_decode
 from kvwall.measure.failures import error_text
 from kvwall.measure.timing import synchronize
 from kvwall.model.attention import FlashInferMLADecode
@@ -33,14 +35,15 @@ from kvwall.model.pool import mixed_lengths
 from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode, random_page_table
 from kvwall.peers.sglang import SGLangTritonMLA, sglang_max_kv_splits
 
-__all__ = ["STRATEGIES", "BenchPoint", "bench_lengths", "make_point", "build_strategy"]
+__all__ = ["STRATEGIES", "BenchPoint", "bench_lengths", "make_point", "build_strategy", "paged_layout",
+           "reference_f64"]
 
 DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
 D = DC + DR
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 SM_SCALE = GLM5.sm_scale
 
-STRATEGIES = ("fused_fp8", "full_cast_bf16", "gather_cast_bf16", "flashinfer_fp8_fa2", "flashinfer_fp8_fa3",
+STRATEGIES = ("fused_fp8", "fused_fp8_page64", "full_cast_bf16", "gather_cast_bf16", "flashinfer_fp8_fa2", "flashinfer_fp8_fa3",
               "flashinfer_bf16_precast", "sglang_triton_fp8", "flashmla_dense_bf16", "flashmla_dense_fp8")
 
 Call = Callable[[], torch.Tensor]
@@ -89,6 +92,27 @@ def make_point(heads: int, context: int, batch: int, *, pool_slots: int, max_tot
                       torch.tensor(lens, dtype=torch.int32, device=device), seed=point_seed)
 
 
+def paged_layout(pt: BenchPoint, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashMLA's layout of the point (the same for every paged strategy, seeded by the point): ``(block_table
+    [B, max pages], cache_seqlens [B], token slots of the pool, request by request)``, pages of 64."""
+    device = pool.device
+    gen = torch.Generator(device=device).manual_seed(pt.seed)
+    table, seqlens = random_page_table(pt.lens, pool.shape[0] // PAGE_SIZE, gen, device)
+    offsets = torch.arange(PAGE_SIZE, device=device)
+    slots = torch.cat([(table[i, :-(-n // PAGE_SIZE)].long()[:, None] * PAGE_SIZE + offsets).flatten()[:n]
+                       for i, n in enumerate(pt.lens)])
+    return table, seqlens, slots
+
+
+def reference_f64(pt: BenchPoint, pool: torch.Tensor, paged: bool) -> torch.Tensor:
+    """Float64 MLA decode of the point on the FP8 pool's exact values: page-size-1 slots (``pt.idx``), or FlashMLA's
+    paged layout (:func:`paged_layout`)."""
+    slots = paged_layout(pt, pool)[2] if paged else pt.idx.long()
+    indptr = torch.tensor([0, *torch.tensor(pt.lens).cumsum(0).tolist()], dtype=torch.int64, device=pool.device)
+    return mla_decode_reference(pt.q_nope, pt.q_pe, pool[:, 0, :DC], pool[:, 0, DC:], indptr, slots, SM_SCALE,
+                                compute_dtype=torch.float64)
+
+
 def _bf16_wrapper(backend: str, pt: BenchPoint, indices: torch.Tensor, info: dict[str, Any],
                   check: Callable[[FlashInferMLADecode], object]) -> FlashInferMLADecode:
     """FlashInfer BF16 planned with ``backend`` (its first run ``check``-ed), else with fa2; ``info`` gets the
@@ -110,16 +134,34 @@ def _bf16_wrapper(backend: str, pt: BenchPoint, indices: torch.Tensor, info: dic
 
 
 def _fused(pt: BenchPoint, pool: torch.Tensor, out: torch.Tensor, info: dict[str, Any]) -> Call:
-    # What a checked call would pick (its max_len is the longest request's), passed explicitly: an unchecked call
-    # cannot read the lengths and would size its defaults from len(kv_indices) / batch instead.
+    # What a checked call would pick: the launch shape for the longest request and the batch's plan (its work list,
+    # made once here as a decode step makes it once for all its layers); the timed call is unchecked.
     device = pool.device
-    max_len = max(pt.lens)
-    cfg = default_config(pt.heads, DC, device, max_len)
-    splits = default_num_splits(pt.batch, pt.heads, max_len, device, cfg)
-    info.update(num_splits=splits, config=dataclasses.asdict(cfg))
+    cfg = default_config(pt.heads, DC, device, max(pt.lens))
+    plan = plan_mla_decode(pt.indptr, heads=pt.heads, config=cfg)
+    info.update(work_items=plan.items, chunk_tokens=plan.work_list.chunk_tokens,
+                imbalance=plan.work_list.imbalance(), config=dataclasses.asdict(cfg))
     c2, k2 = pool[:, 0, :DC], pool[:, 0, DC:]
-    return lambda: mla_decode_fp8(pt.q_nope, pt.q_pe, c2, k2, pt.indptr, pt.idx, SM_SCALE, out=out,
-                                  num_splits=splits, check_range=False, config=cfg)
+    return lambda: mla_decode_fp8(pt.q_nope, pt.q_pe, c2, k2, pt.indptr, pt.idx, SM_SCALE, out=out, check_range=False,
+                                  config=cfg, plan=plan)
+
+
+def _fused_paged(pt: BenchPoint, pool: torch.Tensor, out: torch.Tensor, info: dict[str, Any]) -> Call:
+    # The same kernel on FlashMLA's layout: the same tokens per request on random pages of 64 of the same pool.
+    device = pool.device
+    pages = pool.shape[0] // PAGE_SIZE
+    paged = pool[:pages * PAGE_SIZE].view(pages, PAGE_SIZE, D)
+    table, seqlens, _ = paged_layout(pt, pool)
+    n_pages = [-(-n // PAGE_SIZE) for n in pt.lens]
+    indptr = torch.tensor([0, *torch.tensor(n_pages).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    indices = torch.cat([table[i, :n] for i, n in enumerate(n_pages)]).contiguous()
+    cfg = default_config(pt.heads, DC, device, max(pt.lens))
+    plan = plan_mla_decode(indptr, seqlens, heads=pt.heads, page_size=PAGE_SIZE, config=cfg)
+    info.update(page_size=PAGE_SIZE, work_items=plan.items, chunk_tokens=plan.work_list.chunk_tokens,
+                imbalance=plan.work_list.imbalance(), config=dataclasses.asdict(cfg))
+    c3, k3 = paged[:, :, :DC], paged[:, :, DC:]
+    return lambda: mla_decode_fp8(pt.q_nope, pt.q_pe, c3, k3, indptr, indices, SM_SCALE, out=out, kv_len=seqlens,
+                                  check_range=False, config=cfg, plan=plan)
 
 
 def _full_cast(pt: BenchPoint, pool: torch.Tensor, out: torch.Tensor, info: dict[str, Any], backend: str) -> Call:
@@ -183,11 +225,9 @@ def _sglang(pt: BenchPoint, pool: torch.Tensor, out: torch.Tensor, info: dict[st
 
 
 def _flashmla(pt: BenchPoint, pool: torch.Tensor, info: dict[str, Any], fp8: bool) -> Call:
-    device = pool.device
     pages = pool.shape[0] // PAGE_SIZE
     paged = pool[:pages * PAGE_SIZE].view(pages, PAGE_SIZE, 1, D)
-    gen = torch.Generator(device=device).manual_seed(pt.seed)
-    table, seqlens = random_page_table(pt.lens, pages, gen, device)
+    table, seqlens, _ = paged_layout(pt, pool)
     cache = paged if fp8 else paged.to(BF16)
     decode = FlashMLADecode(pt.q_nope, pt.q_pe, cache, table, seqlens, SM_SCALE, fp8=fp8)
     info.update(page_size=PAGE_SIZE, flash_mla=decode.version, name=decode.name)
@@ -203,6 +243,8 @@ def build_strategy(name: str, pt: BenchPoint, pool: torch.Tensor, *, cast_backen
     info: dict[str, Any] = {}
     if name == "fused_fp8":
         return _fused(pt, pool, out, info), info, None
+    if name == "fused_fp8_page64":
+        return _fused_paged(pt, pool, out, info), info, None
     if name == "full_cast_bf16":
         return _full_cast(pt, pool, out, info, cast_backend), info, None
     if name == "gather_cast_bf16":

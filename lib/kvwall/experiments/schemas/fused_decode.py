@@ -220,6 +220,11 @@ class FusedDecodeBenchBench(Row):
     tflops: float | None
     pct_roofline: float | None
     num_splits: int | None = None
+    work_items: int | None = None
+    chunk_tokens: int | None = None
+    imbalance: float | None = None
+    page_size: int | None = None
+    rel_err_f64: float | None = None
     config: dict[str, Any] | None = None
     timing: str
     backend: str | None = None
