@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 import math
+import dataclasses
 from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
@@ -278,12 +279,135 @@ def _tokens_m_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units,
     return m_i, l_i, tl.trans(a0), tl.trans(a1), tl.trans(a2), tl.trans(a3), bad_seen
 
 
+def _fp8_pairs_impl(x16, ON_GPU: tl.constexpr):
+    """Two FP8 e4m3 values packed in each 16-bit element (the even-indexed one in the low byte) -> the even and
+    the odd ones as float16 tensors of ``x16``'s shape. The GPU converts a pair with one ``cvt.rn.f16x2.e4m3x2``
+    (exact, scale 1) and the tile stays in 16-bit elements all the way from shared memory (no byte loads, no
+    byte packing); the interpreter moves bits (values 2^-8 x the FP8 ones, as ``_fp8_as_f16`` with ``HOW=0``)."""
+    if ON_GPU:
+        lo, hi = tl.inline_asm_elementwise(
+            asm="{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }",
+            constraints="=h,=h,h", args=[x16], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    else:
+        u = x16.to(tl.uint16, bitcast=True)
+        lo = _fp8_as_f16((u & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), 0)
+        hi = _fp8_as_f16((u >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True), 0)
+    return lo, hi
+
+
+def _q_half_impl(row_ptr, off, WIDTH: tl.constexpr, hmask, qmul, ON_GPU: tl.constexpr):
+    """The even (``off`` even) or odd (``off`` odd) columns of query columns ``off - off % 2 .. + 2 WIDTH``, scaled
+    per head, as a ``[BLOCK_H, WIDTH]`` float16 dot operand (float32 in the interpreter)."""
+    q = tl.load(row_ptr + off + 2 * tl.arange(0, WIDTH)[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+    q = (q * qmul[:, None]).to(tl.float16)
+    if not ON_GPU:
+        q = q.to(tl.float32)
+    return q
+
+
+def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe,
+                     qn_row, qp_row, hmask, qmul, row_c, row_k, CACHE_K: tl.constexpr, CACHE_V: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr,
+                     PAGE: tl.constexpr, ON_GPU: tl.constexpr):
+    """The token loop with the tile read as 16-bit pairs of FP8 values: every latent chunk splits into its even
+    and odd columns (:func:`_fp8_pairs`), the queries likewise (once, here), so the scores are
+    ``sum_c q_even_c . ckv_even_c + q_odd_c . ckv_odd_c`` and the output's even and odd columns accumulate
+    apart (``p @ ckv_even_c``, ``p @ ckv_odd_c``), interleaved back once at the end. Returns what the main loop
+    leaves: running max, sum, the four [heads, 128] accumulators, per-row out-of-range flags."""
+    HC: tl.constexpr = DCH // 2
+    HR: tl.constexpr = DR // 2
+    ckv16 = ckv_ptr.to(tl.pointer_type(tl.uint16))
+    kpe16 = kpe_ptr.to(tl.pointer_type(tl.uint16))
+    jc = tl.arange(0, HC)
+    jr = tl.arange(0, HR)
+    qe0 = _q_half(qn_row, 0 * DCH, HC, hmask, qmul, ON_GPU)
+    qo0 = _q_half(qn_row, 0 * DCH + 1, HC, hmask, qmul, ON_GPU)
+    qe1 = _q_half(qn_row, 1 * DCH, HC, hmask, qmul, ON_GPU)
+    qo1 = _q_half(qn_row, 1 * DCH + 1, HC, hmask, qmul, ON_GPU)
+    qe2 = _q_half(qn_row, 2 * DCH, HC, hmask, qmul, ON_GPU)
+    qo2 = _q_half(qn_row, 2 * DCH + 1, HC, hmask, qmul, ON_GPU)
+    qe3 = _q_half(qn_row, 3 * DCH, HC, hmask, qmul, ON_GPU)
+    qo3 = _q_half(qn_row, 3 * DCH + 1, HC, hmask, qmul, ON_GPU)
+    qer = _q_half(qp_row, 0, HR, hmask, qmul, ON_GPU)
+    qor = _q_half(qp_row, 1, HR, hmask, qmul, ON_GPU)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_H], 0.0, tl.float32)
+    bad_seen = tl.full([BLOCK_N], 0, tl.int32)
+    e0 = tl.full([BLOCK_H, HC], 0.0, tl.float32)
+    o0 = tl.full([BLOCK_H, HC], 0.0, tl.float32)
+    e1 = tl.full([BLOCK_H, HC], 0.0, tl.float32)
+    o1 = tl.full([BLOCK_H, HC], 0.0, tl.float32)
+    e2 = tl.full([BLOCK_H, HC], 0.0, tl.float32)
+    o2 = tl.full([BLOCK_H, HC], 0.0, tl.float32)
+    e3 = tl.full([BLOCK_H, HC], 0.0, tl.float32)
+    o3 = tl.full([BLOCK_H, HC], 0.0, tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        live = n < hi
+        t = tl.minimum(n, hi - 1)
+        if PAGE == 1:
+            raw = tl.load(indices_ptr + start + t)
+            bad = (raw < 0) | (raw >= num_units)
+            slot = tl.where(bad, 0, raw).to(tl.int64)
+        else:
+            raw = tl.load(indices_ptr + start + t // PAGE)
+            bad = (raw < 0) | (raw >= num_units)
+            slot = tl.where(bad, 0, raw).to(tl.int64) * PAGE + t % PAGE
+        row = ckv16 + slot[:, None] * (stride_ckv // 2) + jc[None, :]  # [BLOCK_N, HC] pairs of one chunk
+        ke, ko = _fp8_pairs(tl.load(row + 0 * HC, cache_modifier=CACHE_K), ON_GPU)
+        s_c = _dot(qe0, tl.trans(ke), None, ON_GPU)
+        s_c = _dot(qo0, tl.trans(ko), s_c, ON_GPU)
+        ke, ko = _fp8_pairs(tl.load(row + 1 * HC, cache_modifier=CACHE_K), ON_GPU)
+        s_c = _dot(qe1, tl.trans(ke), s_c, ON_GPU)
+        s_c = _dot(qo1, tl.trans(ko), s_c, ON_GPU)
+        ke, ko = _fp8_pairs(tl.load(row + 2 * HC, cache_modifier=CACHE_K), ON_GPU)
+        s_c = _dot(qe2, tl.trans(ke), s_c, ON_GPU)
+        s_c = _dot(qo2, tl.trans(ko), s_c, ON_GPU)
+        ke, ko = _fp8_pairs(tl.load(row + 3 * HC, cache_modifier=CACHE_K), ON_GPU)
+        s_c = _dot(qe3, tl.trans(ke), s_c, ON_GPU)
+        s_c = _dot(qo3, tl.trans(ko), s_c, ON_GPU)
+        re_, ro = _fp8_pairs(tl.load(kpe16 + slot[:, None] * (stride_kpe // 2) + jr[None, :], cache_modifier=CACHE_K),
+                             ON_GPU)
+        s_r = _dot(qer, tl.trans(re_), None, ON_GPU)
+        s_r = _dot(qor, tl.trans(ro), s_r, ON_GPU)
+        logits = s_c * row_c[:, None] + s_r * row_k[:, None]
+        bad_seen = bad_seen | bad.to(tl.int32)
+        logits = tl.where(live[None, :], logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.reduce(logits, 1, tl.standard._elementwise_max))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(logits - m_new[:, None])
+        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+        if ON_GPU:
+            pv = p.to(tl.float16)
+        else:
+            pv = p
+        ve, vo = _fp8_pairs(tl.load(row + 0 * HC, cache_modifier=CACHE_V), ON_GPU)
+        e0 = _dot(pv, ve, e0 * alpha[:, None], ON_GPU)
+        o0 = _dot(pv, vo, o0 * alpha[:, None], ON_GPU)
+        ve, vo = _fp8_pairs(tl.load(row + 1 * HC, cache_modifier=CACHE_V), ON_GPU)
+        e1 = _dot(pv, ve, e1 * alpha[:, None], ON_GPU)
+        o1 = _dot(pv, vo, o1 * alpha[:, None], ON_GPU)
+        ve, vo = _fp8_pairs(tl.load(row + 2 * HC, cache_modifier=CACHE_V), ON_GPU)
+        e2 = _dot(pv, ve, e2 * alpha[:, None], ON_GPU)
+        o2 = _dot(pv, vo, o2 * alpha[:, None], ON_GPU)
+        ve, vo = _fp8_pairs(tl.load(row + 3 * HC, cache_modifier=CACHE_V), ON_GPU)
+        e3 = _dot(pv, ve, e3 * alpha[:, None], ON_GPU)
+        o3 = _dot(pv, vo, o3 * alpha[:, None], ON_GPU)
+        m_i = m_new
+    acc0 = tl.reshape(tl.join(e0, o0), [BLOCK_H, DCH])  # columns 2j (even) and 2j + 1 (odd), interleaved
+    acc1 = tl.reshape(tl.join(e1, o1), [BLOCK_H, DCH])
+    acc2 = tl.reshape(tl.join(e2, o2), [BLOCK_H, DCH])
+    acc3 = tl.reshape(tl.join(e3, o3), [BLOCK_H, DCH])
+    return m_i, l_i, acc0, acc1, acc2, acc3, bad_seen
+
+
 # The split kernel calls these; compiled kernels need them jitted, interpreted ones call the plain functions.
 _HELPERS = {"_fp8_as_f16": _fp8_as_f16_impl, "_pow2": _pow2_impl, "_q_operand": _q_operand_impl,
             "_dot": _dot_impl, "_store_bf16": _store_bf16_impl, "_e4m3_round": _e4m3_round_impl,
             "_q_terms": _q_terms_impl, "_sum_terms": _sum_terms_impl, "_as_f32": _as_f32_impl,
             "_write_out": _write_out_impl, "_write_partial": _write_partial_impl,
-            "_tokens_m_loop": _tokens_m_loop_impl}
+            "_tokens_m_loop": _tokens_m_loop_impl, "_fp8_pairs": _fp8_pairs_impl, "_q_half": _q_half_impl,
+            "_pairs_loop": _pairs_loop_impl}
 _fp8_as_f16 = triton.jit(_fp8_as_f16_impl)
 _pow2 = triton.jit(_pow2_impl)
 _q_operand = triton.jit(_q_operand_impl)
@@ -296,6 +420,9 @@ _as_f32 = triton.jit(_as_f32_impl)
 _write_out = triton.jit(_write_out_impl)
 _write_partial = triton.jit(_write_partial_impl)
 _tokens_m_loop = triton.jit(_tokens_m_loop_impl)
+_fp8_pairs = triton.jit(_fp8_pairs_impl)
+_q_half = triton.jit(_q_half_impl)
+_pairs_loop = triton.jit(_pairs_loop_impl)
 
 
 def _mla_split_kernel(
@@ -312,6 +439,7 @@ def _mla_split_kernel(
     PAGE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
     ON_GPU: tl.constexpr, CONVERT: tl.constexpr, KV_MUL: tl.constexpr, CACHE_K: tl.constexpr,
     CACHE_V: tl.constexpr, S_FP8: tl.constexpr, WORKLIST: tl.constexpr, TOKENS_M: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     hb = tl.program_id(0)  # head blocks vary fastest: programs sharing a split run together and share it in L2
     if WORKLIST:  # one item of the plan: a request and a chunk of its tokens
@@ -402,6 +530,12 @@ def _mla_split_kernel(
         m_i, l_i, acc0, acc1, acc2, acc3, bad_seen = _tokens_m_loop(
             ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe, q0, q1, q2, q3, qr,
             row_c, row_k, BLOCK_H, BLOCK_N, DCH, DR, PAGE, CONVERT, CACHE_K, ON_GPU)
+    elif PAIRS:
+        # The tile read as 16-bit pairs of FP8 values (even and odd latent columns apart): 16-bit loads from
+        # shared memory and one conversion per pair, where FP8 elements cost a byte load each.
+        m_i, l_i, acc0, acc1, acc2, acc3, bad_seen = _pairs_loop(
+            ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe, qn_row, qp_row, hmask,
+            qmul, row_c, row_k, CACHE_K, CACHE_V, BLOCK_H, BLOCK_N, DCH, DR, PAGE, ON_GPU)
     else:
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         bad_seen = tl.full([BLOCK_N], 0, tl.int32)  # per tile column: did an index fall outside the cache?
@@ -581,6 +715,7 @@ class MLADecodeConfig:
     cache_v: str = ".ca"
     s_fp8: bool = False
     tokens_m: bool = False
+    pairs: bool = False
     combine_block_d: int = 32
     combine_block_s: int = 0
     combine_warps: int = 0
@@ -639,7 +774,7 @@ def split_constexprs(cfg: MLADecodeConfig, *, dc: int = 512, dr: int = 64, page:
     return dict(DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page,
                 SCALE_FROM_PTR=scale_from_ptr, DIRECT=direct and not worklist, WRITE_LSE=write_lse, ON_GPU=on_gpu,
                 CONVERT=how, KV_MUL=kv_mul, CACHE_K=cfg.cache_k, CACHE_V=cfg.cache_v, S_FP8=cfg.s_fp8,
-                WORKLIST=worklist, TOKENS_M=cfg.tokens_m)
+                WORKLIST=worklist, TOKENS_M=cfg.tokens_m, PAIRS=cfg.pairs)
 
 
 _POINTER_TYPES = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "out_ptr": "*bf16", "ckv_ptr": "*fp8e4nv",
@@ -1036,8 +1171,12 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         _fail(ValueError, f"config {cfg}: block_h and block_n must be powers of two >= 16.")
     if cfg.convert not in CONVERSIONS:
         _fail(ValueError, f"config {cfg}: convert must be one of {sorted(CONVERSIONS)}.")
-    if cfg.tokens_m and cfg.s_fp8:
-        _fail(ValueError, f"config {cfg}: tokens_m needs the float16 scores (s_fp8=False).")
+    if (cfg.tokens_m or cfg.pairs) and cfg.s_fp8 or cfg.tokens_m and cfg.pairs:
+        _fail(ValueError, f"config {cfg}: tokens_m, pairs and s_fp8 are three different token loops: pick one.")
+    if cfg.pairs and device.type == "cuda" and cfg.convert != "cvt":
+        _fail(ValueError, f"config {cfg}: pairs converts with cvt (set convert='cvt').")
+    if cfg.pairs and (ckv.stride(0) % 2 or kpe.stride(0) % 2 or ckv.data_ptr() % 2 or kpe.data_ptr() % 2):
+        cfg = dataclasses.replace(cfg, pairs=False)  # odd row strides or offsets: no 16-bit pairs, same result
     if plan is not None:
         if num_splits is not None:
             _fail(ValueError, "pass either plan or num_splits: a plan has its own chunks.")

@@ -57,9 +57,11 @@ def candidates(heads: int) -> list[MLADecodeConfig]:
     if heads <= 16:
         out += [MLADecodeConfig(16, bn, w, st, convert="cvt")
                 for bn, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2))]
+        # the tile as 16-bit pairs of FP8 values (no byte loads from shared memory, one cvt per pair)
+        out += [MLADecodeConfig(16, bn, w, st, convert="cvt", pairs=True)
+                for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 2), (32, 4, 3), (128, 8, 2))]
         # tokens as the MMA's M side (warpgroup MMAs on Hopper, the tile converted once)
-        out += [MLADecodeConfig(16, bn, w, st, convert="cvt", tokens_m=True)
-                for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2), (32, 4, 2))]
+        out += [MLADecodeConfig(16, bn, w, st, convert="cvt", tokens_m=True) for bn, w, st in ((64, 4, 2), (32, 4, 2))]
         out += [MLADecodeConfig(16, bn, w, 2, convert="cvt", s_fp8=True) for bn, w in ((64, 4), (64, 8))]
         out += [MLADecodeConfig(16, 64, 4, 2, convert="bits"), MLADecodeConfig(16, 64, 4, 2, convert="cvt", cache_v="")]
     else:
@@ -69,9 +71,10 @@ def candidates(heads: int) -> list[MLADecodeConfig]:
                 MLADecodeConfig(64, 64, 8, 2, convert="bits", cache_v=""),
                 MLADecodeConfig(64, 32, 8, 3, convert="cvt", cache_v=""), MLADecodeConfig(64, 64, 8, 3, convert="cvt", cache_v=""),
                 MLADecodeConfig(64, 32, 4, 2, convert="cvt", cache_v=""),
-                MLADecodeConfig(64, 64, 8, 2, convert="cvt", tokens_m=True),
-                MLADecodeConfig(32, 64, 8, 2, convert="cvt", tokens_m=True),
-                MLADecodeConfig(32, 64, 4, 2, convert="cvt", tokens_m=True)]
+                MLADecodeConfig(64, 64, 8, 2, convert="cvt", cache_v="", pairs=True),
+                MLADecodeConfig(64, 64, 8, 3, convert="cvt", cache_v="", pairs=True),
+                MLADecodeConfig(32, 64, 4, 2, convert="cvt", cache_v="", pairs=True),
+                MLADecodeConfig(64, 64, 8, 2, convert="cvt", tokens_m=True)]
     return list(dict.fromkeys(out))
 
 
