@@ -79,7 +79,7 @@ def test_transfer_rules_and_architectures():
         truth.layer_us("gather_cast", p, pro, "guess")
     assert set(paths_on("sm_120", 16)) == {"full_pool_cast_fa2", "index_then_cast_fa2", "gather_cast_fa2",
                                            "fused_fp8", "bf16_cache_fa2"}
-    assert "fused_fp8" not in paths_on("sm_120", 64) and "fused_fp8" in paths_on("sm_90", 128)
+    assert all("fused_fp8" in paths_on(a, h) for a in ("sm_90", "sm_100", "sm_120") for h in (16, 64, 128))
     assert "flashmla_fp8" in paths_on("sm_90", 16) and "fa3" not in " ".join(paths_on("sm_100", 16))
     assert truth.step_ms("gather_cast", p, rest_ms=10.0) == pytest.approx(
         10.0 + GLM5.num_layers * truth.layer_us("gather_cast", p) / 1e3)

@@ -60,6 +60,9 @@ from __future__ import annotations
 
 import functools
 import math
+import re
+import subprocess
+import tempfile
 import dataclasses
 from dataclasses import dataclass
 from numbers import Real
@@ -77,7 +80,7 @@ from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, 
 __all__ = ["mla_decode_fp8", "plan_mla_decode", "MLADecodePlan", "MLADecodeConfig", "default_config",
            "default_num_splits", "programs_wanted", "blocks_per_sm", "tuned_entry", "fallback_config",
            "fallback_shapes", "FALLBACK_SHAPES", "split_constexprs", "kernel_signature", "compile_offline",
-           "split_resources", "SplitResources", "is_trap_only", "CONVERSIONS", "TUNED_CONFIG_FILE", "LAST_COMPILED"]
+           "split_resources", "SplitResources", "is_trap_only", "cubin_resources", "CONVERSIONS", "TUNED_CONFIG_FILE", "LAST_COMPILED"]
 
 _plan_fail: Fail = functools.partial(fail, "plan_mla_decode")
 
@@ -756,9 +759,10 @@ def _entry_for(heads: int, max_len: int | None, device: torch.device) -> dict | 
 #: trap-only kernel (:func:`fallback_config`). The later ones exist for SM120's 99 KB blocks and SM100's 512
 #: tensor-memory columns.
 FALLBACK_SHAPES: dict[str, tuple[MLADecodeConfig, ...]] = {
-    "up to 16 heads": (MLADecodeConfig(16, 64, 4, 2), MLADecodeConfig(16, 64, 4, 1, cache_v="")),
-    "more than 16 heads": (MLADecodeConfig(64, 64, 8, 2), MLADecodeConfig(64, 64, 8, 2, cache_v=""),
-                           MLADecodeConfig(32, 64, 4, 2, cache_v=""), MLADecodeConfig(16, 64, 4, 1, cache_v="")),
+    "up to 16 heads": (MLADecodeConfig(16, 64, 4, 3, pairs=True), MLADecodeConfig(16, 64, 4, 2),
+                       MLADecodeConfig(16, 64, 4, 1, cache_v="")),
+    "more than 16 heads": (MLADecodeConfig(64, 32, 8, 3, cache_v=""), MLADecodeConfig(32, 64, 8, 3, cache_v=""),
+                           MLADecodeConfig(32, 32, 8, 2, cache_v=""), MLADecodeConfig(16, 64, 4, 1, cache_v="")),
 }
 
 
@@ -817,26 +821,47 @@ def is_trap_only(compiled) -> bool:
     return "trap;" in ptx and sum(1 for line in ptx.splitlines() if line.strip().endswith(";")) < 50
 
 
+def cubin_resources(asm: dict) -> tuple[int | None, int | None]:
+    """(registers per thread, local-memory bytes per thread) of a compiled kernel's cubin, read with the
+    ``cuobjdump`` Triton ships beside its ptxas; (None, None) where it is missing or cannot read the cubin. The local
+    memory is the stack frame plus any ``.local`` data (``STACK`` + ``LOCAL``): what the driver reports as the
+    kernel's local size. Triton kernels declare no local arrays and call no functions, so it is register spills."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    cubin = asm.get("cubin")
+    if not tool.is_file() or not cubin:
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, timeout=60).stdout
+    regs = re.search(r"REG:(\d+)", out)
+    local = [int(n) for n in re.findall(r"(?:STACK|LOCAL):(\d+)", out)]
+    return (int(regs.group(1)) if regs else None), (sum(local) if local else None)
+
+
 @dataclass(frozen=True)
 class SplitResources:
     """What the compiler gave one launch shape on one architecture: shared memory per block, registers per thread
-    (None when they cannot be read), and whether the kernel only traps."""
+    and spilled (local-memory) bytes per thread (None when they cannot be read), and whether the kernel only
+    traps."""
 
     shared: int
     regs: int | None
     trap_only: bool
+    spills: int | None = None
 
 
 @functools.cache
 def split_resources(cfg: MLADecodeConfig, cap: int) -> SplitResources:
-    """:class:`SplitResources` of the split kernel (work-list launch) with ``cfg`` compiled for ``cap``; on the GPU
-    of that capability the registers come from loading the binary."""
+    """:class:`SplitResources` of the split kernel (work-list launch) with ``cfg`` compiled for ``cap`` (registers
+    and spills from the cubin; on the GPU of that capability, from loading the binary where cuobjdump is
+    missing)."""
     compiled = compile_offline("split", split_constexprs(cfg), cfg.num_warps, cfg.num_stages, cap)
-    regs = None
-    if torch.cuda.is_available() and torch.cuda.get_device_capability() == divmod(cap, 10):
+    regs, spills = cubin_resources(compiled.asm)
+    if regs is None and torch.cuda.is_available() and torch.cuda.get_device_capability() == divmod(cap, 10):
         compiled._init_handles()
-        regs = int(compiled.n_regs)
-    return SplitResources(int(compiled.metadata.shared), regs, is_trap_only(compiled))
+        regs, spills = int(compiled.n_regs), int(compiled.n_spills) * 4
+    return SplitResources(int(compiled.metadata.shared), regs, is_trap_only(compiled), spills)
 
 
 def _device_limits(device: torch.device) -> tuple[int, int]:
@@ -846,14 +871,15 @@ def _device_limits(device: torch.device) -> tuple[int, int]:
 
 def fallback_config(heads: int, cap: int, shared_limit: int) -> MLADecodeConfig:
     """The first of :data:`FALLBACK_SHAPES` for ``heads`` that compiles for ``cap`` within ``shared_limit`` bytes of
-    shared memory per block and is not trap-only; the last one if none is."""
+    shared memory per block, is not trap-only and does not spill registers (where the spills can be read); the
+    last one if none is."""
     shapes = fallback_shapes(heads)
     for cfg in shapes:
         try:
             res = split_resources(cfg, cap)
         except Exception:  # noqa: BLE001 - a shape the compiler refuses is skipped
             continue
-        if res.shared <= shared_limit and not res.trap_only:
+        if res.shared <= shared_limit and not res.trap_only and not res.spills:
             return cfg
     return shapes[-1]
 

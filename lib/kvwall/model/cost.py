@@ -190,14 +190,17 @@ def _transfer(fit: ComponentFit, src: GPUSpec, dst: GPUSpec, rule: str) -> Compo
     return replace(fit, gbps=gbps, tflops=tflops)
 
 
-#: Heads per GPU up to which the fused kernel's fallback launch shape fits an architecture (checked offline).
-FUSED_MAX_HEADS = {"sm_100": 32, "sm_120": 16}
+#: Heads per GPU up to which the fused kernel has a launch shape that fits an architecture (checked offline by
+#: :mod:`kvwall.tuning.arch_check`); an architecture missing here: every head count. Since the launcher filters its
+#: fallback shapes by the device's shared memory, tensor memory and spills, none is missing.
+FUSED_MAX_HEADS: dict[str, int] = {}
 
 
 def paths_on(arch: str, heads: int) -> list[str]:
-    """The paths that exist on ``arch`` for ``heads`` per GPU (fa3, FlashInfer FP8 and FlashMLA: SM90 only). Our
-    fused kernel's launch shapes, compiled offline (:mod:`kvwall.tuning.arch_check`), fit SM120's shared memory
-    at 16 heads per GPU or fewer, and SM100's tensor memory at 32 or fewer: beyond, it does not launch there."""
+    """The paths that exist on ``arch`` for ``heads`` per GPU (fa3, FlashInfer FP8 and FlashMLA: SM90 only; our
+    fused kernel wherever :data:`FUSED_MAX_HEADS` allows, which is everywhere). Off the H200, the fused kernel's
+    prediction assumes the per-SM rate of the shape measured on it; where the launcher must pick a smaller shape
+    (more than 16 heads on SM120 and SM100, compiled offline), that is optimistic."""
     out = []
     for name, comp in PATHS.items():
         if arch not in ATTENTIONS[comp.attention][2]:

@@ -60,21 +60,24 @@ def candidates(heads: int) -> list[MLADecodeConfig]:
         # the tile as 16-bit pairs of FP8 values (no byte loads from shared memory, one cvt per pair)
         out += [MLADecodeConfig(16, bn, w, st, convert="cvt", pairs=True)
                 for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 2), (32, 4, 3), (128, 8, 2))]
-        # tokens as the MMA's M side (warpgroup MMAs on Hopper, the tile converted once)
-        out += [MLADecodeConfig(16, bn, w, st, convert="cvt", tokens_m=True) for bn, w, st in ((64, 4, 2), (32, 4, 2))]
-        out += [MLADecodeConfig(16, bn, w, 2, convert="cvt", s_fp8=True) for bn, w in ((64, 4), (64, 8))]
-        out += [MLADecodeConfig(16, 64, 4, 2, convert="bits"), MLADecodeConfig(16, 64, 4, 2, convert="cvt", cache_v="")]
+        # ... loaded once for both dots (one copy of the tile in shared memory: 58 KB instead of 90 KB at 64 tokens)
+        out += [MLADecodeConfig(16, bn, w, st, convert="cvt", pairs=True, cache_v="")
+                for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 3), (32, 4, 3))]
+        # roads measured and not taken: tokens as the MMA's M side (warpgroup MMAs, the tile converted once),
+        # scores on FP8 tensor cores, FP8 -> float16 by bit moves, one read of the tile for both dots
+        out += [MLADecodeConfig(16, 32, 4, 2, convert="cvt", tokens_m=True),
+                MLADecodeConfig(16, 64, 8, 2, convert="cvt", s_fp8=True),
+                MLADecodeConfig(16, 64, 4, 2, convert="bits"), MLADecodeConfig(16, 64, 4, 2, convert="cvt", cache_v="")]
     else:
         out += [MLADecodeConfig(64, 64, 8, 2, convert="cvt", cache_v=cv) for cv in (".ca", "")]
-        out += [MLADecodeConfig(32, 64, 4, 3, convert="cvt"), MLADecodeConfig(32, 128, 8, 3, convert="cvt"),
-                MLADecodeConfig(64, 32, 8, 2, convert="cvt", cache_v=""), MLADecodeConfig(32, 64, 4, 2, convert="cvt", s_fp8=True),
-                MLADecodeConfig(64, 64, 8, 2, convert="bits", cache_v=""),
-                MLADecodeConfig(64, 32, 8, 3, convert="cvt", cache_v=""), MLADecodeConfig(64, 64, 8, 3, convert="cvt", cache_v=""),
-                MLADecodeConfig(64, 32, 4, 2, convert="cvt", cache_v=""),
-                MLADecodeConfig(64, 64, 8, 2, convert="cvt", cache_v="", pairs=True),
+        out += [MLADecodeConfig(64, 64, 8, 3, convert="cvt", cache_v=""), MLADecodeConfig(32, 64, 4, 3, convert="cvt"),
+                MLADecodeConfig(64, 32, 8, 3, convert="cvt", cache_v=""),
+                MLADecodeConfig(64, 32, 8, 2, convert="cvt", cache_v=".ca"),
+                MLADecodeConfig(32, 64, 8, 2, convert="cvt", cache_v=""), MLADecodeConfig(32, 64, 8, 3, convert="cvt", cache_v=""),
+                MLADecodeConfig(32, 64, 8, 3, convert="cvt", cache_v="", pairs=True),
                 MLADecodeConfig(64, 64, 8, 3, convert="cvt", cache_v="", pairs=True),
                 MLADecodeConfig(32, 64, 4, 2, convert="cvt", cache_v="", pairs=True),
-                MLADecodeConfig(64, 64, 8, 2, convert="cvt", tokens_m=True)]
+                MLADecodeConfig(64, 64, 8, 2, convert="bits", cache_v="")]
     return list(dict.fromkeys(out))
 
 
@@ -168,8 +171,8 @@ class Case:
 
 def tune(heads_list=(16, 64, 128), *, screen_tokens: int = 131072, contexts=(4096, 32768, 131072),
          splits=(0, 16, 33, 66, 132, 264, 396), keep: int = 4, log: Callable[[str], object] = print) -> dict[str, Any]:
-    """Screen every candidate at ``screen_tokens`` (batch 1), then time the best ``keep`` per head count across
-    ``contexts`` x ``splits`` (0: the launcher's default). Returns the report (see the module docstring); its
+    """Screen every candidate at ``screen_tokens`` (batch 1), then time the best ``keep`` that do not spill registers
+    per head count across ``contexts`` x ``splits`` (chunks per request at batch 1; 0: the launcher's default). Returns the report (see the module docstring); its
     ``roofline_us`` is :func:`kvwall.model.roofline.roofline_us` with the ceilings measured at the start."""
     t0 = time.perf_counter()
     dev = torch.device("cuda")
@@ -206,7 +209,11 @@ def tune(heads_list=(16, 64, 128), *, screen_tokens: int = 131072, contexts=(409
             rows.append(row)
             log(json.dumps(row))
         report["screen"] += rows
-        good = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[:keep]
+        # Only shapes that do not spill registers are shipped (the architecture check's rule); the fastest of all is
+        # kept in the report, so what the rule costs is on record.
+        timed = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+        report.setdefault("fastest_any", {})[str(heads)] = timed[0] if timed else None
+        good = [r for r in timed if r.get("spills") == 0][:keep]
         best_by_ctx = {}
         for r in good:
             cfg = MLADecodeConfig(**r["config"])

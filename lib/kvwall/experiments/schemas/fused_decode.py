@@ -17,13 +17,11 @@ class FusedDecodeTuningCeilings(Row):
     bf16_tflops: float
 
 
-class _TunedLaunch(Row):
-    """One timed launch of the fused kernel: the shape, the time, and the launch configuration (``cfg_*``)."""
+class _LaunchShape(Row):
+    """A launch configuration of the fused kernel (``cfg_*``) at a head count and token count."""
 
     heads: int
     tokens: int
-    us: float
-    roofline_us: float
     cfg_block_h: int
     cfg_block_n: int
     cfg_num_warps: int
@@ -35,14 +33,35 @@ class _TunedLaunch(Row):
     cfg_combine_block_d: int
     cfg_combine_block_s: int
     cfg_combine_warps: int
+    cfg_tokens_m: bool = False
+    cfg_pairs: bool = False
 
 
-class FusedDecodeTuningScreen(_TunedLaunch):
+class _TunedLaunch(_LaunchShape):
+    """One timed launch of the fused kernel: the shape, the time, the roofline."""
+
+    us: float
+    roofline_us: float
+
+
+class FusedDecodeTuningScreen(_LaunchShape):
+    """A candidate at the screening point: checked against float32 first (``rel_err``), its compiled resources, and
+    its time -- or the ``error`` that stopped it."""
+
     section: Literal["screen"]
-    rel_err: float
-    regs: int
-    spills: int
-    shared_bytes: int
+    us: float | None = None
+    roofline_us: float | None = None
+    rel_err: float | None = None
+    regs: int | None = None
+    spills: int | None = None
+    shared_bytes: int | None = None
+    error: str | None = None
+
+
+class FusedDecodeTuningFastestAny(FusedDecodeTuningScreen):
+    """The fastest candidate of a head count's screen, spilling or not (the winners do not spill)."""
+
+    section: Literal["fastest_any"]  # type: ignore[assignment]
 
 
 class FusedDecodeTuningSweep(_TunedLaunch):
@@ -64,7 +83,8 @@ FusedDecodeTuningRow = Annotated[
     FusedDecodeTuningCeilings
     | FusedDecodeTuningScreen
     | FusedDecodeTuningSweep
-    | FusedDecodeTuningWinner,
+    | FusedDecodeTuningWinner
+    | FusedDecodeTuningFastestAny,
     Field(discriminator="section"),
 ]
 
