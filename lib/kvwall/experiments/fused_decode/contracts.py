@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs
-from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8
+from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8, plan_mla_decode
 from kvwall.kernels.mla_decode.reference import nonempty_requests, reference64
 from kvwall.measure.accuracy import bf16_bits, finite_or_none, relative_error, same_bits
 from kvwall.measure.failures import error_text
@@ -108,10 +108,12 @@ GRAPH_TRIALS = [([100, 3000, 0, 5], 1.0, 1.0), ([0, 8000, 1, 4097], 1.5, 0.75), 
                 ([0, 0, 0, 0], 2.0, 2.0), ([16_384, 0, 0, 0], 0.5, 0.25), ([1, 1, 1, 1], 1.0, 1.0)]
 
 
-def graph_rows(device: torch.device, heads: int, *, seed: int) -> list[dict]:
-    """Capture one call with static buffers (capacity-sized ``kv_indices``, scales as tensors, fixed splits,
-    ``check_range=False``), then replay it with new indices, lengths and scales: each replay against the float64
-    reference and bit for bit against an eager (checked) call with the same inputs."""
+def graph_rows(device: torch.device, heads: int, *, seed: int, planned: bool = False) -> list[dict]:
+    """Capture one call with static buffers (capacity-sized ``kv_indices``, scales as tensors, fixed splits -- or,
+    ``planned``, the plan made for the first trial's lengths -- ``check_range=False``), then replay it with new
+    indices, lengths and scales: each replay against the float64 reference and bit for bit against an eager
+    (checked) call with the same inputs and the same splits or plan. A plan made for other lengths stays correct:
+    every request's last chunk runs to the length it has at replay."""
     slots, capacity, batch = 100_000, 16_384, 4
     g = torch.Generator(device=device).manual_seed(seed)
     pool = (torch.randn(slots, 1, D, generator=g, device=device) * 0.7).to(FP8)
@@ -124,8 +126,6 @@ def graph_rows(device: torch.device, heads: int, *, seed: int) -> list[dict]:
     ks_t = torch.ones(1, dtype=torch.float32, device=device)
     out = torch.empty(batch, heads, DC, dtype=BF16, device=device)
     cfg = default_config(heads, DC, device, capacity)
-    splits = default_num_splits(batch, heads, capacity, device, cfg)
-    kw = dict(ckv_scale=cs_t, kpe_scale=ks_t, out=out, num_splits=splits, check_range=False, config=cfg)
     rows = []
 
     def load(lens, cs, ks):
@@ -139,6 +139,13 @@ def graph_rows(device: torch.device, heads: int, *, seed: int) -> list[dict]:
 
     try:
         load(*GRAPH_TRIALS[0])
+        if planned:
+            plan = plan_mla_decode(ptr_buf, heads=heads, config=cfg)
+            splits, launch = None, dict(plan=plan)
+        else:
+            splits = default_num_splits(batch, heads, capacity, device, cfg)
+            launch = dict(num_splits=splits)
+        kw = dict(ckv_scale=cs_t, kpe_scale=ks_t, out=out, check_range=False, config=cfg, **launch)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # compile and load before the capture
@@ -149,11 +156,14 @@ def graph_rows(device: torch.device, heads: int, *, seed: int) -> list[dict]:
         with torch.cuda.graph(graph):
             mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, **kw)
     except Exception as exc:  # noqa: BLE001
-        return [{"section": "graph", "heads": heads, "trial": None, "error": error_text(exc), "passed": False}]
+        return [{"section": "graph", "heads": heads, "trial": None, "planned": planned, "error": error_text(exc),
+                 "passed": False}]
     for trial, (lens, cs, ks) in enumerate(GRAPH_TRIALS):
         row: dict[str, Any] = {"section": "graph", "heads": heads, "trial": trial, "lens": lens, "ckv_scale": cs,
-                               "kpe_scale": ks, "num_splits": splits, "config": dataclasses.asdict(cfg),
-                               "capacity": capacity, "rel_err": None, "passed": False}
+                               "kpe_scale": ks, "num_splits": splits, "planned": planned,
+                               "work_items": launch["plan"].items if planned else None,
+                               "config": dataclasses.asdict(cfg), "capacity": capacity, "rel_err": None,
+                               "passed": False}
         try:
             load(lens, cs, ks)
             out.fill_(float("nan"))
@@ -162,7 +172,7 @@ def graph_rows(device: torch.device, heads: int, *, seed: int) -> list[dict]:
             keep = nonempty_requests(lens)
             empties = [i for i in range(batch) if i not in keep]
             eager = mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, ckv_scale=cs_t, kpe_scale=ks_t,
-                                   num_splits=splits, config=cfg)  # checked; same variant, config, splits: same bits
+                                   config=cfg, **launch)  # checked; same variant, config, splits or plan: same bits
             row["equal_to_eager"] = same_bits(out, eager)
             row["empty_out_zero"] = bool((out[empties] == 0).all()) if empties else True
             row["finite"] = bool(torch.isfinite(out).all())

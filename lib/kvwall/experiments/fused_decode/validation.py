@@ -22,7 +22,7 @@ import torch
 
 from kvwall.kernels.mla_decode import sanitize as sanitized_program
 from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs, validation_cases
-from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8
+from kvwall.kernels.mla_decode.kernel import default_config, mla_decode_fp8, plan_mla_decode
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, nonempty_requests, reference64
 from kvwall.measure.accuracy import finite_or_none, relative_error
 from kvwall.measure.failures import error_text, traceback_tail
@@ -64,13 +64,16 @@ def _bf16_output(out: torch.Tensor, mul: float) -> torch.Tensor:
     return (out.double() * mul).to(BF16) if mul != 1.0 else out.to(BF16)
 
 
-def _defaults_used(case: DecodeCase, device: torch.device) -> tuple[int, dict]:
-    """(splits, launch config) a checked call picks for the case (its max_len: the longest request)."""
+def _defaults_used(case: DecodeCase, inp: CaseInputs, device: torch.device) -> tuple[int | None, int | None, dict]:
+    """(forced splits, work items of the plan a checked call makes when none are forced, launch config) for the
+    case (the config for its longest request)."""
     max_len = max(case.lens) if case.lens else 0
     cfg = default_config(case.heads, DC, device, max_len)
-    splits = case.num_splits if case.num_splits is not None else default_num_splits(len(case.lens), case.heads,
-                                                                                     max_len, device, cfg)
-    return splits, dataclasses.asdict(cfg)
+    items = None
+    if case.num_splits is None:
+        items = plan_mla_decode(inp.kv_indptr, inp.kv_len, heads=case.heads, page_size=case.page_size, device=device,
+                                config=cfg).items
+    return case.num_splits, items, dataclasses.asdict(cfg)
 
 
 def _bf16_path(case: DecodeCase, inp: CaseInputs, keep: list[int], row: dict) -> torch.Tensor:
@@ -216,7 +219,7 @@ def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: b
                            "passed": False}
     try:
         inp = make_case_inputs(case, device, pool_slots)
-        row["num_splits"], row["config"] = _defaults_used(case, device)
+        row["num_splits"], row["work_items"], row["config"] = _defaults_used(case, inp, device)
         poisoned = torch.full((len(lens), case.heads, DC), float("nan"), dtype=BF16, device=device)
         out = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
                              SM_SCALE, ckv_scale=case.ckv_scale, kpe_scale=case.kpe_scale, out=poisoned,
@@ -254,6 +257,7 @@ def run_fused_decode_validation(device: torch.device, *, heads: list[int], lengt
     if on_gpu and graph:
         for h in sorted({heads[0], heads[-1]}):
             rows += graph_rows(device, h, seed=seed + h)
+            rows += graph_rows(device, h, seed=seed + h, planned=True)
             release_memory(device)
     if on_gpu and sanitizer:
         rows.append(memcheck_row(sanitized_program.__name__, sanitizer_timeout_s))

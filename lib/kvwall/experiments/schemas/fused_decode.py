@@ -108,6 +108,7 @@ class FusedDecodeValidationCases(Row):
     kpe_scale: float
     seed: int
     num_splits: int | None
+    work_items: int | None = None
     rel_err: float | None
     bf16_path: str | None
     bf16_rel_err: float | None
@@ -146,6 +147,8 @@ class FusedDecodeValidationGraph(Row):
     ckv_scale: float | None = None
     kpe_scale: float | None = None
     num_splits: int | None = None
+    planned: bool = False
+    work_items: int | None = None
     config: dict[str, Any] | None = None
     capacity: int | None = None
     rel_err: float | None = None
