@@ -18,7 +18,8 @@ help:
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-triton-cpu.txt requirements-flashinfer.txt pyproject.toml book/lab-overrides.json
+$(STAMP): requirements.txt requirements-triton-cpu.txt requirements-triton-gpu.txt requirements-flashinfer.txt \
+          pyproject.toml book/lab-overrides.json
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==25.3
 	$(if $(TORCH_INDEX),$(PY) -m pip install -q --index-url $(TORCH_INDEX) "$$(grep -E '^torch==' requirements.txt)")
@@ -26,6 +27,10 @@ $(STAMP): requirements.txt requirements-triton-cpu.txt requirements-flashinfer.t
 	# No GPU here: the Triton whose interpreter runs the kernels (see requirements-triton-cpu.txt).
 	if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then \
 	  $(PY) -m pip install -q -r requirements-triton-cpu.txt; fi
+	# The GPU machines' Triton, apart from the environment's own, for the offline architecture check (see
+	# requirements-triton-gpu.txt); replaced whole, so a new pin leaves none of the old one behind.
+	rm -rf $(VENV)/triton-gpu
+	$(PY) -m pip install -q --no-deps --target $(VENV)/triton-gpu -r requirements-triton-gpu.txt
 	# FlashInfer without its heavy declared extras (not needed for MLA): see requirements-flashinfer.txt.
 	$(PY) -m pip install -q --no-deps -r requirements-flashinfer.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .

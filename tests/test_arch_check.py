@@ -1,33 +1,151 @@
-"""Our fused kernel on architectures we have no GPU for: Triton's offline compile of the launcher's fallback shapes
-for sm_90, sm_100 and sm_120 must agree with what the cost model (and chapter 6) says runs where."""
+"""Our fused kernel on architectures we have no GPU for: Triton's offline compile of every launch shape we ship or
+try -- the launcher's fallback per architecture, every tuned shape, every tuner candidate -- for sm_90, sm_100 and
+sm_120, held against each architecture's limits, must agree with what the launcher picks and what the cost model
+(and chapter 6) says runs where. Compiled with the GPU machines' Triton (requirements-triton-gpu.txt, installed by
+`make setup` apart from the environment's own): registers and spills differ between Triton versions."""
+
+from pathlib import Path
 
 import pytest
-import triton
 
+from kvwall.kernels.mla_decode import kernel as mla
+from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 from kvwall.model.cost import FUSED_MAX_HEADS
-from kvwall.tuning.arch_check import ARCHS, check_architectures, fallback_config
+from kvwall.tuning.arch_check import (ARCHS, CANDIDATE_HEADS, FUSED, PINNED_TRITON_ENV, PinnedTritonMissing,
+                                      check_architectures, fallback_config, format_rows, pinned_triton_dir,
+                                      pinned_triton_version, tmem_columns, tuned_arch, tuned_shapes)
+from kvwall.tuning.fused import candidates
 
 pytestmark = pytest.mark.slow
+
+HEADS = (16, 32, 64, 128)
+#: The Triton of the GPU machines where we tune and record (requirements-triton-gpu.txt).
+GPU_TRITON = "3.6.0"
+REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements-triton-gpu.txt"
 
 
 @pytest.fixture(scope="module")
 def builds():
-    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
-    if (major, minor) < (3, 7):
-        pytest.skip(f"Triton {triton.__version__} bundles no ptxas for sm_100a/sm_120a (3.7+ does)")
-    return check_architectures((16, 32, 64, 128), cast_kernels=True)
+    if pinned_triton_version() is None:
+        pytest.skip(f"the GPU machines' Triton is not installed in {pinned_triton_dir()}: `make setup` installs it "
+                    "(requirements-triton-gpu.txt)")
+    return check_architectures(HEADS, cast_kernels=True, every_shape=True)
 
 
-def test_every_architecture_compiles_every_fallback_shape(builds):
-    fused = [b for b in builds if b["kernel"] == "fused split"]
-    assert len(fused) == 4 * len(ARCHS)
-    assert all(b["error"] is None and b["shared_bytes"] for b in fused), [b["error"] for b in fused if b["error"]]
+def _fused(builds, role):
+    return [b for b in builds if b["kernel"] == FUSED and b["role"] == role]
+
+
+def _says(b) -> str:
+    """One row in words, for failure messages."""
+    return (f"{b['role']} {b['arch']}, {b['heads']} heads ({b['shape']}): shared {b['shared_bytes']} of "
+            f"{b['shared_limit']} B, tensor memory {b['tmem_columns']} of {b['tmem_limit']} columns, trap-only "
+            f"{b['trap_only']}, {b['regs']} regs, spills {b['spills']} B/thread"
+            + (f", error {b['error']}" if b["error"] else ""))
+
+
+def test_the_pinned_triton_is_the_gpu_machines(builds):
+    assert f"triton=={GPU_TRITON}" in REQUIREMENTS.read_text().split()
+    assert pinned_triton_version() == GPU_TRITON, f"{pinned_triton_dir()}: rerun `make setup`"
+    by_triton = {b["triton"] for b in builds if "CUDA" not in b["kernel"]}
+    assert by_triton == {GPU_TRITON}, f"compiled with Triton {by_triton}, not the GPU machines' {GPU_TRITON}"
+
+
+def test_a_missing_pinned_triton_is_an_error_naming_make_setup(tmp_path, monkeypatch):
+    monkeypatch.setenv(PINNED_TRITON_ENV, str(tmp_path))
+    assert pinned_triton_dir() == tmp_path and pinned_triton_version() is None
+    with pytest.raises(PinnedTritonMissing, match="make setup"):
+        check_architectures((16,))
+
+
+def test_every_role_is_compiled_for_every_architecture(builds):
+    fallback = _fused(builds, "fallback")
+    assert sorted((b["heads"], b["cap"]) for b in fallback) == sorted((h, a.cap) for h in HEADS for a in ARCHS)
+    tuned = _fused(builds, "tuned")
+    assert {(b["heads"], MLADecodeConfig(**b["config"]), b["cap"]) for b in tuned} == {
+        (h, cfg, a.cap) for h, cfg, _ in tuned_shapes() for a in ARCHS}
+    cands = _fused(builds, "candidate")
+    assert {(b["heads"], MLADecodeConfig(**b["config"]), b["cap"]) for b in cands} == {
+        (h, cfg, a.cap) for h in CANDIDATE_HEADS for cfg in candidates(h) for a in ARCHS}
+
+
+def test_tuned_shapes_are_shipped_on_the_tuned_gpus_architecture_only(builds):
+    assert tuned_arch("NVIDIA H200") == 90 and tuned_arch("NVIDIA B200") == 100 and tuned_arch("no such GPU") is None
+    tuned = _fused(builds, "tuned")
+    assert tuned and all(b["shipped"] == (b["cap"] == 90) for b in tuned), [_says(b) for b in tuned]
+    assert all(b["shipped"] for b in _fused(builds, "fallback"))
+    assert not any(b["shipped"] for b in _fused(builds, "candidate"))
+
+
+def test_every_shipped_shape_fits(builds):
+    bad = [_says(b) for b in builds if b["kernel"] == FUSED and b["shipped"] and not b["fits"]]
+    assert not bad, "shipped launch shapes that would not launch:\n" + "\n".join(bad)
+
+
+def test_no_shipped_shape_spills(builds):
+    """Local memory per thread (the stack frame ptxas gives spilled registers) of every shipped shape is zero."""
+    bad = [_says(b) for b in builds if b["kernel"] == FUSED and b["shipped"] and b["spills"] != 0]
+    assert not bad, f"shipped launch shapes that spill registers (Triton {GPU_TRITON}):\n" + "\n".join(bad)
+
+
+def test_fallback_rows_are_the_launchers_pick_on_that_architecture(builds):
+    """The row (the launcher's own pick, asked in the pinned Triton's process) is, by this module's compiles, the
+    first of the launcher's preferences that fits and does not spill (of those compiled here as rows too); the last
+    one where none does."""
+    for b in _fused(builds, "fallback"):
+        preferences, picked = mla.fallback_shapes(b["heads"]), MLADecodeConfig(**b["config"])
+        assert picked in preferences, _says(b)
+        assert picked == preferences[-1] or (b["fits"] and not b["spills"]), _says(b)
+        rows = {MLADecodeConfig(**r["config"]): r for r in builds if r["kernel"] == FUSED and r["cap"] == b["cap"]}
+        better = [cfg for cfg in preferences[:preferences.index(picked)]
+                  if cfg in rows and rows[cfg]["fits"] and not rows[cfg]["spills"]]
+        assert not better, f"{_says(b)}: an earlier preference fits without spilling: {better}"
+
+
+def test_every_head_count_has_a_fitting_fallback_on_every_architecture(builds):
+    """The launcher never fails to launch: each head count's pick fits every architecture."""
+    bad = [_says(b) for b in _fused(builds, "fallback") if not b["fits"]]
+    assert not bad, "no fitting fallback shape:\n" + "\n".join(bad)
+
+
+def test_every_candidate_compiled_or_explained(builds):
+    cands = _fused(builds, "candidate")
+    assert all((b["shared_bytes"] is not None) != (b["error"] is not None) for b in cands), \
+        [_says(b) for b in cands if (b["shared_bytes"] is None) == (b["error"] is None)]
+    misfits = [b for b in cands if not b["fits"]]
+    print("\ncandidates that do not fit (allowed: the tuner tries them, nothing ships them):")
+    print(format_rows(misfits) if misfits else "none")
+
+
+def test_tensor_memory_is_read_and_held_against_sm100(builds):
+    fused = [b for b in builds if b["kernel"] == FUSED and b["error"] is None]
+    assert all(b["tmem_columns"] is not None for b in fused), [_says(b) for b in fused if b["tmem_columns"] is None]
+    assert all(b["tmem_columns"] == 0 for b in fused if b["cap"] != 100)
+    on_sm100 = [b for b in fused if b["cap"] == 100]
+    assert any(b["tmem_columns"] for b in on_sm100), "no shape allocates tensor memory on SM100: parsing broke?"
+    assert all(not b["fits"] for b in on_sm100 if b["tmem_columns"] > 512)
+    assert all(b["tmem_columns"] > 512 for b in on_sm100 if b["trap_only"]), \
+        "a trap-only SM100 kernel with its tensor memory within 512 columns: some other limit was hit"
+
+
+def test_tmem_columns_reads_the_ptx_allocation_then_the_metadata():
+    class Compiled:
+        def __init__(self, ptx, tmem_size):
+            self.asm = {"ptx": ptx}
+            self.metadata = type("Meta", (), {"tmem_size": tmem_size})()
+
+    alloc = "\t@%p18 tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%r287], 128;\n"
+    assert tmem_columns(Compiled(alloc, 0)) == 128
+    assert tmem_columns(Compiled(alloc + alloc.replace("128", "64"), 0)) == 192
+    assert tmem_columns(Compiled("\ttrap;\n", 576)) == 576  # a trap-only kernel: no allocation left in its PTX
+    assert tmem_columns(Compiled(alloc.replace("128", "%r9"), 256)) == 256  # a count in a register
 
 
 def test_cast_kernels_fit_every_architecture(builds):
     gathers = [b for b in builds if b["kernel"].startswith("gather_cast")]
     triton_ones = [b for b in gathers if "Triton" in b["kernel"]]
-    assert len(triton_ones) == len(ARCHS) and all(b["fits"] and not b["spills"] for b in triton_ones)
+    assert len(triton_ones) == len(ARCHS) and all(b["fits"] and b["spills"] == 0 for b in triton_ones), \
+        [_says(b) for b in triton_ones]
     cuda = [b for b in gathers if "CUDA" in b["kernel"]]
     if cuda and cuda[0]["error"] and "nvcc is not on PATH" in cuda[0]["error"]:
         pytest.skip("no nvcc on this machine: the CUDA C++ twin was not compiled")
@@ -35,19 +153,23 @@ def test_cast_kernels_fit_every_architecture(builds):
 
 
 def test_what_fits_is_what_the_cost_model_offers(builds):
-    for b in (b for b in builds if b["kernel"] == "fused split"):
+    """The cost model offers the fused path on an architecture up to FUSED_MAX_HEADS heads: exactly the head counts
+    whose fallback shape fits there."""
+    says = {}  # per architecture: the most heads up to which every head count's fallback fits (None: all of them)
+    for a in ARCHS:
+        rows = sorted((b for b in _fused(builds, "fallback") if b["cap"] == a.cap), key=lambda b: b["heads"])
+        misfit = next((i for i, b in enumerate(rows) if not b["fits"]), None)
+        says[f"sm_{a.cap}"] = None if misfit is None else (rows[misfit - 1]["heads"] if misfit else 0)
+    wrong = {}
+    for b in _fused(builds, "fallback"):
         arch = f"sm_{b['cap']}"
         offered = b["heads"] <= FUSED_MAX_HEADS.get(arch, 10**6)
-        assert b["fits"] == offered, (f"{b['arch']}, {b['heads']} heads ({b['shape']}): compile says "
-                                      f"{'fits' if b['fits'] else 'does not fit'} ({b['shared_bytes']} of "
-                                      f"{b['shared_limit']} B shared, trap-only {b['trap_only']}), the cost model "
-                                      f"{'offers' if offered else 'leaves out'} the fused path")
-
-
-def test_the_16_head_shape_fits_everywhere_without_spills(builds):
-    for b in (b for b in builds if b["kernel"] == "fused split" and b["heads"] == 16):
-        assert b["fits"] and b["spills"] == 0 and b["regs"] and b["regs"] <= 255, b
+        if b["fits"] != offered:
+            wrong.setdefault(arch, []).append(f"{b['heads']} heads: compile says {'fits' if b['fits'] else 'no'}, "
+                                              f"the cost model {'offers' if offered else 'leaves out'} the fused path")
+    assert not wrong, (f"FUSED_MAX_HEADS = {FUSED_MAX_HEADS} disagrees with the compile (largest fitting head count "
+                       f"of {HEADS} per architecture, None = all: {says}): {wrong}")
 
 
 def test_fallback_shape_is_the_launchers_own():
-    assert fallback_config(16).block_h == 16 and fallback_config(128).block_h == 64
+    assert fallback_config(16).block_h == 16 and fallback_config(128) == mla.fallback_shapes(128)[0]
