@@ -147,19 +147,44 @@ def _bench() -> fused_bench_report.FusedBench:
     return fused_bench_report.FusedBench(result("fused_decode_bench", rows))
 
 
+def _bench_gen2() -> tuple[fused_bench_report.FusedBench, Any]:
+    """Three points: batch 1 and a mixed batch 32 with the same 32K tokens at 16 heads, and 64 heads at batch 8."""
+    rows = [{"section": "ceilings", "bf16_tflops": 700.0, "host_us_means": "host time"}]
+    for (h, ctx, b), fused, paged, bf16, fp8, extra in (
+            ((16, 32768, 1), 20.0, 21.0, 30.0, 18.0, {}), ((16, 4096, 32), 40.0, 42.0, 35.0, 25.0, {}),
+            ((64, 32768, 8), 80.0, 79.0, 40.0, 30.0, {"tflops": 90.0})):
+        common = {"tokens": 32768 if h == 16 else 65536, "len_min": 100, "len_max": 4000}
+        rows += [_bench_row("fused_fp8", h, ctx, b, fused, rel_err_f64=1.7e-3, work_items=40, chunk_tokens=512,
+                            imbalance=1.1, **common, **extra),
+                 _bench_row("fused_fp8_page64", h, ctx, b, paged, **common),
+                 _bench_row("flashmla_dense_bf16", h, ctx, b, bf16, **common, **({"tflops": 500.0} if extra else {})),
+                 _bench_row("flashmla_dense_fp8", h, ctx, b, fp8, rel_err_f64=2.7e-2, **common)]
+    rows.append(_bench_row("full_cast_bf16", 16, 32768, 1, 900.0, tokens=32768))
+    validation = result("fused_decode_validation", [
+        {"section": "cases", "rel_err": 1e-3, "bf16_rel_err": 1.1e-3, "ratio": 0.9},
+        {"section": "cases", "rel_err": 1.1e-3, "bf16_rel_err": 1e-3, "ratio": 1.1}])
+    return fused_bench_report.FusedBench(result("fused_decode_bench", rows)), validation
+
+
 def test_bench_targets_follow_the_rows():
-    bench = _bench()
-    assert bench.points == [(16, 32768, 1), (16, 32768, 8), (16, 131072, 1)]
-    targets = fused_bench_report.targets(bench, key=(16, 131072, 1))
-    v = targets.values
-    assert v["points"] == 3 and v["faster_than_flashinfer_fp8"] == 2
-    assert v["min_x_vs_fp8_b1_16h_ge32k"] == pytest.approx(3.0)  # 120 / 40 at 128K (fa3 missing there)
-    assert v["min_x_vs_bf16_16h_ge32k"] == pytest.approx(0.5)  # 40 / 80 at batch 8
-    assert v["us_b1_16h_128k"] == 40.0 and v["roofline_us_b1_16h_128k"] == 10.0
-    assert v["x_vs_original_path_b1_16h"] == {32768: 45.0, 131072: 25.0}
-    assert "**25%** of it" in targets.text and targets.text.count("**missed**") == 3
+    bench, validation = _bench_gen2()
+    t = fused_bench_report.targets(bench, validation, key=(16, 32768, 1))
+    assert [r["verdict"] for r in t.table.rows] == ["met", "missed", "missed", "missed", "met", "missed"]
+    v = t.values
+    assert v["targets_met"] == 2 and v["max_ratio_to_bf16_path"] == 1.1
+    assert v["min_flashmla_fp8_err_x"] == pytest.approx(2.7e-2 / 1.7e-3)
+    assert v["faster_than_flashmla_bf16"] == 1 and v["flashmla_bf16_points"] == 3
+    assert v["min_share_16h"] == pytest.approx(10.0 / 40.0) and v["max_tflops_64_128h"] == 90.0
+    assert v["page1_over_page64_max"] == pytest.approx(80 / 79) and v["balance_ratios"] == {"16h": pytest.approx(2.0)}
+    assert v["x_vs_original_path_b1_16h"] == {32768: 45.0}
+    assert "**2 of 6 targets met.**" in t.text and "32K **45×**" in t.text
+    assert "slower at 16 h, 4K, b32, 64 h, 32K, b8 (worst 64 h, 32K, b8: 2.0×)" in t.table.rows[1]["measured"]
+    balance = fused_bench_report.balance_table(bench)
+    assert [r["point"] for r in balance.rows] == ["16 h, 4K, b32", "64 h, 32K, b8"]
+    assert balance.rows[0]["b1"] == f"{20.0 / 32768 * 1e3:.2f} (32K, same tokens)"
+    assert fused_bench_report.page_table(bench).column("page 1 / page 64")[2] == "1.01×"
     table = fused_bench_report.bench_table(bench)
-    assert table.column("fused FP8 (this chapter)")[0] == "20.0 (50%)"
+    assert table.column("fused FP8 (this chapter)")[0] == "40.0 (25%)"
 
 
 def test_per_point_names_where_the_fused_kernel_wins_and_loses():
@@ -191,24 +216,18 @@ def test_against_flashmla_leads_with_the_losses_and_the_accuracy_trade():
     assert "accuracy" not in without
 
 
-def test_imbalance_of_a_mixed_batch():
-    (row,) = fused_bench_report.imbalance_table(_bench()).rows
-    # 8 requests x 10 splits x 1 head block = 80 programs over 32,768 tokens; the longest request: 20,000 / 10.
-    assert row["longest"] == 2000 and row["balanced"] == pytest.approx(32768 / 80)
-    assert row["per_token_b1"] == pytest.approx(20.0 / 32768 * 1e3)
-
-
 def test_ncu_tables_and_text():
     profile = {"section": "profile", "heads": 16, "tokens": 131072, "min_bytes": 100.0, "dram_read_bytes": 90.0,
                "l2_bytes": 250.0, "flops": 1e9, "duration_ns": 1e4, "dynamic_smem_bytes": 2048.0,
                "registers_per_thread": 254.0, "achieved_occupancy_pct": 12.0, "issue_active_pct": 38.0,
                "theoretical_occupancy_pct": 12.5, "dram_pct_of_peak": 25.0, "stall_wait": 0.9, "stall_barrier": 0.1,
-               "stall_mio_throttle": 0.5}
+               "stall_mio_throttle": 0.5, "grid_size": 256.0, "block_size": 128.0}
     ncu = result("fused_decode_ncu", [profile, {"section": "profile", "heads": 64, "error": "ncu failed"}])
     main, stalls = fused_bench_report.ncu_tables(ncu)
     assert main.column("HBM read / FP8 bytes") == ["0.90×"] and main.column("L2 traffic / FP8 bytes") == ["2.50×"]
     assert [r["reason"] for r in stalls.rows] == ["wait", "mio throttle", "barrier"]
-    assert "`wait` (0.90), `mio throttle` (0.50), `barrier` (0.10)" in fused_bench_report.ncu_text(ncu)
+    text = fused_bench_report.ncu_text(ncu)
+    assert "`wait` (0.90), `mio throttle` (0.50), `barrier` (0.10)" in text and "256 programs of 128 threads" in text
 
 
 # ---------------------------------------------------------------------------------------------- chapter 4

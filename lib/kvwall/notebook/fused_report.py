@@ -21,7 +21,8 @@ from kvwall.notebook import plots
 from kvwall.notebook.tables import CHECK_COLUMNS, Table, number, percent, scientific, times
 from kvwall.results import Result
 
-__all__ = ["cost_prediction", "bytes_by_path", "fp8_to_float16_is_exact", "query_scaling_is_exact", "exactness_text",
+__all__ = ["spill_rule_table", "cost_prediction", "bytes_by_path", "fp8_to_float16_is_exact", "query_scaling_is_exact",
+           "exactness_text",
            "launch_shape", "screen_table", "split_sweep_figure", "winners_table", "tuning_lessons",
            "validation_table", "validation_passed", "validation_ratio_text"]
 
@@ -117,10 +118,28 @@ def exactness_text() -> str:
 
 def launch_shape(row: Mapping[str, Any]) -> str:
     """A tuning row's launch shape in words, from its ``cfg_*`` fields."""
-    path = "FP8 scores (4-term q)" if row.get("cfg_s_fp8") else "fp16 scores"
+    path = ("FP8 scores (4-term q)" if row.get("cfg_s_fp8") else "tokens as M" if row.get("cfg_tokens_m")
+            else "16-bit pairs" if row.get("cfg_pairs") else "fp16 scores")
     loads = "one load" if row.get("cfg_cache_v") == row.get("cfg_cache_k") else "two loads"
     return (f"{row['cfg_block_h']}×{row['cfg_block_n']}, {row['cfg_num_warps']} warps, {row['cfg_num_stages']} stages, "
             f"{row['cfg_convert']}, {path}, {loads}")
+
+
+def spill_rule_table(tuning: Result) -> Table:
+    """Per head count: the fastest candidate of the screen against the fastest that does not spill registers (the
+    one the launcher ships), at the screening point."""
+    fastest = {r["heads"]: r for r in tuning.table("fastest_any")}
+    rows = []
+    for heads, f in sorted(fastest.items()):
+        clean = min((r for r in tuning.table("screen") if r["heads"] == heads and r.get("us") and r.get("spills") == 0),
+                    key=lambda r: r["us"], default=None)
+        rows.append({"heads": heads, "fastest": launch_shape(f), "f_us": f["us"], "f_spills": f.get("spills"),
+                     "clean": launch_shape(clean) if clean else "none", "c_us": clean["us"] if clean else None,
+                     "x": clean["us"] / f["us"] if clean else None})
+    return Table(rows, {"heads": "heads", "fastest candidate": "fastest", "µs": ("f_us", number(1)),
+                        "its spills (Triton's n_spills)": "f_spills", "fastest without spills (shipped)": "clean",
+                        "µs ": ("c_us", number(1)), "cost of the rule": ("x", times(2))},
+                 tuning.caption() + " Batch 1, 128K random slots.")
 
 
 def _share(row: Mapping[str, Any]) -> float | None:

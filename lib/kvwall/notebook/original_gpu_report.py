@@ -71,12 +71,13 @@ def _cell(b: dict[str, Any]) -> str:
 
 
 def arch_table(builds: Sequence[dict[str, Any]], caption: str) -> Table:
-    """The offline compiles as one row per kernel and launch shape, one column per architecture: would it launch,
-    and the shared memory (against the per-block limit) and registers the compiler reports."""
+    """The offline compiles as one row per kernel (and head count), one column per architecture: the launch shape
+    the launcher picks there, whether it would launch, and the shared memory (against the per-block limit),
+    registers and spills the compiler reports."""
     archs = list(dict.fromkeys(b["arch"] for b in builds))
-    rows: dict[tuple[str, int, str], dict[str, Any]] = {}
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
     for b in builds:
         what = b["kernel"] + (f", {b['heads']} heads" if b["heads"] else "")
-        row = rows.setdefault((b["kernel"], b["heads"], b["shape"]), {"what": what, "shape": b["shape"]})
-        row[b["arch"]] = _cell(b)
-    return Table(list(rows.values()), {"kernel": "what", "launch shape": "shape", **{a: a for a in archs}}, caption)
+        row = rows.setdefault((b["kernel"], b["heads"]), {"what": what})
+        row[b["arch"]] = (f"{b['shape']} — " if b["shape"] else "") + _cell(b)
+    return Table(list(rows.values()), {"kernel": "what", **{a: a for a in archs}}, caption)
