@@ -1,7 +1,9 @@
 """Fused FP8 MLA decode (chapter 5): attention straight from the FP8 pool, never materializing BF16.
 
-- :mod:`.kernel`: the Triton split-KV and combine kernels and their launcher (``mla_decode_fp8``), the tuned
-  launch shapes' lookup (``tuned_entry``);
+- :mod:`.kernel`: the Triton split-KV and combine kernels, their launcher (``mla_decode_fp8``) and its per-step
+  plan (``plan_mla_decode``: a balanced work list reused by every layer), the tuned launch shapes' lookup
+  (``tuned_entry``) and the fallback shapes filtered by what the device fits (``fallback_config``);
+- :mod:`.plan`: the work list's host arithmetic (``build_work_list``);
 - :mod:`.reference`: the torch reference (``mla_decode_reference``), the seeded input generator
   (``make_mla_inputs``) and the float64 reference on the dequantized cache (``reference64``);
 - :mod:`.cases`: the validation case table every check (tests, recorded run, sanitizer) uses;

@@ -12,26 +12,37 @@ is base 2: multiply ours by ``1/ln 2``). A request with no tokens gets ``out = 0
 
 Design (chapter 5 gives the reason for each choice and the measurements):
 
-- **Split kernel**, grid ``(head_blocks, num_splits, B)``: a program owns a block of up to 64 heads
-  (``block_h``), one request and one contiguous slice of its tokens (the split), so each token's latent is read
-  from HBM once per split for all those heads (MLA shares the latent across heads). It walks its slice in tiles
-  of ``block_n`` tokens: gathers ``[block_n, 512]`` FP8 ``ckv`` and ``[block_n, 64]`` ``kpe`` rows through
-  ``kv_indices``, converts them to float16 in registers (``cvt.rn.f16x2.e4m3x2``, exact), computes the scores
-  ``q_nope @ ckv^T + q_pe @ kpe^T`` on tensor cores with the heads as the MMA's M side, runs the online softmax
-  in base 2 and accumulates ``p @ ckv`` (the latent serves as K and as V; ``p`` rounded to float16 for the
-  second dot, as flash attention does). The 512-wide latent goes in four 128-wide chunks with four
-  accumulators. The tile is loaded twice, once per dot (the second an L1/L2 hit), so Triton's pipeliner can
-  stream each load. Each split writes a normalized float32 partial ``[H, 512]`` and its base-2 LSE; with one
-  split it writes the BF16 output directly and no combine runs.
+- **Plan** (:func:`plan_mla_decode`, once per decode step, reused by every layer): the batch as a work list of
+  (request, token chunk) items of about equal size, longest first (:mod:`kvwall.kernels.mla_decode.plan`), with
+  the float32 partial buffers; a planned call launches grid ``(head_blocks, items)`` and never synchronizes (CUDA-
+  graph capturable). A request's last chunk runs to its length at run time, so a plan made for shorter requests
+  stays correct. Without a plan, a checked call plans for itself; an unchecked one, or one given ``num_splits``,
+  runs the uniform launch, grid ``(head_blocks, num_splits, B)``: every request in the same number of splits.
+- **Split kernel**: a program owns a block of up to 64 heads (``block_h``), one request and one contiguous chunk
+  of its tokens, so each token's latent is read from HBM once per chunk for all those heads (MLA shares the latent
+  across heads). It walks its chunk in tiles of ``block_n`` tokens: gathers ``[block_n, 512]`` FP8 ``ckv`` and
+  ``[block_n, 64]`` ``kpe`` rows through ``kv_indices``, converts them to float16 in registers
+  (``cvt.rn.f16x2.e4m3x2``, exact), computes the scores ``q_nope @ ckv^T + q_pe @ kpe^T`` on tensor cores with the
+  heads as the MMA's M side, runs the online softmax in base 2 and accumulates ``p @ ckv`` (the latent serves as K
+  and as V; ``p`` rounded to float16 for the second dot, as flash attention does). The 512-wide latent goes in
+  four 128-wide chunks with four accumulators. ``pairs=True`` (the 16-head shapes) reads the tile as 16-bit
+  elements, each a pair of neighbouring FP8 columns converted by one ``cvt``, the dots split into even and odd
+  columns (no one-byte shared-memory loads); ``tokens_m=True`` (a road not taken) puts the tokens on the MMA's M
+  side. ``cache_v`` is the second dot's load hint; equal to ``cache_k``, the compiler merges the two loads. Each
+  chunk writes a normalized float32 partial ``[H, 512]`` and its base-2 LSE, or, when it is its request's only
+  chunk, the BF16 output directly.
 - **Queries** go to float16 scaled per head by a power of two that puts the largest |q| in [2^12, 2^15) (no
   overflow, no lost bits), the scale folded back into the logit scale.
-- **Combine kernel**, grid ``(B, H, 512 / combine_block_d)``: merges the splits' partials by their LSEs
-  (flash-decoding); splits with no tokens carry ``lse = -inf`` and weight 0.
-- **Launch shape** (:class:`MLADecodeConfig`) and **splits per request** come from ``tuned.json`` (written by
-  ``python -m kvwall.tuning.fused --write``), the entry nearest to the GPU model, head count and context
-  (:func:`tuned_entry`); without an entry, defaults. Roads not taken stay selectable for the tuner:
-  ``convert="bits"`` (FP8 -> float16 by bit moves, scaled by 2^-8) and ``s_fp8`` (scores on FP8 tensor cores,
-  the query split into four e4m3 terms).
+- **Combine kernel**, grid ``(requests with more than one chunk, H, 512 / combine_block_d)``: merges each
+  request's partials (however many chunks it has) by their LSEs (flash-decoding); chunks with no tokens carry
+  ``lse = -inf`` and weight 0.
+- **Launch shape** (:class:`MLADecodeConfig`) and **programs at once** (the plan's sizing) come from
+  ``tuned.json`` (written by ``python -m kvwall.tuning.fused --write``; only shapes that do not spill registers),
+  the entry nearest to the GPU model, head count and context (:func:`tuned_entry`); without an entry, the first
+  of :data:`FALLBACK_SHAPES` that fits the device's shared memory per block, is not trap-only and does not spill
+  (:func:`fallback_config`), and programs from its compiled occupancy (:func:`programs_wanted`). Roads not taken
+  stay selectable for the tuner: ``convert="bits"`` (FP8 -> float16 by bit moves, scaled by 2^-8), ``s_fp8``
+  (scores on FP8 tensor cores, the query split into four e4m3 terms) and ``tokens_m``.
 - **Rows past a split's end repeat its last token**, so the tile loads are unmasked and stay in bounds.
 - On CPU tensors the kernels run in Triton's interpreter (built here, whatever ``TRITON_INTERPRET`` says), with
   exact float32 dots (the interpreter's 16-bit ``tl.dot`` is unreliable) and float32 ``p``; the FP8 conversion
