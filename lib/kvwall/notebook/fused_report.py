@@ -205,11 +205,33 @@ def tuning_lessons(tuning: Result, heads: int = 16) -> tuple[str, dict[str, floa
     if bits:
         lines.append(f"- the bit-move FP8 → float16 conversion instead of `cvt`: **{bits['us']:.1f} µs** "
                      f"({bits['us'] / best['us']:.2f}×)")
-    one = _twin(timed, best, cache_v=best["cfg_cache_k"])
-    if one:
-        lines.append(f"- one tile load feeding both dots (instead of a second load, an L1/L2 hit, for `p @ kv`): "
-                     f"**{one['us']:.1f} µs** ({one['us'] / best['us']:.2f}×), {one['regs']} registers, "
-                     f"{one['shared_bytes'] / 1024:.0f} KB")
+    if best["cfg_cache_v"] == best["cfg_cache_k"]:  # the winner loads once: its two-load twin
+        two = _twin(timed, best, cache_v=".ca")
+        if two:
+            lines.append(f"- a second load of the tile for `p @ kv` (an L1/L2 hit, two copies in shared memory) "
+                         f"instead of one load feeding both dots: **{two['us']:.1f} µs** ({two['us'] / best['us']:.2f}×), "
+                         f"{two['regs']} registers, {two['shared_bytes'] / 1024:.0f} KB")
+    else:
+        one = _twin(timed, best, cache_v=best["cfg_cache_k"])
+        if one:
+            lines.append(f"- one tile load feeding both dots (instead of a second load, an L1/L2 hit, for `p @ kv`): "
+                         f"**{one['us']:.1f} µs** ({one['us'] / best['us']:.2f}×), {one['regs']} registers, "
+                         f"{one['shared_bytes'] / 1024:.0f} KB")
+    if best.get("cfg_pairs"):
+        nopairs = _twin(timed, best, pairs=False)
+        if nopairs:
+            lines.append(f"- the tile as FP8 elements (a shared-memory load per byte) instead of 16-bit pairs: "
+                         f"**{nopairs['us']:.1f} µs** ({nopairs['us'] / best['us']:.2f}×), {nopairs['regs']} registers")
+        else:
+            nopairs = _twin(timed, best, pairs=False, cache_v=".ca")
+            if nopairs:
+                lines.append(f"- the tile as FP8 elements (a shared-memory load per byte) instead of 16-bit pairs "
+                             f"(and two loads): **{nopairs['us']:.1f} µs** ({nopairs['us'] / best['us']:.2f}×), "
+                             f"{nopairs['regs']} registers")
+    tm = min((r for r in timed if r.get("cfg_tokens_m")), key=lambda r: r["us"], default=None)
+    if tm:
+        lines.append(f"- tokens as the MMA's M side ({launch_shape(tm)}): **{tm['us']:.1f} µs** "
+                     f"({tm['us'] / best['us']:.2f}×), {tm['regs']} registers")
     values: dict[str, float] = {}
     fp8 = min((r for r in timed if r["cfg_s_fp8"]), key=lambda r: r["us"], default=None)
     fp16 = fp8 and _twin(timed, fp8, s_fp8=False)
