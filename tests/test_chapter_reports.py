@@ -178,7 +178,7 @@ def test_bench_targets_follow_the_rows():
     assert v["page1_over_page64_max"] == pytest.approx(80 / 79) and v["balance_ratios"] == {"16h": pytest.approx(2.0)}
     assert v["x_vs_original_path_b1_16h"] == {32768: 45.0}
     assert "**2 of 6 targets met.**" in t.text and "32K **45×**" in t.text
-    assert "slower at 16 h, 4K, b32, 64 h, 32K, b8 (worst 64 h, 32K, b8: 2.0×)" in t.table.rows[1]["measured"]
+    assert "slower at 16 h, 4K, b32; 64 h, 32K, b8 (worst 64 h, 32K, b8: 2.0×)" in t.table.rows[1]["measured"]
     balance = fused_bench_report.balance_table(bench)
     assert [r["point"] for r in balance.rows] == ["16 h, 4K, b32", "64 h, 32K, b8"]
     assert balance.rows[0]["b1"] == f"{20.0 / 32768 * 1e3:.2f} (32K, same tokens)"

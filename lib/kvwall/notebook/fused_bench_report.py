@@ -188,7 +188,7 @@ def targets(bench: FusedBench, validation: Result | None = None, key: Point = (1
     worst = max(both, key=lambda p: bench.us(FUSED, p) / bench.us(FLASHMLA_BF16, p)) if both else None
     rows.append({"target": "faster than FlashMLA dense BF16 (on a BF16 cache) at every point",
                  "measured": (f"faster at {len(both) - len(slower)} of {len(both)} points; slower at "
-                              f"{', '.join(_label(p) for p in slower[:6])}{'…' if len(slower) > 6 else ''} "
+                              f"{'; '.join(_label(p) for p in slower[:6])}{'…' if len(slower) > 6 else ''} "
                               f"(worst {_label(worst)}: {bench.us(FUSED, worst) / bench.us(FLASHMLA_BF16, worst):.1f}×)"
                               if slower else f"faster at all {len(both)} points"),
                  "verdict": _verdict(bool(both) and not slower)})
@@ -239,7 +239,8 @@ def targets(bench: FusedBench, validation: Result | None = None, key: Point = (1
                  "verdict": _verdict(bool(pairs) and max(x for *_, x in pairs) <= 1.15)})
     values.update(balance_ratios={f"{p[0]}h": x for p, _, x in pairs})
     table = Table(rows, {"target (issue 12)": "target", "measured": "measured", "verdict": "verdict"},
-                  bench.caption + (" Accuracy ratios from " + validation.caption() if validation else ""))
+                  bench.caption + (" Accuracy ratios: " + validation.caption()[0].lower() + validation.caption()[1:]
+                                   if validation else ""))
     x_original = {p[1]: bench.us(ORIGINAL_PATH, p) / bench.us(FUSED, p) for p in pts
                   if p[0] == 16 and p[2] == 1 and bench.us(ORIGINAL_PATH, p)}
     met = sum(r["verdict"] == "met" for r in rows)
@@ -476,10 +477,10 @@ def against_flashmla(bench: FusedBench, validation: Result | None = None) -> tup
     faster_bf16 = [r for r in timed_bf16 if r["x_bf16"] <= 1.0]
     text = (f"**Against the best peer on this GPU, FlashMLA, the fused kernel loses at {len(loses)} of {len(timed)} "
             f"points**: FlashMLA's dense FP8 kernel is faster "
-            + (f"everywhere except {', '.join(r['point'] for r in wins)}" if wins else "at every point")
+            + (f"everywhere except {'; '.join(r['point'] for r in wins)}" if wins else "at every point")
             + f", by up to {worst['x_fp8']:.1f}× ({worst['point']}). FlashMLA's dense BF16 kernel, on a BF16 cache "
             f"twice the size, is faster at {len(slower_than_bf16)} of {len(timed_bf16)} points; the fused kernel beats "
-            f"it at {', '.join(r['point'] for r in faster_bf16) or 'none'}.")
+            f"it at {'; '.join(r['point'] for r in faster_bf16) or 'none'}.")
     untimed = [p for p in bench.points if bench.us(FUSED, p) and not bench.us(FLASHMLA_FP8, p)]
     if untimed:
         why = ((bench.row(FLASHMLA_FP8, untimed[0]) or {}).get("error") or "not run").rstrip(".")

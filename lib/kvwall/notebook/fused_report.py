@@ -155,7 +155,7 @@ def screen_table(tuning: Result) -> Table:
     return Table(rows, {"heads": "heads", "heads × tokens per step, …": "shape", "registers": "regs", "spills": "spills",
                         "smem KB": ("smem_kb", number(0)), "rel. err vs fp32": ("rel_err", scientific),
                         "µs at 128K": "us_or_error", "of roofline": ("share", percent)},
-                 tuning.caption() + " Batch 1, 128K random slots, default splits, CUDA graph, L2 flushed.")
+                 tuning.caption() + " Batch 1, 128K random slots, the launcher's default plan, CUDA graph, L2 flushed.")
 
 
 def _same_config(row: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
@@ -172,8 +172,9 @@ def split_sweep_figure(tuning: Result, heads: int = 16) -> go.Figure:
         points = sorted((r["splits"], r["us"]) for r in sweep if r["heads"] == heads and r["tokens"] == w["tokens"]
                         and r["splits"] and _same_config(r, w))
         series[f"{w['tokens'] // 1024}K tokens"] = ([p[0] for p in points], [p[1] for p in points])
-    return plots.lines(series, title=f"{heads} heads, batch 1: time against splits per request (the winning shape)",
-                       xaxis="splits per request", yaxis="µs (CUDA graph, L2 flushed)", caption=[tuning.caption()])
+    return plots.lines(series, title=f"{heads} heads, batch 1: time against chunks per request (the winning shape)",
+                       xaxis="chunks per request (the plan's items at batch 1)", yaxis="µs (CUDA graph, L2 flushed)",
+                       caption=[tuning.caption()])
 
 
 def winners_table(tuning: Result) -> Table:
@@ -182,7 +183,7 @@ def winners_table(tuning: Result) -> Table:
              "splits": w["splits"] or "default", "us": w["us"], "split_us": w.get("split_kernel_us"),
              "combine_us": w.get("combine_kernel_us"), "share": _share(w)}
             for w in sorted(tuning.table("winner"), key=lambda r: (r["heads"], r["tokens"]))]
-    return Table(rows, {"point": "point", "winning shape": "shape", "splits": "splits", "µs": ("us", number(1)),
+    return Table(rows, {"point": "point", "winning shape": "shape", "chunks per request": "splits", "µs": ("us", number(1)),
                         "split kernel µs": ("split_us", number(1)), "combine µs": ("combine_us", number(1)),
                         "of roofline": ("share", percent)},
                  tuning.caption() + " Kernel times from torch.profiler (L2 warm, without graph gaps).")
