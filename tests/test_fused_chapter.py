@@ -28,8 +28,14 @@ def test_chapter_5_on_cpu(tmp_path):
     assert v["us_b1_16h_128k"] == point["us"] and v["roofline_us_b1_16h_128k"] == point["roofline_us"]
     points = {k[1:] for k in bench}
     assert v["points"] == len(points)
-    fp8 = {p: min(bench[(s, *p)]["us"] for s in ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3")
-                  if bench.get((s, *p), {}).get("us"))
-           for p in points if any(bench.get((s, *p), {}).get("us") for s in ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3"))}
-    assert v["faster_than_flashinfer_fp8"] == sum(bench[("fused_fp8", *p)]["us"] < t for p, t in fp8.items()
-                                                  if bench[("fused_fp8", *p)].get("us"))
+    both = [p for p in points if bench.get(("fused_fp8", *p), {}).get("us")
+            and bench.get(("flashmla_dense_bf16", *p), {}).get("us")]
+    assert v["flashmla_bf16_points"] == len(both)
+    assert v["faster_than_flashmla_bf16"] == sum(bench[("fused_fp8", *p)]["us"] < bench[("flashmla_dense_bf16", *p)]["us"]
+                                                 for p in both)
+    paged = [bench[("fused_fp8", *p)]["us"] / bench[("fused_fp8_page64", *p)]["us"] for p in points
+             if bench.get(("fused_fp8_page64", *p), {}).get("us") and bench.get(("fused_fp8", *p), {}).get("us")]
+    assert v["page1_over_page64_min"] == min(paged) and v["page1_over_page64_max"] == max(paged)
+    ratios = [r["ratio"] for r in validation if r.get("ratio") is not None and (r.get("bf16_rel_err") or 0) > 0]
+    assert v["max_ratio_to_bf16_path"] == max(ratios)
+    assert 0 <= v["targets_met"] <= 6
