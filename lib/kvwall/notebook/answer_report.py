@@ -316,7 +316,8 @@ def decision_table(step: Result, sweep: Result, fit: SweepFit, caption: str) -> 
                 f"{at('flashmla_fp8', 'batch', big_b, big_t):.0f} µs per layer", "where": f"{ch5}, {ch6}"},
         {"arch": "SM120 (RTX PRO 6000, RTX 5090)", "flashinfer": "any, through 0.7.x (no FP8 MLA)",
          "batch": "1 (the original)",
-         "do": "apply the gather_cast patch (fa2); the fused kernel at ≤ 16 heads per GPU",
+         "do": "apply the gather_cast patch (fa2), or the fused kernel (its 16-head shape fits SM120; at more heads a "
+               "smaller shape fits, unmeasured)",
          "why": f"predicted step {sm120['full_pool_cast_fa2']['step_lo']:.0f}–{sm120['full_pool_cast_fa2']['step_hi']:.0f}"
                 f" ms → {sm120['gather_cast_fa2']['step_lo']:.0f}–{sm120['gather_cast_fa2']['step_hi']:.0f} ms "
                 f"(gather_cast) or {sm120['fused_fp8']['step_lo']:.0f}–{sm120['fused_fp8']['step_hi']:.0f} ms "
