@@ -1,0 +1,465 @@
+// Fused FP8 MLA decode, split kernel in CUDA C++ (mma.sync m16n8k16, cp.async, cvt.rn.f16x2.e4m3x2: sm_89 and
+// later; built for sm_90, sm_100 and sm_120). The host side is kvwall.kernels.mla_decode.cuda.
+//
+// One CTA runs one item of the plan (a request and a chunk of its tokens) for a block of 16 heads (the MMA's M).
+// Per tile of BN tokens:
+//   1. cp.async gathers the tile's FP8 rows (512 B of ckv + 64 B of kpe per token, 16 B pieces) into a ring of
+//      STAGES shared-memory buffers, STAGES - 1 tiles ahead of the math; tokens past the chunk are zero-filled.
+//   2. Scores S[16 heads, BN tokens] = Q K^T: warps split the tokens. The B fragment of K^T is built straight
+//      from the FP8 tile: one 16-byte shared load per token and 64 latent columns, one cvt per register. This
+//      needs the latent columns permuted inside each 16-column k-step (k-slot 2c+i <-> column 16c+4j+i, k-slot
+//      8+2c+i <-> 16c+4j+2+i for thread c of a quad and k-step j); the query's A fragment is read with the same
+//      permutation, and a dot product does not change under a permutation applied to both sides.
+//   3. Online softmax in base 2 (row maxima exchanged across warps through shared memory); P rounded to
+//      float16 into shared memory.
+//   4. O[16, 512] += P V with V = the same FP8 tile: warps split the 512 output columns. The B fragment needs
+//      token pairs (2c, 2c+1) of one column: two 16-byte loads (two tokens), prmt pairs their bytes, one cvt per
+//      register. The output columns are permuted instead of the tokens: n-tile j's column g <-> latent column
+//      BPT*g + j inside the warp's slice, so each thread's accumulators hold runs of BPT consecutive columns.
+// The math is the Triton kernel's: the query in float16 scaled per head by a power of two (largest |q| in
+// [2^12, 2^15)), the FP8 values converted exactly to float16, float32 accumulation, P in float16, the partial
+// (normalized float32 O and base-2 LSE) or the BF16 output written at the end. The combine is the Triton one.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace kvwall_mla {
+
+constexpr int DC = 512;        // latent (ckv) columns
+constexpr int DR = 64;         // rope (kpe) columns
+constexpr int D = DC + DR;     // 576 bytes per FP8 token row
+constexpr int KV_STRIDE = D + 16;  // 592 B per token row in shared memory: conflict-free token-pair loads
+constexpr int HEADS = 16;          // heads per CTA: the MMA's M
+
+struct Params {
+  const __nv_bfloat16* qn;
+  const __nv_bfloat16* qp;
+  const uint8_t* ckv;
+  const uint8_t* kpe;
+  const void* indptr;
+  const void* indices;
+  const void* kvlen;
+  const float* ckv_scale_ptr;
+  const float* kpe_scale_ptr;
+  float* part_o;
+  float* part_lse;
+  __nv_bfloat16* out;
+  float* lse;
+  const int* work;
+  long long stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h;
+  long long stride_ckv, stride_kpe, stride_o_b, stride_o_h;
+  float ckv_scale_val, kpe_scale_val, qk_scale;  // qk_scale = sm_scale * log2(e)
+  int H, num_indices, num_units, page;
+  int indptr64, indices64, kvlen64, scale_from_ptr, write_lse;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Four FP8 e4m3 values (one 32-bit word, byte 0 = lowest column) -> two float16x2 (bytes 0-1 and 2-3; low half =
+// lower column), exact. The word is split into its 16-bit halves in PTX, so ptxas picks the half in the F2FP.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ long long load_index(const void* p, long long i, int is64) {
+  return is64 ? __ldg(static_cast<const long long*>(p) + i) : (long long)__ldg(static_cast<const int*>(p) + i);
+}
+
+__device__ __forceinline__ long long clampll(long long x, long long lo, long long hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+// Where query element (row r, column i) sits in shared memory: in mma A-fragment order, so that one 16-byte load
+// gives a lane the four registers of one k-step. Columns go in chunks of 64 (kc) and k-steps of 16 (j); inside a
+// k-step, lane (g, c) holds rows g and g + 8 at columns 16c + 4j + {0, 1} (k-slots 2c, 2c + 1) and 16c + 4j + {2, 3}
+// (k-slots 2c + 8, 2c + 9): the permutation the K fragment is read with.
+__device__ __forceinline__ int q_fragment_offset(int r, int i) {
+  const int kc = i / 64, within = i % 64;
+  const int c = within / 16, j = (within % 16) / 4, e = within % 4;
+  const int lane = (r % 8) * 4 + c;
+  const int word = (e >> 1) * 2 + r / 8;  // a0: row g, cols +0/1; a1: row g+8; a2: row g, cols +2/3; a3: row g+8
+  return (((kc * 4 + j) * 32 + lane) * 4 + word) * 2 + (e & 1);
+}
+
+template <int NW, int BN, int STAGES>
+struct Shape {
+  static constexpr int NT = NW * 32;      // threads
+  static constexpr int TPW = BN / NW;     // tokens per warp in the scores
+  static constexpr int NTQ = TPW / 8;     // score n-tiles per warp
+  static constexpr int DW = DC / NW;      // output columns per warp
+  static constexpr int NTV = DW / 8;      // output n-tiles per warp
+  static constexpr int BPT = DW / 8;      // bytes per thread per token row in p @ V (= NTV)
+  static constexpr int P_STRIDE = BN + 8; // halves per P row
+  static constexpr int KV_BYTES = STAGES * BN * KV_STRIDE;
+  static constexpr int Q_BYTES = HEADS * D * 2;  // in A-fragment order (q_fragment_offset)
+  static constexpr int P_BYTES = HEADS * P_STRIDE * 2;
+  static constexpr int RED_BYTES = 2 * NW * HEADS * 4;
+  static constexpr int ROW_BYTES = 2 * HEADS * 4;
+  static constexpr int SMEM = KV_BYTES + Q_BYTES + P_BYTES + RED_BYTES + ROW_BYTES;
+  static_assert(TPW % 8 == 0 && NTQ >= 1, "each warp scores whole n-tiles of 8 tokens");
+  static_assert(BPT == 8 || BPT == 16, "a warp's output slice is 64 or 128 columns");
+  static_assert(BN % 16 == 0, "p @ V runs in k-steps of 16 tokens");
+};
+
+template <int NW, int BN, int STAGES>
+__global__ void __launch_bounds__(NW * 32, 1) mla_split_kernel(const Params p) {
+  using S = Shape<NW, BN, STAGES>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* kv_s = smem;
+  __half* q_s = reinterpret_cast<__half*>(smem + S::KV_BYTES);
+  __half* p_s = reinterpret_cast<__half*>(smem + S::KV_BYTES + S::Q_BYTES);
+  float* red_m = reinterpret_cast<float*>(smem + S::KV_BYTES + S::Q_BYTES + S::P_BYTES);
+  float* red_l = red_m + NW * HEADS;
+  float* row_c = red_l + NW * HEADS;
+  float* row_k = row_c + HEADS;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int h0 = blockIdx.x * HEADS;
+  const int* wrow = p.work + (long long)blockIdx.y * 4;
+  const int b = wrow[0];
+  const long long item_lo = wrow[1], item_hi = wrow[2];
+  const int prow = wrow[3];
+
+  // The item's tokens, clamped to the buffers exactly as the Triton kernel clamps them.
+  const long long start = clampll(load_index(p.indptr, b, p.indptr64), 0, p.num_indices);
+  const long long stop = clampll(load_index(p.indptr, b + 1, p.indptr64), start, p.num_indices);
+  long long length = stop - start;
+  if (p.page != 1) length = clampll(load_index(p.kvlen, b, p.kvlen64), 0, (stop - start) * (long long)p.page);
+  const long long lo = clampll(item_lo, 0, length);
+  const long long hi = clampll(item_hi, lo, length);
+  const float ckv_scale = p.scale_from_ptr ? __ldg(p.ckv_scale_ptr) : p.ckv_scale_val;
+  const float kpe_scale = p.scale_from_ptr ? __ldg(p.kpe_scale_ptr) : p.kpe_scale_val;
+
+  // ---- Queries -> float16 in shared memory, each head scaled by 2^e so that its largest |q| is in [2^12, 2^15).
+  {
+    constexpr int TPH = S::NT / HEADS;  // threads per head, consecutive lanes
+    const int r = tid / TPH, part = tid % TPH;
+    const int h = h0 + r;
+    const __nv_bfloat16* qn = p.qn + (long long)b * p.stride_qn_b + (long long)h * p.stride_qn_h;
+    const __nv_bfloat16* qp = p.qp + (long long)b * p.stride_qp_b + (long long)h * p.stride_qp_h;
+    float amax = 0.f;
+    if (h < p.H) {
+      for (int i = part; i < D; i += TPH) {
+        float v = __bfloat162float(i < DC ? qn[i] : qp[i - DC]);
+        amax = fmaxf(amax, fabsf(v));
+      }
+    }
+#pragma unroll
+    for (int off = TPH / 2; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    float e = 0.f;
+    if (amax > 0.f) e = 13.f - floorf(log2f(amax));
+    e = fminf(fmaxf(e, -120.f), 120.f);
+    const float qmul = ldexpf(1.f, (int)e);
+    for (int i = part; i < D; i += TPH) {
+      float v = 0.f;
+      if (h < p.H) v = __bfloat162float(i < DC ? qn[i] : qp[i - DC]);
+      q_s[q_fragment_offset(r, i)] = __float2half_rn(v * qmul);
+    }
+    if (part == 0) {
+      row_c[r] = (ckv_scale * p.qk_scale) * ldexpf(1.f, -(int)e);
+      row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -(int)e);
+    }
+  }
+
+  // ---- The tile loader: BN tokens x 36 pieces of 16 B, consecutive threads on consecutive pieces of a row.
+  int bad = 0;
+  const int ntiles = (int)((hi - lo + BN - 1) / BN);
+  auto load_tile = [&](int tile, int stage) {
+    uint8_t* dst0 = kv_s + stage * BN * KV_STRIDE;
+    const long long first = lo + (long long)tile * BN;
+#pragma unroll 2
+    for (int k = tid; k < BN * (D / 16); k += S::NT) {
+      const int r = k / (D / 16), piece = k % (D / 16);
+      uint8_t* dst = dst0 + r * KV_STRIDE + piece * 16;
+      const long long t = first + r;
+      if (t < hi) {
+        long long raw, slot;
+        if (p.page == 1) {
+          raw = load_index(p.indices, start + t, p.indices64);
+        } else {
+          raw = load_index(p.indices, start + t / p.page, p.indices64);
+        }
+        if (raw < 0 || raw >= p.num_units) {
+          bad = 1;
+          raw = 0;
+        }
+        slot = p.page == 1 ? raw : raw * p.page + t % p.page;
+        const uint8_t* src = piece < DC / 16 ? p.ckv + slot * p.stride_ckv + piece * 16
+                                             : p.kpe + slot * p.stride_kpe + (piece - DC / 16) * 16;
+        cp_async16(dst, src, 16);
+      } else {
+        cp_async16(dst, p.ckv, 0);  // zero-fill: a token past the chunk
+      }
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  float o[S::NTV][4];
+#pragma unroll
+  for (int j = 0; j < S::NTV; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_i[2] = {-INFINITY, -INFINITY};  // rows g and g + 8
+  float l_i[2] = {0.f, 0.f};              // this thread's share of the row sums
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1 (its stage is free)
+    if (it + STAGES - 1 < ntiles) load_tile(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+    cp_async_commit();
+    const uint8_t* kv = kv_s + (it % STAGES) * BN * KV_STRIDE;
+
+    // ---- Scores for this warp's tokens: nope (8 chunks of 64 columns) and rope (1 chunk) apart.
+    float sc[S::NTQ][4], sr[S::NTQ][4];
+#pragma unroll
+    for (int n = 0; n < S::NTQ; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sc[n][i] = sr[n][i] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 64; ++kc) {
+      const uint4* qf = reinterpret_cast<const uint4*>(q_s) + kc * 4 * 32 + lane;  // k-step j at qf[32 * j]
+      uint4 qa[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) qa[j] = qf[32 * j];
+#pragma unroll
+      for (int n = 0; n < S::NTQ; ++n) {
+        const int token = warp * S::TPW + n * 8 + g;
+        const uint4 kb = *reinterpret_cast<const uint4*>(kv + token * KV_STRIDE + kc * 64 + 16 * c);
+        const uint32_t kw[4] = {kb.x, kb.y, kb.z, kb.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b0, b1;
+          e4m3x4_to_f16x2x2(kw[j], b0, b1);
+          if (kc < DC / 64)
+            mma16816(sc[n], qa[j].x, qa[j].y, qa[j].z, qa[j].w, b0, b1);
+          else
+            mma16816(sr[n], qa[j].x, qa[j].y, qa[j].z, qa[j].w, b0, b1);
+        }
+      }
+    }
+
+    // ---- Logits (base 2), masked past the chunk; row maxima across the warp, then across warps.
+    const long long tile_first = lo + (long long)it * BN;
+    const float rc0 = row_c[g], rc1 = row_c[g + 8], rk0 = row_k[g], rk1 = row_k[g + 8];
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < S::NTQ; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int token = warp * S::TPW + n * 8 + 2 * c + (i & 1);
+        const int row = i >> 1;
+        float x = row ? sc[n][i] * rc1 + sr[n][i] * rk1 : sc[n][i] * rc0 + sr[n][i] * rk0;
+        if (tile_first + token >= hi) x = -INFINITY;
+        sc[n][i] = x;
+        mx[row] = fmaxf(mx[row], x);
+      }
+    }
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+      mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
+      mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
+    }
+    if (c == 0) {
+      red_m[warp * HEADS + g] = mx[0];
+      red_m[warp * HEADS + g + 8] = mx[1];
+    }
+    __syncthreads();
+    float alpha[2];
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+      float m = m_i[row];
+#pragma unroll
+      for (int w = 0; w < NW; ++w) m = fmaxf(m, red_m[w * HEADS + g + 8 * row]);
+      alpha[row] = exp2f(m_i[row] - m);
+      m_i[row] = m;
+      l_i[row] *= alpha[row];
+    }
+    // ---- P = 2^(logit - m), float16 into shared memory; the row sums in float32 before rounding.
+#pragma unroll
+    for (int n = 0; n < S::NTQ; ++n) {
+      const int token = warp * S::TPW + n * 8 + 2 * c;
+      const float p0 = exp2f(sc[n][0] - m_i[0]), p1 = exp2f(sc[n][1] - m_i[0]);
+      const float p2 = exp2f(sc[n][2] - m_i[1]), p3 = exp2f(sc[n][3] - m_i[1]);
+      l_i[0] += p0 + p1;
+      l_i[1] += p2 + p3;
+      *reinterpret_cast<__half2*>(p_s + g * S::P_STRIDE + token) = __floats2half2_rn(p0, p1);
+      *reinterpret_cast<__half2*>(p_s + (g + 8) * S::P_STRIDE + token) = __floats2half2_rn(p2, p3);
+    }
+#pragma unroll
+    for (int j = 0; j < S::NTV; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+    __syncthreads();
+
+    // ---- O += P V over this warp's output columns; V's B fragment from token pairs of the FP8 tile.
+    const uint8_t* vcol = kv + warp * S::DW + S::BPT * g;
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      const int t0 = ks * 16 + 2 * c;
+      const uint32_t a0 = *reinterpret_cast<const uint32_t*>(p_s + g * S::P_STRIDE + t0);
+      const uint32_t a1 = *reinterpret_cast<const uint32_t*>(p_s + (g + 8) * S::P_STRIDE + t0);
+      const uint32_t a2 = *reinterpret_cast<const uint32_t*>(p_s + g * S::P_STRIDE + t0 + 8);
+      const uint32_t a3 = *reinterpret_cast<const uint32_t*>(p_s + (g + 8) * S::P_STRIDE + t0 + 8);
+      uint32_t v[4][S::BPT / 4];  // tokens t0, t0 + 1, t0 + 8, t0 + 9
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt) {
+        const uint8_t* src = vcol + (t0 + (tt & 1) + 8 * (tt >> 1)) * KV_STRIDE;
+        if constexpr (S::BPT == 16) {
+          const uint4 x = *reinterpret_cast<const uint4*>(src);
+          v[tt][0] = x.x; v[tt][1] = x.y; v[tt][2] = x.z; v[tt][3] = x.w;
+        } else {
+          const uint2 x = *reinterpret_cast<const uint2*>(src);
+          v[tt][0] = x.x; v[tt][1] = x.y;
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < S::BPT / 4; ++q) {
+        uint32_t x0, x1, x2, x3, y0, y1, y2, y3;  // n-tiles 4q .. 4q + 3: tokens (t0, t0 + 1) and (t0 + 8, t0 + 9)
+        e4m3x4_to_f16x2x2(__byte_perm(v[0][q], v[1][q], 0x5140), x0, x1);
+        e4m3x4_to_f16x2x2(__byte_perm(v[0][q], v[1][q], 0x7362), x2, x3);
+        e4m3x4_to_f16x2x2(__byte_perm(v[2][q], v[3][q], 0x5140), y0, y1);
+        e4m3x4_to_f16x2x2(__byte_perm(v[2][q], v[3][q], 0x7362), y2, y3);
+        mma16816(o[4 * q + 0], a0, a1, a2, a3, x0, y0);
+        mma16816(o[4 * q + 1], a0, a1, a2, a3, x1, y1);
+        mma16816(o[4 * q + 2], a0, a1, a2, a3, x2, y2);
+        mma16816(o[4 * q + 3], a0, a1, a2, a3, x3, y3);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- Row sums across the quad and the warps; NaN for a chunk that held an out-of-range index.
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    l_i[row] += __shfl_xor_sync(0xffffffffu, l_i[row], 1);
+    l_i[row] += __shfl_xor_sync(0xffffffffu, l_i[row], 2);
+  }
+  if (c == 0) {
+    red_l[warp * HEADS + g] = l_i[0];
+    red_l[warp * HEADS + g + 8] = l_i[1];
+  }
+  const int any_bad = __syncthreads_or(bad);
+  float norm[2], lse2[2];
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    float l = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) l += red_l[w * HEADS + g + 8 * row];
+    if (any_bad) l = NAN;
+    const bool empty = l == 0.f;
+    norm[row] = empty ? 0.f : ckv_scale / l;
+    lse2[row] = empty ? -INFINITY : m_i[row] + log2f(l);
+  }
+
+  // ---- Write: thread (g, c) of warp w holds rows g, g + 8 and columns w*DW + BPT*(2c + i) + j, j < BPT.
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    const int h = h0 + g + 8 * row;
+    if (h >= p.H) continue;
+    if (prow < 0) {
+      __nv_bfloat16* orow = p.out + (long long)b * p.stride_o_b + (long long)h * p.stride_o_h;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < S::BPT; ++j)
+          orow[warp * S::DW + S::BPT * (2 * c + i) + j] = __float2bfloat16_rn(o[j][2 * row + i] * norm[row]);
+      if (p.write_lse && warp == 0 && c == 0) p.lse[(long long)b * p.H + h] = lse2[row] * 0.6931471805599453f;
+    } else {
+      float* prow_o = p.part_o + ((long long)prow * p.H + h) * DC + warp * S::DW;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < S::BPT; j += 4) {
+          float4 v = make_float4(o[j][2 * row + i] * norm[row], o[j + 1][2 * row + i] * norm[row],
+                                 o[j + 2][2 * row + i] * norm[row], o[j + 3][2 * row + i] * norm[row]);
+          *reinterpret_cast<float4*>(prow_o + S::BPT * (2 * c + i) + j) = v;
+        }
+      if (warp == 0 && c == 0) p.part_lse[(long long)prow * p.H + h] = lse2[row];
+    }
+  }
+}
+
+template <int NW, int BN, int STAGES>
+int launch(const Params& p, int head_blocks, int items, cudaStream_t stream) {
+  using S = Shape<NW, BN, STAGES>;
+  auto kernel = mla_split_kernel<NW, BN, STAGES>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
+  if (err != cudaSuccess) return (int)err;
+  kernel<<<dim3(head_blocks, items), S::NT, S::SMEM, stream>>>(p);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace kvwall_mla
+
+// The variants the host side may pick: (warps, tokens per tile, pipeline stages).
+#define KVWALL_MLA_VARIANTS(X) \
+  X(0, 4, 64, 4)               \
+  X(1, 4, 64, 3)               \
+  X(2, 8, 64, 4)               \
+  X(3, 4, 32, 4)               \
+  X(4, 8, 128, 2)              \
+  X(5, 4, 128, 2)
+
+extern "C" {
+
+int kvwall_mla_params_size() { return (int)sizeof(kvwall_mla::Params); }
+
+// Shape of variant v: warps, tokens per tile, stages, dynamic shared memory bytes; -1 for an unknown variant.
+int kvwall_mla_variant(int v, int* warps, int* block_n, int* stages, int* smem) {
+  switch (v) {
+#define X(id, nw, bn, st)                                              \
+  case id:                                                             \
+    *warps = nw;                                                       \
+    *block_n = bn;                                                     \
+    *stages = st;                                                      \
+    *smem = kvwall_mla::Shape<nw, bn, st>::SMEM;                       \
+    return 0;
+    KVWALL_MLA_VARIANTS(X)
+#undef X
+  }
+  return -1;
+}
+
+int kvwall_mla_split(const kvwall_mla::Params* p, int variant, int head_blocks, int items, void* stream) {
+  if (items == 0 || head_blocks == 0) return 0;
+  switch (variant) {
+#define X(id, nw, bn, st) \
+  case id:                \
+    return kvwall_mla::launch<nw, bn, st>(*p, head_blocks, items, (cudaStream_t)stream);
+    KVWALL_MLA_VARIANTS(X)
+#undef X
+  }
+  return (int)cudaErrorInvalidValue;
+}
+
+const char* kvwall_mla_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+}  // extern "C"
