@@ -50,6 +50,7 @@ class Variant:
     warps: int
     block_n: int
     stages: int
+    min_blocks: int  # CTAs per SM the registers are capped for (__launch_bounds__)
 
     @property
     def smem(self) -> int:
@@ -60,15 +61,16 @@ class Variant:
         return kv + q + p + 2 * self.warps * 16 * 4 + 2 * 16 * 4
 
     def __str__(self) -> str:
-        return f"v{self.index} ({self.warps} warps, {self.block_n} tokens, {self.stages} stages)"
+        return (f"v{self.index} ({self.warps} warps, {self.block_n} tokens, {self.stages} stages, "
+                f"{self.min_blocks} CTA/SM)")
 
 
 def _read_variants() -> dict[int, Variant]:
     text = CUDA_SOURCE.read_text()
     block = text[text.index("#define KVWALL_MLA_VARIANTS"):]
     block = block[: block.index("\n\n")]
-    return {int(i): Variant(int(i), int(w), int(n), int(s))
-            for i, w, n, s in re.findall(r"X\((\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)", block)}
+    return {int(i): Variant(int(i), int(w), int(n), int(s), int(m))
+            for i, w, n, s, m in re.findall(r"X\((\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)", block)}
 
 
 #: The launch shapes compiled into the library, by index.
@@ -278,7 +280,7 @@ class NvccReport:
                 f"{'spills: ' + str(self.spill_bytes) if spills else 'no spills'}.")
 
 
-_ENTRY = re.compile(r"Compiling entry function '_ZN10kvwall_mla16mla_split_kernelILi(\d+)ELi(\d+)ELi(\d+)E")
+_ENTRY = re.compile(r"Compiling entry function '_ZN10kvwall_mla16mla_split_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 
 
 def nvcc_compile_check(arch: str = "sm_90", nvcc: str | None = None) -> NvccReport:
@@ -296,7 +298,7 @@ def nvcc_compile_check(arch: str = "sm_90", nvcc: str | None = None) -> NvccRepo
                               capture_output=True, text=True, timeout=600)
         seconds = time.perf_counter() - t0
     log = proc.stdout + proc.stderr
-    by_shape = {(v.warps, v.block_n, v.stages): v.index for v in VARIANTS.values()}
+    by_shape = {(v.warps, v.block_n, v.stages, v.min_blocks): v.index for v in VARIANTS.values()}
     registers: dict[int, int] = {}
     spills: dict[int, int] = {}
     stack: dict[int, int] = {}

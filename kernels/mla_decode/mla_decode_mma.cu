@@ -122,8 +122,8 @@ struct Shape {
   static_assert(BN % 16 == 0, "p @ V runs in k-steps of 16 tokens");
 };
 
-template <int NW, int BN, int STAGES>
-__global__ void __launch_bounds__(NW * 32, 1) mla_split_kernel(const Params p) {
+template <int NW, int BN, int STAGES, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p) {
   using S = Shape<NW, BN, STAGES>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* kv_s = smem;
@@ -159,59 +159,61 @@ __global__ void __launch_bounds__(NW * 32, 1) mla_split_kernel(const Params p) {
     const int h = h0 + r;
     const __nv_bfloat16* qn = p.qn + (long long)b * p.stride_qn_b + (long long)h * p.stride_qn_h;
     const __nv_bfloat16* qp = p.qp + (long long)b * p.stride_qp_b + (long long)h * p.stride_qp_h;
-    float amax = 0.f;
-    if (h < p.H) {
-      for (int i = part; i < D; i += TPH) {
-        float v = __bfloat162float(i < DC ? qn[i] : qp[i - DC]);
-        amax = fmaxf(amax, fabsf(v));
-      }
+    constexpr int PER = D / TPH;  // elements per thread: loaded at once (independent loads), then reduced
+    float v[PER];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int i = part + k * TPH;
+      v[k] = h < p.H ? __bfloat162float(i < DC ? qn[i] : qp[i - DC]) : 0.f;
     }
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) amax = fmaxf(amax, fabsf(v[k]));
 #pragma unroll
     for (int off = TPH / 2; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     float e = 0.f;
     if (amax > 0.f) e = 13.f - floorf(log2f(amax));
     e = fminf(fmaxf(e, -120.f), 120.f);
     const float qmul = ldexpf(1.f, (int)e);
-    for (int i = part; i < D; i += TPH) {
-      float v = 0.f;
-      if (h < p.H) v = __bfloat162float(i < DC ? qn[i] : qp[i - DC]);
-      q_s[q_fragment_offset(r, i)] = __float2half_rn(v * qmul);
-    }
+#pragma unroll
+    for (int k = 0; k < PER; ++k) q_s[q_fragment_offset(r, part + k * TPH)] = __float2half_rn(v[k] * qmul);
     if (part == 0) {
       row_c[r] = (ckv_scale * p.qk_scale) * ldexpf(1.f, -(int)e);
       row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -(int)e);
     }
   }
 
-  // ---- The tile loader: BN tokens x 36 pieces of 16 B, consecutive threads on consecutive pieces of a row.
+  // ---- The tile loader: warp w loads rows w, w + NW, ...: lane i (< RPW) reads row i's page-table entry (one
+  // index load per lane, all in flight at once), then for each row the warp copies its 512 ckv bytes (a 16-byte
+  // piece per lane) and lanes 0-3 its 64 kpe bytes. Tokens past the chunk are zero-filled.
   int bad = 0;
   const int ntiles = (int)((hi - lo + BN - 1) / BN);
   auto load_tile = [&](int tile, int stage) {
+    constexpr int RPW = BN / NW;  // rows per warp (<= 32)
     uint8_t* dst0 = kv_s + stage * BN * KV_STRIDE;
     const long long first = lo + (long long)tile * BN;
-#pragma unroll 2
-    for (int k = tid; k < BN * (D / 16); k += S::NT) {
-      const int r = k / (D / 16), piece = k % (D / 16);
-      uint8_t* dst = dst0 + r * KV_STRIDE + piece * 16;
-      const long long t = first + r;
+    long long my_slot = 0;
+    int my_live = 0;
+    if (lane < RPW) {
+      const long long t = first + warp + lane * NW;
       if (t < hi) {
-        long long raw, slot;
-        if (p.page == 1) {
-          raw = load_index(p.indices, start + t, p.indices64);
-        } else {
-          raw = load_index(p.indices, start + t / p.page, p.indices64);
-        }
+        const int tt = (int)t;  // token positions are below 2^31
+        long long raw = load_index(p.indices, start + (p.page == 1 ? tt : tt / p.page), p.indices64);
         if (raw < 0 || raw >= p.num_units) {
           bad = 1;
           raw = 0;
         }
-        slot = p.page == 1 ? raw : raw * p.page + t % p.page;
-        const uint8_t* src = piece < DC / 16 ? p.ckv + slot * p.stride_ckv + piece * 16
-                                             : p.kpe + slot * p.stride_kpe + (piece - DC / 16) * 16;
-        cp_async16(dst, src, 16);
-      } else {
-        cp_async16(dst, p.ckv, 0);  // zero-fill: a token past the chunk
+        my_slot = p.page == 1 ? raw : raw * p.page + tt % p.page;
+        my_live = 1;
       }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+      const long long slot = __shfl_sync(0xffffffffu, my_slot, i);
+      const int live = __shfl_sync(0xffffffffu, my_live, i);
+      uint8_t* dst = dst0 + (warp + i * NW) * KV_STRIDE;
+      cp_async16(dst + lane * 16, p.ckv + slot * p.stride_ckv + lane * 16, live ? 16 : 0);
+      if (lane < DR / 16) cp_async16(dst + DC + lane * 16, p.kpe + slot * p.stride_kpe + lane * 16, live ? 16 : 0);
     }
   };
 
@@ -235,11 +237,12 @@ __global__ void __launch_bounds__(NW * 32, 1) mla_split_kernel(const Params p) {
     const uint8_t* kv = kv_s + (it % STAGES) * BN * KV_STRIDE;
 
     // ---- Scores for this warp's tokens: nope (8 chunks of 64 columns) and rope (1 chunk) apart.
-    float sc[S::NTQ][4], sr[S::NTQ][4];
+    // Two accumulators for the nope part (even and odd chunks): shorter dependent chains of MMAs.
+    float sc[S::NTQ][4], sc2[S::NTQ][4], sr[S::NTQ][4];
 #pragma unroll
     for (int n = 0; n < S::NTQ; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) sc[n][i] = sr[n][i] = 0.f;
+      for (int i = 0; i < 4; ++i) sc[n][i] = sc2[n][i] = sr[n][i] = 0.f;
 #pragma unroll
     for (int kc = 0; kc < D / 64; ++kc) {
       const uint4* qf = reinterpret_cast<const uint4*>(q_s) + kc * 4 * 32 + lane;  // k-step j at qf[32 * j]
@@ -255,8 +258,10 @@ __global__ void __launch_bounds__(NW * 32, 1) mla_split_kernel(const Params p) {
         for (int j = 0; j < 4; ++j) {
           uint32_t b0, b1;
           e4m3x4_to_f16x2x2(kw[j], b0, b1);
-          if (kc < DC / 64)
+          if (kc < DC / 64 && kc % 2 == 0)
             mma16816(sc[n], qa[j].x, qa[j].y, qa[j].z, qa[j].w, b0, b1);
+          else if (kc < DC / 64)
+            mma16816(sc2[n], qa[j].x, qa[j].y, qa[j].z, qa[j].w, b0, b1);
           else
             mma16816(sr[n], qa[j].x, qa[j].y, qa[j].z, qa[j].w, b0, b1);
         }
@@ -273,7 +278,8 @@ __global__ void __launch_bounds__(NW * 32, 1) mla_split_kernel(const Params p) {
       for (int i = 0; i < 4; ++i) {
         const int token = warp * S::TPW + n * 8 + 2 * c + (i & 1);
         const int row = i >> 1;
-        float x = row ? sc[n][i] * rc1 + sr[n][i] * rk1 : sc[n][i] * rc0 + sr[n][i] * rk0;
+        const float snope = sc[n][i] + sc2[n][i];
+        float x = row ? snope * rc1 + sr[n][i] * rk1 : snope * rc0 + sr[n][i] * rk0;
         if (tile_first + token >= hi) x = -INFINITY;
         sc[n][i] = x;
         mx[row] = fmaxf(mx[row], x);
@@ -407,10 +413,10 @@ __global__ void __launch_bounds__(NW * 32, 1) mla_split_kernel(const Params p) {
   }
 }
 
-template <int NW, int BN, int STAGES>
+template <int NW, int BN, int STAGES, int MINB>
 int launch(const Params& p, int head_blocks, int items, cudaStream_t stream) {
   using S = Shape<NW, BN, STAGES>;
-  auto kernel = mla_split_kernel<NW, BN, STAGES>;
+  auto kernel = mla_split_kernel<NW, BN, STAGES, MINB>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
   if (err != cudaSuccess) return (int)err;
   kernel<<<dim3(head_blocks, items), S::NT, S::SMEM, stream>>>(p);
@@ -419,14 +425,15 @@ int launch(const Params& p, int head_blocks, int items, cudaStream_t stream) {
 
 }  // namespace kvwall_mla
 
-// The variants the host side may pick: (warps, tokens per tile, pipeline stages).
+// The variants the host side may pick: (warps, tokens per tile, pipeline stages, CTAs per SM the registers are
+// capped for).
 #define KVWALL_MLA_VARIANTS(X) \
-  X(0, 4, 64, 4)               \
-  X(1, 4, 64, 3)               \
-  X(2, 8, 64, 4)               \
-  X(3, 4, 32, 4)               \
-  X(4, 8, 128, 2)              \
-  X(5, 4, 128, 2)
+  X(0, 4, 64, 4, 1)            \
+  X(1, 8, 64, 4, 1)            \
+  X(2, 8, 128, 2, 1)           \
+  X(3, 4, 32, 4, 2)            \
+  X(4, 8, 64, 2, 2)            \
+  X(5, 4, 64, 2, 2)
 
 extern "C" {
 
@@ -435,7 +442,7 @@ int kvwall_mla_params_size() { return (int)sizeof(kvwall_mla::Params); }
 // Shape of variant v: warps, tokens per tile, stages, dynamic shared memory bytes; -1 for an unknown variant.
 int kvwall_mla_variant(int v, int* warps, int* block_n, int* stages, int* smem) {
   switch (v) {
-#define X(id, nw, bn, st)                                              \
+#define X(id, nw, bn, st, mb)                                          \
   case id:                                                             \
     *warps = nw;                                                       \
     *block_n = bn;                                                     \
@@ -451,9 +458,9 @@ int kvwall_mla_variant(int v, int* warps, int* block_n, int* stages, int* smem) 
 int kvwall_mla_split(const kvwall_mla::Params* p, int variant, int head_blocks, int items, void* stream) {
   if (items == 0 || head_blocks == 0) return 0;
   switch (variant) {
-#define X(id, nw, bn, st) \
-  case id:                \
-    return kvwall_mla::launch<nw, bn, st>(*p, head_blocks, items, (cudaStream_t)stream);
+#define X(id, nw, bn, st, mb) \
+  case id:                    \
+    return kvwall_mla::launch<nw, bn, st, mb>(*p, head_blocks, items, (cudaStream_t)stream);
     KVWALL_MLA_VARIANTS(X)
 #undef X
   }
