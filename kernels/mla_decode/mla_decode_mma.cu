@@ -58,12 +58,29 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+// Bulk copies (the copy engine, sm_90+) completing on an mbarrier: one instruction moves a whole row.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n wait_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
 
 // Four FP8 e4m3 values (one 32-bit word, byte 0 = lowest column) -> two float16x2 (bytes 0-1 and 2-3; low half =
 // lower column), exact. The word is split into its 16-bit halves in PTX, so ptxas picks the half in the F2FP.
@@ -116,10 +133,12 @@ struct Shape {
   static constexpr int P_BYTES = HEADS * P_STRIDE * 2;
   static constexpr int RED_BYTES = 2 * NW * HEADS * 4;
   static constexpr int ROW_BYTES = 2 * HEADS * 4;
-  static constexpr int SMEM = KV_BYTES + Q_BYTES + P_BYTES + RED_BYTES + ROW_BYTES;
+  static constexpr int BAR_BYTES = 8 * STAGES;
+  static constexpr int SMEM = KV_BYTES + Q_BYTES + P_BYTES + RED_BYTES + ROW_BYTES + BAR_BYTES;
   static_assert(TPW % 8 == 0 && NTQ >= 1, "each warp scores whole n-tiles of 8 tokens");
   static_assert(BPT == 8 || BPT == 16, "a warp's output slice is 64 or 128 columns");
   static_assert(BN % 16 == 0, "p @ V runs in k-steps of 16 tokens");
+  static_assert(BN <= NT, "one thread per row of a tile issues its copies");
 };
 
 template <int NW, int BN, int STAGES, int MINB>
@@ -133,6 +152,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
   float* red_l = red_m + NW * HEADS;
   float* row_c = red_l + NW * HEADS;
   float* row_k = row_c + HEADS;
+  uint64_t* full = reinterpret_cast<uint64_t*>(row_k + HEADS);  // per stage: the tile's bytes have landed
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -183,45 +203,52 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
     }
   }
 
-  // ---- The tile loader: warp w loads rows w, w + NW, ...: lane i (< RPW) reads row i's page-table entry (one
-  // index load per lane, all in flight at once), then for each row the warp copies its 512 ckv bytes (a 16-byte
-  // piece per lane) and lanes 0-3 its 64 kpe bytes. Tokens past the chunk are zero-filled.
+  // ---- The tile loader: thread r < BN copies row r of a tile with two bulk copies (512 ckv bytes, 64 kpe bytes)
+  // that complete on the stage's mbarrier; thread 0 arms the barrier with the tile's byte count. Rows past the
+  // chunk repeat its last token (finite values; their logits are masked), so every tile is BN whole rows. The
+  // page-table entry for the next tile this thread will copy is loaded one tile ahead (its latency hidden).
   int bad = 0;
   const int ntiles = (int)((hi - lo + BN - 1) / BN);
-  auto load_tile = [&](int tile, int stage) {
-    constexpr int RPW = BN / NW;  // rows per warp (<= 32)
-    uint8_t* dst0 = kv_s + stage * BN * KV_STRIDE;
-    const long long first = lo + (long long)tile * BN;
-    long long my_slot = 0;
-    int my_live = 0;
-    if (lane < RPW) {
-      const long long t = first + warp + lane * NW;
-      if (t < hi) {
-        const int tt = (int)t;  // token positions are below 2^31
-        long long raw = load_index(p.indices, start + (p.page == 1 ? tt : tt / p.page), p.indices64);
-        if (raw < 0 || raw >= p.num_units) {
-          bad = 1;
-          raw = 0;
-        }
-        my_slot = p.page == 1 ? raw : raw * p.page + tt % p.page;
-        my_live = 1;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < RPW; ++i) {
-      const long long slot = __shfl_sync(0xffffffffu, my_slot, i);
-      const int live = __shfl_sync(0xffffffffu, my_live, i);
-      uint8_t* dst = dst0 + (warp + i * NW) * KV_STRIDE;
-      cp_async16(dst + lane * 16, p.ckv + slot * p.stride_ckv + lane * 16, live ? 16 : 0);
-      if (lane < DR / 16) cp_async16(dst + DC + lane * 16, p.kpe + slot * p.stride_kpe + lane * 16, live ? 16 : 0);
+  if (tid < STAGES) mbar_init(&full[tid], 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncthreads();
+  long long next_raw = 0;
+  auto fetch_index = [&](int tile) {  // this thread's row of `tile`: its page-table entry (global load)
+    if (tid < BN && tile < ntiles) {
+      long long t = lo + (long long)tile * BN + tid;
+      if (t >= hi) t = hi - 1;
+      const int tt = (int)t;  // token positions are below 2^31
+      next_raw = load_index(p.indices, start + (p.page == 1 ? tt : tt / p.page), p.indices64);
     }
   };
-
+  auto issue_tile = [&](int tile) {  // after fetch_index(tile); thread 0 armed the stage's barrier
+    if (tid < BN && tile < ntiles) {
+      long long t = lo + (long long)tile * BN + tid;
+      if (t >= hi) t = hi - 1;
+      const int tt = (int)t;
+      long long raw = next_raw;
+      if (raw < 0 || raw >= p.num_units) {
+        bad = 1;
+        raw = 0;
+      }
+      const long long slot = p.page == 1 ? raw : raw * p.page + tt % p.page;
+      const int stage = tile % STAGES;
+      uint8_t* dst = kv_s + (stage * BN + tid) * KV_STRIDE;
+      bulk_copy(dst, p.ckv + slot * p.stride_ckv, DC, &full[stage]);
+      bulk_copy(dst + DC, p.kpe + slot * p.stride_kpe, DR, &full[stage]);
+    }
+  };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ntiles) load_tile(s, s);
-    cp_async_commit();
+    if (tid == 0 && s < ntiles) mbar_expect_tx(&full[s], BN * D);
   }
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    fetch_index(s);
+    issue_tile(s);
+  }
+  fetch_index(STAGES - 1);
 
   float o[S::NTV][4];
 #pragma unroll
@@ -230,10 +257,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
   float l_i[2] = {0.f, 0.f};              // this thread's share of the row sums
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1 (its stage is free)
-    if (it + STAGES - 1 < ntiles) load_tile(it + STAGES - 1, (it + STAGES - 1) % STAGES);
-    cp_async_commit();
+    mbar_wait(&full[it % STAGES], (it / STAGES) & 1);  // tile `it` has landed
+    // The stage of tile it + STAGES - 1 held tile it - 1, whose barrier phase every thread has waited on: arm it,
+    // and after the barrier (every warp done with tile it - 1) copy into it.
+    if (tid == 0 && it + STAGES - 1 < ntiles) mbar_expect_tx(&full[(it + STAGES - 1) % STAGES], BN * D);
+    __syncthreads();
+    issue_tile(it + STAGES - 1);
+    fetch_index(it + STAGES);
     const uint8_t* kv = kv_s + (it % STAGES) * BN * KV_STRIDE;
 
     // ---- Scores for this warp's tokens: nope (8 chunks of 64 columns) and rope (1 chunk) apart.
@@ -316,12 +346,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
       *reinterpret_cast<__half2*>(p_s + g * S::P_STRIDE + token) = __floats2half2_rn(p0, p1);
       *reinterpret_cast<__half2*>(p_s + (g + 8) * S::P_STRIDE + token) = __floats2half2_rn(p2, p3);
     }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // most tiles leave the maxima alone
 #pragma unroll
-    for (int j = 0; j < S::NTV; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
+      for (int j = 0; j < S::NTV; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+      }
     }
     __syncthreads();
 
@@ -360,7 +392,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
       }
     }
   }
-  cp_async_wait<0>();
 
   // ---- Row sums across the quad and the warps; NaN for a chunk that held an out-of-range index.
 #pragma unroll
@@ -429,7 +460,7 @@ int launch(const Params& p, int head_blocks, int items, cudaStream_t stream) {
 // capped for).
 #define KVWALL_MLA_VARIANTS(X) \
   X(0, 4, 64, 4, 1)            \
-  X(1, 8, 64, 4, 1)            \
+  X(1, 4, 128, 2, 1)           \
   X(2, 8, 128, 2, 1)           \
   X(3, 4, 32, 4, 2)            \
   X(4, 8, 64, 2, 2)            \
