@@ -58,7 +58,7 @@ class Variant:
         kv = self.stages * self.block_n * (DC + DR + 16)
         q = 16 * (DC + DR) * 2
         p = 16 * (self.block_n + 8) * 2
-        return kv + q + p + 2 * self.warps * 16 * 4 + 2 * 16 * 4 + 8 * self.stages
+        return kv + q + p + 2 * self.warps * 16 * 4 + 2 * 16 * 4
 
     def __str__(self) -> str:
         return (f"v{self.index} ({self.warps} warps, {self.block_n} tokens, {self.stages} stages, "

@@ -58,29 +58,13 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Bulk copies (the copy engine, sm_90+) completing on an mbarrier: one instruction moves a whole row.
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
                : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n wait_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // Four FP8 e4m3 values (one 32-bit word, byte 0 = lowest column) -> two float16x2 (bytes 0-1 and 2-3; low half =
 // lower column), exact. The word is split into its 16-bit halves in PTX, so ptxas picks the half in the F2FP.
@@ -133,12 +117,12 @@ struct Shape {
   static constexpr int P_BYTES = HEADS * P_STRIDE * 2;
   static constexpr int RED_BYTES = 2 * NW * HEADS * 4;
   static constexpr int ROW_BYTES = 2 * HEADS * 4;
-  static constexpr int BAR_BYTES = 8 * STAGES;
-  static constexpr int SMEM = KV_BYTES + Q_BYTES + P_BYTES + RED_BYTES + ROW_BYTES + BAR_BYTES;
+  static constexpr int SMEM = KV_BYTES + Q_BYTES + P_BYTES + RED_BYTES + ROW_BYTES;
+  static constexpr int RPT = BN / (8 * NW);  // tile rows each thread copies
   static_assert(TPW % 8 == 0 && NTQ >= 1, "each warp scores whole n-tiles of 8 tokens");
   static_assert(BPT == 8 || BPT == 16, "a warp's output slice is 64 or 128 columns");
   static_assert(BN % 16 == 0, "p @ V runs in k-steps of 16 tokens");
-  static_assert(BN <= NT, "one thread per row of a tile issues its copies");
+  static_assert(RPT >= 1 && BN % (8 * NW) == 0, "a quad of lanes copies a row: 8 rows per warp per pass");
 };
 
 template <int NW, int BN, int STAGES, int MINB>
@@ -152,7 +136,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
   float* red_l = red_m + NW * HEADS;
   float* row_c = red_l + NW * HEADS;
   float* row_k = row_c + HEADS;
-  uint64_t* full = reinterpret_cast<uint64_t*>(row_k + HEADS);  // per stage: the tile's bytes have landed
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -203,50 +186,53 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
     }
   }
 
-  // ---- The tile loader: thread r < BN copies row r of a tile with two bulk copies (512 ckv bytes, 64 kpe bytes)
-  // that complete on the stage's mbarrier; thread 0 arms the barrier with the tile's byte count. Rows past the
-  // chunk repeat its last token (finite values; their logits are masked), so every tile is BN whole rows. The
-  // page-table entry for the next tile this thread will copy is loaded one tile ahead (its latency hidden).
+  // ---- The tile loader: a quad of lanes copies a row (lane q: 16-byte pieces q, q + 4, ..., 64 contiguous bytes
+  // per quad per instruction, 8 rows per warp instruction), each thread RPT rows of a tile; cp.async, zero-filled
+  // past the chunk. Each thread's page-table entries for the next tile it copies are loaded one tile ahead.
   int bad = 0;
   const int ntiles = (int)((hi - lo + BN - 1) / BN);
-  if (tid < STAGES) mbar_init(&full[tid], 1);
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  __syncthreads();
-  long long next_raw = 0;
-  auto fetch_index = [&](int tile) {  // this thread's row of `tile`: its page-table entry (global load)
-    if (tid < BN && tile < ntiles) {
-      long long t = lo + (long long)tile * BN + tid;
-      if (t >= hi) t = hi - 1;
-      const int tt = (int)t;  // token positions are below 2^31
-      next_raw = load_index(p.indices, start + (p.page == 1 ? tt : tt / p.page), p.indices64);
+  const int quad_lane = lane & 3;
+  long long next_raw[S::RPT];
+  auto tile_row = [&](int k) { return warp * 8 + (lane >> 2) + k * 8 * NW; };
+  auto fetch_index = [&](int tile) {
+#pragma unroll
+    for (int k = 0; k < S::RPT; ++k) {
+      const long long t = lo + (long long)tile * BN + tile_row(k);
+      next_raw[k] = 0;
+      if (tile < ntiles && t < hi) {
+        const int tt = (int)t;  // token positions are below 2^31
+        next_raw[k] = load_index(p.indices, start + (p.page == 1 ? tt : tt / p.page), p.indices64);
+      }
     }
   };
-  auto issue_tile = [&](int tile) {  // after fetch_index(tile); thread 0 armed the stage's barrier
-    if (tid < BN && tile < ntiles) {
-      long long t = lo + (long long)tile * BN + tid;
-      if (t >= hi) t = hi - 1;
-      const int tt = (int)t;
-      long long raw = next_raw;
+  auto issue_tile = [&](int tile) {  // after fetch_index(tile)
+    if (tile >= ntiles) return;
+    uint8_t* dst0 = kv_s + (tile % STAGES) * BN * KV_STRIDE + quad_lane * 16;
+#pragma unroll
+    for (int k = 0; k < S::RPT; ++k) {
+      const int r = tile_row(k);
+      const long long t = lo + (long long)tile * BN + r;
+      const bool live = t < hi;
+      long long raw = live ? next_raw[k] : 0;
       if (raw < 0 || raw >= p.num_units) {
         bad = 1;
         raw = 0;
       }
-      const long long slot = p.page == 1 ? raw : raw * p.page + tt % p.page;
-      const int stage = tile % STAGES;
-      uint8_t* dst = kv_s + (stage * BN + tid) * KV_STRIDE;
-      bulk_copy(dst, p.ckv + slot * p.stride_ckv, DC, &full[stage]);
-      bulk_copy(dst + DC, p.kpe + slot * p.stride_kpe, DR, &full[stage]);
+      const long long slot = p.page == 1 ? raw : raw * p.page + (int)t % p.page;
+      const uint8_t* src_c = p.ckv + slot * p.stride_ckv + quad_lane * 16;
+      const uint8_t* src_k = p.kpe + slot * p.stride_kpe + quad_lane * 16;
+      uint8_t* dst = dst0 + r * KV_STRIDE;
+      const int n = live ? 16 : 0;
+#pragma unroll
+      for (int i = 0; i < DC / 64; ++i) cp_async16(dst + i * 64, src_c + i * 64, n);
+      cp_async16(dst + DC, src_k, n);
     }
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (tid == 0 && s < ntiles) mbar_expect_tx(&full[s], BN * D);
-  }
-  __syncthreads();
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
     fetch_index(s);
     issue_tile(s);
+    cp_async_commit();
   }
   fetch_index(STAGES - 1);
 
@@ -257,12 +243,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
   float l_i[2] = {0.f, 0.f};              // this thread's share of the row sums
 
   for (int it = 0; it < ntiles; ++it) {
-    mbar_wait(&full[it % STAGES], (it / STAGES) & 1);  // tile `it` has landed
-    // The stage of tile it + STAGES - 1 held tile it - 1, whose barrier phase every thread has waited on: arm it,
-    // and after the barrier (every warp done with tile it - 1) copy into it.
-    if (tid == 0 && it + STAGES - 1 < ntiles) mbar_expect_tx(&full[(it + STAGES - 1) % STAGES], BN * D);
-    __syncthreads();
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1 (its stage is free)
     issue_tile(it + STAGES - 1);
+    cp_async_commit();
     fetch_index(it + STAGES);
     const uint8_t* kv = kv_s + (it % STAGES) * BN * KV_STRIDE;
 
@@ -392,6 +376,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
       }
     }
   }
+  cp_async_wait<0>();
 
   // ---- Row sums across the quad and the warps; NaN for a chunk that held an out-of-range index.
 #pragma unroll
