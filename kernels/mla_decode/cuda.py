@@ -51,6 +51,7 @@ class Variant:
     block_n: int
     stages: int
     min_blocks: int  # CTAs per SM the registers are capped for (__launch_bounds__)
+    v_bits: int = 0  # 1: V converted by bit moves (integer pipes), K by cvt
 
     @property
     def smem(self) -> int:
@@ -62,15 +63,15 @@ class Variant:
 
     def __str__(self) -> str:
         return (f"v{self.index} ({self.warps} warps, {self.block_n} tokens, {self.stages} stages, "
-                f"{self.min_blocks} CTA/SM)")
+                f"{self.min_blocks} CTA/SM{', V by bit moves' if self.v_bits else ''})")
 
 
 def _read_variants() -> dict[int, Variant]:
     text = CUDA_SOURCE.read_text()
     block = text[text.index("#define KVWALL_MLA_VARIANTS"):]
     block = block[: block.index("\n\n")]
-    return {int(i): Variant(int(i), int(w), int(n), int(s), int(m))
-            for i, w, n, s, m in re.findall(r"X\((\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)", block)}
+    return {int(i): Variant(int(i), int(w), int(n), int(s), int(m), int(vb)) for i, w, n, s, m, vb in
+            re.findall(r"X\((\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)", block)}
 
 
 #: The launch shapes compiled into the library, by index.
@@ -207,6 +208,9 @@ def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: tor
         _fail(TypeError, f"plan must come from plan_mla_decode_cuda, got {type(plan).__name__}.")
     plan_variant = next((v for v in VARIANTS.values() if (v.block_n, v.warps, v.stages) ==
                          (plan.config.block_n, plan.config.num_warps, plan.config.num_stages)), None)
+    if variant is not None and variant in VARIANTS and plan_variant is not None \
+            and VARIANTS[variant].block_n == plan_variant.block_n:
+        plan_variant = VARIANTS[variant]
     if plan.config.block_h != 16 or plan_variant is None:
         _fail(ValueError, f"the plan was cut for {plan.config}, not for a CUDA variant: make it with "
               "plan_mla_decode_cuda.")
@@ -280,7 +284,8 @@ class NvccReport:
                 f"{'spills: ' + str(self.spill_bytes) if spills else 'no spills'}.")
 
 
-_ENTRY = re.compile(r"Compiling entry function '_ZN10kvwall_mla16mla_split_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
+_ENTRY = re.compile(r"Compiling entry function "
+                    r"'_ZN10kvwall_mla16mla_split_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
 
 
 def nvcc_compile_check(arch: str = "sm_90", nvcc: str | None = None) -> NvccReport:
@@ -298,7 +303,7 @@ def nvcc_compile_check(arch: str = "sm_90", nvcc: str | None = None) -> NvccRepo
                               capture_output=True, text=True, timeout=600)
         seconds = time.perf_counter() - t0
     log = proc.stdout + proc.stderr
-    by_shape = {(v.warps, v.block_n, v.stages, v.min_blocks): v.index for v in VARIANTS.values()}
+    by_shape = {(v.warps, v.block_n, v.stages, v.min_blocks, v.v_bits): v.index for v in VARIANTS.values()}
     registers: dict[int, int] = {}
     spills: dict[int, int] = {}
     stack: dict[int, int] = {}

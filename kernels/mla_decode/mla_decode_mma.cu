@@ -125,7 +125,19 @@ struct Shape {
   static_assert(RPT >= 1 && BN % (8 * NW) == 0, "a quad of lanes copies a row: 8 rows per warp per pass");
 };
 
-template <int NW, int BN, int STAGES, int MINB>
+// Two FP8 e4m3 values -> float16x2 holding 2^-8 x each value, by moving bits on the integer pipes (no cvt): the
+// e4m3 sign to bit 15, its 7 exponent-and-mantissa bits to bits 7..13 (the biases 7 and 15 differ by 8, and the
+// subnormal steps line up, so this is exact). `a` and `b` are the source words, `sel` a prmt selector putting byte
+// x of the pair in byte 0 and its sign replicated in byte 1 (and likewise the second value in bytes 2 and 3).
+// e4m3's NaN becomes a finite value: used only for V, whose bytes are also K's, converted by cvt (NaN kept).
+template <uint32_t SEL>
+__device__ __forceinline__ uint32_t e4m3_pair_bits(uint32_t a, uint32_t b) {
+  uint32_t d;  // prmt in PTX: a selector nibble with bit 3 set replicates that byte's sign (__byte_perm may not)
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "n"(SEL));
+  return (d << 7) & 0xBF80BF80u;
+}
+
+template <int NW, int BN, int STAGES, int MINB, int VBITS>
 __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p) {
   using S = Shape<NW, BN, STAGES>;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -365,10 +377,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
 #pragma unroll
       for (int q = 0; q < S::BPT / 4; ++q) {
         uint32_t x0, x1, x2, x3, y0, y1, y2, y3;  // n-tiles 4q .. 4q + 3: tokens (t0, t0 + 1) and (t0 + 8, t0 + 9)
-        e4m3x4_to_f16x2x2(__byte_perm(v[0][q], v[1][q], 0x5140), x0, x1);
-        e4m3x4_to_f16x2x2(__byte_perm(v[0][q], v[1][q], 0x7362), x2, x3);
-        e4m3x4_to_f16x2x2(__byte_perm(v[2][q], v[3][q], 0x5140), y0, y1);
-        e4m3x4_to_f16x2x2(__byte_perm(v[2][q], v[3][q], 0x7362), y2, y3);
+        if constexpr (VBITS) {  // byte j of tokens t and t + 1, each with its sign replicated above it
+          x0 = e4m3_pair_bits<0xC480>(v[0][q], v[1][q]);
+          x1 = e4m3_pair_bits<0xD591>(v[0][q], v[1][q]);
+          x2 = e4m3_pair_bits<0xE6A2>(v[0][q], v[1][q]);
+          x3 = e4m3_pair_bits<0xF7B3>(v[0][q], v[1][q]);
+          y0 = e4m3_pair_bits<0xC480>(v[2][q], v[3][q]);
+          y1 = e4m3_pair_bits<0xD591>(v[2][q], v[3][q]);
+          y2 = e4m3_pair_bits<0xE6A2>(v[2][q], v[3][q]);
+          y3 = e4m3_pair_bits<0xF7B3>(v[2][q], v[3][q]);
+        } else {
+          e4m3x4_to_f16x2x2(__byte_perm(v[0][q], v[1][q], 0x5140), x0, x1);
+          e4m3x4_to_f16x2x2(__byte_perm(v[0][q], v[1][q], 0x7362), x2, x3);
+          e4m3x4_to_f16x2x2(__byte_perm(v[2][q], v[3][q], 0x5140), y0, y1);
+          e4m3x4_to_f16x2x2(__byte_perm(v[2][q], v[3][q], 0x7362), y2, y3);
+        }
         mma16816(o[4 * q + 0], a0, a1, a2, a3, x0, y0);
         mma16816(o[4 * q + 1], a0, a1, a2, a3, x1, y1);
         mma16816(o[4 * q + 2], a0, a1, a2, a3, x2, y2);
@@ -397,7 +420,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
     for (int w = 0; w < NW; ++w) l += red_l[w * HEADS + g + 8 * row];
     if (any_bad) l = NAN;
     const bool empty = l == 0.f;
-    norm[row] = empty ? 0.f : ckv_scale / l;
+    norm[row] = empty ? 0.f : ckv_scale * (VBITS ? 256.f : 1.f) / l;
     lse2[row] = empty ? -INFINITY : m_i[row] + log2f(l);
   }
 
@@ -429,10 +452,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
   }
 }
 
-template <int NW, int BN, int STAGES, int MINB>
+template <int NW, int BN, int STAGES, int MINB, int VBITS>
 int launch(const Params& p, int head_blocks, int items, cudaStream_t stream) {
   using S = Shape<NW, BN, STAGES>;
-  auto kernel = mla_split_kernel<NW, BN, STAGES, MINB>;
+  auto kernel = mla_split_kernel<NW, BN, STAGES, MINB, VBITS>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
   if (err != cudaSuccess) return (int)err;
   kernel<<<dim3(head_blocks, items), S::NT, S::SMEM, stream>>>(p);
@@ -442,14 +465,18 @@ int launch(const Params& p, int head_blocks, int items, cudaStream_t stream) {
 }  // namespace kvwall_mla
 
 // The variants the host side may pick: (warps, tokens per tile, pipeline stages, CTAs per SM the registers are
-// capped for).
+// capped for, V converted by bit moves instead of cvt).
 #define KVWALL_MLA_VARIANTS(X) \
-  X(0, 4, 64, 4, 1)            \
-  X(1, 4, 128, 2, 1)           \
-  X(2, 8, 128, 2, 1)           \
-  X(3, 4, 32, 4, 2)            \
-  X(4, 8, 64, 2, 2)            \
-  X(5, 4, 64, 2, 2)
+  X(0, 4, 64, 4, 1, 0)         \
+  X(1, 4, 128, 2, 1, 0)        \
+  X(2, 8, 128, 2, 1, 0)        \
+  X(3, 4, 32, 4, 2, 0)         \
+  X(4, 8, 64, 2, 2, 0)         \
+  X(5, 4, 64, 2, 2, 0)         \
+  X(6, 4, 64, 2, 2, 1)         \
+  X(7, 8, 128, 2, 1, 1)        \
+  X(8, 4, 64, 4, 1, 1)         \
+  X(9, 8, 64, 2, 2, 1)
 
 extern "C" {
 
@@ -458,7 +485,7 @@ int kvwall_mla_params_size() { return (int)sizeof(kvwall_mla::Params); }
 // Shape of variant v: warps, tokens per tile, stages, dynamic shared memory bytes; -1 for an unknown variant.
 int kvwall_mla_variant(int v, int* warps, int* block_n, int* stages, int* smem) {
   switch (v) {
-#define X(id, nw, bn, st, mb)                                          \
+#define X(id, nw, bn, st, mb, vb)                                      \
   case id:                                                             \
     *warps = nw;                                                       \
     *block_n = bn;                                                     \
@@ -474,9 +501,9 @@ int kvwall_mla_variant(int v, int* warps, int* block_n, int* stages, int* smem) 
 int kvwall_mla_split(const kvwall_mla::Params* p, int variant, int head_blocks, int items, void* stream) {
   if (items == 0 || head_blocks == 0) return 0;
   switch (variant) {
-#define X(id, nw, bn, st, mb) \
-  case id:                    \
-    return kvwall_mla::launch<nw, bn, st, mb>(*p, head_blocks, items, (cudaStream_t)stream);
+#define X(id, nw, bn, st, mb, vb) \
+  case id:                        \
+    return kvwall_mla::launch<nw, bn, st, mb, vb>(*p, head_blocks, items, (cudaStream_t)stream);
     KVWALL_MLA_VARIANTS(X)
 #undef X
   }
