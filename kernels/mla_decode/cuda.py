@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ from kvwall.kernels._common import check_output, sm_count
 from kvwall.kernels.mla_decode.kernel import (LOG2E, MLADecodeConfig, MLADecodePlan, _fail, _kernel, _scale,
                                               _validate, plan_mla_decode)
 
-__all__ = ["mla_decode_fp8_cuda", "plan_mla_decode_cuda", "load_mla_decode_cuda", "nvcc_compile_check",
+__all__ = ["mla_decode_fp8_cuda", "plan_mla_decode_cuda", "CudaPlan", "load_mla_decode_cuda", "nvcc_compile_check",
            "NvccReport", "VARIANTS", "Variant", "CUDA_SOURCE", "DEFAULT_VARIANT", "MIN_CAPABILITY", "cuda_refusal"]
 
 CUDA_SOURCE = Path(__file__).with_name("mla_decode_mma.cu")
@@ -121,6 +121,13 @@ def load_mla_decode_cuda(verbose: bool = False) -> ctypes.CDLL:
     return lib
 
 
+@dataclass(frozen=True)
+class CudaPlan(MLADecodePlan):
+    """A work list cut for one CUDA variant (:func:`plan_mla_decode_cuda`): the plan and the variant it runs."""
+
+    variant: int = DEFAULT_VARIANT
+
+
 def cuda_refusal(device: torch.device) -> str | None:
     """Why the CUDA path cannot run on ``device`` (None when it can)."""
     if device.type != "cuda":
@@ -154,8 +161,9 @@ def plan_mla_decode_cuda(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = 
     if programs is None:
         programs = _programs(v, device) if device.type == "cuda" else 1
     cfg = MLADecodeConfig(block_h=16, block_n=v.block_n, num_warps=v.warps, num_stages=v.stages)
-    return plan_mla_decode(kv_indptr, kv_len, heads=heads, kv_lora_rank=DC, page_size=page_size, device=device,
+    plan = plan_mla_decode(kv_indptr, kv_len, heads=heads, kv_lora_rank=DC, page_size=page_size, device=device,
                            config=cfg, programs=programs * max(1, waves), min_chunk=min_chunk)
+    return CudaPlan(**{f.name: getattr(plan, f.name) for f in fields(plan)}, variant=variant)
 
 
 def _aligned(name: str, rows: torch.Tensor) -> None:
@@ -204,20 +212,13 @@ def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: tor
                   "plan_mla_decode_cuda (made once per step, outside CUDA-graph capture).")
         plan = plan_mla_decode_cuda(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device,
                                     variant=DEFAULT_VARIANT if variant is None else variant)
-    if not isinstance(plan, MLADecodePlan):
+    if not isinstance(plan, CudaPlan):
         _fail(TypeError, f"plan must come from plan_mla_decode_cuda, got {type(plan).__name__}.")
-    plan_variant = next((v for v in VARIANTS.values() if (v.block_n, v.warps, v.stages) ==
-                         (plan.config.block_n, plan.config.num_warps, plan.config.num_stages)), None)
-    if variant is not None and variant in VARIANTS and plan_variant is not None \
-            and VARIANTS[variant].block_n == plan_variant.block_n:
-        plan_variant = VARIANTS[variant]
-    if plan.config.block_h != 16 or plan_variant is None:
-        _fail(ValueError, f"the plan was cut for {plan.config}, not for a CUDA variant: make it with "
-              "plan_mla_decode_cuda.")
     if variant is None:
-        variant = plan_variant.index
-    elif variant not in VARIANTS or VARIANTS[variant].block_n != plan_variant.block_n:
-        _fail(ValueError, f"variant {variant} does not run a plan cut in tiles of {plan_variant.block_n} tokens.")
+        variant = plan.variant
+    elif variant not in VARIANTS or VARIANTS[variant].block_n != VARIANTS[plan.variant].block_n:
+        _fail(ValueError, f"variant {variant} does not run a plan cut for {VARIANTS[plan.variant]} (tiles of "
+              f"{VARIANTS[plan.variant].block_n} tokens).")
     want = (batch, heads, dc, page_size, device)
     have = (plan.batch, plan.heads, plan.kv_lora_rank, plan.page_size, plan.device)
     if have != want:
