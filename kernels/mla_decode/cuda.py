@@ -30,9 +30,11 @@ from pathlib import Path
 
 import torch
 
-from kvwall.kernels._common import check_output, sm_count
-from kvwall.kernels.mla_decode.kernel import (LOG2E, MLADecodeConfig, MLADecodePlan, _fail, _kernel, _scale,
-                                              _validate, plan_mla_decode)
+from kvwall.kernels._common import Fail, check_output, fail, sm_count
+from kvwall.kernels.mla_decode.kernel import (LOG2E, MLADecodeConfig, MLADecodePlan, _kernel, _scale, _validate,
+                                              plan_mla_decode)
+
+_fail: Fail = functools.partial(fail, "mla_decode_fp8_cuda")
 
 __all__ = ["mla_decode_fp8_cuda", "plan_mla_decode_cuda", "CudaPlan", "load_mla_decode_cuda", "nvcc_compile_check",
            "NvccReport", "VARIANTS", "Variant", "CUDA_SOURCE", "DEFAULT_VARIANT", "MIN_CAPABILITY", "cuda_refusal"]
@@ -76,7 +78,9 @@ def _read_variants() -> dict[int, Variant]:
 
 #: The launch shapes compiled into the library, by index.
 VARIANTS: dict[int, Variant] = _read_variants()
-DEFAULT_VARIANT = 0
+#: The variant a call without one runs: 4 warps, 64-token tiles, 2 stages, 2 CTAs per SM (97 KB of shared
+#: memory, so it also fits SM120's 99 KB per block); the fastest or within 5 % of it at most points measured.
+DEFAULT_VARIANT = 5
 
 
 class _Params(ctypes.Structure):
@@ -139,6 +143,12 @@ def cuda_refusal(device: torch.device) -> str | None:
     return None
 
 
+def shared_limit(device: torch.device) -> int:
+    """Shared memory a CTA may ask for on ``device`` (bytes, the opt-in limit)."""
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024)
+
+
 def _programs(variant: Variant, device: torch.device) -> int:
     """CTAs the GPU runs at once for ``variant``: SMs x CTAs per SM by shared memory (1 KB reserved per CTA)."""
     props = torch.cuda.get_device_properties(device)
@@ -164,6 +174,16 @@ def plan_mla_decode_cuda(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = 
     plan = plan_mla_decode(kv_indptr, kv_len, heads=heads, kv_lora_rank=DC, page_size=page_size, device=device,
                            config=cfg, programs=programs * max(1, waves), min_chunk=min_chunk)
     return CudaPlan(**{f.name: getattr(plan, f.name) for f in fields(plan)}, variant=variant)
+
+
+def _scales(ckv_scale, kpe_scale, device: torch.device) -> list[tuple[torch.Tensor | None, float]]:
+    """``[(tensor or None, number)]`` for ckv_scale and kpe_scale, in one mode: if either is a tensor (read in the
+    kernel, so a captured graph replays with what it holds), both are."""
+    parsed = [_scale(name, s, device) for name, s in (("ckv_scale", ckv_scale), ("kpe_scale", kpe_scale))]
+    if any(t is not None for t, _ in parsed):
+        parsed = [(t if t is not None else torch.full((1,), v, dtype=torch.float32, device=device), v)
+                  for t, v in parsed]
+    return parsed
 
 
 def _aligned(name: str, rows: torch.Tensor) -> None:
@@ -195,13 +215,7 @@ def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: tor
               "(mla_decode_fp8, the Triton path, takes any powers of two).")
     _aligned("ckv_cache", ckv)
     _aligned("kpe_cache", kpe)
-    c_t, c_v = _scale("ckv_scale", ckv_scale, device)
-    k_t, k_v = _scale("kpe_scale", kpe_scale, device)
-    if (c_t is None) != (k_t is None):
-        if c_t is None:
-            c_t = torch.full((1,), c_v, dtype=torch.float32, device=device)
-        else:
-            k_t = torch.full((1,), k_v, dtype=torch.float32, device=device)
+    (c_t, c_v), (k_t, k_v) = _scales(ckv_scale, kpe_scale, device)
     if out is not None:
         check_output(out, {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache,
                            "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len": kv_len, "ckv_scale": c_t,
@@ -219,6 +233,9 @@ def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: tor
     elif variant not in VARIANTS or VARIANTS[variant].block_n != VARIANTS[plan.variant].block_n:
         _fail(ValueError, f"variant {variant} does not run a plan cut for {VARIANTS[plan.variant]} (tiles of "
               f"{VARIANTS[plan.variant].block_n} tokens).")
+    if VARIANTS[variant].smem > shared_limit(device):
+        _fail(ValueError, f"{VARIANTS[variant]} needs {VARIANTS[variant].smem} B of shared memory per CTA; this GPU "
+              f"allows {shared_limit(device)} B: pick a variant that fits (e.g. {DEFAULT_VARIANT}).")
     want = (batch, heads, dc, page_size, device)
     have = (plan.batch, plan.heads, plan.kv_lora_rank, plan.page_size, plan.device)
     if have != want:
@@ -324,3 +341,34 @@ def nvcc_compile_check(arch: str = "sm_90", nvcc: str | None = None) -> NvccRepo
         if m:
             registers[current] = int(m.group(1))
     return NvccReport(proc.returncode == 0, arch, seconds, version, registers, spills, stack, log)
+
+
+def _profile_one(heads: int, tokens: int, variant: int, page_size: int = 64, seed: int = 0) -> None:
+    """What ``fused_decode_cuda`` runs under ncu: one request of ``tokens`` tokens on random pages of a 495K-slot
+    FP8 pool, ``variant``'s split kernel called four times (ncu skips three)."""
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    slots = 495_000 // page_size * page_size
+    pool = (torch.randn(slots, DC + DR, generator=gen, device=device) * 0.7).to(torch.float8_e4m3fn)
+    paged = pool.view(slots // page_size, page_size, DC + DR)
+    n_pages = -(-tokens // page_size)
+    indices = torch.randperm(slots // page_size, generator=gen, device=device)[:n_pages].to(torch.int32)
+    indptr = torch.tensor([0, n_pages], dtype=torch.int32, device=device)
+    kv_len = torch.tensor([tokens], dtype=torch.int32, device=device)
+    q_nope = (torch.randn(1, heads, DC, generator=gen, device=device) * 0.5).to(torch.bfloat16)
+    q_pe = (torch.randn(1, heads, DR, generator=gen, device=device) * 0.5).to(torch.bfloat16)
+    plan = plan_mla_decode_cuda(indptr, kv_len, heads=heads, page_size=page_size, variant=variant)
+    for _ in range(4):
+        mla_decode_fp8_cuda(q_nope, q_pe, paged[:, :, :DC], paged[:, :, DC:], indptr, indices, 1 / 16, kv_len=kv_len,
+                            check_range=False, plan=plan)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 5 and sys.argv[1] == "--profile-one":
+        _profile_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        print("usage: python -m kvwall.kernels.mla_decode.cuda --profile-one HEADS TOKENS VARIANT")
+        sys.exit(2)

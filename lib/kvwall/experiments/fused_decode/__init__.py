@@ -6,15 +6,18 @@ checked and timed -- one module each:
 - :mod:`.validation` (with :mod:`.contracts`): ``fused_decode_validation`` (accuracy against float64 beside the
   BF16 path and the peers; errors, CUDA graphs, memcheck);
 - :mod:`.bench` (with :mod:`.bench_strategies`): ``fused_decode_bench`` (every strategy timed against the
-  roofline).
+  roofline);
+- :mod:`.cuda_path`: ``fused_decode_cuda`` (the CUDA C++ path: validated, timed against the Triton path and
+  FlashMLA, profiled).
 
 Each module's provenance is its own import closure: the benchmark does not go stale when the validation changes.
 """
 
-from kvwall.experiments.fused_decode import bench, ncu, tuning, validation
+from kvwall.experiments.fused_decode import bench, cuda_path, ncu, tuning, validation
 from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS"]
 
 #: In recording order: the tuning writes the table the others read.
-EXPERIMENTS: list[Experiment] = tuning.EXPERIMENTS + ncu.EXPERIMENTS + validation.EXPERIMENTS + bench.EXPERIMENTS
+EXPERIMENTS: list[Experiment] = (tuning.EXPERIMENTS + ncu.EXPERIMENTS + validation.EXPERIMENTS + bench.EXPERIMENTS
+                                 + cuda_path.EXPERIMENTS)

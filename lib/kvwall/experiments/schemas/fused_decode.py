@@ -268,3 +268,72 @@ class FusedDecodeBenchBench(Row):
 
 #: One row of ``fused_decode_bench``, by its section.
 FusedDecodeBenchRow = Annotated[FusedDecodeBenchCeilings | FusedDecodeBenchBench, Field(discriminator="section")]
+
+
+class FusedDecodeCudaBuild(Row):
+    section: Literal["build"]
+    gpu: str
+    sms: int
+    nvcc: str
+    build_s: float
+    copy_gbps: float
+    bf16_tflops: float
+    shared_limit: int
+    default_variant: int
+    variants: dict[str, Any]
+    flash_mla: dict[str, Any]
+    seconds_total: float | None = None
+
+
+class FusedDecodeCudaValidation(Row):
+    section: Literal["validation"]
+    variant: int
+    case: str
+    heads: int
+    tokens: int
+    page_size: int
+    ok: bool
+    rel_err: float | None = None
+    lse_max_err: float | None = None
+    finite: bool | None = None
+    empty_out_zero: bool | None = None
+    triton_rel_err: float | None = None
+
+
+class FusedDecodeCudaContract(Row):
+    section: Literal["contract"]
+    check: str
+    ok: bool
+    detail: str
+
+
+class FusedDecodeCudaBench(Row):
+    section: Literal["bench"]
+    strategy: str
+    heads: int
+    context: int
+    batch: int
+    tokens: int
+    len_min: int
+    len_max: int
+    roofline_us: float
+    us: float | None
+    timing: str
+    variant: int | None = None
+    page_size: int | None = None
+    work_items: int | None = None
+    chunk_tokens: int | None = None
+    imbalance: float | None = None
+    rel_err_f64: float | None = None
+    gbps: float | None = None
+    tflops: float | None = None
+    pct_roofline: float | None = None
+
+
+class FusedDecodeCudaProfile(FusedDecodeNcuProfile):
+    variant: int
+
+
+#: One row of ``fused_decode_cuda``, by its section.
+FusedDecodeCudaRow = Annotated[FusedDecodeCudaBuild | FusedDecodeCudaValidation | FusedDecodeCudaContract
+                               | FusedDecodeCudaBench | FusedDecodeCudaProfile, Field(discriminator="section")]

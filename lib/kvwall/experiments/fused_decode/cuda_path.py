@@ -1,0 +1,296 @@
+"""``fused_decode_cuda`` (GPU): the CUDA C++ path of the fused kernel (:mod:`kvwall.kernels.mla_decode.cuda`, mma.sync
+straight from the FP8 tile), against the Triton path and FlashMLA.
+
+- ``build``: the GPU, nvcc, the build's seconds, the ceilings of this run (copy GB/s, BF16 TFLOP/s) and ptxas's
+  resources for every variant (registers, stack, spills; shared memory from the variant's shape);
+- ``validation``: the case table (:func:`kvwall.kernels.mla_decode.cases.validation_cases` plus the sanitizer's
+  cases) against float64 -- the default variant on every case, every other variant on every third -- each beside
+  the Triton path's error on the same inputs;
+- ``contract``: an out-of-range index in an unchecked call makes exactly its request NaN; a planned call replayed in
+  a CUDA graph equals the eager call bit for bit; bad inputs are refused before any launch;
+- ``bench``: heads x context x batch (the issue's grid; ``floor_contexts`` at batch 1 show each kernel's fixed cost),
+  every strategy timed as ``fused_decode_bench`` times (CUDA graphs, L2 flushed, :func:`.bench.time_call`), each
+  output checked against float64 first: the CUDA path (``cuda_v<N>``, page 64; ``cuda_v<N>_page1`` on page-size-1
+  slots), the Triton path (``fused_fp8_page64``) and FlashMLA dense BF16 / FP8;
+- ``profile``: Nsight Compute on the CUDA split kernel (``python -m kvwall.kernels.mla_decode.cuda --profile-one``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from kvwall.kernels.mla_decode import cuda as cuda_path
+from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, check_case, validation_cases
+from kvwall.kernels.mla_decode.kernel import mla_decode_fp8
+from kvwall.kernels.mla_decode.reference import make_mla_inputs
+from kvwall.measure.accuracy import finite_or_none, relative_error
+from kvwall.measure.failures import error_text, traceback_tail
+from kvwall.measure.ncu import ncu_path, profile_kernel
+from kvwall.measure.timing import copy_bandwidth_gbps, matmul_tflops, release_memory, synchronize
+from kvwall.model.geometry import GLM5
+from kvwall.model.roofline import decode_flops, kv_read_bytes, roofline_us
+from kvwall.peers.flashmla import PAGE_SIZE, load_flash_mla
+from kvwall.results import Result, collect_provenance
+from kvwall.experiments.fused_decode.bench import time_call
+from kvwall.experiments.fused_decode.bench_strategies import (BenchPoint, build_strategy, make_point, paged_layout,
+                                                             reference_f64)
+from kvwall.experiments.registry import Experiment
+
+__all__ = ["EXPERIMENTS", "run_fused_decode_cuda"]
+
+DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
+D = DC + DR
+SM_SCALE = GLM5.sm_scale
+FP8 = torch.float8_e4m3fn
+#: The peers timed beside the CUDA path (names of :data:`.bench_strategies.STRATEGIES`).
+PEERS = ("fused_fp8_page64", "flashmla_dense_bf16", "flashmla_dense_fp8")
+
+
+def _build_row(device: torch.device, copy_gbps: float, tflops: float) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    cuda_path.load_mla_decode_cuda()
+    build_s = time.perf_counter() - t0
+    cap = torch.cuda.get_device_capability(device)
+    report = cuda_path.nvcc_compile_check(f"sm_{cap[0]}{cap[1]}")
+    return {"section": "build", "gpu": torch.cuda.get_device_name(device),
+            "sms": torch.cuda.get_device_properties(device).multi_processor_count, "nvcc": report.nvcc,
+            "build_s": round(build_s, 2), "copy_gbps": copy_gbps, "bf16_tflops": tflops,
+            "shared_limit": cuda_path.shared_limit(device), "default_variant": cuda_path.DEFAULT_VARIANT,
+            "variants": {str(i): {"name": str(v), "warps": v.warps, "block_n": v.block_n, "stages": v.stages,
+                                  "min_blocks": v.min_blocks, "v_bits": v.v_bits, "smem": v.smem,
+                                  "registers": report.registers.get(i), "stack_bytes": report.stack_bytes.get(i),
+                                  "spill_bytes": report.spill_bytes.get(i)}
+                         for i, v in cuda_path.VARIANTS.items()},
+            "flash_mla": {k: v for k, v in load_flash_mla().items() if isinstance(v, (str, int, float, bool))},
+            "seconds_total": None}
+
+
+def _variant_fn(variant: int) -> Callable[..., Any]:
+    def fn(*args, num_splits=None, **kwargs):  # the case table's forced splits: the CUDA path always plans
+        return cuda_path.mla_decode_fp8_cuda(*args, variant=variant, **kwargs)
+    return fn
+
+
+def _validation_rows(device: torch.device, heads: list[int], length_sets: list[list[int]],
+                     paged_length_sets: list[list[int]], pool_slots: int, every_other: int) -> list[dict]:
+    cases = validation_cases(heads, length_sets, paged_length_sets, PAGE_SIZE) + list(SANITIZED_CASES)
+    triton_err: dict[str, float | None] = {}
+    rows = []
+    for variant in cuda_path.VARIANTS:
+        for i, case in enumerate(cases):
+            if variant != cuda_path.DEFAULT_VARIANT and i % every_other:
+                continue
+            row: dict[str, Any] = {"section": "validation", "variant": variant, "case": case.name,
+                                   "heads": case.heads, "tokens": sum(case.lens), "page_size": case.page_size}
+            try:
+                got = check_case(_variant_fn(variant), case, device, pool_slots)
+                if case.name not in triton_err:
+                    triton_err[case.name] = check_case(mla_decode_fp8, case, device, pool_slots)["rel_err"]
+                row.update(ok=got["ok"], rel_err=got["rel_err"], lse_max_err=got["lse_max_err"],
+                           finite=got["finite"], empty_out_zero=got["empty_out_zero"],
+                           triton_rel_err=triton_err[case.name])
+            except Exception as exc:  # noqa: BLE001 - a failing case is a row
+                row.update(ok=False, error=error_text(exc, 400), traceback_tail=traceback_tail())
+            rows.append(row)
+            release_memory(device)
+    return rows
+
+
+def _expect_refusal(name: str, call: Callable[[], Any], words: str) -> dict[str, Any]:
+    row: dict[str, Any] = {"section": "contract", "check": name}
+    try:
+        call()
+        row.update(ok=False, detail="no error raised")
+    except Exception as exc:  # noqa: BLE001 - the error is what is checked
+        text = f"{type(exc).__name__}: {exc}"
+        row.update(ok=words in text and "launch failed" not in text, detail=text[:300])
+    return row
+
+
+def _contract_rows(device: torch.device) -> list[dict]:
+    rows = []
+    inp = make_mla_inputs([300, 5000, 70], 16, seed=3, layout="pool_view", pool_slots=100_000, device=device)
+    args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr)
+    plan = cuda_path.plan_mla_decode_cuda(inp.kv_indptr, heads=16)
+    idx = inp.kv_indices.clone()
+    idx[310] = 10**8  # request 1's eleventh token
+    out = cuda_path.mla_decode_fp8_cuda(*args, idx, SM_SCALE, check_range=False, plan=plan)
+    nan_rows = [bool(out[b].isnan().all()) for b in range(3)]
+    rows.append({"section": "contract", "check": "unchecked out-of-range index: only its request is NaN",
+                 "ok": nan_rows == [False, True, False], "detail": f"NaN rows {nan_rows}"})
+    eager = cuda_path.mla_decode_fp8_cuda(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan)
+    graphed = torch.empty_like(eager)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        cuda_path.mla_decode_fp8_cuda(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cuda_path.mla_decode_fp8_cuda(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
+    graphed.fill_(float("nan"))
+    graph.replay()
+    synchronize(device)
+    rows.append({"section": "contract", "check": "planned call replayed in a CUDA graph equals the eager call",
+                 "ok": bool(torch.equal(graphed, eager)), "detail": "bitwise comparison after a NaN-poisoned out"})
+    mis = torch.empty(inp.ckv_cache.shape[0] * 577 + 16, dtype=torch.uint8, device=device)
+    odd = mis[1:1 + inp.ckv_cache.shape[0] * 577].view(-1, 577).view(FP8)
+    rows.append(_expect_refusal("rows not 16-byte aligned are refused before the launch",
+                                lambda: cuda_path.mla_decode_fp8_cuda(inp.q_nope, inp.q_pe, odd[:, :DC], odd[:, DC:D],
+                                                                      inp.kv_indptr, inp.kv_indices, SM_SCALE),
+                                "16-byte"))
+    rows.append(_expect_refusal("an unchecked call without a plan is refused",
+                                lambda: cuda_path.mla_decode_fp8_cuda(*args, inp.kv_indices, SM_SCALE,
+                                                                      check_range=False), "plan="))
+    bad = inp.kv_indices.clone()
+    bad[5] = -1
+    rows.append(_expect_refusal("a checked call with an out-of-range index is refused",
+                                lambda: cuda_path.mla_decode_fp8_cuda(*args, bad, SM_SCALE), "outside"))
+    return rows
+
+
+def _cuda_call(pt: BenchPoint, pool: torch.Tensor, variant: int, paged: bool, info: dict[str, Any]):
+    out = torch.empty(pt.batch, pt.heads, DC, dtype=torch.bfloat16, device=pool.device)
+    if paged:
+        pages = pool.shape[0] // PAGE_SIZE
+        pp = pool[:pages * PAGE_SIZE].view(pages, PAGE_SIZE, D)
+        table, seqlens, _ = paged_layout(pt, pool)
+        n_pages = [-(-n // PAGE_SIZE) for n in pt.lens]
+        indptr = torch.tensor([0, *torch.tensor(n_pages).cumsum(0).tolist()], dtype=torch.int32, device=pool.device)
+        indices = torch.cat([table[i, :n] for i, n in enumerate(n_pages)]).contiguous()
+        plan = cuda_path.plan_mla_decode_cuda(indptr, seqlens, heads=pt.heads, page_size=PAGE_SIZE, variant=variant)
+        c, k = pp[:, :, :DC], pp[:, :, DC:]
+        call = lambda: cuda_path.mla_decode_fp8_cuda(pt.q_nope, pt.q_pe, c, k, indptr, indices, SM_SCALE, out=out,  # noqa: E731
+                                                     kv_len=seqlens, check_range=False, plan=plan)
+    else:
+        plan = cuda_path.plan_mla_decode_cuda(pt.indptr, heads=pt.heads, variant=variant)
+        c, k = pool[:, 0, :DC], pool[:, 0, DC:]
+        call = lambda: cuda_path.mla_decode_fp8_cuda(pt.q_nope, pt.q_pe, c, k, pt.indptr, pt.idx, SM_SCALE, out=out,  # noqa: E731
+                                                     check_range=False, plan=plan)
+    info.update(variant=variant, page_size=PAGE_SIZE if paged else 1, work_items=plan.items,
+                chunk_tokens=plan.work_list.chunk_tokens, imbalance=plan.work_list.imbalance())
+    return call
+
+
+def _bench_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, variants: list[int],
+                page1_variants: list[int], flush: Callable[[], object], *, copy_gbps: float, tflops: float,
+                reps: int, rounds: int, sms: int) -> list[dict]:
+    roof = roofline_us(pt.heads, pt.tokens, copy_gbps, tflops)
+    strategies = [(f"cuda_v{v}", v, True) for v in variants] + [(f"cuda_v{v}_page1", v, False) for v in page1_variants]
+    strategies += [(name, None, None) for name in PEERS]
+    refs: dict[bool, torch.Tensor] = {}
+    rows = []
+    for name, variant, paged in strategies:
+        row: dict[str, Any] = {"section": "bench", "strategy": name, "heads": pt.heads, "context": pt.context,
+                               "batch": pt.batch, "tokens": pt.tokens, "len_min": min(pt.lens),
+                               "len_max": max(pt.lens), "roofline_us": roof, "us": None, "timing": "not timed"}
+        call = None
+        try:
+            info: dict[str, Any] = {}
+            if variant is not None:
+                call = _cuda_call(pt, pool, variant, paged, info)
+            else:
+                call, info, _ = build_strategy(name, pt, pool, cast_backend="fa3", sglang_max_context=131_072,
+                                               sm_count=sms)
+                paged = "page_size" in info
+            row.update({k: v for k, v in info.items() if isinstance(v, (int, float, str, bool)) or v is None})
+            got = call()
+            synchronize(device)
+            if paged not in refs:
+                refs[paged] = reference_f64(pt, pool, paged)
+            row["rel_err_f64"] = finite_or_none(relative_error(got, refs[paged]))
+            us, how, why = time_call(call, flush, device, reps, rounds)
+            row.update(us=us, timing=how, **({"graph_error": why} if why else {}))
+            if us > 0:
+                row.update(gbps=kv_read_bytes(pt.tokens) / us / 1e3, tflops=decode_flops(pt.heads, pt.tokens) / us / 1e6,
+                           pct_roofline=roof / us * 100)
+        except Exception as exc:  # noqa: BLE001 - a failing strategy is a row
+            row.update(error=error_text(exc, 500), traceback_tail=traceback_tail())
+        finally:
+            call = None
+            release_memory(device)
+        rows.append(row)
+    return rows
+
+
+def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: list[int], batches: list[int],
+                          floor_contexts: list[int], variants: list[int], page1_variants: list[int],
+                          check_heads: list[int], check_length_sets: list[list[int]],
+                          check_paged_length_sets: list[list[int]], check_every_other: int,
+                          profile_points: list[list[int]], pool_slots: int = 495_000,
+                          max_total_tokens: int = 2_000_000, reps: int = 10, rounds: int = 3, flush_mb: int = 256,
+                          timeout_s: int = 120, seed: int = 0) -> Result:
+    """See the module docstring. ``profile_points``: ``[heads, tokens, variant]`` for ncu."""
+    if device.type != "cuda":
+        raise RuntimeError("fused_decode_cuda builds and times a CUDA C++ kernel: it needs an NVIDIA GPU (the CPU "
+                           "tests compile it with nvcc for sm_90, sm_100 and sm_120 instead).")
+    why = cuda_path.cuda_refusal(device)
+    if why:
+        raise RuntimeError(f"fused_decode_cuda: {why}.")
+    t_start = time.perf_counter()
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    _, copy_gbps = copy_bandwidth_gbps(device, 1 << 30)
+    tflops = matmul_tflops(device)
+    rows: list[dict[str, Any]] = [_build_row(device, copy_gbps, tflops)]
+    rows += _validation_rows(device, check_heads, check_length_sets, check_paged_length_sets, pool_slots=600_000,
+                             every_other=check_every_other)
+    try:
+        rows += _contract_rows(device)
+    except Exception as exc:  # noqa: BLE001 - a contract that crashes is a failed row, the run goes on
+        rows.append({"section": "contract", "check": "contracts ran", "ok": False, "detail": error_text(exc, 400)})
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pool = (torch.randn(pool_slots, 1, D, generator=gen, device=device) * 0.7).to(FP8)
+    scratch = torch.empty(flush_mb << 20, dtype=torch.uint8, device=device)
+    points = [(h, c, 1) for h in heads for c in floor_contexts]
+    points += [(h, c, b) for h in heads for c in contexts for b in batches]
+    for h, c, b in points:
+        pt = make_point(h, c, b, pool_slots=pool_slots, max_total=max_total_tokens, gen=gen, seed=seed, device=device)
+        rows += _bench_rows(pt, pool, device, variants, page1_variants, scratch.zero_, copy_gbps=copy_gbps,
+                            tflops=tflops, reps=reps, rounds=rounds, sms=sms)
+        del pt
+        release_memory(device)
+    del pool, scratch
+    release_memory(device)
+    for h, tokens, variant in profile_points:
+        row: dict[str, Any] = {"section": "profile", "heads": h, "tokens": tokens, "variant": variant,
+                               "min_bytes": kv_read_bytes(tokens), "flops": decode_flops(h, tokens)}
+        if ncu_path() is None:
+            row["error"] = "ncu (Nsight Compute) is not installed here"
+        else:
+            try:
+                row.update(profile_kernel(cuda_path.__name__, ["--profile-one", str(h), str(tokens), str(variant)],
+                                          kernel_regex="mla_split_kernel", launch_skip=3, timeout_s=timeout_s))
+            except Exception as exc:  # noqa: BLE001 - a failed profile is a row
+                row["error"] = f"{type(exc).__name__}: {str(exc)[-600:]}"
+        rows.append(row)
+    rows[0]["seconds_total"] = round(time.perf_counter() - t_start, 1)
+    params = dict(heads=heads, contexts=contexts, batches=batches, floor_contexts=floor_contexts, variants=variants,
+                  page1_variants=page1_variants, check_heads=check_heads, check_length_sets=check_length_sets,
+                  check_paged_length_sets=check_paged_length_sets, check_every_other=check_every_other,
+                  profile_points=profile_points, pool_slots=pool_slots, max_total_tokens=max_total_tokens, reps=reps,
+                  rounds=rounds, flush_mb=flush_mb, timeout_s=timeout_s, seed=seed)
+    return Result("fused_decode_cuda", params, rows, collect_provenance(device, __name__))
+
+
+_CHECKS = dict(check_heads=[16, 64, 128, 3, 20], check_length_sets=[[4096], [32768], [0, 1, 777, 4096, 33, 20000, 130, 5]],
+               check_paged_length_sets=[[1, 0, 63, 64, 65, 200], [5000, 70000]], check_every_other=3)
+
+EXPERIMENTS: list[Experiment] = [
+    Experiment(
+        "fused_decode_cuda", run_fused_decode_cuda,
+        full=dict(heads=[16, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64], floor_contexts=[64],
+                  variants=[5, 2], page1_variants=[5], **_CHECKS,
+                  profile_points=[[16, 131_072, 5], [16, 131_072, 2], [128, 131_072, 5]], pool_slots=495_000,
+                  max_total_tokens=2_000_000, reps=10, rounds=3, flush_mb=256, timeout_s=120, seed=0),
+        small=dict(heads=[16], contexts=[4096], batches=[1, 8], floor_contexts=[64], variants=[5], page1_variants=[5],
+                   check_heads=[16, 3], check_length_sets=[[4096], [0, 7, 130]], check_paged_length_sets=[[1, 65]],
+                   check_every_other=3, profile_points=[], pool_slots=50_000, max_total_tokens=2_000_000, reps=3,
+                   rounds=2, flush_mb=256, timeout_s=120, seed=0),
+        about="the CUDA C++ path of the fused FP8 MLA decode (mma.sync from the FP8 tile): validated, timed against "
+              "the Triton path and FlashMLA dense BF16/FP8, profiled",
+        requires=("cuda", "nvcc"),
+    ),
+]
