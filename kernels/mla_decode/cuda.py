@@ -92,7 +92,7 @@ class _Params(ctypes.Structure):
             "stride_qn_b", "stride_qn_h", "stride_qp_b", "stride_qp_h", "stride_ckv", "stride_kpe", "stride_o_b",
             "stride_o_h")] + [(name, ctypes.c_float) for name in ("ckv_scale_val", "kpe_scale_val", "qk_scale")] + [
         (name, ctypes.c_int) for name in ("H", "num_indices", "num_units", "page", "indptr64", "indices64", "kvlen64",
-                                          "scale_from_ptr", "write_lse")]
+                                          "scale_from_ptr", "write_lse", "q_vec", "out_vec")]
 
 
 def _source_hash() -> str:
@@ -186,6 +186,11 @@ def _scales(ckv_scale, kpe_scale, device: torch.device) -> list[tuple[torch.Tens
     return parsed
 
 
+def _rows_16b(t: torch.Tensor) -> bool:
+    """Every ``[b, h]`` row of a 3-D 16-bit tensor starts 16-byte aligned (16-byte loads and stores are legal)."""
+    return t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
+
+
 def _aligned(name: str, rows: torch.Tensor) -> None:
     if rows.data_ptr() % 16 or (rows.stride(0) * rows.element_size()) % 16:
         _fail(ValueError, f"{name}: the CUDA path loads 16-byte pieces of each row, so rows must start 16-byte "
@@ -261,7 +266,7 @@ def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: tor
         H=heads, num_indices=num_indices, num_units=ckv.shape[0] // page_size, page=page_size,
         indptr64=int(kv_indptr.dtype == torch.int64), indices64=int(kv_indices.dtype == torch.int64),
         kvlen64=int(kv_len is not None and kv_len.dtype == torch.int64), scale_from_ptr=int(c_t is not None),
-        write_lse=int(return_lse))
+        write_lse=int(return_lse), q_vec=int(_rows_16b(q_nope) and _rows_16b(q_pe)), out_vec=int(_rows_16b(out)))
     stream = torch.cuda.current_stream(device).cuda_stream
     head_blocks = -(-heads // 16)
     code = lib.kvwall_mla_split(ctypes.byref(p), variant, head_blocks, plan.items, stream)

@@ -52,6 +52,8 @@ struct Params {
   float ckv_scale_val, kpe_scale_val, qk_scale;  // qk_scale = sm_scale * log2(e)
   int H, num_indices, num_units, page;
   int indptr64, indices64, kvlen64, scale_from_ptr, write_lse;
+  int q_vec;    // q_nope / q_pe rows start 16-byte aligned: 16-byte query loads
+  int out_vec;  // out rows start 16-byte aligned: 16-byte output stores
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -167,37 +169,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
   const float ckv_scale = p.scale_from_ptr ? __ldg(p.ckv_scale_ptr) : p.ckv_scale_val;
   const float kpe_scale = p.scale_from_ptr ? __ldg(p.kpe_scale_ptr) : p.kpe_scale_val;
 
-  // ---- Queries -> float16 in shared memory, each head scaled by 2^e so that its largest |q| is in [2^12, 2^15).
-  {
-    constexpr int TPH = S::NT / HEADS;  // threads per head, consecutive lanes
-    const int r = tid / TPH, part = tid % TPH;
-    const int h = h0 + r;
-    const __nv_bfloat16* qn = p.qn + (long long)b * p.stride_qn_b + (long long)h * p.stride_qn_h;
-    const __nv_bfloat16* qp = p.qp + (long long)b * p.stride_qp_b + (long long)h * p.stride_qp_h;
-    constexpr int PER = D / TPH;  // elements per thread: loaded at once (independent loads), then reduced
-    float v[PER];
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const int i = part + k * TPH;
-      v[k] = h < p.H ? __bfloat162float(i < DC ? qn[i] : qp[i - DC]) : 0.f;
-    }
-    float amax = 0.f;
-#pragma unroll
-    for (int k = 0; k < PER; ++k) amax = fmaxf(amax, fabsf(v[k]));
-#pragma unroll
-    for (int off = TPH / 2; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    float e = 0.f;
-    if (amax > 0.f) e = 13.f - floorf(log2f(amax));
-    e = fminf(fmaxf(e, -120.f), 120.f);
-    const float qmul = ldexpf(1.f, (int)e);
-#pragma unroll
-    for (int k = 0; k < PER; ++k) q_s[q_fragment_offset(r, part + k * TPH)] = __float2half_rn(v[k] * qmul);
-    if (part == 0) {
-      row_c[r] = (ckv_scale * p.qk_scale) * ldexpf(1.f, -(int)e);
-      row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -(int)e);
-    }
-  }
-
   // ---- The tile loader: a quad of lanes copies a row (lane q: 16-byte pieces q, q + 4, ..., 64 contiguous bytes
   // per quad per instruction, 8 rows per warp instruction), each thread RPT rows of a tile; cp.async, zero-filled
   // past the chunk. Each thread's page-table entries for the next tile it copies are loaded one tile ahead.
@@ -247,6 +218,66 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
     cp_async_commit();
   }
   fetch_index(STAGES - 1);
+
+  // ---- Queries -> float16 in shared memory (while the first tiles are on their way), each head scaled by 2^e so
+  // that its largest |q| is in [2^12, 2^15); stored in A-fragment order (q_fragment_offset).
+  {
+    constexpr int TPH = S::NT / HEADS;  // threads per head, consecutive lanes
+    const int r = tid / TPH, part = tid % TPH;
+    const int h = h0 + r;
+    const __nv_bfloat16* qn = p.qn + (long long)b * p.stride_qn_b + (long long)h * p.stride_qn_h;
+    const __nv_bfloat16* qp = p.qp + (long long)b * p.stride_qp_b + (long long)h * p.stride_qp_h;
+    constexpr int GROUPS = D / 8;                      // 8 columns (16 bytes) per group
+    constexpr int PER = (GROUPS + TPH - 1) / TPH;      // groups per thread
+    float v[PER][8];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int g0 = part + k * TPH, i0 = g0 * 8;
+      if (g0 < GROUPS && h < p.H) {
+        if (p.q_vec) {  // one 16-byte load per group, all in flight at once
+          const uint4 w = __ldg(reinterpret_cast<const uint4*>(i0 < DC ? qn + i0 : qp + (i0 - DC)));
+          const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[e]));
+            v[k][2 * e] = f.x;
+            v[k][2 * e + 1] = f.y;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[k][e] = __bfloat162float(i0 < DC ? qn[i0 + e] : qp[i0 + e - DC]);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[k][e] = 0.f;
+      }
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[k][e]));
+#pragma unroll
+    for (int off = TPH / 2; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    float e2 = 0.f;
+    if (amax > 0.f) e2 = 13.f - floorf(log2f(amax));
+    e2 = fminf(fmaxf(e2, -120.f), 120.f);
+    const float qmul = ldexpf(1.f, (int)e2);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int g0 = part + k * TPH;
+      if (g0 < GROUPS) {  // columns i0 + 4jj + {0,1} and + {2,3}: two float16 pairs (32-bit words) per half-group
+#pragma unroll
+        for (int e = 0; e < 8; e += 2)
+          *reinterpret_cast<__half2*>(q_s + q_fragment_offset(r, g0 * 8 + e)) =
+              __floats2half2_rn(v[k][e] * qmul, v[k][e + 1] * qmul);
+      }
+    }
+    if (part == 0) {
+      row_c[r] = (ckv_scale * p.qk_scale) * ldexpf(1.f, -(int)e2);
+      row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -(int)e2);
+    }
+  }
 
   float o[S::NTV][4];
 #pragma unroll
@@ -432,10 +463,25 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
     if (prow < 0) {
       __nv_bfloat16* orow = p.out + (long long)b * p.stride_o_b + (long long)h * p.stride_o_h;
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < 2; ++i) {
+        __nv_bfloat16* dst = orow + warp * S::DW + S::BPT * (2 * c + i);
+        if (p.out_vec) {  // BPT consecutive columns: 16-byte stores
+          uint32_t packed[S::BPT / 2];
 #pragma unroll
-        for (int j = 0; j < S::BPT; ++j)
-          orow[warp * S::DW + S::BPT * (2 * c + i) + j] = __float2bfloat16_rn(o[j][2 * row + i] * norm[row]);
+          for (int j = 0; j < S::BPT; j += 2) {
+            const __nv_bfloat162 two = __floats2bfloat162_rn(o[j][2 * row + i] * norm[row],
+                                                              o[j + 1][2 * row + i] * norm[row]);
+            packed[j / 2] = *reinterpret_cast<const uint32_t*>(&two);
+          }
+#pragma unroll
+          for (int j = 0; j < S::BPT / 8; ++j)
+            reinterpret_cast<uint4*>(dst)[j] =
+                make_uint4(packed[4 * j], packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < S::BPT; ++j) dst[j] = __float2bfloat16_rn(o[j][2 * row + i] * norm[row]);
+        }
+      }
       if (p.write_lse && warp == 0 && c == 0) p.lse[(long long)b * p.H + h] = lse2[row] * 0.6931471805599453f;
     } else {
       float* prow_o = p.part_o + ((long long)prow * p.H + h) * DC + warp * S::DW;
