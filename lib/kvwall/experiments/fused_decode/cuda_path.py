@@ -8,7 +8,8 @@ straight from the FP8 tile), against the Triton path and FlashMLA.
   the Triton path's error on the same inputs;
 - ``contract``: an out-of-range index in an unchecked call makes exactly its request NaN; a planned call replayed in
   a CUDA graph equals the eager call bit for bit; bad inputs are refused before any launch;
-- ``bench``: heads x context x batch (the issue's grid; ``floor_contexts`` at batch 1 show each kernel's fixed cost),
+- ``bench``: heads x context x batch (the issue's grid; ``floor_contexts`` at batch 1 show each kernel's fixed cost;
+  ``sweep_variants`` beside ``variants`` at ``sweep_heads``),
   every strategy timed as ``fused_decode_bench`` times (CUDA graphs, L2 flushed, :func:`.bench.time_call`), each
   output checked against float64 first: the CUDA path (``cuda_v<N>``, page 64; ``cuda_v<N>_page1`` on page-size-1
   slots), the Triton path (``fused_fp8_page64``) and FlashMLA dense BF16 / FP8;
@@ -45,8 +46,10 @@ DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
 D = DC + DR
 SM_SCALE = GLM5.sm_scale
 FP8 = torch.float8_e4m3fn
+#: The Triton path as timed beside the CUDA path (page 64, the CUDA rows' layout).
+TRITON_STRATEGY = "fused_fp8_page64"
 #: The peers timed beside the CUDA path (names of :data:`.bench_strategies.STRATEGIES`).
-PEERS = ("fused_fp8_page64", "flashmla_dense_bf16", "flashmla_dense_fp8")
+PEERS = (TRITON_STRATEGY, "flashmla_dense_bf16", "flashmla_dense_fp8")
 
 
 def _build_row(device: torch.device, copy_gbps: float, tflops: float) -> dict[str, Any]:
@@ -218,6 +221,7 @@ def _bench_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, varian
 
 def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: list[int], batches: list[int],
                           floor_contexts: list[int], variants: list[int], page1_variants: list[int],
+                          sweep_variants: list[int], sweep_heads: list[int],
                           check_heads: list[int], check_length_sets: list[list[int]],
                           check_paged_length_sets: list[list[int]], check_every_other: int,
                           profile_points: list[list[int]], pool_slots: int = 495_000,
@@ -248,7 +252,8 @@ def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: l
     points += [(h, c, b) for h in heads for c in contexts for b in batches]
     for h, c, b in points:
         pt = make_point(h, c, b, pool_slots=pool_slots, max_total=max_total_tokens, gen=gen, seed=seed, device=device)
-        rows += _bench_rows(pt, pool, device, variants, page1_variants, scratch.zero_, copy_gbps=copy_gbps,
+        timed = variants + ([v for v in sweep_variants if v not in variants] if h in sweep_heads else [])
+        rows += _bench_rows(pt, pool, device, timed, page1_variants, scratch.zero_, copy_gbps=copy_gbps,
                             tflops=tflops, reps=reps, rounds=rounds, sms=sms)
         del pt
         release_memory(device)
@@ -268,7 +273,8 @@ def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: l
         rows.append(row)
     rows[0]["seconds_total"] = round(time.perf_counter() - t_start, 1)
     params = dict(heads=heads, contexts=contexts, batches=batches, floor_contexts=floor_contexts, variants=variants,
-                  page1_variants=page1_variants, check_heads=check_heads, check_length_sets=check_length_sets,
+                  page1_variants=page1_variants, sweep_variants=sweep_variants, sweep_heads=sweep_heads,
+                  check_heads=check_heads, check_length_sets=check_length_sets,
                   check_paged_length_sets=check_paged_length_sets, check_every_other=check_every_other,
                   profile_points=profile_points, pool_slots=pool_slots, max_total_tokens=max_total_tokens, reps=reps,
                   rounds=rounds, flush_mb=flush_mb, timeout_s=timeout_s, seed=seed)
@@ -282,10 +288,11 @@ EXPERIMENTS: list[Experiment] = [
     Experiment(
         "fused_decode_cuda", run_fused_decode_cuda,
         full=dict(heads=[16, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64], floor_contexts=[64],
-                  variants=[5, 2], page1_variants=[5], **_CHECKS,
+                  variants=[5, 2], page1_variants=[5], sweep_variants=[0, 4, 6], sweep_heads=[16], **_CHECKS,
                   profile_points=[[16, 131_072, 5], [16, 131_072, 2], [128, 131_072, 5]], pool_slots=495_000,
                   max_total_tokens=2_000_000, reps=10, rounds=3, flush_mb=256, timeout_s=120, seed=0),
         small=dict(heads=[16], contexts=[4096], batches=[1, 8], floor_contexts=[64], variants=[5], page1_variants=[5],
+                   sweep_variants=[6], sweep_heads=[16],
                    check_heads=[16, 3], check_length_sets=[[4096], [0, 7, 130]], check_paged_length_sets=[[1, 65]],
                    check_every_other=3, profile_points=[], pool_slots=50_000, max_total_tokens=2_000_000, reps=3,
                    rounds=2, flush_mb=256, timeout_s=120, seed=0),

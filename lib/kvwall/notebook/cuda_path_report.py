@@ -1,0 +1,179 @@
+"""Chapter 5's tables on the CUDA C++ path (the recorded ``fused_decode_cuda`` result): validation, contracts, the
+grid against the Triton path and FlashMLA, each kernel's fixed cost, the variants' resources, Nsight Compute, and the
+path table the dispatcher reads. Every number comes from the result; the sentences are computed from it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvwall.experiments.fused_decode.paths import path_points
+from kvwall.notebook.tables import Table, number, plain, scientific, times
+from kvwall.results import Result
+
+__all__ = ["CudaPath"]
+
+TRITON, FM_BF16, FM_FP8 = "fused_fp8_page64", "flashmla_dense_bf16", "flashmla_dense_fp8"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+class CudaPath:
+    """The recorded ``fused_decode_cuda`` result, read for the chapter."""
+
+    def __init__(self, result: Result):
+        self.result = result
+        self.build = next(r for r in result.rows if r["section"] == "build")
+        self.variant = self.build["default_variant"]
+        self.cuda = f"cuda_v{self.variant}"
+        self.us: dict[tuple[int, int, int], dict[str, float | None]] = {}
+        for r in result.rows:
+            if r["section"] == "bench":
+                self.us.setdefault((r["heads"], r["context"], r["batch"]), {})[r["strategy"]] = r.get("us")
+        self.floor_contexts = sorted({c for (_, c, b) in self.us if b == 1} - set(result.params["contexts"]))
+
+    def caption(self) -> str:
+        return self.result.caption()
+
+    # ---- correctness ----
+    def validation(self) -> tuple[Table, str]:
+        rows = [r for r in self.result.rows if r["section"] == "validation"]
+        by_variant: dict[int, list[dict]] = {}
+        for r in rows:
+            by_variant.setdefault(r["variant"], []).append(r)
+        table_rows = []
+        for v, rs in sorted(by_variant.items()):
+            ratios = [r["rel_err"] / r["triton_rel_err"] for r in rs if r.get("rel_err") and r.get("triton_rel_err")]
+            table_rows.append({"variant": self.build["variants"][str(v)]["name"], "cases": len(rs),
+                               "passed": sum(bool(r["ok"]) for r in rs),
+                               "worst": max((r.get("rel_err") or 0.0) for r in rs),
+                               "lo": min(ratios) if ratios else None, "hi": max(ratios) if ratios else None})
+        table = Table(table_rows, {"variant": "variant", "cases": "cases", "passed": "passed",
+                                   "worst error vs float64": ("worst", scientific),
+                                   "error / Triton path's, min": ("lo", times(3)),
+                                   "max": ("hi", times(3))}, self.caption())
+        passed = sum(bool(r["ok"]) for r in rows)
+        text = (f"{passed} of {len(rows)} case runs pass (NaN-poisoned outputs, float64 reference, the Triton "
+                f"path's tolerances), over {len({r['case'] for r in rows})} cases: head counts "
+                f"{sorted({r['heads'] for r in rows})}, empty and one-token requests, odd lengths, page-size-1 "
+                "views and pages of 64. The CUDA path computes the Triton path's function with the same "
+                "roundings, so its error is the Triton path's to within a part in a thousand.")
+        return table, text
+
+    def contracts(self) -> Table:
+        rows = [{"what": r["check"], "passed": "yes" if r["ok"] else "NO", "detail": r["detail"]}
+                for r in self.result.rows if r["section"] == "contract"]
+        return Table(rows, {"check": "what", "passed": "passed", "detail": "detail"}, self.caption())
+
+    # ---- speed ----
+    def versus(self) -> Table:
+        rows = []
+        for (h, c, b), us in sorted(self.us.items()):
+            if c in self.floor_contexts:
+                continue
+            rows.append({"heads": h, "context": f"{c // 1024}K", "batch": b, "cuda": us.get(self.cuda),
+                         "page1": us.get(f"{self.cuda}_page1"), "triton": us.get(TRITON), "fm16": us.get(FM_BF16),
+                         "fm8": us.get(FM_FP8), "vs_triton": _ratio(us.get(TRITON), us.get(self.cuda)),
+                         "vs_fm16": _ratio(us.get(FM_BF16), us.get(self.cuda))})
+        return Table(rows, {"heads": "heads", "context": "context", "batch": "batch",
+                            "CUDA path µs (page 64)": ("cuda", number(1)), "CUDA page 1": ("page1", number(1)),
+                            "Triton path": ("triton", number(1)), "FlashMLA BF16": ("fm16", number(1)),
+                            "FlashMLA FP8": ("fm8", number(1)), "Triton / CUDA": ("vs_triton", times(2)),
+                            "FlashMLA BF16 / CUDA": ("vs_fm16", times(2))},
+                     self.caption() + " µs per layer, CUDA graphs, L2 flushed; batches > 1 mixed lengths (as in the "
+                                      "benchmark above). A ratio above 1× means the CUDA path is faster.")
+
+    def floor(self) -> Table:
+        rows = []
+        for (h, c, b), us in sorted(self.us.items()):
+            if c in self.floor_contexts:
+                rows.append({"heads": h, "tokens": c, **{k: us.get(s) for k, s in
+                                                         (("cuda", self.cuda), ("triton", TRITON),
+                                                          ("fm16", FM_BF16), ("fm8", FM_FP8))}})
+        return Table(rows, {"heads": "heads", "tokens (one request)": "tokens", "CUDA path µs": ("cuda", number(1)),
+                            "Triton path": ("triton", number(1)), "FlashMLA BF16": ("fm16", number(1)),
+                            "FlashMLA FP8": ("fm8", number(1))}, self.caption())
+
+    def summary(self) -> tuple[str, dict[str, Any]]:
+        """A paragraph on where the CUDA path stands, and the values it quotes."""
+        pts = [(k, us) for k, us in self.us.items() if k[1] not in self.floor_contexts and us.get(self.cuda)]
+        faster_triton = [k for k, us in pts if us.get(TRITON) and us[self.cuda] < us[TRITON]]
+        faster_fm16 = [k for k, us in pts if us.get(FM_BF16) and us[self.cuda] < us[FM_BF16]]
+        faster_fm8 = [k for k, us in pts if us.get(FM_FP8) and us[self.cuda] < us[FM_FP8]]
+        gm = _geomean([us[TRITON] / us[self.cuda] for _, us in pts if us.get(TRITON)])
+        key = self.us.get((16, 131072, 1), {})
+        floor16 = next((us for (h, c, b), us in self.us.items() if h == 16 and c in self.floor_contexts), {})
+        values = {"cuda_points": len(pts), "cuda_faster_than_triton": len(faster_triton),
+                  "cuda_faster_than_flashmla_bf16": len(faster_fm16), "cuda_faster_than_flashmla_fp8": len(faster_fm8),
+                  "cuda_vs_triton_geomean": gm, "cuda_16h_128k_us": key.get(self.cuda),
+                  "cuda_16h_floor_us": floor16.get(self.cuda), "flashmla_fp8_16h_floor_us": floor16.get(FM_FP8)}
+        where = ", ".join(f"{h} h / {c // 1024}K / b{b}" for h, c, b in sorted(faster_fm16)) or "no point"
+        text = (f"Over the {len(pts)} points of the grid the CUDA path is faster than the Triton path at "
+                f"{len(faster_triton)} (geometric mean of Triton / CUDA: {gm:.2f}×), faster than FlashMLA's BF16 "
+                f"kernel at {len(faster_fm16)} ({where}) and than FlashMLA's FP8 kernel at {len(faster_fm8)}. "
+                f"One 128K-token request at 16 heads takes {key.get(self.cuda, float('nan')):.1f} µs (the Triton path "
+                f"{key.get(TRITON, float('nan')):.1f}, FlashMLA FP8 {key.get(FM_FP8, float('nan')):.1f}). Part of "
+                f"every point is a fixed cost: one request of {self.floor_contexts[0] if self.floor_contexts else '?'} "
+                f"tokens takes {floor16.get(self.cuda, float('nan')):.1f} µs on the CUDA path against "
+                f"{floor16.get(FM_FP8, float('nan')):.1f} on FlashMLA's FP8 kernel.")
+        return text, values
+
+    def variant_sweep(self, heads: int = 16) -> tuple[Table, str]:
+        """Every variant timed at ``heads`` heads, µs per point, and how the V-by-bit-moves variant compares with
+        its twin converting V by cvt."""
+        names = sorted({s for us in self.us.values() for s in us if s.startswith("cuda_v") and "page" not in s},
+                       key=lambda s: int(s[6:]))
+        rows = [{"context": f"{c // 1024}K" if c >= 1024 else str(c), "batch": b, **{n: us.get(n) for n in names}}
+                for (h, c, b), us in sorted(self.us.items()) if h == heads]
+        cols = {"context": "context", "batch": "batch"}
+        cols.update({f"v{n[6:]} µs": (n, number(1)) for n in names})
+        table = Table(rows, cols, self.caption() + " Variants as in the resources table below.")
+        bits = [v for v, d in self.build["variants"].items() if d["v_bits"] and f"cuda_v{v}" in names]
+        text = ""
+        for v in bits:
+            twin = next((w for w, d in self.build["variants"].items() if not d["v_bits"] and f"cuda_v{w}" in names
+                         and all(d[k] == self.build["variants"][v][k] for k in ("warps", "block_n", "stages"))), None)
+            if twin is None:
+                continue
+            r = _geomean([us[f"cuda_v{v}"] / us[f"cuda_v{twin}"] for (h, _, _), us in self.us.items()
+                          if h == heads and us.get(f"cuda_v{v}") and us.get(f"cuda_v{twin}")])
+            text += (f"v{v} (V converted by bit moves on the integer pipes) takes {r:.2f}× v{twin}'s time (geometric "
+                     f"mean over the {heads}-head points): moving half of the conversions off `cvt` "
+                     + ("does not help, so conversion throughput is not what limits the kernel. " if r >= 0.97 else
+                        "helps, so conversion throughput is part of what limits the kernel. "))
+        return table, text
+
+    # ---- why ----
+    def variants(self) -> Table:
+        rows = [{**v, "smem_kb": v["smem"] / 1024} for v in self.build["variants"].values()]
+        return Table(rows, {"variant": "name", "registers (ptxas)": ("registers", number(0)),
+                            "spill bytes": ("spill_bytes", number(0)), "shared KB per CTA": ("smem_kb", number(1))},
+                     self.caption() + f" Compiled by {self.build['nvcc']} for this GPU; its per-CTA shared-memory "
+                                      f"limit: {self.build['shared_limit'] / 1024:.0f} KB.")
+
+    def profile(self) -> Table:
+        rows = [{**r, "point": f"v{r['variant']}, {r['heads']} heads, {r['tokens'] // 1024}K",
+                 "us": (r.get("duration_ns") or 0) / 1e3 or None,
+                 "gbps": _ratio(r.get("dram_read_bytes"), r.get("duration_ns"))}
+                for r in self.result.rows if r["section"] == "profile"]
+        cols = {"point": "point", "µs under ncu": ("us", number(1)), "HBM GB/s": ("gbps", number(0)),
+                "HBM % of peak": ("dram_pct_of_peak", number(0)), "registers": ("registers_per_thread", number(0)),
+                "occupancy % (achieved)": ("achieved_occupancy_pct", number(1)),
+                "issue slots busy %": ("issue_active_pct", number(0)),
+                "stall: long scoreboard": ("stall_long_scoreboard", number(2)),
+                "short scoreboard": ("stall_short_scoreboard", number(2)), "wait": ("stall_wait", number(2)),
+                "barrier": ("stall_barrier", number(2))}
+        return Table(rows, cols, self.caption() + " ncu locks clocks to base; stalls in warps per issued instruction.")
+
+    def paths(self) -> Table:
+        rows = [{"heads": h, "context": f"{c // 1024}K" if c >= 1024 else str(c), "batch": b, "path": p,
+                 "cuda": cu, "triton": tr} for h, c, b, p, cu, tr in path_points(self.result, self.variant)]
+        return Table(rows, {"heads": "heads", "context": "context", "batch": "batch", "dispatcher's path": ("path", plain),
+                            "CUDA µs": ("cuda", number(1)), "Triton µs": ("triton", number(1))}, self.caption())
