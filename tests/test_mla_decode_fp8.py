@@ -403,7 +403,7 @@ def test_case_table_on_gpu(c):
 @pytest.mark.parametrize("c", SANITIZED_CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("variant", [
     dict(), dict(s_fp8=True, pairs=False, tokens_m=False, block_h=16, block_n=64, num_warps=4, num_stages=2),
-    dict(convert="bits", pairs=False), dict(block_n=128, num_warps=8, num_stages=2), dict(cache_v=""),
+    dict(convert="bits", pairs=False), dict(block_n=128, num_warps=8, num_stages=2, block_h=16), dict(cache_v=""),
     dict(block_n=32, num_stages=3), dict(pairs=True, tokens_m=False, s_fp8=False, convert="cvt"),
     dict(tokens_m=True, pairs=False, s_fp8=False, convert="cvt", block_h=16, num_warps=4)],
     ids=["tuned", "s8", "bits", "bn128", "one_load", "bn32", "pairs", "tokens_m"])
