@@ -17,7 +17,8 @@ def test_chapter_5_on_cpu(tmp_path):
     assert rec["duration_s"] < 180, "chapter 5 must run in 3 minutes on a 2-core CPU"
     assert v["live_validation_passed"] is True
     assert {u["experiment"] for u in rec["recorded_used"]} == {"fused_decode_tuning", "fused_decode_validation",
-                                                             "fused_decode_bench", "fused_decode_ncu"}
+                                                             "fused_decode_bench", "fused_decode_ncu",
+                                                             "fused_decode_cuda"}
     assert not any(u["stale"] for u in rec["recorded_used"])
     validation = load_result("fused_decode_validation").table("cases")
     assert v["recorded_validation_cases"] == len(validation)
@@ -39,3 +40,17 @@ def test_chapter_5_on_cpu(tmp_path):
     ratios = [r["ratio"] for r in validation if r.get("ratio") is not None and (r.get("bf16_rel_err") or 0) > 0]
     assert v["max_ratio_to_bf16_path"] == max(ratios)
     assert 0 <= v["targets_met"] <= 6
+    # The CUDA C++ path's section: its counts recomputed from the result file.
+    cuda = load_result("fused_decode_cuda")
+    default = next(r for r in cuda.rows if r["section"] == "build")["default_variant"]
+    us = {}
+    for r in cuda.table("bench"):
+        us.setdefault((r["heads"], r["context"], r["batch"]), {})[r["strategy"]] = r["us"]
+    grid = {k: u for k, u in us.items() if k[1] in cuda.params["contexts"]}
+    mine = f"cuda_v{default}"
+    assert v["cuda_points"] == len(grid) == 36
+    assert v["cuda_faster_than_triton"] == sum(u[mine] < u["fused_fp8_page64"] for u in grid.values())
+    assert v["cuda_faster_than_flashmla_bf16"] == sum(u[mine] < u["flashmla_dense_bf16"] for u in grid.values())
+    assert v["cuda_faster_than_flashmla_fp8"] == sum(u[mine] < u["flashmla_dense_fp8"] for u in grid.values())
+    assert v["cuda_16h_128k_us"] == us[(16, 131072, 1)][mine]
+    assert v["cuda_16h_floor_us"] == us[(16, cuda.params["floor_contexts"][0], 1)][mine]
