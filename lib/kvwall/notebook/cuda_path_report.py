@@ -83,12 +83,14 @@ class CudaPath:
                          "fm8": us.get(FM_FP8), "vs_triton": _ratio(us.get(TRITON), us.get(self.cuda)),
                          "vs_fm16": _ratio(us.get(FM_BF16), us.get(self.cuda))})
         return Table(rows, {"heads": "heads", "context": "context", "batch": "batch",
-                            "CUDA path µs (page 64)": ("cuda", number(1)), "CUDA page 1": ("page1", number(1)),
-                            "Triton path": ("triton", number(1)), "FlashMLA BF16": ("fm16", number(1)),
-                            "FlashMLA FP8": ("fm8", number(1)), "Triton / CUDA": ("vs_triton", times(2)),
-                            "FlashMLA BF16 / CUDA": ("vs_fm16", times(2))},
-                     self.caption() + " µs per layer, CUDA graphs, L2 flushed; batches > 1 mixed lengths (as in the "
-                                      "benchmark above). A ratio above 1× means the CUDA path is faster.")
+                            "CUDA": ("cuda", number(1)), "CUDA, page 1": ("page1", number(1)),
+                            "Triton": ("triton", number(1)), "FM BF16": ("fm16", number(1)),
+                            "FM FP8": ("fm8", number(1)), "Triton / CUDA": ("vs_triton", times(2)),
+                            "FM BF16 / CUDA": ("vs_fm16", times(2))},
+                     self.caption() + " µs per layer (CUDA: the CUDA path, default variant, page 64; Triton: the "
+                                      "Triton path, page 64; FM: FlashMLA dense), CUDA graphs, L2 flushed; batches "
+                                      "> 1 mixed lengths (as in the benchmark above). A ratio above 1× means the "
+                                      "CUDA path is faster.")
 
     def floor(self) -> Table:
         rows = []
