@@ -4,9 +4,10 @@ every GPU Triton supports, and the CPU interpreter) or the CUDA C++ path (:mod:`
 :func:`choose_path` decides by architecture and shape: the CUDA path only where it can run (a GPU of 8.9 or later,
 latent 512 and rope 64, 16-byte aligned cache rows, a variant that fits the GPU's shared memory) *and* where it was
 measured faster on this GPU model -- the nearest point (heads, batch, tokens per request, in log scale) of
-``paths.json``, which ``python -m kvwall.experiments.fused_decode.paths --write`` derives from the recorded ``fused_decode_cuda``
-result. A GPU model with no entry runs the Triton path. :func:`plan_mla_decode_auto` makes the plan of the chosen
-path; :func:`mla_decode` runs a call on the path of its plan (or chooses one), with either path's contract.
+``paths.json``, which ``python -m kvwall.experiments.fused_decode.paths --write`` derives from the recorded
+``fused_decode_cuda`` result. A GPU model with no entry runs the Triton path. :func:`plan_mla_decode_auto` makes
+the plan of the chosen path; :func:`mla_decode` runs a call on the path of its plan (or chooses one), with either
+path's contract.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, c
     gpu = gpu_name(device)
     found = measured_choice(_table(gpu, table_file or PATHS_FILE), heads, batch, max_len)
     if found is None:
-        return "triton", f"Triton: no measured table for {gpu} (python -m kvwall.experiments.fused_decode.paths --write)"
+        return "triton", (f"Triton: no measured table for {gpu} "
+                          "(python -m kvwall.experiments.fused_decode.paths --write)")
     choice, point = found
     return choice, (f"{choice}: measured {point[4]:.1f} µs (CUDA) vs {point[5]:.1f} µs (Triton) at the nearest point "
                     f"({point[0]} heads, {point[1]} tokens, batch {point[2]}) on {gpu}")

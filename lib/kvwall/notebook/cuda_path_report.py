@@ -157,8 +157,8 @@ class CudaPath:
         rows = [{**v, "smem_kb": v["smem"] / 1024} for v in self.build["variants"].values()]
         return Table(rows, {"variant": "name", "registers (ptxas)": ("registers", number(0)),
                             "spill bytes": ("spill_bytes", number(0)), "shared KB per CTA": ("smem_kb", number(1))},
-                     self.caption() + f" Compiled by {self.build['nvcc']} for this GPU; its per-CTA shared-memory "
-                                      f"limit: {self.build['shared_limit'] / 1024:.0f} KB.")
+                     self.caption() + f" Compiled by nvcc ({self.build['nvcc']}) for this GPU; its per-CTA "
+                                      f"shared-memory limit: {self.build['shared_limit'] / 1024:.0f} KB.")
 
     def profile(self) -> Table:
         rows = [{**r, "point": f"v{r['variant']}, {r['heads']} heads, {r['tokens'] // 1024}K",
@@ -177,5 +177,6 @@ class CudaPath:
     def paths(self) -> Table:
         rows = [{"heads": h, "context": f"{c // 1024}K" if c >= 1024 else str(c), "batch": b, "path": p,
                  "cuda": cu, "triton": tr} for h, c, b, p, cu, tr in path_points(self.result, self.variant)]
-        return Table(rows, {"heads": "heads", "context": "context", "batch": "batch", "dispatcher's path": ("path", plain),
+        return Table(rows, {"heads": "heads", "context": "context", "batch": "batch",
+                            "dispatcher's path": ("path", plain),
                             "CUDA µs": ("cuda", number(1)), "Triton µs": ("triton", number(1))}, self.caption())

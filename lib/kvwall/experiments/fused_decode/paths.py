@@ -58,7 +58,8 @@ def write_path_table(path: Path = PATHS_FILE) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvwall.experiments.fused_decode.paths", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kvwall.experiments.fused_decode.paths",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {PATHS_FILE.name} from the recorded result")
     args = parser.parse_args(argv)
     if not args.write:
