@@ -7,13 +7,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvwall.experiments.fused_decode.cuda_path import TRITON_STRATEGY as TRITON
 from kvwall.experiments.fused_decode.paths import path_points
 from kvwall.notebook.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
 __all__ = ["CudaPath"]
 
-TRITON, FM_BF16, FM_FP8 = "fused_fp8_page64", "flashmla_dense_bf16", "flashmla_dense_fp8"
+FM_BF16, FM_FP8 = "flashmla_dense_bf16", "flashmla_dense_fp8"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -21,21 +21,19 @@ from kvwall.experiments.fused_decode.cuda_path import TRITON_STRATEGY
 
 __all__ = ["path_points", "path_table", "write_path_table"]
 
-TRITON = TRITON_STRATEGY
-
 
 def path_points(result: Result, variant: int = DEFAULT_VARIANT) -> list[list[Any]]:
     """``[heads, context, batch, path, cuda_us, triton_us]`` per bench point where both paths were timed."""
     cuda_name = f"cuda_v{variant}"
     by_point: dict[tuple[int, int, int], dict[str, float]] = {}
     for row in result.rows:
-        if row.get("section") == "bench" and row.get("us") and row["strategy"] in (cuda_name, TRITON):
+        if row.get("section") == "bench" and row.get("us") and row["strategy"] in (cuda_name, TRITON_STRATEGY):
             by_point.setdefault((row["heads"], row["context"], row["batch"]), {})[row["strategy"]] = row["us"]
     points = []
     for (h, ctx, b), us in sorted(by_point.items()):
-        if cuda_name in us and TRITON in us:
-            path = "cuda" if us[cuda_name] < us[TRITON] else "triton"
-            points.append([h, ctx, b, path, round(us[cuda_name], 2), round(us[TRITON], 2)])
+        if cuda_name in us and TRITON_STRATEGY in us:
+            path = "cuda" if us[cuda_name] < us[TRITON_STRATEGY] else "triton"
+            points.append([h, ctx, b, path, round(us[cuda_name], 2), round(us[TRITON_STRATEGY], 2)])
     return points
 
 

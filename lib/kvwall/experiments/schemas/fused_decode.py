@@ -224,7 +224,9 @@ class FusedDecodeBenchCeilings(Row):
     seconds_total: float
 
 
-class FusedDecodeBenchBench(Row):
+class _BenchPoint(Row):
+    """What every timed (strategy, point) row of the fused benchmarks carries."""
+
     section: Literal["bench"]
     strategy: str
     heads: int
@@ -233,23 +235,29 @@ class FusedDecodeBenchBench(Row):
     tokens: int
     len_min: int
     len_max: int
-    active_bytes: int
-    qo_bytes: int
-    flops: int
     roofline_us: float
     us: float | None
-    host_us: float | None
-    gbps: float | None
-    tflops: float | None
-    pct_roofline: float | None
-    num_splits: int | None = None
+    timing: str
+    gbps: float | None = None
+    tflops: float | None = None
+    pct_roofline: float | None = None
     work_items: int | None = None
     chunk_tokens: int | None = None
     imbalance: float | None = None
     page_size: int | None = None
     rel_err_f64: float | None = None
+
+
+class FusedDecodeBenchBench(_BenchPoint):
+    active_bytes: int
+    qo_bytes: int
+    flops: int
+    host_us: float | None
+    gbps: float | None
+    tflops: float | None
+    pct_roofline: float | None
+    num_splits: int | None = None
     config: dict[str, Any] | None = None
-    timing: str
     backend: str | None = None
     plan_ms: float | None = None
     rel_diff_vs_fused: float | None = None
@@ -307,27 +315,8 @@ class FusedDecodeCudaContract(Row):
     detail: str
 
 
-class FusedDecodeCudaBench(Row):
-    section: Literal["bench"]
-    strategy: str
-    heads: int
-    context: int
-    batch: int
-    tokens: int
-    len_min: int
-    len_max: int
-    roofline_us: float
-    us: float | None
-    timing: str
+class FusedDecodeCudaBench(_BenchPoint):
     variant: int | None = None
-    page_size: int | None = None
-    work_items: int | None = None
-    chunk_tokens: int | None = None
-    imbalance: float | None = None
-    rel_err_f64: float | None = None
-    gbps: float | None = None
-    tflops: float | None = None
-    pct_roofline: float | None = None
 
 
 class FusedDecodeCudaProfile(FusedDecodeNcuProfile):
