@@ -12,6 +12,7 @@ import kvwall.experiments  # noqa: F401  (registers the row schemas)
 from kvwall.experiments.fused_decode.paths import path_points, path_table
 from kvwall.kernels.mla_decode import cuda as cuda_path
 from kvwall.kernels.mla_decode.cases import SM_SCALE
+from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.dispatch import (PATHS_FILE, choose_path, measured_choice, mla_decode,
                                                 plan_mla_decode_auto)
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8
@@ -26,8 +27,9 @@ def test_the_path_table_is_the_recorded_results():
     (gpu, entry), = path_table(result).items()
     assert table[gpu]["points"] == entry["points"] == path_points(result)
     assert table[gpu]["variant"] == cuda_path.DEFAULT_VARIANT
-    for h, c, b, path, cuda_us, triton_us in entry["points"]:
-        assert path == ("cuda" if cuda_us < triton_us else "triton")
+    for h, c, b, path, cuda_us, triton_us, wgmma_us in entry["points"]:
+        timed = {"cuda": cuda_us, "triton": triton_us, "wgmma": wgmma_us}
+        assert path == min((p for p in timed if timed[p]), key=lambda p: timed[p])
 
 
 def test_measured_choice_takes_the_nearest_point_in_log_scale():
@@ -37,6 +39,14 @@ def test_measured_choice_takes_the_nearest_point_in_log_scale():
     assert measured_choice(table, 16, 48, 100_000)[0] == "cuda"
     assert measured_choice(table, 100, 40, 40_000)[1][0] == 128
     assert measured_choice({}, 16, 1, 1) is None
+
+
+def test_where_the_measured_winner_cannot_run_the_faster_of_the_rest_is_taken():
+    table = {"points": [[128, 131072, 8, "wgmma", 650.0, 750.0, 350.0], [16, 4096, 1, "triton", 18.0, 15.0, None]]}
+    assert measured_choice(table, 128, 8, 131072)[0] == "wgmma"
+    assert measured_choice(table, 128, 8, 131072, ("triton", "cuda"))[0] == "cuda"
+    assert measured_choice(table, 128, 8, 131072, ("triton",))[0] == "triton"
+    assert measured_choice(table, 16, 1, 4096)[0] == "triton"  # a point without a wgmma time
 
 
 def test_on_cpu_the_dispatcher_runs_the_triton_path():
@@ -62,3 +72,8 @@ def test_forcing_the_cuda_path_on_cpu_is_refused_with_a_clear_error():
     cuda_plan = cuda_path.plan_mla_decode_cuda(inp.kv_indptr, heads=16)
     with pytest.raises(ValueError, match="the plan is for the cuda path"):
         mla_decode(*args, plan=cuda_plan, path="triton")
+    with pytest.raises(ValueError, match="mla_decode_fp8_wgmma: the CUDA path cannot run here: tensors are on cpu"):
+        mla_decode(*args, path="wgmma")
+    wgmma_plan = wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=16)
+    with pytest.raises(ValueError, match="the plan is for the wgmma path"):
+        mla_decode(*args, plan=wgmma_plan, path="cuda")

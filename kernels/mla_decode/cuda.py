@@ -40,6 +40,8 @@ __all__ = ["mla_decode_fp8_cuda", "plan_mla_decode_cuda", "CudaPlan", "load_mla_
            "NvccReport", "VARIANTS", "Variant", "CUDA_SOURCE", "DEFAULT_VARIANT", "MIN_CAPABILITY", "cuda_refusal"]
 
 CUDA_SOURCE = Path(__file__).with_name("mla_decode_mma.cu")
+#: The header both CUDA C++ paths include (launch parameters, item bounds, the FP8 conversion).
+CUDA_HEADER = Path(__file__).with_name("mla_decode_common.cuh")
 NVCC_FLAGS = ["-O3", "-std=c++17"]
 #: ``cvt.rn.f16x2.e4m3x2`` (the FP8 -> float16 conversion) needs sm_89 or later.
 MIN_CAPABILITY = (8, 9)
@@ -95,8 +97,9 @@ class _Params(ctypes.Structure):
                                           "scale_from_ptr", "write_lse", "q_vec", "out_vec")]
 
 
-def _source_hash() -> str:
-    return hashlib.sha256(CUDA_SOURCE.read_bytes()).hexdigest()[:10]
+def _source_hash(source: Path = CUDA_SOURCE) -> str:
+    """The build's cache key: ``source`` and the shared header."""
+    return hashlib.sha256(source.read_bytes() + CUDA_HEADER.read_bytes()).hexdigest()[:10]
 
 
 @functools.cache
@@ -191,68 +194,66 @@ def _rows_16b(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
 
 
-def _aligned(name: str, rows: torch.Tensor) -> None:
-    if rows.data_ptr() % 16 or (rows.stride(0) * rows.element_size()) % 16:
-        _fail(ValueError, f"{name}: the CUDA path loads 16-byte pieces of each row, so rows must start 16-byte "
-              f"aligned (data_ptr % 16 = {rows.data_ptr() % 16}, row stride {rows.stride(0)} bytes); use "
-              "mla_decode_fp8 (Triton), which takes any row stride.")
+@dataclass
+class _Inputs:
+    """A validated call's tensors (row views of the caches), scales and sizes, shared by the CUDA C++ paths."""
+
+    ckv: torch.Tensor
+    kpe: torch.Tensor
+    page_size: int
+    scales: list[tuple[torch.Tensor | None, float]]  # [(ckv_scale tensor or None, value), (kpe_scale ...)]
 
 
-def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
-                        kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *,
-                        ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
-                        out: torch.Tensor | None = None, return_lse: bool = False, kv_len: torch.Tensor | None = None,
-                        check_range: bool = True, plan: MLADecodePlan | None = None, variant: int | None = None):
-    """:func:`kvwall.kernels.mla_decode_fp8`'s contract, run by the CUDA C++ split kernel (``variant``: one of
-    :data:`VARIANTS`, default the plan's, else :data:`DEFAULT_VARIANT`) and the Triton combine. A checked call
-    plans for itself; an unchecked one (``check_range=False``, CUDA-graph capture) needs ``plan`` from
-    :func:`plan_mla_decode_cuda`. Latent width 512 and rope width 64 only (DeepSeek / GLM MLA)."""
+def _checked_inputs(fail_: Fail, refusal, q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out,
+                    check_range, kv_len, ckv_scale, kpe_scale) -> _Inputs:
+    """The Triton path's validation plus what a CUDA C++ path needs (``refusal(device)``: why this path cannot run
+    on the device, or None; widths 512 / 64; 16-byte aligned cache rows), each failure raised before any launch."""
     ckv, kpe, page_size, _ = _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out,
                                        check_range, kv_len)
     device = q_nope.device
-    why = cuda_refusal(device)
+    why = refusal(device)
     if why:
-        _fail(ValueError, f"the CUDA path cannot run here: {why}.")
-    batch, heads, dc = q_nope.shape
-    dr = q_pe.shape[-1]
+        fail_(ValueError, f"the CUDA path cannot run here: {why}.")
+    dc, dr = q_nope.shape[-1], q_pe.shape[-1]
     if (dc, dr) != (DC, DR):
-        _fail(ValueError, f"the CUDA path is built for latent width {DC} and rope width {DR}; got {dc} and {dr} "
+        fail_(ValueError, f"the CUDA path is built for latent width {DC} and rope width {DR}; got {dc} and {dr} "
               "(mla_decode_fp8, the Triton path, takes any powers of two).")
-    _aligned("ckv_cache", ckv)
-    _aligned("kpe_cache", kpe)
-    (c_t, c_v), (k_t, k_v) = _scales(ckv_scale, kpe_scale, device)
+    for name, rows in (("ckv_cache", ckv), ("kpe_cache", kpe)):
+        if rows.data_ptr() % 16 or (rows.stride(0) * rows.element_size()) % 16:
+            fail_(ValueError, f"{name}: the CUDA path loads 16-byte pieces of each row, so rows must start "
+                  f"16-byte aligned (data_ptr % 16 = {rows.data_ptr() % 16}, row stride {rows.stride(0)} bytes); "
+                  "use mla_decode_fp8 (Triton), which takes any row stride.")
+    scales = _scales(ckv_scale, kpe_scale, device)
     if out is not None:
         check_output(out, {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache,
-                           "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len": kv_len, "ckv_scale": c_t,
-                           "kpe_scale": k_t}, _fail)
-    if plan is None:
-        if not check_range:
-            _fail(ValueError, "an unchecked call (check_range=False) of the CUDA path needs plan= from "
-                  "plan_mla_decode_cuda (made once per step, outside CUDA-graph capture).")
-        plan = plan_mla_decode_cuda(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device,
-                                    variant=DEFAULT_VARIANT if variant is None else variant)
-    if not isinstance(plan, CudaPlan):
-        _fail(TypeError, f"plan must come from plan_mla_decode_cuda, got {type(plan).__name__}.")
-    if variant is None:
-        variant = plan.variant
-    elif variant not in VARIANTS or VARIANTS[variant].block_n != VARIANTS[plan.variant].block_n:
-        _fail(ValueError, f"variant {variant} does not run a plan cut for {VARIANTS[plan.variant]} (tiles of "
-              f"{VARIANTS[plan.variant].block_n} tokens).")
-    if VARIANTS[variant].smem > shared_limit(device):
-        _fail(ValueError, f"{VARIANTS[variant]} needs {VARIANTS[variant].smem} B of shared memory per CTA; this GPU "
-              f"allows {shared_limit(device)} B: pick a variant that fits (e.g. {DEFAULT_VARIANT}).")
-    want = (batch, heads, dc, page_size, device)
+                           "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len": kv_len,
+                           "ckv_scale": scales[0][0], "kpe_scale": scales[1][0]}, fail_)
+    return _Inputs(ckv, kpe, page_size, scales)
+
+
+def _check_plan(fail_: Fail, plan: MLADecodePlan, q_nope: torch.Tensor, page_size: int) -> None:
+    batch, heads, dc = q_nope.shape
+    want = (batch, heads, dc, page_size, q_nope.device)
     have = (plan.batch, plan.heads, plan.kv_lora_rank, plan.page_size, plan.device)
     if have != want:
-        _fail(ValueError, f"the plan was made for (batch, heads, kv_lora_rank, page_size, device) = {have}; this "
+        fail_(ValueError, f"the plan was made for (batch, heads, kv_lora_rank, page_size, device) = {have}; this "
               f"call has {want}.")
+
+
+def _launch(launcher, who: str, inputs: _Inputs, plan: MLADecodePlan, q_nope, q_pe, kv_indptr, kv_indices,
+            kv_len, sm_scale, out, return_lse, heads_per_cta: int):
+    """Fill ``Params``, run ``launcher(params, head_blocks, items, stream)`` (a C launcher returning a CUDA error
+    code), then the Triton combine for the requests with more than one chunk."""
+    batch, heads, dc = q_nope.shape
+    device = q_nope.device
+    ckv, kpe = inputs.ckv, inputs.kpe
+    (c_t, c_v), (k_t, k_v) = inputs.scales
     num_indices = kv_indices.numel()
     if num_indices == 0:
         kv_indices = torch.zeros(1, dtype=torch.int32, device=device)
     if out is None:
         out = torch.empty(batch, heads, dc, dtype=torch.bfloat16, device=device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if return_lse else None
-    lib = load_mla_decode_cuda()
     p = _Params(
         qn=q_nope.data_ptr(), qp=q_pe.data_ptr(), ckv=ckv.data_ptr(), kpe=kpe.data_ptr(), indptr=kv_indptr.data_ptr(),
         indices=kv_indices.data_ptr(), kvlen=(kv_len if kv_len is not None else kv_indptr).data_ptr(),
@@ -263,16 +264,14 @@ def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: tor
         stride_qn_b=q_nope.stride(0), stride_qn_h=q_nope.stride(1), stride_qp_b=q_pe.stride(0),
         stride_qp_h=q_pe.stride(1), stride_ckv=ckv.stride(0), stride_kpe=kpe.stride(0), stride_o_b=out.stride(0),
         stride_o_h=out.stride(1), ckv_scale_val=c_v, kpe_scale_val=k_v, qk_scale=float(sm_scale) * LOG2E,
-        H=heads, num_indices=num_indices, num_units=ckv.shape[0] // page_size, page=page_size,
+        H=heads, num_indices=num_indices, num_units=ckv.shape[0] // inputs.page_size, page=inputs.page_size,
         indptr64=int(kv_indptr.dtype == torch.int64), indices64=int(kv_indices.dtype == torch.int64),
         kvlen64=int(kv_len is not None and kv_len.dtype == torch.int64), scale_from_ptr=int(c_t is not None),
         write_lse=int(return_lse), q_vec=int(_rows_16b(q_nope) and _rows_16b(q_pe)), out_vec=int(_rows_16b(out)))
     stream = torch.cuda.current_stream(device).cuda_stream
-    head_blocks = -(-heads // 16)
-    code = lib.kvwall_mla_split(ctypes.byref(p), variant, head_blocks, plan.items, stream)
+    code, message = launcher(p, -(-heads // heads_per_cta), plan.items, stream)
     if code != 0:
-        raise RuntimeError(f"mla_decode_fp8_cuda: launch failed: {lib.kvwall_mla_error_string(code).decode()} "
-                           f"(code {code}).")
+        raise RuntimeError(f"{who}: launch failed: {message} (code {code}).")
     combined = len(plan.work_list.combine)
     if combined:
         cfg = plan.config
@@ -284,6 +283,46 @@ def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: tor
             out.stride(1), plan.combine_requests, plan.part_indptr, DC=dc, BLOCK_D=block_d, BLOCK_S=block_s,
             WRITE_LSE=return_lse, RNE_BY_BITS=False, WORKLIST=True, num_warps=warps)
     return (out, lse) if return_lse else out
+
+
+def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
+                        kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *,
+                        ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
+                        out: torch.Tensor | None = None, return_lse: bool = False, kv_len: torch.Tensor | None = None,
+                        check_range: bool = True, plan: MLADecodePlan | None = None, variant: int | None = None):
+    """:func:`kvwall.kernels.mla_decode_fp8`'s contract, run by the CUDA C++ split kernel (``variant``: one of
+    :data:`VARIANTS`, default the plan's, else :data:`DEFAULT_VARIANT`) and the Triton combine. A checked call
+    plans for itself; an unchecked one (``check_range=False``, CUDA-graph capture) needs ``plan`` from
+    :func:`plan_mla_decode_cuda`. Latent width 512 and rope width 64 only (DeepSeek / GLM MLA)."""
+    inputs = _checked_inputs(_fail, cuda_refusal, q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices,
+                             sm_scale, out, check_range, kv_len, ckv_scale, kpe_scale)
+    device = q_nope.device
+    heads = q_nope.shape[1]
+    if plan is None:
+        if not check_range:
+            _fail(ValueError, "an unchecked call (check_range=False) of the CUDA path needs plan= from "
+                  "plan_mla_decode_cuda (made once per step, outside CUDA-graph capture).")
+        plan = plan_mla_decode_cuda(kv_indptr, kv_len, heads=heads, page_size=inputs.page_size, device=device,
+                                    variant=DEFAULT_VARIANT if variant is None else variant)
+    if not isinstance(plan, CudaPlan):
+        _fail(TypeError, f"plan must come from plan_mla_decode_cuda, got {type(plan).__name__}.")
+    if variant is None:
+        variant = plan.variant
+    elif variant not in VARIANTS or VARIANTS[variant].block_n != VARIANTS[plan.variant].block_n:
+        _fail(ValueError, f"variant {variant} does not run a plan cut for {VARIANTS[plan.variant]} (tiles of "
+              f"{VARIANTS[plan.variant].block_n} tokens).")
+    if VARIANTS[variant].smem > shared_limit(device):
+        _fail(ValueError, f"{VARIANTS[variant]} needs {VARIANTS[variant].smem} B of shared memory per CTA; this GPU "
+              f"allows {shared_limit(device)} B: pick a variant that fits (e.g. {DEFAULT_VARIANT}).")
+    _check_plan(_fail, plan, q_nope, inputs.page_size)
+    lib = load_mla_decode_cuda()
+
+    def launcher(params, head_blocks, items, stream):
+        code = lib.kvwall_mla_split(ctypes.byref(params), variant, head_blocks, items, stream)
+        return code, lib.kvwall_mla_error_string(code).decode() if code else ""
+
+    return _launch(launcher, "mla_decode_fp8_cuda", inputs, plan, q_nope, q_pe, kv_indptr, kv_indices, kv_len, sm_scale, out,
+                   return_lse, heads_per_cta=16)
 
 
 @dataclass

@@ -1,11 +1,13 @@
 """Which implementation runs a fused FP8 MLA decode call: the Triton kernel (:mod:`.kernel`, the portable path:
-every GPU Triton supports, and the CPU interpreter) or the CUDA C++ path (:mod:`.cuda`, compute capability 8.9+).
+every GPU Triton supports, and the CPU interpreter), the CUDA C++ mma.sync path (:mod:`.cuda`, compute capability
+8.9+) or the warpgroup-MMA path (:mod:`.wgmma`, H100 / H200 only).
 
-:func:`choose_path` decides by architecture and shape: the CUDA path only where it can run (a GPU of 8.9 or later,
-latent 512 and rope 64, 16-byte aligned cache rows, a variant that fits the GPU's shared memory) *and* where it was
-measured faster on this GPU model -- the nearest point (heads, batch, tokens per request, in log scale) of
-``paths.json``, which ``python -m kvwall.experiments.fused_decode.paths --write`` derives from the recorded
-``fused_decode_cuda`` result. A GPU model with no entry runs the Triton path. :func:`plan_mla_decode_auto` makes
+:func:`choose_path` decides by architecture and shape: a CUDA C++ path only where it can run (the right GPU,
+latent 512 and rope 64, 16-byte aligned cache rows, shared memory that fits) *and* where it was measured fastest
+on this GPU model -- the nearest point (heads, batch, tokens per request, in log scale) of ``paths.json``, which
+``python -m kvwall.experiments.fused_decode.paths --write`` derives from the recorded ``fused_decode_cuda`` result;
+where the measured winner cannot run, the faster of the others at that point. A GPU model with no entry runs the
+Triton path. :func:`plan_mla_decode_auto` makes
 the plan of the chosen path; :func:`mla_decode` runs a call on the path of its plan (or chooses one), with either
 path's contract.
 """
@@ -21,18 +23,23 @@ import torch
 
 from kvwall.kernels._common import gpu_name, read_tuned_table
 from kvwall.kernels.mla_decode import cuda as cuda_path
+from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode
 
 __all__ = ["PATHS_FILE", "KernelPath", "choose_path", "plan_mla_decode_auto", "mla_decode", "measured_choice"]
 
 #: Measured path per GPU model and point (written by ``python -m kvwall.experiments.fused_decode.paths --write``).
 PATHS_FILE = Path(__file__).with_name("paths.json")
-KernelPath = Literal["triton", "cuda"]
+KernelPath = Literal["triton", "cuda", "wgmma"]
+#: Where each path's time sits in a ``paths.json`` point ``[heads, context, batch, path, cuda_us, triton_us,
+#: wgmma_us]`` (tables written before the wgmma path have six entries).
+_US_AT = {"cuda": 4, "triton": 5, "wgmma": 6}
 
 
-def measured_choice(table: dict, heads: int, batch: int, max_len: int) -> tuple[KernelPath, list] | None:
-    """The path of the measured point nearest to (heads, batch, max_len) in log scale, and that point's row
-    ``[heads, context, batch, path, cuda_us, triton_us]``; None for an empty table."""
+def measured_choice(table: dict, heads: int, batch: int, max_len: int,
+                    runnable: tuple[str, ...] = ("triton", "cuda", "wgmma")) -> tuple[KernelPath, list] | None:
+    """The fastest of the ``runnable`` paths at the measured point nearest to (heads, batch, max_len) in log scale,
+    and that point's row; None for an empty table."""
     points = table.get("points") or []
     if not points:
         return None
@@ -42,7 +49,8 @@ def measured_choice(table: dict, heads: int, batch: int, max_len: int) -> tuple[
                 + abs(math.log2(p[1] / max(max_len, 1))))
 
     best = min(points, key=distance)
-    return best[3], best
+    timed = {p: best[i] for p, i in _US_AT.items() if p in runnable and i < len(best) and best[i]}
+    return min(timed, key=lambda p: timed[p]), best
 
 
 @functools.cache
@@ -73,14 +81,16 @@ def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, c
     why = _cuda_can_run(device, ckv_cache, kpe_cache, dims)
     if why:
         return "triton", f"Triton: the CUDA path cannot run ({why})"
+    runnable = ("triton", "cuda") + (("wgmma",) if wgmma_path.wgmma_refusal(device) is None else ())
     gpu = gpu_name(device)
-    found = measured_choice(_table(gpu, table_file or PATHS_FILE), heads, batch, max_len)
+    found = measured_choice(_table(gpu, table_file or PATHS_FILE), heads, batch, max_len, runnable)
     if found is None:
         return "triton", (f"Triton: no measured table for {gpu} "
                           "(python -m kvwall.experiments.fused_decode.paths --write)")
     choice, point = found
-    return choice, (f"{choice}: measured {point[4]:.1f} µs (CUDA) vs {point[5]:.1f} µs (Triton) at the nearest point "
-                    f"({point[0]} heads, {point[1]} tokens, batch {point[2]}) on {gpu}")
+    times = ", ".join(f"{p} {point[i]:.1f} µs" for p, i in _US_AT.items() if i < len(point) and point[i])
+    return choice, (f"{choice}: measured {times} at the nearest point ({point[0]} heads, {point[1]} tokens, batch "
+                    f"{point[2]}) on {gpu}")
 
 
 def _lengths(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None, page_size: int) -> tuple[int, int]:
@@ -94,26 +104,31 @@ def plan_mla_decode_auto(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = 
                          ckv_cache: torch.Tensor | None = None,
                          kpe_cache: torch.Tensor | None = None) -> MLADecodePlan:
     """The plan (once per decode step) of the path :func:`choose_path` picks (``path="auto"``) or of ``path``:
-    a :class:`~kvwall.kernels.mla_decode.cuda.CudaPlan` for the CUDA path, else an
+    a :class:`~kvwall.kernels.mla_decode.cuda.CudaPlan` for the CUDA path, a
+    :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` for the wgmma path, else an
     :class:`~kvwall.kernels.mla_decode.kernel.MLADecodePlan`."""
-    if path not in ("auto", "triton", "cuda"):
-        raise ValueError(f"plan_mla_decode_auto: path must be 'auto', 'triton' or 'cuda', got {path!r}.")
+    if path not in ("auto", "triton", "cuda", "wgmma"):
+        raise ValueError(f"plan_mla_decode_auto: path must be 'auto', 'triton', 'cuda' or 'wgmma', got {path!r}.")
     device = torch.device(device) if device is not None else kv_indptr.device
     if path == "auto":
         batch, max_len = _lengths(kv_indptr, kv_len, page_size)
         path = choose_path(heads, batch, max_len, device, ckv_cache=ckv_cache, kpe_cache=kpe_cache)[0]
     if path == "cuda":
         return cuda_path.plan_mla_decode_cuda(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
+    if path == "wgmma":
+        return wgmma_path.plan_mla_decode_wgmma(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
     return plan_mla_decode(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
                kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *, path: str = "auto",
                plan: MLADecodePlan | None = None, **kwargs):
-    """:func:`~kvwall.kernels.mla_decode_fp8`'s contract on the path of ``plan`` (a CUDA plan runs the CUDA path),
-    else on ``path`` (``"auto"``: :func:`choose_path`). ``kwargs``: the chosen implementation's keywords."""
+    """:func:`~kvwall.kernels.mla_decode_fp8`'s contract on the path of ``plan`` (a CUDA plan runs the CUDA path, a
+    wgmma plan the wgmma path), else on ``path`` (``"auto"``: :func:`choose_path`). ``kwargs``: the chosen
+    implementation's keywords."""
     if plan is not None:
-        chosen = "cuda" if isinstance(plan, cuda_path.CudaPlan) else "triton"
+        chosen = ("cuda" if isinstance(plan, cuda_path.CudaPlan) else
+                  "wgmma" if isinstance(plan, wgmma_path.WgmmaPlan) else "triton")
         if path not in ("auto", chosen):
             raise ValueError(f"mla_decode: the plan is for the {chosen} path, but path={path!r}.")
     elif path == "auto":
@@ -121,11 +136,11 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor
         max_len = -(-kv_indices.numel() * max(1, ckv_cache.shape[-2] if ckv_cache.dim() == 3 else 1) // batch)
         chosen = choose_path(heads, batch, max_len, q_nope.device, ckv_cache=ckv_cache, kpe_cache=kpe_cache,
                              dims=(dc, q_pe.shape[-1]))[0]
-        if chosen == "cuda" and kwargs.get("check_range") is False:
+        if chosen != "triton" and kwargs.get("check_range") is False:
             chosen = "triton"  # an unchecked CUDA call needs a plan (made outside graph capture); Triton does not
-    elif path in ("triton", "cuda"):
+    elif path in ("triton", "cuda", "wgmma"):
         chosen = path
     else:
-        raise ValueError(f"mla_decode: path must be 'auto', 'triton' or 'cuda', got {path!r}.")
-    fn = cuda_path.mla_decode_fp8_cuda if chosen == "cuda" else mla_decode_fp8
+        raise ValueError(f"mla_decode: path must be 'auto', 'triton', 'cuda' or 'wgmma', got {path!r}.")
+    fn = {"cuda": cuda_path.mla_decode_fp8_cuda, "wgmma": wgmma_path.mla_decode_fp8_wgmma}.get(chosen, mla_decode_fp8)
     return fn(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, plan=plan, **kwargs)

@@ -19,46 +19,12 @@
 // The math is the Triton kernel's: the query in float16 scaled per head by a power of two (largest |q| in
 // [2^12, 2^15)), the FP8 values converted exactly to float16, float32 accumulation, P in float16, the partial
 // (normalized float32 O and base-2 LSE) or the BF16 output written at the end. The combine is the Triton one.
-#include <cuda_runtime.h>
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <stdint.h>
+#include "mla_decode_common.cuh"
 
 namespace kvwall_mla {
 
-constexpr int DC = 512;        // latent (ckv) columns
-constexpr int DR = 64;         // rope (kpe) columns
-constexpr int D = DC + DR;     // 576 bytes per FP8 token row
 constexpr int KV_STRIDE = D + 16;  // 592 B per token row in shared memory: conflict-free token-pair loads
 constexpr int HEADS = 16;          // heads per CTA: the MMA's M
-
-struct Params {
-  const __nv_bfloat16* qn;
-  const __nv_bfloat16* qp;
-  const uint8_t* ckv;
-  const uint8_t* kpe;
-  const void* indptr;
-  const void* indices;
-  const void* kvlen;
-  const float* ckv_scale_ptr;
-  const float* kpe_scale_ptr;
-  float* part_o;
-  float* part_lse;
-  __nv_bfloat16* out;
-  float* lse;
-  const int* work;
-  long long stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h;
-  long long stride_ckv, stride_kpe, stride_o_b, stride_o_h;
-  float ckv_scale_val, kpe_scale_val, qk_scale;  // qk_scale = sm_scale * log2(e)
-  int H, num_indices, num_units, page;
-  int indptr64, indices64, kvlen64, scale_from_ptr, write_lse;
-  int q_vec;    // q_nope / q_pe rows start 16-byte aligned: 16-byte query loads
-  int out_vec;  // out rows start 16-byte aligned: 16-byte output stores
-};
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
@@ -68,14 +34,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// Four FP8 e4m3 values (one 32-bit word, byte 0 = lowest column) -> two float16x2 (bytes 0-1 and 2-3; low half =
-// lower column), exact. The word is split into its 16-bit halves in PTX, so ptxas picks the half in the F2FP.
-__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(word));
-}
-
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -83,14 +41,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ long long load_index(const void* p, long long i, int is64) {
-  return is64 ? __ldg(static_cast<const long long*>(p) + i) : (long long)__ldg(static_cast<const int*>(p) + i);
-}
-
-__device__ __forceinline__ long long clampll(long long x, long long lo, long long hi) {
-  return x < lo ? lo : (x > hi ? hi : x);
 }
 
 // Where query element (row r, column i) sits in shared memory: in mma A-fragment order, so that one 16-byte load
@@ -154,18 +104,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int h0 = blockIdx.x * HEADS;
-  const int* wrow = p.work + (long long)blockIdx.y * 4;
-  const int b = wrow[0];
-  const long long item_lo = wrow[1], item_hi = wrow[2];
-  const int prow = wrow[3];
-
-  // The item's tokens, clamped to the buffers exactly as the Triton kernel clamps them.
-  const long long start = clampll(load_index(p.indptr, b, p.indptr64), 0, p.num_indices);
-  const long long stop = clampll(load_index(p.indptr, b + 1, p.indptr64), start, p.num_indices);
-  long long length = stop - start;
-  if (p.page != 1) length = clampll(load_index(p.kvlen, b, p.kvlen64), 0, (stop - start) * (long long)p.page);
-  const long long lo = clampll(item_lo, 0, length);
-  const long long hi = clampll(item_hi, lo, length);
+  const ItemBounds ib = item_bounds(p, blockIdx.y);
+  const int b = ib.b, prow = ib.prow;
+  const long long start = ib.start, lo = ib.lo, hi = ib.hi;
   const float ckv_scale = p.scale_from_ptr ? __ldg(p.ckv_scale_ptr) : p.ckv_scale_val;
   const float kpe_scale = p.scale_from_ptr ? __ldg(p.kpe_scale_ptr) : p.kpe_scale_val;
 
@@ -259,10 +200,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
       for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[k][e]));
 #pragma unroll
     for (int off = TPH / 2; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    float e2 = 0.f;
-    if (amax > 0.f) e2 = 13.f - floorf(log2f(amax));
-    e2 = fminf(fmaxf(e2, -120.f), 120.f);
-    const float qmul = ldexpf(1.f, (int)e2);
+    const int e2 = query_exponent(amax);
+    const float qmul = ldexpf(1.f, e2);
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
       const int g0 = part + k * TPH;
@@ -274,8 +213,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) mla_split_kernel(const Params p
       }
     }
     if (part == 0) {
-      row_c[r] = (ckv_scale * p.qk_scale) * ldexpf(1.f, -(int)e2);
-      row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -(int)e2);
+      row_c[r] = (ckv_scale * p.qk_scale) * ldexpf(1.f, -e2);
+      row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -e2);
     }
   }
 

@@ -1,19 +1,22 @@
-"""``fused_decode_cuda`` (GPU): the CUDA C++ path of the fused kernel (:mod:`kvwall.kernels.mla_decode.cuda`, mma.sync
-straight from the FP8 tile), against the Triton path and FlashMLA.
+"""``fused_decode_cuda`` (GPU): the CUDA C++ paths of the fused kernel -- :mod:`kvwall.kernels.mla_decode.cuda`
+(mma.sync straight from the FP8 tile, sm_89+) and, on an H100 / H200, :mod:`kvwall.kernels.mla_decode.wgmma`
+(warpgroup MMA, 64 heads per CTA, the tile converted once) -- against the Triton path and FlashMLA.
 
 - ``build``: the GPU, nvcc, the build's seconds, the ceilings of this run (copy GB/s, BF16 TFLOP/s) and ptxas's
-  resources for every variant (registers, stack, spills; shared memory from the variant's shape);
+  resources for every variant and for the wgmma kernel (registers, stack, spills; shared memory from the shape);
 - ``validation``: the case table (:func:`kvwall.kernels.mla_decode.cases.validation_cases` plus the sanitizer's
   cases) against float64 -- the default variant on every case, every other variant on every third -- each beside
-  the Triton path's error on the same inputs;
+  the Triton path's error on the same inputs; the wgmma path (variant ``"wgmma"``) on every case;
 - ``contract``: an out-of-range index in an unchecked call makes exactly its request NaN; a planned call replayed in
   a CUDA graph equals the eager call bit for bit; bad inputs are refused before any launch;
 - ``bench``: heads x context x batch (the issue's grid; ``floor_contexts`` at batch 1 show each kernel's fixed cost;
   ``sweep_variants`` beside ``variants`` at ``sweep_heads``),
   every strategy timed as ``fused_decode_bench`` times (CUDA graphs, L2 flushed, :func:`.bench.time_call`), each
   output checked against float64 first: the CUDA path (``cuda_v<N>``, page 64; ``cuda_v<N>_page1`` on page-size-1
-  slots), the Triton path (``fused_fp8_page64``) and FlashMLA dense BF16 / FP8;
-- ``profile``: Nsight Compute on the CUDA split kernel (``python -m kvwall.kernels.mla_decode.cuda --profile-one``).
+  slots), the wgmma path (``cuda_wgmma``, ``cuda_wgmma_page1``), the Triton path (``fused_fp8_page64``) and
+  FlashMLA dense BF16 / FP8;
+- ``profile``: Nsight Compute on the split kernels (``python -m kvwall.kernels.mla_decode.cuda --profile-one`` and
+  ``python -m kvwall.kernels.mla_decode.wgmma --profile-one``; variant ``"wgmma"``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from kvwall.kernels.mla_decode import cuda as cuda_path
+from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, check_case, validation_cases
 from kvwall.kernels.mla_decode.kernel import mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
@@ -48,8 +52,25 @@ SM_SCALE = GLM5.sm_scale
 FP8 = torch.float8_e4m3fn
 #: The Triton path as timed beside the CUDA path (page 64, the CUDA rows' layout).
 TRITON_STRATEGY = "fused_fp8_page64"
+#: The warpgroup-MMA path's name in rows (``variant``) and strategies (``cuda_wgmma``, ``cuda_wgmma_page1``).
+WGMMA = "wgmma"
 #: The peers timed beside the CUDA path (names of :data:`.bench_strategies.STRATEGIES`).
 PEERS = (TRITON_STRATEGY, "flashmla_dense_bf16", "flashmla_dense_fp8")
+
+
+def _wgmma_build(device: torch.device) -> dict[str, Any]:
+    """The wgmma kernel's build and ptxas resources, or why it does not run on ``device``."""
+    why = wgmma_path.wgmma_refusal(device)
+    if why:
+        return {"runs": False, "why": why}
+    t0 = time.perf_counter()
+    wgmma_path.load_mla_decode_wgmma()
+    build_s = time.perf_counter() - t0
+    report = wgmma_path.nvcc_compile_check_wgmma()
+    return {"runs": True, "arch": wgmma_path.ARCH, "build_s": round(build_s, 2), "smem": wgmma_path.SMEM_BYTES,
+            "heads_per_cta": wgmma_path.HEADS_PER_CTA, "block_n": wgmma_path.BLOCK_N, "threads": wgmma_path.THREADS,
+            "registers": report.registers.get(0), "stack_bytes": report.stack_bytes.get(0),
+            "spill_bytes": report.spill_bytes.get(0)}
 
 
 def _build_row(device: torch.device, copy_gbps: float, tflops: float) -> dict[str, Any]:
@@ -58,6 +79,7 @@ def _build_row(device: torch.device, copy_gbps: float, tflops: float) -> dict[st
     build_s = time.perf_counter() - t0
     cap = torch.cuda.get_device_capability(device)
     report = cuda_path.nvcc_compile_check(f"sm_{cap[0]}{cap[1]}")
+    wgmma = _wgmma_build(device)
     return {"section": "build", "gpu": torch.cuda.get_device_name(device),
             "sms": torch.cuda.get_device_properties(device).multi_processor_count, "nvcc": report.nvcc,
             "build_s": round(build_s, 2), "copy_gbps": copy_gbps, "bf16_tflops": tflops,
@@ -67,12 +89,15 @@ def _build_row(device: torch.device, copy_gbps: float, tflops: float) -> dict[st
                                   "registers": report.registers.get(i), "stack_bytes": report.stack_bytes.get(i),
                                   "spill_bytes": report.spill_bytes.get(i)}
                          for i, v in cuda_path.VARIANTS.items()},
+            "wgmma": wgmma,
             "flash_mla": {k: v for k, v in load_flash_mla().items() if isinstance(v, (str, int, float, bool))},
             "seconds_total": None}
 
 
-def _variant_fn(variant: int) -> Callable[..., Any]:
-    def fn(*args, num_splits=None, **kwargs):  # the case table's forced splits: the CUDA path always plans
+def _variant_fn(variant: int | str) -> Callable[..., Any]:
+    def fn(*args, num_splits=None, **kwargs):  # the case table's forced splits: the CUDA paths always plan
+        if variant == WGMMA:
+            return wgmma_path.mla_decode_fp8_wgmma(*args, **kwargs)
         return cuda_path.mla_decode_fp8_cuda(*args, variant=variant, **kwargs)
     return fn
 
@@ -82,9 +107,10 @@ def _validation_rows(device: torch.device, heads: list[int], length_sets: list[l
     cases = validation_cases(heads, length_sets, paged_length_sets, PAGE_SIZE) + list(SANITIZED_CASES)
     triton_err: dict[str, float | None] = {}
     rows = []
-    for variant in cuda_path.VARIANTS:
+    runs_wgmma = wgmma_path.wgmma_refusal(device) is None
+    for variant in [*cuda_path.VARIANTS, *([WGMMA] if runs_wgmma else [])]:
         for i, case in enumerate(cases):
-            if variant != cuda_path.DEFAULT_VARIANT and i % every_other:
+            if variant not in (cuda_path.DEFAULT_VARIANT, WGMMA) and i % every_other:
                 continue
             row: dict[str, Any] = {"section": "validation", "variant": variant, "case": case.name,
                                    "heads": case.heads, "tokens": sum(case.lens), "page_size": case.page_size}
@@ -152,10 +178,54 @@ def _contract_rows(device: torch.device) -> list[dict]:
     bad[5] = -1
     rows.append(_expect_refusal("a checked call with an out-of-range index is refused",
                                 lambda: cuda_path.mla_decode_fp8_cuda(*args, bad, SM_SCALE), "outside"))
+    if wgmma_path.wgmma_refusal(device) is None:
+        rows += _wgmma_contract_rows(device)
     return rows
 
 
-def _cuda_call(pt: BenchPoint, pool: torch.Tensor, variant: int, paged: bool, info: dict[str, Any]):
+def _wgmma_contract_rows(device: torch.device) -> list[dict]:
+    """The wgmma path's contracts: a bad index poisons only its request; graph replay equals eager; an unchecked
+    call without a plan and a plan of another path are refused."""
+    rows = []
+    inp = make_mla_inputs([300, 5000, 70], 64, seed=4, layout="pool_view", pool_slots=100_000, device=device)
+    args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr)
+    plan = wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=64)
+    idx = inp.kv_indices.clone()
+    idx[310] = 10**8
+    out = wgmma_path.mla_decode_fp8_wgmma(*args, idx, SM_SCALE, check_range=False, plan=plan)
+    nan_rows = [bool(out[b].isnan().all()) for b in range(3)]
+    rows.append({"section": "contract", "check": "wgmma: unchecked out-of-range index: only its request is NaN",
+                 "ok": nan_rows == [False, True, False], "detail": f"NaN rows {nan_rows}"})
+    eager = wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan)
+    graphed = torch.empty_like(eager)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
+    graphed.fill_(float("nan"))
+    graph.replay()
+    synchronize(device)
+    rows.append({"section": "contract", "check": "wgmma: planned call replayed in a CUDA graph equals the eager call",
+                 "ok": bool(torch.equal(graphed, eager)), "detail": "bitwise comparison after a NaN-poisoned out"})
+    rows.append(_expect_refusal("wgmma: an unchecked call without a plan is refused",
+                                lambda: wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE,
+                                                                        check_range=False), "plan="))
+    other = cuda_path.plan_mla_decode_cuda(inp.kv_indptr, heads=64)
+    rows.append(_expect_refusal("wgmma: a plan cut for the mma.sync path is refused",
+                                lambda: wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, plan=other),
+                                "plan_mla_decode_wgmma"))
+    return rows
+
+
+def _cuda_call(pt: BenchPoint, pool: torch.Tensor, variant: int | str, paged: bool, info: dict[str, Any]):
+    if variant == WGMMA:
+        plan_fn, call_fn, kw = wgmma_path.plan_mla_decode_wgmma, wgmma_path.mla_decode_fp8_wgmma, {}
+    else:
+        plan_fn, call_fn, kw = cuda_path.plan_mla_decode_cuda, cuda_path.mla_decode_fp8_cuda, {"variant": variant}
     out = torch.empty(pt.batch, pt.heads, DC, dtype=torch.bfloat16, device=pool.device)
     if paged:
         pages = pool.shape[0] // PAGE_SIZE
@@ -164,30 +234,31 @@ def _cuda_call(pt: BenchPoint, pool: torch.Tensor, variant: int, paged: bool, in
         n_pages = [-(-n // PAGE_SIZE) for n in pt.lens]
         indptr = torch.tensor([0, *torch.tensor(n_pages).cumsum(0).tolist()], dtype=torch.int32, device=pool.device)
         indices = torch.cat([table[i, :n] for i, n in enumerate(n_pages)]).contiguous()
-        plan = cuda_path.plan_mla_decode_cuda(indptr, seqlens, heads=pt.heads, page_size=PAGE_SIZE, variant=variant)
+        plan = plan_fn(indptr, seqlens, heads=pt.heads, page_size=PAGE_SIZE, **kw)
         c, k = pp[:, :, :DC], pp[:, :, DC:]
-        call = lambda: cuda_path.mla_decode_fp8_cuda(pt.q_nope, pt.q_pe, c, k, indptr, indices, SM_SCALE, out=out,  # noqa: E731
-                                                     kv_len=seqlens, check_range=False, plan=plan)
+        call = lambda: call_fn(pt.q_nope, pt.q_pe, c, k, indptr, indices, SM_SCALE, out=out,  # noqa: E731
+                               kv_len=seqlens, check_range=False, plan=plan)
     else:
-        plan = cuda_path.plan_mla_decode_cuda(pt.indptr, heads=pt.heads, variant=variant)
+        plan = plan_fn(pt.indptr, heads=pt.heads, **kw)
         c, k = pool[:, 0, :DC], pool[:, 0, DC:]
-        call = lambda: cuda_path.mla_decode_fp8_cuda(pt.q_nope, pt.q_pe, c, k, pt.indptr, pt.idx, SM_SCALE, out=out,  # noqa: E731
-                                                     check_range=False, plan=plan)
-    info.update(variant=variant, page_size=PAGE_SIZE if paged else 1, work_items=plan.items,
+        call = lambda: call_fn(pt.q_nope, pt.q_pe, c, k, pt.indptr, pt.idx, SM_SCALE, out=out,  # noqa: E731
+                               check_range=False, plan=plan)
+    info.update(variant=None if variant == WGMMA else variant, page_size=PAGE_SIZE if paged else 1, work_items=plan.items,
                 chunk_tokens=plan.work_list.chunk_tokens, imbalance=plan.work_list.imbalance())
     return call
 
 
-def _bench_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, variants: list[int],
-                page1_variants: list[int], flush: Callable[[], object], *, copy_gbps: float, tflops: float,
+def _bench_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, variants: list[int | str],
+                page1_variants: list[int | str], flush: Callable[[], object], *, copy_gbps: float, tflops: float,
                 reps: int, rounds: int, sms: int) -> list[dict]:
     roof = roofline_us(pt.heads, pt.tokens, copy_gbps, tflops)
-    strategies = [(f"cuda_v{v}", v, True) for v in variants] + [(f"cuda_v{v}_page1", v, False) for v in page1_variants]
+    name = lambda v: f"cuda_{v}" if v == WGMMA else f"cuda_v{v}"  # noqa: E731
+    strategies = [(name(v), v, True) for v in variants] + [(f"{name(v)}_page1", v, False) for v in page1_variants]
     strategies += [(name, None, None) for name in PEERS]
     refs: dict[bool, torch.Tensor] = {}
     rows = []
-    for name, variant, paged in strategies:
-        row: dict[str, Any] = {"section": "bench", "strategy": name, "heads": pt.heads, "context": pt.context,
+    for label, variant, paged in strategies:
+        row: dict[str, Any] = {"section": "bench", "strategy": label, "heads": pt.heads, "context": pt.context,
                                "batch": pt.batch, "tokens": pt.tokens, "len_min": min(pt.lens),
                                "len_max": max(pt.lens), "roofline_us": roof, "us": None, "timing": "not timed"}
         call = None
@@ -196,7 +267,7 @@ def _bench_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, varian
             if variant is not None:
                 call = _cuda_call(pt, pool, variant, paged, info)
             else:
-                call, info, _ = build_strategy(name, pt, pool, cast_backend="fa3", sglang_max_context=131_072,
+                call, info, _ = build_strategy(label, pt, pool, cast_backend="fa3", sglang_max_context=131_072,
                                                sm_count=sms)
                 paged = "page_size" in info
             row.update({k: v for k, v in info.items() if isinstance(v, (int, float, str, bool)) or v is None})
@@ -220,14 +291,15 @@ def _bench_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, varian
 
 
 def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: list[int], batches: list[int],
-                          floor_contexts: list[int], variants: list[int], page1_variants: list[int],
+                          floor_contexts: list[int], variants: list[int | str], page1_variants: list[int | str],
                           sweep_variants: list[int], sweep_heads: list[int],
                           check_heads: list[int], check_length_sets: list[list[int]],
                           check_paged_length_sets: list[list[int]], check_every_other: int,
-                          profile_points: list[list[int]], pool_slots: int = 495_000,
+                          profile_points: list[list[int | str]], pool_slots: int = 495_000,
                           max_total_tokens: int = 2_000_000, reps: int = 10, rounds: int = 3, flush_mb: int = 256,
                           timeout_s: int = 120, seed: int = 0) -> Result:
-    """See the module docstring. ``profile_points``: ``[heads, tokens, variant]`` for ncu."""
+    """See the module docstring. ``variants`` / ``page1_variants``: mma.sync variants and ``"wgmma"`` (timed only
+    where it runs). ``profile_points``: ``[heads, tokens, variant]`` for ncu."""
     if device.type != "cuda":
         raise RuntimeError("fused_decode_cuda builds and times a CUDA C++ kernel: it needs an NVIDIA GPU (the CPU "
                            "tests compile it with nvcc for sm_90, sm_100 and sm_120 instead).")
@@ -235,6 +307,10 @@ def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: l
     if why:
         raise RuntimeError(f"fused_decode_cuda: {why}.")
     t_start = time.perf_counter()
+    if wgmma_path.wgmma_refusal(device):
+        variants = [v for v in variants if v != WGMMA]
+        page1_variants = [v for v in page1_variants if v != WGMMA]
+        profile_points = [p for p in profile_points if p[2] != WGMMA]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     _, copy_gbps = copy_bandwidth_gbps(device, 1 << 30)
     tflops = matmul_tflops(device)
@@ -266,8 +342,13 @@ def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: l
             row["error"] = "ncu (Nsight Compute) is not installed here"
         else:
             try:
-                row.update(profile_kernel(cuda_path.__name__, ["--profile-one", str(h), str(tokens), str(variant)],
-                                          kernel_regex="mla_split_kernel", launch_skip=3, timeout_s=timeout_s))
+                if variant == WGMMA:
+                    row.update(profile_kernel(wgmma_path.__name__, ["--profile-one", str(h), str(tokens)],
+                                              kernel_regex="mla_wgmma_split_kernel", launch_skip=3,
+                                              timeout_s=timeout_s))
+                else:
+                    row.update(profile_kernel(cuda_path.__name__, ["--profile-one", str(h), str(tokens), str(variant)],
+                                              kernel_regex="mla_split_kernel", launch_skip=3, timeout_s=timeout_s))
             except Exception as exc:  # noqa: BLE001 - a failed profile is a row
                 row["error"] = f"{type(exc).__name__}: {str(exc)[-600:]}"
         rows.append(row)
@@ -288,16 +369,17 @@ EXPERIMENTS: list[Experiment] = [
     Experiment(
         "fused_decode_cuda", run_fused_decode_cuda,
         full=dict(heads=[16, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64], floor_contexts=[64],
-                  variants=[5, 2], page1_variants=[5], sweep_variants=[0, 4, 6], sweep_heads=[16], **_CHECKS,
-                  profile_points=[[16, 131_072, 5], [16, 131_072, 2], [128, 131_072, 5]], pool_slots=495_000,
+                  variants=[5, 2, WGMMA], page1_variants=[5, WGMMA], sweep_variants=[0, 4, 6], sweep_heads=[16],
+                  **_CHECKS, profile_points=[[16, 131_072, 5], [16, 131_072, 2], [128, 131_072, 5],
+                                             [64, 131_072, WGMMA], [128, 131_072, WGMMA]], pool_slots=495_000,
                   max_total_tokens=2_000_000, reps=10, rounds=3, flush_mb=256, timeout_s=120, seed=0),
         small=dict(heads=[16], contexts=[4096], batches=[1, 8], floor_contexts=[64], variants=[5], page1_variants=[5],
                    sweep_variants=[6], sweep_heads=[16],
                    check_heads=[16, 3], check_length_sets=[[4096], [0, 7, 130]], check_paged_length_sets=[[1, 65]],
                    check_every_other=3, profile_points=[], pool_slots=50_000, max_total_tokens=2_000_000, reps=3,
                    rounds=2, flush_mb=256, timeout_s=120, seed=0),
-        about="the CUDA C++ path of the fused FP8 MLA decode (mma.sync from the FP8 tile): validated, timed against "
-              "the Triton path and FlashMLA dense BF16/FP8, profiled",
+        about="the CUDA C++ paths of the fused FP8 MLA decode (mma.sync from the FP8 tile; wgmma, 64 heads per CTA): "
+              "validated, timed against the Triton path and FlashMLA dense BF16/FP8, profiled",
         requires=("cuda", "nvcc"),
     ),
 ]

@@ -1,10 +1,10 @@
 """The measured path table the dispatcher reads: ``python -m kvwall.experiments.fused_decode.paths --write``.
 
 From the recorded ``fused_decode_cuda`` result (:mod:`kvwall.experiments.fused_decode.cuda_path`): at every bench
-point, the CUDA path's default variant on page 64 against the Triton path on page 64, both timed in the same run;
-the faster one is the point's path. ``--write`` stores ``{gpu: {"by", "recorded", "points": [[heads, context,
-batch, path, cuda_us, triton_us], ...]}}`` in ``kernels/mla_decode/paths.json``, which
-:func:`kvwall.kernels.mla_decode.dispatch.choose_path` reads (nearest point in log scale).
+point, the CUDA path's default variant, the wgmma path (where it ran) and the Triton path, all on page 64 and timed
+in the same run; the fastest is the point's path. ``--write`` stores ``{gpu: {"by", "recorded", "points":
+[[heads, context, batch, path, cuda_us, triton_us, wgmma_us or null], ...]}}`` in ``kernels/mla_decode/paths.json``,
+which :func:`kvwall.kernels.mla_decode.dispatch.choose_path` reads (nearest point in log scale).
 """
 
 from __future__ import annotations
@@ -17,23 +17,27 @@ from typing import Any
 from kvwall.kernels.mla_decode.cuda import DEFAULT_VARIANT
 from kvwall.kernels.mla_decode.dispatch import PATHS_FILE
 from kvwall.results import Result, load_result
-from kvwall.experiments.fused_decode.cuda_path import TRITON_STRATEGY
+from kvwall.experiments.fused_decode.cuda_path import TRITON_STRATEGY, WGMMA
 
 __all__ = ["path_points", "path_table", "write_path_table"]
 
 
 def path_points(result: Result, variant: int = DEFAULT_VARIANT) -> list[list[Any]]:
-    """``[heads, context, batch, path, cuda_us, triton_us]`` per bench point where both paths were timed."""
-    cuda_name = f"cuda_v{variant}"
+    """``[heads, context, batch, path, cuda_us, triton_us, wgmma_us]`` per bench point where the CUDA and Triton
+    paths were timed (``wgmma_us`` None where the wgmma path was not); ``path`` is the fastest."""
+    cuda_name, wgmma_name = f"cuda_v{variant}", f"cuda_{WGMMA}"
     by_point: dict[tuple[int, int, int], dict[str, float]] = {}
     for row in result.rows:
-        if row.get("section") == "bench" and row.get("us") and row["strategy"] in (cuda_name, TRITON_STRATEGY):
+        if (row.get("section") == "bench" and row.get("us")
+                and row["strategy"] in (cuda_name, TRITON_STRATEGY, wgmma_name)):
             by_point.setdefault((row["heads"], row["context"], row["batch"]), {})[row["strategy"]] = row["us"]
     points = []
     for (h, ctx, b), us in sorted(by_point.items()):
         if cuda_name in us and TRITON_STRATEGY in us:
-            path = "cuda" if us[cuda_name] < us[TRITON_STRATEGY] else "triton"
-            points.append([h, ctx, b, path, round(us[cuda_name], 2), round(us[TRITON_STRATEGY], 2)])
+            timed = {"cuda": us[cuda_name], "triton": us[TRITON_STRATEGY], WGMMA: us.get(wgmma_name)}
+            path = min((p for p in timed if timed[p]), key=lambda p: timed[p])
+            points.append([h, ctx, b, path, round(us[cuda_name], 2), round(us[TRITON_STRATEGY], 2),
+                           round(us[wgmma_name], 2) if wgmma_name in us else None])
     return points
 
 

@@ -289,13 +289,14 @@ class FusedDecodeCudaBuild(Row):
     shared_limit: int
     default_variant: int
     variants: dict[str, Any]
+    wgmma: dict[str, Any] | None = None  # the warpgroup kernel's build and resources, or why it does not run
     flash_mla: dict[str, Any]
     seconds_total: float | None = None
 
 
 class FusedDecodeCudaValidation(Row):
     section: Literal["validation"]
-    variant: int
+    variant: int | str  # an mma.sync variant, or "wgmma"
     case: str
     heads: int
     tokens: int
@@ -320,7 +321,7 @@ class FusedDecodeCudaBench(_BenchPoint):
 
 
 class FusedDecodeCudaProfile(FusedDecodeNcuProfile):
-    variant: int
+    variant: int | str  # an mma.sync variant, or "wgmma"
 
 
 #: One row of ``fused_decode_cuda``, by its section.

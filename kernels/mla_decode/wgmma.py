@@ -1,0 +1,227 @@
+"""The Hopper path of the fused FP8 MLA decode: ``mla_decode_wgmma.cu``'s split kernel (warpgroup MMA, 64 heads per
+CTA, the FP8 tile converted once into a swizzled float16 tile that serves as K and as V), the Triton combine, and
+the same plan, semantics and validation as :func:`kvwall.kernels.mla_decode_fp8`.
+
+- :func:`mla_decode_fp8_wgmma`: the call (checked, or unchecked with a plan: CUDA-graph capturable);
+- :func:`plan_mla_decode_wgmma`: the batch's work list for this kernel (64-token tiles, 64 heads per CTA, one CTA
+  per SM);
+- :func:`wgmma_refusal`: why it cannot run on a device (it is built for sm_90a only: H100 / H200);
+- :func:`nvcc_compile_check_wgmma`: ptxas's resource report without a GPU.
+
+It is built with nvcc directly (``-gencode=arch=compute_90a,code=sm_90a``, a shared library cached per source
+version) and called through ``ctypes`` on the current stream, with ``mla_decode_mma.cu``'s ``Params``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from kvwall.kernels._common import Fail, fail, sm_count
+from kvwall.kernels.mla_decode.cuda import (DC, NVCC_FLAGS, NvccReport, _checked_inputs, _check_plan,
+                                            _launch, _Params, _source_hash)
+from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, MLADecodePlan, plan_mla_decode
+
+__all__ = ["mla_decode_fp8_wgmma", "plan_mla_decode_wgmma", "WgmmaPlan", "wgmma_refusal", "load_mla_decode_wgmma",
+           "nvcc_compile_check_wgmma", "WGMMA_SOURCE", "HEADS_PER_CTA", "BLOCK_N", "THREADS", "SMEM_BYTES", "ARCH"]
+
+_fail: Fail = functools.partial(fail, "mla_decode_fp8_wgmma")
+
+WGMMA_SOURCE = Path(__file__).with_name("mla_decode_wgmma.cu")
+#: The only architecture this kernel is built for: wgmma needs the sm_90a target, whose code runs on 9.0 alone.
+ARCH = "sm_90a"
+HEADS_PER_CTA = 64
+BLOCK_N = 64
+THREADS = 256
+#: Dynamic shared memory per CTA (the source's ``wg::SMEM``): Q, two converted tiles, P, the row exchanges.
+SMEM_BYTES = 3 * 9 * 64 * 128 + 64 * 128 + 6 * 64 * 4
+
+
+#: ``-D`` macros the calls build with (exploration only: the shipped kernel is built with none).
+_DEFINES: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WgmmaPlan(MLADecodePlan):
+    """A work list cut for the warpgroup kernel (:func:`plan_mla_decode_wgmma`)."""
+
+
+def wgmma_refusal(device: torch.device) -> str | None:
+    """Why the warpgroup path cannot run on ``device`` (None when it can)."""
+    if device.type != "cuda":
+        return f"tensors are on {device}; the wgmma path needs an H100 / H200 (use mla_decode_fp8, the Triton path)"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return (f"compute capability {cap[0]}.{cap[1]}: the wgmma path is built for sm_90a (9.0) only; use "
+                "mla_decode_fp8 (Triton) or mla_decode_fp8_cuda (mma.sync)")
+    return None
+
+
+def _nvcc() -> str:
+    nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
+                                    if "CUDA_HOME" in os.environ else None)
+    if nvcc is None or not os.path.exists(nvcc):
+        raise FileNotFoundError("nvcc is not on PATH: the wgmma path is built with nvcc at first use.")
+    return nvcc
+
+
+def _cache_dir() -> Path:
+    root = Path(os.environ.get("KVWALL_BUILD_CACHE", Path.home() / ".cache" / "kvwall"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@functools.cache
+def load_mla_decode_wgmma(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Build (once per source version and ``defines``, ``-D`` macros for experiments) and load the wgmma path."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("mla_decode_fp8_wgmma needs an H100 / H200; on this machine use mla_decode_fp8 (Triton) or "
+                           "nvcc_compile_check_wgmma() to compile-check the source.")
+    tag = _source_hash(WGMMA_SOURCE) + "".join(f"_{d}" for d in defines)
+    so = _cache_dir() / f"kvwall_mla_wgmma_{tag}.so"
+    if not so.exists():
+        tmp = so.with_suffix(f".{os.getpid()}.tmp")
+        proc = subprocess.run([_nvcc(), *NVCC_FLAGS, *(f"-D{d}" for d in defines),
+                               f"-gencode=arch=compute_90a,code={ARCH}", "-shared",
+                               "-Xcompiler", "-fPIC", str(WGMMA_SOURCE), "-o", str(tmp)],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed to build {WGMMA_SOURCE.name}:\n{proc.stdout}{proc.stderr}")
+        os.replace(tmp, so)
+    lib = ctypes.CDLL(str(so))
+    lib.kvwall_mla_wgmma_split.restype = ctypes.c_int
+    lib.kvwall_mla_wgmma_split.argtypes = [ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.kvwall_mla_error_string.restype = ctypes.c_char_p
+    lib.kvwall_mla_error_string.argtypes = [ctypes.c_int]
+    lib.kvwall_mla_params_size.restype = ctypes.c_int
+    if lib.kvwall_mla_params_size() != ctypes.sizeof(_Params):
+        raise RuntimeError(f"mla_decode_wgmma.cu's Params is {lib.kvwall_mla_params_size()} bytes, the ctypes mirror "
+                           f"{ctypes.sizeof(_Params)}: they disagree.")
+    shape = (ctypes.c_int * 4)()
+    lib.kvwall_mla_wgmma_shape(*(ctypes.byref(shape, 4 * i) for i in range(4)))
+    if tuple(shape) != (SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS):
+        raise RuntimeError(f"mla_decode_wgmma.cu's shape {tuple(shape)} differs from the host's "
+                           f"{(SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS)}.")
+    return lib
+
+
+def plan_mla_decode_wgmma(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
+                          page_size: int = 1, device: torch.device | None = None, programs: int | None = None,
+                          waves: int = 1, min_chunk: int | None = None) -> WgmmaPlan:
+    """The batch's work list (:func:`kvwall.kernels.mla_decode.plan_mla_decode`) for 64-token tiles and 64 heads per
+    CTA: ``programs`` CTAs at once (default one per SM) times ``waves``."""
+    device = torch.device(device) if device is not None else kv_indptr.device
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if programs is None:
+        programs = sm_count(device) if device.type == "cuda" else 1
+    cfg = MLADecodeConfig(block_h=HEADS_PER_CTA, block_n=BLOCK_N, num_warps=THREADS // 32, num_stages=2)
+    plan = plan_mla_decode(kv_indptr, kv_len, heads=heads, kv_lora_rank=DC, page_size=page_size, device=device,
+                           config=cfg, programs=programs * max(1, waves), min_chunk=min_chunk)
+    return WgmmaPlan(**{f.name: getattr(plan, f.name) for f in fields(plan)})
+
+
+def mla_decode_fp8_wgmma(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
+                         kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *,
+                         ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
+                         out: torch.Tensor | None = None, return_lse: bool = False,
+                         kv_len: torch.Tensor | None = None, check_range: bool = True,
+                         plan: MLADecodePlan | None = None):
+    """:func:`kvwall.kernels.mla_decode_fp8`'s contract on the warpgroup kernel and the Triton combine (H100 / H200
+    only). A checked call plans for itself; an unchecked one (``check_range=False``, CUDA-graph capture) needs
+    ``plan`` from :func:`plan_mla_decode_wgmma`. Latent width 512 and rope width 64 only."""
+    inputs = _checked_inputs(_fail, wgmma_refusal, q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices,
+                             sm_scale, out, check_range, kv_len, ckv_scale, kpe_scale)
+    heads = q_nope.shape[1]
+    if plan is None:
+        if not check_range:
+            _fail(ValueError, "an unchecked call (check_range=False) of the wgmma path needs plan= from "
+                  "plan_mla_decode_wgmma (made once per step, outside CUDA-graph capture).")
+        plan = plan_mla_decode_wgmma(kv_indptr, kv_len, heads=heads, page_size=inputs.page_size,
+                                     device=q_nope.device)
+    if not isinstance(plan, WgmmaPlan):
+        _fail(TypeError, f"plan must come from plan_mla_decode_wgmma, got {type(plan).__name__}.")
+    _check_plan(_fail, plan, q_nope, inputs.page_size)
+    lib = load_mla_decode_wgmma(_DEFINES)
+
+    def launcher(params, head_blocks, items, stream):
+        code = lib.kvwall_mla_wgmma_split(ctypes.byref(params), head_blocks, items, stream)
+        return code, lib.kvwall_mla_error_string(code).decode() if code else ""
+
+    return _launch(launcher, "mla_decode_fp8_wgmma", inputs, plan, q_nope, q_pe, kv_indptr, kv_indices, kv_len,
+                   sm_scale, out, return_lse, heads_per_cta=HEADS_PER_CTA)
+
+
+_ENTRY = re.compile(r"Compiling entry function '_ZN10kvwall_mla2wg22mla_wgmma_split_kernel")
+
+
+def nvcc_compile_check_wgmma(nvcc: str | None = None) -> NvccReport:
+    """Compile ``mla_decode_wgmma.cu`` for sm_90a with ``nvcc`` (no GPU needed); the report's variant key is 0."""
+    nvcc = nvcc or _nvcc()
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        proc = subprocess.run([nvcc, *NVCC_FLAGS, f"-gencode=arch=compute_90a,code={ARCH}", "-Xptxas", "-v", "-c",
+                               str(WGMMA_SOURCE), "-o", str(Path(tmp) / "wg.o")],
+                              capture_output=True, text=True, timeout=600)
+        seconds = time.perf_counter() - t0
+    log = proc.stdout + proc.stderr
+    registers: dict[int, int] = {}
+    spills: dict[int, int] = {}
+    stack: dict[int, int] = {}
+    seen = False
+    for line in log.splitlines():
+        if _ENTRY.search(line):
+            seen = True
+            continue
+        if not seen:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            stack[0] = int(m.group(1))
+            spills[0] = int(m.group(2)) + int(m.group(3))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            registers[0] = int(m.group(1))
+    return NvccReport(proc.returncode == 0 and seen, ARCH, seconds, version, registers, spills, stack, log)
+
+
+def _profile_one(heads: int, tokens: int, page_size: int = 64, seed: int = 0) -> None:
+    """What ``fused_decode_cuda`` runs under ncu: one request of ``tokens`` tokens on random pages of a 495K-slot
+    FP8 pool, the wgmma split kernel called four times (ncu skips three)."""
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    slots = 495_000 // page_size * page_size
+    pool = (torch.randn(slots, DC + 64, generator=gen, device=device) * 0.7).to(torch.float8_e4m3fn)
+    paged = pool.view(slots // page_size, page_size, DC + 64)
+    n_pages = -(-tokens // page_size)
+    indices = torch.randperm(slots // page_size, generator=gen, device=device)[:n_pages].to(torch.int32)
+    indptr = torch.tensor([0, n_pages], dtype=torch.int32, device=device)
+    kv_len = torch.tensor([tokens], dtype=torch.int32, device=device)
+    q_nope = (torch.randn(1, heads, DC, generator=gen, device=device) * 0.5).to(torch.bfloat16)
+    q_pe = (torch.randn(1, heads, 64, generator=gen, device=device) * 0.5).to(torch.bfloat16)
+    plan = plan_mla_decode_wgmma(indptr, kv_len, heads=heads, page_size=page_size)
+    for _ in range(4):
+        mla_decode_fp8_wgmma(q_nope, q_pe, paged[:, :, :DC], paged[:, :, DC:], indptr, indices, 1 / 16,
+                             kv_len=kv_len, check_range=False, plan=plan)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 4 and sys.argv[1] == "--profile-one":
+        _profile_one(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        print("usage: python -m kvwall.kernels.mla_decode.wgmma --profile-one HEADS TOKENS")
+        sys.exit(2)

@@ -1,0 +1,169 @@
+"""The fused kernel's warpgroup-MMA path (:mod:`kvwall.kernels.mla_decode.wgmma`, ``mla_decode_wgmma.cu``).
+
+On any machine with nvcc: ptxas compiles the kernel for sm_90a with no spills and no stack, and a host program
+linked with the source prints the ``Params`` size and the kernel's shape, which must equal the host side's (the
+ctypes mirror, ``SMEM_BYTES``, 64 heads and 64 tokens per CTA); the shared memory fits an H100 / H200 block. On
+any machine: CPU tensors are refused naming the Triton path; plans hold whole 64-token tiles and count 64-head
+blocks; plans of other paths are refused. On an H100 / H200 (``gpu``-marked, skipped elsewhere): the case table
+against float64, an out-of-range index in an unchecked call, CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from kvwall.kernels.mla_decode import cuda, wgmma
+from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, SM_SCALE, check_case, validation_cases
+from kvwall.kernels.mla_decode.plan import TO_THE_END
+from kvwall.kernels.mla_decode.reference import make_mla_inputs
+from kvwall.kernels.mla_decode.wgmma import (BLOCK_N, HEADS_PER_CTA, SMEM_BYTES, THREADS, WgmmaPlan,
+                                             mla_decode_fp8_wgmma, plan_mla_decode_wgmma)
+
+NVCC = shutil.which("nvcc")
+#: The per-block shared memory an H100 / H200 CTA may opt into (the only GPUs sm_90a code runs on).
+HOPPER_SHARED_PER_BLOCK = 232_448
+
+HOST_PROGRAM = r"""
+#include <cstdio>
+extern "C" int kvwall_mla_params_size();
+extern "C" int kvwall_mla_wgmma_shape(int* smem, int* heads, int* block_n, int* threads);
+int main() {
+  int smem = 0, heads = 0, block_n = 0, threads = 0;
+  kvwall_mla_wgmma_shape(&smem, &heads, &block_n, &threads);
+  std::printf("%d %d %d %d %d\n", kvwall_mla_params_size(), smem, heads, block_n, threads);
+  return 0;
+}
+"""
+
+
+def test_ptxas_compiles_it_for_sm90a_without_spills_or_stack():
+    if NVCC is None:
+        pytest.skip("no nvcc on this machine")
+    rep = wgmma.nvcc_compile_check_wgmma()
+    assert rep.ok, rep.log[-2000:]
+    assert rep.registers[0] <= 255 and rep.spill_bytes[0] == 0 and rep.stack_bytes[0] == 0, rep.log[-2000:]
+    assert "serialized" not in rep.log, "ptxas serialized the wgmma instructions:\n" + rep.log[-2000:]
+
+
+def test_the_host_side_agrees_with_the_compiled_shape(tmp_path):
+    """Params size and (shared memory, heads, tokens, threads) as the C++ says them, against the host's constants;
+    the shared memory fits an H100 / H200 block."""
+    if NVCC is None:
+        pytest.skip("no nvcc on this machine")
+    main = tmp_path / "main.cu"
+    main.write_text(HOST_PROGRAM)
+    prog = tmp_path / "shape"
+    build = subprocess.run([NVCC, *cuda.NVCC_FLAGS, "-gencode=arch=compute_90a,code=compute_90a", "-o", str(prog),
+                            str(main), str(wgmma.WGMMA_SOURCE)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    run = subprocess.run([str(prog)], capture_output=True, text=True, timeout=60)
+    params, smem, heads, block_n, threads = (int(x) for x in run.stdout.split())
+    assert params == ctypes.sizeof(cuda._Params)
+    assert (smem, heads, block_n, threads) == (SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS)
+    assert SMEM_BYTES <= HOPPER_SHARED_PER_BLOCK
+
+
+def test_cpu_tensors_are_refused_naming_the_triton_path():
+    inp = make_mla_inputs([7, 65], 64, seed=6, layout="pool_view", pool_slots=512, device="cpu")
+    with pytest.raises(ValueError, match=r"^mla_decode_fp8_wgmma: the CUDA path cannot run here: tensors are on cpu"
+                                         r".*mla_decode_fp8"):
+        mla_decode_fp8_wgmma(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
+                             SM_SCALE)
+    assert wgmma.wgmma_refusal(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("heads", [16, 64, 128, 192])
+def test_plans_hold_whole_tiles_of_64_tokens(heads):
+    lens = [0, 1, 777, 4096, 33, 20000, 130, 5]
+    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    plan = plan_mla_decode_wgmma(indptr, heads=heads, programs=132)
+    assert isinstance(plan, WgmmaPlan) and plan.config.block_h == HEADS_PER_CTA
+    covered = {b: 0 for b in range(len(lens))}
+    for b, lo, hi, _ in plan.work_list.items:
+        assert lo % BLOCK_N == 0 and (hi == TO_THE_END or hi % BLOCK_N == 0)
+        covered[b] += min(hi, lens[b]) - lo
+    assert covered == dict(enumerate(lens))
+
+
+def test_plans_of_other_paths_are_refused():
+    inp = make_mla_inputs([7, 65], 64, seed=6, layout="pool_view", pool_slots=512, device="cpu")
+    mma_plan = cuda.plan_mla_decode_cuda(inp.kv_indptr, heads=64)
+    # the device check comes first on CPU; the plan type is checked before any launch on a GPU (the GPU test)
+    with pytest.raises(ValueError, match="cannot run here"):
+        mla_decode_fp8_wgmma(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
+                             SM_SCALE, plan=mma_plan)
+
+
+# ----------------------------------------------------------------------------------------------
+# On an H100 / H200
+# ----------------------------------------------------------------------------------------------
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def on_hopper(test):
+    """A GPU test: marked ``gpu`` and skipped, saying why, without an H100 / H200."""
+    return pytest.mark.gpu(pytest.mark.skipif(not _hopper(), reason="needs an H100 / H200 (sm_90a code)")(test))
+
+
+@pytest.fixture(scope="module")
+def gpu() -> torch.device:
+    if NVCC is None:
+        pytest.skip("no nvcc on this machine: the wgmma path is built at first use")
+    wgmma.load_mla_decode_wgmma()
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _fn(*args, num_splits=None, **kwargs):  # pylint: disable=unused-argument
+    return mla_decode_fp8_wgmma(*args, **kwargs)
+
+
+GPU_CASES = validation_cases([64, 128, 16, 20, 3, 192], [[4096], [32768], [0, 1, 777, 4096, 33, 20000, 130, 5]],
+                             [[1, 0, 63, 64, 65, 200], [5000, 70000]], 64)
+
+
+@on_hopper
+@pytest.mark.parametrize("c,pool", [(c, 600_000) for c in GPU_CASES] + [(c, 2_000) for c in SANITIZED_CASES],
+                         ids=[c.name for c in GPU_CASES] + [c.name for c in SANITIZED_CASES])
+def test_case_table_on_hopper(gpu, c, pool):
+    row = check_case(_fn, c, gpu, pool)
+    assert row["ok"], row
+
+
+@on_hopper
+@pytest.mark.parametrize("layout", ["pool_view", "paged"])
+def test_unchecked_out_of_range_index_and_graph_replay(gpu, layout):
+    inp = make_mla_inputs([300, 5000, 70], 64, seed=3, layout=layout, page_size=64, pool_slots=100_000, device=gpu)
+    page_size = inp.ckv_cache.shape[1] if layout == "paged" else 1
+    plan = plan_mla_decode_wgmma(inp.kv_indptr, inp.kv_len, heads=64, page_size=page_size)
+    args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr)
+    idx = inp.kv_indices.clone()
+    idx[int(inp.kv_indptr[1]) + 2] = 10**8
+    out = mla_decode_fp8_wgmma(*args, idx, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan)
+    clean = mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan)
+    assert [bool(out[b].isnan().all()) for b in range(3)] == [False, True, False]
+    assert torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2])
+    graphed = torch.full_like(clean, float("nan"))
+    side = torch.cuda.Stream(gpu)
+    side.wait_stream(torch.cuda.current_stream(gpu))
+    with torch.cuda.stream(side):
+        mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan,
+                             out=graphed)
+    torch.cuda.current_stream(gpu).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan,
+                             out=graphed)
+    graphed.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize(gpu)
+    assert torch.equal(graphed, clean)
+    with pytest.raises(TypeError, match="plan_mla_decode_wgmma"):
+        mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len,
+                             plan=cuda.plan_mla_decode_cuda(inp.kv_indptr, inp.kv_len, heads=64, page_size=page_size))
