@@ -167,3 +167,22 @@ def test_unchecked_out_of_range_index_and_graph_replay(gpu, layout):
     with pytest.raises(TypeError, match="plan_mla_decode_wgmma"):
         mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len,
                              plan=cuda.plan_mla_decode_cuda(inp.kv_indptr, inp.kv_len, heads=64, page_size=page_size))
+
+
+@pytest.mark.parametrize("lens,head_blocks", [([131072] * 8, 2), ([131072], 2), ([4096] * 8, 1), ([32768] * 32, 2),
+                                              ([1000, 30000, 7, 0, 12000] * 7, 2), ([5] * 300, 1),
+                                              ([131072] * 8 + [100] * 3, 2)])
+def test_whole_wave_items_fill_whole_waves(lens, head_blocks):
+    """The work list asked for ``whole_wave_items`` is estimated no slower than asking for one wave's worth of items
+    directly (waves x (largest chunk + per-item overhead)): where that overshoots one wave by a few CTAs (each
+    request's chunks round up), the second, nearly empty wave is avoided."""
+    from kvwall.kernels.mla_decode.plan import build_work_list
+    slots = 132
+
+    def cost(wl):
+        return -(-len(wl.items) * head_blocks // slots) * (wl.chunk_tokens + wgmma.ITEM_OVERHEAD_TOKENS)
+
+    chosen = build_work_list(lens, block_n=BLOCK_N, items_wanted=wgmma.whole_wave_items(lens, head_blocks, slots))
+    naive = build_work_list(lens, block_n=BLOCK_N, items_wanted=slots // head_blocks)
+    assert cost(chosen) <= cost(naive)
+    assert sum(chosen.item_tokens()) == sum(lens)

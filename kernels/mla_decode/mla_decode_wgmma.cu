@@ -5,17 +5,19 @@
 // The FP8 tile of 64 tokens is converted ONCE to float16 in shared memory, in the 128-byte-swizzled layout wgmma
 // reads: 9 chunks of 64 columns, each [64 tokens x 128 B]. The same buffer is K for the scores (K-major B) and V
 // for the output (MN-major B: a 16-bit type may be read transposed), so the tile is read from HBM once and
-// converted once for all 64 heads (the mma.sync path converts it once per 16 heads, and per warp).
-// Per tile i (buffers i % 2 and (i + 1) % 2):
-//   1. S = Q K^T: warpgroup w scores tokens 32w .. 32w + 31 (36 wgmma m64n32k16, nope and rope accumulated apart,
-//      as their scales differ), Q [64 x 576] float16 from shared memory (scaled per head by a power of two).
-//   2. Row maxima across the two warpgroups through shared memory (the reference maximum moved lazily: only when
-//      a tile exceeds it by 2^8); P = 2^(logit - m) rounded to float16 into a
-//      [64 x 64] swizzled tile, each warpgroup its 32 tokens; O rescaled.
-//   3. O[64, 256w .. 256w + 255] += P V: warpgroup w owns half the output columns (4 wgmma m64n256k16; 128 float32
-//      accumulators per thread). While the tensor cores run it, every thread converts its share of tile i + 1
-//      (held in registers since the previous tile) into the other buffer, then loads tile i + 2 into registers.
-// Three CTA barriers per tile: the next buffer is complete; the row maxima; P complete.
+// converted once for all 64 heads. Two tile buffers; the warpgroups split the work (FlashMLA's BF16 kernel's
+// division, with the conversion given to the warpgroup that has ALU time to spare):
+//   warpgroup 0 (the critical path): S = Q K^T for the whole tile (36 wgmma m64n64k16, Q [64 x 576] float16 from
+//     shared memory, nope and rope accumulated apart as their scales differ); the online softmax on whole rows (no
+//     exchange: a thread holds 16 of its two rows' 64 logits), the reference maximum moved lazily (only when a
+//     tile exceeds it by 2^8); P rounded to float16, kept in registers for its own P V (wgmma with A from registers)
+//     and written to shared memory with the rows' rescale factors for warpgroup 1; O[:, 0:256] += P V.
+//   warpgroup 1: gathers each tile's FP8 rows into registers (16-byte loads, a tile ahead), converts them into the
+//     free buffer (cvt.rn.f16x2.e4m3x2) and O[:, 256:512] += P V with P from shared memory.
+// Named barriers pass the buffers and P between the two: K_READY[b] (1 -> 0: buffer b holds the next tile), K_FREE[b]
+// (0 -> 1: warpgroup 0 is done with buffer b), P_READY (0 -> 1: P and the factors are written), P_FREE (1 -> 0:
+// warpgroup 1's P V has read P). Each producer waits for the matching release before it arrives again, so no
+// barrier ever counts two phases' arrivals together.
 #include "mla_decode_common.cuh"
 
 namespace kvwall_mla {
@@ -30,10 +32,12 @@ constexpr int TILE = NCHUNK * CHUNK;         // 73,728 B: a [64 x 576] float16 t
 constexpr int Q_OFF = 0;                     // the query block
 constexpr int K_OFF = TILE;                  // two converted KV tiles
 constexpr int P_OFF = 3 * TILE;              // P [64 heads x 64 tokens]
-constexpr int RED_OFF = P_OFF + CHUNK;       // row maxima [2][64], row sums [2][64], score scales [2][64]
-constexpr int SMEM = RED_OFF + 6 * 64 * 4;   // 230,912 B (H100 / H200 allow 232,448 per block)
+constexpr int F_OFF = P_OFF + CHUNK;         // per head: rescale factor, row sum, nope and rope score scales
+constexpr int SMEM = F_OFF + 4 * 64 * 4;     // 230,400 B (H100 / H200 allow 232,448 per block)
 constexpr float RESCALE = 8.f;               // lazy rescaling threshold (log2 units): P stays below 256
-constexpr int PIECES = D / 64;               // 16-byte pieces per thread per tile (a quad of lanes per token row)
+constexpr int ROWS = 2;                      // token rows each producer thread gathers per tile (lr, lr + 32)
+constexpr int PIECES = D / 64;               // 16-byte pieces per row per thread (a quad of lanes per row)
+enum Barrier { K_READY0 = 1, K_READY1 = 2, K_FREE0 = 3, K_FREE1 = 4, P_READY = 5, P_FREE = 6 };
 
 // Byte offset of 16-byte granule `gran` (8 float16 columns) of row `row` in a 128-byte-swizzled chunk.
 __device__ __forceinline__ uint32_t swz(int row, int gran) { return row * 128 + ((gran ^ (row & 7)) << 4); }
@@ -49,31 +53,47 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Ordinary shared-memory stores that wgmma (the async proxy) reads next: each writing thread fences, then a barrier.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Named barriers over both warpgroups: `sync` waits for all 256 arrivals, `arrive` counts this thread and goes on.
+__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 // Keeps the compiler from moving reads or writes of accumulators across a wgmma issue or wait.
 template <int N>
 __device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
-// D[64 x 32] (+)= A[64 x 16] B[16 x 32]: A K-major, B K-major (TRANS_B = 0) or MN-major (1), both from shared
-// memory by descriptor; float16 in, float32 accumulators (the m64n32 register layout).
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// D[64 x N] (+)= A[64 x 16] B[16 x N], float16 in, float32 accumulators in the m64nN register layout (warp w of the
+// warpgroup: rows 16 w + lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) in d[4 j .. 4 j + 3]). B from shared memory
+// by descriptor, K-major (TRANS_B = 0) or MN-major (1); A from shared memory by descriptor (_ss, K-major) or from
+// registers (_rs: four registers per thread in the m16n8k16 A-fragment order of the thread's warp rows).
 template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
-      "}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
 }
 
-// D[64 x 256] (+)= A[64 x 16] B[16 x 256]: A K-major, B K-major (TRANS_B = 0) or MN-major (1), both from shared
-// memory by descriptor; float16 in, float32 accumulators (the m64n256 register layout).
 template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n256(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+__device__ __forceinline__ void wgmma_m64n256_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
@@ -105,20 +125,53 @@ __device__ __forceinline__ void wgmma_m64n256(float (&d)[128], uint64_t desc_a, 
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
 }
 
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+      "}, {%128,%129,%130,%131}, %132, p, 1, 1, %134;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+
 __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  float* red_m = reinterpret_cast<float*>(smem + RED_OFF);  // [warpgroup][head]
-  float* red_l = red_m + 2 * 64;
-  float* row_c = red_l + 2 * 64;  // per head: score scale of the nope part
-  float* row_k = row_c + 64;      // and of the rope part
+  float* s_alpha = reinterpret_cast<float*>(smem + F_OFF);  // per head: this tile's O rescale factor
+  float* s_sum = s_alpha + 64;                              // per head: the row sum, at the end
+  float* row_c = s_sum + 64;                                // per head: score scale of the nope part
+  float* row_k = row_c + 64;                                // and of the rope part
   const uint32_t base = smem_addr(smem);
   if (base & 1023) __trap();  // the swizzle needs 1024-byte aligned chunks
 
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
-  // The warpgroup index through a shuffle from lane 0, so the compiler knows it is warp-uniform: the wgmma
-  // descriptors built from it then stay in uniform registers instead of being rebuilt per instruction.
-  const int wgi = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int g = lane >> 2, c = lane & 3;
+  // The warpgroup index through a shuffle from lane 0, so the compiler knows it is warp-uniform: the wgmma
+  // descriptors built from it then stay in uniform registers.
+  const int wgi = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int h0 = blockIdx.x * HEADS;
   const ItemBounds ib = item_bounds(p, blockIdx.y);
   const long long start = ib.start, lo = ib.lo, hi = ib.hi;
@@ -128,57 +181,8 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
   // Pages of a power-of-two size (the usual 1 and 64) are split by shifts, others by division.
   const int page_shift = (p.page & (p.page - 1)) == 0 ? __ffs(p.page) - 1 : -1;
 
-  // ---- The loader: thread (row lr, quad lane lq) holds 16-byte pieces lq + 4k (k < 9) of token row lr of a tile:
-  // k < 8 from ckv (latent columns 64k + 16 lq ..), k = 8 from kpe (rope columns 16 lq ..). Piece k lands in column
-  // chunk k, granules 2 lq and 2 lq + 1. Rows past the chunk are zeros (their P is 0, and 0 x garbage may be NaN).
-  const int lr = tid >> 2, lq = tid & 3;
-  int bad = 0;
-  uint4 raw[PIECES];
-  auto fetch_index = [&](int tile) -> long long {
-    const long long t = lo + (long long)tile * BN + lr;
-    if (tile >= ntiles || t >= hi) return 0;
-    const int tt = (int)t;  // token positions are below 2^31
-    return load_index(p.indices, start + (page_shift >= 0 ? tt >> page_shift : tt / p.page), p.indices64);
-  };
-  auto load_tile = [&](int tile, long long entry) {
-    const long long t = lo + (long long)tile * BN + lr;
-    const bool live = tile < ntiles && t < hi;
-    if (live && (entry < 0 || entry >= p.num_units)) {
-      bad = 1;
-      entry = 0;
-    }
-    const int in_page = page_shift >= 0 ? (int)t & (p.page - 1) : (int)t % p.page;
-    const long long slot = entry * p.page + in_page;
-    const uint4* src_c = reinterpret_cast<const uint4*>(p.ckv + slot * p.stride_ckv) + lq;
-    const uint4* src_k = reinterpret_cast<const uint4*>(p.kpe + slot * p.stride_kpe) + lq;
-#pragma unroll
-#ifdef KV_NO_LOADS
-    for (int k = 0; k < PIECES; ++k) raw[k] = live ? make_uint4(0x38383838u ^ (uint32_t)(slot + k), 0x30303030u, 0x28282828u, 0x34343434u) : make_uint4(0, 0, 0, 0);
-#else
-    for (int k = 0; k < PIECES; ++k) raw[k] = live ? __ldg(k < 8 ? src_c + 4 * k : src_k) : make_uint4(0, 0, 0, 0);
-#endif
-  };
-  auto convert_tile = [&](int buf) {
-    uint8_t* dst = smem + K_OFF + buf * TILE;
-#pragma unroll
-    for (int k = 0; k < PIECES; ++k) {
-      uint32_t f[8];
-      e4m3x4_to_f16x2x2(raw[k].x, f[0], f[1]);
-      e4m3x4_to_f16x2x2(raw[k].y, f[2], f[3]);
-      e4m3x4_to_f16x2x2(raw[k].z, f[4], f[5]);
-      e4m3x4_to_f16x2x2(raw[k].w, f[6], f[7]);
-      uint8_t* chunk = dst + k * CHUNK;
-      *reinterpret_cast<uint4*>(chunk + swz(lr, 2 * lq)) = make_uint4(f[0], f[1], f[2], f[3]);
-      *reinterpret_cast<uint4*>(chunk + swz(lr, 2 * lq + 1)) = make_uint4(f[4], f[5], f[6], f[7]);
-    }
-  };
-
-  long long entry = fetch_index(0);
-  load_tile(0, entry);
-  entry = fetch_index(1);
-
   // ---- Queries -> float16, each head scaled by 2^e (largest |q| in [2^12, 2^15)), into the swizzled Q block:
-  // head r = tid / 4, 8-column groups part + 4k (k < 18).
+  // head r = tid / 4, 8-column groups part + 4k (k < 18). All 256 threads.
   {
     const int r = tid >> 2, part = tid & 3, h = h0 + r;
     const __nv_bfloat16* qn = p.qn + (long long)ib.b * p.stride_qn_b + (long long)h * p.stride_qn_h;
@@ -224,8 +228,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[e]));
-        const __half2 two = __floats2half2_rn(f.x * qmul, f.y * qmul);
-        hw[e] = *reinterpret_cast<const uint32_t*>(&two);
+        hw[e] = half2_bits(f.x * qmul, f.y * qmul);
       }
       *reinterpret_cast<uint4*>(smem + Q_OFF + (grp >> 3) * CHUNK + swz(r, grp & 7)) =
           make_uint4(hw[0], hw[1], hw[2], hw[3]);
@@ -235,158 +238,252 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
       row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -e2);
     }
   }
-  convert_tile(0);
-#ifdef KV_FENCE_EARLY
   fence_async_smem();
-#endif
-  load_tile(1, entry);
-  entry = fetch_index(2);
+  __syncthreads();
 
+  const int r0 = 16 * warp + g;  // this thread's accumulator rows: r0 and r0 + 8
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m_i[2] = {-INFINITY, -INFINITY};  // rows r0 = 16 warp + g and r0 + 8
-  float l_i[2] = {0.f, 0.f};              // this thread's share of the row sums
-  const int r0 = 16 * warp + g;
+  float m_i[2] = {-INFINITY, -INFINITY};  // warpgroup 0: the reference maxima of rows r0, r0 + 8 (base 2)
+  float l_i[2] = {0.f, 0.f};              // warpgroup 0: this thread's share of the row sums
+  int bad = 0;
 
-  for (int it = 0; it < ntiles; ++it) {
-#ifndef KV_FENCE_EARLY
-    fence_async_smem();
-#endif
-    __syncthreads();  // tile it is converted (buffer it % 2), Q and P are written, both groups are past P V of it - 1
-    const uint32_t kbuf = base + K_OFF + (it & 1) * TILE;
+  if (wgi == 1) {
+    // ================= warpgroup 1: gather and convert the tiles; O[:, 256:512] += P V =================
+    // Thread (row lr, quad lane lq) holds pieces lq + 4k (k < 9) of token rows lr and lr + 32: k < 8 from ckv
+    // (latent columns 64k + 16 lq ..), k = 8 from kpe (rope columns 16 lq ..); piece k lands in column chunk k,
+    // granules 2 lq and 2 lq + 1. Rows past the chunk are zeros (their P is 0, and 0 x garbage may be NaN).
+    const int t = tid - 128, lr = t >> 2, lq = t & 3;
+    uint4 raw[ROWS][PIECES];
+    // Page-table entries of the next tile to load, kept as the loaded words (low, high) until they are used: a
+    // conversion right after the load (to 64 bits) would wait for it there. Loaded by volatile asm, so the loads
+    // stay where they are written, a tile ahead of their use.
+    int entry_lo[ROWS], entry_hi[ROWS];
+    auto fetch_index = [&](int tile) {
+#pragma unroll
+      for (int rr = 0; rr < ROWS; ++rr) {
+        const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
+        entry_lo[rr] = entry_hi[rr] = 0;
+        if (tile < ntiles && tok < hi) {
+          const int tt = (int)tok;  // token positions are below 2^31
+          const long long i = start + (page_shift >= 0 ? tt >> page_shift : tt / p.page);
+          if (p.indices64)
+            asm volatile("ld.global.nc.v2.s32 {%0, %1}, [%2];\n"
+                         : "=r"(entry_lo[rr]), "=r"(entry_hi[rr]) : "l"(static_cast<const long long*>(p.indices) + i));
+          else
+            asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(entry_lo[rr]) : "l"(static_cast<const int*>(p.indices) + i));
+        }
+      }
+    };
+    auto load_tile = [&](int tile) {  // after fetch_index(tile)
+#pragma unroll
+      for (int rr = 0; rr < ROWS; ++rr) {
+        const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
+        const bool live = tile < ntiles && tok < hi;
+        long long e = p.indices64 ? (long long)(((unsigned long long)(unsigned)entry_hi[rr] << 32) | (unsigned)entry_lo[rr])
+                                  : (long long)entry_lo[rr];
+        if (live && (e < 0 || e >= p.num_units)) {
+          bad = 1;
+          e = 0;
+        }
+        const int in_page = page_shift >= 0 ? (int)tok & (p.page - 1) : (int)tok % p.page;
+        const long long slot = e * p.page + in_page;
+        const uint4* src_c = reinterpret_cast<const uint4*>(p.ckv + slot * p.stride_ckv) + lq;
+        const uint4* src_k = reinterpret_cast<const uint4*>(p.kpe + slot * p.stride_kpe) + lq;
+#pragma unroll
+        for (int k = 0; k < PIECES; ++k)
+          raw[rr][k] = live ? __ldg(k < 8 ? src_c + 4 * k : src_k) : make_uint4(0, 0, 0, 0);
+      }
+    };
+    auto convert_tile = [&](int buf) {
+      uint8_t* dst = smem + K_OFF + buf * TILE;
+#pragma unroll
+      for (int rr = 0; rr < ROWS; ++rr) {
+        const int row = lr + 32 * rr;
+#pragma unroll
+        for (int k = 0; k < PIECES; ++k) {
+          uint32_t f[8];
+          e4m3x4_to_f16x2x2(raw[rr][k].x, f[0], f[1]);
+          e4m3x4_to_f16x2x2(raw[rr][k].y, f[2], f[3]);
+          e4m3x4_to_f16x2x2(raw[rr][k].z, f[4], f[5]);
+          e4m3x4_to_f16x2x2(raw[rr][k].w, f[6], f[7]);
+          uint8_t* chunk = dst + k * CHUNK;
+          *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq)) = make_uint4(f[0], f[1], f[2], f[3]);
+          *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq + 1)) = make_uint4(f[4], f[5], f[6], f[7]);
+        }
+      }
+      fence_async_smem();
+      bar_arrive(buf ? K_READY1 : K_READY0);
+    };
 
-    // ---- 1. Scores of this warpgroup's 32 tokens: nope (8 chunks x 4 k-steps) and rope (1 chunk) apart.
-    float sn[16], sr[16];
-    // Descriptors of the first k-step; k-step (kc, kk) starts kc * CHUNK + kk * 32 bytes further (the start address
-    // field counts 16-byte units and shared addresses stay below 2^18, so adding to it never carries out).
-    const uint64_t da0 = gmma_desc(base + Q_OFF, 16, 1024);
-    const uint64_t db0 = gmma_desc(kbuf + wgi * 32 * 128, 16, 1024);
-    wg_fence();
+    fetch_index(0);
+    load_tile(0);
+    fetch_index(1);
+    if (ntiles > 0) convert_tile(0);
+    if (ntiles > 1) {
+      load_tile(1);
+      fetch_index(2);
+      convert_tile(1);
+    }
+    if (ntiles > 2) {
+      load_tile(2);
+      fetch_index(3);
+    }
+    const uint64_t pa0 = gmma_desc(base + P_OFF, 16, 1024);
+    for (int it = 0; it < ntiles; ++it) {
+      bar_sync(P_READY);  // P of tile it and its rescale factors are in shared memory
+      const float a0 = s_alpha[r0], a1 = s_alpha[r0 + 8];
+      if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
-    for (int kc = 0; kc < NCHUNK; ++kc) {
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j + 0] *= a0;
+          o[4 * j + 1] *= a0;
+          o[4 * j + 2] *= a1;
+          o[4 * j + 3] *= a1;
+        }
+      }
+      const uint64_t vb0 = gmma_desc(base + K_OFF + (it & 1) * TILE + 4 * CHUNK, CHUNK, 1024);
+      pin(o);
+      wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t step = (kc * CHUNK + kk * 32) >> 4;
-        if (kc < 8)
-          wgmma_m64n32<0>(sn, da0 + step, db0 + step, kc + kk > 0);
-        else
-          wgmma_m64n32<0>(sr, da0 + step, db0 + step, kk > 0);
+      for (int ks = 0; ks < BN / 16; ++ks) wgmma_m64n256_ss<1>(o, pa0 + ((ks * 32) >> 4), vb0 + ((ks * 2048) >> 4), 1);
+      wg_commit();
+      wg_wait0();
+      pin(o);
+      if (it + 1 < ntiles) bar_arrive(P_FREE);
+      if (it + 2 < ntiles) {
+        bar_sync((it & 1) ? K_FREE1 : K_FREE0);  // warpgroup 0 is done with buffer it % 2
+        convert_tile(it & 1);                    // tile it + 2
+        if (it + 3 < ntiles) {
+          load_tile(it + 3);
+          fetch_index(it + 4);
+        }
       }
     }
-    wg_commit();
-    wg_wait0();
-    pin(sn);
-    pin(sr);
-
-    // ---- 2. Logits (base 2), masked past the chunk; row maxima across the quad, then the two warpgroups.
-    // Tokens of this warpgroup's half still in the chunk (32 or fewer in the last tile).
-    const int live_tokens = (int)min((long long)32, hi - (lo + (long long)it * BN + 32 * wgi));
+  } else {
+    // ================= warpgroup 0: scores, softmax, O[:, 0:256] += P V =================
+    const uint64_t qa0 = gmma_desc(base + Q_OFF, 16, 1024);
     const float rc0 = row_c[r0], rc1 = row_c[r0 + 8], rk0 = row_k[r0], rk1 = row_k[r0 + 8];
-    float mx[2] = {-INFINITY, -INFINITY};
+    for (int it = 0; it < ntiles; ++it) {
+      const uint32_t kbuf = base + K_OFF + (it & 1) * TILE;
+      bar_sync((it & 1) ? K_READY1 : K_READY0);
+      float sn[32], sr[32];
+      const uint64_t kb0 = gmma_desc(kbuf, 16, 1024);
+      wg_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+      for (int kc = 0; kc < NCHUNK; ++kc) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = e >> 1;
-        const int token = 8 * j + 2 * c + (e & 1);
-        float x = row ? sn[4 * j + e] * rc1 + sr[4 * j + e] * rk1 : sn[4 * j + e] * rc0 + sr[4 * j + e] * rk0;
-        if (token >= live_tokens) x = -INFINITY;
-        sn[4 * j + e] = x;
-        mx[row] = fmaxf(mx[row], x);
+        for (int kk = 0; kk < 4; ++kk) {
+          // k-step (kc, kk) starts kc * CHUNK + kk * 32 bytes further: the start address field counts 16-byte
+          // units and shared addresses stay below 2^18, so adding to it never carries out.
+          const uint32_t step = (kc * CHUNK + kk * 32) >> 4;
+          if (kc < 8)
+            wgmma_m64n64_ss<0>(sn, qa0 + step, kb0 + step, kc + kk > 0);
+          else
+            wgmma_m64n64_ss<0>(sr, qa0 + step, kb0 + step, kk > 0);
+        }
       }
+      wg_commit();
+      wg_wait0();
+      pin(sn);
+      pin(sr);
+
+      // Logits (base 2), masked past the chunk; row maxima over the quad (a quad holds whole rows).
+      const int live = (int)min((long long)BN, hi - (lo + (long long)it * BN));
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = e >> 1;
+          float x = row ? sn[4 * j + e] * rc1 + sr[4 * j + e] * rk1 : sn[4 * j + e] * rc0 + sr[4 * j + e] * rk0;
+          if (8 * j + 2 * c + (e & 1) >= live) x = -INFINITY;
+          sn[4 * j + e] = x;
+          mx[row] = fmaxf(mx[row], x);
+        }
+      }
+      float alpha[2];
+#pragma unroll
+      for (int row = 0; row < 2; ++row) {
+        mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
+        mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
+        // Lazy rescaling: the reference maximum moves only when the tile's maximum exceeds it by more than
+        // 2^RESCALE (P <= 2^RESCALE is exact enough in float16 and in float32 sums).
+        const float m = mx[row] > m_i[row] + RESCALE ? mx[row] : m_i[row];
+        alpha[row] = exp2f(m_i[row] - m);
+        m_i[row] = m;
+        l_i[row] *= alpha[row];
+      }
+      // P = 2^(logit - m) in float16: A-fragment registers for k-step ks: {row r0, tokens 16ks + 2c (+1)},
+      // {r0 + 8, same}, {r0, 16ks + 8 + 2c (+1)}, {r0 + 8, same} -- the accumulator layout, two n-tiles a k-step.
+      uint32_t pr[4][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float p0 = exp2f(sn[4 * j + 0] - m_i[0]), p1 = exp2f(sn[4 * j + 1] - m_i[0]);
+        const float p2 = exp2f(sn[4 * j + 2] - m_i[1]), p3 = exp2f(sn[4 * j + 3] - m_i[1]);
+        l_i[0] += p0 + p1;
+        l_i[1] += p2 + p3;
+        pr[j >> 1][(j & 1) * 2 + 0] = half2_bits(p0, p1);
+        pr[j >> 1][(j & 1) * 2 + 1] = half2_bits(p2, p3);
+      }
+      if (it > 0) bar_sync(P_FREE);  // warpgroup 1's P V of the previous tile has read P
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {  // tokens 8 j .. 8 j + 7 are granule j of the swizzled P rows
+        *reinterpret_cast<uint32_t*>(smem + P_OFF + swz(r0, j) + 4 * c) = pr[j >> 1][(j & 1) * 2 + 0];
+        *reinterpret_cast<uint32_t*>(smem + P_OFF + swz(r0 + 8, j) + 4 * c) = pr[j >> 1][(j & 1) * 2 + 1];
+      }
+      if (c == 0) {
+        s_alpha[r0] = alpha[0];
+        s_alpha[r0 + 8] = alpha[1];
+      }
+      fence_async_smem();
+      bar_arrive(P_READY);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j + 0] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
+      }
+      const uint64_t vb0 = gmma_desc(kbuf, CHUNK, 1024);
+      pin(o);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) pin(pr[ks]);
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks) wgmma_m64n256_rs<1>(o, pr[ks], vb0 + ((ks * 2048) >> 4), 1);
+      wg_commit();
+      wg_wait0();
+      pin(o);
+      if (it + 2 < ntiles) bar_arrive((it & 1) ? K_FREE1 : K_FREE0);
     }
+    // Row sums over the quad, to shared memory for both warpgroups' normalization.
 #pragma unroll
     for (int row = 0; row < 2; ++row) {
-      mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
-      mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
+      l_i[row] += __shfl_xor_sync(0xffffffffu, l_i[row], 1);
+      l_i[row] += __shfl_xor_sync(0xffffffffu, l_i[row], 2);
     }
     if (c == 0) {
-      red_m[wgi * 64 + r0] = mx[0];
-      red_m[wgi * 64 + r0 + 8] = mx[1];
+      s_sum[r0] = l_i[0];
+      s_sum[r0 + 8] = l_i[1];
     }
-    __syncthreads();
-    float alpha[2];
-#pragma unroll
-    for (int row = 0; row < 2; ++row) {
-      // Lazy rescaling: the reference maximum moves only when a tile's maximum exceeds it by more than 2^RESCALE
-      // (P <= 2^RESCALE is exact enough in float16 and float32 sums), so O is rarely rescaled after the first tile.
-      // Both warpgroups take the same decision from the same numbers.
-      const float tile_max = fmaxf(red_m[r0 + 8 * row], red_m[64 + r0 + 8 * row]);
-      const float m = tile_max > m_i[row] + RESCALE ? tile_max : m_i[row];
-      alpha[row] = exp2f(m_i[row] - m);
-      m_i[row] = m;
-      l_i[row] *= alpha[row];
-    }
-    // P = 2^(logit - m) in float16 into the swizzled P tile (this warpgroup's 32 tokens); row sums in float32.
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float p0 = exp2f(sn[4 * j + 0] - m_i[0]), p1 = exp2f(sn[4 * j + 1] - m_i[0]);
-      const float p2 = exp2f(sn[4 * j + 2] - m_i[1]), p3 = exp2f(sn[4 * j + 3] - m_i[1]);
-      l_i[0] += p0 + p1;
-      l_i[1] += p2 + p3;
-      const int gran = 4 * wgi + j;  // tokens 32 wgi + 8 j .. + 7
-      const __half2 a = __floats2half2_rn(p0, p1), b2 = __floats2half2_rn(p2, p3);
-      *reinterpret_cast<__half2*>(smem + P_OFF + swz(r0, gran) + 4 * c) = a;
-      *reinterpret_cast<__half2*>(smem + P_OFF + swz(r0 + 8, gran) + 4 * c) = b2;
-    }
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j + 0] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
-    }
-    fence_async_smem();
-    __syncthreads();  // P complete
-
-    // ---- 3. O += P V over this warpgroup's 256 columns (chunks 4 wgi .. 4 wgi + 3 of the tile, read MN-major).
-    pin(o);
-    wg_fence();
-    const uint64_t pa0 = gmma_desc(base + P_OFF, 16, 1024);
-    const uint64_t vb0 = gmma_desc(kbuf + 4 * wgi * CHUNK, CHUNK, 1024);
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) wgmma_m64n256<1>(o, pa0 + ((ks * 32) >> 4), vb0 + ((ks * 16 * 128) >> 4), 1);
-    wg_commit();
-    // Meanwhile: tile it + 1 (in registers) into the other buffer, then tile it + 2 into registers.
-    if (it + 1 < ntiles) {
-#ifndef KV_NO_CONVERT
-      convert_tile((it + 1) & 1);
-#endif
-#ifdef KV_FENCE_EARLY
-      fence_async_smem();  // before the loads: a proxy fence may wait for the thread's outstanding loads
-#endif
-      load_tile(it + 2, entry);
-      entry = fetch_index(it + 3);
-    }
-    wg_wait0();
-    pin(o);
   }
 
-  // ---- Row sums across the quad and the two warpgroups; NaN for a chunk that held an out-of-range index.
-#pragma unroll
-  for (int row = 0; row < 2; ++row) {
-    l_i[row] += __shfl_xor_sync(0xffffffffu, l_i[row], 1);
-    l_i[row] += __shfl_xor_sync(0xffffffffu, l_i[row], 2);
-  }
-  if (c == 0) {
-    red_l[wgi * 64 + r0] = l_i[0];
-    red_l[wgi * 64 + r0 + 8] = l_i[1];
-  }
+  // ---- Normalize and write; NaN for a chunk that held an out-of-range index.
   const int any_bad = __syncthreads_or(bad);
   float norm[2], lse2[2];
 #pragma unroll
   for (int row = 0; row < 2; ++row) {
-    float l = red_l[r0 + 8 * row] + red_l[64 + r0 + 8 * row];
+    float l = s_sum[r0 + 8 * row];
     if (any_bad) l = NAN;
     const bool empty = l == 0.f;
     norm[row] = empty ? 0.f : ckv_scale / l;
-    lse2[row] = empty ? -INFINITY : m_i[row] + log2f(l);
+    lse2[row] = empty ? -INFINITY : m_i[row] + log2f(l);  // meaningful in warpgroup 0, which writes it
   }
-
-  // ---- Write: thread (g, c) of warp w holds rows 16 w + g (+ 8) and columns 256 wgi + 8 j + 2 c + {0, 1}.
+  // Thread (g, c) of warp w holds rows 16 w + g (+ 8) and columns 256 wgi + 8 j + 2 c + {0, 1}.
 #pragma unroll
   for (int row = 0; row < 2; ++row) {
     const int h = h0 + r0 + 8 * row;

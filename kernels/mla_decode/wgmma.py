@@ -31,6 +31,7 @@ from kvwall.kernels._common import Fail, fail, sm_count
 from kvwall.kernels.mla_decode.cuda import (DC, NVCC_FLAGS, NvccReport, _checked_inputs, _check_plan,
                                             _launch, _Params, _source_hash)
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, MLADecodePlan, plan_mla_decode
+from kvwall.kernels.mla_decode.plan import build_work_list
 
 __all__ = ["mla_decode_fp8_wgmma", "plan_mla_decode_wgmma", "WgmmaPlan", "wgmma_refusal", "load_mla_decode_wgmma",
            "nvcc_compile_check_wgmma", "WGMMA_SOURCE", "HEADS_PER_CTA", "BLOCK_N", "THREADS", "SMEM_BYTES", "ARCH"]
@@ -44,11 +45,7 @@ HEADS_PER_CTA = 64
 BLOCK_N = 64
 THREADS = 256
 #: Dynamic shared memory per CTA (the source's ``wg::SMEM``): Q, two converted tiles, P, the row exchanges.
-SMEM_BYTES = 3 * 9 * 64 * 128 + 64 * 128 + 6 * 64 * 4
-
-
-#: ``-D`` macros the calls build with (exploration only: the shipped kernel is built with none).
-_DEFINES: tuple[str, ...] = ()
+SMEM_BYTES = 3 * 9 * 64 * 128 + 64 * 128 + 4 * 64 * 4
 
 
 @dataclass(frozen=True)
@@ -82,17 +79,15 @@ def _cache_dir() -> Path:
 
 
 @functools.cache
-def load_mla_decode_wgmma(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """Build (once per source version and ``defines``, ``-D`` macros for experiments) and load the wgmma path."""
+def load_mla_decode_wgmma() -> ctypes.CDLL:
+    """Build (once per source version) and load the wgmma path."""
     if not torch.cuda.is_available():
         raise RuntimeError("mla_decode_fp8_wgmma needs an H100 / H200; on this machine use mla_decode_fp8 (Triton) or "
                            "nvcc_compile_check_wgmma() to compile-check the source.")
-    tag = _source_hash(WGMMA_SOURCE) + "".join(f"_{d}" for d in defines)
-    so = _cache_dir() / f"kvwall_mla_wgmma_{tag}.so"
+    so = _cache_dir() / f"kvwall_mla_wgmma_{_source_hash(WGMMA_SOURCE)}.so"
     if not so.exists():
         tmp = so.with_suffix(f".{os.getpid()}.tmp")
-        proc = subprocess.run([_nvcc(), *NVCC_FLAGS, *(f"-D{d}" for d in defines),
-                               f"-gencode=arch=compute_90a,code={ARCH}", "-shared",
+        proc = subprocess.run([_nvcc(), *NVCC_FLAGS, f"-gencode=arch=compute_90a,code={ARCH}", "-shared",
                                "-Xcompiler", "-fPIC", str(WGMMA_SOURCE), "-o", str(tmp)],
                               capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
@@ -115,15 +110,49 @@ def load_mla_decode_wgmma(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     return lib
 
 
+#: Per-CTA fixed work in tokens' worth, for choosing how many waves a work list fills (query load, first tiles'
+#: latency, partial write): about five tiles.
+ITEM_OVERHEAD_TOKENS = 5 * BLOCK_N
+
+
+def whole_wave_items(lengths: list[int], head_blocks: int, slots: int, max_waves: int = 4) -> int:
+    """Items per head block to ask the work list for so that ``head_blocks`` x items fills whole waves of ``slots``
+    CTAs (one per SM): for each wave count ``k`` the largest request that yields at most ``k * slots / head_blocks``
+    items, then the ``k`` with the least estimated time, ``k`` x (largest chunk + :data:`ITEM_OVERHEAD_TOKENS`).
+    (Asking for ``slots / head_blocks`` items directly can yield a few more -- each request's chunks round up --
+    and a second wave of a handful of CTAs doubles the time.)"""
+    best: tuple[float, int] | None = None
+    for k in range(1, max_waves + 1):
+        limit = max(1, k * slots // head_blocks)
+        want = limit
+        while want >= 1:
+            wl = build_work_list(lengths, block_n=BLOCK_N, items_wanted=want)
+            if len(wl.items) <= limit:
+                cost = k * (wl.chunk_tokens + ITEM_OVERHEAD_TOKENS)
+                if best is None or cost < best[0]:
+                    best = (cost, want)
+                break
+            want -= max(1, want // 32)
+    return best[1] if best else 1
+
+
 def plan_mla_decode_wgmma(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
                           page_size: int = 1, device: torch.device | None = None, programs: int | None = None,
                           waves: int = 1, min_chunk: int | None = None) -> WgmmaPlan:
     """The batch's work list (:func:`kvwall.kernels.mla_decode.plan_mla_decode`) for 64-token tiles and 64 heads per
-    CTA: ``programs`` CTAs at once (default one per SM) times ``waves``."""
+    CTA. Default: items sized to fill whole waves of one CTA per SM (:func:`whole_wave_items`); ``programs``:
+    aim at that many CTAs at once instead, times ``waves``."""
     device = torch.device(device) if device is not None else kv_indptr.device
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if programs is None:
+    head_blocks = -(-heads // HEADS_PER_CTA)
+    if programs is None and device.type == "cuda" and min_chunk is None:
+        ptr = [int(x) for x in kv_indptr.tolist()]
+        lengths = ([int(x) for x in kv_len.tolist()] if page_size != 1 and kv_len is not None
+                   else [b - a for a, b in zip(ptr, ptr[1:])])
+        programs = head_blocks * whole_wave_items(lengths, head_blocks, sm_count(device) * max(1, waves))
+        waves = 1
+    elif programs is None:
         programs = sm_count(device) if device.type == "cuda" else 1
     cfg = MLADecodeConfig(block_h=HEADS_PER_CTA, block_n=BLOCK_N, num_warps=THREADS // 32, num_stages=2)
     plan = plan_mla_decode(kv_indptr, kv_len, heads=heads, kv_lora_rank=DC, page_size=page_size, device=device,
@@ -152,7 +181,7 @@ def mla_decode_fp8_wgmma(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: to
     if not isinstance(plan, WgmmaPlan):
         _fail(TypeError, f"plan must come from plan_mla_decode_wgmma, got {type(plan).__name__}.")
     _check_plan(_fail, plan, q_nope, inputs.page_size)
-    lib = load_mla_decode_wgmma(_DEFINES)
+    lib = load_mla_decode_wgmma()
 
     def launcher(params, head_blocks, items, stream):
         code = lib.kvwall_mla_wgmma_split(ctypes.byref(params), head_blocks, items, stream)
