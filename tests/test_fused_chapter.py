@@ -54,3 +54,16 @@ def test_chapter_5_on_cpu(tmp_path):
     assert v["cuda_faster_than_flashmla_fp8"] == sum(u[mine] < u["flashmla_dense_fp8"] for u in grid.values())
     assert v["cuda_16h_128k_us"] == us[(16, 131072, 1)][mine]
     assert v["cuda_16h_floor_us"] == us[(16, cuda.params["floor_contexts"][0], 1)][mine]
+    # The wgmma path's summary at the top of the chapter: its counts recomputed from the result file.
+    wg = {k: u for k, u in grid.items() if u.get("cuda_wgmma")}
+    assert v["wgmma_points"] == len(wg) == 36
+    assert v["wgmma_faster_than_fm_bf16_16h"] == sum(u["cuda_wgmma"] < u["flashmla_dense_bf16"]
+                                                     for k, u in wg.items() if k[0] == 16)
+    assert v["wgmma_faster_than_fm_bf16_64_128h"] == sum(u["cuda_wgmma"] < u["flashmla_dense_bf16"]
+                                                         for k, u in wg.items() if k[0] in (64, 128))
+    assert v["wgmma_faster_than_fm_fp8"] == sum(u["cuda_wgmma"] < u["flashmla_dense_fp8"] for u in wg.values())
+    assert v["wgmma_worst_vs_fm_bf16"] == min(u["flashmla_dense_bf16"] / u["cuda_wgmma"]
+                                              for k, u in wg.items() if k[0] in (64, 128))
+    checks = [r for r in cuda.table("validation") if r["variant"] == "wgmma"]
+    assert v["wgmma_validation_runs"] == len(checks) > 0
+    assert v["wgmma_validation_passed"] == sum(bool(r["ok"]) for r in checks)

@@ -1,6 +1,7 @@
-"""Chapter 5's tables on the CUDA C++ path (the recorded ``fused_decode_cuda`` result): validation, contracts, the
+"""Chapter 5's tables on the CUDA C++ paths (the recorded ``fused_decode_cuda`` result): validation, contracts, the
 grid against the Triton path and FlashMLA, each kernel's fixed cost, the variants' resources, Nsight Compute, and the
-path table the dispatcher reads. Every number comes from the result; the sentences are computed from it."""
+path table the dispatcher reads -- for the mma.sync path and for the warpgroup-MMA (wgmma) path. Every number comes
+from the result; the sentences are computed from it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from typing import Any
 
 from kvwall.experiments.fused_decode.cuda_path import TRITON_STRATEGY as TRITON
+from kvwall.experiments.fused_decode.cuda_path import WGMMA
 from kvwall.experiments.fused_decode.paths import path_points
 from kvwall.notebook.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
@@ -15,6 +17,7 @@ from kvwall.results import Result
 __all__ = ["CudaPath"]
 
 FM_BF16, FM_FP8 = "flashmla_dense_bf16", "flashmla_dense_fp8"
+WG, WG_PAGE1 = f"cuda_{WGMMA}", f"cuda_{WGMMA}_page1"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -39,6 +42,19 @@ class CudaPath:
             if r["section"] == "bench":
                 self.us.setdefault((r["heads"], r["context"], r["batch"]), {})[r["strategy"]] = r.get("us")
         self.floor_contexts = sorted({c for (_, c, b) in self.us if b == 1} - set(result.params["contexts"]))
+        self.tflops: dict[tuple[int, int, int], float | None] = {
+            (r["heads"], r["context"], r["batch"]): r.get("tflops") for r in result.rows
+            if r["section"] == "bench" and r["strategy"] == WG}
+        self.roofline: dict[tuple[int, int, int], float] = {
+            (r["heads"], r["context"], r["batch"]): r["roofline_us"] for r in result.rows if r["section"] == "bench"}
+
+    def _variant_name(self, v: int | str) -> str:
+        if v == WGMMA:
+            return "wgmma (64 heads, 64 tokens, 2 warpgroups)"
+        return self.build["variants"][str(v)]["name"]
+
+    def _grid(self) -> list[tuple[tuple[int, int, int], dict[str, float | None]]]:
+        return [(k, us) for k, us in sorted(self.us.items()) if k[1] not in self.floor_contexts]
 
     def caption(self) -> str:
         return self.result.caption()
@@ -50,9 +66,9 @@ class CudaPath:
         for r in rows:
             by_variant.setdefault(r["variant"], []).append(r)
         table_rows = []
-        for v, rs in sorted(by_variant.items()):
+        for v, rs in sorted(by_variant.items(), key=lambda kv: (isinstance(kv[0], str), str(kv[0]))):
             ratios = [r["rel_err"] / r["triton_rel_err"] for r in rs if r.get("rel_err") and r.get("triton_rel_err")]
-            table_rows.append({"variant": self.build["variants"][str(v)]["name"], "cases": len(rs),
+            table_rows.append({"variant": self._variant_name(v), "cases": len(rs),
                                "passed": sum(bool(r["ok"]) for r in rs),
                                "worst": max((r.get("rel_err") or 0.0) for r in rs),
                                "lo": min(ratios) if ratios else None, "hi": max(ratios) if ratios else None})
@@ -156,13 +172,18 @@ class CudaPath:
     # ---- why ----
     def variants(self) -> Table:
         rows = [{**v, "smem_kb": v["smem"] / 1024} for v in self.build["variants"].values()]
+        w = self.build.get("wgmma") or {}
+        if w.get("runs"):
+            rows.append({"name": self._variant_name(WGMMA) + f", {w['arch']}", "registers": w["registers"],
+                         "spill_bytes": w["spill_bytes"], "smem_kb": w["smem"] / 1024})
         return Table(rows, {"variant": "name", "registers (ptxas)": ("registers", number(0)),
                             "spill bytes": ("spill_bytes", number(0)), "shared KB per CTA": ("smem_kb", number(1))},
                      self.caption() + f" Compiled by nvcc ({self.build['nvcc']}) for this GPU; its per-CTA "
                                       f"shared-memory limit: {self.build['shared_limit'] / 1024:.0f} KB.")
 
     def profile(self) -> Table:
-        rows = [{**r, "point": f"v{r['variant']}, {r['heads']} heads, {r['tokens'] // 1024}K",
+        rows = [{**r, "point": (f"{r['variant'] if r['variant'] == WGMMA else 'v' + str(r['variant'])}, "
+                          f"{r['heads']} heads, {r['tokens'] // 1024}K"),
                  "us": (r.get("duration_ns") or 0) / 1e3 or None,
                  "gbps": _ratio(r.get("dram_read_bytes"), r.get("duration_ns"))}
                 for r in self.result.rows if r["section"] == "profile"]
@@ -177,7 +198,87 @@ class CudaPath:
 
     def paths(self) -> Table:
         rows = [{"heads": h, "context": f"{c // 1024}K" if c >= 1024 else str(c), "batch": b, "path": p,
-                 "cuda": cu, "triton": tr} for h, c, b, p, cu, tr in path_points(self.result, self.variant)]
+                 "cuda": cu, "triton": tr, "wgmma": wg}
+                for h, c, b, p, cu, tr, wg in path_points(self.result, self.variant)]
         return Table(rows, {"heads": "heads", "context": "context", "batch": "batch",
-                            "dispatcher's path": ("path", plain),
-                            "CUDA µs": ("cuda", number(1)), "Triton µs": ("triton", number(1))}, self.caption())
+                            "dispatcher's path": ("path", plain), "wgmma µs": ("wgmma", number(1)),
+                            "mma.sync µs": ("cuda", number(1)), "Triton µs": ("triton", number(1))}, self.caption())
+
+    # ---- the wgmma path ----
+    def wgmma_resources(self) -> str:
+        w = self.build.get("wgmma") or {}
+        if not w.get("runs"):
+            return f"The wgmma path did not run in this recording ({w.get('why', 'no build row')})."
+        return (f"ptxas (nvcc {self.build['nvcc']}, {w['arch']}): {w['registers']} registers per thread, "
+                f"{w['spill_bytes']} bytes of spills, {w['stack_bytes']} bytes of stack; {w['smem'] / 1024:.1f} KB of "
+                f"shared memory per CTA ({w['threads']} threads, {w['heads_per_cta']} heads, {w['block_n']}-token "
+                f"tiles), so one CTA per multiprocessor; built in {w['build_s']:.1f} s.")
+
+    def wgmma_versus(self) -> Table:
+        rows = []
+        for (h, c, b), us in self._grid():
+            if not us.get(WG):
+                continue
+            rows.append({"heads": h, "context": f"{c // 1024}K", "batch": b, "wg": us.get(WG),
+                         "p1": us.get(WG_PAGE1), "mma": us.get(self.cuda), "triton": us.get(TRITON),
+                         "fm16": us.get(FM_BF16), "fm8": us.get(FM_FP8), "tf": self.tflops.get((h, c, b)),
+                         "roof": self.roofline.get((h, c, b)),
+                         "vs_fm16": _ratio(us.get(FM_BF16), us.get(WG)), "vs_fm8": _ratio(us.get(FM_FP8), us.get(WG)),
+                         "p1_over_p64": _ratio(us.get(WG_PAGE1), us.get(WG))})
+        return Table(rows, {"heads": "heads", "context": "context", "batch": "batch",
+                            "roofline µs": ("roof", number(1)), "wgmma µs": ("wg", number(1)),
+                            "page 1": ("p1", number(1)),
+                            "mma.sync": ("mma", number(1)), "Triton": ("triton", number(1)),
+                            "FM BF16": ("fm16", number(1)), "FM FP8": ("fm8", number(1)),
+                            "wgmma TFLOP/s": ("tf", number(0)), "FM BF16 / wgmma": ("vs_fm16", times(2)),
+                            "FM FP8 / wgmma": ("vs_fm8", times(2)), "page 1 / page 64": ("p1_over_p64", times(2))},
+                     self.caption() + " µs per layer, page 64 unless said (wgmma: the warpgroup-MMA path; mma.sync: "
+                                      "its default variant; Triton: the Triton path; FM: FlashMLA dense, FP8 with an "
+                                      "FP8 query, BF16 on a BF16 cache), CUDA graphs, L2 flushed, batches > 1 mixed "
+                                      "lengths. A ratio above 1× means the wgmma path is faster. TFLOP/s counts the "
+                                      "16-bit-accurate math (2 × 1,088 per token and head).")
+
+    def wgmma_summary(self) -> tuple[str, dict[str, Any]]:
+        """Where the wgmma path stands against FlashMLA and our other paths, and the values it quotes."""
+        pts = [(k, us) for k, us in self._grid() if us.get(WG)]
+        if not pts:
+            return "The wgmma path was not timed in this recording.", {}
+
+        def share(heads: set[int], peer: str) -> tuple[int, int]:
+            sel = [(k, us) for k, us in pts if k[0] in heads and us.get(peer)]
+            return sum(us[WG] < us[peer] for _, us in sel), len(sel)
+
+        fm16_16, n16 = share({16}, FM_BF16)
+        fm16_many, n_many = share({64, 128}, FM_BF16)
+        fm8_all, n_all = share({16, 64, 128}, FM_FP8)
+        best_other = _geomean([min(us[s] for s in (self.cuda, TRITON) if us.get(s)) / us[WG]
+                               for (h, _, _), us in pts if h in (64, 128)])
+        ratios = [(us[FM_BF16] / us[WG], k) for k, us in pts if k[0] in (64, 128) and us.get(FM_BF16)]
+        worst, worst_at = min(ratios)
+        tf = [(v, k) for k, v in self.tflops.items() if v and k[1] not in self.floor_contexts]
+        top_tf, top_at = max(tf)
+        tf_b8 = [v for (h, c, b), v in self.tflops.items() if v and h in (64, 128) and b >= 8
+                 and c not in self.floor_contexts]
+        p1 = [us[WG_PAGE1] / us[WG] for _, us in pts if us.get(WG_PAGE1)]
+        rows = [r for r in self.result.rows if r["section"] == "validation" and r["variant"] == WGMMA]
+        err = [r["rel_err"] / r["triton_rel_err"] for r in rows if r.get("rel_err") and r.get("triton_rel_err")]
+        values = {"wgmma_points": len(pts), "wgmma_faster_than_fm_bf16_16h": fm16_16, "wgmma_points_16h": n16,
+                  "wgmma_faster_than_fm_bf16_64_128h": fm16_many, "wgmma_points_64_128h": n_many,
+                  "wgmma_faster_than_fm_fp8": fm8_all, "wgmma_vs_best_other_geomean_64_128h": best_other,
+                  "wgmma_worst_vs_fm_bf16": worst, "wgmma_top_tflops": top_tf,
+                  "wgmma_max_tflops_b8_64_128h": max(tf_b8) if tf_b8 else None,
+                  "wgmma_page1_over_page64_max": max(p1) if p1 else None,
+                  "wgmma_validation_passed": sum(bool(r["ok"]) for r in rows), "wgmma_validation_runs": len(rows)}
+        h, c, b = worst_at
+        th, tc, tb = top_at
+        text = (f"The wgmma path passes {values['wgmma_validation_passed']} of {len(rows)} validation cases, with "
+                f"errors the Triton path's ×{min(err):.3f}–{max(err):.3f} on the same inputs. Over the "
+                f"{len(pts)} points of the grid it is faster than FlashMLA's BF16 kernel at {fm16_16} of the {n16} "
+                f"16-head points and at {fm16_many} of the {n_many} points with 64 or 128 heads, and faster than "
+                f"FlashMLA's FP8 kernel at {fm8_all} of {n_all}. Against our own best other path (mma.sync or "
+                f"Triton, whichever is faster at the point) it is {best_other:.2f}× faster at 64 and 128 heads "
+                f"(geometric mean). Where it loses most: {h} heads, {c // 1024}K, batch {b}, at "
+                f"{worst:.2f}× FlashMLA BF16's speed. It peaks at {top_tf:.0f} TFLOP/s ({th} heads, "
+                f"{tc // 1024}K, batch {tb}), against the 600 of the issue's target. Page 1 takes at most "
+                f"{values['wgmma_page1_over_page64_max']:.2f}× page 64's time.")
+        return text, values
