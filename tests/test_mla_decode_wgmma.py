@@ -90,7 +90,7 @@ def test_plans_hold_whole_tiles_of_64_tokens(heads):
     assert covered == dict(enumerate(lens))
 
 
-def test_plans_of_other_paths_are_refused():
+def test_on_cpu_the_device_is_refused_before_the_plan_is_looked_at():
     inp = make_mla_inputs([7, 65], 64, seed=6, layout="pool_view", pool_slots=512, device="cpu")
     mma_plan = cuda.plan_mla_decode_cuda(inp.kv_indptr, heads=64)
     # the device check comes first on CPU; the plan type is checked before any launch on a GPU (the GPU test)
