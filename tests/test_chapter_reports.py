@@ -395,3 +395,48 @@ def test_live_profile_params_fit_the_pool():
                       "capacity_sweep": [2048]}
     assert gather_step_report.live_profile_params({"pool_tokens": 3000, "layers": 1, "context_len": 5000},
                                                   small)["capacity"] == 3000
+
+
+# ---------------------------------------------------------------------------------------------- chapter 5, CUDA paths
+
+
+def _cuda_rows() -> list[dict[str, Any]]:
+    """A two-point fused_decode_cuda result: the wgmma path, the mma.sync default, Triton and FlashMLA."""
+    build = {"section": "build", "gpu": "NVIDIA H200", "sms": 132, "nvcc": "13.0", "build_s": 1.0,
+             "copy_gbps": 4200.0, "bf16_tflops": 680.0, "shared_limit": 232448, "default_variant": 5,
+             "variants": {"5": {"name": "v5", "warps": 4, "block_n": 64, "stages": 2, "min_blocks": 2, "v_bits": 0,
+                                "smem": 99_000, "registers": 255, "stack_bytes": 0, "spill_bytes": 0}},
+             "wgmma": {"runs": True, "arch": "sm_90a", "build_s": 4.0, "smem": 230400, "heads_per_cta": 64,
+                       "block_n": 64, "threads": 256, "registers": 255, "stack_bytes": 0, "spill_bytes": 0},
+             "flash_mla": {}}
+    times_ = {(16, 32768, 1): {"cuda_wgmma": 20.0, "cuda_wgmma_page1": 21.0, "cuda_v5": 30.0,
+                               "fused_fp8_page64": 25.0, "flashmla_dense_bf16": 40.0, "flashmla_dense_fp8": 22.0},
+              (128, 32768, 8): {"cuda_wgmma": 80.0, "cuda_wgmma_page1": 80.0, "cuda_v5": 200.0,
+                                "fused_fp8_page64": 190.0, "flashmla_dense_bf16": 40.0, "flashmla_dense_fp8": 35.0}}
+    rows: list[dict[str, Any]] = [build]
+    for (h, c, b), us in times_.items():
+        for strategy, t in us.items():
+            rows.append({"section": "bench", "strategy": strategy, "heads": h, "context": c, "batch": b,
+                         "tokens": c * b, "len_min": c, "len_max": c, "roofline_us": 10.0, "us": t,
+                         "timing": "graph", "tflops": 2 * h * c * b * 1088 / t / 1e6,
+                         "rel_err_f64": 0.03 if strategy == "flashmla_dense_fp8" else 0.0017})
+    rows.append({"section": "validation", "variant": "wgmma", "case": "c", "heads": 64, "tokens": 10,
+                 "page_size": 1, "ok": True, "rel_err": 0.0017, "triton_rel_err": 0.0017})
+    return rows
+
+
+def test_the_wgmma_report_says_what_its_rows_say():
+    from kvwall.notebook.cuda_path_report import CudaPath
+    rep = CudaPath(result("fused_decode_cuda", _cuda_rows(), contexts=[32768]))
+    text, values = rep.wgmma_summary()
+    assert values["wgmma_faster_than_fm_bf16_16h"] == 1 and values["wgmma_faster_than_fm_bf16_64_128h"] == 0
+    assert values["wgmma_faster_than_fm_fp8"] == 1  # 20 < 22 at 16 heads; 80 > 35 at 128
+    assert values["wgmma_worst_vs_fm_bf16"] == 0.5 and "0.50× FlashMLA BF16's speed" in text
+    assert values["wgmma_vs_best_other_geomean_64_128h"] == pytest.approx(190 / 80)
+    assert values["wgmma_page1_over_page64_max"] == pytest.approx(1.05)
+    fig = rep.wgmma_figure()
+    bars = {t.name: list(t.y) for t in fig.data}
+    assert bars["wgmma path"] == [2.0, 0.5] and bars["FlashMLA FP8 (FP8 query)"] == [40 / 22, 40 / 35]
+    verdicts = {r["target"][:2]: r["verdict"] for r in rep.wgmma_targets().rows}
+    # 128 heads x 262,144 tokens x 2,176 FLOP in 80 µs: 912 TFLOP/s, so target 4 holds on these rows
+    assert verdicts == {"1.": "met", "2.": "missed", "3.": "missed", "4.": "met", "5.": "met"}

@@ -11,6 +11,9 @@ from typing import Any
 from kvwall.experiments.fused_decode.cuda_path import TRITON_STRATEGY as TRITON
 from kvwall.experiments.fused_decode.cuda_path import WGMMA
 from kvwall.experiments.fused_decode.paths import path_points
+import plotly.graph_objects as go
+
+from kvwall.notebook.plots import with_caption
 from kvwall.notebook.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
@@ -280,6 +283,33 @@ class CudaPath:
                      "verdict": "met" if max(abs(x - 1) for x in p1) <= 0.10 else "missed"})
         return Table(rows, {"target (issue 12), the wgmma path": "target", "measured": "measured",
                             "verdict": "verdict"}, self.caption())
+
+    def wgmma_figure(self) -> go.Figure:
+        """Each path's speed relative to FlashMLA's BF16 kernel (its µs over the path's; above 1: faster) at every
+        grid point, log scale: the wgmma path, the mma.sync path, the Triton path and FlashMLA's FP8 kernel."""
+        pts = [(k, us) for k, us in self._grid() if us.get(FM_BF16)]
+        x = [[f"{h} heads" for (h, _, _), _ in pts], [f"{c // 1024}K<br>b{b}" for (_, c, b), _ in pts]]
+        fig = go.Figure()
+        ratios: list[float] = []
+        for name, strategy, color in (("wgmma path", WG, "#1f77b4"), ("mma.sync path", self.cuda, "#9ecae1"),
+                                      ("Triton path", TRITON, "#c7c7c7"), ("FlashMLA FP8 (FP8 query)", FM_FP8,
+                                                                         "#ff7f0e")):
+            ys = [_ratio(us[FM_BF16], us.get(strategy)) for _, us in pts]
+            ratios += [y for y in ys if y]
+            fig.add_bar(name=name, x=x, y=ys, marker_color=color,
+                        hovertemplate="%{x}<br>" + name + ": %{y:.2f}× FlashMLA BF16's speed<extra></extra>")
+        fig.add_hline(y=1.0, line_dash="dash", line_color="#333")  # FlashMLA BF16 itself
+        fig.update_layout(barmode="group", title="Speed relative to FlashMLA's BF16 kernel, per grid point",
+                          yaxis_title="speed vs FlashMLA BF16 (its µs / path µs)", bargap=0.15, bargroupgap=0.0)
+        fig.update_xaxes(tickfont=dict(size=9))
+        ticks = [0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5]
+        fig.update_yaxes(type="log", range=[math.log10(min(ratios) * 0.9), math.log10(max(ratios) * 1.25)],
+                         tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks])
+        fig = with_caption(fig, self.caption() + " Page 64, CUDA graphs, L2 flushed; batches > 1 mixed lengths; "
+                                                 "context K = 1,024 tokens, b = batch.", height=560)
+        fig.layout.annotations[-1].yshift = -95  # below the two rows of category labels
+        fig.update_layout(margin=dict(b=fig.layout.margin.b + 40))
+        return fig
 
     def wgmma_summary(self) -> tuple[str, dict[str, Any]]:
         """Where the wgmma path stands against FlashMLA and our other paths, and the values it quotes."""
