@@ -18,4 +18,5 @@ def test_chapter_6_on_cpu(tmp_path):
     assert v["model_held_out"] > 50 and v["model_median_abs_err"] < 0.15
     assert "full_pool_cast_fa2" in v["sm120_paths"] and not any("fa3" in p or "flashmla" in p for p in v["sm120_paths"])
     assert v["sm120_cast_ms"]["per-SM rate"] < v["sm120_cast_ms"]["fraction of peak"]
-    assert {u["experiment"] for u in rec["recorded_used"]} == {"decode_step_paths", "path_sweep", "sglang_patch_check"}
+    assert {u["experiment"] for u in rec["recorded_used"]} == {"decode_step_paths", "path_sweep", "sglang_patch_check",
+                                                             "fused_decode_cuda"}

@@ -440,3 +440,13 @@ def test_the_wgmma_report_says_what_its_rows_say():
     verdicts = {r["target"][:2]: r["verdict"] for r in rep.wgmma_targets().rows}
     # 128 heads x 262,144 tokens x 2,176 FLOP in 80 µs: 912 TFLOP/s, so target 4 holds on these rows
     assert verdicts == {"1.": "met", "2.": "missed", "3.": "missed", "4.": "met", "5.": "met"}
+
+
+def test_what_to_run_names_the_fastest_accurate_kernel_per_heads_and_batch():
+    from kvwall.notebook.cuda_path_report import CudaPath
+    table = CudaPath(result("fused_decode_cuda", _cuda_rows(), contexts=[32768])).what_to_run()
+    rows = {(r["heads"], r["batch"]): r for r in table.rows}
+    assert rows[(16, "1")]["fastest"] == "wgmma path (1 of 1)" and rows[(16, "1")]["vs"] == 2.0
+    assert rows[(128, "8–64")]["fastest"] == "FlashMLA BF16 (BF16 cache) (1 of 1)" and rows[(128, "8–64")]["vs"] == 0.5
+    assert rows[(128, "8–64")]["fp8"] == pytest.approx(40 / 35)
+    assert "18× our error" in table.markdown()  # 0.03 / 0.0017, the rows' FlashMLA FP8 error over ours

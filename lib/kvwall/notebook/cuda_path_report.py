@@ -311,6 +311,41 @@ class CudaPath:
         fig.update_layout(margin=dict(b=fig.layout.margin.b + 40))
         return fig
 
+    def what_to_run(self) -> Table:
+        """Per head count and batch class, which BF16-accurate kernel was fastest at the recorded points (ours on an
+        FP8 cache, or FlashMLA's BF16 kernel on a BF16 cache twice the size), and how our best compares."""
+        names = {WG: "wgmma path", self.cuda: "mma.sync path", TRITON: "Triton path",
+                 FM_BF16: "FlashMLA BF16 (BF16 cache)"}
+        ours = (WG, self.cuda, TRITON)
+        bench = {(r["heads"], r["context"], r["batch"], r["strategy"]): r for r in self.result.rows
+                 if r["section"] == "bench"}
+        err_x = _geomean([bench[(*k, FM_FP8)]["rel_err_f64"] / bench[(*k, WG)]["rel_err_f64"] for k, _ in self._grid()
+                          if (bench.get((*k, FM_FP8)) or {}).get("rel_err_f64")
+                          and (bench.get((*k, WG)) or {}).get("rel_err_f64")])
+        rows = []
+        for heads in sorted({h for (h, _, _), _ in self._grid()}):
+            for label, batches in (("1", {1}), ("8–64", {8, 32, 64})):
+                pts = [us for (h, _, b), us in self._grid() if h == heads and b in batches and us.get(FM_BF16)]
+                if not pts:
+                    continue
+                wins: dict[str, int] = {}
+                for us in pts:
+                    best = min((s for s in names if us.get(s)), key=lambda s: us[s])
+                    wins[best] = wins.get(best, 0) + 1
+                top = max(wins, key=lambda s: wins[s])
+                our_best = [min(us[s] for s in ours if us.get(s)) for us in pts]
+                rows.append({"heads": heads, "batch": label, "points": len(pts),
+                             "fastest": f"{names[top]} ({wins[top]} of {len(pts)})",
+                             "vs": _geomean([us[FM_BF16] / b for us, b in zip(pts, our_best)]),
+                             "fp8": _geomean([us[FM_BF16] / us[FM_FP8] for us in pts if us.get(FM_FP8)])})
+        return Table(rows, {"heads per GPU": "heads", "batch": "batch", "points": "points",
+                            "fastest BF16-accurate kernel": ("fastest", plain),
+                            "our best FP8-cache path vs FlashMLA BF16": ("vs", times(2)),
+                            f"FlashMLA FP8 (FP8 query, {err_x or float('nan'):.0f}× our error) vs FlashMLA BF16":
+                                ("fp8", times(2))},
+                     self.caption() + " Geometric means over chapter 5's grid points (contexts 4K, 32K, 128K); "
+                                      "above 1× is faster than FlashMLA BF16.")
+
     def wgmma_summary(self) -> tuple[str, dict[str, Any]]:
         """Where the wgmma path stands against FlashMLA and our other paths, and the values it quotes."""
         pts = [(k, us) for k, us in self._grid() if us.get(WG)]
