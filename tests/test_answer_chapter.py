@@ -13,6 +13,8 @@ def test_chapter_6_on_cpu(tmp_path):
     v = rec["values"]
     assert rec["mode"] == "cpu" and rec["duration_s"] < 180, "chapter 6 must run in 3 minutes on a 2-core CPU"
     assert v["live_paths"] == [p for p, info in PATH_INFO.items() if not info.gpu_only]
+    assert v["live_fused_kernels"] == {"triton": 1}, "on a CPU the dispatcher runs the Triton kernel"
+    assert sum(v["recorded_fused_kernels"]["step"].values()) == 1 and v["recorded_fused_kernels"]["sweep"]
     steps = v["recorded_step_ms"]
     assert steps["full_pool_cast"] > 3 * max(ms for p, ms in steps.items() if p != "full_pool_cast")
     assert v["model_held_out"] > 50 and v["model_median_abs_err"] < 0.15

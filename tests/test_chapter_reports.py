@@ -450,3 +450,48 @@ def test_what_to_run_names_the_fastest_accurate_kernel_per_heads_and_batch():
     assert rows[(128, "8–64")]["fastest"] == "FlashMLA BF16 (BF16 cache) (1 of 1)" and rows[(128, "8–64")]["vs"] == 0.5
     assert rows[(128, "8–64")]["fp8"] == pytest.approx(40 / 35)
     assert "18× our error" in table.markdown()  # 0.03 / 0.0017, the rows' FlashMLA FP8 error over ours
+
+
+def test_target_6_pairs_a_mixed_batch_of_32_with_one_request_of_equal_tokens():
+    from kvwall.notebook.cuda_path_report import CudaPath
+    rows = _cuda_rows()
+    for h, batch, tokens, us in ((16, 1, 65536, 30.0), (16, 32, 65536, 36.0), (128, 32, 65536, 50.0)):
+        rows.append({"section": "bench", "strategy": "cuda_wgmma", "heads": h, "context": 8192, "batch": batch,
+                     "tokens": tokens, "len_min": 1, "len_max": tokens, "roofline_us": 10.0, "us": us,
+                     "timing": "graph"})
+    rep = CudaPath(result("fused_decode_cuda", rows, contexts=[32768]))
+    pairs = rep.balance_pairs()
+    assert [(p["heads"], p["tokens"]) for p in pairs] == [(16, 65536)]  # 128 heads has no batch-1 twin
+    assert pairs[0]["ratio"] == pytest.approx(1.2)
+    target = next(r for r in rep.wgmma_targets().rows if r["target"].startswith("6."))
+    assert target["verdict"] == "missed" and "1.20–1.20× over 1 pairs" in target["measured"]
+    rows[-2]["us"] = 33.0  # within 15 %
+    assert next(r for r in CudaPath(result("fused_decode_cuda", rows, contexts=[32768])).wgmma_targets().rows
+                if r["target"].startswith("6."))["verdict"] == "met"
+
+
+def test_the_phase_table_holds_each_warpgroup_against_the_tile_floors():
+    from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
+    from kvwall.notebook.tile_phases_report import TilePhases, tile_floors
+    floors = tile_floors()
+    # 64 heads x 64 tokens x (576 + 512) x 2 FLOP at 4,096 per cycle; 296 KB of shared-memory traffic
+    assert floors["tensor"] == 2176 and floors["scores"] == 1152 and floors["smem_bytes"] == 303104
+    per_tile = {"0": dict(zip(TRACE_PHASES[0], (100.0, 2304.0, 700.0, 50.0, 800.0, 600.0))),
+                "1": dict(zip(TRACE_PHASES[1], (150.0, 900.0, 80.0, 1200.0, 1800.0)))}
+    rows = _cuda_rows() + [{"section": "phases", "heads": 128, "context": 131072, "batch": 8, "tokens": 10**6,
+                            "us": 100.0, "us_traced": 105.0, "work_items": 65, "ctas": 130, "tiles": 1300,
+                            "per_tile": per_tile, "per_cta": {"0": {"query prologue": 9000.0},
+                                                               "1": {"query prologue": 9000.0, "first tiles": 3000.0}}},
+                           {"section": "phases", "heads": 16, "context": 4096, "batch": 1, "tokens": 4096,
+                            "error": "RuntimeError: no tile"}]
+    rep = TilePhases(result("fused_decode_cuda", rows, contexts=[32768]))
+    table, text, values = rep.table()
+    assert len(table.rows) == 1  # the failed trace is not a point
+    row = table.rows[0]
+    assert row["wg0"] == 4554 and row["wg1"] == 4130 and row["fixed"] == 12000 and row["tiles"] == 10
+    assert row["vs_tensor"] == pytest.approx(4554 / 2176) and table.column("clock reads' cost") == ["+5%"]
+    assert values["phase_scores_over_floor_min"] == 2.0 and "2.0–2.0× their tensor time" in text
+    assert values["phase_wait_share_max"] == pytest.approx(230 / 4554)
+    fig = rep.figure()
+    stacks = {t.name: list(t.x) for t in fig.data}
+    assert stacks["wg 0: scores (36 wgmma)"] == [2304.0, None] and stacks["wg 1: convert the next tile"] == [None, 1200.0]

@@ -15,7 +15,7 @@ import pytest
 
 import kvwall.experiments  # noqa: F401  (registers the row schemas load_result checks)
 from kvwall import cli
-from kvwall.model.cost import GPUS, MODEL_PRESETS, PATHS, TRANSFER_RULES, Point, paths_on
+from kvwall.model.cost import GPUS, MODEL_PRESETS, OFF_REFERENCE, PATHS, TRANSFER_RULES, Point, paths_on
 from kvwall.notebook import cost_explorer as ce
 from kvwall.notebook.answer_report import fit_sweep
 from kvwall.results import load_result
@@ -69,7 +69,9 @@ def test_grid_leaves_out_paths_that_do_not_exist(grid):
     assert "fused_fp8" in got and not {"full_pool_cast", "flashinfer_fp8", "flashmla_bf16", "bf16_cache"} & set(got)
     assert "gather_cast_fa2" in got
     assert "fused_fp8" in ce.grid_values(grid, ce.State("glm-5", "rtx-pro-6000", 4, 8192, 1, 495_000))
-    assert set(ce.grid_values(grid, ce.State("glm-5", "h200", 1, 8192, 1, 495_000))) == set(PATHS)
+    # Every path on the H200, but the Triton kernel timed alone: it is what fused_fp8 runs off the H200, no choice.
+    assert set(ce.grid_values(grid, ce.State("glm-5", "h200", 1, 8192, 1, 495_000))) == set(PATHS) - {
+        *OFF_REFERENCE.values()}
 
 
 def test_grid_flags_states_that_do_not_fit_and_covers_every_state(grid):

@@ -18,6 +18,7 @@ TRUE = {  # component -> (c0 µs, GB/s, TFLOP/s or None)
     "fa3_bf16": (20.0, 2800.0, 400.0), "fa2_bf16": (22.0, 1600.0, 230.0), "fused_fp8": (11.0, 1300.0, 100.0),
     "flashinfer_fp8": (45.0, 520.0, 140.0), "flashmla_bf16": (18.0, 3300.0, 410.0), "flashmla_fp8": (13.0, 2400.0, 590.0),
     "full_cast": (6.0, 1040.0, None), "index_then_cast": (1.0, 1240.0, None), "gather_cast": (0.5, 4200.0, None),
+    "fused_fp8_triton": (12.0, 1100.0, 90.0),
 }
 
 

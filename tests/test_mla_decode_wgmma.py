@@ -50,6 +50,15 @@ def test_ptxas_compiles_it_for_sm90a_without_spills_or_stack():
     assert "serialized" not in rep.log, "ptxas serialized the wgmma instructions:\n" + rep.log[-2000:]
 
 
+def test_the_trace_build_compiles_too():
+    """The KVWALL_TRACE build (clock64 per phase) compiles for sm_90a, still without wgmma serialization."""
+    if NVCC is None:
+        pytest.skip("no nvcc on this machine")
+    rep = wgmma.nvcc_compile_check_wgmma(trace=True)
+    assert rep.ok and rep.registers[0] <= 255, rep.log[-2000:]
+    assert "serialized" not in rep.log, rep.log[-2000:]
+
+
 def test_the_host_side_agrees_with_the_compiled_shape(tmp_path):
     """Params size and (shared memory, heads, tokens, threads) as the C++ says them, against the host's constants;
     the shared memory fits an H100 / H200 block."""
@@ -167,6 +176,24 @@ def test_unchecked_out_of_range_index_and_graph_replay(gpu, layout):
     with pytest.raises(TypeError, match="plan_mla_decode_wgmma"):
         mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len,
                              plan=cuda.plan_mla_decode_cuda(inp.kv_indptr, inp.kv_len, heads=64, page_size=page_size))
+
+
+@on_hopper
+def test_the_traced_build_computes_the_same_and_counts_every_tile(gpu):
+    inp = make_mla_inputs([300, 5000, 70], 128, seed=5, layout="paged", page_size=64, pool_slots=100_000, device=gpu)
+    plan = plan_mla_decode_wgmma(inp.kv_indptr, inp.kv_len, heads=128, page_size=64)
+    args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE)
+    out = torch.full((3, 128, 512), float("nan"), dtype=torch.bfloat16, device=gpu)
+    call = lambda: mla_decode_fp8_wgmma(*args, kv_len=inp.kv_len, check_range=False, plan=plan, out=out)  # noqa: E731
+    shipped = call().clone()
+    trace = wgmma.trace_wgmma_phases(call)
+    assert torch.equal(out, shipped)
+    # every item's tiles, once per head block; every CTA counted by both warpgroups
+    tiles = sum(-(-max(t, 0) // BLOCK_N) for t in plan.work_list.item_tokens()) * 2
+    assert trace.tiles == tiles and trace.ctas == plan.items * 2
+    for wg, names in wgmma.TRACE_PHASES.items():
+        assert set(trace.per_tile[wg]) == set(names) and all(v >= 0 for v in trace.per_tile[wg].values())
+        assert sum(trace.per_tile[wg].values()) > 0
 
 
 @pytest.mark.parametrize("lens,head_blocks", [([131072] * 8, 2), ([131072], 2), ([4096] * 8, 1), ([32768] * 32, 2),

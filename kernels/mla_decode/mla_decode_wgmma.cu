@@ -13,10 +13,11 @@
 //     tile exceeds it by 2^8); P rounded to float16, kept in registers for its own P V (wgmma with A from registers)
 //     and written to shared memory with the rows' rescale factors for warpgroup 1; O[:, 0:256] += P V.
 //   warpgroup 1: gathers each tile's FP8 rows into registers (16-byte loads, a tile ahead), converts them into the
-//     free buffer (cvt.rn.f16x2.e4m3x2) and O[:, 256:512] += P V with P from shared memory.
+//     free buffer (cvt.rn.f16x2.e4m3x2) and O[:, 256:512] += P V with P read into registers by ldmatrix (so the P
+//     hand-off stays in the generic proxy: no proxy fence on warpgroup 0's side).
 // Named barriers pass the buffers and P between the two: K_READY[b] (1 -> 0: buffer b holds the next tile), K_FREE[b]
 // (0 -> 1: warpgroup 0 is done with buffer b), P_READY (0 -> 1: P and the factors are written), P_FREE (1 -> 0:
-// warpgroup 1's P V has read P). Each producer waits for the matching release before it arrives again, so no
+// warpgroup 1 has P in registers). Each producer waits for the matching release before it arrives again, so no
 // barrier ever counts two phases' arrivals together.
 #include "mla_decode_common.cuh"
 
@@ -38,6 +39,36 @@ constexpr float RESCALE = 8.f;               // lazy rescaling threshold (log2 u
 constexpr int ROWS = 2;                      // token rows each producer thread gathers per tile (lr, lr + 32)
 constexpr int PIECES = D / 64;               // 16-byte pieces per row per thread (a quad of lanes per row)
 enum Barrier { K_READY0 = 1, K_READY1 = 2, K_FREE0 = 3, K_FREE1 = 4, P_READY = 5, P_FREE = 6 };
+
+// ---- KVWALL_TRACE (a diagnostic build, never the shipped one): lane 0 of each warpgroup's first warp reads clock64()
+// at every phase boundary and sums the cycles per phase in shared memory; at the end each CTA adds its sums to
+// g_trace[warpgroup][phase] (slot 14 counts CTAs, 15 tiles), read back by kvwall_mla_trace().
+#ifdef KVWALL_TRACE
+__device__ unsigned long long g_trace[2][16];
+#define TRACE_DECL __shared__ unsigned long long s_tr[2][17];
+#define TRACE_INIT                                                  \
+  if ((tid & 127) == 0) {                                           \
+    for (int k_ = 0; k_ < 16; ++k_) s_tr[tid >> 7][k_] = 0;          \
+    s_tr[tid >> 7][16] = clock64();                                  \
+  }
+#define TRACE(k)                                                    \
+  if ((tid & 127) == 0) {                                           \
+    const unsigned long long now_ = clock64();                      \
+    s_tr[tid >> 7][k] += now_ - s_tr[tid >> 7][16];                  \
+    s_tr[tid >> 7][16] = now_;                                       \
+  }
+#define TRACE_END                                                   \
+  if ((tid & 127) == 0) {                                           \
+    for (int k_ = 0; k_ < 14; ++k_) atomicAdd(&g_trace[tid >> 7][k_], s_tr[tid >> 7][k_]); \
+    atomicAdd(&g_trace[tid >> 7][14], 1ull);                         \
+    atomicAdd(&g_trace[tid >> 7][15], (unsigned long long)ntiles);   \
+  }
+#else
+#define TRACE_DECL
+#define TRACE_INIT
+#define TRACE(k)
+#define TRACE_END
+#endif
 
 // Byte offset of 16-byte granule `gran` (8 float16 columns) of row `row` in a 128-byte-swizzled chunk.
 __device__ __forceinline__ uint32_t swz(int row, int gran) { return row * 128 + ((gran ^ (row & 7)) << 4); }
@@ -160,6 +191,7 @@ __device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t
 
 __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) {
   extern __shared__ __align__(1024) uint8_t smem[];
+  TRACE_DECL
   float* s_alpha = reinterpret_cast<float*>(smem + F_OFF);  // per head: this tile's O rescale factor
   float* s_sum = s_alpha + 64;                              // per head: the row sum, at the end
   float* row_c = s_sum + 64;                                // per head: score scale of the nope part
@@ -168,6 +200,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
   if (base & 1023) __trap();  // the swizzle needs 1024-byte aligned chunks
 
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  TRACE_INIT
   const int g = lane >> 2, c = lane & 3;
   // The warpgroup index through a shuffle from lane 0, so the compiler knows it is warp-uniform: the wgmma
   // descriptors built from it then stay in uniform registers.
@@ -240,6 +273,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
   }
   fence_async_smem();
   __syncthreads();
+  TRACE(8)
 
   const int r0 = 16 * warp + g;  // this thread's accumulator rows: r0 and r0 + 8
   float o[128];
@@ -330,9 +364,10 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
       load_tile(2);
       fetch_index(3);
     }
-    const uint64_t pa0 = gmma_desc(base + P_OFF, 16, 1024);
+    TRACE(10)
     for (int it = 0; it < ntiles; ++it) {
       bar_sync(P_READY);  // P of tile it and its rescale factors are in shared memory
+      TRACE(0)
       const float a0 = s_alpha[r0], a1 = s_alpha[r0 + 8];
       if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
@@ -344,21 +379,37 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
         }
       }
       const uint64_t vb0 = gmma_desc(base + K_OFF + (it & 1) * TILE + 4 * CHUNK, CHUNK, 1024);
+      // P into registers (ldmatrix: the generic proxy, so warpgroup 0 needs no proxy fence), P's buffer released
+      // at once, then O[:, 256:512] += P V with A from registers.
+      uint32_t pf[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const int mi = lane >> 3;
+        const uint32_t addr = base + P_OFF + swz(16 * warp + (lane & 7) + 8 * (mi & 1), 2 * ks + (mi >> 1));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(pf[ks][0]), "=r"(pf[ks][1]), "=r"(pf[ks][2]), "=r"(pf[ks][3]) : "r"(addr));
+      }
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) pin(pf[ks]);
+      if (it + 1 < ntiles) bar_arrive(P_FREE);
       pin(o);
       wg_fence();
 #pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks) wgmma_m64n256_ss<1>(o, pa0 + ((ks * 32) >> 4), vb0 + ((ks * 2048) >> 4), 1);
+      for (int ks = 0; ks < BN / 16; ++ks) wgmma_m64n256_rs<1>(o, pf[ks], vb0 + ((ks * 2048) >> 4), 1);
       wg_commit();
       wg_wait0();
       pin(o);
-      if (it + 1 < ntiles) bar_arrive(P_FREE);
+      TRACE(1)
       if (it + 2 < ntiles) {
         bar_sync((it & 1) ? K_FREE1 : K_FREE0);  // warpgroup 0 is done with buffer it % 2
+        TRACE(2)
         convert_tile(it & 1);                    // tile it + 2
+        TRACE(3)
         if (it + 3 < ntiles) {
           load_tile(it + 3);
           fetch_index(it + 4);
         }
+        TRACE(4)
       }
     }
   } else {
@@ -368,6 +419,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
     for (int it = 0; it < ntiles; ++it) {
       const uint32_t kbuf = base + K_OFF + (it & 1) * TILE;
       bar_sync((it & 1) ? K_READY1 : K_READY0);
+      TRACE(0)
       float sn[32], sr[32];
       const uint64_t kb0 = gmma_desc(kbuf, 16, 1024);
       wg_fence();
@@ -388,6 +440,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
       wg_wait0();
       pin(sn);
       pin(sr);
+      TRACE(1)
 
       // Logits (base 2), masked past the chunk; row maxima over the quad (a quad holds whole rows).
       const int live = (int)min((long long)BN, hi - (lo + (long long)it * BN));
@@ -427,7 +480,9 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
         pr[j >> 1][(j & 1) * 2 + 0] = half2_bits(p0, p1);
         pr[j >> 1][(j & 1) * 2 + 1] = half2_bits(p2, p3);
       }
+      TRACE(2)
       if (it > 0) bar_sync(P_FREE);  // warpgroup 1's P V of the previous tile has read P
+      TRACE(3)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {  // tokens 8 j .. 8 j + 7 are granule j of the swizzled P rows
         *reinterpret_cast<uint32_t*>(smem + P_OFF + swz(r0, j) + 4 * c) = pr[j >> 1][(j & 1) * 2 + 0];
@@ -437,8 +492,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
         s_alpha[r0] = alpha[0];
         s_alpha[r0 + 8] = alpha[1];
       }
-      fence_async_smem();
-      bar_arrive(P_READY);
+      bar_arrive(P_READY);  // warpgroup 1 reads P with ldmatrix (the generic proxy): no proxy fence
       if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
@@ -449,6 +503,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
         }
       }
       const uint64_t vb0 = gmma_desc(kbuf, CHUNK, 1024);
+      TRACE(4)
       pin(o);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) pin(pr[ks]);
@@ -458,6 +513,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
       wg_commit();
       wg_wait0();
       pin(o);
+      TRACE(5)
       if (it + 2 < ntiles) bar_arrive((it & 1) ? K_FREE1 : K_FREE0);
     }
     // Row sums over the quad, to shared memory for both warpgroups' normalization.
@@ -504,6 +560,8 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
       if (wgi == 0 && c == 0) p.part_lse[(long long)ib.prow * p.H + h] = lse2[row];
     }
   }
+  TRACE(9)
+  TRACE_END
 }
 
 }  // namespace wg
@@ -530,6 +588,18 @@ int kvwall_mla_wgmma_split(const kvwall_mla::Params* p, int head_blocks, int ite
   kernel<<<dim3(head_blocks, items), kvwall_mla::wg::NT, kvwall_mla::wg::SMEM, (cudaStream_t)stream>>>(*p);
   return (int)cudaGetLastError();
 }
+
+#ifdef KVWALL_TRACE
+// The diagnostic build's phase sums (2 x 16 counters) into `host`; zeroed after reading when `reset`.
+int kvwall_mla_trace(unsigned long long* host, int reset) {
+  cudaError_t err = cudaMemcpyFromSymbol(host, kvwall_mla::wg::g_trace, sizeof(kvwall_mla::wg::g_trace));
+  if (err == cudaSuccess && reset) {
+    static const unsigned long long zeros[32] = {};
+    err = cudaMemcpyToSymbol(kvwall_mla::wg::g_trace, zeros, sizeof(zeros));
+  }
+  return (int)err;
+}
+#endif
 
 const char* kvwall_mla_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
 

@@ -6,7 +6,8 @@ the same plan, semantics and validation as :func:`kvwall.kernels.mla_decode_fp8`
 - :func:`plan_mla_decode_wgmma`: the batch's work list for this kernel (64-token tiles, 64 heads per CTA, one CTA
   per SM);
 - :func:`wgmma_refusal`: why it cannot run on a device (it is built for sm_90a only: H100 / H200);
-- :func:`nvcc_compile_check_wgmma`: ptxas's resource report without a GPU.
+- :func:`nvcc_compile_check_wgmma`: ptxas's resource report without a GPU;
+- :func:`trace_wgmma_phases`: where a tile's cycles go, per warpgroup and phase (a ``KVWALL_TRACE`` build).
 
 It is built with nvcc directly (``-gencode=arch=compute_90a,code=sm_90a``, a shared library cached per source
 version) and called through ``ctypes`` on the current stream, with ``mla_decode_mma.cu``'s ``Params``.
@@ -14,6 +15,7 @@ version) and called through ``ctypes`` on the current stream, with ``mla_decode_
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -24,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 
@@ -34,7 +37,8 @@ from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, MLADecodePlan, pla
 from kvwall.kernels.mla_decode.plan import build_work_list
 
 __all__ = ["mla_decode_fp8_wgmma", "plan_mla_decode_wgmma", "WgmmaPlan", "wgmma_refusal", "load_mla_decode_wgmma",
-           "nvcc_compile_check_wgmma", "WGMMA_SOURCE", "HEADS_PER_CTA", "BLOCK_N", "THREADS", "SMEM_BYTES", "ARCH"]
+           "nvcc_compile_check_wgmma", "trace_wgmma_phases", "traced_build", "PhaseTrace", "TRACE_PHASES", "TRACE_FIXED",
+           "WGMMA_SOURCE", "HEADS_PER_CTA", "BLOCK_N", "THREADS", "SMEM_BYTES", "ARCH"]
 
 _fail: Fail = functools.partial(fail, "mla_decode_fp8_wgmma")
 
@@ -79,17 +83,19 @@ def _cache_dir() -> Path:
 
 
 @functools.cache
-def load_mla_decode_wgmma() -> ctypes.CDLL:
-    """Build (once per source version) and load the wgmma path."""
+def load_mla_decode_wgmma(trace: bool = False) -> ctypes.CDLL:
+    """Build (once per source version) and load the wgmma path; ``trace``: the diagnostic ``KVWALL_TRACE`` build
+    (:func:`trace_wgmma_phases`), a library of its own."""
     if not torch.cuda.is_available():
         raise RuntimeError("mla_decode_fp8_wgmma needs an H100 / H200; on this machine use mla_decode_fp8 (Triton) or "
                            "nvcc_compile_check_wgmma() to compile-check the source.")
-    so = _cache_dir() / f"kvwall_mla_wgmma_{_source_hash(WGMMA_SOURCE)}.so"
+    tag = "_trace" if trace else ""
+    so = _cache_dir() / f"kvwall_mla_wgmma{tag}_{_source_hash(WGMMA_SOURCE)}.so"
     if not so.exists():
         tmp = so.with_suffix(f".{os.getpid()}.tmp")
-        proc = subprocess.run([_nvcc(), *NVCC_FLAGS, f"-gencode=arch=compute_90a,code={ARCH}", "-shared",
-                               "-Xcompiler", "-fPIC", str(WGMMA_SOURCE), "-o", str(tmp)],
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([_nvcc(), *NVCC_FLAGS, *(["-DKVWALL_TRACE"] if trace else []),
+                               f"-gencode=arch=compute_90a,code={ARCH}", "-shared", "-Xcompiler", "-fPIC",
+                               str(WGMMA_SOURCE), "-o", str(tmp)], capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed to build {WGMMA_SOURCE.name}:\n{proc.stdout}{proc.stderr}")
         os.replace(tmp, so)
@@ -107,7 +113,76 @@ def load_mla_decode_wgmma() -> ctypes.CDLL:
     if tuple(shape) != (SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS):
         raise RuntimeError(f"mla_decode_wgmma.cu's shape {tuple(shape)} differs from the host's "
                            f"{(SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS)}.")
+    if trace:
+        lib.kvwall_mla_trace.restype = ctypes.c_int
+        lib.kvwall_mla_trace.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
     return lib
+
+
+#: The ``KVWALL_TRACE`` build's phases of one tile, per warpgroup, in the order of the source's ``TRACE(k)`` marks
+#: (k = the index here): each is the cycles from the previous mark to this one, as lane 0 of the warpgroup's first
+#: warp sees them (``clock64``).
+TRACE_PHASES: dict[int, tuple[str, ...]] = {
+    0: ("wait for the tile", "scores (36 wgmma)", "softmax", "wait for P's buffer", "hand P over",
+        "P V, columns 0-255"),
+    1: ("wait for P", "P V, columns 256-511", "wait for a free buffer", "convert the next tile",
+        "issue the next loads"),
+}
+#: Once per CTA, by mark index: the query prologue, the first tiles' loads (warpgroup 1), the write at the end.
+TRACE_FIXED: dict[int, str] = {8: "query prologue", 10: "first tiles", 9: "normalize and write"}
+
+
+@dataclass(frozen=True)
+class PhaseTrace:
+    """One traced launch: ``per_tile[warpgroup][phase]`` = cycles per tile summed over CTAs / tiles;
+    ``per_cta[warpgroup][fixed phase]`` = cycles per CTA."""
+
+    ctas: int
+    tiles: int
+    per_tile: dict[int, dict[str, float]]
+    per_cta: dict[int, dict[str, float]]
+
+
+_TRACING = False
+
+
+@contextlib.contextmanager
+def traced_build() -> Iterator[None]:
+    """Within it, :func:`mla_decode_fp8_wgmma` launches the ``KVWALL_TRACE`` build (e.g. to time what the clock
+    reads cost)."""
+    global _TRACING
+    _TRACING = True
+    try:
+        yield
+    finally:
+        _TRACING = False
+
+
+def trace_wgmma_phases(call: Callable[[], object]) -> PhaseTrace:
+    """Run ``call`` (one or more :func:`mla_decode_fp8_wgmma` calls, none captured in a graph) once on the
+    ``KVWALL_TRACE`` build and return where its tiles' cycles went. The build differs from the shipped one only
+    by the clock reads and their shared-memory sums; time the shipped build, not this one."""
+    lib = load_mla_decode_wgmma(trace=True)
+    counters = (ctypes.c_ulonglong * 32)()
+    for step in ("zero", "read"):  # zero what earlier traced launches left, run, read
+        if step == "read":
+            with traced_build():
+                call()
+            torch.cuda.synchronize()
+        code = lib.kvwall_mla_trace(counters, 1)
+        if code:
+            raise RuntimeError(f"kvwall_mla_trace: {lib.kvwall_mla_error_string(code).decode()}")
+    v = list(counters)
+    per_tile: dict[int, dict[str, float]] = {}
+    per_cta: dict[int, dict[str, float]] = {}
+    for wg, names in TRACE_PHASES.items():
+        row = v[16 * wg:16 * wg + 16]
+        ctas, tiles = row[14], row[15]
+        if not ctas or not tiles:
+            raise RuntimeError("trace_wgmma_phases: the call ran no wgmma tile (is it a wgmma call with tokens?)")
+        per_tile[wg] = {name: row[k] / tiles for k, name in enumerate(names)}
+        per_cta[wg] = {name: row[k] / ctas for k, name in TRACE_FIXED.items() if wg == 1 or k != 10}
+    return PhaseTrace(ctas=v[14], tiles=v[15], per_tile=per_tile, per_cta=per_cta)
 
 
 #: Per-CTA fixed work in tokens' worth, for choosing how many waves a work list fills (query load, first tiles'
@@ -181,7 +256,7 @@ def mla_decode_fp8_wgmma(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: to
     if not isinstance(plan, WgmmaPlan):
         _fail(TypeError, f"plan must come from plan_mla_decode_wgmma, got {type(plan).__name__}.")
     _check_plan(_fail, plan, q_nope, inputs.page_size)
-    lib = load_mla_decode_wgmma()
+    lib = load_mla_decode_wgmma(trace=_TRACING)
 
     def launcher(params, head_blocks, items, stream):
         code = lib.kvwall_mla_wgmma_split(ctypes.byref(params), head_blocks, items, stream)
@@ -194,13 +269,15 @@ def mla_decode_fp8_wgmma(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: to
 _ENTRY = re.compile(r"Compiling entry function '_ZN10kvwall_mla2wg22mla_wgmma_split_kernel")
 
 
-def nvcc_compile_check_wgmma(nvcc: str | None = None) -> NvccReport:
-    """Compile ``mla_decode_wgmma.cu`` for sm_90a with ``nvcc`` (no GPU needed); the report's variant key is 0."""
+def nvcc_compile_check_wgmma(nvcc: str | None = None, *, trace: bool = False) -> NvccReport:
+    """Compile ``mla_decode_wgmma.cu`` for sm_90a with ``nvcc`` (no GPU needed); the report's variant key is 0.
+    ``trace``: the ``KVWALL_TRACE`` build."""
     nvcc = nvcc or _nvcc()
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        proc = subprocess.run([nvcc, *NVCC_FLAGS, f"-gencode=arch=compute_90a,code={ARCH}", "-Xptxas", "-v", "-c",
+        proc = subprocess.run([nvcc, *NVCC_FLAGS, *(["-DKVWALL_TRACE"] if trace else []),
+                               f"-gencode=arch=compute_90a,code={ARCH}", "-Xptxas", "-v", "-c",
                                str(WGMMA_SOURCE), "-o", str(Path(tmp) / "wg.o")],
                               capture_output=True, text=True, timeout=600)
         seconds = time.perf_counter() - t0

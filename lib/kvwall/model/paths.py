@@ -10,7 +10,7 @@ path                      per layer                                             
 ``full_pool_cast``        the whole layer's pool cast to BF16 (the original), FlashInfer BF16       FP8
 ``index_then_cast``       PyTorch ``pool.index_select(0, kv_indices).to(bf16)``, FlashInfer BF16    FP8
 ``gather_cast``           chapter 4's ``gather_cast`` kernel (real rows only), FlashInfer BF16      FP8
-``fused_fp8``             chapter 5's ``mla_decode_fp8``: attention straight from FP8, no BF16 copy FP8
+``fused_fp8``             chapter 5's fused decode, the kernel the dispatcher picks: no BF16 copy   FP8
 ``flashinfer_fp8``        FlashInfer's native FP8 MLA (fa3; SM90 only, FlashInfer >= 0.6.14)        FP8
 ``bf16_cache``            no cast at all: the cache is BF16 (twice the bytes per token)            BF16
 ========================  ========================================================================  ==========
@@ -18,25 +18,32 @@ path                      per layer                                             
 Every FlashInfer BF16 path uses the same FlashInfer backend (``bf16_backend``: fa3 on Hopper, fa2 elsewhere), so
 no path is pinned to a slower kernel than its peers. On a CPU, FlashInfer does not run: the BF16 paths attend with
 the float32 reference (:class:`kvwall.model.attention.ReferenceMLADecode`) and ``fused_fp8`` runs in Triton's
-interpreter; ``flashinfer_fp8`` is GPU-only.
+interpreter; ``flashinfer_fp8`` is GPU-only. ``fused_fp8`` runs whichever of our kernels
+:mod:`kvwall.kernels.mla_decode.dispatch` picks for the GPU and the batch (:func:`choose_fused_kernel`): the Triton
+kernel on a CPU and on a GPU without a measured table, the CUDA mma.sync or wgmma path where chapter 5 measured it
+faster.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import torch
 
-from kvwall.kernels.mla_decode.kernel import default_config, mla_decode_fp8, plan_mla_decode
+from kvwall.kernels.mla_decode import dispatch
+from kvwall.kernels.mla_decode.dispatch import KernelPath
+from kvwall.kernels.mla_decode.kernel import MLADecodePlan
 from kvwall.kernels.mla_decode.reference import split_latent_cache
 from kvwall.model.attention import FlashInferMLADecode, MLADecode, ReferenceMLADecode
 from kvwall.model.geometry import MLAGeometry, dtype_bytes
 from kvwall.model.pool import DecodeBatch, TokenPool
 from kvwall.model.strategies import FullPoolCast, GatherCast, IndexThenCast, KVStrategy, compact_batch
 
-__all__ = ["STEP_PATHS", "PathInfo", "PATH_INFO", "CacheViews", "FusedFP8Decode", "FlashInferFP8Decode",
-           "bf16_backend_for", "build_step_path", "kv_bytes_per_token"]
+__all__ = ["STEP_PATHS", "PathInfo", "PATH_INFO", "CacheViews", "KERNEL_NAMES", "kernel_that_ran", "kernels_that_ran",
+           "FusedKernel", "choose_fused_kernel", "FusedFP8Decode", "FlashInferFP8Decode", "bf16_backend_for",
+           "build_step_path", "kv_bytes_per_token"]
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 
@@ -88,26 +95,65 @@ class CacheViews:
         return split_latent_cache(pool.key_buffer(layer), pool.geometry.kv_lora_rank)
 
 
+#: Our fused decode's kernels, by the dispatcher's name for each (:mod:`kvwall.kernels.mla_decode.dispatch`).
+KERNEL_NAMES: dict[str, str] = {"triton": "Triton kernel", "cuda": "CUDA C++ mma.sync path", "wgmma": "wgmma path"}
+
+
+def kernel_that_ran(row: Mapping[str, Any]) -> str:
+    """Which of our kernels a recorded ``fused_fp8`` row ran: its ``kernel_path``; a row recorded before the path
+    ran the dispatcher's choice names none, and ran the Triton kernel."""
+    return row.get("kernel_path") or "triton"
+
+
+def kernels_that_ran(rows: Iterable[Mapping[str, Any]]) -> Counter[str]:
+    """How many of the ``fused_fp8`` rows that ran (no ``error``) ran each of our kernels."""
+    return Counter(kernel_that_ran(r) for r in rows if r.get("path") == "fused_fp8" and not r.get("error"))
+
+
+@dataclass(frozen=True)
+class FusedKernel:
+    """Which kernel of our fused FP8 decode a batch runs, the dispatcher's reason, and that kernel's plan."""
+
+    path: KernelPath
+    why: str
+    plan: MLADecodePlan
+
+    def call_kwargs(self) -> dict[str, Any]:
+        """Keywords only the chosen kernel takes: the Triton kernel's launch shape is its plan's."""
+        return {"config": self.plan.config} if self.path == "triton" else {}
+
+
+def choose_fused_kernel(kv_indptr: torch.Tensor, *, heads: int, ckv: torch.Tensor, kpe: torch.Tensor,
+                        device: torch.device) -> FusedKernel:
+    """:func:`kvwall.kernels.mla_decode.dispatch.choose_path` for a batch of requests (page size 1) on the FP8 cache
+    views ``ckv``/``kpe``, and the plan of the chosen kernel: made here, once per step, outside any CUDA-graph
+    capture (it reads the lengths on the host)."""
+    ptr = kv_indptr.tolist()
+    path, why = dispatch.choose_path(heads, len(ptr) - 1, max(b - a for a, b in zip(ptr, ptr[1:])), device,
+                                     ckv_cache=ckv, kpe_cache=kpe)
+    plan = dispatch.plan_mla_decode_auto(kv_indptr, heads=heads, device=device, path=path, ckv_cache=ckv,
+                                         kpe_cache=kpe)
+    return FusedKernel(path, why, plan)
+
+
 class FusedFP8Decode:
-    """:func:`kvwall.kernels.mla_decode_fp8` on a batch: the step's plan (:func:`kvwall.kernels.mla_decode.kernel.
-    plan_mla_decode`, a balanced work list made once here and reused by every layer), the first call checked (the
-    range check), the rest unchecked."""
+    """Our fused FP8 MLA decode on a batch, on the kernel :func:`choose_fused_kernel` picks for the layer's FP8 cache
+    (layer 0's views: every layer has the same layout). The step's plan is made once here and reused by every layer;
+    the first call is checked (the range check), the rest unchecked (CUDA-graph capturable)."""
 
     def __init__(self, geometry: MLAGeometry, batch: DecodeBatch, pool: TokenPool) -> None:
         self.batch, self.sm_scale = batch, geometry.sm_scale
-        device = pool.device
-        max_len = int(batch.context_lens.max())
         heads = geometry.heads_per_gpu
-        self.config = default_config(heads, geometry.kv_lora_rank, device, max_len)
-        self.plan = plan_mla_decode(batch.kv_indptr, heads=heads, kv_lora_rank=geometry.kv_lora_rank, device=device,
-                                    config=self.config)
-        self.out = torch.empty(batch.batch_size, heads, geometry.kv_lora_rank, dtype=BF16, device=device)
-        self.name = f"kvwall mla_decode_fp8 ({self.plan.items} work items)"
+        ckv, kpe = split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank)
+        self.kernel = choose_fused_kernel(batch.kv_indptr, heads=heads, ckv=ckv, kpe=kpe, device=pool.device)
+        self.out = torch.empty(batch.batch_size, heads, geometry.kv_lora_rank, dtype=BF16, device=pool.device)
+        self.name = f"kvwall fused FP8 decode, {self.kernel.path} path ({self.kernel.plan.items} work items)"
         self._checked = False
 
     def __call__(self, q_nope, q_pe, ckv, kpe):
-        out = mla_decode_fp8(q_nope, q_pe, ckv, kpe, self.batch.kv_indptr, self.batch.kv_indices, self.sm_scale,
-                             out=self.out, check_range=not self._checked, config=self.config, plan=self.plan)
+        out = dispatch.mla_decode(q_nope, q_pe, ckv, kpe, self.batch.kv_indptr, self.batch.kv_indices, self.sm_scale,
+                                  plan=self.kernel.plan, out=self.out, check_range=not self._checked,
+                                  **self.kernel.call_kwargs())
         self._checked = True
         return out
 
@@ -122,7 +168,8 @@ class FlashInferFP8Decode(FlashInferMLADecode):
 def build_step_path(path: str, pool: TokenPool, batch: DecodeBatch, *, bf16_backend: str
                     ) -> tuple[KVStrategy, MLADecode, dict[str, Any]]:
     """``(strategy, attention, info)`` of ``path`` for ``batch`` on ``pool`` (whose dtype must be the path's cache
-    dtype). ``info`` says which attention ran and with which FlashInfer backend."""
+    dtype). ``info`` says which attention ran and with which FlashInfer backend (``fused_fp8``: which of our
+    kernels, ``kernel_path``, and the dispatcher's ``why``)."""
     if path not in PATH_INFO:
         raise ValueError(f"unknown path {path!r}; choose from {STEP_PATHS}.")
     want = PATH_INFO[path].cache_dtype
@@ -144,7 +191,8 @@ def build_step_path(path: str, pool: TokenPool, batch: DecodeBatch, *, bf16_back
     attention: MLADecode
     if path == "fused_fp8":
         attention = FusedFP8Decode(geometry, batch, pool)
-        return strategy, attention, {"attention": attention.name, "backend": "triton"}
+        return strategy, attention, {"attention": attention.name, "backend": attention.kernel.path,
+                                     "kernel_path": attention.kernel.path, "why": attention.kernel.why}
     if path == "flashinfer_fp8":
         attention = FlashInferFP8Decode.for_batch(geometry, batch, kv_dtype=FP8, backend="fa3")
         return strategy, attention, {"attention": attention.name, "backend": attention.backend}

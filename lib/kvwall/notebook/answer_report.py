@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 from kvwall.model.cost import PATHS, CostModel, Point, fit_cost_model, split_train_test, validate
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
+from kvwall.model.paths import KERNEL_NAMES, kernel_that_ran, kernels_that_ran
 from kvwall.notebook.original_gpu_report import original_gpu_rows
 from kvwall.notebook.plots import with_caption
 from kvwall.notebook.tables import Table, number, percent, scientific, times
@@ -22,16 +23,13 @@ from kvwall.results import Result
 __all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "memory_table", "step_figure", "sweep_figure",
            "validation_figure", "validation_table", "misses_table", "decision_table", "sweep_samples", "headline_point",
            "lead_text", "memory_text", "sweep_findings", "patch_check_table", "patch_meta", "front_page_figure",
-           "front_page_text"]
+           "front_page_text", "fused_kernel_text"]
 
 #: Short names of the step's paths for axes and tables.
 STEP_NAMES = {
-    "full_pool_cast": "whole-pool cast (original)",
-    "index_then_cast": "PyTorch index-then-cast",
-    "gather_cast": "gather_cast (ch. 4)",
-    "fused_fp8": "fused FP8 (ours, ch. 5)",
-    "flashinfer_fp8": "FlashInfer FP8 (fa3)",
-    "bf16_cache": "BF16 cache (2× memory)",
+    "full_pool_cast": "whole-pool cast (original)", "index_then_cast": "PyTorch index-then-cast",
+    "gather_cast": "gather_cast (ch. 4)", "fused_fp8": "fused FP8 (ours, ch. 5)",
+    "flashinfer_fp8": "FlashInfer FP8 (fa3)", "bf16_cache": "BF16 cache (2× memory)",
 }
 #: The sweep paths the figures draw, with a colour each (FlashInfer fa2 twins are in the tables and the model).
 SWEEP_COLORS = {
@@ -179,9 +177,9 @@ def validation_table(fit: SweepFit, caption: str) -> Table:
 
 def _why(row: dict[str, Any]) -> str:
     """Why a held-out point misses, from what the model leaves out (the chapter explains each reason)."""
-    if row["path"] == "fused_fp8" and row["batch"] > 1:
+    if row["path"].startswith("fused_fp8") and row["batch"] > 1:
         return "mixed batch: fixed work per chunk"
-    if row["path"] == "fused_fp8" and row["heads"] >= 64:
+    if row["path"].startswith("fused_fp8") and row["heads"] >= 64:
         return "many heads: tile and tensor-core rate"
     if row["batch"] == 1:
         return "one request: time rises in steps"
@@ -415,6 +413,8 @@ def sweep_findings(sweep: Result) -> str:
         return us[("context", path, 1, t, 16)]
 
     heads = sorted({h for a, _, b, _, h in us if a == "heads" and b == 1})
+    many = next(kernel_that_ran(r) for r in _rows(sweep, "point")
+                if (r["axis"], r["path"], r["batch"], r["heads"]) == ("heads", "fused_fp8", 1, heads[-1]))
     return (
         f"- **Pool size is the whole story of the cast.** One layer's whole-pool cast plus attention takes "
         f"{small['us']:,.0f} µs with a {small['pool_tokens']:,}-token pool and {large['us']:,.0f} µs with "
@@ -434,8 +434,21 @@ def sweep_findings(sweep: Result) -> str:
         f"batch panel shows at short requests.\n"
         f"- **Heads per GPU** ({heads[0]}–{heads[-1]}) barely move the memory-bound paths at one request; our "
         f"fused kernel goes from {us[('heads', 'fused_fp8', 1, 32768, heads[0])]:.0f} to "
-        f"{us[('heads', 'fused_fp8', 1, 32768, heads[-1])]:.0f} µs (32K tokens): its many-head tiles are "
-        f"compute-bound on Triton's tensor-core code (chapter 5, \"Where it loses, and why\").")
+        f"{us[('heads', 'fused_fp8', 1, 32768, heads[-1])]:.0f} µs (32K tokens)"
+        + (": its many-head tiles are compute-bound on Triton's tensor-core code" if many == "triton" else
+           f", on its {KERNEL_NAMES[many]} at {heads[-1]} heads") + " (chapter 5, \"Where it loses, and why\").")
+
+
+def fused_kernel_text(result: Result, what: str) -> str:
+    """Which of our kernels ``what`` (a step or sweep ``result``) ran on its fused path, and why."""
+    rows = [r for r in result.rows if r.get("path") == "fused_fp8" and not r.get("error")]
+    if not any(r.get("kernel_path") for r in rows):
+        return (f"In {what}, our fused path ran the Triton kernel: it was recorded before that path ran the kernel "
+                "the dispatcher picks, so its times are the Triton kernel's.")
+    said = ", ".join(f"the {KERNEL_NAMES[k]}" + (f" at {n} of {len(rows)} points" if len(rows) > 1 else "")
+                     for k, n in kernels_that_ran(rows).most_common())
+    why = f" (the dispatcher: “{rows[0]['why']}”)" if len(rows) == 1 else ""
+    return f"In {what}, our fused path ran {said}, the kernel the dispatcher picked{why}."
 
 
 def patch_check_table(result: Result, caption: str) -> Table:

@@ -10,11 +10,15 @@
 - ``contract``: an out-of-range index in an unchecked call makes exactly its request NaN; a planned call replayed in
   a CUDA graph equals the eager call bit for bit; bad inputs are refused before any launch;
 - ``bench``: heads x context x batch (the issue's grid; ``floor_contexts`` at batch 1 show each kernel's fixed cost;
-  ``sweep_variants`` beside ``variants`` at ``sweep_heads``),
+  ``sweep_variants`` beside ``variants`` at ``sweep_heads``; ``balance_contexts`` at batch 1 pair with mixed batches of
+  the same total tokens, for issue 12's target 6),
   every strategy timed as ``fused_decode_bench`` times (CUDA graphs, L2 flushed, :func:`.bench.time_call`), each
   output checked against float64 first: the CUDA path (``cuda_v<N>``, page 64; ``cuda_v<N>_page1`` on page-size-1
   slots), the wgmma path (``cuda_wgmma``, ``cuda_wgmma_page1``), the Triton path (``fused_fp8_page64``) and
   FlashMLA dense BF16 / FP8;
+- ``phases``: where the wgmma kernel's cycles go at ``trace_points`` (``[heads, context, batch]``, page 64): per
+  warpgroup, the cycles per tile of each phase between two ``clock64`` marks, and each CTA's fixed phases
+  (:func:`kvwall.kernels.mla_decode.wgmma.trace_wgmma_phases`, the ``KVWALL_TRACE`` build), beside both builds' µs;
 - ``profile``: Nsight Compute on the split kernels (``python -m kvwall.kernels.mla_decode.cuda --profile-one`` and
   ``python -m kvwall.kernels.mla_decode.wgmma --profile-one``; variant ``"wgmma"``).
 """
@@ -290,16 +294,46 @@ def _bench_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, varian
     return rows
 
 
+def _phase_rows(points: list[list[int]], pool: torch.Tensor, device: torch.device, flush: Callable[[], object], *,
+                max_total: int, gen: torch.Generator, seed: int, reps: int, rounds: int) -> list[dict]:
+    """The wgmma kernel's per-phase cycles (the ``KVWALL_TRACE`` build) at each ``[heads, context, batch]``, beside the
+    shipped and the traced build's µs (the clock reads' cost)."""
+    rows = []
+    for h, c, b in points:
+        pt = make_point(h, c, b, pool_slots=pool.shape[0], max_total=max_total, gen=gen, seed=seed, device=device)
+        row: dict[str, Any] = {"section": "phases", "heads": h, "context": c, "batch": b, "tokens": pt.tokens}
+        try:
+            info: dict[str, Any] = {}
+            call = _cuda_call(pt, pool, WGMMA, True, info)
+            call()
+            row["us"] = time_call(call, flush, device, reps, rounds)[0]
+            trace = wgmma_path.trace_wgmma_phases(call)
+            with wgmma_path.traced_build():
+                row["us_traced"] = time_call(call, flush, device, reps, rounds)[0]
+            row.update(work_items=info["work_items"], ctas=trace.ctas, tiles=trace.tiles,
+                       per_tile={str(wg): v for wg, v in trace.per_tile.items()},
+                       per_cta={str(wg): v for wg, v in trace.per_cta.items()})
+        except Exception as exc:  # noqa: BLE001 - a failed trace is a row
+            row.update(error=error_text(exc, 500), traceback_tail=traceback_tail())
+        finally:
+            call = None
+            release_memory(device)
+        rows.append(row)
+    return rows
+
+
 def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: list[int], batches: list[int],
                           floor_contexts: list[int], variants: list[int | str], page1_variants: list[int | str],
                           sweep_variants: list[int], sweep_heads: list[int],
                           check_heads: list[int], check_length_sets: list[list[int]],
                           check_paged_length_sets: list[list[int]], check_every_other: int,
-                          profile_points: list[list[int | str]], pool_slots: int = 495_000,
+                          profile_points: list[list[int | str]], balance_contexts: list[int] | None = None,
+                          trace_points: list[list[int]] | None = None, pool_slots: int = 495_000,
                           max_total_tokens: int = 2_000_000, reps: int = 10, rounds: int = 3, flush_mb: int = 256,
                           timeout_s: int = 120, seed: int = 0) -> Result:
     """See the module docstring. ``variants`` / ``page1_variants``: mma.sync variants and ``"wgmma"`` (timed only
-    where it runs). ``profile_points``: ``[heads, tokens, variant]`` for ncu."""
+    where it runs). ``profile_points``: ``[heads, tokens, variant]`` for ncu. ``balance_contexts``: batch-1 points
+    beside the grid (equal total tokens to its mixed batches); ``trace_points``: the wgmma kernel's phases."""
     if device.type != "cuda":
         raise RuntimeError("fused_decode_cuda builds and times a CUDA C++ kernel: it needs an NVIDIA GPU (the CPU "
                            "tests compile it with nvcc for sm_90, sm_100 and sm_120 instead).")
@@ -311,6 +345,8 @@ def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: l
         variants = [v for v in variants if v != WGMMA]
         page1_variants = [v for v in page1_variants if v != WGMMA]
         profile_points = [p for p in profile_points if p[2] != WGMMA]
+        trace_points = []
+    balance_contexts, trace_points = balance_contexts or [], trace_points or []
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     _, copy_gbps = copy_bandwidth_gbps(device, 1 << 30)
     tflops = matmul_tflops(device)
@@ -326,6 +362,7 @@ def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: l
     scratch = torch.empty(flush_mb << 20, dtype=torch.uint8, device=device)
     points = [(h, c, 1) for h in heads for c in floor_contexts]
     points += [(h, c, b) for h in heads for c in contexts for b in batches]
+    points += [(h, c, 1) for h in heads for c in balance_contexts if c not in contexts]
     for h, c, b in points:
         pt = make_point(h, c, b, pool_slots=pool_slots, max_total=max_total_tokens, gen=gen, seed=seed, device=device)
         timed = variants + ([v for v in sweep_variants if v not in variants] if h in sweep_heads else [])
@@ -333,6 +370,8 @@ def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: l
                             tflops=tflops, reps=reps, rounds=rounds, sms=sms)
         del pt
         release_memory(device)
+    rows += _phase_rows(trace_points, pool, device, scratch.zero_, max_total=max_total_tokens, gen=gen, seed=seed,
+                        reps=reps, rounds=rounds)
     del pool, scratch
     release_memory(device)
     for h, tokens, variant in profile_points:
@@ -357,7 +396,8 @@ def run_fused_decode_cuda(device: torch.device, *, heads: list[int], contexts: l
                   page1_variants=page1_variants, sweep_variants=sweep_variants, sweep_heads=sweep_heads,
                   check_heads=check_heads, check_length_sets=check_length_sets,
                   check_paged_length_sets=check_paged_length_sets, check_every_other=check_every_other,
-                  profile_points=profile_points, pool_slots=pool_slots, max_total_tokens=max_total_tokens, reps=reps,
+                  profile_points=profile_points, balance_contexts=balance_contexts, trace_points=trace_points,
+                  pool_slots=pool_slots, max_total_tokens=max_total_tokens, reps=reps,
                   rounds=rounds, flush_mb=flush_mb, timeout_s=timeout_s, seed=seed)
     return Result("fused_decode_cuda", params, rows, collect_provenance(device, __name__))
 
@@ -371,7 +411,10 @@ EXPERIMENTS: list[Experiment] = [
         full=dict(heads=[16, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64], floor_contexts=[64],
                   variants=[5, 2, WGMMA], page1_variants=[5, WGMMA], sweep_variants=[0, 4, 6], sweep_heads=[16],
                   **_CHECKS, profile_points=[[16, 131_072, 5], [16, 131_072, 2], [128, 131_072, 5],
-                                             [64, 131_072, WGMMA], [128, 131_072, WGMMA]], pool_slots=495_000,
+                                             [64, 131_072, WGMMA], [128, 131_072, WGMMA]],
+                  balance_contexts=[262_144],
+                  trace_points=[[16, 131_072, 1], [64, 131_072, 1], [64, 131_072, 8], [128, 131_072, 8],
+                                [128, 4096, 64]], pool_slots=495_000,
                   max_total_tokens=2_000_000, reps=10, rounds=3, flush_mb=256, timeout_s=120, seed=0),
         small=dict(heads=[16], contexts=[4096], batches=[1, 8], floor_contexts=[64], variants=[5], page1_variants=[5],
                    sweep_variants=[6], sweep_heads=[16],

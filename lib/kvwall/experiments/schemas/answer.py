@@ -10,6 +10,10 @@ from kvwall.experiments.schemas.base import Row
 
 __all__ = ["DecodeStepPathsRow", "PathSweepRow"]
 
+#: Which of our fused FP8 decode kernels ran (``kvwall.kernels.mla_decode.dispatch``); rows recorded before the
+#: dispatcher ran our fused path carry none: they ran the Triton kernel.
+FusedKernelPath = Literal["triton", "cuda", "wgmma"]
+
 
 class DecodeStepPathsSetup(Row):
     section: Literal["setup"]
@@ -29,7 +33,8 @@ class DecodeStepPathsSetup(Row):
 
 
 class DecodeStepPath(Row):
-    """One path's step: ``step_ms`` (CUDA graph on a GPU, eager on a CPU) and its phases, or its ``error``."""
+    """One path's step: ``step_ms`` (CUDA graph on a GPU, eager on a CPU) and its phases, or its ``error``.
+    ``fused_fp8`` also says which of our kernels ran (``kernel_path``) and the dispatcher's reason (``why``)."""
 
     section: Literal["path"]
     path: str
@@ -39,6 +44,8 @@ class DecodeStepPath(Row):
     kv_bytes_per_token: int | None = None
     attention: str | None = None
     backend: str | None = None
+    kernel_path: FusedKernelPath | None = None
+    why: str | None = None
     strategy: str | None = None
     rel_err_vs_float64: float | None = None
     transient_bytes: int | None = None
@@ -68,7 +75,8 @@ class PathSweepCeilings(Row):
 
 
 class PathSweepPoint(Row):
-    """One path at one point: µs per layer (``None`` with an ``error`` where it did not run)."""
+    """One path at one point: µs per layer (``None`` with an ``error`` where it did not run). Our fused paths say
+    which kernel ran (``kernel_path``; ``fused_fp8``: the dispatcher's choice, and its ``why``)."""
 
     section: Literal["point"]
     axis: Literal["context", "pool", "batch", "heads"]
@@ -82,6 +90,8 @@ class PathSweepPoint(Row):
     us: float | None
     timing: str | None = None
     backend: str | None = None
+    kernel_path: FusedKernelPath | None = None
+    why: str | None = None
     error: str | None = None
 
 

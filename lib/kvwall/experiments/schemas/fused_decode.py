@@ -324,6 +324,25 @@ class FusedDecodeCudaProfile(FusedDecodeNcuProfile):
     variant: int | str  # an mma.sync variant, or "wgmma"
 
 
+class FusedDecodeCudaPhases(Row):
+    """The wgmma kernel's cycles per tile by warpgroup ("0", "1") and phase, and per CTA by fixed phase (the
+    ``KVWALL_TRACE`` build), beside the shipped (``us``) and traced build's µs; ``error`` where it failed."""
+
+    section: Literal["phases"]
+    heads: int
+    context: int
+    batch: int
+    tokens: int
+    us: float | None = None
+    us_traced: float | None = None
+    work_items: int | None = None
+    ctas: int | None = None
+    tiles: int | None = None
+    per_tile: dict[str, dict[str, float]] | None = None
+    per_cta: dict[str, dict[str, float]] | None = None
+
+
 #: One row of ``fused_decode_cuda``, by its section.
 FusedDecodeCudaRow = Annotated[FusedDecodeCudaBuild | FusedDecodeCudaValidation | FusedDecodeCudaContract
-                               | FusedDecodeCudaBench | FusedDecodeCudaProfile, Field(discriminator="section")]
+                               | FusedDecodeCudaBench | FusedDecodeCudaProfile | FusedDecodeCudaPhases,
+                               Field(discriminator="section")]
