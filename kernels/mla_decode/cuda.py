@@ -37,7 +37,7 @@ from kvwall.kernels.mla_decode.kernel import (LOG2E, MLADecodeConfig, MLADecodeP
 _fail: Fail = functools.partial(fail, "mla_decode_fp8_cuda")
 
 __all__ = ["mla_decode_fp8_cuda", "plan_mla_decode_cuda", "CudaPlan", "load_mla_decode_cuda", "nvcc_compile_check",
-           "NvccReport", "VARIANTS", "Variant", "CUDA_SOURCE", "DEFAULT_VARIANT", "MIN_CAPABILITY", "cuda_refusal"]
+           "bind_library", "NvccReport", "VARIANTS", "Variant", "CUDA_SOURCE", "DEFAULT_VARIANT", "MIN_CAPABILITY", "cuda_refusal"]
 
 CUDA_SOURCE = Path(__file__).with_name("mla_decode_mma.cu")
 #: The header both CUDA C++ paths include (launch parameters, item bounds, the FP8 conversion).
@@ -115,15 +115,21 @@ def load_mla_decode_cuda(verbose: bool = False) -> ctypes.CDLL:
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
     path = load(name="kvwall_mla_decode_mma_" + _source_hash(), sources=[str(CUDA_SOURCE)],
                 extra_cuda_cflags=NVCC_FLAGS, is_python_module=False, verbose=verbose)
-    lib = ctypes.CDLL(path)
-    lib.kvwall_mla_split.restype = ctypes.c_int
-    lib.kvwall_mla_split.argtypes = [ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_void_p]
+    return bind_library(ctypes.CDLL(path), "kvwall_mla_split",
+                        [ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p],
+                        CUDA_SOURCE.name)
+
+
+def bind_library(lib: ctypes.CDLL, split: str, split_args: list, source: str) -> ctypes.CDLL:
+    """Declare a built CUDA path's entry points (its split launcher ``split`` with ``split_args``, the error string,
+    the ``Params`` size) and check its ``Params`` against the ctypes mirror."""
+    getattr(lib, split).restype = ctypes.c_int
+    getattr(lib, split).argtypes = split_args
     lib.kvwall_mla_error_string.restype = ctypes.c_char_p
     lib.kvwall_mla_error_string.argtypes = [ctypes.c_int]
     lib.kvwall_mla_params_size.restype = ctypes.c_int
     if lib.kvwall_mla_params_size() != ctypes.sizeof(_Params):
-        raise RuntimeError(f"mla_decode_mma.cu's Params is {lib.kvwall_mla_params_size()} bytes, the ctypes mirror "
+        raise RuntimeError(f"{source}'s Params is {lib.kvwall_mla_params_size()} bytes, the ctypes mirror "
                            f"{ctypes.sizeof(_Params)}: they disagree.")
     return lib
 
@@ -327,7 +333,8 @@ def mla_decode_fp8_cuda(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: tor
 
 @dataclass
 class NvccReport:
-    """ptxas's resource report for ``mla_decode_mma.cu`` on one architecture, per variant."""
+    """ptxas's resource report for one CUDA source (``mla_decode_mma.cu`` unless said) on one architecture, per
+    variant."""
 
     ok: bool
     arch: str
@@ -337,11 +344,12 @@ class NvccReport:
     spill_bytes: dict[int, int]  # variant -> spill stores + loads (bytes)
     stack_bytes: dict[int, int]  # variant -> stack frame (bytes)
     log: str
+    source: str = "mla_decode_mma.cu"
 
     def summary(self) -> str:
         regs = ", ".join(f"v{k}: {v}" for k, v in sorted(self.registers.items()))
         spills = sum(self.spill_bytes.values())
-        return (f"nvcc {'compiled' if self.ok else 'FAILED on'} mla_decode_mma.cu for {self.arch} in "
+        return (f"nvcc {'compiled' if self.ok else 'FAILED on'} {self.source} for {self.arch} in "
                 f"{self.seconds:.1f} s ({self.nvcc}); registers {regs or 'n/a'}; "
                 f"{'spills: ' + str(self.spill_bytes) if spills else 'no spills'}.")
 

@@ -214,6 +214,81 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
   // Pages of a power-of-two size (the usual 1 and 64) are split by shifts, others by division.
   const int page_shift = (p.page & (p.page - 1)) == 0 ? __ffs(p.page) - 1 : -1;
 
+  // ---- Warpgroup 1's gather (defined here so that the first tile's index and rows are requested before the
+  // query prologue, under its loads: they depend only on the item's bounds).
+  int bad = 0;
+  // Thread (row lr, quad lane lq) holds pieces lq + 4k (k < 9) of token rows lr and lr + 32: k < 8 from ckv
+  // (latent columns 64k + 16 lq ..), k = 8 from kpe (rope columns 16 lq ..); piece k lands in column chunk k,
+  // granules 2 lq and 2 lq + 1. Rows past the chunk are zeros (their P is 0, and 0 x garbage may be NaN).
+  const int t = tid - 128, lr = t >> 2, lq = t & 3;
+  uint4 raw[ROWS][PIECES];
+  // Page-table entries of the next tile to load, kept as the loaded words (low, high) until they are used: a
+  // conversion right after the load (to 64 bits) would wait for it there. Loaded by volatile asm, so the loads
+  // stay where they are written, a tile ahead of their use.
+  int entry_lo[ROWS], entry_hi[ROWS];
+  auto fetch_index = [&](int tile) {
+#pragma unroll
+    for (int rr = 0; rr < ROWS; ++rr) {
+      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
+      entry_lo[rr] = entry_hi[rr] = 0;
+      if (tile < ntiles && tok < hi) {
+        const int tt = (int)tok;  // token positions are below 2^31
+        const long long i = start + (page_shift >= 0 ? tt >> page_shift : tt / p.page);
+        if (p.indices64)
+          asm volatile("ld.global.nc.v2.s32 {%0, %1}, [%2];\n"
+                       : "=r"(entry_lo[rr]), "=r"(entry_hi[rr]) : "l"(static_cast<const long long*>(p.indices) + i));
+        else
+          asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(entry_lo[rr]) : "l"(static_cast<const int*>(p.indices) + i));
+      }
+    }
+  };
+  auto load_tile = [&](int tile) {  // after fetch_index(tile)
+#pragma unroll
+    for (int rr = 0; rr < ROWS; ++rr) {
+      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
+      const bool live = tile < ntiles && tok < hi;
+      long long e = p.indices64 ? (long long)(((unsigned long long)(unsigned)entry_hi[rr] << 32) | (unsigned)entry_lo[rr])
+                                : (long long)entry_lo[rr];
+      if (live && (e < 0 || e >= p.num_units)) {
+        bad = 1;
+        e = 0;
+      }
+      const int in_page = page_shift >= 0 ? (int)tok & (p.page - 1) : (int)tok % p.page;
+      const long long slot = e * p.page + in_page;
+      const uint4* src_c = reinterpret_cast<const uint4*>(p.ckv + slot * p.stride_ckv) + lq;
+      const uint4* src_k = reinterpret_cast<const uint4*>(p.kpe + slot * p.stride_kpe) + lq;
+#pragma unroll
+      for (int k = 0; k < PIECES; ++k)
+        raw[rr][k] = live ? __ldg(k < 8 ? src_c + 4 * k : src_k) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto convert_tile = [&](int buf) {
+    uint8_t* dst = smem + K_OFF + buf * TILE;
+#pragma unroll
+    for (int rr = 0; rr < ROWS; ++rr) {
+      const int row = lr + 32 * rr;
+#pragma unroll
+      for (int k = 0; k < PIECES; ++k) {
+        uint32_t f[8];
+        e4m3x4_to_f16x2x2(raw[rr][k].x, f[0], f[1]);
+        e4m3x4_to_f16x2x2(raw[rr][k].y, f[2], f[3]);
+        e4m3x4_to_f16x2x2(raw[rr][k].z, f[4], f[5]);
+        e4m3x4_to_f16x2x2(raw[rr][k].w, f[6], f[7]);
+        uint8_t* chunk = dst + k * CHUNK;
+        *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq)) = make_uint4(f[0], f[1], f[2], f[3]);
+        *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq + 1)) = make_uint4(f[4], f[5], f[6], f[7]);
+      }
+    }
+    fence_async_smem();
+    bar_arrive(buf ? K_READY1 : K_READY0);
+  };
+
+  if (wgi == 1) {
+    fetch_index(0);
+    load_tile(0);
+    fetch_index(1);
+  }
+
   // ---- Queries -> float16, each head scaled by 2^e (largest |q| in [2^12, 2^15)), into the swizzled Q block:
   // head r = tid / 4, 8-column groups part + 4k (k < 18). All 256 threads.
   {
@@ -281,79 +356,9 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float m_i[2] = {-INFINITY, -INFINITY};  // warpgroup 0: the reference maxima of rows r0, r0 + 8 (base 2)
   float l_i[2] = {0.f, 0.f};              // warpgroup 0: this thread's share of the row sums
-  int bad = 0;
 
   if (wgi == 1) {
     // ================= warpgroup 1: gather and convert the tiles; O[:, 256:512] += P V =================
-    // Thread (row lr, quad lane lq) holds pieces lq + 4k (k < 9) of token rows lr and lr + 32: k < 8 from ckv
-    // (latent columns 64k + 16 lq ..), k = 8 from kpe (rope columns 16 lq ..); piece k lands in column chunk k,
-    // granules 2 lq and 2 lq + 1. Rows past the chunk are zeros (their P is 0, and 0 x garbage may be NaN).
-    const int t = tid - 128, lr = t >> 2, lq = t & 3;
-    uint4 raw[ROWS][PIECES];
-    // Page-table entries of the next tile to load, kept as the loaded words (low, high) until they are used: a
-    // conversion right after the load (to 64 bits) would wait for it there. Loaded by volatile asm, so the loads
-    // stay where they are written, a tile ahead of their use.
-    int entry_lo[ROWS], entry_hi[ROWS];
-    auto fetch_index = [&](int tile) {
-#pragma unroll
-      for (int rr = 0; rr < ROWS; ++rr) {
-        const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
-        entry_lo[rr] = entry_hi[rr] = 0;
-        if (tile < ntiles && tok < hi) {
-          const int tt = (int)tok;  // token positions are below 2^31
-          const long long i = start + (page_shift >= 0 ? tt >> page_shift : tt / p.page);
-          if (p.indices64)
-            asm volatile("ld.global.nc.v2.s32 {%0, %1}, [%2];\n"
-                         : "=r"(entry_lo[rr]), "=r"(entry_hi[rr]) : "l"(static_cast<const long long*>(p.indices) + i));
-          else
-            asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(entry_lo[rr]) : "l"(static_cast<const int*>(p.indices) + i));
-        }
-      }
-    };
-    auto load_tile = [&](int tile) {  // after fetch_index(tile)
-#pragma unroll
-      for (int rr = 0; rr < ROWS; ++rr) {
-        const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
-        const bool live = tile < ntiles && tok < hi;
-        long long e = p.indices64 ? (long long)(((unsigned long long)(unsigned)entry_hi[rr] << 32) | (unsigned)entry_lo[rr])
-                                  : (long long)entry_lo[rr];
-        if (live && (e < 0 || e >= p.num_units)) {
-          bad = 1;
-          e = 0;
-        }
-        const int in_page = page_shift >= 0 ? (int)tok & (p.page - 1) : (int)tok % p.page;
-        const long long slot = e * p.page + in_page;
-        const uint4* src_c = reinterpret_cast<const uint4*>(p.ckv + slot * p.stride_ckv) + lq;
-        const uint4* src_k = reinterpret_cast<const uint4*>(p.kpe + slot * p.stride_kpe) + lq;
-#pragma unroll
-        for (int k = 0; k < PIECES; ++k)
-          raw[rr][k] = live ? __ldg(k < 8 ? src_c + 4 * k : src_k) : make_uint4(0, 0, 0, 0);
-      }
-    };
-    auto convert_tile = [&](int buf) {
-      uint8_t* dst = smem + K_OFF + buf * TILE;
-#pragma unroll
-      for (int rr = 0; rr < ROWS; ++rr) {
-        const int row = lr + 32 * rr;
-#pragma unroll
-        for (int k = 0; k < PIECES; ++k) {
-          uint32_t f[8];
-          e4m3x4_to_f16x2x2(raw[rr][k].x, f[0], f[1]);
-          e4m3x4_to_f16x2x2(raw[rr][k].y, f[2], f[3]);
-          e4m3x4_to_f16x2x2(raw[rr][k].z, f[4], f[5]);
-          e4m3x4_to_f16x2x2(raw[rr][k].w, f[6], f[7]);
-          uint8_t* chunk = dst + k * CHUNK;
-          *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq)) = make_uint4(f[0], f[1], f[2], f[3]);
-          *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq + 1)) = make_uint4(f[4], f[5], f[6], f[7]);
-        }
-      }
-      fence_async_smem();
-      bar_arrive(buf ? K_READY1 : K_READY0);
-    };
-
-    fetch_index(0);
-    load_tile(0);
-    fetch_index(1);
     if (ntiles > 0) convert_tile(0);
     if (ntiles > 1) {
       load_tile(1);

@@ -32,7 +32,7 @@ import torch
 
 from kvwall.kernels._common import Fail, fail, sm_count
 from kvwall.kernels.mla_decode.cuda import (DC, NVCC_FLAGS, NvccReport, _checked_inputs, _check_plan,
-                                            _launch, _Params, _source_hash)
+                                            _launch, _Params, _source_hash, bind_library)
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, MLADecodePlan, plan_mla_decode
 from kvwall.kernels.mla_decode.plan import build_work_list
 
@@ -99,15 +99,8 @@ def load_mla_decode_wgmma(trace: bool = False) -> ctypes.CDLL:
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed to build {WGMMA_SOURCE.name}:\n{proc.stdout}{proc.stderr}")
         os.replace(tmp, so)
-    lib = ctypes.CDLL(str(so))
-    lib.kvwall_mla_wgmma_split.restype = ctypes.c_int
-    lib.kvwall_mla_wgmma_split.argtypes = [ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    lib.kvwall_mla_error_string.restype = ctypes.c_char_p
-    lib.kvwall_mla_error_string.argtypes = [ctypes.c_int]
-    lib.kvwall_mla_params_size.restype = ctypes.c_int
-    if lib.kvwall_mla_params_size() != ctypes.sizeof(_Params):
-        raise RuntimeError(f"mla_decode_wgmma.cu's Params is {lib.kvwall_mla_params_size()} bytes, the ctypes mirror "
-                           f"{ctypes.sizeof(_Params)}: they disagree.")
+    lib = bind_library(ctypes.CDLL(str(so)), "kvwall_mla_wgmma_split",
+                       [ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_void_p], WGMMA_SOURCE.name)
     shape = (ctypes.c_int * 4)()
     lib.kvwall_mla_wgmma_shape(*(ctypes.byref(shape, 4 * i) for i in range(4)))
     if tuple(shape) != (SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS):
@@ -299,7 +292,8 @@ def nvcc_compile_check_wgmma(nvcc: str | None = None, *, trace: bool = False) ->
         m = re.search(r"Used (\d+) registers", line)
         if m:
             registers[0] = int(m.group(1))
-    return NvccReport(proc.returncode == 0 and seen, ARCH, seconds, version, registers, spills, stack, log)
+    return NvccReport(proc.returncode == 0 and seen, ARCH, seconds, version, registers, spills, stack, log,
+                      source=WGMMA_SOURCE.name)
 
 
 def _profile_one(heads: int, tokens: int, page_size: int = 64, seed: int = 0) -> None:

@@ -143,41 +143,50 @@ def _expect_refusal(name: str, call: Callable[[], Any], words: str) -> dict[str,
     return row
 
 
-def _contract_rows(device: torch.device) -> list[dict]:
+def _shared_contracts(device: torch.device, prefix: str, heads: int, seed: int, plan_fn: Callable[..., Any],
+                      call: Callable[..., Any]) -> tuple[list[dict], tuple]:
+    """What every CUDA path must keep: an out-of-range index in an unchecked call makes exactly its request NaN; a
+    planned call replayed in a CUDA graph equals the eager call bit for bit; an unchecked call without a plan is
+    refused. Returns the rows and the inputs (for the path's own checks)."""
     rows = []
-    inp = make_mla_inputs([300, 5000, 70], 16, seed=3, layout="pool_view", pool_slots=100_000, device=device)
+    inp = make_mla_inputs([300, 5000, 70], heads, seed=seed, layout="pool_view", pool_slots=100_000, device=device)
     args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr)
-    plan = cuda_path.plan_mla_decode_cuda(inp.kv_indptr, heads=16)
+    plan = plan_fn(inp.kv_indptr, heads=heads)
     idx = inp.kv_indices.clone()
     idx[310] = 10**8  # request 1's eleventh token
-    out = cuda_path.mla_decode_fp8_cuda(*args, idx, SM_SCALE, check_range=False, plan=plan)
+    out = call(*args, idx, SM_SCALE, check_range=False, plan=plan)
     nan_rows = [bool(out[b].isnan().all()) for b in range(3)]
-    rows.append({"section": "contract", "check": "unchecked out-of-range index: only its request is NaN",
+    rows.append({"section": "contract", "check": f"{prefix}unchecked out-of-range index: only its request is NaN",
                  "ok": nan_rows == [False, True, False], "detail": f"NaN rows {nan_rows}"})
-    eager = cuda_path.mla_decode_fp8_cuda(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan)
+    eager = call(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan)
     graphed = torch.empty_like(eager)
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
-        cuda_path.mla_decode_fp8_cuda(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
+        call(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        cuda_path.mla_decode_fp8_cuda(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
+        call(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
     graphed.fill_(float("nan"))
     graph.replay()
     synchronize(device)
-    rows.append({"section": "contract", "check": "planned call replayed in a CUDA graph equals the eager call",
+    rows.append({"section": "contract", "check": f"{prefix}planned call replayed in a CUDA graph equals the eager call",
                  "ok": bool(torch.equal(graphed, eager)), "detail": "bitwise comparison after a NaN-poisoned out"})
+    rows.append(_expect_refusal(f"{prefix}an unchecked call without a plan is refused",
+                                lambda: call(*args, inp.kv_indices, SM_SCALE, check_range=False), "plan="))
+    return rows, (inp, args)
+
+
+def _contract_rows(device: torch.device) -> list[dict]:
+    rows, (inp, args) = _shared_contracts(device, "", 16, 3, cuda_path.plan_mla_decode_cuda,
+                                          cuda_path.mla_decode_fp8_cuda)
     mis = torch.empty(inp.ckv_cache.shape[0] * 577 + 16, dtype=torch.uint8, device=device)
     odd = mis[1:1 + inp.ckv_cache.shape[0] * 577].view(-1, 577).view(FP8)
     rows.append(_expect_refusal("rows not 16-byte aligned are refused before the launch",
                                 lambda: cuda_path.mla_decode_fp8_cuda(inp.q_nope, inp.q_pe, odd[:, :DC], odd[:, DC:D],
                                                                       inp.kv_indptr, inp.kv_indices, SM_SCALE),
                                 "16-byte"))
-    rows.append(_expect_refusal("an unchecked call without a plan is refused",
-                                lambda: cuda_path.mla_decode_fp8_cuda(*args, inp.kv_indices, SM_SCALE,
-                                                                      check_range=False), "plan="))
     bad = inp.kv_indices.clone()
     bad[5] = -1
     rows.append(_expect_refusal("a checked call with an out-of-range index is refused",
@@ -188,36 +197,9 @@ def _contract_rows(device: torch.device) -> list[dict]:
 
 
 def _wgmma_contract_rows(device: torch.device) -> list[dict]:
-    """The wgmma path's contracts: a bad index poisons only its request; graph replay equals eager; an unchecked
-    call without a plan and a plan of another path are refused."""
-    rows = []
-    inp = make_mla_inputs([300, 5000, 70], 64, seed=4, layout="pool_view", pool_slots=100_000, device=device)
-    args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr)
-    plan = wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=64)
-    idx = inp.kv_indices.clone()
-    idx[310] = 10**8
-    out = wgmma_path.mla_decode_fp8_wgmma(*args, idx, SM_SCALE, check_range=False, plan=plan)
-    nan_rows = [bool(out[b].isnan().all()) for b in range(3)]
-    rows.append({"section": "contract", "check": "wgmma: unchecked out-of-range index: only its request is NaN",
-                 "ok": nan_rows == [False, True, False], "detail": f"NaN rows {nan_rows}"})
-    eager = wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan)
-    graphed = torch.empty_like(eager)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
-    graphed.fill_(float("nan"))
-    graph.replay()
-    synchronize(device)
-    rows.append({"section": "contract", "check": "wgmma: planned call replayed in a CUDA graph equals the eager call",
-                 "ok": bool(torch.equal(graphed, eager)), "detail": "bitwise comparison after a NaN-poisoned out"})
-    rows.append(_expect_refusal("wgmma: an unchecked call without a plan is refused",
-                                lambda: wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE,
-                                                                        check_range=False), "plan="))
+    """The wgmma path's contracts: the shared ones, and a plan of another path is refused."""
+    rows, (inp, args) = _shared_contracts(device, "wgmma: ", 64, 4, wgmma_path.plan_mla_decode_wgmma,
+                                          wgmma_path.mla_decode_fp8_wgmma)
     other = cuda_path.plan_mla_decode_cuda(inp.kv_indptr, heads=64)
     rows.append(_expect_refusal("wgmma: a plan cut for the mma.sync path is refused",
                                 lambda: wgmma_path.mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, plan=other),
