@@ -63,12 +63,12 @@ class TilePhases:
                 fig.add_bar(name=f"wg {wg}: {phase}", y=labels, x=xs, orientation="h", marker_color=next(color),
                             hovertemplate="%{y}<br>" + phase + ": %{x:.0f} cycles per tile<extra></extra>")
         fig.add_vline(x=floors["tensor"], line_dash="dash", line_color="#333",
-                      annotation_text=f"tensor floor {floors['tensor']:,.0f}", annotation_position="top")
+                      annotation_text=f"tensor floor {floors['tensor']:,.0f}", annotation_position="top left", annotation=dict(yshift=14))
         fig.add_vline(x=floors["smem"], line_dash="dot", line_color="#d62728",
-                      annotation_text=f"shared-memory floor {floors['smem']:,.0f}", annotation_position="bottom")
+                      annotation_text=f"shared-memory floor {floors['smem']:,.0f}", annotation_position="top right", annotation=dict(yshift=14))
         fig.update_layout(barmode="stack", title="Where a 64-token tile's cycles go, per warpgroup",
                           xaxis_title="cycles per tile (lane 0 of each warpgroup, clock64)",
-                          yaxis=dict(autorange="reversed"), legend=dict(font=dict(size=10)))
+                          yaxis=dict(autorange="reversed"), legend=dict(font=dict(size=10), traceorder="normal"))
         return with_caption(fig, self.caption() + " The KVWALL_TRACE build of the wgmma kernel, page 64; each bar "
                                                   "sums one warpgroup's phases per tile over every CTA. Floors: "
                                                   "one tile's tensor time at 4,096 FLOP per cycle and its "
