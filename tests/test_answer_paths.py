@@ -20,7 +20,7 @@ from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_late
 from kvwall.kernels.mla_decode.wgmma import WgmmaPlan
 from kvwall.model.cost import GPUS, PATHS, ComponentFit, CostModel, Point, paths_on
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import build_step_path, kernels_that_ran
+from kvwall.model.paths import KERNEL_NAMES, build_step_path, kernel_that_ran, kernels_that_ran
 from kvwall.model.pool import TokenPool, make_decode_batch
 from kvwall.notebook import answer_report
 from kvwall.results import RowSchemaError, load_result, validate_rows
@@ -126,10 +126,19 @@ def test_the_sweep_records_the_kernel_the_dispatcher_chose(sweep_point, monkeypa
     assert info["kernel_path"] == "wgmma" and info["why"] == "wgmma: chosen by the test"
 
 
+def _legacy(rows):
+    """Rows as recorded before the fused path was dispatched: no ``kernel_path``/``why``, no Triton-only series."""
+    return [{k: v for k, v in r.items() if k not in ("kernel_path", "why")} for r in rows
+            if r.get("path") != "fused_fp8_triton"]
+
+
 def test_rows_with_and_without_the_kernel_validate():
     step = load_result("decode_step_paths")
     fused = next(r for r in step.rows if r.get("path") == "fused_fp8")
-    assert "kernel_path" not in fused and kernels_that_ran(step.rows) == {"triton": 1}
+    legacy = _legacy([fused])
+    validate_rows("decode_step_paths", legacy)
+    assert kernels_that_ran(legacy) == {"triton": 1}  # a row without the field ran the Triton kernel
+    assert kernels_that_ran([{**fused, "kernel_path": "wgmma"}]) == {"wgmma": 1}
     validate_rows("decode_step_paths", [{**fused, "kernel_path": "wgmma", "why": "wgmma: measured"}])
     with pytest.raises(RowSchemaError, match="kernel_path"):
         validate_rows("decode_step_paths", [{**fused, "kernel_path": "fast"}])
@@ -144,9 +153,13 @@ def _as_dispatched(result, kernel: str):
 
 def test_the_report_says_which_kernel_ran():
     step, sweep_result = load_result("decode_step_paths"), load_result("path_sweep")
-    for result in (step, sweep_result):  # recorded before the fused path was dispatched: the Triton kernel
-        assert "ran the Triton kernel: it was recorded before" in answer_report.fused_kernel_text(result, "it")
-    assert "Triton's tensor-core code" in answer_report.sweep_findings(sweep_result)
+    for result in (step, sweep_result):  # as recorded before the fused path was dispatched: the Triton kernel
+        legacy = dataclasses.replace(result, rows=_legacy(result.rows))
+        assert "ran the Triton kernel: it was recorded before" in answer_report.fused_kernel_text(legacy, "it")
+    assert "Triton's tensor-core code" in answer_report.sweep_findings(
+        dataclasses.replace(sweep_result, rows=_legacy(sweep_result.rows)))
+    fused = next(r for r in step.rows if r.get("path") == "fused_fp8")  # the recording as it is
+    assert KERNEL_NAMES[kernel_that_ran(fused)] in answer_report.fused_kernel_text(step, "the step")
     text = answer_report.fused_kernel_text(_as_dispatched(step, "wgmma"), "the step")
     assert text.startswith("In the step, our fused path ran the wgmma path") and "“wgmma: measured”" in text
     fused_points = sum(r.get("path") == "fused_fp8" and r.get("us") is not None for r in sweep_result.rows)
