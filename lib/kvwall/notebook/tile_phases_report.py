@@ -9,6 +9,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from kvwall.kernels.mla_decode.cuda import DC, DR
 from kvwall.kernels.mla_decode.wgmma import BLOCK_N, HEADS_PER_CTA, TRACE_PHASES
 from kvwall.notebook.plots import with_caption
 from kvwall.notebook.tables import Table, number, times
@@ -19,7 +20,6 @@ __all__ = ["TilePhases", "tile_floors"]
 #: Hopper's dense 16-bit tensor-core rate per multiprocessor and cycle (wgmma m64n64k16: 32 cycles) and shared
 #: memory's bandwidth per multiprocessor and cycle: the floors a tile's cycles are held against.
 TENSOR_FLOP_PER_CYCLE, SMEM_BYTES_PER_CYCLE = 4096, 128
-DC, DR = 512, 64
 
 
 def tile_floors() -> dict[str, float]:
