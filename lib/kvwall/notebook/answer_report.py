@@ -442,9 +442,6 @@ def sweep_findings(sweep: Result) -> str:
 def fused_kernel_text(result: Result, what: str) -> str:
     """Which of our kernels ``what`` (a step or sweep ``result``) ran on its fused path, and why."""
     rows = [r for r in result.rows if r.get("path") == "fused_fp8" and not r.get("error")]
-    if not any(r.get("kernel_path") for r in rows):
-        return (f"In {what}, our fused path ran the Triton kernel: it was recorded before that path ran the kernel "
-                "the dispatcher picks, so its times are the Triton kernel's.")
     said = ", ".join(f"the {KERNEL_NAMES[k]}" + (f" at {n} of {len(rows)} points" if len(rows) > 1 else "")
                      for k, n in kernels_that_ran(rows).most_common())
     why = f" (the dispatcher: “{rows[0]['why']}”)" if len(rows) == 1 else ""
