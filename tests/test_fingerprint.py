@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from kvwall.results import PROJECT_ROOT, Result, collect_provenance, source_fingerprint
-from kvwall.results.fingerprint import _canonical, import_closure, normalized_code
+from kvwall.results.fingerprint import _canonical, import_closure, normalized_code, normalized_cuda
 
 EXPERIMENT = "kvwall.experiments.gather_cast"
 
@@ -147,3 +147,37 @@ def test_nested_format_specs_hash_alike_under_python_3_11_and_3_12():
     spec.format_spec.values.append(ast.Constant(value=""))  # what Python 3.12 writes
     assert normalized_code(ast.unparse(tree)) == normalized_code(source)
     assert _canonical(tree) == _canonical(ast.parse(source))
+
+
+def test_a_comment_or_layout_edit_in_a_cuda_source_keeps_a_result_fresh(tmp_path):
+    root = _copy_tree(tmp_path)
+    result = _result(root)
+    cu = root / "kernels/gather/gather_cast.cu"
+    assert "kernels/gather/gather_cast.cu" in result.provenance.sources
+    text = cu.read_text()
+    first_brace = text.index("{")
+    cu.write_text("// a new header comment\n/* and a block\n   comment */\n" + text[:first_brace] + "\n   {  "
+                  + text[first_brace + 1:].replace("\n", "\n\n", 3) + "\n\n")
+    assert result.changed_sources(root) == []
+
+
+def test_a_code_edit_in_a_cuda_source_stales_a_result(tmp_path):
+    root = _copy_tree(tmp_path)
+    result = _result(root)
+    cu = root / "kernels/gather/gather_cast.cu"
+    _edit(cu, "kThreads = 256", "kThreads = 128")
+    assert result.changed_sources(root) == ["kernels/gather/gather_cast.cu"]
+
+
+def test_normalized_cuda_drops_comments_and_layout_but_keeps_meaning():
+    a = "int x = a - -b; // note\n  /* block\n comment */ unsigned int y = 2;\nf( a ,\n   b );\n"
+    b = "int x=a- -b;\nunsigned int y=2; f(a, b);"
+    assert normalized_cuda(a) == normalized_cuda(b)
+    # What changes meaning shows: a token, a joined operator, a literal, a preprocessor line's space.
+    assert normalized_cuda(a) != normalized_cuda(a.replace("- -b", "--b"))
+    assert normalized_cuda(a) != normalized_cuda(a.replace("y = 2", "y = 3"))
+    assert normalized_cuda('s = "a  b";') != normalized_cuda('s = "a b";')
+    assert normalized_cuda('s = "a // b";') != normalized_cuda("s = \"a\";")
+    assert normalized_cuda("#define F (x)\nint z;") != normalized_cuda("#define F(x)\nint z;")
+    assert normalized_cuda("#define G(x) \\\n  x + 1\nint z;") == normalized_cuda("#define G(x) x + 1\nint z;")
+    assert normalized_cuda("#pragma unroll\nfor (;;) {}") != normalized_cuda("#pragma unroll for (;;) {}")

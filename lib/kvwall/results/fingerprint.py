@@ -10,7 +10,10 @@ The bookkeeping modules (:data:`BOOKKEEPING`: recording results, describing expe
 followed: they file the numbers, they do not produce them.
 
 Python files are hashed after normalizing (parse, drop docstrings, write out the syntax tree without
-positions): comments, docstrings and formatting do not change a fingerprint, a line of code does. Data files are hashed by their bytes.
+positions): comments, docstrings and formatting do not change a fingerprint, a line of code does. CUDA sources
+(``*.cu``, ``*.cuh``) are hashed after stripping their comments and the whitespace that does not separate two words
+(:func:`normalized_cuda`): a comment fix or a re-indent leaves a result fresh, an edited statement stales it. Other
+data files (tuned tables, diffs) are hashed by their bytes.
 """
 
 from __future__ import annotations
@@ -18,15 +21,19 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import re
 from pathlib import Path
 from typing import Iterable
 
 from kvwall.results.paths import PACKAGE_DIRS, PROJECT_ROOT
 
-__all__ = ["BOOKKEEPING", "DATA_SUFFIXES", "import_closure", "normalized_code", "source_fingerprint", "source_hashes"]
+__all__ = ["BOOKKEEPING", "CUDA_SUFFIXES", "DATA_SUFFIXES", "import_closure", "normalized_code", "normalized_cuda",
+           "source_fingerprint", "source_hashes"]
 
 #: Files of a kernel folder that its code reads at run time or compiles (tuned tables, CUDA sources).
 DATA_SUFFIXES = (".json", ".cu", ".cuh", ".diff", ".orig")
+#: The data files hashed as CUDA C++ (comments and layout whitespace stripped, :func:`normalized_cuda`).
+CUDA_SUFFIXES = (".cu", ".cuh")
 _PROJECT_PACKAGE = "kvwall"
 #: Modules (and their submodules) left out of every closure: they record and describe results.
 BOOKKEEPING = ("kvwall.results", "kvwall.experiments.registry", "kvwall.experiments.schemas")
@@ -179,6 +186,67 @@ def normalized_code(source: str | bytes) -> str:
     return _canonical(tree)
 
 
+#: One lexical unit of CUDA C++ for :func:`normalized_cuda`: a comment, a string or character literal (kept whole), a
+#: line break, a run of other whitespace, or one other character.
+_CUDA_TOKEN = re.compile(r"""//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'|\n|[ \t\f\v\r]+|.""", re.S)
+
+
+def _is_word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+#: Symbols that can join a neighbour into another token (``- -`` is not ``--``, ``> >`` is not ``>>``).
+_JOINING = frozenset("+-*/%<>=&|!^:.?~#")
+
+
+def _separates(prev: str, nxt: str) -> bool:
+    """Whether whitespace between characters ``prev`` and ``nxt`` of one line can change what the line means."""
+    if _is_word(prev) or _is_word(nxt):
+        return _is_word(prev) and _is_word(nxt)
+    return prev in _JOINING and nxt in _JOINING
+
+
+def normalized_cuda(source: str | bytes) -> str:
+    """CUDA C++ source reduced to its tokens' text: comments dropped (each counts as a space), line breaks and
+    indentation treated as spaces, and whitespace kept only where it separates two words (``unsigned int``) or two
+    symbols that could join (``a - -b``, ``> >``); so re-wrapping or re-indenting a statement, or fixing a comment,
+    does not change it, and editing a statement does. Preprocessor directives stay one per line with every
+    separating space (``#define F (x)`` is not ``#define F(x)``; a continued line is joined). String and character
+    literals are kept byte for byte."""
+    text = source.decode() if isinstance(source, bytes) else source
+    lines: list[str] = []
+    line: list[str] = []
+    pending_space = at_line_start = False
+
+    def end_line() -> None:
+        if line:
+            lines.append("".join(line))
+        line.clear()
+
+    for match in _CUDA_TOKEN.finditer(text):
+        tok = match.group()
+        directive = bool(line) and line[0] == "#"
+        if tok == "\n" or (tok.startswith("/*") and "\n" in tok and directive):
+            if directive and line[-1] == "\\":
+                line.pop()  # a continued directive: the next line is part of it
+                while line and line[-1] == " ":
+                    line.pop()
+            elif directive:
+                end_line()
+            pending_space = at_line_start = True
+        elif tok.startswith(("//", "/*")) or tok.isspace():
+            pending_space = True
+        else:
+            if at_line_start and tok == "#":
+                end_line()
+            elif pending_space and line and (directive or _separates(line[-1][-1], tok[0])):
+                line.append(" ")
+            line.append(tok)
+            pending_space = at_line_start = False
+    end_line()
+    return "\n".join(lines)
+
+
 @functools.lru_cache(maxsize=512)
 def _hash_file(path: Path, _mtime_ns: int, _size: int) -> str:
     data = path.read_bytes()
@@ -187,6 +255,8 @@ def _hash_file(path: Path, _mtime_ns: int, _size: int) -> str:
             data = normalized_code(data).encode()
         except SyntaxError:
             pass  # a file that does not parse is hashed as it is: it differs from any recorded hash
+    elif path.suffix in CUDA_SUFFIXES:
+        data = normalized_cuda(data).encode()
     return hashlib.sha256(data).hexdigest()[:16]
 
 
