@@ -1,5 +1,9 @@
 """What an experiment is: a measuring function, its parameters at two scales, what it needs, what it writes.
 
+Besides its result file, an experiment may write files others read (the dispatcher's ``paths.json``):
+``after_record(result)`` writes them right after the result is recorded and returns their paths, so that
+``python -m kvwall record`` (which calls it) records what depends on them after it, in the same run.
+
 ``requires`` names the prerequisites a run needs from :data:`PREREQUISITES`; :func:`missing_prerequisites`
 says which of them this machine lacks, so ``python -m kvwall record`` can refuse before running anything.
 Each experiment's rows have a typed schema (:mod:`kvwall.experiments.schemas`), looked up by its name.
@@ -12,6 +16,7 @@ import os
 import shutil
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import urlparse
 
@@ -62,7 +67,8 @@ PREREQUISITES: dict[str, Callable[[], str | None]] = {
 class Experiment:
     """``full``: the parameters ``python -m kvwall record`` uses (GLM-5 scale); ``small``: what a CPU runs
     live in seconds. ``requires``: prerequisites from :data:`PREREQUISITES` ("cuda" for GPU measurements;
-    an experiment that needs none, e.g. source citations, runs anywhere)."""
+    an experiment that needs none, e.g. source citations, runs anywhere). ``after_record``: what ``record`` calls
+    with the recorded result to write the files other code reads (it returns their paths); None: nothing."""
 
     name: str
     run: Callable[..., Result]
@@ -70,6 +76,7 @@ class Experiment:
     small: dict[str, Any]
     about: str
     requires: tuple[str, ...]
+    after_record: Callable[[Result], list[Path]] | None = None
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.requires if r not in PREREQUISITES]

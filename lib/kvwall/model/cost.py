@@ -1,8 +1,8 @@
 """A cost model of every path past the wall: per-layer attention time and per-step time, for any MLA geometry and GPU.
 
 A path is a KV **preparation** (nothing, the whole-pool cast, PyTorch's index-then-cast, or the ``gather_cast``
-kernel) followed by an **attention** kernel (FlashInfer BF16 fa3 or fa2, FlashInfer native FP8, our fused FP8
-kernel, FlashMLA dense BF16 or FP8). Each component's time is modelled from the bytes and FLOPs it must move
+kernel) followed by an **attention** kernel (FlashInfer BF16 fa3 or fa2, FlashInfer native FP8, ours,
+FlashMLA dense BF16 or FP8). Each component's time is modelled from the bytes and FLOPs it must move
 (:mod:`kvwall.model.roofline`'s counts) and the rates it achieves::
 
     attention:    t = c0 + max(attention_bytes / B, flops / F)        (c0: launch and tail, µs)
@@ -15,10 +15,10 @@ part of the sweep is used for fitting; the rest is held out to validate the mode
 **Other GPUs** have no measurement here. Their rates come from the H200's by two transfer rules, and the book shows
 both as a range: *fraction of peak* (a kernel reaching x % of the H200's datasheet bandwidth or BF16 rate reaches
 x % of the other GPU's), and *per-SM rate* (a kernel limited by the bytes in flight per SM, Little's law, scales
-with the SM count, capped at the other GPU's peak). Datasheet figures are labelled as such in :data:`GPUS`. Our fused
-path runs the kernel :mod:`kvwall.kernels.mla_decode.dispatch` picks: on the H200 the one its measured table says,
-on any other GPU (no table) the Triton kernel, so another GPU's fused path is predicted from the Triton kernel's own
-rates (:data:`OFF_REFERENCE`).
+with the SM count, capped at the other GPU's peak). Datasheet figures are labelled as such in :data:`GPUS`. Ours
+runs the path :mod:`kvwall.kernels.mla_decode.dispatch` picks: on the H200 the one its measured table says, off
+Hopper the Triton path, so another GPU's ``ours`` is predicted from the Triton path's own rates
+(:data:`OFF_REFERENCE`).
 """
 
 from __future__ import annotations
@@ -85,16 +85,16 @@ ATTENTIONS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "fa3_bf16": ("bf16", 1, ("sm_90",)),
     "fa2_bf16": ("bf16", 1, ("sm_90", "sm_100", "sm_120")),
     "flashinfer_fp8": ("fp8", 1, ("sm_90",)),
-    "fused_fp8": ("fp8", 1, ("sm_90", "sm_100", "sm_120")),
-    "fused_fp8_triton": ("fp8", 1, ("sm_90", "sm_100", "sm_120")),
+    "ours": ("fp8", 1, ("sm_90", "sm_100", "sm_120")),
+    "triton": ("fp8", 1, ("sm_90", "sm_100", "sm_120")),
     "flashmla_bf16": ("bf16", 64, ("sm_90",)),
     "flashmla_fp8": ("fp8", 64, ("sm_90",)),
 }
 PREPARATIONS = ("none", "full_cast", "index_then_cast", "gather_cast")
 #: Attention measured on the reference GPU as the dispatcher ran it there -> the attention that runs in its place on
-#: a GPU without a measured dispatch table (the Triton kernel). A sweep recorded before our fused path was
-#: dispatched timed the Triton kernel as ``fused_fp8`` and has no ``fused_fp8_triton``: then the component itself.
-OFF_REFERENCE: dict[str, str] = {"fused_fp8": "fused_fp8_triton"}
+#: a GPU without a measured dispatch table (the Triton path). A sweep without a ``triton`` series: the component
+#: itself.
+OFF_REFERENCE: dict[str, str] = {"ours": "triton"}
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class PathComposition:
         return "bf16" if self.prep == "none" and ATTENTIONS[self.attention][0] == "bf16" else "fp8"
 
 
-#: Every sweep path (``kvwall.experiments.answer.SWEEP_PATHS``) as a composition.
+#: Every sweep path (``kvwall.experiments.answer.sweep.SWEEP_PATHS``) as a composition.
 PATHS: dict[str, PathComposition] = {
     "full_pool_cast": PathComposition("full_cast", "fa3_bf16", "whole-pool cast + FlashInfer BF16 fa3 (the original)"),
     "full_pool_cast_fa2": PathComposition("full_cast", "fa2_bf16", "whole-pool cast + FlashInfer BF16 fa2"),
@@ -118,8 +118,8 @@ PATHS: dict[str, PathComposition] = {
     "index_then_cast_fa2": PathComposition("index_then_cast", "fa2_bf16", "PyTorch index_select().to() + fa2"),
     "gather_cast": PathComposition("gather_cast", "fa3_bf16", "gather_cast + FlashInfer BF16 fa3"),
     "gather_cast_fa2": PathComposition("gather_cast", "fa2_bf16", "gather_cast + FlashInfer BF16 fa2"),
-    "fused_fp8": PathComposition("none", "fused_fp8", "fused FP8 MLA decode (ours)"),
-    "fused_fp8_triton": PathComposition("none", "fused_fp8_triton", "fused FP8 MLA decode, Triton kernel (ours)"),
+    "ours": PathComposition("none", "ours", "ours: FP8 MLA decode, the dispatcher's path"),
+    "triton": PathComposition("none", "triton", "ours, the Triton path"),
     "flashinfer_fp8": PathComposition("none", "flashinfer_fp8", "FlashInfer native FP8 (fa3)"),
     "bf16_cache": PathComposition("none", "fa3_bf16", "BF16 cache + FlashInfer fa3 (2x memory)"),
     "bf16_cache_fa2": PathComposition("none", "fa2_bf16", "BF16 cache + FlashInfer fa2 (2x memory)"),
@@ -209,13 +209,13 @@ def paths_on(arch: str, heads: int) -> list[str]:
     """The paths that exist on ``arch`` for ``heads`` per GPU (fa3, FlashInfer FP8 and FlashMLA: SM90 only; our
     fused kernel wherever :data:`FUSED_MAX_HEADS` allows, which is everywhere). Off the H200, the fused kernel's
     prediction assumes the per-SM rate of the shape measured on it; where the launcher must pick a smaller shape
-    (more than 16 heads on SM120 and SM100, compiled offline), that is optimistic. ``fused_fp8_triton`` is no choice
-    of its own: it is what ``fused_fp8`` runs off the reference GPU (:data:`OFF_REFERENCE`)."""
+    (more than 16 heads on SM120 and SM100, compiled offline), that is optimistic. ``triton`` is no choice of its
+    own: it is what ``ours`` runs off the reference GPU (:data:`OFF_REFERENCE`)."""
     out = []
     for name, comp in PATHS.items():
         if arch not in ATTENTIONS[comp.attention][2] or comp.attention in OFF_REFERENCE.values():
             continue
-        if comp.attention == "fused_fp8" and heads > FUSED_MAX_HEADS.get(arch, 10**6):
+        if comp.attention == "ours" and heads > FUSED_MAX_HEADS.get(arch, 10**6):
             continue
         out.append(name)
     return out
@@ -231,12 +231,13 @@ class CostModel:
 
     def layer_us(self, path: str, p: Point, gpu: GPUSpec | None = None, rule: str = "fraction of peak") -> float:
         """Predicted µs of one layer of ``path`` at ``p`` on ``gpu`` (the reference GPU by default); off the
-        reference GPU with the :data:`OFF_REFERENCE` attention where it was fitted."""
+        reference GPU's architecture (where the dispatcher runs the Triton path) with the :data:`OFF_REFERENCE`
+        attention where it was fitted; another GPU of the same architecture (an H100) runs the dispatcher's paths."""
         comp = PATHS[path]
         gpu = gpu or self.reference
         total = 0.0
         for name in (comp.prep, comp.attention):
-            if gpu.key != self.reference.key and OFF_REFERENCE.get(name) in self.components:
+            if gpu.arch != self.reference.arch and OFF_REFERENCE.get(name) in self.components:
                 name = OFF_REFERENCE[name]
             fit = NONE_FIT if name == "none" else self.components[name]
             total += _transfer(fit, self.reference, gpu, rule).us(p)

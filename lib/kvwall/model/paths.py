@@ -10,18 +10,22 @@ path                      per layer                                             
 ``full_pool_cast``        the whole layer's pool cast to BF16 (the original), FlashInfer BF16       FP8
 ``index_then_cast``       PyTorch ``pool.index_select(0, kv_indices).to(bf16)``, FlashInfer BF16    FP8
 ``gather_cast``           chapter 4's ``gather_cast`` kernel (real rows only), FlashInfer BF16      FP8
-``fused_fp8``             chapter 5's fused decode, the kernel the dispatcher picks: no BF16 copy   FP8
+``ours``                  chapter 5's FP8 MLA decode, the path the dispatcher picks: no BF16 copy   FP8
 ``flashinfer_fp8``        FlashInfer's native FP8 MLA (fa3; SM90 only, FlashInfer >= 0.6.14)        FP8
 ``bf16_cache``            no cast at all: the cache is BF16 (twice the bytes per token)            BF16
+``flashmla_fp8``          FlashMLA dense FP8 (SM90; pages of 64, FP8 query)                         FP8
+``flashmla_bf16``         FlashMLA dense BF16 (SM90; pages of 64)                                   BF16
 ========================  ========================================================================  ==========
 
 Every FlashInfer BF16 path uses the same FlashInfer backend (``bf16_backend``: fa3 on Hopper, fa2 elsewhere), so
 no path is pinned to a slower kernel than its peers. On a CPU, FlashInfer does not run: the BF16 paths attend with
-the float32 reference (:class:`kvwall.model.attention.ReferenceMLADecode`) and ``fused_fp8`` runs in Triton's
-interpreter; ``flashinfer_fp8`` is GPU-only. ``fused_fp8`` runs whichever of our kernels
-:mod:`kvwall.kernels.mla_decode.dispatch` picks for the GPU and the batch (:func:`choose_fused_kernel`): the Triton
-kernel on a CPU and on a GPU without a measured table, the CUDA mma.sync or wgmma path where chapter 5 measured it
-faster.
+the float32 reference (:class:`kvwall.model.attention.ReferenceMLADecode`) and ``ours`` runs in Triton's
+interpreter; ``flashinfer_fp8`` and the FlashMLA paths are GPU-only. ``ours`` is the call a user makes:
+:func:`kvwall.kernels.mla_decode.dispatch.mla_decode` with the step's plan
+(:func:`~kvwall.kernels.mla_decode.dispatch.plan_mla_decode_auto`), on the path the dispatcher picks for the GPU
+and the batch (:func:`choose_kernel`): the Triton path (portable: any GPU Triton supports, and the CPU interpreter)
+or the wgmma path (Hopper). FlashMLA is a peer's kernel (:mod:`kvwall.peers`, a layer above this one): its two
+paths are described here and built by :mod:`kvwall.experiments.answer.step`.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from kvwall.model.pool import DecodeBatch, TokenPool
 from kvwall.model.strategies import FullPoolCast, GatherCast, IndexThenCast, KVStrategy, compact_batch
 
 __all__ = ["STEP_PATHS", "PathInfo", "PATH_INFO", "CacheViews", "KERNEL_NAMES", "kernel_that_ran", "kernels_that_ran",
-           "FusedKernel", "choose_fused_kernel", "FusedFP8Decode", "FlashInferFP8Decode", "bf16_backend_for",
+           "KernelChoice", "choose_kernel", "OursDecode", "FlashInferFP8Decode", "bf16_backend_for",
            "build_step_path", "kv_bytes_per_token"]
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
@@ -56,15 +60,21 @@ class PathInfo:
     cache_dtype: torch.dtype
     copies_kv: bool
     gpu_only: bool = False
+    #: A peer's kernel built above this layer (:mod:`kvwall.experiments.answer.step`), not by :func:`build_step_path`.
+    peer: bool = False
 
 
 PATH_INFO: dict[str, PathInfo] = {
     "full_pool_cast": PathInfo("whole-pool cast + FlashInfer BF16 (the original)", FP8, True),
     "index_then_cast": PathInfo("PyTorch index_select().to(bf16) + FlashInfer BF16", FP8, True),
     "gather_cast": PathInfo("gather_cast kernel + FlashInfer BF16 (chapter 4)", FP8, True),
-    "fused_fp8": PathInfo("fused FP8 MLA decode, ours (chapter 5)", FP8, False),
+    "ours": PathInfo("ours: FP8 MLA decode, the dispatcher's path (chapter 5)", FP8, False),
     "flashinfer_fp8": PathInfo("FlashInfer native FP8 MLA (SM90, >= 0.6.14)", FP8, False, gpu_only=True),
     "bf16_cache": PathInfo("BF16 cache + FlashInfer BF16 (2x memory)", BF16, False),
+    "flashmla_fp8": PathInfo("FlashMLA dense FP8 (SM90, pages of 64, FP8 query)", FP8, False, gpu_only=True,
+                             peer=True),
+    "flashmla_bf16": PathInfo("FlashMLA dense BF16 (SM90, pages of 64, 2x memory)", BF16, False, gpu_only=True,
+                              peer=True),
 }
 #: The paths chapter 6 runs on the decode step, in the order the book shows them.
 STEP_PATHS = tuple(PATH_INFO)
@@ -95,59 +105,66 @@ class CacheViews:
         return split_latent_cache(pool.key_buffer(layer), pool.geometry.kv_lora_rank)
 
 
-#: Our fused decode's kernels, by the dispatcher's name for each (:mod:`kvwall.kernels.mla_decode.dispatch`).
-KERNEL_NAMES: dict[str, str] = {"triton": "Triton kernel", "cuda": "CUDA C++ mma.sync path", "wgmma": "wgmma path"}
+#: The two paths of ours, by the dispatcher's name for each (:mod:`kvwall.kernels.mla_decode.dispatch`).
+KERNEL_NAMES: dict[str, str] = {"triton": "Triton path", "wgmma": "wgmma path"}
 
 
 def kernel_that_ran(row: Mapping[str, Any]) -> str:
-    """Which of our kernels a recorded ``fused_fp8`` row ran: its ``kernel_path``; a row recorded before the path
-    ran the dispatcher's choice names none, and ran the Triton kernel."""
+    """Which path a recorded ``ours`` row ran: its ``kernel_path`` (a row without one ran the Triton path)."""
     return row.get("kernel_path") or "triton"
 
 
 def kernels_that_ran(rows: Iterable[Mapping[str, Any]]) -> Counter[str]:
-    """How many of the ``fused_fp8`` rows that ran (no ``error``) ran each of our kernels."""
-    return Counter(kernel_that_ran(r) for r in rows if r.get("path") == "fused_fp8" and not r.get("error"))
+    """How many of the ``ours`` rows that ran (no ``error``) ran each path."""
+    return Counter(kernel_that_ran(r) for r in rows if r.get("path") == "ours" and not r.get("error"))
 
 
 @dataclass(frozen=True)
-class FusedKernel:
-    """Which kernel of our fused FP8 decode a batch runs, the dispatcher's reason, and that kernel's plan."""
+class KernelChoice:
+    """Which path ours runs for a batch, the dispatcher's reason, and that path's plan."""
 
     path: KernelPath
     why: str
     plan: MLADecodePlan
 
     def call_kwargs(self) -> dict[str, Any]:
-        """Keywords only the chosen kernel takes: the Triton kernel's launch shape is its plan's."""
+        """Keywords only the chosen path takes: the Triton path's launch shape is its plan's."""
         return {"config": self.plan.config} if self.path == "triton" else {}
 
 
-def choose_fused_kernel(kv_indptr: torch.Tensor, *, heads: int, ckv: torch.Tensor, kpe: torch.Tensor,
-                        device: torch.device) -> FusedKernel:
-    """:func:`kvwall.kernels.mla_decode.dispatch.choose_path` for a batch of requests (page size 1) on the FP8 cache
-    views ``ckv``/``kpe``, and the plan of the chosen kernel: made here, once per step, outside any CUDA-graph
-    capture (it reads the lengths on the host)."""
+def choose_kernel(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int, ckv: torch.Tensor,
+                  kpe: torch.Tensor, device: torch.device, page_size: int = 1, path: str = "auto") -> KernelChoice:
+    """:func:`kvwall.kernels.mla_decode.dispatch.choose_path` for a batch of requests on the FP8 cache views
+    ``ckv``/``kpe`` (page size 1: lengths from ``kv_indptr``; paged: from ``kv_len``), and the plan of the chosen
+    path: made here, once per step, outside any CUDA-graph capture (it reads the lengths on the host). ``path``
+    ``"triton"`` or ``"wgmma"`` forces that path (``why`` then says so)."""
     ptr = kv_indptr.tolist()
-    path, why = dispatch.choose_path(heads, len(ptr) - 1, max(b - a for a, b in zip(ptr, ptr[1:])), device,
-                                     ckv_cache=ckv, kpe_cache=kpe)
-    plan = dispatch.plan_mla_decode_auto(kv_indptr, heads=heads, device=device, path=path, ckv_cache=ckv,
-                                         kpe_cache=kpe)
-    return FusedKernel(path, why, plan)
+    lens = kv_len.tolist() if kv_len is not None else [b - a for a, b in zip(ptr, ptr[1:])]
+    if path == "auto":
+        chosen, why = dispatch.choose_path(heads, len(ptr) - 1, max(lens or [0]), device, ckv_cache=ckv,
+                                           kpe_cache=kpe)
+    elif path in KERNEL_NAMES:
+        chosen, why = path, f"{path}: forced"
+    else:
+        raise ValueError(f"choose_kernel: path must be 'auto' or one of {sorted(KERNEL_NAMES)}, got {path!r}.")
+    plan = dispatch.plan_mla_decode_auto(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device,
+                                         path=chosen, ckv_cache=ckv, kpe_cache=kpe)
+    return KernelChoice(chosen, why, plan)
 
 
-class FusedFP8Decode:
-    """Our fused FP8 MLA decode on a batch, on the kernel :func:`choose_fused_kernel` picks for the layer's FP8 cache
-    (layer 0's views: every layer has the same layout). The step's plan is made once here and reused by every layer;
-    the first call is checked (the range check), the rest unchecked (CUDA-graph capturable)."""
+class OursDecode:
+    """Ours on a batch: :func:`~kvwall.kernels.mla_decode.dispatch.mla_decode` on the path :func:`choose_kernel`
+    picks for the layer's FP8 cache (layer 0's views: every layer has the same layout). The step's plan is made once
+    here and reused by every layer; the first call is checked (the range check), the rest unchecked (CUDA-graph
+    capturable)."""
 
     def __init__(self, geometry: MLAGeometry, batch: DecodeBatch, pool: TokenPool) -> None:
         self.batch, self.sm_scale = batch, geometry.sm_scale
         heads = geometry.heads_per_gpu
         ckv, kpe = split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank)
-        self.kernel = choose_fused_kernel(batch.kv_indptr, heads=heads, ckv=ckv, kpe=kpe, device=pool.device)
+        self.kernel = choose_kernel(batch.kv_indptr, heads=heads, ckv=ckv, kpe=kpe, device=pool.device)
         self.out = torch.empty(batch.batch_size, heads, geometry.kv_lora_rank, dtype=BF16, device=pool.device)
-        self.name = f"kvwall fused FP8 decode, {self.kernel.path} path ({self.kernel.plan.items} work items)"
+        self.name = f"ours, {KERNEL_NAMES[self.kernel.path]} ({self.kernel.plan.items} work items)"
         self._checked = False
 
     def __call__(self, q_nope, q_pe, ckv, kpe):
@@ -168,10 +185,13 @@ class FlashInferFP8Decode(FlashInferMLADecode):
 def build_step_path(path: str, pool: TokenPool, batch: DecodeBatch, *, bf16_backend: str
                     ) -> tuple[KVStrategy, MLADecode, dict[str, Any]]:
     """``(strategy, attention, info)`` of ``path`` for ``batch`` on ``pool`` (whose dtype must be the path's cache
-    dtype). ``info`` says which attention ran and with which FlashInfer backend (``fused_fp8``: which of our
-    kernels, ``kernel_path``, and the dispatcher's ``why``)."""
+    dtype). ``info`` says which attention ran and with which FlashInfer backend (``ours``: which path,
+    ``kernel_path``, and the dispatcher's reason, ``path_why``)."""
     if path not in PATH_INFO:
         raise ValueError(f"unknown path {path!r}; choose from {STEP_PATHS}.")
+    if PATH_INFO[path].peer:
+        raise ValueError(f"path {path!r} runs a peer's kernel (kvwall.peers): kvwall.experiments.answer.step builds "
+                         "it (kvwall.model sits below the peers).")
     want = PATH_INFO[path].cache_dtype
     if pool.dtype != want:
         raise ValueError(f"path {path!r} reads a {want} cache; the pool holds {pool.dtype}.")
@@ -189,10 +209,10 @@ def build_step_path(path: str, pool: TokenPool, batch: DecodeBatch, *, bf16_back
     else:
         strategy = CacheViews(f"the {'FP8' if want == FP8 else 'BF16'} cache as it is (no copy)")
     attention: MLADecode
-    if path == "fused_fp8":
-        attention = FusedFP8Decode(geometry, batch, pool)
+    if path == "ours":
+        attention = OursDecode(geometry, batch, pool)
         return strategy, attention, {"attention": attention.name, "backend": attention.kernel.path,
-                                     "kernel_path": attention.kernel.path, "why": attention.kernel.why}
+                                     "kernel_path": attention.kernel.path, "path_why": attention.kernel.why}
     if path == "flashinfer_fp8":
         attention = FlashInferFP8Decode.for_batch(geometry, batch, kv_dtype=FP8, backend="fa3")
         return strategy, attention, {"attention": attention.name, "backend": attention.backend}

@@ -3,6 +3,14 @@ original's rest of the layer as a labelled stand-in) run with each path of :mod:
 on the same pool and page table: on a GPU each whole step captured in a CUDA graph and replayed (and each phase's 78
 layers in a graph of their own), on a CPU eager with a clock on every phase. Every path's attention output is checked
 against float64 first, and the step's transient memory is measured.
+
+``ours`` is the dispatcher's path with the step's plan (made once, outside the graph). FlashMLA dense FP8 and BF16
+(``flashmla_fp8``, ``flashmla_bf16``; GPU, SM90) read the same requests' tokens on random pages of 64 of the same
+pool (:func:`flashmla_step_path`: the pool's layer buffers viewed as pages, no copy; the FP8 query quantized per
+tensor once, outside the step, as chapter 5's benchmark does).
+
+Device time at full scale: 81 s on 2026-11-30 for 6 paths (~13 s a path: warm-up, transient-memory step, 5 graph
+replays of the step and of each phase); with the two FlashMLA paths **about 110 s**.
 """
 
 from __future__ import annotations
@@ -22,14 +30,66 @@ from kvwall.model.decode_step import PHASES, STANDIN_LABEL, DecodeStepModel, Res
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.paths import PATH_INFO, STEP_PATHS, bf16_backend_for, build_step_path, kv_bytes_per_token
-from kvwall.model.pool import TokenPool, make_decode_batch
+from kvwall.model.pool import DecodeBatch, TokenPool, make_decode_batch
+from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode, random_page_table
 from kvwall.results import Result, collect_provenance
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "run_decode_step_paths"]
+__all__ = ["EXPERIMENTS", "run_decode_step_paths", "flashmla_step_path", "PagedViews", "FlashMLAStepDecode"]
 
-BF16 = torch.bfloat16
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 DC = GLM5.kv_lora_rank
+
+
+class PagedViews:
+    """FlashMLA's KV work: none -- the layer's pool buffer seen as ``[pages, 64, 1, 576]`` (its whole pages, no
+    copy), handed to the attention as both views."""
+
+    name = "the cache as it is, seen as pages of 64 (no copy)"
+
+    def prepare_kv(self, pool: TokenPool, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        del dtype  # FlashMLA reads the cache's own dtype
+        buf = pool.key_buffer(layer)
+        pages = buf.shape[0] // PAGE_SIZE
+        paged = buf[:pages * PAGE_SIZE].view(pages, PAGE_SIZE, 1, buf.shape[-1])
+        return paged, paged
+
+
+class FlashMLAStepDecode:
+    """FlashMLA dense decode on the step's page table (pages of 64): built on the first call, with that call's
+    queries (the step's queries are the same tensors every layer; FP8: quantized per tensor once, there), then each
+    layer's call points it at that layer's pages."""
+
+    def __init__(self, block_table: torch.Tensor, seqlens: torch.Tensor, sm_scale: float, fp8: bool) -> None:
+        self.block_table, self.seqlens, self.sm_scale, self.fp8 = block_table, seqlens, sm_scale, fp8
+        self.decode: FlashMLADecode | None = None
+
+    def __call__(self, q_nope, q_pe, ckv, kpe):
+        del kpe  # the same pages
+        if self.decode is None:
+            self.decode = FlashMLADecode(q_nope, q_pe, ckv, self.block_table, self.seqlens, self.sm_scale,
+                                         fp8=self.fp8)
+        self.decode.k_cache = ckv
+        return self.decode()
+
+
+def flashmla_step_path(path: str, pool: TokenPool, batch: DecodeBatch, *, seed: int
+                       ) -> tuple[PagedViews, FlashMLAStepDecode, dict[str, Any], torch.Tensor]:
+    """``(strategy, attention, info, token slots)`` of ``flashmla_fp8`` / ``flashmla_bf16``: the batch's requests,
+    the same lengths, on random pages of 64 of the pool (seeded); the token slots, request by request, are what the
+    float64 reference reads."""
+    if pool.device.type != "cuda":
+        raise RuntimeError(f"path {path!r} runs FlashMLA's SM90 kernels: it needs an NVIDIA GPU (H100 / H200).")
+    lens = batch.context_lens.tolist()
+    gen = torch.Generator(device=pool.device).manual_seed(seed)
+    table, seqlens = random_page_table(lens, pool.num_slots // PAGE_SIZE, gen, pool.device)
+    offsets = torch.arange(PAGE_SIZE, device=pool.device)
+    slots = torch.cat([(table[i, :-(-n // PAGE_SIZE)].long()[:, None] * PAGE_SIZE + offsets).flatten()[:n]
+                       for i, n in enumerate(lens)])
+    attention = FlashMLAStepDecode(table, seqlens, pool.geometry.sm_scale, fp8=path == "flashmla_fp8")
+    info = {"attention": f"FlashMLA dense {'FP8' if attention.fp8 else 'BF16'} (legacy SM90), pages of 64",
+            "backend": "flash_mla", "page_size": PAGE_SIZE}
+    return PagedViews(), attention, info, slots.to(torch.int32)
 
 
 
@@ -76,15 +136,21 @@ def _path_row(path: str, pool: TokenPool, batch, standin, device: torch.device, 
     row: dict[str, Any] = {"section": "path", "path": path, "label": info.label,
                            "cache_dtype": str(info.cache_dtype).removeprefix("torch."),
                            "kv_bytes_per_token": kv_bytes_per_token(pool.geometry, info.cache_dtype)}
-    strategy, attention, built = build_step_path(path, pool, batch, bf16_backend=bf16_backend)
+    slots = batch.kv_indices
+    if info.peer:
+        strategy, attention, built, slots = flashmla_step_path(path, pool, batch, seed=seed)
+    else:
+        strategy, attention, built = build_step_path(path, pool, batch, bf16_backend=bf16_backend)
     row.update(built, strategy=strategy.name)
     model = DecodeStepModel(pool, batch, strategy, attention, standin, seed=seed)
     model.step()  # warm-up: JIT, allocator; the pool's new-token slots now hold their steady values
+    if isinstance(attention, FlashMLAStepDecode) and attention.decode is not None:
+        row["flash_mla"] = attention.decode.version
     ckv, kpe = strategy.prepare_kv(pool, 0, BF16)
     out = attention(model.q_nope, model.q_pe, ckv, kpe).double()
     del ckv, kpe
     ref = mla_decode_reference(model.q_nope, model.q_pe, *split_latent_cache(pool.key_buffer(0), DC),
-                               batch.kv_indptr, batch.kv_indices, pool.geometry.sm_scale, compute_dtype=torch.float64)
+                               batch.kv_indptr, slots, pool.geometry.sm_scale, compute_dtype=torch.float64)
     row["rel_err_vs_float64"] = finite_or_none(relative_error(out, ref))
     row["transient_bytes"] = _transient_bytes(model, device)
     if device.type == "cuda":

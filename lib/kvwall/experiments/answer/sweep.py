@@ -1,12 +1,14 @@
 """``path_sweep`` (GPU): one layer's KV path + attention per call, timed in CUDA graphs with L2 flushed (chapter 5's
 timer, :func:`kvwall.experiments.fused_decode.bench.time_call`), along four axes: context (batch 1, 16 heads), pool
-size (the whole-pool cast only: nothing else reads the pool's size), batch (mixed lengths), heads per GPU. Beside
-chapter 6's paths it times FlashInfer fa2 twins of the BF16 paths (what SM120 would run: fa3 is SM90-only) and
-FlashMLA dense BF16 / FP8 (page 64), the best Hopper peer. Our fused path (``fused_fp8``) runs the kernel the
-dispatcher picks at each point (:func:`kvwall.model.paths.choose_fused_kernel`; each row says which, and why);
-``fused_fp8_triton`` times the Triton kernel alone, the one the dispatcher runs on a GPU without a measured table,
-so the cost model can carry it to GPUs we did not measure. These rows are what the cost model
-(:mod:`kvwall.model.cost`) is fitted on and validated against.
+size (the whole-pool cast only: nothing else reads the pool's size), batch (mixed lengths), heads per GPU. Every path
+is an entry of chapter 5's peer table (:data:`~kvwall.experiments.fused_decode.strategies.STRATEGIES`) built with a
+FlashInfer backend (:data:`SWEEP_PATHS`): chapter 6's paths, FlashInfer fa2 twins of the BF16 paths (what SM120
+would run: fa3 is SM90-only) and FlashMLA dense BF16 / FP8 (page 64). ``ours`` runs the path the dispatcher picks
+at each point (each row says which, ``kernel_path``, and why, ``path_why``); ``triton`` times the Triton path alone,
+the one the dispatcher runs on a GPU without a measured table, so the cost model can carry it to GPUs we did not
+measure. These rows are what the cost model (:mod:`kvwall.model.cost`) is fitted on and validated against.
+
+Device time at full scale: 139 s on 2026-11-30 with the same 12 paths and points: **about 140 s**.
 """
 
 from __future__ import annotations
@@ -16,88 +18,49 @@ from typing import Any, Callable
 
 import torch
 
-from kvwall.kernels.mla_decode import dispatch
 from kvwall.measure.failures import error_text
 from kvwall.measure.timing import copy_bandwidth_gbps, matmul_tflops, release_memory, synchronize
-from kvwall.model.attention import FlashInferMLADecode, flashinfer_version, prebuild_flashinfer_mla
+from kvwall.model.attention import flashinfer_version, prebuild_flashinfer_mla
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import choose_fused_kernel
 from kvwall.peers.flashmla import load_flash_mla
 from kvwall.results import Result, collect_provenance
 from kvwall.experiments.fused_decode.bench import time_call
-from kvwall.experiments.fused_decode.bench_strategies import BenchPoint, build_strategy, make_point
+from kvwall.experiments.fused_decode.strategies import STRATEGIES, BenchPoint, BuildContext, build_strategy, make_point
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "SWEEP_PATHS", "POOL_BOUND", "run_path_sweep", "sweep_points"]
+__all__ = ["EXPERIMENTS", "SWEEP_PATHS", "POOL_BOUND", "run_path_sweep", "sweep_points", "build_sweep_path"]
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 D, DC = GLM5.kv_dim, GLM5.kv_lora_rank
 
-
-
-#: Sweep path -> (chapter 5's bench strategy it is built from, the FlashInfer backend of its BF16 attention).
-#: ``index_then_cast`` and ``fused_fp8`` (the dispatcher's kernel) are built here (chapter 5 times neither);
-#: ``fused_fp8_triton`` is chapter 5's ``fused_fp8``, the Triton kernel alone.
+#: Sweep path (the cost model's name, :data:`kvwall.model.cost.PATHS`) -> (its entry of the peer table, the
+#: FlashInfer backend of its BF16 attention; "-": none).
 SWEEP_PATHS: dict[str, tuple[str, str]] = {
     "full_pool_cast": ("full_cast_bf16", "fa3"),
     "full_pool_cast_fa2": ("full_cast_bf16", "fa2"),
     "index_then_cast": ("index_then_cast", "fa3"),
     "gather_cast": ("gather_cast_bf16", "fa3"),
     "gather_cast_fa2": ("gather_cast_bf16", "fa2"),
-    "fused_fp8": ("dispatched_fp8", "-"),
-    "fused_fp8_triton": ("fused_fp8", "-"),
+    "ours": ("ours", "-"),
+    "triton": ("triton", "-"),
     "flashinfer_fp8": ("flashinfer_fp8_fa3", "fa3"),
     "bf16_cache": ("flashinfer_bf16_precast", "fa3"),
     "bf16_cache_fa2": ("flashinfer_bf16_precast", "fa2"),
     "flashmla_bf16": ("flashmla_dense_bf16", "-"),
     "flashmla_fp8": ("flashmla_dense_fp8", "-"),
 }
+assert {s for s, _ in SWEEP_PATHS.values()} <= set(STRATEGIES), "every sweep path is an entry of the peer table"
 #: The only paths whose time depends on the pool's size (they read all of it).
 POOL_BOUND = ("full_pool_cast", "full_pool_cast_fa2")
 
 
-def _index_then_cast(pt: BenchPoint, pool: torch.Tensor, backend: str, info: dict[str, Any]) -> Callable[[], Any]:
-    idx = pt.idx.long()
-    compact = torch.arange(pt.tokens, dtype=torch.int32, device=pool.device)
-    out = torch.empty(pt.batch, pt.heads, DC, dtype=BF16, device=pool.device)
-    wrapper = FlashInferMLADecode(pt.heads, pt.indptr, compact, pt.lens_t, GLM5.sm_scale, kv_dtype=BF16,
-                                  backend=backend)
-    info.update(backend=wrapper.backend, plan_ms=wrapper.plan_ms)
-
-    def call() -> torch.Tensor:
-        rows = pool.index_select(0, idx).to(BF16)
-        return wrapper.run(pt.q_nope, pt.q_pe, rows[:, :, :DC], rows[:, :, DC:], out=out)
-    return call
-
-
-def _dispatched_fp8(pt: BenchPoint, pool: torch.Tensor, backend: str, info: dict[str, Any]) -> Callable[[], Any]:
-    # The kernel the dispatcher picks for the point and its plan, both made here (as a decode step makes them once
-    # for all its layers); the timed call is unchecked.
-    del backend  # no FlashInfer in it
-    ckv, kpe = pool[:, 0, :DC], pool[:, 0, DC:]
-    kernel = choose_fused_kernel(pt.indptr, heads=pt.heads, ckv=ckv, kpe=kpe, device=pool.device)
-    info.update(kernel_path=kernel.path, why=kernel.why, work_items=kernel.plan.items,
-                chunk_tokens=kernel.plan.work_list.chunk_tokens, imbalance=kernel.plan.work_list.imbalance())
-    out = torch.empty(pt.batch, pt.heads, DC, dtype=BF16, device=pool.device)
-    kwargs = kernel.call_kwargs()
-    return lambda: dispatch.mla_decode(pt.q_nope, pt.q_pe, ckv, kpe, pt.indptr, pt.idx, GLM5.sm_scale,
-                                       plan=kernel.plan, out=out, check_range=False, **kwargs)
-
-
-#: The sweep's own strategies (the rest are chapter 5's, :func:`build_strategy`).
-_OWN: dict[str, Callable[[BenchPoint, torch.Tensor, str, dict[str, Any]], Callable[[], Any]]] = {
-    "index_then_cast": _index_then_cast, "dispatched_fp8": _dispatched_fp8}
-
-
-def _build(path: str, pt: BenchPoint, pool: torch.Tensor, sm_count: int) -> tuple[Callable[[], Any], dict[str, Any]]:
+def build_sweep_path(path: str, pt: BenchPoint, pool: torch.Tensor, sm_count: int
+                     ) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """(the call, the row's fields) of sweep path ``path`` at ``pt``: its peer-table entry, built with its backend."""
     strategy, backend = SWEEP_PATHS[path]
-    if strategy in _OWN:
-        info: dict[str, Any] = {}
-        return _OWN[strategy](pt, pool, backend, info), info
-    fn, info, _ = build_strategy(strategy, pt, pool, cast_backend=backend, sglang_max_context=0, sm_count=sm_count)
-    if strategy == "fused_fp8":
-        info["kernel_path"] = "triton"
-    return fn, info
+    ctx = BuildContext(cast_backend=backend if backend != "-" else "fa3", sglang_max_context=0, sm_count=sm_count)
+    fn, info = build_strategy(strategy, pt, pool, ctx)
+    return fn, {"strategy": strategy, **info}
 
 
 def sweep_points(contexts: list[int], pools: list[int], batches: list[int], heads: list[int], *,
@@ -154,7 +117,7 @@ def run_path_sweep(device: torch.device, *, contexts: list[int], pools: list[int
             row: dict[str, Any] = {"section": "point", **p, "path": path, "tokens": pt.tokens,
                                    "len_max": max(pt.lens), "us": None}
             try:
-                fn, info = _build(path, pt, pool, sm_count)
+                fn, info = build_sweep_path(path, pt, pool, sm_count)
                 row.update({k: v for k, v in info.items() if isinstance(v, (str, int, float, bool)) or v is None})
                 fn()
                 synchronize(device)

@@ -1,23 +1,25 @@
-"""Chapter 5's experiments: the fused FP8 MLA decode kernel (:mod:`kvwall.kernels.mla_decode`), tuned, profiled,
-checked and timed -- one module each:
+"""Chapter 5's experiments: ours (:func:`kvwall.kernels.mla_decode.dispatch.mla_decode`) and its two paths -- the
+Triton path and the wgmma path -- tuned, timed, checked and profiled, one module each, in recording order (each
+reads what the one before it wrote):
 
-- :mod:`.tuning`: ``fused_decode_tuning`` (launch shapes screened and swept; writes the tuned table);
-- :mod:`.ncu`: ``fused_decode_ncu`` (Nsight Compute on the split launch);
-- :mod:`.validation` (with :mod:`.contracts`): ``fused_decode_validation`` (accuracy against float64 beside the
-  BF16 path and the peers; errors, CUDA graphs, memcheck);
-- :mod:`.bench` (with :mod:`.bench_strategies`): ``fused_decode_bench`` (every strategy timed against the
-  roofline);
-- :mod:`.cuda_path`: ``fused_decode_cuda`` (the CUDA C++ path: validated, timed against the Triton path and
-  FlashMLA, profiled).
+- :mod:`.tuning`: ``fused_decode_tuning`` (the Triton path's launch shapes screened and swept; writes tuned.json);
+- :mod:`.paths`: ``fused_decode_paths`` (both paths forced over the grid; ``record`` writes the dispatcher's
+  paths.json from it);
+- :mod:`.validation` (with :mod:`.contracts`): ``fused_decode_validation`` (each path and ours against float64 beside
+  the BF16 path and the peers; every path's contracts; errors, CUDA graphs, memcheck);
+- :mod:`.bench` (with :mod:`.strategies`, the one peer table): ``fused_decode_bench`` (ours and every peer timed
+  against the roofline);
+- :mod:`.profile`: ``fused_decode_profile`` (Nsight Compute on each path's split kernel, the wgmma phase trace).
 
 Each module's provenance is its own import closure: the benchmark does not go stale when the validation changes.
 """
 
-from kvwall.experiments.fused_decode import bench, cuda_path, ncu, tuning, validation
+from kvwall.experiments.fused_decode import bench, paths, profile, tuning, validation
 from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS"]
 
-#: In recording order: the tuning writes the table the others read.
-EXPERIMENTS: list[Experiment] = (tuning.EXPERIMENTS + ncu.EXPERIMENTS + validation.EXPERIMENTS + bench.EXPERIMENTS
-                                 + cuda_path.EXPERIMENTS)
+#: In recording order: the tuning writes the table the Triton path reads, the paths experiment the table the
+#: dispatcher reads; the validation and the bench run ours with both.
+EXPERIMENTS: list[Experiment] = (tuning.EXPERIMENTS + paths.EXPERIMENTS + validation.EXPERIMENTS + bench.EXPERIMENTS
+                                 + profile.EXPERIMENTS)

@@ -1,15 +1,25 @@
-"""``fused_decode_bench`` (GPU): heads x context x batch, every strategy of
-:data:`~kvwall.experiments.fused_decode.bench_strategies.STRATEGIES` timed in CUDA graphs with L2 flushed
-(:func:`kvwall.tuning.fused.graph_us`'s method, :func:`kvwall.measure.timing.graph_ms`), host µs per call beside it,
-against the roofline of the same run (:func:`kvwall.model.roofline.roofline_us`; copy bandwidth and BF16 matmul
-rate measured first). Batch 1 is one request of ``context`` tokens; batches 8 and 32 are mixed lengths summing to
-``context * batch / 4`` tokens (capped at ``max_total_tokens``, 2M): a quarter of ``batch`` full-length requests'
-worth of KV. All requests read random slots (with repeats) of one 495,000-slot FP8 pool; FlashMLA reads the same
-number of tokens per request on random pages of 64 of it.
+"""``fused_decode_bench`` (GPU): heads x context x batch, every strategy of the peer table
+(:data:`~kvwall.experiments.fused_decode.strategies.STRATEGIES`) timed in CUDA graphs with L2 flushed
+(:func:`kvwall.measure.timing.graph_ms`), host µs per call beside it, against the roofline of the same run
+(:func:`kvwall.model.roofline.roofline_us`; copy bandwidth and BF16 matmul rate measured first), every output
+checked against float64 first. Batch 1 is one request of ``context`` tokens; larger batches are mixed lengths
+summing to ``context * batch / 4`` tokens (capped at ``max_total_tokens``, 2M): a quarter of ``batch`` full-length
+requests' worth of KV. All requests read random slots (with repeats) of one 495,000-slot FP8 pool; the paged
+strategies (FlashMLA, ``ours_page64``) read the same number of tokens per request on random pages of 64 of it.
+
+The full grid leaves out the entries that force one path (``triton``, ``wgmma``): ``fused_decode_paths`` times
+them on the same grid, page 1 and 64, right before this run (``strategies=`` takes any entry of the table).
+
+Device time at full scale, estimated from the recordings of 2026-11-30 (198 s for 3 head counts x 10 strategies
+with SGLang's split sweep; about 0.35 s per timed row, most of it graph capture, float64 references and freeing):
+48 points x 11 strategies = 528 rows, about 185 s, plus FlashInfer's JIT prebuild (~22 s) and the ceilings (~3 s):
+**about 210 s**. Cut against that recording: SGLang's fixed-split sweep (``sglang_split_sweep=[]``, ~60 s at this
+grid; no report reads it) and the forced paths (timed by ``fused_decode_paths``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -23,13 +33,16 @@ from kvwall.model.attention import flashinfer_version, prebuild_flashinfer_mla
 from kvwall.model.geometry import GLM5
 from kvwall.model.roofline import decode_flops, kv_read_bytes, qo_bytes, roofline_us
 from kvwall.peers.flashmla import load_flash_mla
-from kvwall.peers.sglang import SGLangTritonMLA, load_sglang
+from kvwall.peers.sglang import load_sglang
 from kvwall.results import Result, collect_provenance
-from kvwall.experiments.fused_decode.bench_strategies import (STRATEGIES, BenchPoint, build_strategy, make_point,
-                                                             reference_f64)
+from kvwall.experiments.fused_decode.strategies import (FORCED_PATHS, OURS, STRATEGIES, BenchPoint, BuildContext,
+                                                       build_strategy, make_point, reference_f64)
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "run_fused_decode_bench", "bench_point_rows", "time_call"]
+__all__ = ["EXPERIMENTS", "BENCH_STRATEGIES", "run_fused_decode_bench", "bench_point_rows", "time_call"]
+
+#: What the full grid times: every entry of the peer table but the forced paths (``fused_decode_paths`` has them).
+BENCH_STRATEGIES: list[str] = [name for name in STRATEGIES if name not in FORCED_PATHS]
 
 D = GLM5.kv_dim
 FP8 = torch.float8_e4m3fn
@@ -65,13 +78,13 @@ def time_call(fn: Callable[[], object], flush: Callable[[], object], device: tor
     return max(ms - flush_ms, 0.0) * 1e3, "cuda_events", why
 
 
-def _sglang_sweep(sg: SGLangTritonMLA, device: torch.device, splits: list[int], flush: Callable[[], object],
-                  reps: int, rounds: int) -> dict[str, Any]:
+def _sglang_sweep(fixed_splits: Callable[[int], Callable[[], object]], device: torch.device, splits: list[int],
+                  flush: Callable[[], object], reps: int, rounds: int) -> dict[str, Any]:
     """SGLang's kernel with every request on ``S`` splits (``max_kv_splits = S``), for each S: µs, and the best."""
     sweep: dict[str, float | str] = {}
     for s in splits:
         try:
-            sweep[str(s)] = time_call(sg.fixed_splits(s), flush, device, reps, rounds)[0]
+            sweep[str(s)] = time_call(fixed_splits(s), flush, device, reps, rounds)[0]
         except Exception as exc:  # noqa: BLE001
             sweep[str(s)] = error_text(exc, 200)
         release_memory(device)
@@ -82,66 +95,71 @@ def _sglang_sweep(sg: SGLangTritonMLA, device: torch.device, splits: list[int], 
 
 
 def bench_point_rows(pt: BenchPoint, pool: torch.Tensor, device: torch.device, strategies, flush, *, copy_gbps: float,
-                     bf16_tflops: float, reps: int, rounds: int, host_calls: int, cast_backend: str,
-                     sglang_max_context: int, sm_count: int, sglang_split_sweep: list[int],
+                     bf16_tflops: float, reps: int, rounds: int, host_calls: int, ctx: BuildContext,
+                     sglang_split_sweep: list[int],
                      timer: Callable[..., tuple[float, str, str | None]] = time_call) -> list[dict]:
     """One ``bench`` row per strategy at one point. Each strategy is built (outside the timing), run once (its output
-    compared with float64 attention on the same tokens, ``rel_err_f64``, and with our kernel's on the same layout,
-    ``rel_diff_vs_fused``), timed by ``timer``, its host µs measured, and freed;
-    any exception on the way becomes the row's ``error`` (with the traceback's tail), never a crash."""
+    compared with float64 attention on the same tokens, ``rel_err_f64``, and with ours on the same layout,
+    ``rel_diff_vs_ours``), timed by ``timer``, its host µs measured (none with ``host_calls`` 0), and freed; any
+    exception on the way becomes the row's ``error`` (with the traceback's tail), never a crash. ``strategies``: names of
+    :data:`~kvwall.experiments.fused_decode.strategies.STRATEGIES`, or ``(name, page_size)`` pairs."""
     h, n = pt.heads, pt.tokens
     roof = roofline_us(h, n, copy_gbps, bf16_tflops)
-    fused_out: dict[bool, torch.Tensor] = {}
+    ours_out: dict[int, torch.Tensor] = {}
     refs: dict[bool, torch.Tensor] = {}
     rows = []
-    for name in strategies:
+    for entry in strategies:
+        name, page = (entry, None) if isinstance(entry, str) else entry
         row: dict[str, Any] = {"section": "bench", "strategy": name, "heads": h, "context": pt.context,
                                "batch": pt.batch, "tokens": n, "len_min": min(pt.lens), "len_max": max(pt.lens),
                                "active_bytes": kv_read_bytes(n), "qo_bytes": qo_bytes(pt.batch, h),
                                "flops": decode_flops(h, n), "roofline_us": roof, "timing": "not timed",
                                "us": None, "host_us": None, "gbps": None, "tflops": None, "pct_roofline": None}
-        fn = sg = None
+        if name in STRATEGIES:
+            row["page_size"] = page or STRATEGIES[name].page_size
+        fn = fixed_splits = None
         try:
-            fn, info, sg = build_strategy(name, pt, pool, cast_backend=cast_backend,
-                                          sglang_max_context=sglang_max_context, sm_count=sm_count)
+            fn, info = build_strategy(name, pt, pool, dataclasses.replace(ctx, page_size=page))
+            fixed_splits = info.pop("_fixed_splits", None)
             row.update(info)
             got = fn()
             synchronize(device)
-            paged = "page_size" in info  # FlashMLA's layout: other (paged) slots, the same for every paged row
+            paged = info["page_size"] != 1  # FlashMLA's layout: other (paged) slots, the same for every paged row
             if paged not in refs:
                 refs[paged] = reference_f64(pt, pool, paged)
             row["rel_err_f64"] = finite_or_none(relative_error(got, refs[paged]))
-            if name in ("fused_fp8", "fused_fp8_page64"):
-                fused_out[paged] = got.clone()
-            elif paged in fused_out:
-                row["rel_diff_vs_fused"] = finite_or_none(relative_error(got, fused_out[paged]))
+            if name == OURS.get(info["page_size"]):
+                ours_out[info["page_size"]] = got.clone()
+            elif info["page_size"] in ours_out:
+                row["rel_diff_vs_ours"] = finite_or_none(relative_error(got, ours_out[info["page_size"]]))
             us, how, why = timer(fn, flush, device, reps, rounds)
             row.update(us=us, timing=how, **({"graph_error": why} if why else {}))
-            row["host_us"] = host_us_per_call(fn, device, host_calls)
+            row["host_us"] = host_us_per_call(fn, device, host_calls) if host_calls else None
             if us > 0:
                 row.update(gbps=kv_read_bytes(n) / us / 1e3, tflops=decode_flops(h, n) / us / 1e6,
                            pct_roofline=roof / us * 100)
-            if sg is not None and sglang_split_sweep:
-                row.update(_sglang_sweep(sg, device, list(sglang_split_sweep), flush, reps, rounds))
+            if fixed_splits is not None and sglang_split_sweep:
+                row.update(_sglang_sweep(fixed_splits, device, list(sglang_split_sweep), flush, reps, rounds))
         except Exception as exc:  # noqa: BLE001 - one failing strategy is a row with an error
             row.update(error=error_text(exc, 600), traceback_tail=traceback_tail())
         finally:
-            fn = sg = None
+            fn = fixed_splits = None
             release_memory(device)
         rows.append(row)
     return rows
 
 
 def _peers_header(strategies) -> dict[str, Any]:
-    sg = load_sglang() if "sglang_triton_fp8" in strategies else {}
-    fm = load_flash_mla() if any(s.startswith("flashmla") for s in strategies) else {}
+    sg = load_sglang() if any("sglang" in STRATEGIES[s].needs for s in strategies) else {}
+    fm = load_flash_mla() if any("flash_mla" in STRATEGIES[s].needs for s in strategies) else {}
     return {"sglang": {k: v for k, v in sg.items() if isinstance(v, (str, int, float))},
             "flash_mla": {k: v for k, v in fm.items() if isinstance(v, (str, int, float, bool))}}
 
 
 def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: list[int], batches: list[int],
                            pool_slots: int = 495_000, max_total_tokens: int = 2_000_000,
-                           strategies: tuple[str, ...] | list[str] = STRATEGIES, reps: int = 10, rounds: int = 3,
+                           strategies: tuple[str, ...] | list[str] = tuple(BENCH_STRATEGIES), reps: int = 10,
+                           rounds: int = 3,
                            host_calls: int = 20, flush_mb: int = 256, cast_backend: str = "fa3",
                            sglang_max_context: int = 131_072, sglang_split_sweep: tuple[int, ...] | list[int] = (),
                            seed: int = 0) -> Result:
@@ -153,13 +171,13 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
                            "the chapter shows the recorded run (and fused_decode_validation runs live).")
     unknown = set(strategies) - set(STRATEGIES)
     if unknown:
-        raise ValueError(f"unknown strategies {sorted(unknown)}; known: {STRATEGIES}.")
+        raise ValueError(f"unknown strategies {sorted(unknown)}; known: {list(STRATEGIES)}.")
     t_start = time.perf_counter()
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     copy_bytes = 1 << 30
     copy_ms, copy_gbps = copy_bandwidth_gbps(device, copy_bytes)
     tflops = matmul_tflops(device)
-    uses_flashinfer = any(s.startswith(("flashinfer", "full_cast", "gather_cast")) for s in strategies)
+    uses_flashinfer = any("flashinfer" in STRATEGIES[s].needs for s in strategies)
     rows: list[dict] = [{"section": "ceilings", "gpu": torch.cuda.get_device_name(device), "sms": sm_count,
                          "copy_gbps": copy_gbps, "copy_ms": copy_ms, "copy_bytes": copy_bytes,
                          "bf16_tflops": tflops, "flashinfer": flashinfer_version(),
@@ -168,6 +186,7 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
                          "us_means": US_MEANS, "host_us_means": HOST_US_MEANS,
                          "active_bytes_means": ACTIVE_BYTES_MEANS, "roofline_means": ROOFLINE_MEANS,
                          "seconds_to_here": round(time.perf_counter() - t_start, 1)}]
+    ctx = BuildContext(cast_backend=cast_backend, sglang_max_context=sglang_max_context, sm_count=sm_count)
     gen = torch.Generator(device=device).manual_seed(seed)
     pool = (torch.randn(pool_slots, 1, D, generator=gen, device=device) * 0.7).to(FP8)
     scratch = torch.empty(flush_mb << 20, dtype=torch.uint8, device=device)
@@ -178,8 +197,7 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
                                 seed=seed, device=device)
                 rows += bench_point_rows(pt, pool, device, strategies, scratch.zero_, copy_gbps=copy_gbps,
                                          bf16_tflops=tflops, reps=reps, rounds=rounds, host_calls=host_calls,
-                                         cast_backend=cast_backend, sglang_max_context=sglang_max_context,
-                                         sm_count=sm_count, sglang_split_sweep=list(sglang_split_sweep))
+                                         ctx=ctx, sglang_split_sweep=list(sglang_split_sweep))
                 del pt
                 release_memory(device)
     rows[0]["seconds_total"] = round(time.perf_counter() - t_start, 1)
@@ -192,15 +210,15 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
 
 EXPERIMENTS: list[Experiment] = [
     Experiment("fused_decode_bench", run_fused_decode_bench,
-               full=dict(heads=[16, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64],
-                         pool_slots=495_000, max_total_tokens=2_000_000, strategies=list(STRATEGIES), reps=10,
+               full=dict(heads=[16, 32, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64],
+                         pool_slots=495_000, max_total_tokens=2_000_000, strategies=list(BENCH_STRATEGIES), reps=10,
                          rounds=3, host_calls=20, flush_mb=256, cast_backend="fa3", sglang_max_context=131_072,
-                         sglang_split_sweep=[8, 16, 32, 64], seed=0),
+                         sglang_split_sweep=[], seed=0),
                small=dict(heads=[16, 64], contexts=[4096], batches=[1, 8], pool_slots=50_000,
-                          max_total_tokens=2_000_000, strategies=list(STRATEGIES), reps=3, rounds=2, host_calls=5,
-                          flush_mb=256, cast_backend="fa3", sglang_max_context=131_072, sglang_split_sweep=[16],
-                          seed=0),
-               about="fused FP8 MLA decode vs full cast, gather-cast, FlashInfer FP8/BF16 (fa3 on Hopper), SGLang "
-                     "Triton, FlashMLA dense BF16/FP8: µs vs roofline",
+                          max_total_tokens=2_000_000, strategies=list(BENCH_STRATEGIES), reps=3, rounds=2,
+                          host_calls=5, flush_mb=256, cast_backend="fa3", sglang_max_context=131_072,
+                          sglang_split_sweep=[16], seed=0),
+               about="ours vs the peer table (full cast, index/gather cast, FlashInfer FP8/BF16, SGLang Triton, "
+                     "FlashMLA dense BF16/FP8): µs vs roofline, every output against float64",
                requires=("cuda", "flashinfer")),
 ]

@@ -1,25 +1,37 @@
-"""What a caller of the fused FP8 MLA decode kernel can rely on besides accuracy, checked for
-``fused_decode_validation``: bad inputs raise before any launch (a poisoned ``out`` stays untouched), a checked call
-refuses CUDA-graph capture, and an unchecked call captured once replays correctly with new indices, lengths and
-scales (bit-identical to eager calls).
+"""What a caller of ours can rely on besides accuracy, checked for ``fused_decode_validation``.
+
+- :func:`path_contract_rows`: one function, parametrized over ``"triton"``, ``"wgmma"`` and ``"ours"`` (the
+  dispatcher with its plan): an out-of-range index in an unchecked call makes exactly its request NaN; a planned
+  call replayed in a CUDA graph equals the eager call bit for bit (GPU); a checked call with an out-of-range index
+  is refused; an unchecked call without a plan is refused (the wgmma path, which needs one); a plan of the other
+  path is refused (each forced path); cache rows that are not 16-byte aligned are refused before any launch (wgmma)
+  or run -- ours routed to the Triton path -- with the aligned call's result.
+- :func:`error_rows`: the Triton path's bad inputs raise before any launch (a poisoned ``out`` stays untouched), and a
+  checked call refuses CUDA-graph capture.
+- :func:`graph_rows`: the Triton path captured once with static buffers replays correctly with new indices, lengths
+  and scales (bit-identical to eager calls), with fixed splits or a plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 
 from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs
+from kvwall.kernels.mla_decode import dispatch
+from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8, plan_mla_decode
-from kvwall.kernels.mla_decode.reference import nonempty_requests, reference64
+from kvwall.kernels.mla_decode.reference import make_mla_inputs, nonempty_requests, reference64
 from kvwall.measure.accuracy import bf16_bits, finite_or_none, relative_error, same_bits
 from kvwall.measure.failures import error_text
 from kvwall.measure.timing import synchronize
 from kvwall.model.geometry import GLM5
+from kvwall.model.paths import choose_kernel
 
-__all__ = ["error_rows", "graph_rows", "GRAPH_TRIALS"]
+__all__ = ["error_rows", "graph_rows", "GRAPH_TRIALS", "CONTRACT_PATHS", "path_contract_rows", "path_refusal"]
 
 DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
 D = DC + DR
@@ -187,4 +199,158 @@ def graph_rows(device: torch.device, heads: int, *, seed: int, planned: bool = F
             row["error"] = error_text(exc)
         rows.append(row)
     del graph
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The contracts every path keeps: one function, parametrized over the paths
+# ----------------------------------------------------------------------------------------------
+
+#: What :func:`path_contract_rows` and the case table run: ours' two paths forced, and ours.
+CONTRACT_PATHS = ("triton", "wgmma", "ours")
+
+
+def path_refusal(path: str, device: torch.device) -> str | None:
+    """Why ``path`` cannot run on ``device`` (None: it can)."""
+    if path not in CONTRACT_PATHS:
+        raise ValueError(f"unknown path {path!r}; known: {CONTRACT_PATHS}.")
+    return wgmma_path.wgmma_refusal(device) if path == "wgmma" else None
+
+
+def _planned(path: str, inp, heads: int, device: torch.device) -> tuple[Any, Callable[..., Any], str | None]:
+    """(the step's plan, the call that takes it, the dispatcher's reason for ours) for ``path`` on ``inp``."""
+    if path == "triton":
+        plan = plan_mla_decode(inp.kv_indptr, heads=heads, device=device)
+        return plan, functools.partial(mla_decode_fp8, config=plan.config), None
+    if path == "wgmma":
+        return wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=heads, device=device), \
+            wgmma_path.mla_decode_fp8_wgmma, None
+    choice = choose_kernel(inp.kv_indptr, heads=heads, ckv=inp.ckv_cache, kpe=inp.kpe_cache, device=device)
+    return choice.plan, functools.partial(dispatch.mla_decode, **choice.call_kwargs()), choice.why
+
+
+def _row(path: str, check: str, ok: bool, detail: str) -> dict[str, Any]:
+    return {"section": "contract", "path": path, "check": check, "ok": bool(ok), "detail": detail[:300]}
+
+
+def _refused(path: str, check: str, call: Callable[[], Any], *words: str) -> dict[str, Any]:
+    """A row: ``call`` must raise before any launch, its message naming one of ``words``."""
+    try:
+        call()
+        return _row(path, check, False, "no error raised")
+    except Exception as exc:  # noqa: BLE001 - the error is what is checked
+        text = f"{type(exc).__name__}: {exc}"
+        return _row(path, check, any(w in text for w in words) and "launch failed" not in text, text)
+
+
+def _misaligned(inp) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool's rows copied into rows one byte off 16-byte alignment (577-byte stride, odd offset)."""
+    ckv, kpe = inp.ckv_cache, inp.kpe_cache
+    slots = ckv.shape[0]
+    raw = torch.empty(slots * 577 + 16, dtype=torch.uint8, device=ckv.device)
+    odd = raw[1:1 + slots * 577].view(slots, 577)
+    odd[:, :DC].copy_(ckv.reshape(slots, DC).view(torch.uint8))
+    odd[:, DC:D].copy_(kpe.reshape(slots, DR).view(torch.uint8))
+    rows = odd.view(FP8)
+    return rows[:, :DC], rows[:, DC:D]
+
+
+def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: list[int], seed: int = 3
+                       ) -> list[dict[str, Any]]:
+    """One ``contract`` row per check that applies to ``path`` (see the module docstring); a check that crashes is a
+    failed row, the others still run. ``lens``: the requests (at least three, the second longer than 10 tokens)."""
+    if len(lens) < 3 or lens[1] <= 10:
+        raise ValueError(f"path_contract_rows needs three or more requests, the second over 10 tokens; got {lens}.")
+    why = path_refusal(path, device)
+    if why:
+        return [_row(path, "the path runs here", False, why)]
+    rows: list[dict[str, Any]] = []
+    inp = make_mla_inputs(lens, heads, seed=seed, layout="pool_view", pool_slots=100_000, device=device)
+    args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr)
+    try:
+        plan, call, _ = _planned(path, inp, heads, device)
+    except Exception as exc:  # noqa: BLE001
+        return [_row(path, "the step's plan is made", False, error_text(exc, 300))]
+
+    def check(name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        try:
+            rows.append(fn())
+        except Exception as exc:  # noqa: BLE001 - a check that crashes is a failed row
+            rows.append(_row(path, name, False, error_text(exc, 300)))
+
+    def nan_isolation() -> dict[str, Any]:
+        idx = inp.kv_indices.clone()
+        idx[lens[0] + 10] = 10**8  # request 1's eleventh token
+        out = call(*args, idx, SM_SCALE, check_range=False, plan=plan)
+        synchronize(device)
+        nan_rows = [bool(out[b].isnan().all()) for b in range(len(lens))]
+        want = [b == 1 for b in range(len(lens))]
+        return _row(path, "an unchecked out-of-range index makes only its request NaN", nan_rows == want,
+                    f"NaN rows {nan_rows}")
+
+    def graph_replay() -> dict[str, Any]:
+        eager = call(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan)
+        graphed = torch.empty_like(eager)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            call(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan, out=graphed)
+        graphed.fill_(float("nan"))
+        graph.replay()
+        synchronize(device)
+        return _row(path, "a planned call replayed in a CUDA graph equals the eager call",
+                    torch.equal(graphed, eager), "bitwise comparison after a NaN-poisoned out")
+
+    def checked_out_of_range() -> dict[str, Any]:
+        bad = inp.kv_indices.clone()
+        bad[5] = -1
+        return _refused(path, "a checked call with an out-of-range index is refused",
+                        lambda: call(*args, bad, SM_SCALE, plan=plan), "outside", "range", "negative")
+
+    def misaligned_rows() -> dict[str, Any]:
+        c_odd, k_odd = _misaligned(inp)
+        name = "cache rows not 16-byte aligned are refused before the launch"
+        if path == "wgmma":
+            return _refused(path, name, lambda: wgmma_path.mla_decode_fp8_wgmma(
+                inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE), "align", "16-byte")
+        aligned = call(*args, inp.kv_indices, SM_SCALE, plan=plan)
+        if path == "ours":
+            choice = choose_kernel(inp.kv_indptr, heads=heads, ckv=c_odd, kpe=k_odd, device=device)
+            got = dispatch.mla_decode(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE,
+                                      plan=choice.plan, **choice.call_kwargs())
+            synchronize(device)
+            err = relative_error(got, aligned)
+            return _row(path, "cache rows not 16-byte aligned run on the Triton path, as the aligned call",
+                        choice.path == "triton" and err <= 1e-3, f"path {choice.path} ({choice.why}); "
+                        f"relative difference {err:.2e}")
+        got = mla_decode_fp8(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE,
+                             plan=plan, config=plan.config)
+        synchronize(device)
+        err = relative_error(got, aligned)
+        return _row(path, "cache rows not 16-byte aligned run, as the aligned call", err <= 1e-3,
+                    f"relative difference {err:.2e}")
+
+    check("nan isolation", nan_isolation)
+    if device.type == "cuda":
+        check("graph replay", graph_replay)
+    check("checked out-of-range", checked_out_of_range)
+    if path == "wgmma":
+        check("unchecked without a plan", lambda: _refused(
+            path, "an unchecked call without a plan is refused",
+            lambda: call(*args, inp.kv_indices, SM_SCALE, check_range=False), "plan"))
+        check("other plan", lambda: _refused(
+            path, "a plan of the Triton path is refused",
+            lambda: call(*args, inp.kv_indices, SM_SCALE, plan=plan_mla_decode(inp.kv_indptr, heads=heads,
+                                                                                device=device)), "plan"))
+    elif path == "triton":
+        check("other plan", lambda: _refused(
+            path, "a plan of the wgmma path is refused",
+            lambda: dispatch.mla_decode(*args, inp.kv_indices, SM_SCALE, path="triton",
+                                        plan=wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=heads,
+                                                                              device=device)), "plan"))
+    check("misaligned rows", misaligned_rows)
     return rows

@@ -1,26 +1,36 @@
-"""``fused_decode_validation`` (any device): the fused FP8 MLA decode kernel against float64, beside the BF16 path.
+"""``fused_decode_validation`` (any device): ours and each of its two paths against float64, beside the BF16 path.
 
 A table of seeded cases (:func:`kvwall.kernels.mla_decode.cases.validation_cases`) -- head counts, odd lengths,
 empty requests, mixed batches, ``ckv_scale``/``kpe_scale`` other than 1, strided views of one ``[slots, 1, 576]``
-pool, contiguous caches, 3-D page-size-1 views and a paged cache (page 64, ``kv_len``) -- each against the float64
-reference on the *dequantized* cache, beside "the BF16 path" on exactly the same inputs. The accuracy rule (the
-issue's): our relative error at most twice the BF16 path's. On a CPU the kernel runs in Triton's interpreter and
-the BF16 path is the torch reference computing in bfloat16 (FlashInfer needs a GPU; rows say so); on a GPU it is
-FlashInfer's BF16 MLA (fa2), and the FP8 peers are compared too: FlashInfer's native FP8 MLA (fa2, fa3) and, where
-``flash_mla`` imports, FlashMLA dense BF16 (every case) and dense FP8 (cases with unit scales), on the same rows
-laid out in pages of 64. Beside the cases: the contracts of :mod:`.contracts` (bad inputs raise before any
-launch; CUDA-graph replays) and ``compute-sanitizer --tool memcheck`` over ``python -m
-kvwall.kernels.mla_decode.sanitize``.
+pool, contiguous caches, 3-D page-size-1 views and a paged cache (page 64, ``kv_len``) -- run on every path of
+``paths`` (rows carry ``path``): ``"triton"`` (the Triton path, with the case's forced splits), ``"wgmma"`` (the
+wgmma path, Hopper only) and ``"ours"`` (the dispatcher with its plan; ``kernel_path`` says where it went), each
+against the float64 reference on the *dequantized* cache, beside "the BF16 path" on exactly the same inputs. The
+accuracy rule (the issue's): a path's relative error at most twice the BF16 path's. On a CPU the kernels run in
+Triton's interpreter (the wgmma path is refused: the ``setup`` row says why) and the BF16 path is the torch
+reference computing in bfloat16 (FlashInfer needs a GPU; rows say so); on a GPU it is FlashInfer's BF16 MLA (fa2),
+and the FP8 peers are compared too (against ours): FlashInfer's native FP8 MLA (fa2, fa3) and, where ``flash_mla``
+imports, FlashMLA dense BF16 (every case) and dense FP8 (cases with unit scales), on the same rows laid out in
+pages of 64. Beside the cases, :mod:`.contracts`: every path's contracts (one function, parametrized over the
+paths: NaN isolation, graph replay, refusals, misaligned rows), the Triton path's bad inputs and CUDA-graph replays,
+and ``compute-sanitizer --tool memcheck`` over ``python -m kvwall.kernels.mla_decode.sanitize``.
+
+Device time at full scale: today's recording kept no clock; estimated at about 60 s for the cases on three paths
+(FlashInfer's JIT prebuild included) and up to ``sanitizer_timeout_s`` (300 s) for memcheck, typically 60-120 s:
+**about 150 s**.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import torch
 
+from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode import sanitize as sanitized_program
+from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs, validation_cases
 from kvwall.kernels.mla_decode.kernel import default_config, mla_decode_fp8, plan_mla_decode
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, nonempty_requests, reference64
@@ -30,9 +40,11 @@ from kvwall.measure.sanitizer import memcheck_row
 from kvwall.measure.timing import release_memory, synchronize
 from kvwall.model.attention import FlashInferMLADecode, flashinfer_version, prebuild_flashinfer_mla
 from kvwall.model.geometry import GLM5
+from kvwall.model.paths import choose_kernel
 from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode
 from kvwall.results import Result, collect_provenance
-from kvwall.experiments.fused_decode.contracts import error_rows, graph_rows
+from kvwall.experiments.fused_decode.contracts import (CONTRACT_PATHS, error_rows, graph_rows, path_contract_rows,
+                                                      path_refusal)
 from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "run_fused_decode_validation"]
@@ -188,70 +200,114 @@ def _flashmla_rows(case: DecodeCase, inp: CaseInputs, keep: list[int], want: tor
     return rows
 
 
-def _compare(case: DecodeCase, inp: CaseInputs, out: torch.Tensor, keep: list[int], row: dict,
-             peers: bool) -> list[dict]:
-    """Fill ``row`` with our error, the BF16 path's and the verdict; return the peers' rows (GPU)."""
-    want = reference64(inp, keep, case.ckv_scale, case.kpe_scale, SM_SCALE)
-    ours = out[keep]
-    ours_err = relative_error(ours, want)
-    row["rel_err"] = finite_or_none(ours_err)
-    bf16_err = relative_error(_bf16_path(case, inp, keep, row), want)
-    row["bf16_rel_err"] = finite_or_none(bf16_err)
-    row["ratio"] = finite_or_none(ours_err / bf16_err) if bf16_err > 0 else (1.0 if ours_err == 0 else None)
-    # the issue's rule: ours at most twice the BF16 path's error (both 0 passes)
-    row["passed"] = bool(row["finite"] and row["empty_out_zero"] and ours_err <= 2.0 * bf16_err)
-    if out.device.type != "cuda" or not peers:
-        return []
-    return (_flashinfer_fp8_rows(case, inp, keep, want, ours, bf16_err)
-            + _flashmla_rows(case, inp, keep, want, ours, bf16_err))
+def _run_path(path: str, case: DecodeCase, inp: CaseInputs, out: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """One checked call of ``path`` on the case into ``out``: the Triton path with the case's forced splits, the
+    wgmma path (it plans for itself), or ours (the dispatcher's plan, then :func:`dispatch.mla_decode`)."""
+    kw = dict(ckv_scale=case.ckv_scale, kpe_scale=case.kpe_scale, out=out, kv_len=inp.kv_len)
+    args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE)
+    if path == "triton":
+        return mla_decode_fp8(*args, num_splits=case.num_splits, **kw), {}
+    if path == "wgmma":
+        return wgmma_path.mla_decode_fp8_wgmma(*args, **kw), {}
+    choice = choose_kernel(inp.kv_indptr, inp.kv_len, heads=case.heads, ckv=inp.ckv_cache, kpe=inp.kpe_cache,
+                           device=inp.q_nope.device, page_size=case.page_size)
+    got = dispatch.mla_decode(*args, plan=choice.plan, **choice.call_kwargs(), **kw)
+    return got, {"kernel_path": choice.path, "path_why": choice.why, "work_items": choice.plan.items}
 
 
-def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: bool) -> list[dict]:
+def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: bool, paths: list[str]) -> list[dict]:
+    """One ``cases`` row per path of ``paths`` (the BF16 path and the reference computed once for all), then the
+    FP8 peers' rows (GPU, ``peers``), compared with ours' output (or the first path's that ran)."""
     lens = list(case.lens)
     keep = nonempty_requests(lens)
     empties = [i for i in range(len(lens)) if i not in keep]
-    row: dict[str, Any] = {"section": "cases", "case": case.name, "heads": case.heads, "lens": lens,
-                           "batch": len(lens), "tokens": sum(lens), "layout": case.layout,
-                           "page_size": case.page_size, "index_dtype": case.index_dtype,
-                           "ckv_scale": case.ckv_scale, "kpe_scale": case.kpe_scale, "seed": case.seed,
-                           "num_splits": None, "rel_err": None, "bf16_path": None, "bf16_rel_err": None,
-                           "ratio": None, "finite": None, "empty_requests": len(empties), "empty_out_zero": None,
-                           "passed": False}
+    base: dict[str, Any] = {"section": "cases", "case": case.name, "heads": case.heads, "lens": lens,
+                            "batch": len(lens), "tokens": sum(lens), "layout": case.layout,
+                            "page_size": case.page_size, "index_dtype": case.index_dtype,
+                            "ckv_scale": case.ckv_scale, "kpe_scale": case.kpe_scale, "seed": case.seed,
+                            "num_splits": None, "rel_err": None, "bf16_path": None, "bf16_rel_err": None,
+                            "ratio": None, "finite": None, "empty_requests": len(empties), "empty_out_zero": None,
+                            "passed": False}
     try:
         inp = make_case_inputs(case, device, pool_slots)
-        row["num_splits"], row["work_items"], row["config"] = _defaults_used(case, inp, device)
-        poisoned = torch.full((len(lens), case.heads, DC), float("nan"), dtype=BF16, device=device)
-        out = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
-                             SM_SCALE, ckv_scale=case.ckv_scale, kpe_scale=case.kpe_scale, out=poisoned,
-                             kv_len=inp.kv_len, num_splits=case.num_splits)
-        synchronize(device)
-        row["finite"] = bool(torch.isfinite(out).all())
-        row["empty_out_zero"] = bool((out[empties] == 0).all()) if empties else True
-    except Exception as exc:  # noqa: BLE001 - a failing case is a row
-        row.update(error=error_text(exc), traceback_tail=traceback_tail(1500))
-        return [row]
+    except Exception as exc:  # noqa: BLE001 - inputs that cannot be made fail every path's row
+        return [{**base, "path": p, "error": error_text(exc), "traceback_tail": traceback_tail(1500)} for p in paths]
+    rows: list[dict] = []
+    outs: dict[str, torch.Tensor] = {}
+    for path in paths:
+        row = {**base, "path": path}
+        try:
+            if path == "triton":
+                row["num_splits"], row["work_items"], row["config"] = _defaults_used(case, inp, device)
+            poisoned = torch.full((len(lens), case.heads, DC), float("nan"), dtype=BF16, device=device)
+            out, info = _run_path(path, case, inp, poisoned)
+            synchronize(device)
+            row.update(info)
+            row["finite"] = bool(torch.isfinite(out).all())
+            row["empty_out_zero"] = bool((out[empties] == 0).all()) if empties else True
+            outs[path] = out
+        except Exception as exc:  # noqa: BLE001 - a failing path on a case is a row
+            row.update(error=error_text(exc), traceback_tail=traceback_tail(1500))
+        rows.append(row)
+    ran = [r for r in rows if "error" not in r]
     if not keep:  # nothing to compare: every request empty, the output must be zeros
-        row["passed"] = bool(row["finite"] and row["empty_out_zero"])
-        return [row]
+        for row in ran:
+            row["passed"] = bool(row["finite"] and row["empty_out_zero"])
+        return rows
     try:
-        return [row] + _compare(case, inp, out, keep, row, peers)
-    except Exception as exc:  # noqa: BLE001 - a comparison that fails (reference, BF16 path) is the row's error
-        row.update(error=error_text(exc), traceback_tail=traceback_tail(1500), passed=False)
-        return [row]
+        want = reference64(inp, keep, case.ckv_scale, case.kpe_scale, SM_SCALE)
+        bf16_info: dict[str, Any] = {}
+        bf16_err = relative_error(_bf16_path(case, inp, keep, bf16_info), want)
+    except Exception as exc:  # noqa: BLE001 - a comparison that fails (reference, BF16 path) is every row's error
+        for row in ran:
+            row.update(error=error_text(exc), traceback_tail=traceback_tail(1500), passed=False)
+        return rows
+    for row in ran:
+        err = relative_error(outs[row["path"]][keep], want)
+        row.update(bf16_info, rel_err=finite_or_none(err), bf16_rel_err=finite_or_none(bf16_err),
+                   ratio=finite_or_none(err / bf16_err) if bf16_err > 0 else (1.0 if err == 0 else None))
+        # the issue's rule: at most twice the BF16 path's error (both 0 passes)
+        row["passed"] = bool(row["finite"] and row["empty_out_zero"] and err <= 2.0 * bf16_err)
+    if device.type != "cuda" or not peers or not outs:
+        return rows
+    ours = outs.get("ours", next(iter(outs.values())))[keep]
+    try:
+        return rows + (_flashinfer_fp8_rows(case, inp, keep, want, ours, bf16_err)
+                       + _flashmla_rows(case, inp, keep, want, ours, bf16_err))
+    except Exception as exc:  # noqa: BLE001 - the peers' comparison failing is one peer row, not a crash
+        prow = _peer_row(case, "flashinfer_fp8_fa2")
+        prow["error"] = error_text(exc)
+        return rows + [prow]
 
 
 def run_fused_decode_validation(device: torch.device, *, heads: list[int], length_sets: list[list[int]],
                                 paged_length_sets: list[list[int]], page_size: int, pool_slots: int, peers: bool,
-                                graph: bool, sanitizer: bool, sanitizer_timeout_s: int = 300,
-                                seed: int = 0) -> Result:
-    """See the module docstring. Row sections: ``cases`` (one per case), ``fp8_peers`` (GPU), ``errors``,
-    ``graph`` (GPU), ``sanitizer`` (GPU, with ``sanitizer``)."""
+                                graph: bool, sanitizer: bool, paths: list[str] = list(CONTRACT_PATHS),
+                                contract_heads: int = 64, contract_lens: list[int] = [300, 5000, 70],
+                                sanitizer_timeout_s: int = 300, seed: int = 0) -> Result:
+    """See the module docstring. Row sections: ``setup`` (the paths that ran, why others did not, FlashInfer's
+    prebuild on a GPU, seconds), ``cases`` (one per case and path), ``fp8_peers`` (GPU), ``contract`` (per path),
+    ``errors``, ``graph`` (GPU), ``sanitizer`` (GPU, with ``sanitizer``)."""
+    unknown = set(paths) - set(CONTRACT_PATHS)
+    if unknown:
+        raise ValueError(f"unknown paths {sorted(unknown)}; known: {CONTRACT_PATHS}.")
+    t0 = time.perf_counter()
     on_gpu = device.type == "cuda"
-    rows: list[dict] = []
-    if on_gpu and peers:
-        rows.append({"section": "setup", "flashinfer_prebuild": prebuild_flashinfer_mla(device)})
+    skipped = {p: why for p in paths if (why := path_refusal(p, device))}
+    runs = [p for p in paths if p not in skipped]
+    setup: dict[str, Any] = {"section": "setup", "device": device.type, "paths": runs, "skipped": skipped,
+                             "flashinfer_prebuild": prebuild_flashinfer_mla(device) if on_gpu and peers else None,
+                             "seconds_total": None}
+    rows: list[dict] = [setup]
     for case in validation_cases(heads, length_sets, paged_length_sets, page_size, seed):
-        rows += _case_rows(case, device, pool_slots, peers)
+        rows += _case_rows(case, device, pool_slots, peers, runs)
+        release_memory(device)
+    for path in runs:
+        try:
+            rows += path_contract_rows(device, path, heads=contract_heads, lens=list(contract_lens), seed=seed + 3)
+        except Exception as exc:  # noqa: BLE001 - contracts that crash are a failed row, the run goes on
+            rows.append({"section": "contract", "path": path, "check": "contracts ran", "ok": False,
+                         "detail": error_text(exc, 300)})
         release_memory(device)
     rows += error_rows(device)
     if on_gpu and graph:
@@ -261,9 +317,11 @@ def run_fused_decode_validation(device: torch.device, *, heads: list[int], lengt
             release_memory(device)
     if on_gpu and sanitizer:
         rows.append(memcheck_row(sanitized_program.__name__, sanitizer_timeout_s))
+    setup["seconds_total"] = round(time.perf_counter() - t0, 1)
     params = dict(heads=list(heads), length_sets=[list(x) for x in length_sets],
                   paged_length_sets=[list(x) for x in paged_length_sets], page_size=page_size, pool_slots=pool_slots,
-                  peers=peers, graph=graph, sanitizer=sanitizer, sanitizer_timeout_s=sanitizer_timeout_s, seed=seed)
+                  peers=peers, graph=graph, sanitizer=sanitizer, paths=list(paths), contract_heads=contract_heads,
+                  contract_lens=list(contract_lens), sanitizer_timeout_s=sanitizer_timeout_s, seed=seed)
     return Result("fused_decode_validation", params, rows, collect_provenance(device, __name__))
 
 
@@ -273,11 +331,13 @@ EXPERIMENTS: list[Experiment] = [
                          length_sets=[[1], [7], [4097], [32_768], [131_072], [0, 1, 777, 4096, 33, 20_000, 130, 5],
                                       [65, 0, 129, 2], [0, 0]],
                          paged_length_sets=[[1, 0, 4097, 30_000, 64, 65]], page_size=64, pool_slots=495_000,
-                         peers=True, graph=True, sanitizer=True, sanitizer_timeout_s=300),
+                         peers=True, graph=True, sanitizer=True, paths=list(CONTRACT_PATHS), contract_heads=64,
+                         contract_lens=[300, 5000, 70], sanitizer_timeout_s=300, seed=0),
                small=dict(heads=[1, 3, 16], length_sets=[[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
                           paged_length_sets=[[1, 0, 63, 64, 65, 200]], page_size=64, pool_slots=4096,
-                          peers=True, graph=True, sanitizer=False),
-               about="fused FP8 MLA decode vs float64 and the BF16 path (<= 2x its error); FP8 peers and FlashMLA; "
-                     "errors; graphs; memcheck",
+                          peers=True, graph=True, sanitizer=False, paths=list(CONTRACT_PATHS), contract_heads=16,
+                          contract_lens=[30, 200, 7], sanitizer_timeout_s=300, seed=0),
+               about="ours, the Triton path and the wgmma path vs float64 and the BF16 path (<= 2x its error); FP8 "
+                     "peers and FlashMLA; every path's contracts; errors; graphs; memcheck",
                requires=("cuda", "flashinfer", "compute-sanitizer")),
 ]

@@ -15,7 +15,7 @@ from kvwall.experiments.schemas.answer import DecodeStepPathsRow, PathSweepRow
 from kvwall.experiments.schemas.decode_profile import AttentionSweepRow, CastKernelsRow, CastSweepRow, DecodeProfileRow
 from kvwall.experiments.schemas.doors import DoorsChecksRow, DoorsSm90Row
 from kvwall.experiments.schemas.fused_decode import (
-    FusedDecodeBenchRow, FusedDecodeCudaRow, FusedDecodeNcuRow, FusedDecodeTuningRow, FusedDecodeValidationRow,
+    FusedDecodeBenchRow, FusedDecodePathsRow, FusedDecodeProfileRow, FusedDecodeTuningRow, FusedDecodeValidationRow,
 )
 from kvwall.experiments.schemas.gather_cast import GatherCastBenchRow, GatherCastProfileRow, GatherCastValidationRow
 from kvwall.experiments.schemas.sglang_patch import SGLangPatchCheckRow
@@ -37,10 +37,10 @@ ROW_SCHEMAS: dict[str, Any] = {
     "gather_cast_bench": GatherCastBenchRow,
     "gather_cast_profile": GatherCastProfileRow,
     "fused_decode_tuning": FusedDecodeTuningRow,
+    "fused_decode_paths": FusedDecodePathsRow,
     "fused_decode_validation": FusedDecodeValidationRow,
-    "fused_decode_ncu": FusedDecodeNcuRow,
     "fused_decode_bench": FusedDecodeBenchRow,
-    "fused_decode_cuda": FusedDecodeCudaRow,
+    "fused_decode_profile": FusedDecodeProfileRow,
     "decode_step_paths": DecodeStepPathsRow,
     "path_sweep": PathSweepRow,
     "sglang_patch_check": SGLangPatchCheckRow,

@@ -7,12 +7,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from kvwall.experiments.schemas.base import Row
+from kvwall.experiments.schemas.fused_decode import KernelPath
 
 __all__ = ["DecodeStepPathsRow", "PathSweepRow"]
-
-#: Which of our fused FP8 decode kernels ran (``kvwall.kernels.mla_decode.dispatch``); rows recorded before the
-#: dispatcher ran our fused path carry none: they ran the Triton kernel.
-FusedKernelPath = Literal["triton", "cuda", "wgmma"]
 
 
 class DecodeStepPathsSetup(Row):
@@ -34,7 +31,8 @@ class DecodeStepPathsSetup(Row):
 
 class DecodeStepPath(Row):
     """One path's step: ``step_ms`` (CUDA graph on a GPU, eager on a CPU) and its phases, or its ``error``.
-    ``fused_fp8`` also says which of our kernels ran (``kernel_path``) and the dispatcher's reason (``why``)."""
+    ``ours`` also says which path ran (``kernel_path``) and the dispatcher's reason (``path_why``); the FlashMLA
+    paths their ``page_size`` (64) and FlashMLA's version."""
 
     section: Literal["path"]
     path: str
@@ -44,8 +42,10 @@ class DecodeStepPath(Row):
     kv_bytes_per_token: int | None = None
     attention: str | None = None
     backend: str | None = None
-    kernel_path: FusedKernelPath | None = None
-    why: str | None = None
+    kernel_path: KernelPath | None = None
+    path_why: str | None = None
+    page_size: int | None = None
+    flash_mla: str | None = None
     strategy: str | None = None
     rel_err_vs_float64: float | None = None
     transient_bytes: int | None = None
@@ -75,8 +75,9 @@ class PathSweepCeilings(Row):
 
 
 class PathSweepPoint(Row):
-    """One path at one point: µs per layer (``None`` with an ``error`` where it did not run). Our fused paths say
-    which kernel ran (``kernel_path``; ``fused_fp8``: the dispatcher's choice, and its ``why``)."""
+    """One path at one point: µs per layer (``None`` with an ``error`` where it did not run), built from the peer
+    table's ``strategy`` (:data:`kvwall.experiments.fused_decode.strategies.STRATEGIES`) on ``page_size``. ``ours``
+    and ``triton`` say which path ran (``kernel_path``; ``ours``: the dispatcher's choice, and its ``path_why``)."""
 
     section: Literal["point"]
     axis: Literal["context", "pool", "batch", "heads"]
@@ -89,9 +90,11 @@ class PathSweepPoint(Row):
     len_max: int
     us: float | None
     timing: str | None = None
+    strategy: str | None = None
+    page_size: int | None = None
     backend: str | None = None
-    kernel_path: FusedKernelPath | None = None
-    why: str | None = None
+    kernel_path: KernelPath | None = None
+    path_why: str | None = None
     error: str | None = None
 
 

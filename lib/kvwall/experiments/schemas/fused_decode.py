@@ -1,4 +1,5 @@
-"""Row schemas of chapter 5's experiments (the fused FP8 MLA decode kernel): one model per section."""
+"""Row schemas of chapter 5's experiments (ours and its two paths, the peer table's benchmark): one model per
+section."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from pydantic import Field
 
 from kvwall.experiments.schemas.base import ErrorCheck, Row, SanitizerRun
 
-__all__ = ["FusedDecodeTuningRow", "FusedDecodeValidationRow", "FusedDecodeNcuRow", "FusedDecodeBenchRow"]
+__all__ = ["KernelPath", "FusedDecodeTuningRow", "FusedDecodePathsRow", "FusedDecodeValidationRow",
+           "FusedDecodeBenchRow", "FusedDecodeProfileRow"]
+
+#: Ours' two paths (:data:`kvwall.kernels.mla_decode.dispatch.KernelPath`).
+KernelPath = Literal["triton", "wgmma"]
+#: What a validated or contracted call ran: one path forced, or ours (the dispatcher with its plan).
+ValidatedPath = Literal["triton", "wgmma", "ours"]
 
 
 class FusedDecodeTuningCeilings(Row):
@@ -90,12 +97,24 @@ FusedDecodeTuningRow = Annotated[
 
 
 class FusedDecodeValidationSetup(Row):
+    """What ran: the paths of the case table and the contracts (``paths``), why the others did not (``skipped``),
+    FlashInfer's prebuild (GPU), the run's seconds."""
+
     section: Literal["setup"]
-    flashinfer_prebuild: dict[str, Any]
+    device: str
+    paths: list[ValidatedPath]
+    skipped: dict[str, str]
+    flashinfer_prebuild: dict[str, Any] | None = None
+    seconds_total: float | None = None
 
 
 class FusedDecodeValidationCases(Row):
+    """One case on one path: its error against float64 beside the BF16 path's, and the verdict (``passed``: at most
+    twice the BF16 path's error, finite, empty requests zero). ``num_splits``/``config``: the Triton path's;
+    ``kernel_path``/``path_why``: where ours went and why."""
+
     section: Literal["cases"]
+    path: ValidatedPath
     case: str
     heads: int
     lens: list[Any]
@@ -117,8 +136,10 @@ class FusedDecodeValidationCases(Row):
     empty_requests: int
     empty_out_zero: bool | None
     passed: bool
-    config: dict[str, Any]
+    config: dict[str, Any] | None = None
     bf16_inputs_exact: bool | None = None
+    kernel_path: KernelPath | None = None
+    path_why: str | None = None
 
 
 class FusedDecodeValidationFp8Peers(Row):
@@ -158,10 +179,21 @@ class FusedDecodeValidationGraph(Row):
     finite: bool | None = None
 
 
+class FusedDecodeValidationContract(Row):
+    """One contract of one path (:func:`kvwall.experiments.fused_decode.contracts.path_contract_rows`)."""
+
+    section: Literal["contract"]
+    path: ValidatedPath
+    check: str
+    ok: bool
+    detail: str
+
+
 #: One row of ``fused_decode_validation``, by its section.
 FusedDecodeValidationRow = Annotated[
     FusedDecodeValidationSetup
     | FusedDecodeValidationCases
+    | FusedDecodeValidationContract
     | FusedDecodeValidationFp8Peers
     | FusedDecodeValidationErrors
     | FusedDecodeValidationGraph
@@ -170,10 +202,13 @@ FusedDecodeValidationRow = Annotated[
 ]
 
 
-class FusedDecodeNcuProfile(Row):
+class FusedDecodeProfileNcu(Row):
+    """Nsight Compute on one path's split kernel (``error`` where ncu or the path could not run)."""
+
     section: Literal["profile"]
     heads: int
     tokens: int
+    path: KernelPath
     min_bytes: int
     dram_read_bytes: float | None = None
     dram_write_bytes: float | None = None
@@ -199,10 +234,31 @@ class FusedDecodeNcuProfile(Row):
     stall_wait: float | None = None
     issue_active_pct: float | None = None
     flops: int | None = None
+    error: str | None = None
 
 
-#: One row of ``fused_decode_ncu``.
-FusedDecodeNcuRow = FusedDecodeNcuProfile
+class FusedDecodeProfilePhases(Row):
+    """The wgmma kernel's cycles per tile by warpgroup ("0", "1") and phase, and per CTA by fixed phase (the
+    ``KVWALL_TRACE`` build), beside the shipped (``us``) and traced build's µs; ``error`` where it failed."""
+
+    section: Literal["phases"]
+    heads: int
+    context: int
+    batch: int
+    tokens: int
+    page_size: int
+    us: float | None = None
+    us_traced: float | None = None
+    work_items: int | None = None
+    ctas: int | None = None
+    tiles: int | None = None
+    per_tile: dict[str, dict[str, float]] | None = None
+    per_cta: dict[str, dict[str, float]] | None = None
+    error: str | None = None
+
+
+#: One row of ``fused_decode_profile``, by its section.
+FusedDecodeProfileRow = Annotated[FusedDecodeProfileNcu | FusedDecodeProfilePhases, Field(discriminator="section")]
 
 
 class FusedDecodeBenchCeilings(Row):
@@ -216,6 +272,7 @@ class FusedDecodeBenchCeilings(Row):
     flashinfer: str
     flashinfer_prebuild: dict[str, Any]
     sglang: dict[str, Any]
+    flash_mla: dict[str, Any] | None = None
     us_means: str
     host_us_means: str
     active_bytes_means: str
@@ -225,7 +282,10 @@ class FusedDecodeBenchCeilings(Row):
 
 
 class _BenchPoint(Row):
-    """What every timed (strategy, point) row of the fused benchmarks carries."""
+    """What every timed (strategy, point) row carries (``fused_decode_bench``, ``fused_decode_paths``): the strategy
+    (a name of :data:`kvwall.experiments.fused_decode.strategies.STRATEGIES`), the layout it ran on, the point, the
+    time or the ``error``; ours' rows (and the forced paths') say which path ran (``kernel_path``), ours' why
+    (``path_why``)."""
 
     section: Literal["bench"]
     strategy: str
@@ -244,8 +304,13 @@ class _BenchPoint(Row):
     work_items: int | None = None
     chunk_tokens: int | None = None
     imbalance: float | None = None
-    page_size: int | None = None
+    page_size: int
     rel_err_f64: float | None = None
+    kernel_path: KernelPath | None = None
+    path_why: str | None = None
+    config: dict[str, Any] | None = None
+    host_us: float | None = None
+    error: str | None = None
 
 
 class FusedDecodeBenchBench(_BenchPoint):
@@ -257,10 +322,9 @@ class FusedDecodeBenchBench(_BenchPoint):
     tflops: float | None
     pct_roofline: float | None
     num_splits: int | None = None
-    config: dict[str, Any] | None = None
     backend: str | None = None
     plan_ms: float | None = None
-    rel_diff_vs_fused: float | None = None
+    rel_diff_vs_ours: float | None = None
     buffer_bytes: int | None = None
     pool_bf16_bytes: int | None = None
     max_kv_splits: int | None = None
@@ -278,71 +342,21 @@ class FusedDecodeBenchBench(_BenchPoint):
 FusedDecodeBenchRow = Annotated[FusedDecodeBenchCeilings | FusedDecodeBenchBench, Field(discriminator="section")]
 
 
-class FusedDecodeCudaBuild(Row):
+class FusedDecodePathsBuild(Row):
+    """The GPU, nvcc, the wgmma kernel's build and ptxas resources (or why it does not run: ``wgmma.runs`` False,
+    ``wgmma.why``), the ceilings of the run, its seconds."""
+
     section: Literal["build"]
     gpu: str
+    capability: list[int]
     sms: int
-    nvcc: str
-    build_s: float
+    nvcc: str | None
     copy_gbps: float
+    copy_ms: float
     bf16_tflops: float
-    shared_limit: int
-    default_variant: int
-    variants: dict[str, Any]
-    wgmma: dict[str, Any] | None = None  # the warpgroup kernel's build and resources, or why it does not run
-    flash_mla: dict[str, Any]
+    wgmma: dict[str, Any]
     seconds_total: float | None = None
 
 
-class FusedDecodeCudaValidation(Row):
-    section: Literal["validation"]
-    variant: int | str  # an mma.sync variant, or "wgmma"
-    case: str
-    heads: int
-    tokens: int
-    page_size: int
-    ok: bool
-    rel_err: float | None = None
-    lse_max_err: float | None = None
-    finite: bool | None = None
-    empty_out_zero: bool | None = None
-    triton_rel_err: float | None = None
-
-
-class FusedDecodeCudaContract(Row):
-    section: Literal["contract"]
-    check: str
-    ok: bool
-    detail: str
-
-
-class FusedDecodeCudaBench(_BenchPoint):
-    variant: int | None = None
-
-
-class FusedDecodeCudaProfile(FusedDecodeNcuProfile):
-    variant: int | str  # an mma.sync variant, or "wgmma"
-
-
-class FusedDecodeCudaPhases(Row):
-    """The wgmma kernel's cycles per tile by warpgroup ("0", "1") and phase, and per CTA by fixed phase (the
-    ``KVWALL_TRACE`` build), beside the shipped (``us``) and traced build's µs; ``error`` where it failed."""
-
-    section: Literal["phases"]
-    heads: int
-    context: int
-    batch: int
-    tokens: int
-    us: float | None = None
-    us_traced: float | None = None
-    work_items: int | None = None
-    ctas: int | None = None
-    tiles: int | None = None
-    per_tile: dict[str, dict[str, float]] | None = None
-    per_cta: dict[str, dict[str, float]] | None = None
-
-
-#: One row of ``fused_decode_cuda``, by its section.
-FusedDecodeCudaRow = Annotated[FusedDecodeCudaBuild | FusedDecodeCudaValidation | FusedDecodeCudaContract
-                               | FusedDecodeCudaBench | FusedDecodeCudaProfile | FusedDecodeCudaPhases,
-                               Field(discriminator="section")]
+#: One row of ``fused_decode_paths``, by its section (its ``bench`` rows are ``fused_decode_bench``'s).
+FusedDecodePathsRow = Annotated[FusedDecodePathsBuild | FusedDecodeBenchBench, Field(discriminator="section")]
