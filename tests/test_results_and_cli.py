@@ -334,3 +334,32 @@ def test_short_kernel_names():
         "unrolled_elementwise_kernel"
     assert short_kernel_name("at::cuda::(anonymous namespace)::spin_kernel(long)") == "spin_kernel"
     assert short_kernel_name("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD"
+
+
+@pytest.mark.usefixtures("fake_run")
+def test_record_runs_in_dependency_order_and_derives_tables_after_full_scale_runs(monkeypatch, capsys, tmp_path):
+    order = list(EXPERIMENTS)
+    first, later = order[0], order[-1]
+    derived: list[str] = []
+
+    def derive(result):
+        derived.append(result.experiment)
+        return [tmp_path / "derived.json"]
+
+    monkeypatch.setitem(EXPERIMENTS, first, dataclasses.replace(EXPERIMENTS[first], after_record=derive))
+    ran: list[str] = []
+    monkeypatch.setattr(cli, "run_experiment", lambda name, device, scale: (ran.append(name), _tiny_result(scale))[1])
+    assert cli.main(["record", later, first, "--out", str(tmp_path)]) == 0
+    assert ran == [first, later]  # the table a later experiment reads is derived before it runs
+    assert derived == ["cast_sweep"] and f"wrote {tmp_path / 'derived.json'}" in capsys.readouterr().out
+    derived.clear()
+    assert cli.main(["record", first, "--scale", "small", "--out", str(tmp_path / "small")]) == 0
+    assert derived == []  # a small-scale run never rewrites what the kernels read
+
+
+@pytest.mark.usefixtures("fake_run")
+def test_record_fails_when_what_it_wrote_is_already_stale(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(Result, "changed_sources", lambda self, root=PROJECT_ROOT: ["kernels/mla_decode/paths.json"])
+    assert cli.main(["record", "cast_sweep", "--out", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert "already stale" in err and "cast_sweep: changed since it was recorded: kernels/mla_decode/paths.json" in err

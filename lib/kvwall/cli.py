@@ -95,6 +95,7 @@ def _record(experiments: list[Experiment], scale: str, out: Path, force: bool) -
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     interactive = sys.stderr.isatty()
     started = time.time()
+    saved: list[str] = []
     with tqdm(total=len(experiments), unit="experiment", file=sys.stderr, disable=not interactive) as bar:
         for i, exp in enumerate(experiments, 1):
             bar.set_description(f"record {exp.name}")
@@ -111,9 +112,48 @@ def _record(experiments: list[Experiment], scale: str, out: Path, force: bool) -
                 raise
             result.provenance.missing = sorted(lacking.get(exp.name, {}))
             path = save_result(result, out)
+            saved.append(result.experiment)
             tqdm.write(f"recorded {exp.name} in {time.time() - t0:.1f} s -> {path}", file=sys.stdout)
+            derive = getattr(exp, "after_record", None)
+            if derive is not None and scale == "full":
+                # What the kernels read is derived from this result before anything recorded after it runs.
+                for written in derive(result):
+                    tqdm.write(f"  {exp.name}: wrote {written}", file=sys.stdout)
             bar.update()
     print(f"recorded {len(experiments)} experiment(s) in {time.time() - started:.1f} s", file=sys.stderr)
+    return _stale_after_recording(saved, out)
+
+
+def _stale_after_recording(saved: list[str], out: Path) -> int:
+    """0 when every result this run wrote is fresh against the code as it is now; else name them and return 3 (a
+    table derived after a result was recorded changed code it depends on: record in dependency order)."""
+    stale = []
+    for name in dict.fromkeys(saved):
+        try:
+            result = load_result(name, out)
+        except (ResultFileError, ResultMissingError) as exc:
+            stale.append(f"{name}: {exc}")
+            continue
+        if result.stale:
+            stale.append(f"{name}: changed since it was recorded: {', '.join(result.changed_sources())}")
+    recorded = set(saved)
+    others = []
+    for name in EXPERIMENTS:
+        if name in recorded or not (out / f"{name}.json").is_file():
+            continue
+        try:
+            if load_result(name, out).stale:
+                others.append(name)
+        except (ResultFileError, ResultMissingError):
+            continue  # `check` reports unreadable files; this is about what the run changed
+    if others:
+        print("kvwall record: other results in " f"{out} are stale now (the code or a table they read changed): "
+              + ", ".join(others) + "; re-record them (`make record` records everything in dependency order).",
+              file=sys.stderr)
+    if stale:
+        print("kvwall record: results of this run are already stale:\n"
+              + "\n".join(f"  - {line}" for line in stale), file=sys.stderr)
+        return 3
     return 0
 
 
@@ -255,6 +295,8 @@ def _run(argv: list[str] | None) -> int:
         unknown = [n for n in names if n not in EXPERIMENTS]
         if unknown:
             parser.error(f"unknown experiment(s) {unknown}; choose 'all' or from {list(EXPERIMENTS)}")
+        order = list(EXPERIMENTS)  # dependency order: what writes a table runs before what reads it
+        names = sorted(dict.fromkeys(names), key=order.index)
         return _record([EXPERIMENTS[n] for n in names], args.scale, args.out, args.force)
     if args.command == "execute":
         return _execute(args.chapter, args.out, _parameter_values(args.param, parser))
