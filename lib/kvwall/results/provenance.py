@@ -6,6 +6,7 @@ import datetime as _dt
 import os
 import platform
 import subprocess
+from typing import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -83,12 +84,15 @@ def _driver_version() -> str | None:
         return None
 
 
-def collect_provenance(device: torch.device, module_name: str) -> Provenance:
+def collect_provenance(device: torch.device, module_name: str, *, derives: Iterable[str] = ()) -> Provenance:
     """Where, when and with what a result is measured on ``device``.
 
     ``module_name``: the experiment module's ``__name__``; the code its numbers depend on is that module's
-    import closure (:func:`kvwall.results.fingerprint.source_fingerprint`). The scale is stamped by
-    whoever picked it (``kvwall.experiments.run_experiment``).
+    import closure (:func:`kvwall.results.fingerprint.source_fingerprint`). ``derives``: files (relative to the
+    project root) that are derived *from* this result after it is recorded -- its output, not its input -- and so
+    are left out of its fingerprint even where its closure reads them (the measured path table the dispatcher
+    reads is made from the run that times both paths forced). The scale is stamped by whoever picked it
+    (``kvwall.experiments.run_experiment``).
     """
     on_gpu = device.type == "cuda"
     # On a machine that got a copy of the tree (the lent GPU), the caller states commit and state:
@@ -104,5 +108,5 @@ def collect_provenance(device: torch.device, module_name: str) -> Provenance:
         driver=_driver_version() if on_gpu else None, cuda=torch.version.cuda,
         torch=torch.__version__, triton=_version("triton"), flashinfer=_version("flashinfer"),
         python=platform.python_version(), git_commit=commit, git_dirty=dirty,
-        sources=source_fingerprint(module_name),
+        sources={k: v for k, v in source_fingerprint(module_name).items() if k not in set(derives)},
     )

@@ -31,7 +31,7 @@ from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.measure.timing import copy_bandwidth_gbps, matmul_tflops, release_memory
 from kvwall.model.geometry import GLM5
 from kvwall.peers.flashmla import PAGE_SIZE
-from kvwall.results import Result, collect_provenance, load_result
+from kvwall.results import PROJECT_ROOT, Result, collect_provenance, load_result
 from kvwall.experiments.fused_decode.bench import bench_point_rows
 from kvwall.experiments.fused_decode.strategies import FORCED_PATHS, BuildContext, make_point
 from kvwall.experiments.registry import Experiment
@@ -107,7 +107,9 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
     params = dict(heads=list(heads), contexts=list(contexts), batches=list(batches),
                   floor_contexts=list(floor_contexts), page_sizes=list(page_sizes), pool_slots=pool_slots,
                   max_total_tokens=max_total_tokens, reps=reps, rounds=rounds, flush_mb=flush_mb, seed=seed)
-    return Result("fused_decode_paths", params, rows, collect_provenance(device, __name__))
+    # paths.json is this run's output (after_record), not its input: both paths are timed forced.
+    derived = PATHS_FILE.relative_to(PROJECT_ROOT).as_posix()
+    return Result("fused_decode_paths", params, rows, collect_provenance(device, __name__, derives=[derived]))
 
 
 # ---------------------------------------------------------------------------------------------------------
