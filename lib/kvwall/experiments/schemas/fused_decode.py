@@ -25,7 +25,8 @@ class FusedDecodeTuningCeilings(Row):
 
 
 class _LaunchShape(Row):
-    """A launch configuration of the fused kernel (``cfg_*``) at a head count and token count."""
+    """A launch shape of the Triton path (``cfg_*``: :class:`kvwall.kernels.mla_decode.kernel.MLADecodeConfig`'s
+    fields) at a head count and token count (rows recorded with the retired options keep them as extra fields)."""
 
     heads: int
     tokens: int
@@ -33,14 +34,10 @@ class _LaunchShape(Row):
     cfg_block_n: int
     cfg_num_warps: int
     cfg_num_stages: int
-    cfg_convert: str
-    cfg_cache_k: str
     cfg_cache_v: str
-    cfg_s_fp8: bool
     cfg_combine_block_d: int
     cfg_combine_block_s: int
     cfg_combine_warps: int
-    cfg_tokens_m: bool = False
     cfg_pairs: bool = False
 
 
