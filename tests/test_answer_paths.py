@@ -1,29 +1,27 @@
-"""Chapter 6's fused path runs the kernel the dispatcher picks (kvwall.kernels.mla_decode.dispatch), on the step
-(kvwall.model.paths) and in the sweep (kvwall.experiments.answer.sweep), and says which one ran; the chapter's
-report and the cost model read both the rows recorded before that (no kernel_path: the Triton kernel) and after."""
+"""Chapter 6 runs ours -- the dispatcher's path with the step's plan (kvwall.kernels.mla_decode.dispatch) -- on the step
+(kvwall.model.paths) and in the sweep (kvwall.experiments.answer.sweep, built from chapter 5's peer table), says which
+path ran and why, keeps the forced Triton path apart (the cost model's stand-in off Hopper), and puts FlashMLA on the
+step where it runs (GPU, SM90)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 
 import kvwall.experiments  # noqa: F401 - registers the row schemas
 from conftest import _interpreter_gap
-from kvwall.experiments.answer import sweep
-from kvwall.experiments.fused_decode.bench_strategies import make_point
+from kvwall.experiments import EXPERIMENTS
+from kvwall.experiments.answer import step, sweep
+from kvwall.experiments.fused_decode.strategies import STRATEGIES, make_point
 from kvwall.kernels.mla_decode import dispatch
-from kvwall.kernels.mla_decode.cuda import CudaPlan
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
 from kvwall.kernels.mla_decode.wgmma import WgmmaPlan
-from kvwall.model.cost import GPUS, PATHS, ComponentFit, CostModel, Point, paths_on
+from kvwall.model.cost import GPUS, OFF_REFERENCE, PATHS, ComponentFit, CostModel, Point, paths_on
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import KERNEL_NAMES, build_step_path, kernel_that_ran, kernels_that_ran
+from kvwall.model.paths import KERNEL_NAMES, PATH_INFO, STEP_PATHS, build_step_path, kernel_that_ran, kernels_that_ran
 from kvwall.model.pool import TokenPool, make_decode_batch
-from kvwall.notebook import answer_report
-from kvwall.results import RowSchemaError, load_result, validate_rows
+from kvwall.results import RowSchemaError, validate_rows
 
 CPU = torch.device("cpu")
 GEOMETRY = GLM5.with_tensor_parallel(4)  # 16 heads per GPU, as the step
@@ -48,12 +46,23 @@ def _choose(path: str):
     return lambda *args, **kwargs: (path, f"{path}: chosen by the test")
 
 
+def test_the_step_paths_are_named_as_the_book_names_them():
+    assert STEP_PATHS == ("full_pool_cast", "index_then_cast", "gather_cast", "ours", "flashinfer_fp8", "bf16_cache",
+                          "flashmla_fp8", "flashmla_bf16")
+    assert KERNEL_NAMES == {"triton": "Triton path", "wgmma": "wgmma path"}
+    assert all(PATH_INFO[p].gpu_only and PATH_INFO[p].peer for p in ("flashmla_fp8", "flashmla_bf16"))
+    assert PATH_INFO["flashmla_bf16"].cache_dtype == torch.bfloat16
+    full, small = EXPERIMENTS["decode_step_paths"].full, EXPERIMENTS["decode_step_paths"].small
+    assert "flashmla_fp8" in full["paths"] and "ours" in full["paths"]  # every step figure can show FlashMLA FP8
+    assert not {"flashmla_fp8", "flashmla_bf16", "flashinfer_fp8"} & set(small["paths"])
+
+
 @interpreted
-def test_on_cpu_the_steps_fused_path_runs_and_reports_the_triton_kernel(step_inputs):
+def test_on_cpu_the_steps_ours_runs_the_triton_path(step_inputs):
     pool, batch = step_inputs
-    _, attention, info = build_step_path("fused_fp8", pool, batch, bf16_backend="fa2")
-    assert info["backend"] == info["kernel_path"] == "triton" and "cannot run" in info["why"]
-    assert type(attention.kernel.plan) is MLADecodePlan and "triton path" in attention.name
+    _, attention, info = build_step_path("ours", pool, batch, bf16_backend="fa2")
+    assert info["backend"] == info["kernel_path"] == "triton" and "cannot run" in info["path_why"]
+    assert type(attention.kernel.plan) is MLADecodePlan and "Triton path" in attention.name
     q_nope, q_pe = _queries(batch)
     ckv, kpe = split_latent_cache(pool.key_buffer(0), GEOMETRY.kv_lora_rank)
     first = attention(q_nope, q_pe, ckv, kpe).clone()
@@ -64,15 +73,13 @@ def test_on_cpu_the_steps_fused_path_runs_and_reports_the_triton_kernel(step_inp
     assert (first.double() - ref).norm() / ref.norm() < 1e-2
 
 
-@pytest.mark.parametrize("path, plan_type", [("cuda", CudaPlan), ("wgmma", WgmmaPlan)])
-def test_the_steps_fused_path_plans_and_calls_the_kernel_the_dispatcher_chooses(step_inputs, monkeypatch, path,
-                                                                                 plan_type):
+def test_the_steps_ours_plans_and_calls_the_path_the_dispatcher_chooses(step_inputs, monkeypatch):
     pool, batch = step_inputs
-    monkeypatch.setattr(dispatch, "choose_path", _choose(path))
-    _, attention, info = build_step_path("fused_fp8", pool, batch, bf16_backend="fa2")
-    assert type(attention.kernel.plan) is plan_type
-    assert info["backend"] == info["kernel_path"] == path and info["why"] == f"{path}: chosen by the test"
-    assert f"{path} path" in attention.name
+    monkeypatch.setattr(dispatch, "choose_path", _choose("wgmma"))
+    _, attention, info = build_step_path("ours", pool, batch, bf16_backend="fa2")
+    assert type(attention.kernel.plan) is WgmmaPlan
+    assert info["backend"] == info["kernel_path"] == "wgmma" and info["path_why"] == "wgmma: chosen by the test"
+    assert "wgmma path" in attention.name
     calls = []
     monkeypatch.setattr(dispatch, "mla_decode", lambda *args, **kwargs: calls.append(kwargs) or attention.out)
     q_nope, q_pe = _queries(batch)
@@ -80,19 +87,31 @@ def test_the_steps_fused_path_plans_and_calls_the_kernel_the_dispatcher_chooses(
     for _ in range(3):
         attention(q_nope, q_pe, ckv, kpe)
     # One plan made outside the calls, only the first call checked (the rest CUDA-graph capturable), no Triton
-    # launch shape for a CUDA C++ kernel.
+    # launch shape for the wgmma path.
     assert [c["check_range"] for c in calls] == [True, False, False]
     assert all(c["plan"] is attention.kernel.plan and c["out"] is attention.out and "config" not in c for c in calls)
 
 
-def test_a_cuda_plan_reaches_the_cuda_path(step_inputs, monkeypatch):
-    """Nothing between the step and the dispatcher falls back to Triton: on a CPU the CUDA path refuses."""
+def test_a_wgmma_plan_reaches_the_wgmma_path(step_inputs, monkeypatch):
+    """Nothing between the step and the dispatcher falls back to Triton: on a CPU the wgmma path refuses."""
     pool, batch = step_inputs
-    monkeypatch.setattr(dispatch, "choose_path", _choose("cuda"))
-    _, attention, _ = build_step_path("fused_fp8", pool, batch, bf16_backend="fa2")
+    monkeypatch.setattr(dispatch, "choose_path", _choose("wgmma"))
+    _, attention, _ = build_step_path("ours", pool, batch, bf16_backend="fa2")
     ckv, kpe = split_latent_cache(pool.key_buffer(0), GEOMETRY.kv_lora_rank)
-    with pytest.raises(ValueError, match="mla_decode_fp8_cuda: the CUDA path cannot run here"):
+    with pytest.raises(ValueError, match="wgmma path cannot run"):
         attention(*_queries(batch), ckv, kpe)
+
+
+def test_flashmla_on_the_step_is_built_above_the_model_and_needs_a_gpu(step_inputs):
+    pool, batch = step_inputs
+    with pytest.raises(ValueError, match="peer"):
+        build_step_path("flashmla_fp8", pool, batch, bf16_backend="fa2")
+    with pytest.raises(RuntimeError, match="needs an NVIDIA GPU"):
+        step.flashmla_step_path("flashmla_fp8", pool, batch, seed=0)
+    paged, same = step.PagedViews().prepare_kv(pool, 0, torch.bfloat16)
+    buf = pool.key_buffer(0)
+    assert paged is same and paged.shape == (buf.shape[0] // 64, 64, 1, GLM5.kv_dim)
+    assert paged.data_ptr() == buf.data_ptr()  # a view of the pool: no copy
 
 
 @pytest.fixture(scope="module")
@@ -105,77 +124,71 @@ def sweep_point():
 
 
 @interpreted
-def test_the_sweeps_fused_path_runs_the_dispatchers_kernel_and_keeps_the_triton_kernel_apart(sweep_point):
+def test_the_sweeps_ours_runs_the_dispatchers_path_and_keeps_the_triton_path_apart(sweep_point):
     pt, pool = sweep_point
-    fn, info = sweep._build("fused_fp8", pt, pool, sm_count=1)
-    assert info["kernel_path"] == "triton" and "cannot run" in info["why"]
+    fn, info = sweep.build_sweep_path("ours", pt, pool, sm_count=1)
+    assert info["strategy"] == "ours" and info["kernel_path"] == "triton" and "cannot run" in info["path_why"]
     plan = dispatch.plan_mla_decode_auto(pt.indptr, heads=pt.heads)
     want = mla_decode_fp8(pt.q_nope, pt.q_pe, pool[:, 0, :GLM5.kv_lora_rank], pool[:, 0, GLM5.kv_lora_rank:],
-                          pt.indptr, pt.idx, GLM5.sm_scale, plan=plan)
+                          pt.indptr, pt.idx, GLM5.sm_scale, plan=plan, config=plan.config)
     assert torch.equal(fn(), want)
-    triton_fn, triton_info = sweep._build("fused_fp8_triton", pt, pool, sm_count=1)
-    assert triton_info["kernel_path"] == "triton" and "why" not in triton_info
+    triton_fn, triton_info = sweep.build_sweep_path("triton", pt, pool, sm_count=1)
+    assert triton_info["kernel_path"] == "triton" and "path_why" not in triton_info
     assert torch.equal(triton_fn(), want)
     assert set(sweep.SWEEP_PATHS) <= set(PATHS), "every sweep path is a cost-model path"
+    assert {s for s, _ in sweep.SWEEP_PATHS.values()} <= set(STRATEGIES), "... and an entry of the peer table"
 
 
-def test_the_sweep_records_the_kernel_the_dispatcher_chose(sweep_point, monkeypatch):
+def test_the_sweep_records_the_path_the_dispatcher_chose(sweep_point, monkeypatch):
     pt, pool = sweep_point
     monkeypatch.setattr(dispatch, "choose_path", _choose("wgmma"))
-    _, info = sweep._build("fused_fp8", pt, pool, sm_count=1)
-    assert info["kernel_path"] == "wgmma" and info["why"] == "wgmma: chosen by the test"
+    _, info = sweep.build_sweep_path("ours", pt, pool, sm_count=1)
+    assert info["kernel_path"] == "wgmma" and info["path_why"] == "wgmma: chosen by the test"
 
 
-def _legacy(rows):
-    """Rows as recorded before the fused path was dispatched: no ``kernel_path``/``why``, no Triton-only series."""
-    return [{k: v for k, v in r.items() if k not in ("kernel_path", "why")} for r in rows
-            if r.get("path") != "fused_fp8_triton"]
+def _ours_row(**kw) -> dict:
+    return {"section": "path", "path": "ours", "label": PATH_INFO["ours"].label, "step_ms": 20.0, **kw}
 
 
-def test_rows_with_and_without_the_kernel_validate():
-    step = load_result("decode_step_paths")
-    fused = next(r for r in step.rows if r.get("path") == "fused_fp8")
-    legacy = _legacy([fused])
-    validate_rows("decode_step_paths", legacy)
-    assert kernels_that_ran(legacy) == {"triton": 1}  # a row without the field ran the Triton kernel
-    assert kernels_that_ran([{**fused, "kernel_path": "wgmma"}]) == {"wgmma": 1}
-    validate_rows("decode_step_paths", [{**fused, "kernel_path": "wgmma", "why": "wgmma: measured"}])
+def test_ours_rows_say_which_path_ran():
+    rows = [_ours_row(kernel_path="wgmma", path_why="wgmma: measured"), _ours_row(kernel_path="triton"),
+            {"section": "path", "path": "bf16_cache", "label": "x", "step_ms": 30.0},
+            _ours_row(kernel_path="wgmma", error="did not run")]
+    validate_rows("decode_step_paths", rows)
+    assert kernels_that_ran(rows) == {"wgmma": 1, "triton": 1}
+    assert kernel_that_ran({"path": "ours"}) == "triton"
     with pytest.raises(RowSchemaError, match="kernel_path"):
-        validate_rows("decode_step_paths", [{**fused, "kernel_path": "fast"}])
+        validate_rows("decode_step_paths", [_ours_row(kernel_path="cuda")])  # the retired mma.sync path
+    point = {"section": "point", "axis": "context", "path": "ours", "heads": 16, "context": 4096, "batch": 1,
+             "pool_tokens": 495_000, "tokens": 4096, "len_max": 4096, "us": 14.0, "strategy": "ours", "page_size": 1,
+             "kernel_path": "wgmma", "path_why": "wgmma: measured"}
+    validate_rows("path_sweep", [point])
 
 
-def _as_dispatched(result, kernel: str):
-    """``result`` as if its fused path had run ``kernel`` everywhere (the rows a GPU re-recording would hold)."""
-    rows = [{**r, "kernel_path": kernel, "why": f"{kernel}: measured"} if r.get("path") == "fused_fp8" else r
-            for r in result.rows]
-    return dataclasses.replace(result, rows=rows)
-
-
-def test_the_report_says_which_kernel_ran():
-    step, sweep_result = load_result("decode_step_paths"), load_result("path_sweep")
-    assert "Triton's tensor-core code" in answer_report.sweep_findings(
-        dataclasses.replace(sweep_result, rows=_legacy(sweep_result.rows)))
-    fused = next(r for r in step.rows if r.get("path") == "fused_fp8")  # the recording as it is
-    assert KERNEL_NAMES[kernel_that_ran(fused)] in answer_report.fused_kernel_text(step, "the step")
-    text = answer_report.fused_kernel_text(_as_dispatched(step, "wgmma"), "the step")
-    assert text.startswith("In the step, our fused path ran the wgmma path") and "“wgmma: measured”" in text
-    fused_points = sum(r.get("path") == "fused_fp8" and r.get("us") is not None for r in sweep_result.rows)
-    dispatched = _as_dispatched(sweep_result, "cuda")
-    assert f"the CUDA C++ mma.sync path at {fused_points} of {fused_points} points" in answer_report.fused_kernel_text(
-        dispatched, "the sweep")
-    findings = answer_report.sweep_findings(dispatched)
-    assert "Triton's tensor-core code" not in findings and "CUDA C++ mma.sync path at 128 heads" in findings
-
-
-def test_off_the_reference_gpu_the_fused_path_is_predicted_from_the_triton_kernel():
-    fast, slow = ComponentFit("fused_fp8", 5.0, 3000.0, None, 0, ()), ComponentFit("fused_fp8_triton", 9.0, 1500.0,
-                                                                                     None, 0, ())
-    p, pro = Point(16, 1, 32_768, 495_000), GPUS["rtx-pro-6000"]
-    both = CostModel({"fused_fp8": fast, "fused_fp8_triton": slow})
-    assert both.layer_us("fused_fp8", p) == fast.us(p) < both.layer_us("fused_fp8_triton", p) == slow.us(p)
+def test_off_hopper_ours_is_predicted_from_the_triton_path():
+    assert OFF_REFERENCE == {"ours": "triton"}
+    fast, slow = ComponentFit("ours", 5.0, 3000.0, None, 0, ()), ComponentFit("triton", 9.0, 1500.0, None, 0, ())
+    p, pro, h100 = Point(16, 1, 32_768, 495_000), GPUS["rtx-pro-6000"], GPUS["h100"]
+    both = CostModel({"ours": fast, "triton": slow})
+    assert both.layer_us("ours", p) == fast.us(p) < both.layer_us("triton", p) == slow.us(p)
     for rule in ("fraction of peak", "per-SM rate"):
-        assert both.layer_us("fused_fp8", p, pro, rule) == both.layer_us("fused_fp8_triton", p, pro, rule)
-    # A sweep recorded before the dispatcher: its fused_fp8 is the Triton kernel, and carries over as it is.
-    legacy = CostModel({"fused_fp8": dataclasses.replace(slow, component="fused_fp8")})
-    assert legacy.layer_us("fused_fp8", p, pro) == both.layer_us("fused_fp8", p, pro)
-    assert "fused_fp8_triton" not in {q for arch in ("sm_90", "sm_100", "sm_120") for q in paths_on(arch, 16)}
+        assert both.layer_us("ours", p, pro, rule) == both.layer_us("triton", p, pro, rule)
+    # an H100 is Hopper: the dispatcher runs its paths there (the H200's crossovers), so ours keeps its own fit
+    assert both.layer_us("ours", p, h100) < both.layer_us("triton", p, h100)
+    # a sweep without a triton series: ours itself carries over
+    alone = CostModel({"ours": fast})
+    assert alone.layer_us("ours", p, pro) == CostModel({"ours": fast}).layer_us("ours", p, pro)
+    assert "triton" not in {q for arch in ("sm_90", "sm_100", "sm_120") for q in paths_on(arch, 16)}
+    assert all("ours" in paths_on(a, 16) for a in ("sm_90", "sm_100", "sm_120"))
+
+
+@interpreted
+def test_the_step_experiment_runs_on_cpu_at_small_scale():
+    result = EXPERIMENTS["decode_step_paths"].run(CPU, **{**EXPERIMENTS["decode_step_paths"].small,
+                                                         "pool_tokens": 20_000, "layers": 1, "steps": 1})
+    validate_rows("decode_step_paths", result.rows)
+    rows = {r["path"]: r for r in result.table("path")}
+    assert list(rows) == [p for p in STEP_PATHS if not PATH_INFO[p].gpu_only]
+    ours = rows["ours"]
+    assert "error" not in ours and ours["kernel_path"] == "triton" and ours["path_why"]
+    assert ours["rel_err_vs_float64"] < 1e-2 and ours["step_ms"] > 0

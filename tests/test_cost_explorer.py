@@ -64,12 +64,12 @@ def test_grid_values_are_the_cost_model_times_layers(model, grid, state):
 
 
 def test_grid_leaves_out_paths_that_do_not_exist(grid):
-    # SM120 at 32 heads per GPU: no fa3, no FlashInfer FP8, no FlashMLA; our fused kernel has a shape that fits.
+    # SM120 at 32 heads per GPU: no fa3, no FlashInfer FP8, no FlashMLA; ours (the Triton path) has a shape that fits.
     got = ce.grid_values(grid, ce.State("glm-5", "rtx-pro-6000", 2, 8192, 1, 495_000))
-    assert "fused_fp8" in got and not {"full_pool_cast", "flashinfer_fp8", "flashmla_bf16", "bf16_cache"} & set(got)
+    assert "ours" in got and not {"full_pool_cast", "flashinfer_fp8", "flashmla_bf16", "bf16_cache"} & set(got)
     assert "gather_cast_fa2" in got
-    assert "fused_fp8" in ce.grid_values(grid, ce.State("glm-5", "rtx-pro-6000", 4, 8192, 1, 495_000))
-    # Every path on the H200, but the Triton kernel timed alone: it is what fused_fp8 runs off the H200, no choice.
+    assert "ours" in ce.grid_values(grid, ce.State("glm-5", "rtx-pro-6000", 4, 8192, 1, 495_000))
+    # Every path on the H200, but the Triton path timed alone: it is what ours runs off Hopper, no choice.
     assert set(ce.grid_values(grid, ce.State("glm-5", "h200", 1, 8192, 1, 495_000))) == set(PATHS) - {
         *OFF_REFERENCE.values()}
 
@@ -122,7 +122,7 @@ def test_one_rule_gives_one_value(model):
     one = {r.path: r for r in ce.cost_rows(model, ce.ORIGINAL_STATE, TRANSFER_RULES[0])}
     assert all(both[p].layer_lo_us <= one[p].layer_lo_us <= both[p].layer_hi_us for p in both)
     assert {r.cache for r in both.values()} == {"FP8", "BF16"}
-    assert both["bf16_cache_fa2"].kv_bytes_per_token == 2 * both["fused_fp8"].kv_bytes_per_token - 4  # one index
+    assert both["bf16_cache_fa2"].kv_bytes_per_token == 2 * both["ours"].kv_bytes_per_token - 4  # one index
 
 
 # ---------------------------------------------------------------------------------------------------------

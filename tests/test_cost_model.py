@@ -15,10 +15,10 @@ from kvwall.notebook import answer_report, original_gpu_report
 from kvwall.results import load_result
 
 TRUE = {  # component -> (c0 µs, GB/s, TFLOP/s or None)
-    "fa3_bf16": (20.0, 2800.0, 400.0), "fa2_bf16": (22.0, 1600.0, 230.0), "fused_fp8": (11.0, 1300.0, 100.0),
+    "fa3_bf16": (20.0, 2800.0, 400.0), "fa2_bf16": (22.0, 1600.0, 230.0), "ours": (11.0, 1300.0, 100.0),
     "flashinfer_fp8": (45.0, 520.0, 140.0), "flashmla_bf16": (18.0, 3300.0, 410.0), "flashmla_fp8": (13.0, 2400.0, 590.0),
     "full_cast": (6.0, 1040.0, None), "index_then_cast": (1.0, 1240.0, None), "gather_cast": (0.5, 4200.0, None),
-    "fused_fp8_triton": (12.0, 1100.0, 90.0),
+    "triton": (12.0, 1100.0, 90.0),
 }
 
 
@@ -60,7 +60,7 @@ def test_component_bytes_follow_the_roofline():
     p = Point(16, 1, 8192, 495_000)
     assert component_bytes("full_cast", p) == 495_000 * GLM5.kv_dim * 3
     assert component_bytes("gather_cast", p) == 8192 * (GLM5.kv_dim * 3 + 4)
-    fp8, bf16 = component_bytes("fused_fp8", p), component_bytes("fa3_bf16", p)
+    fp8, bf16 = component_bytes("ours", p), component_bytes("fa3_bf16", p)
     assert bf16 - fp8 == 8192 * GLM5.kv_dim  # the same index and q/o bytes, twice the KV bytes
     assert component_bytes("flashmla_fp8", p) < fp8  # one index per 64-token page
     with pytest.raises(ValueError, match="unknown component"):
@@ -79,12 +79,12 @@ def test_transfer_rules_and_architectures():
     with pytest.raises(ValueError, match="unknown transfer rule"):
         truth.layer_us("gather_cast", p, pro, "guess")
     assert set(paths_on("sm_120", 16)) == {"full_pool_cast_fa2", "index_then_cast_fa2", "gather_cast_fa2",
-                                           "fused_fp8", "bf16_cache_fa2"}
-    assert all("fused_fp8" in paths_on(a, h) for a in ("sm_90", "sm_100", "sm_120") for h in (16, 64, 128))
+                                           "ours", "bf16_cache_fa2"}
+    assert all("ours" in paths_on(a, h) for a in ("sm_90", "sm_100", "sm_120") for h in (16, 64, 128))
     assert "flashmla_fp8" in paths_on("sm_90", 16) and "fa3" not in " ".join(paths_on("sm_100", 16))
     assert truth.step_ms("gather_cast", p, rest_ms=10.0) == pytest.approx(
         10.0 + GLM5.num_layers * truth.layer_us("gather_cast", p) / 1e3)
-    assert decode_flops(16, 131_072) > 0 and math.isfinite(truth.layer_us("fused_fp8", p, pro))
+    assert decode_flops(16, 131_072) > 0 and math.isfinite(truth.layer_us("ours", p, pro))
 
 
 def test_recorded_sweep_fit_meets_what_chapter_6_says():

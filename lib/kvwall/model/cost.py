@@ -91,6 +91,9 @@ ATTENTIONS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "flashmla_fp8": ("fp8", 64, ("sm_90",)),
 }
 PREPARATIONS = ("none", "full_cast", "index_then_cast", "gather_cast")
+#: Sweep path names of recordings made before ours and its Triton path were named so -> today's names (the same
+#: measurements: the dispatcher's path, and the Triton path forced). Samples are read through it.
+RECORDED_AS: dict[str, str] = {"fused_fp8": "ours", "fused_fp8_triton": "triton"}
 #: Attention measured on the reference GPU as the dispatcher ran it there -> the attention that runs in its place on
 #: a GPU without a measured dispatch table (the Triton path). A sweep without a ``triton`` series: the component
 #: itself.
@@ -199,7 +202,7 @@ def _transfer(fit: ComponentFit, src: GPUSpec, dst: GPUSpec, rule: str) -> Compo
     return replace(fit, gbps=gbps, tflops=tflops)
 
 
-#: Heads per GPU up to which the fused kernel has a launch shape that fits an architecture (checked offline by
+#: Heads per GPU up to which ours (the Triton path) has a launch shape that fits an architecture (checked offline by
 #: :mod:`kvwall.tuning.arch_check`); an architecture missing here: every head count. Since the launcher filters its
 #: fallback shapes by the device's shared memory, tensor memory and spills, none is missing.
 FUSED_MAX_HEADS: dict[str, int] = {}
@@ -207,7 +210,7 @@ FUSED_MAX_HEADS: dict[str, int] = {}
 
 def paths_on(arch: str, heads: int) -> list[str]:
     """The paths that exist on ``arch`` for ``heads`` per GPU (fa3, FlashInfer FP8 and FlashMLA: SM90 only; our
-    fused kernel wherever :data:`FUSED_MAX_HEADS` allows, which is everywhere). Off the H200, the fused kernel's
+    ours wherever :data:`FUSED_MAX_HEADS` allows, which is everywhere). Off the H200, ours'
     prediction assumes the per-SM rate of the shape measured on it; where the launcher must pick a smaller shape
     (more than 16 heads on SM120 and SM100, compiled offline), that is optimistic. ``triton`` is no choice of its
     own: it is what ``ours`` runs off the reference GPU (:data:`OFF_REFERENCE`)."""
@@ -295,6 +298,7 @@ def fit_cost_model(samples: Iterable[tuple[str, Point, float]], reference: GPUSp
     sample is left out (paths that need it cannot be predicted)."""
     by_path: dict[str, list[tuple[Point, float]]] = {}
     for path, p, us in samples:
+        path = RECORDED_AS.get(path, path)
         if us is not None and us > 0 and path in PATHS:
             by_path.setdefault(path, []).append((p, float(us)))
     comps: dict[str, ComponentFit] = {}
@@ -334,6 +338,9 @@ def validate(model: CostModel, held_out: Sequence[tuple[str, str, Point, float]]
     """One row per held-out sample: measured, predicted, and the relative error (predicted / measured - 1)."""
     rows = []
     for axis, path, p, us in held_out:
+        path = RECORDED_AS.get(path, path)
+        if path not in PATHS:  # as the fit: a path the model does not compose is left out
+            continue
         comp = PATHS[path]
         if comp.attention not in model.components or (comp.prep != "none" and comp.prep not in model.components):
             continue

@@ -42,7 +42,7 @@ class _LaunchShape(Row):
 
 
 class _TunedLaunch(_LaunchShape):
-    """One timed launch of the fused kernel: the shape, the time, the roofline."""
+    """One timed launch of the Triton path: the shape, the time, the roofline."""
 
     us: float
     roofline_us: float
