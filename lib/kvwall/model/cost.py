@@ -209,11 +209,10 @@ FUSED_MAX_HEADS: dict[str, int] = {}
 
 
 def paths_on(arch: str, heads: int) -> list[str]:
-    """The paths that exist on ``arch`` for ``heads`` per GPU (fa3, FlashInfer FP8 and FlashMLA: SM90 only; our
-    ours wherever :data:`FUSED_MAX_HEADS` allows, which is everywhere). Off the H200, ours'
-    prediction assumes the per-SM rate of the shape measured on it; where the launcher must pick a smaller shape
+    """The paths that exist on ``arch`` for ``heads`` per GPU (fa3, FlashInfer FP8 and FlashMLA: SM90 only; ours
+    wherever :data:`FUSED_MAX_HEADS` allows, which is everywhere). Off the H200, ours' prediction assumes the per-SM rate of the shape measured on it; where the launcher must pick a smaller shape
     (more than 16 heads on SM120 and SM100, compiled offline), that is optimistic. ``triton`` is no choice of its
-    own: it is what ``ours`` runs off the reference GPU (:data:`OFF_REFERENCE`)."""
+    own: it is what ``ours`` runs off Hopper (:data:`OFF_REFERENCE`)."""
     out = []
     for name, comp in PATHS.items():
         if arch not in ATTENTIONS[comp.attention][2] or comp.attention in OFF_REFERENCE.values():
