@@ -4,26 +4,24 @@ sm_120, held against each architecture's limits, must agree with what the launch
 (and chapter 6) says runs where. Compiled with the GPU machines' Triton (requirements-triton-gpu.txt, installed by
 `make setup` apart from the environment's own): registers and spills differ between Triton versions.
 
-The fused kernel's CUDA C++ path (mla_decode_mma.cu) is compiled by nvcc, once per architecture, every variant: it
-must compile, never spill nor keep a stack frame, and its default variant must fit every architecture's shared
-memory; a variant that does not fit one architecture is reported (the call refuses it there), not a failure."""
+The fused kernel's wgmma path (mla_decode_wgmma.cu) is compiled by nvcc for its only target, sm_90a: it must compile,
+never spill nor keep a stack frame, and fit an H100 / H200 block's shared memory."""
 
-import dataclasses
 import shutil
 from pathlib import Path
 
 import pytest
 
-from kvwall.kernels.mla_decode import cuda as mla_cuda
 from kvwall.kernels.mla_decode import kernel as mla
+from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 from kvwall.model.cost import FUSED_MAX_HEADS
 from kvwall.tuning import arch_check_cuda
-from kvwall.tuning.arch_check import (ARCHS, CANDIDATE_HEADS, FUSED, PINNED_TRITON_ENV, ArchLimits,
-                                      PinnedTritonMissing, check_architectures, cuda_mla_builds, fallback_config,
-                                      format_rows, pinned_triton_dir, pinned_triton_version, tmem_columns,
-                                      tuned_arch, tuned_shapes)
-from kvwall.tuning.arch_check_cuda import CUDA_FUSED, cuda_mla_rows
+from kvwall.tuning.arch_check import (ARCHS, CANDIDATE_HEADS, FUSED, PINNED_TRITON_ENV,
+                                      PinnedTritonMissing, check_architectures, fallback_config, format_rows,
+                                      pinned_triton_dir, pinned_triton_version, tmem_columns, tuned_arch,
+                                      tuned_shapes, wgmma_builds)
+from kvwall.tuning.arch_check_cuda import WGMMA_KERNEL
 from kvwall.tuning.fused import candidates
 
 pytestmark = pytest.mark.slow
@@ -39,7 +37,7 @@ def builds():
     if pinned_triton_version() is None:
         pytest.skip(f"the GPU machines' Triton is not installed in {pinned_triton_dir()}: `make setup` installs it "
                     "(requirements-triton-gpu.txt)")
-    return check_architectures(HEADS, cast_kernels=True, every_shape=True, cuda_mla=True)
+    return check_architectures(HEADS, cast_kernels=True, every_shape=True, wgmma=True)
 
 
 def _fused(builds, role):
@@ -186,108 +184,57 @@ def test_fallback_shape_is_the_launchers_own():
 
 
 # ----------------------------------------------------------------------------------------------
-# The fused kernel's CUDA C++ path (nvcc; no Triton involved)
+# The fused kernel's wgmma path (nvcc for sm_90a; no Triton involved)
 # ----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def cuda_mla():
-    """Its rows: nvcc once per architecture (the three at once, cached for the session), ~5-15 s."""
+def wgmma_rows_here():
+    """Its row: nvcc once for sm_90a (cached for the session), ~5-10 s."""
     if shutil.which("nvcc") is None:
-        pytest.skip("no nvcc on this machine: the CUDA C++ path (mla_decode_mma.cu) was not compiled")
-    return cuda_mla_builds()
+        pytest.skip("no nvcc on this machine: the wgmma path (mla_decode_wgmma.cu) was not compiled")
+    return wgmma_builds()
 
 
-def cuda_mla_problems(rows) -> list[str]:
-    """What fails the CUDA path's check: a variant that did not compile, spills or keeps a stack frame on any
-    architecture, or the default variant not fitting an architecture's shared memory."""
+def wgmma_problems(rows) -> list[str]:
+    """What fails the wgmma path's check: it did not compile, spills, keeps a stack frame, or its shared memory is
+    past an H100 / H200 block's."""
     bad = []
     for r in rows:
-        where = f"{r['arch'].split(':')[0]} {r['shape']}"
         if r["error"]:
-            bad.append(f"{where}: did not compile: {r['error']}")
+            bad.append(f"{r['arch']}: did not compile: {r['error']}")
             continue
         if r["spills"] or r["stack_bytes"]:
-            bad.append(f"{where}: {r['spills']} B spilled (stores + loads), {r['stack_bytes']} B stack frame")
-        if r["variant"] == mla_cuda.DEFAULT_VARIANT and not r["fits"]:
-            bad.append(f"{where}: the default variant needs {r['shared_bytes']:,} B of shared memory per block, the "
-                       f"architecture allows {r['shared_limit']:,} B")
+            bad.append(f"{r['arch']}: {r['spills']} B spilled (stores + loads), {r['stack_bytes']} B stack frame")
+        if not r["fits"]:
+            bad.append(f"{r['arch']}: needs {r['shared_bytes']:,} B of shared memory per block, the architecture "
+                       f"allows {r['shared_limit']:,} B")
     return bad
 
 
-def test_cuda_mla_rows_cover_every_variant_on_every_architecture(cuda_mla):
-    assert sorted((r["variant"], r["cap"]) for r in cuda_mla) == sorted(
-        (v, a.cap) for v in mla_cuda.VARIANTS for a in ARCHS)
-    limits = {a.cap: a for a in ARCHS}
-    for r in cuda_mla:
-        v, a = mla_cuda.VARIANTS[r["variant"]], limits[r["cap"]]
-        assert r["kernel"] == CUDA_FUSED and r["shape"] == str(v) and r["threads"] == 32 * v.warps, r
-        assert r["shared_bytes"] == v.smem and r["shared_limit"] == a.shared_per_block, r
-        assert r["fits"] == (r["error"] is None and v.smem <= a.shared_per_block), r
-        assert r["shipped"] == (r["role"] == "default") == (r["variant"] == mla_cuda.DEFAULT_VARIANT), r
-        if r["error"] is None:  # ptxas met __launch_bounds__(threads, min_blocks): the registers are this variant's
-            assert 0 < r["regs"] <= 255 and r["blocks_per_sm_by_regs"] >= v.min_blocks, r
+def test_the_wgmma_row_is_sm90a_only_and_compiles_clean(wgmma_rows_here):
+    (row,) = wgmma_rows_here
+    assert row["kernel"] == WGMMA_KERNEL and row["cap"] == 90 and row["arch"].startswith("sm_90a")
+    assert row["shared_bytes"] == wgmma_path.SMEM_BYTES and row["threads"] == wgmma_path.THREADS
+    assert row["shipped"] and row["role"] == "wgmma" and 0 < row["regs"] <= 255 and row["blocks_per_sm_by_regs"] >= 1
+    assert not wgmma_problems(wgmma_rows_here), wgmma_problems(wgmma_rows_here)
 
 
-def test_cuda_mla_compiles_without_spills_or_stack_and_its_default_fits_everywhere(cuda_mla):
-    bad = cuda_mla_problems(cuda_mla)
-    assert not bad, "the CUDA C++ path fails the architecture check:\n" + "\n".join(bad)
+def test_the_wgmma_row_is_in_the_architecture_check(builds, wgmma_rows_here):
+    assert [r for r in builds if r["kernel"] == WGMMA_KERNEL] == wgmma_rows_here
+    assert not [r for r in builds if "mma.sync" in r["kernel"] or r.get("variant") is not None]
 
 
-def test_cuda_mla_misfits_are_reported_not_failures(cuda_mla):
-    """A variant whose shared memory is past an architecture's limit (the 173 KB ones on sm_120's 101,376 B per
-    block) is a row that does not fit, not a failure; the table prints it."""
-    misfits = [r for r in cuda_mla if not r["fits"]]
-    assert all(r["shared_bytes"] > r["shared_limit"] and r["variant"] != mla_cuda.DEFAULT_VARIANT for r in misfits)
-    sm120 = {r["variant"] for r in misfits if r["cap"] == 120}
-    assert sm120 == {i for i, v in mla_cuda.VARIANTS.items() if v.smem > 101_376}
-    assert not cuda_mla_problems(misfits)
-    print("\nCUDA C++ variants that do not fit (allowed: a call picking one there is refused):")
-    print(format_rows(misfits) if misfits else "none")
+def _report(*, ok=True, spill=0, stack=0, registers=255) -> wgmma_path.NvccReport:
+    return wgmma_path.NvccReport(ok, "sm_90a", 1.0, "nvcc (made up)", registers if ok else None,
+                                 spill if ok else None, stack if ok else None, "" if ok else "error: no")
 
 
-def test_cuda_mla_rows_are_in_the_architecture_check(builds, cuda_mla):
-    assert [r for r in builds if r["kernel"] == CUDA_FUSED] == cuda_mla
-
-
-def _report(arch: str, *, ok=True, spill=None, stack=None, missing=None) -> mla_cuda.NvccReport:
-    """A made-up ptxas report: every variant compiled clean, but ``spill`` / ``stack``: (variant, bytes)."""
-    variants = [i for i in mla_cuda.VARIANTS if i != missing]
-    report = mla_cuda.NvccReport(ok, arch, 1.0, "nvcc (made up)", {i: 128 for i in variants},
-                                 {i: 0 for i in variants}, {i: 0 for i in variants}, "" if ok else "error: no")
-    for field, change in (("spill_bytes", spill), ("stack_bytes", stack)):
-        if change:
-            getattr(report, field)[change[0]] = change[1]
-    return report
-
-
-def test_cuda_mla_check_fails_on_each_problem(monkeypatch):
-    """The check can fail: a compile failure, a spill, a stack frame, an unparsed variant and a default variant
-    past an architecture's shared memory are each reported; a non-default variant past it is not."""
-    default = mla_cuda.DEFAULT_VARIANT
-    other = next(i for i in mla_cuda.VARIANTS if i != default)
-    small = mla_cuda.VARIANTS[default].smem - 1  # the default just misses; a smaller variant still fits
-    archs = [ArchLimits(90, "sm_90: fine", 232_448), ArchLimits(91, "sm_91: nvcc fails", 232_448),
-             ArchLimits(92, "sm_92: spills", 232_448), ArchLimits(93, "sm_93: stack", 232_448),
-             ArchLimits(94, "sm_94: unparsed", 232_448), ArchLimits(95, "sm_95: small", small)]
-    fake = {90: _report("sm_90"), 91: _report("sm_91", ok=False), 92: _report("sm_92", spill=(other, 8)),
-            93: _report("sm_93", stack=(default, 16)), 94: _report("sm_94", missing=other), 95: _report("sm_95")}
-    monkeypatch.setattr(arch_check_cuda, "cuda_mla_report", fake.__getitem__)
-    rows = cuda_mla_rows(archs)
-    by_cap = {a.cap: cuda_mla_problems([r for r in rows if r["cap"] == a.cap]) for a in archs}
-    assert by_cap[90] == []
-    assert len(by_cap[91]) == len(mla_cuda.VARIANTS) and all("did not compile" in p for p in by_cap[91])
-    assert len(by_cap[92]) == 1 and "8 B spilled" in by_cap[92][0] and f"v{other} " in by_cap[92][0]
-    assert len(by_cap[93]) == 1 and "16 B stack frame" in by_cap[93][0] and f"v{default} " in by_cap[93][0]
-    assert len(by_cap[94]) == 1 and "no resources" in by_cap[94][0]
-    assert len(by_cap[95]) == 1 and "the default variant" in by_cap[95][0]
-    assert [r["fits"] for r in rows if r["cap"] == 95] == [v.smem <= small for v in mla_cuda.VARIANTS.values()]
-    misfit = dataclasses.replace(archs[0], shared_per_block=0)  # nothing fits: only the default is a problem
-    monkeypatch.setattr(arch_check_cuda, "cuda_mla_report", lambda cap: _report("sm_90"))
-    assert len(cuda_mla_problems(cuda_mla_rows([misfit]))) == 1
-
-
-def test_cuda_mla_without_nvcc_is_an_error_row(monkeypatch):
-    monkeypatch.setattr(arch_check_cuda, "cuda_mla_report", lambda cap: "nvcc is not on PATH: install it")
-    rows = cuda_mla_rows(ARCHS[:1])
-    assert len(rows) == len(mla_cuda.VARIANTS) and not any(r["fits"] for r in rows)
-    assert all("nvcc is not on PATH" in p for p in cuda_mla_problems(rows))
+@pytest.mark.parametrize("report,words", [
+    (_report(), None), (_report(ok=False), "did not compile"), (_report(spill=8), "8 B spilled"),
+    (_report(stack=16), "16 B stack frame"), (_report(registers=None), "no resources"),
+    ("nvcc is not on PATH: install it", "nvcc is not on PATH")], ids=["clean", "fails", "spills", "stack",
+                                                                      "unparsed", "no_nvcc"])
+def test_the_wgmma_check_fails_on_each_problem(monkeypatch, report, words):
+    monkeypatch.setattr(arch_check_cuda, "wgmma_report", lambda: report)
+    bad = wgmma_problems(arch_check_cuda.wgmma_rows())
+    assert (bad == []) if words is None else (len(bad) == 1 and words in bad[0]), bad

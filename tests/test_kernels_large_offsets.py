@@ -3,8 +3,8 @@
 ``pool[:, :, :512]`` of a 3.8M-slot ``[slots, 1, 576]`` FP8 pool holds 1.95G values (< 2^31) but its last row
 starts 2.19G values in: a kernel that picks 32-bit offsets by ``numel()`` wraps around and reads outside the
 pool (a crash in the interpreter). The 2.2 GB storage is allocated but only its first and last rows are
-written, so the machine's memory is barely touched; the kernels run in Triton's interpreter on CPU (the GPU
-suite runs the same on the device).
+written, so the machine's memory is barely touched; the kernels run in Triton's interpreter on CPU, and on a GPU
+(``gpu``-marked, skipped elsewhere) the fused decode runs on each of its paths ("triton", "wgmma" on an H100 / H200).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from kvwall.kernels import gather_cast_reference, mla_decode_fp8, mla_decode_reference
 from kvwall.kernels.gather.kernel import largest_pool_offset, launch_gather, plan_gather
 from kvwall.kernels.gather.reference import bits
+from kvwall.kernels.mla_decode.dispatch import KERNEL_PATHS, mla_decode
 
 SLOTS, D, DC = 3_800_000, 576, 512
 FP8 = torch.float8_e4m3fn
@@ -42,7 +43,7 @@ def check_gather(pool: torch.Tensor, variant: str) -> None:
     assert torch.equal(bits(got), bits(gather_cast_reference(view, idx)))
 
 
-def check_mla(pool: torch.Tensor) -> None:
+def check_mla(pool: torch.Tensor, path: str = "triton") -> None:
     device = pool.device
     gen = torch.Generator(device=device).manual_seed(1)
     idx = far_indices(str(device))
@@ -50,7 +51,10 @@ def check_mla(pool: torch.Tensor) -> None:
     q_pe = (torch.randn(1, 2, D - DC, generator=gen, device=device) * 0.5).to(torch.bfloat16)
     indptr = torch.tensor([0, idx.numel()], dtype=torch.int32, device=device)
     ckv, kpe = pool[:, 0, :DC], pool[:, 0, DC:]
-    out = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, num_splits=2)
+    if path == "triton":
+        out = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, num_splits=2)
+    else:
+        out = mla_decode(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, path=path)
     compact = torch.arange(idx.numel(), device=device)
     want = mla_decode_reference(q_nope, q_pe, ckv[idx.long()].double(), kpe[idx.long()].double(), indptr, compact,
                                 0.1, compute_dtype=torch.float64)
@@ -69,3 +73,17 @@ def test_gather_cast_past_2_31_on_a_strided_view(cpu_pool, variant):
 
 def test_mla_decode_past_2_31_on_a_strided_view(cpu_pool):
     check_mla(cpu_pool)
+
+
+def _gpu_for(path: str) -> str:
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    if path == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma path needs an H100 / H200 (sm_90a code)")
+    return "cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_mla_decode_past_2_31_on_a_strided_view_on_gpu(path):
+    check_mla(wide_pool(_gpu_for(path)), path)

@@ -19,7 +19,8 @@ from kvwall.kernels import mla_decode_fp8
 from kvwall.kernels.mla_decode import sanitize
 from kvwall.kernels.mla_decode.cases import (SANITIZED_CASES, SM_SCALE, SMALL_CASES, DecodeCase, check_case,
                                              validation_cases)
-from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, default_config, tuned_entry
+from kvwall.kernels.mla_decode.kernel import (FALLBACK_SHAPES, TUNED_CONFIG_FILE, MLADecodeConfig, default_config,
+                                              tuned_entry)
 from kvwall.kernels.mla_decode.reference import MLAInputs, make_mla_inputs, nonempty_requests, reference64
 from kvwall.measure.accuracy import relative_error
 
@@ -174,17 +175,6 @@ def test_query_magnitudes_beyond_float16(q_mul, sm_scale):
     assert torch.isfinite(out).all()
     assert relative_error(out, want) <= 4e-3
     assert torch.allclose(lse.double(), want_lse, rtol=1e-5, atol=1e-4)
-
-
-@pytest.mark.parametrize("lens", [[130, 7, 0, 64], [1000]], ids=["mixed", "long"])
-def test_fp8_scores_four_term_query_split(lens):
-    # The FP8 tensor-core score path: q split into four e4m3 terms (16 significant bits) -- as exact as float16.
-    c = case(16, lens, scales=(1.3, 0.7), splits=2, seed=33)
-    cfg = dataclasses.replace(default_config(16, DC, torch.device("cpu")), s_fp8=True)
-    fp8_scores = check_case(mla_decode_fp8, c, "cpu", CPU_POOL, tol=CPU_TOL, config=cfg)
-    plain = check_case(mla_decode_fp8, c, "cpu", CPU_POOL, tol=CPU_TOL)
-    assert fp8_scores["ok"] and plain["ok"]
-    assert fp8_scores["rel_err"] <= plain["rel_err"] * 1.001 + 1e-6
 
 
 def every_fp8_code_inputs(device="cpu") -> MLAInputs:
@@ -377,11 +367,21 @@ def test_tuned_entry_is_the_nearest_one(tmp_path):
     assert tuned_entry(16, 60000, "GPU X", path=table)["splits"] == 2  # nearest context in log scale
     assert tuned_entry(200, None, "GPU X", path=table)["heads"] == 64  # more heads than tuned: the largest
     assert tuned_entry(16, 4096, "GPU Y", path=table) is None
-    assert tuned_entry(16, 4096, "NVIDIA H200")["config"]["convert"] == "cvt"  # the shipped table
 
 
-def test_default_config_is_the_conversion_every_launch_uses():
-    assert MLADecodeConfig(16, 64).convert == "cvt"
+def test_every_tuned_entry_is_a_shape_the_kernel_has():
+    """The shipped table's entries name only the launch options the kernel keeps (the retired ones -- FP8 scores,
+    the bit-move conversion, tokens as M, a cache hint for the first tile read -- are gone); the fallback shapes
+    too."""
+    table = json.loads(TUNED_CONFIG_FILE.read_text())
+    kept = {f.name for f in dataclasses.fields(MLADecodeConfig)}
+    assert kept == {"block_h", "block_n", "num_warps", "num_stages", "cache_v", "pairs", "combine_block_d",
+                    "combine_block_s", "combine_warps"}
+    entries = [e for gpu in table.values() for h, by_ctx in gpu.items() if h.isdigit() for e in by_ctx.values()]
+    assert entries and all(MLADecodeConfig(**e["config"]) for e in entries)
+    assert {MLADecodeConfig(**e["config"]).cache_v for e in entries} == {"", ".ca"}  # both hints are selected
+    assert {MLADecodeConfig(**e["config"]).pairs for e in entries} == {True, False}  # both token loops are
+    assert all(cfg.cache_v in ("", ".ca") for shapes in FALLBACK_SHAPES.values() for cfg in shapes)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -402,11 +402,9 @@ def test_case_table_on_gpu(c):
 @on_gpu
 @pytest.mark.parametrize("c", SANITIZED_CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("variant", [
-    dict(), dict(s_fp8=True, pairs=False, tokens_m=False, block_h=16, block_n=64, num_warps=4, num_stages=2),
-    dict(convert="bits", pairs=False), dict(block_n=128, num_warps=8, num_stages=2, block_h=16), dict(cache_v=""),
-    dict(block_n=32, num_stages=3), dict(pairs=True, tokens_m=False, s_fp8=False, convert="cvt"),
-    dict(tokens_m=True, pairs=False, s_fp8=False, convert="cvt", block_h=16, num_warps=4)],
-    ids=["tuned", "s8", "bits", "bn128", "one_load", "bn32", "pairs", "tokens_m"])
+    dict(), dict(block_n=128, num_warps=8, num_stages=2, block_h=16), dict(cache_v=""), dict(block_n=32, num_stages=3),
+    dict(pairs=True), dict(pairs=False, cache_v=".ca")],
+    ids=["tuned", "bn128", "one_load", "bn32", "pairs", "no_pairs"])
 def test_launch_variants_on_gpu(c, variant):
     cfg = dataclasses.replace(default_config(c.heads, DC, torch.device("cuda"), max(c.lens)), **variant)
     row = check_case(mla_decode_fp8, c, "cuda", 2_000, config=cfg)

@@ -1,11 +1,12 @@
-"""The fused kernel's warpgroup-MMA path (:mod:`kvwall.kernels.mla_decode.wgmma`, ``mla_decode_wgmma.cu``).
+"""The fused kernel's wgmma path (:mod:`kvwall.kernels.mla_decode.wgmma`, ``mla_decode_wgmma.cu``).
 
-On any machine with nvcc: ptxas compiles the kernel for sm_90a with no spills and no stack, and a host program
-linked with the source prints the ``Params`` size and the kernel's shape, which must equal the host side's (the
-ctypes mirror, ``SMEM_BYTES``, 64 heads and 64 tokens per CTA); the shared memory fits an H100 / H200 block. On
-any machine: CPU tensors are refused naming the Triton path; plans hold whole 64-token tiles and count 64-head
-blocks; plans of other paths are refused. On an H100 / H200 (``gpu``-marked, skipped elsewhere): the case table
-against float64, an out-of-range index in an unchecked call, CUDA-graph replay.
+On any machine with nvcc: ptxas compiles the kernel for sm_90a with no spills and no stack (the ``KVWALL_TRACE``
+build too), and a host program linked with the source prints the ``Params`` size and the kernel's shape, which must
+equal the host side's (the ctypes mirror, ``SMEM_BYTES``, 64 heads and 64 tokens per CTA); the shared memory fits an
+H100 / H200 block. On any machine: CPU tensors are refused naming the Triton path; plans hold whole 64-token tiles
+and count 64-head blocks; rows the kernel cannot read are named. On an H100 / H200 (``gpu``-marked, skipped
+elsewhere): the case table against float64 and the traced build. The contracts both paths share (NaN isolation,
+graph replay, refusals) are one parametrized test body each, in ``tests/test_mla_dispatch.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 import pytest
 import torch
 
-from kvwall.kernels.mla_decode import cuda, wgmma
+from kvwall.kernels.mla_decode import wgmma
 from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, SM_SCALE, check_case, validation_cases
 from kvwall.kernels.mla_decode.plan import TO_THE_END
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
@@ -46,7 +47,7 @@ def test_ptxas_compiles_it_for_sm90a_without_spills_or_stack():
         pytest.skip("no nvcc on this machine")
     rep = wgmma.nvcc_compile_check_wgmma()
     assert rep.ok, rep.log[-2000:]
-    assert rep.registers[0] <= 255 and rep.spill_bytes[0] == 0 and rep.stack_bytes[0] == 0, rep.log[-2000:]
+    assert rep.registers <= 255 and rep.spill_bytes == 0 and rep.stack_bytes == 0, rep.log[-2000:]
     assert "serialized" not in rep.log, "ptxas serialized the wgmma instructions:\n" + rep.log[-2000:]
 
 
@@ -55,7 +56,7 @@ def test_the_trace_build_compiles_too():
     if NVCC is None:
         pytest.skip("no nvcc on this machine")
     rep = wgmma.nvcc_compile_check_wgmma(trace=True)
-    assert rep.ok and rep.registers[0] <= 255, rep.log[-2000:]
+    assert rep.ok and rep.trace and rep.registers <= 255 and rep.spill_bytes == 0, rep.log[-2000:]
     assert "serialized" not in rep.log, rep.log[-2000:]
 
 
@@ -67,19 +68,19 @@ def test_the_host_side_agrees_with_the_compiled_shape(tmp_path):
     main = tmp_path / "main.cu"
     main.write_text(HOST_PROGRAM)
     prog = tmp_path / "shape"
-    build = subprocess.run([NVCC, *cuda.NVCC_FLAGS, "-gencode=arch=compute_90a,code=compute_90a", "-o", str(prog),
+    build = subprocess.run([NVCC, *wgmma.NVCC_FLAGS, "-gencode=arch=compute_90a,code=compute_90a", "-o", str(prog),
                             str(main), str(wgmma.WGMMA_SOURCE)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     run = subprocess.run([str(prog)], capture_output=True, text=True, timeout=60)
     params, smem, heads, block_n, threads = (int(x) for x in run.stdout.split())
-    assert params == ctypes.sizeof(cuda._Params)
+    assert params == ctypes.sizeof(wgmma.Params)
     assert (smem, heads, block_n, threads) == (SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS)
     assert SMEM_BYTES <= HOPPER_SHARED_PER_BLOCK
 
 
 def test_cpu_tensors_are_refused_naming_the_triton_path():
     inp = make_mla_inputs([7, 65], 64, seed=6, layout="pool_view", pool_slots=512, device="cpu")
-    with pytest.raises(ValueError, match=r"^mla_decode_fp8_wgmma: the CUDA path cannot run here: tensors are on cpu"
+    with pytest.raises(ValueError, match=r"^mla_decode_fp8_wgmma: the wgmma path cannot run here: tensors are on cpu"
                                          r".*mla_decode_fp8"):
         mla_decode_fp8_wgmma(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
                              SM_SCALE)
@@ -99,13 +100,17 @@ def test_plans_hold_whole_tiles_of_64_tokens(heads):
     assert covered == dict(enumerate(lens))
 
 
-def test_on_cpu_the_device_is_refused_before_the_plan_is_looked_at():
-    inp = make_mla_inputs([7, 65], 64, seed=6, layout="pool_view", pool_slots=512, device="cpu")
-    mma_plan = cuda.plan_mla_decode_cuda(inp.kv_indptr, heads=64)
-    # the device check comes first on CPU; the plan type is checked before any launch on a GPU (the GPU test)
-    with pytest.raises(ValueError, match="cannot run here"):
-        mla_decode_fp8_wgmma(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
-                             SM_SCALE, plan=mma_plan)
+def test_rows_the_kernel_cannot_read_are_named():
+    """Widths other than 512 / 64, rows not starting 16-byte aligned, row strides not a multiple of 16 bytes; a
+    [slots, 1, 576] pool's views and a paged [pages, 64, 576] pool's views qualify."""
+    pool = torch.zeros(64 * 8, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    assert wgmma.rows_refusal((512, 64), {"ckv_cache": pool[:, :512], "kpe_cache": pool[:, 512:]}) is None
+    assert wgmma.rows_refusal((512, 64), {"ckv_cache": pool.view(-1, 1, 576)[:, :, :512], "kpe_cache": None}) is None
+    assert wgmma.rows_refusal((512, 64), {"ckv_cache": pool.view(8, 64, 576)[:, :, :512]}) is None
+    odd = torch.zeros(64 * 577 + 16, dtype=torch.uint8)[1:1 + 64 * 577].view(-1, 577).view(torch.float8_e4m3fn)
+    why = wgmma.rows_refusal((512, 64), {"ckv_cache": odd[:, :512]})
+    assert why and "ckv_cache" in why and "data_ptr % 16 = " in why and "row stride 577 bytes" in why
+    assert "latent width 512 and rope width 64; got 256 and 64" in wgmma.rows_refusal((256, 64), {})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,39 +148,6 @@ GPU_CASES = validation_cases([64, 128, 16, 20, 3, 192], [[4096], [32768], [0, 1,
 def test_case_table_on_hopper(gpu, c, pool):
     row = check_case(_fn, c, gpu, pool)
     assert row["ok"], row
-
-
-@on_hopper
-@pytest.mark.parametrize("layout", ["pool_view", "paged"])
-def test_unchecked_out_of_range_index_and_graph_replay(gpu, layout):
-    inp = make_mla_inputs([300, 5000, 70], 64, seed=3, layout=layout, page_size=64, pool_slots=100_000, device=gpu)
-    page_size = inp.ckv_cache.shape[1] if layout == "paged" else 1
-    plan = plan_mla_decode_wgmma(inp.kv_indptr, inp.kv_len, heads=64, page_size=page_size)
-    args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr)
-    idx = inp.kv_indices.clone()
-    idx[int(inp.kv_indptr[1]) + 2] = 10**8
-    out = mla_decode_fp8_wgmma(*args, idx, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan)
-    clean = mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan)
-    assert [bool(out[b].isnan().all()) for b in range(3)] == [False, True, False]
-    assert torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2])
-    graphed = torch.full_like(clean, float("nan"))
-    side = torch.cuda.Stream(gpu)
-    side.wait_stream(torch.cuda.current_stream(gpu))
-    with torch.cuda.stream(side):
-        mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan,
-                             out=graphed)
-    torch.cuda.current_stream(gpu).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan,
-                             out=graphed)
-    graphed.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize(gpu)
-    assert torch.equal(graphed, clean)
-    with pytest.raises(TypeError, match="plan_mla_decode_wgmma"):
-        mla_decode_fp8_wgmma(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len,
-                             plan=cuda.plan_mla_decode_cuda(inp.kv_indptr, inp.kv_len, heads=64, page_size=page_size))
 
 
 @on_hopper

@@ -1,79 +1,275 @@
-"""The dispatcher between the Triton and CUDA paths of the fused FP8 MLA decode (kvwall.kernels.mla_decode.dispatch),
-and its measured table (kernels/mla_decode/paths.json, derived from the recorded fused_decode_cuda result)."""
+"""Ours -- the dispatcher between the two paths of the fused FP8 MLA decode (kvwall.kernels.mla_decode.dispatch) --
+its measured table (kernels/mla_decode/paths.json), and the contracts both paths keep, each one test body
+parametrized over the paths ("triton", "wgmma"), skipped with a reason where a path cannot run here.
+
+The rule (choose_path / decide_path): the Triton path where the wgmma path cannot run (not compute capability 9.0,
+other widths, misaligned rows); else the measured entry of this GPU, else one of the same compute capability, the
+faster path at the nearest point; with no entry, the wgmma path.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 
-import kvwall.experiments  # noqa: F401  (registers the row schemas)
-from kvwall.experiments.fused_decode.paths import path_points, path_table
-from kvwall.kernels.mla_decode import cuda as cuda_path
-from kvwall.kernels.mla_decode.cases import SM_SCALE
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
-from kvwall.kernels.mla_decode.dispatch import (PATHS_FILE, choose_path, measured_choice, mla_decode,
-                                                plan_mla_decode_auto)
+from kvwall.kernels.mla_decode.cases import SM_SCALE
+from kvwall.kernels.mla_decode.dispatch import (KERNEL_PATHS, PATHS_FILE, choose_path, decide_path, measured_choice,
+                                                mla_decode, path_point, plan_mla_decode_auto, points_from_legacy,
+                                                table_entry)
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
-from kvwall.results import load_result
+
+DC, DR = 512, 64
+FP8 = torch.float8_e4m3fn
+H200 = "NVIDIA H200"
+H100 = "NVIDIA H100 80GB HBM3"
+TABLE = {H200: {"by": "test", "recorded": "test", "capability": [9, 0], "points": [
+    path_point(16, 4096, 1, 15.0, 18.0), path_point(16, 131072, 64, 620.0, 570.0),
+    path_point(128, 32768, 32, 700.0, 220.0)]}}
 
 
-def test_the_path_table_is_the_recorded_results():
-    """paths.json says what the recorded fused_decode_cuda result says (re-recording without --write fails here)."""
-    result = load_result("fused_decode_cuda")
-    table = json.loads(PATHS_FILE.read_text())
-    (gpu, entry), = path_table(result).items()
-    assert table[gpu]["points"] == entry["points"] == path_points(result)
-    assert table[gpu]["variant"] == cuda_path.DEFAULT_VARIANT
-    for h, c, b, path, cuda_us, triton_us, wgmma_us in entry["points"]:
-        timed = {"cuda": cuda_us, "triton": triton_us, "wgmma": wgmma_us}
-        assert path == min((p for p in timed if timed[p]), key=lambda p: timed[p])
+# ----------------------------------------------------------------------------------------------
+# The rule and the table (no GPU needed)
+# ----------------------------------------------------------------------------------------------
+
+def test_a_point_names_the_faster_path():
+    assert path_point(16, 64, 1, 9.876, 8.951) == [16, 64, 1, "wgmma", 9.88, 8.95]
+    assert path_point(16, 131072, 1, 50.11, 53.48)[3] == "triton"
+    assert path_point(16, 4096, 1, 15.0, None) == [16, 4096, 1, "triton", 15.0, None]
 
 
 def test_measured_choice_takes_the_nearest_point_in_log_scale():
-    table = {"points": [[16, 4096, 1, "triton", 18.0, 15.0], [16, 131072, 64, "cuda", 600.0, 620.0],
-                        [128, 32768, 32, "cuda", 600.0, 700.0]]}
-    assert measured_choice(table, 16, 1, 3000)[0] == "triton"
-    assert measured_choice(table, 16, 48, 100_000)[0] == "cuda"
-    assert measured_choice(table, 100, 40, 40_000)[1][0] == 128
+    entry = TABLE[H200]
+    assert measured_choice(entry, 16, 1, 3000)[0] == "triton"
+    assert measured_choice(entry, 16, 48, 100_000)[0] == "wgmma"
+    assert measured_choice(entry, 100, 40, 40_000)[1][0] == 128
+    assert measured_choice({"points": [path_point(16, 4096, 1, 15.0, None)]}, 16, 1, 4096)[0] == "triton"
     assert measured_choice({}, 16, 1, 1) is None
 
 
-def test_where_the_measured_winner_cannot_run_the_faster_of_the_rest_is_taken():
-    table = {"points": [[128, 131072, 8, "wgmma", 650.0, 750.0, 350.0], [16, 4096, 1, "triton", 18.0, 15.0, None]]}
-    assert measured_choice(table, 128, 8, 131072)[0] == "wgmma"
-    assert measured_choice(table, 128, 8, 131072, ("triton", "cuda"))[0] == "cuda"
-    assert measured_choice(table, 128, 8, 131072, ("triton",))[0] == "triton"
-    assert measured_choice(table, 16, 1, 4096)[0] == "triton"  # a point without a wgmma time
+def test_the_table_is_looked_up_by_gpu_name():
+    path, why = decide_path(16, 1, 4096, gpu=H200, capability=(9, 0), refusal=None, table=TABLE)
+    assert path == "triton" and why.startswith("Triton: measured triton 15.0 µs, wgmma 18.0 µs") and H200 in why
+    assert "same compute capability" not in why
+    path, why = decide_path(128, 32, 32768, gpu=H200, capability=(9, 0), refusal=None, table=TABLE)
+    assert path == "wgmma" and "(128 heads, 32768 tokens, batch 32)" in why
+
+
+def test_a_gpu_without_an_entry_uses_the_entry_of_its_compute_capability():
+    """An H100 runs the H200's crossovers: the same point gives the same path, and the reason says whose table."""
+    assert table_entry(TABLE, H100, (9, 0)) == (H200, TABLE[H200])
+    assert table_entry(TABLE, H100, (10, 0)) is None and table_entry(TABLE, H100, None) is None
+    for point in TABLE[H200]["points"]:
+        on_h100 = decide_path(point[0], point[2], point[1], gpu=H100, capability=(9, 0), refusal=None, table=TABLE)
+        assert on_h100[0] == point[3] and f"on {H200} (the same compute capability as this {H100})" in on_h100[1]
+
+
+def test_without_a_table_the_capability_rule_decides():
+    path, why = decide_path(16, 1, 131072, gpu=H100, capability=(9, 0), refusal=None, table={})
+    assert path == "wgmma" and "no measured table" in why and "capability rule" in why
+    other = {"NVIDIA B200": {**TABLE[H200], "capability": [10, 0]}}
+    assert decide_path(16, 1, 131072, gpu=H100, capability=(9, 0), refusal=None, table=other)[0] == "wgmma"
+
+
+def test_where_wgmma_cannot_run_the_triton_path_runs_whatever_the_table_says():
+    refusal = "compute capability 12.0: the wgmma path is built for sm_90a (9.0) only"
+    path, why = decide_path(128, 32, 32768, gpu="NVIDIA RTX PRO 6000", capability=(12, 0), refusal=refusal,
+                            table=TABLE)
+    assert path == "triton" and why == f"Triton: the wgmma path cannot run this call ({refusal})"
+
+
+def test_misaligned_rows_go_to_the_triton_path():
+    """Rows 577 bytes apart, one byte past a 16-byte boundary: the wgmma path's 16-byte loads cannot read them."""
+    raw = torch.zeros(256 * 577 + 16, dtype=torch.uint8)
+    odd = raw[1:1 + 256 * 577].view(-1, 577).view(FP8)
+    refusal = wgmma_path.rows_refusal((DC, DR), {"ckv_cache": odd[:, :DC], "kpe_cache": odd[:, DC:DC + DR]})
+    assert refusal and refusal.startswith("ckv_cache: the wgmma path loads 16-byte pieces")
+    path, why = decide_path(128, 32, 32768, gpu=H200, capability=(9, 0), refusal=refusal, table=TABLE)
+    assert path == "triton" and "16-byte" in why
+    assert wgmma_path.rows_refusal((DC, DR), {"ckv_cache": raw[16:16 + 256 * 576].view(-1, 576).view(FP8)}) is None
 
 
 def test_on_cpu_the_dispatcher_runs_the_triton_path():
     path, why = choose_path(16, 1, 131072, torch.device("cpu"))
-    assert path == "triton" and "cannot run" in why
+    assert path == "triton" and "cannot run" in why and "tensors are on cpu" in why
     inp = make_mla_inputs([7, 65, 0], 3, seed=5, layout="pool_view", pool_slots=512, device="cpu")
     args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE)
     plan = plan_mla_decode_auto(inp.kv_indptr, heads=3)
     assert type(plan) is MLADecodePlan
-    got = mla_decode(*args, plan=plan)
     want = mla_decode_fp8(*args, plan=plan)
-    assert torch.equal(got, want)
+    assert torch.equal(mla_decode(*args, plan=plan), want)
     assert torch.equal(mla_decode(*args), want)
 
 
-def test_forcing_the_cuda_path_on_cpu_is_refused_with_a_clear_error():
+def test_a_bad_path_name_is_refused():
     inp = make_mla_inputs([7, 65], 16, seed=6, layout="pool_view", pool_slots=512, device="cpu")
     args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE)
-    with pytest.raises(ValueError, match="mla_decode_fp8_cuda: the CUDA path cannot run here"):
-        mla_decode(*args, path="cuda")
-    with pytest.raises(ValueError, match="path must be"):
-        mla_decode(*args, path="fast")
-    cuda_plan = cuda_path.plan_mla_decode_cuda(inp.kv_indptr, heads=16)
-    with pytest.raises(ValueError, match="the plan is for the cuda path"):
-        mla_decode(*args, plan=cuda_plan, path="triton")
-    with pytest.raises(ValueError, match="mla_decode_fp8_wgmma: the CUDA path cannot run here: tensors are on cpu"):
-        mla_decode(*args, path="wgmma")
-    wgmma_plan = wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=16)
-    with pytest.raises(ValueError, match="the plan is for the wgmma path"):
-        mla_decode(*args, plan=wgmma_plan, path="cuda")
+    for bad in ("fast", "cuda"):
+        with pytest.raises(ValueError, match="path must be 'auto', 'triton' or 'wgmma'"):
+            mla_decode(*args, path=bad)
+        with pytest.raises(ValueError, match="path must be 'auto', 'triton' or 'wgmma'"):
+            plan_mla_decode_auto(inp.kv_indptr, heads=16, path=bad)
+
+
+def test_the_shipped_table_is_in_todays_format():
+    """Every GPU entry names its compute capability; every point is [heads, context, batch, path, triton_us,
+    wgmma_us] with ``path`` the faster of the two times."""
+    table = json.loads(PATHS_FILE.read_text())
+    assert table
+    for gpu, entry in table.items():
+        assert {"by", "recorded", "capability", "points"} <= set(entry), gpu
+        assert len(entry["capability"]) == 2 and all(isinstance(x, int) for x in entry["capability"]), gpu
+        for h, c, b, path, triton_us, wgmma_us in entry["points"]:
+            assert path in KERNEL_PATHS and path_point(h, c, b, triton_us, wgmma_us) == [h, c, b, path, triton_us,
+                                                                                        wgmma_us]
+
+
+def test_a_table_of_the_retired_format_converts():
+    """The format before the mma.sync path was retired, [h, ctx, b, path, cuda_us, triton_us, wgmma_us]: the mma.sync
+    time is dropped and the winner recomputed between the two paths left."""
+    legacy = [[64, 64, 1, "cuda", 12.53, 15.6, 13.94], [16, 131072, 1, "triton", 56.12, 50.11, 53.48],
+              [16, 4096, 1, "triton", 18.0, 15.0, None]]
+    assert points_from_legacy(legacy) == [[64, 64, 1, "wgmma", 15.6, 13.94], [16, 131072, 1, "triton", 50.11, 53.48],
+                                          [16, 4096, 1, "triton", 15.0, None]]
+
+
+# ----------------------------------------------------------------------------------------------
+# The contracts both paths keep: one body each, parametrized over the paths
+# ----------------------------------------------------------------------------------------------
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _device(path: str, *, gpu_only: bool = False) -> torch.device:
+    """Where ``path`` runs here (the Triton path on the CPU in its interpreter, unless ``gpu_only``), else skip."""
+    if path == "wgmma":
+        if not _hopper():
+            pytest.skip("the wgmma path needs an H100 / H200 (sm_90a code)")
+        if shutil.which("nvcc") is None:
+            pytest.skip("no nvcc on this machine: the wgmma path is built at first use")
+        return torch.device("cuda", torch.cuda.current_device())
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if gpu_only:
+        pytest.skip("CUDA graphs need an NVIDIA GPU")
+    return torch.device("cpu")
+
+
+def _inputs(device: torch.device, layout: str, heads: int = 16):
+    small = device.type == "cpu"
+    inp = make_mla_inputs([30, 50, 9] if small else [300, 5000, 70], heads, seed=3, layout=layout,
+                          page_size=16 if small else 64, pool_slots=4096 if small else 100_000, device=device)
+    page_size = inp.ckv_cache.shape[1] if layout == "paged" else 1
+    return inp, page_size, (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr)
+
+
+@pytest.mark.parametrize("layout", ["pool_view", "paged"])
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_an_unchecked_out_of_range_index_makes_exactly_its_request_nan(path, layout):
+    """Request 1 gets an index outside the cache in an unchecked planned call: its rows are NaN, the other
+    requests' rows are the bits of the same call with valid indices."""
+    device = _device(path)
+    inp, page_size, args = _inputs(device, layout)
+    plan = plan_mla_decode_auto(inp.kv_indptr, inp.kv_len, heads=16, page_size=page_size, device=device, path=path)
+    for bad in (10**8, -1):
+        idx = inp.kv_indices.clone()
+        idx[int(inp.kv_indptr[1]) + 2] = bad
+        out = mla_decode(*args, idx, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan)
+        clean = mla_decode(*args, inp.kv_indices, SM_SCALE, kv_len=inp.kv_len, check_range=False, plan=plan)
+        assert [bool(out[b].isnan().all()) for b in range(3)] == [False, True, False]
+        assert [bool(out[b].isnan().any()) for b in range(3)] == [False, True, False]
+        assert torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2]) and not clean.isnan().any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["pool_view", "paged"])
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_a_planned_call_replayed_in_a_cuda_graph_equals_the_eager_call(path, layout):
+    """Captured once, the graph replays what an eager call computes, bit for bit, also after the query and the
+    scale tensors it reads change in place."""
+    device = _device(path, gpu_only=True)
+    inp, page_size, args = _inputs(device, layout)
+    plan = plan_mla_decode_auto(inp.kv_indptr, inp.kv_len, heads=16, page_size=page_size, device=device, path=path)
+    scales = dict(ckv_scale=torch.tensor([0.37], device=device), kpe_scale=torch.tensor([0.74], device=device))
+    kw = dict(kv_len=inp.kv_len, check_range=False, plan=plan, **scales)
+    eager = mla_decode(*args, inp.kv_indices, SM_SCALE, **kw)
+    graphed = torch.empty_like(eager)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up outside the capture (the Triton kernels compile here)
+        mla_decode(*args, inp.kv_indices, SM_SCALE, out=graphed, **kw)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla_decode(*args, inp.kv_indices, SM_SCALE, out=graphed, **kw)
+    graphed.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize(device)
+    assert torch.equal(graphed, eager)
+    inp.q_nope.mul_(-0.5)
+    scales["ckv_scale"].fill_(1.5)
+    scales["kpe_scale"].fill_(0.75)
+    graphed.fill_(float("nan"))
+    graph.replay()
+    changed = mla_decode(*args, inp.kv_indices, SM_SCALE, **kw)
+    torch.cuda.synchronize(device)
+    assert torch.equal(graphed, changed) and not torch.equal(changed, eager)
+
+
+_OTHER = {"triton": "wgmma", "wgmma": "triton"}
+_CALL = {"triton": mla_decode_fp8, "wgmma": wgmma_path.mla_decode_fp8_wgmma}
+_PLANNER = {"triton": "plan_mla_decode", "wgmma": "plan_mla_decode_wgmma"}
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_a_plan_of_the_other_path_is_refused(path):
+    """By the dispatcher (a plan forced onto the other path: any machine) and by the path's own call (before any
+    launch, where the path runs)."""
+    inp = make_mla_inputs([7, 65], 16, seed=6, layout="pool_view", pool_slots=512, device="cpu")
+    args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE)
+    other = plan_mla_decode_auto(inp.kv_indptr, heads=16, path=_OTHER[path])
+    with pytest.raises(ValueError, match=f"the plan is for the {_OTHER[path]} path, but path='{path}'"):
+        mla_decode(*args, plan=other, path=path)
+    device = _device(path)
+    inp, _, args = _inputs(device, "pool_view")
+    other = plan_mla_decode_auto(inp.kv_indptr, heads=16, device=device, path=_OTHER[path])
+    with pytest.raises(TypeError, match=f"plan must come from {_PLANNER[path]}"):
+        _CALL[path](*args, inp.kv_indices, SM_SCALE, check_range=False, plan=other)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_an_unchecked_call_without_a_plan(path):
+    """The wgmma path refuses it (its plan is made once per step, outside graph capture); the Triton path runs its
+    uniform launch, the same as the checked call's result to float32 rounding of the splits."""
+    device = _device(path)
+    inp, _, args = _inputs(device, "pool_view")
+    if path == "wgmma":
+        with pytest.raises(ValueError, match="needs plan= from plan_mla_decode_wgmma"):
+            mla_decode(*args, inp.kv_indices, SM_SCALE, path=path, check_range=False)
+        return
+    out = mla_decode(*args, inp.kv_indices, SM_SCALE, path=path, check_range=False, num_splits=1)
+    assert torch.equal(out, mla_decode(*args, inp.kv_indices, SM_SCALE, path=path, num_splits=1))
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_misaligned_cache_rows(path):
+    """Rows 577 bytes apart starting one byte past a 16-byte boundary: the wgmma path refuses them before any launch
+    (naming the Triton path), the Triton path reads them, and "auto" routes them to the Triton path."""
+    device = _device(path)
+    inp, _, _ = _inputs(device, "pool_view")
+    slots = inp.ckv_cache.shape[0]
+    gen = torch.Generator(device=device).manual_seed(7)
+    raw = torch.randint(0, 0x70, (slots * 577 + 16,), generator=gen, dtype=torch.uint8, device=device)  # no NaN
+    odd = raw[1:1 + slots * 577].view(-1, 577).view(FP8)
+    args = (inp.q_nope, inp.q_pe, odd[:, :DC], odd[:, DC:DC + DR], inp.kv_indptr, inp.kv_indices, SM_SCALE)
+    if path == "wgmma":
+        with pytest.raises(ValueError, match=r"ckv_cache: the wgmma path loads 16-byte pieces.*row stride 577"):
+            mla_decode(*args, path=path)
+        assert torch.equal(mla_decode(*args), mla_decode(*args, path="triton"))  # auto: the Triton path
+        return
+    assert torch.isfinite(mla_decode(*args, path=path)).all()

@@ -1,46 +1,68 @@
-"""Which implementation runs a fused FP8 MLA decode call: the Triton kernel (:mod:`.kernel`, the portable path:
-every GPU Triton supports, and the CPU interpreter), the CUDA C++ mma.sync path (:mod:`.cuda`, compute capability
-8.9+) or the warpgroup-MMA path (:mod:`.wgmma`, H100 / H200 only).
+"""Which path runs a fused FP8 MLA decode call -- what a user calls ("ours"): :func:`mla_decode` with the per-step
+plan of :func:`plan_mla_decode_auto`. Two paths:
 
-:func:`choose_path` decides by architecture and shape: a CUDA C++ path only where it can run (the right GPU,
-latent 512 and rope 64, 16-byte aligned cache rows, shared memory that fits) *and* where it was measured fastest
-on this GPU model -- the nearest point (heads, batch, tokens per request, in log scale) of ``paths.json``, which
-``python -m kvwall.experiments.fused_decode.paths --write`` derives from the recorded ``fused_decode_cuda`` result;
-where the measured winner cannot run, the faster of the others at that point. A GPU model with no entry runs the
-Triton path. :func:`plan_mla_decode_auto` makes
-the plan of the chosen path; :func:`mla_decode` runs a call on the path of its plan (or chooses one), with either
-path's contract.
+- ``"triton"``: the Triton kernel (:mod:`.kernel`), portable: every GPU Triton supports (SM100 and SM120 included)
+  and the CPU interpreter;
+- ``"wgmma"``: the warpgroup-MMA kernel (:mod:`.wgmma`), Hopper only (sm_90a: H100 / H200).
+
+:func:`choose_path` decides, in this order:
+
+1. where the wgmma path cannot run -- not a GPU of compute capability 9.0, latent / rope widths other than 512 / 64,
+   cache rows not 16-byte aligned -- the Triton path;
+2. else by the measured table ``paths.json``: the entry of this GPU model, else an entry measured on a GPU of the same
+   compute capability (an H100 uses the H200's crossovers); at the measured point nearest to the call (heads,
+   batch, longest request, in log scale), the faster of the two paths;
+3. with no entry for this GPU or its capability: the wgmma path (it runs, and on the one GPU measured it is the
+   faster at most points).
+
+``paths.json``: ``{gpu name: {"by", "recorded", "capability": [major, minor], "points": [[heads, context, batch,
+path, triton_us, wgmma_us], ...]}}`` (``path``: the faster at that point; ``wgmma_us`` None where it was not timed),
+derived from the recorded ``fused_decode_paths`` result; :func:`path_point` makes a point.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
-from kvwall.kernels._common import gpu_name, read_tuned_table
-from kvwall.kernels.mla_decode import cuda as cuda_path
+from kvwall.kernels._common import gpu_name
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode
 
-__all__ = ["PATHS_FILE", "KernelPath", "choose_path", "plan_mla_decode_auto", "mla_decode", "measured_choice"]
+__all__ = ["PATHS_FILE", "KernelPath", "KERNEL_PATHS", "choose_path", "decide_path", "table_entry",
+           "measured_choice", "path_point", "points_from_legacy", "plan_mla_decode_auto", "mla_decode"]
 
-#: Measured path per GPU model and point (written by ``python -m kvwall.experiments.fused_decode.paths --write``).
+#: The measured table (GPU model -> its crossovers), derived from the recorded ``fused_decode_paths`` result.
 PATHS_FILE = Path(__file__).with_name("paths.json")
-KernelPath = Literal["triton", "cuda", "wgmma"]
-#: Where each path's time sits in a ``paths.json`` point ``[heads, context, batch, path, cuda_us, triton_us,
-#: wgmma_us]`` (tables written before the wgmma path have six entries).
-_US_AT = {"cuda": 4, "triton": 5, "wgmma": 6}
+KernelPath = Literal["triton", "wgmma"]
+KERNEL_PATHS: tuple[KernelPath, ...] = get_args(KernelPath)
+#: Where each path's time sits in a point ``[heads, context, batch, path, triton_us, wgmma_us]``.
+_US_AT: dict[KernelPath, int] = {"triton": 4, "wgmma": 5}
 
 
-def measured_choice(table: dict, heads: int, batch: int, max_len: int,
-                    runnable: tuple[str, ...] = ("triton", "cuda", "wgmma")) -> tuple[KernelPath, list] | None:
-    """The fastest of the ``runnable`` paths at the measured point nearest to (heads, batch, max_len) in log scale,
-    and that point's row; None for an empty table."""
-    points = table.get("points") or []
+def path_point(heads: int, context: int, batch: int, triton_us: float, wgmma_us: float | None) -> list:
+    """A ``paths.json`` point: ``[heads, context, batch, path, triton_us, wgmma_us]``, ``path`` the faster of the
+    two (the Triton path where the wgmma path has no time), times rounded to 0.01 µs."""
+    path = "wgmma" if wgmma_us is not None and wgmma_us < triton_us else "triton"
+    return [heads, context, batch, path, round(triton_us, 2), None if wgmma_us is None else round(wgmma_us, 2)]
+
+
+def points_from_legacy(points: list[list]) -> list[list]:
+    """Points of the table format written before the mma.sync path was retired -- ``[heads, context, batch, path,
+    cuda_us, triton_us, wgmma_us]`` -- in today's format: the mma.sync time dropped, the winner recomputed between
+    the two remaining paths (:func:`path_point`)."""
+    return [path_point(h, c, b, triton_us, wgmma_us) for h, c, b, _, _, triton_us, wgmma_us in points]
+
+
+def measured_choice(entry: dict, heads: int, batch: int, max_len: int) -> tuple[KernelPath, list] | None:
+    """The faster path at the point of ``entry`` (one GPU's table) nearest to (heads, batch, max_len) in log scale,
+    and that point; None for an entry without points."""
+    points = entry.get("points") or []
     if not points:
         return None
 
@@ -49,48 +71,62 @@ def measured_choice(table: dict, heads: int, batch: int, max_len: int,
                 + abs(math.log2(p[1] / max(max_len, 1))))
 
     best = min(points, key=distance)
-    timed = {p: best[i] for p, i in _US_AT.items() if p in runnable and i < len(best) and best[i]}
+    timed = {p: best[i] for p, i in _US_AT.items() if best[i] is not None}
     return min(timed, key=lambda p: timed[p]), best
 
 
 @functools.cache
-def _table(gpu: str, path: Path) -> dict:
-    return read_tuned_table(path, gpu)
+def _read_table(path: Path) -> dict:
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
 
 
-def _cuda_can_run(device: torch.device, ckv_rows: torch.Tensor | None, kpe_rows: torch.Tensor | None,
-                  dims: tuple[int, int]) -> str | None:
-    why = cuda_path.cuda_refusal(device)
-    if why:
-        return why
-    if dims != (cuda_path.DC, cuda_path.DR):
-        return f"latent/rope widths {dims}: the CUDA path is built for {(cuda_path.DC, cuda_path.DR)}"
-    for name, rows in (("ckv_cache", ckv_rows), ("kpe_cache", kpe_rows)):
-        if rows is not None and (rows.data_ptr() % 16 or (rows.stride(-2) * rows.element_size()) % 16):
-            return f"{name} rows are not 16-byte aligned"
-    if cuda_path.VARIANTS[cuda_path.DEFAULT_VARIANT].smem > cuda_path.shared_limit(device):
-        return "its default variant does not fit this GPU's shared memory"
+def table_entry(table: dict, gpu: str, capability: tuple[int, int] | None) -> tuple[str, dict] | None:
+    """``(measured GPU, its entry)``: the entry for ``gpu`` itself, else the first entry measured on a GPU of the same
+    ``capability`` (an entry's ``"capability": [major, minor]``); None where neither exists."""
+    if isinstance(table.get(gpu), dict):
+        return gpu, table[gpu]
+    if capability is not None:
+        for name, entry in table.items():
+            if isinstance(entry, dict) and tuple(entry.get("capability") or ()) == tuple(capability):
+                return name, entry
     return None
+
+
+def decide_path(heads: int, batch: int, max_len: int, *, gpu: str, capability: tuple[int, int] | None,
+                refusal: str | None, table: dict) -> tuple[KernelPath, str]:
+    """:func:`choose_path`'s rule without a device: ``gpu`` / ``capability`` the GPU's model and compute capability,
+    ``refusal`` why the wgmma path cannot run this call (None: it can), ``table`` the whole ``paths.json``."""
+    if refusal:
+        return "triton", f"Triton: the wgmma path cannot run this call ({refusal})"
+    found = table_entry(table, gpu, capability)
+    choice = measured_choice(found[1], heads, batch, max_len) if found else None
+    if choice is None:
+        return "wgmma", (f"wgmma: no measured table for {gpu} nor for its compute capability "
+                         f"{'.'.join(map(str, capability or ()))}, so the capability rule: the wgmma path wherever it "
+                         "can run (sm_90a, latent 512 / rope 64, 16-byte aligned rows)")
+    path, point = choice
+    times = ", ".join(f"{p} {point[i]:.1f} µs" for p, i in _US_AT.items() if point[i] is not None)
+    where = found[0] if found[0] == gpu else f"{found[0]} (the same compute capability as this {gpu})"
+    return path, (f"{'Triton' if path == 'triton' else 'wgmma'}: measured {times} at the nearest point "
+                  f"({point[0]} heads, {point[1]} tokens, batch {point[2]}) on {where}")
 
 
 def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, ckv_cache: torch.Tensor | None = None,
                 kpe_cache: torch.Tensor | None = None, dims: tuple[int, int] = (512, 64),
                 table_file: Path | None = None) -> tuple[KernelPath, str]:
-    """``(path, why)`` for a call of ``heads`` heads, ``batch`` requests of at most ``max_len`` tokens on
-    ``device`` (caches given: their row alignment is checked too)."""
-    why = _cuda_can_run(device, ckv_cache, kpe_cache, dims)
-    if why:
-        return "triton", f"Triton: the CUDA path cannot run ({why})"
-    runnable = ("triton", "cuda") + (("wgmma",) if wgmma_path.wgmma_refusal(device) is None else ())
-    gpu = gpu_name(device)
-    found = measured_choice(_table(gpu, table_file or PATHS_FILE), heads, batch, max_len, runnable)
-    if found is None:
-        return "triton", (f"Triton: no measured table for {gpu} "
-                          "(python -m kvwall.experiments.fused_decode.paths --write)")
-    choice, point = found
-    times = ", ".join(f"{p} {point[i]:.1f} µs" for p, i in _US_AT.items() if i < len(point) and point[i])
-    return choice, (f"{choice}: measured {times} at the nearest point ({point[0]} heads, {point[1]} tokens, batch "
-                    f"{point[2]}) on {gpu}")
+    """``(path, why)`` for a call of ``heads`` heads, ``batch`` requests of at most ``max_len`` tokens on ``device``,
+    latent / rope widths ``dims`` (caches given: their row alignment is checked too); the rule is the module
+    docstring's, ``why`` says which step decided and on what numbers."""
+    refusal = wgmma_path.wgmma_refusal(device) or wgmma_path.rows_refusal(
+        dims, {"ckv_cache": ckv_cache, "kpe_cache": kpe_cache})
+    on_gpu = device.type == "cuda"
+    return decide_path(heads, batch, max_len, gpu=gpu_name(device) if on_gpu else str(device),
+                       capability=torch.cuda.get_device_capability(device) if on_gpu else None, refusal=refusal,
+                       table=_read_table(table_file or PATHS_FILE))
 
 
 def _lengths(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None, page_size: int) -> tuple[int, int]:
@@ -99,22 +135,23 @@ def _lengths(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None, page_size: in
     return len(ptr) - 1, max(lens or [0]) * (1 if kv_len is not None else page_size)
 
 
+def _check_path(who: str, path: str) -> None:
+    if path != "auto" and path not in KERNEL_PATHS:
+        raise ValueError(f"{who}: path must be 'auto', 'triton' or 'wgmma', got {path!r}.")
+
+
 def plan_mla_decode_auto(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
                          page_size: int = 1, device: torch.device | None = None, path: str = "auto",
                          ckv_cache: torch.Tensor | None = None,
                          kpe_cache: torch.Tensor | None = None) -> MLADecodePlan:
-    """The plan (once per decode step) of the path :func:`choose_path` picks (``path="auto"``) or of ``path``:
-    a :class:`~kvwall.kernels.mla_decode.cuda.CudaPlan` for the CUDA path, a
+    """The plan (once per decode step) of the path :func:`choose_path` picks (``path="auto"``) or of ``path``: a
     :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` for the wgmma path, else an
-    :class:`~kvwall.kernels.mla_decode.kernel.MLADecodePlan`."""
-    if path not in ("auto", "triton", "cuda", "wgmma"):
-        raise ValueError(f"plan_mla_decode_auto: path must be 'auto', 'triton', 'cuda' or 'wgmma', got {path!r}.")
+    :class:`~kvwall.kernels.mla_decode.kernel.MLADecodePlan` (the Triton path)."""
+    _check_path("plan_mla_decode_auto", path)
     device = torch.device(device) if device is not None else kv_indptr.device
     if path == "auto":
         batch, max_len = _lengths(kv_indptr, kv_len, page_size)
         path = choose_path(heads, batch, max_len, device, ckv_cache=ckv_cache, kpe_cache=kpe_cache)[0]
-    if path == "cuda":
-        return cuda_path.plan_mla_decode_cuda(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
     if path == "wgmma":
         return wgmma_path.plan_mla_decode_wgmma(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
     return plan_mla_decode(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
@@ -123,12 +160,12 @@ def plan_mla_decode_auto(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
                kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *, path: str = "auto",
                plan: MLADecodePlan | None = None, **kwargs):
-    """:func:`~kvwall.kernels.mla_decode_fp8`'s contract on the path of ``plan`` (a CUDA plan runs the CUDA path, a
-    wgmma plan the wgmma path), else on ``path`` (``"auto"``: :func:`choose_path`). ``kwargs``: the chosen
-    implementation's keywords."""
+    """:func:`~kvwall.kernels.mla_decode_fp8`'s contract on the path of ``plan`` (a
+    :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` runs the wgmma path, any other plan the Triton path), else on
+    ``path`` (``"auto"``: :func:`choose_path`). ``kwargs``: the chosen path's keywords."""
+    _check_path("mla_decode", path)
     if plan is not None:
-        chosen = ("cuda" if isinstance(plan, cuda_path.CudaPlan) else
-                  "wgmma" if isinstance(plan, wgmma_path.WgmmaPlan) else "triton")
+        chosen: KernelPath = "wgmma" if isinstance(plan, wgmma_path.WgmmaPlan) else "triton"
         if path not in ("auto", chosen):
             raise ValueError(f"mla_decode: the plan is for the {chosen} path, but path={path!r}.")
     elif path == "auto":
@@ -136,11 +173,9 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor
         max_len = -(-kv_indices.numel() * max(1, ckv_cache.shape[-2] if ckv_cache.dim() == 3 else 1) // batch)
         chosen = choose_path(heads, batch, max_len, q_nope.device, ckv_cache=ckv_cache, kpe_cache=kpe_cache,
                              dims=(dc, q_pe.shape[-1]))[0]
-        if chosen != "triton" and kwargs.get("check_range") is False:
-            chosen = "triton"  # an unchecked CUDA call needs a plan (made outside graph capture); Triton does not
-    elif path in ("triton", "cuda", "wgmma"):
-        chosen = path
+        if chosen == "wgmma" and kwargs.get("check_range") is False:
+            chosen = "triton"  # an unchecked wgmma call needs a plan (made outside graph capture); Triton does not
     else:
-        raise ValueError(f"mla_decode: path must be 'auto', 'triton', 'cuda' or 'wgmma', got {path!r}.")
-    fn = {"cuda": cuda_path.mla_decode_fp8_cuda, "wgmma": wgmma_path.mla_decode_fp8_wgmma}.get(chosen, mla_decode_fp8)
+        chosen = path  # type: ignore[assignment]
+    fn = wgmma_path.mla_decode_fp8_wgmma if chosen == "wgmma" else mla_decode_fp8
     return fn(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, plan=plan, **kwargs)

@@ -1,5 +1,5 @@
-"""Fused FP8 MLA decode attention (Triton): reads the FP8 latent cache once, converts it in registers, never
-writes BF16 KV anywhere.
+"""The Triton path of the fused FP8 MLA decode attention: reads the FP8 latent cache once, converts it in registers,
+never writes BF16 KV anywhere.
 
 For request ``b`` with tokens ``t`` (page size 1: slots ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``) and head ``h``::
 
@@ -27,10 +27,9 @@ Design (chapter 5 gives the reason for each choice and the measurements):
   and as V; ``p`` rounded to float16 for the second dot, as flash attention does). The 512-wide latent goes in
   four 128-wide chunks with four accumulators. ``pairs=True`` (the 16-head shapes) reads the tile as 16-bit
   elements, each a pair of neighbouring FP8 columns converted by one ``cvt``, the dots split into even and odd
-  columns (no one-byte shared-memory loads); ``tokens_m=True`` (a road not taken) puts the tokens on the MMA's M
-  side. ``cache_v`` is the second dot's load hint; equal to ``cache_k``, the compiler merges the two loads. Each
-  chunk writes a normalized float32 partial ``[H, 512]`` and its base-2 LSE, or, when it is its request's only
-  chunk, the BF16 output directly.
+  columns (no one-byte shared-memory loads). ``cache_v`` is the second dot's load hint; with ``""`` (the first
+  read's) the compiler merges the two loads into one. Each chunk writes a normalized float32 partial ``[H, 512]``
+  and its base-2 LSE, or, when it is its request's only chunk, the BF16 output directly.
 - **Queries** go to float16 scaled per head by a power of two that puts the largest |q| in [2^12, 2^15) (no
   overflow, no lost bits), the scale folded back into the logit scale.
 - **Combine kernel**, grid ``(requests with more than one chunk, H, 512 / combine_block_d)``: merges each
@@ -40,9 +39,8 @@ Design (chapter 5 gives the reason for each choice and the measurements):
   ``tuned.json`` (written by ``python -m kvwall.tuning.fused --write``; only shapes that do not spill registers),
   the entry nearest to the GPU model, head count and context (:func:`tuned_entry`); without an entry, the first
   of :data:`FALLBACK_SHAPES` that fits the device's shared memory per block, is not trap-only and does not spill
-  (:func:`fallback_config`), and programs from its compiled occupancy (:func:`programs_wanted`). Roads not taken
-  stay selectable for the tuner: ``convert="bits"`` (FP8 -> float16 by bit moves, scaled by 2^-8), ``s_fp8``
-  (scores on FP8 tensor cores, the query split into four e4m3 terms) and ``tokens_m``.
+  (:func:`fallback_config`), and programs from its compiled occupancy (:func:`programs_wanted`). The options no
+  tuned entry selected are gone (``kernels/mla_decode/NOTES.md``, "Retired", has their measurements).
 - **Rows past a split's end repeat its last token**, so the tile loads are unmasked and stay in bounds.
 - On CPU tensors the kernels run in Triton's interpreter (built here, whatever ``TRITON_INTERPRET`` says), with
   exact float32 dots (the interpreter's 16-bit ``tl.dot`` is unreliable) and float32 ``p``; the FP8 conversion
@@ -58,8 +56,7 @@ CUDA graph replays with whatever they hold). ``out``: its own memory (one that o
 with an input is refused).
 
 NaN: an FP8 NaN in a token a request reads makes that request's output and LSE NaN (every head), on the GPU and
-in the interpreter alike; NaN in a slot no request reads has no effect. With ``convert="bits"`` (not used by any
-tuned entry) the GPU converts e4m3's NaN to a finite value instead.
+in the interpreter alike; NaN in a slot no request reads has no effect.
 
 **Unchecked calls** (``check_range=False``, the contract :func:`kvwall.kernels.gather.kernel.gather_cast`
 shares): the kernels never read outside the caches, ``kv_indices``, ``kv_indptr`` or ``kv_len``, and never write
@@ -91,7 +88,8 @@ from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, 
 __all__ = ["mla_decode_fp8", "plan_mla_decode", "MLADecodePlan", "MLADecodeConfig", "default_config",
            "default_num_splits", "programs_wanted", "blocks_per_sm", "tuned_entry", "fallback_config",
            "fallback_shapes", "FALLBACK_SHAPES", "split_constexprs", "kernel_signature", "compile_offline",
-           "split_resources", "SplitResources", "is_trap_only", "cubin_resources", "CONVERSIONS", "TUNED_CONFIG_FILE", "LAST_COMPILED"]
+           "split_resources", "SplitResources", "is_trap_only", "cubin_resources", "TUNED_CONFIG_FILE", "LAST_COMPILED",
+           "validate_call", "parse_scale", "launch_combine"]
 
 _plan_fail: Fail = functools.partial(fail, "plan_mla_decode")
 
@@ -101,32 +99,17 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 LOG2E = 1.4426950408889634
 
 
-def _fp8_as_f16_impl(x8, HOW: tl.constexpr):
-    """FP8 e4m3 -> float16 dot operands. ``HOW == 0`` (interpreter) and ``1`` (GPU): by moving bits -- the
-    sign to bit 15, the 7 exponent-and-mantissa bits to bits 7..13 -- which gives float16 values of exactly
-    2^-8 x the FP8 value (the bias is 7 in e4m3 and 15 in float16, and the two formats' subnormal steps line
-    up); e4m3's NaN pattern becomes a finite value, put back to NaN in the interpreter (so it agrees with the
-    GPU's default ``cvt``), left finite on the GPU's ``"bits"``; there four values take one sign-replicating
-    ``prmt`` and a shift-and-mask per pair. ``HOW == 2``: the hardware ``cvt.rn.f16x2.e4m3x2`` (exact, scale 1,
-    NaN stays NaN)."""
-    if HOW == 1:
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 lo, hi;
-            prmt.b32 lo, $2, 0, 0x9180;
-            prmt.b32 hi, $2, 0, 0xB3A2;
-            shl.b32 lo, lo, 7;
-            shl.b32 hi, hi, 7;
-            and.b32 $0, lo, 0xBF80BF80;
-            and.b32 $1, hi, 0xBF80BF80;
-            }""",
-            constraints="=r,=r,r", args=[x8.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=True,
-            pack=4)
-    elif HOW == 2:
-        return x8.to(tl.float16)
+def _fp8_as_f16_impl(x8, ON_GPU: tl.constexpr):
+    """FP8 e4m3 -> float16 dot operands. On the GPU the hardware ``cvt.rn.f16x2.e4m3x2`` (exact, scale 1, NaN stays
+    NaN). In the interpreter by moving bits -- the sign to bit 15, the 7 exponent-and-mantissa bits to bits 7..13 --
+    which gives float16 values of exactly 2^-8 x the FP8 value (the bias is 7 in e4m3 and 15 in float16, and the two
+    formats' subnormal steps line up; ``KV_MUL`` folds the 2^8 back), e4m3's NaN pattern put back to NaN."""
+    if ON_GPU:
+        r = x8.to(tl.float16)
     else:
         u = x8.to(tl.uint8, bitcast=True).to(tl.uint16)
-        return keep_fp8_nan(x8, (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True))
+        r = keep_fp8_nan(x8, (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True))
+    return r
 
 
 def _pow2_impl(k):
@@ -144,60 +127,12 @@ def _q_operand_impl(row_ptr, off, WIDTH: tl.constexpr, hmask, qmul, ON_GPU: tl.c
     return q
 
 
-def _e4m3_round_impl(x, ON_GPU: tl.constexpr):
-    """float32 ``x`` (|x| <= 448) rounded to the nearest e4m3 value (ties to even), as float32. The GPU uses
-    the hardware conversion; the interpreter (whose float32 -> fp8 conversion is wrong) rounds by bits:
-    3 mantissa bits for normals, multiples of 2^-9 below 2^-6 (the magic-number add rounds there)."""
-    if ON_GPU:
-        r = x.to(tl.float8e4nv).to(tl.float32)
-    else:
-        u = x.to(tl.uint32, bitcast=True)
-        normal = ((u + 0x7FFFF + ((u >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
-        sub = (x + 24576.0) - 24576.0
-        r = tl.where(tl.abs(x) < 0.015625, sub, normal)
-    return r
-
-
-def _q_terms_impl(q_base, stride_h, h0, H, off, WIDTH: tl.constexpr, BLOCK_H: tl.constexpr, mul,
-                  ON_GPU: tl.constexpr):
-    """Four e4m3 terms of ``q * mul`` (term t holds 16^t x the t-th residual), stacked term-major as
-    ``[4 BLOCK_H, WIDTH]`` rows (row t * BLOCK_H + h): FP8 on the GPU, float32 holding the same values in the
-    interpreter. ``mul`` is per stacked row."""
-    rows = tl.arange(0, 4 * BLOCK_H)
-    heads = h0 + rows % BLOCK_H
-    q = tl.load(q_base + heads[:, None] * stride_h + off + tl.arange(0, WIDTH)[None, :],
-                mask=(heads < H)[:, None], other=0.0).to(tl.float32)
-    r = q * mul[:, None]
-    term = (rows // BLOCK_H)[:, None]
-    out = tl.full([4 * BLOCK_H, WIDTH], 0.0, tl.float32)
-    for t in tl.static_range(4):
-        ft = _e4m3_round(r, ON_GPU)
-        out = tl.where(term == t, ft, out)
-        r = (r - ft) * 16.0
-    if ON_GPU:
-        out = out.to(tl.float8e4nv)  # exact: every value is an e4m3 value
-    return out
-
-
-def _sum_terms_impl(x, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
-    """``[BLOCK_N, 4 BLOCK_H]`` (term-major columns) -> ``[BLOCK_N, BLOCK_H]``: the sum over the four terms."""
-    return tl.reduce(tl.reshape(x, [BLOCK_N, 4, BLOCK_H]), 1, tl.standard._sum_combine)
-
-
-def _as_f32_impl(x):
-    """A dot operand in float32 for the interpreter; FP8 operands (the ``s_fp8`` scores) keep their NaN."""
-    y = x.to(tl.float32)
-    if x.dtype == tl.float8e4nv:
-        y = keep_fp8_nan(x, y)
-    return y
-
-
 def _dot_impl(a, b, acc, ON_GPU: tl.constexpr):
     """A tensor-core dot on the GPU; exact float32 products in the interpreter (whose 16-bit dot is unreliable)."""
     if ON_GPU:
         r = tl.dot(a, b, acc)
     else:
-        r = tl.dot(_as_f32(a), _as_f32(b), acc, input_precision="ieee")
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     return r
 
 
@@ -229,83 +164,19 @@ def _write_partial_impl(o_rows, lse_ptrs, acc0, acc1, acc2, acc3, norm, lse2, hm
     tl.store(lse_ptrs, lse2, mask=hmask)
 
 
-def _tokens_m_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe,
-                        q0, q1, q2, q3, qr, row_c, row_k, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                        DCH: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr, CONVERT: tl.constexpr,
-                        CACHE_K: tl.constexpr, ON_GPU: tl.constexpr):
-    """The token loop with tokens as the MMA's M side: scores^T [tokens, heads] = ckv @ q_nope^T + kpe @ q_pe^T,
-    online softmax down the columns, out^T [512, heads] += ckv^T @ p^T in four 128-row chunks. Returns the
-    running max, the sum, the four accumulators as [heads, 128] (transposed back once, at the end), and the
-    per-row out-of-range flags."""
-    dch = tl.arange(0, DCH)
-    dr = tl.arange(0, DR)
-    q0t = tl.trans(q0)  # [DCH, BLOCK_H]
-    q1t = tl.trans(q1)
-    q2t = tl.trans(q2)
-    q3t = tl.trans(q3)
-    qrt = tl.trans(qr)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.full([BLOCK_H], 0.0, tl.float32)
-    bad_seen = tl.full([BLOCK_N], 0, tl.int32)
-    a0 = tl.full([DCH, BLOCK_H], 0.0, tl.float32)
-    a1 = tl.full([DCH, BLOCK_H], 0.0, tl.float32)
-    a2 = tl.full([DCH, BLOCK_H], 0.0, tl.float32)
-    a3 = tl.full([DCH, BLOCK_H], 0.0, tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        live = n < hi
-        t = tl.minimum(n, hi - 1)
-        if PAGE == 1:
-            raw = tl.load(indices_ptr + start + t)
-            bad = (raw < 0) | (raw >= num_units)
-            slot = tl.where(bad, 0, raw).to(tl.int64)
-        else:
-            raw = tl.load(indices_ptr + start + t // PAGE)
-            bad = (raw < 0) | (raw >= num_units)
-            slot = tl.where(bad, 0, raw).to(tl.int64) * PAGE + t % PAGE
-        row = ckv_ptr + slot[:, None] * stride_ckv + dch[None, :]
-        f0 = _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), CONVERT)  # [BLOCK_N, DCH]
-        f1 = _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), CONVERT)
-        f2 = _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), CONVERT)
-        f3 = _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), CONVERT)
-        fr = _fp8_as_f16(tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], cache_modifier=CACHE_K), CONVERT)
-        st = _dot(f0, q0t, None, ON_GPU)  # [BLOCK_N, BLOCK_H]
-        st = _dot(f1, q1t, st, ON_GPU)
-        st = _dot(f2, q2t, st, ON_GPU)
-        st = _dot(f3, q3t, st, ON_GPU)
-        sr = _dot(fr, qrt, None, ON_GPU)
-        logits = st * row_c[None, :] + sr * row_k[None, :]
-        bad_seen = bad_seen | bad.to(tl.int32)
-        logits = tl.where(live[:, None], logits, float("-inf"))
-        m_new = tl.maximum(m_i, tl.reduce(logits, 0, tl.standard._elementwise_max))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(logits - m_new[None, :])
-        l_i = l_i * alpha + tl.reduce(p, 0, tl.standard._sum_combine)
-        if ON_GPU:
-            pv = p.to(tl.float16)
-        else:
-            pv = p
-        a0 = _dot(tl.trans(f0), pv, a0 * alpha[None, :], ON_GPU)  # [DCH, BLOCK_H]
-        a1 = _dot(tl.trans(f1), pv, a1 * alpha[None, :], ON_GPU)
-        a2 = _dot(tl.trans(f2), pv, a2 * alpha[None, :], ON_GPU)
-        a3 = _dot(tl.trans(f3), pv, a3 * alpha[None, :], ON_GPU)
-        m_i = m_new
-    return m_i, l_i, tl.trans(a0), tl.trans(a1), tl.trans(a2), tl.trans(a3), bad_seen
-
-
 def _fp8_pairs_impl(x16, ON_GPU: tl.constexpr):
     """Two FP8 e4m3 values packed in each 16-bit element (the even-indexed one in the low byte) -> the even and
     the odd ones as float16 tensors of ``x16``'s shape. The GPU converts a pair with one ``cvt.rn.f16x2.e4m3x2``
     (exact, scale 1) and the tile stays in 16-bit elements all the way from shared memory (no byte loads, no
-    byte packing); the interpreter moves bits (values 2^-8 x the FP8 ones, as ``_fp8_as_f16`` with ``HOW=0``)."""
+    byte packing); the interpreter moves bits (values 2^-8 x the FP8 ones, as ``_fp8_as_f16`` does there)."""
     if ON_GPU:
         lo, hi = tl.inline_asm_elementwise(
             asm="{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }",
             constraints="=h,=h,h", args=[x16], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
     else:
         u = x16.to(tl.uint16, bitcast=True)
-        lo = _fp8_as_f16((u & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), 0)
-        hi = _fp8_as_f16((u >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True), 0)
+        lo = _fp8_as_f16((u & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), False)
+        hi = _fp8_as_f16((u >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True), False)
     return lo, hi
 
 
@@ -320,7 +191,7 @@ def _q_half_impl(row_ptr, off, WIDTH: tl.constexpr, hmask, qmul, ON_GPU: tl.cons
 
 
 def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe,
-                     qn_row, qp_row, hmask, qmul, row_c, row_k, CACHE_K: tl.constexpr, CACHE_V: tl.constexpr,
+                     qn_row, qp_row, hmask, qmul, row_c, row_k, CACHE_V: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr,
                      PAGE: tl.constexpr, ON_GPU: tl.constexpr):
     """The token loop with the tile read as 16-bit pairs of FP8 values: every latent chunk splits into its even
@@ -368,20 +239,19 @@ def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, st
             bad = (raw < 0) | (raw >= num_units)
             slot = tl.where(bad, 0, raw).to(tl.int64) * PAGE + t % PAGE
         row = ckv16 + slot[:, None] * (stride_ckv // 2) + jc[None, :]  # [BLOCK_N, HC] pairs of one chunk
-        ke, ko = _fp8_pairs(tl.load(row + 0 * HC, cache_modifier=CACHE_K), ON_GPU)
+        ke, ko = _fp8_pairs(tl.load(row + 0 * HC), ON_GPU)
         s_c = _dot(qe0, tl.trans(ke), None, ON_GPU)
         s_c = _dot(qo0, tl.trans(ko), s_c, ON_GPU)
-        ke, ko = _fp8_pairs(tl.load(row + 1 * HC, cache_modifier=CACHE_K), ON_GPU)
+        ke, ko = _fp8_pairs(tl.load(row + 1 * HC), ON_GPU)
         s_c = _dot(qe1, tl.trans(ke), s_c, ON_GPU)
         s_c = _dot(qo1, tl.trans(ko), s_c, ON_GPU)
-        ke, ko = _fp8_pairs(tl.load(row + 2 * HC, cache_modifier=CACHE_K), ON_GPU)
+        ke, ko = _fp8_pairs(tl.load(row + 2 * HC), ON_GPU)
         s_c = _dot(qe2, tl.trans(ke), s_c, ON_GPU)
         s_c = _dot(qo2, tl.trans(ko), s_c, ON_GPU)
-        ke, ko = _fp8_pairs(tl.load(row + 3 * HC, cache_modifier=CACHE_K), ON_GPU)
+        ke, ko = _fp8_pairs(tl.load(row + 3 * HC), ON_GPU)
         s_c = _dot(qe3, tl.trans(ke), s_c, ON_GPU)
         s_c = _dot(qo3, tl.trans(ko), s_c, ON_GPU)
-        re_, ro = _fp8_pairs(tl.load(kpe16 + slot[:, None] * (stride_kpe // 2) + jr[None, :], cache_modifier=CACHE_K),
-                             ON_GPU)
+        re_, ro = _fp8_pairs(tl.load(kpe16 + slot[:, None] * (stride_kpe // 2) + jr[None, :]), ON_GPU)
         s_r = _dot(qer, tl.trans(re_), None, ON_GPU)
         s_r = _dot(qor, tl.trans(ro), s_r, ON_GPU)
         logits = s_c * row_c[:, None] + s_r * row_k[:, None]
@@ -417,23 +287,16 @@ def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, st
 
 # The split kernel calls these; compiled kernels need them jitted, interpreted ones call the plain functions.
 _HELPERS = {"_fp8_as_f16": _fp8_as_f16_impl, "_pow2": _pow2_impl, "_q_operand": _q_operand_impl,
-            "_dot": _dot_impl, "_store_bf16": _store_bf16_impl, "_e4m3_round": _e4m3_round_impl,
-            "_q_terms": _q_terms_impl, "_sum_terms": _sum_terms_impl, "_as_f32": _as_f32_impl,
-            "_write_out": _write_out_impl, "_write_partial": _write_partial_impl,
-            "_tokens_m_loop": _tokens_m_loop_impl, "_fp8_pairs": _fp8_pairs_impl, "_q_half": _q_half_impl,
+            "_dot": _dot_impl, "_store_bf16": _store_bf16_impl, "_write_out": _write_out_impl,
+            "_write_partial": _write_partial_impl, "_fp8_pairs": _fp8_pairs_impl, "_q_half": _q_half_impl,
             "_pairs_loop": _pairs_loop_impl}
 _fp8_as_f16 = triton.jit(_fp8_as_f16_impl)
 _pow2 = triton.jit(_pow2_impl)
 _q_operand = triton.jit(_q_operand_impl)
 _dot = triton.jit(_dot_impl)
 _store_bf16 = triton.jit(_store_bf16_impl)
-_e4m3_round = triton.jit(_e4m3_round_impl)
-_q_terms = triton.jit(_q_terms_impl)
-_sum_terms = triton.jit(_sum_terms_impl)
-_as_f32 = triton.jit(_as_f32_impl)
 _write_out = triton.jit(_write_out_impl)
 _write_partial = triton.jit(_write_partial_impl)
-_tokens_m_loop = triton.jit(_tokens_m_loop_impl)
 _fp8_pairs = triton.jit(_fp8_pairs_impl)
 _q_half = triton.jit(_q_half_impl)
 _pairs_loop = triton.jit(_pairs_loop_impl)
@@ -451,8 +314,7 @@ def _mla_split_kernel(
     stride_o_b, stride_o_h,
     DC: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
-    ON_GPU: tl.constexpr, CONVERT: tl.constexpr, KV_MUL: tl.constexpr, CACHE_K: tl.constexpr,
-    CACHE_V: tl.constexpr, S_FP8: tl.constexpr, WORKLIST: tl.constexpr, TOKENS_M: tl.constexpr,
+    ON_GPU: tl.constexpr, KV_MUL: tl.constexpr, CACHE_V: tl.constexpr, WORKLIST: tl.constexpr,
     PAIRS: tl.constexpr,
 ):
     hb = tl.program_id(0)  # head blocks vary fastest: programs sharing a split run together and share it in L2
@@ -497,7 +359,7 @@ def _mla_split_kernel(
 
     # Queries -> float16 dot operands, each head scaled by a power of two 2^e so its largest |q| lies in
     # [2^12, 2^15): no overflow, no lost bits (bf16's 8 significant bits fit in fp16's 11); 2^-e is folded into
-    # the logit scale, with KV_MUL (2^8 for the bit move) of the FP8 -> float16 conversion.
+    # the logit scale, with KV_MUL (2^8 for the interpreter's bit move) of the FP8 -> float16 conversion.
     qn_row = qn_ptr + b.to(tl.int64) * stride_qn_b + heads[:, None] * stride_qn_h
     qp_row = qp_ptr + b.to(tl.int64) * stride_qp_b + heads[:, None] * stride_qp_h
     qn = tl.load(qn_row + dc[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
@@ -509,47 +371,24 @@ def _mla_split_kernel(
     qmul = _pow2(e)
     row_c = (ckv_scale * qk_scale * KV_MUL) * _pow2(-e)  # [BLOCK_H] logit scale of q_nope . ckv
     row_k = (kpe_scale * qk_scale * KV_MUL) * _pow2(-e)
-    if S_FP8:
-        # Scores on FP8 tensor cores, straight from the FP8 cache (no conversion of K): each head's query,
-        # scaled to a largest |q| in [2^7, 2^8), is split into four e4m3 terms q = t0 + t1/16 + t2/256 + t3/4096
-        # (16 significant bits, more than bf16's 8), stacked as 4 x BLOCK_H rows of one dot operand.
-        q8 = _pow2(e - 6)
-        q8t = tl.reshape(tl.broadcast_to(q8[None, :], [4, BLOCK_H]), [4 * BLOCK_H])
-        row_c = (ckv_scale * qk_scale) * _pow2(6 - e)
-        row_k = (kpe_scale * qk_scale) * _pow2(6 - e)
-        qb_n = qn_ptr + b.to(tl.int64) * stride_qn_b
-        qb_p = qp_ptr + b.to(tl.int64) * stride_qp_b
-        q0 = _q_terms(qb_n, stride_qn_h, hb * BLOCK_H, H, 0 * DCH, DCH, BLOCK_H, q8t, ON_GPU)  # [4 BLOCK_H, DCH]
-        q1 = _q_terms(qb_n, stride_qn_h, hb * BLOCK_H, H, 1 * DCH, DCH, BLOCK_H, q8t, ON_GPU)
-        q2 = _q_terms(qb_n, stride_qn_h, hb * BLOCK_H, H, 2 * DCH, DCH, BLOCK_H, q8t, ON_GPU)
-        q3 = _q_terms(qb_n, stride_qn_h, hb * BLOCK_H, H, 3 * DCH, DCH, BLOCK_H, q8t, ON_GPU)
-        qr = _q_terms(qb_p, stride_qp_h, hb * BLOCK_H, H, 0, DR, BLOCK_H, q8t, ON_GPU)
-        t_w = _pow2(-4.0 * (tl.arange(0, 4 * BLOCK_H) // BLOCK_H).to(tl.float32))  # 16^-term per stacked row
-    else:
-        q0 = _q_operand(qn_row, 0 * DCH, DCH, hmask, qmul, ON_GPU)  # [BLOCK_H, DCH] each
-        q1 = _q_operand(qn_row, 1 * DCH, DCH, hmask, qmul, ON_GPU)
-        q2 = _q_operand(qn_row, 2 * DCH, DCH, hmask, qmul, ON_GPU)
-        q3 = _q_operand(qn_row, 3 * DCH, DCH, hmask, qmul, ON_GPU)
-        qr = _q_operand(qp_row, 0, DR, hmask, qmul, ON_GPU)
+    q0 = _q_operand(qn_row, 0 * DCH, DCH, hmask, qmul, ON_GPU)  # [BLOCK_H, DCH] each
+    q1 = _q_operand(qn_row, 1 * DCH, DCH, hmask, qmul, ON_GPU)
+    q2 = _q_operand(qn_row, 2 * DCH, DCH, hmask, qmul, ON_GPU)
+    q3 = _q_operand(qn_row, 3 * DCH, DCH, hmask, qmul, ON_GPU)
+    qr = _q_operand(qp_row, 0, DR, hmask, qmul, ON_GPU)
 
     # Per tile of BLOCK_N tokens: scores [heads, tokens] = q_nope @ ckv^T + q_pe @ kpe^T, online softmax, and
     # out [heads, 512] += p @ ckv -- the latent serves as K and as V. The 512-wide latent goes in four
     # 128-wide chunks (four dots each way, four accumulators): whole-tile operands would spill. The tile is read
-    # twice: for the scores (CACHE_K) and again for p @ ckv (CACHE_V, an L1/L2 hit): one use per load lets
-    # Triton's pipeliner stream each into shared memory with cp.async; the HBM traffic stays one read.
-    if TOKENS_M:
-        # Transposed: tokens are the MMA's M side and heads its N (16 heads need no padding to 64), so on Hopper
-        # the scores are one warpgroup MMA per 64 tokens with the converted tile as its register operand; the tile
-        # is loaded and converted once, and serves transposed as the first operand of out^T += ckv^T @ p^T.
-        m_i, l_i, acc0, acc1, acc2, acc3, bad_seen = _tokens_m_loop(
-            ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe, q0, q1, q2, q3, qr,
-            row_c, row_k, BLOCK_H, BLOCK_N, DCH, DR, PAGE, CONVERT, CACHE_K, ON_GPU)
-    elif PAIRS:
+    # twice: for the scores and again for p @ ckv (load hint CACHE_V, an L1/L2 hit): one use per load lets Triton's
+    # pipeliner stream each into shared memory with cp.async; the HBM traffic stays one read. With CACHE_V = ""
+    # the two loads are the same and the compiler merges them: one copy of the tile in shared memory, both dots.
+    if PAIRS:
         # The tile read as 16-bit pairs of FP8 values (even and odd latent columns apart): 16-bit loads from
         # shared memory and one conversion per pair, where FP8 elements cost a byte load each.
         m_i, l_i, acc0, acc1, acc2, acc3, bad_seen = _pairs_loop(
             ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe, qn_row, qp_row, hmask,
-            qmul, row_c, row_k, CACHE_K, CACHE_V, BLOCK_H, BLOCK_N, DCH, DR, PAGE, ON_GPU)
+            qmul, row_c, row_k, CACHE_V, BLOCK_H, BLOCK_N, DCH, DR, PAGE, ON_GPU)
     else:
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         bad_seen = tl.full([BLOCK_N], 0, tl.int32)  # per tile column: did an index fall outside the cache?
@@ -575,24 +414,12 @@ def _mla_split_kernel(
                 bad = (raw < 0) | (raw >= num_units)
                 slot = tl.where(bad, 0, raw).to(tl.int64) * PAGE + t % PAGE
             row = ckv_ptr + slot[:, None] * stride_ckv + dch[None, :]
-            kr = tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :], cache_modifier=CACHE_K)
-            if S_FP8:  # [tokens, 4 x heads] on FP8 tensor cores, then the four terms summed: [heads, tokens]
-                st = _dot(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), tl.trans(q0), None, ON_GPU)
-                st = _dot(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), tl.trans(q1), st, ON_GPU)
-                st = _dot(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), tl.trans(q2), st, ON_GPU)
-                st = _dot(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), tl.trans(q3), st, ON_GPU)
-                s_c = tl.trans(_sum_terms(st * t_w[None, :], BLOCK_N, BLOCK_H))
-                s_r = tl.trans(_sum_terms(_dot(kr, tl.trans(qr), None, ON_GPU) * t_w[None, :], BLOCK_N, BLOCK_H))
-            else:
-                s_c = _dot(q0, tl.trans(_fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_K), CONVERT)), None,
-                           ON_GPU)
-                s_c = _dot(q1, tl.trans(_fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
-                           ON_GPU)
-                s_c = _dot(q2, tl.trans(_fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
-                           ON_GPU)
-                s_c = _dot(q3, tl.trans(_fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_K), CONVERT)), s_c,
-                           ON_GPU)
-                s_r = _dot(qr, tl.trans(_fp8_as_f16(kr, CONVERT)), None, ON_GPU)
+            kr = tl.load(kpe_ptr + slot[:, None] * stride_kpe + dr[None, :])
+            s_c = _dot(q0, tl.trans(_fp8_as_f16(tl.load(row + 0 * DCH), ON_GPU)), None, ON_GPU)
+            s_c = _dot(q1, tl.trans(_fp8_as_f16(tl.load(row + 1 * DCH), ON_GPU)), s_c, ON_GPU)
+            s_c = _dot(q2, tl.trans(_fp8_as_f16(tl.load(row + 2 * DCH), ON_GPU)), s_c, ON_GPU)
+            s_c = _dot(q3, tl.trans(_fp8_as_f16(tl.load(row + 3 * DCH), ON_GPU)), s_c, ON_GPU)
+            s_r = _dot(qr, tl.trans(_fp8_as_f16(kr, ON_GPU)), None, ON_GPU)
             logits = s_c * row_c[:, None] + s_r * row_k[:, None]  # [BLOCK_H, BLOCK_N], base-2 units
             bad_seen = bad_seen | bad.to(tl.int32)
             logits = tl.where(live[None, :], logits, float("-inf"))
@@ -607,13 +434,13 @@ def _mla_split_kernel(
                 pv = p.to(tl.float16)  # rounded to the operand type, as flash attention does
             else:
                 pv = p  # float32 p: the interpreter checks everything but the GPU's float16 rounding of p
-            acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), CONVERT),
+            acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), ON_GPU),
                         acc0 * alpha[:, None], ON_GPU)
-            acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), CONVERT),
+            acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), ON_GPU),
                         acc1 * alpha[:, None], ON_GPU)
-            acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), CONVERT),
+            acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), ON_GPU),
                         acc2 * alpha[:, None], ON_GPU)
-            acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), CONVERT),
+            acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), ON_GPU),
                         acc3 * alpha[:, None], ON_GPU)
             m_i = m_new
 
@@ -708,14 +535,11 @@ def _kernel(name: str, interpreted: bool):
 # Launch configuration
 # ----------------------------------------------------------------------------------------------
 
-#: FP8 -> float16 conversions of the split kernel (``MLADecodeConfig.convert``) and the factor folded back in.
-CONVERSIONS = {"bits": (1, 256.0), "cvt": (2, 1.0)}
-
-
 @dataclass(frozen=True)
 class MLADecodeConfig:
     """Launch shape of the split kernel (``block_h`` heads x ``block_n`` tokens per step, its warps and
-    software-pipeline stages, the FP8 conversion, cache hints of its two tile reads) and of the combine
+    software-pipeline stages; ``cache_v``: the load hint of the tile's second read, for ``p @ ckv`` -- ``""``, the
+    first read's, makes the two one load; ``pairs``: the tile read as 16-bit pairs of FP8 values) and of the combine
     (``combine_block_d`` latent columns per program; ``combine_block_s`` splits per step and ``combine_warps``,
     0 = sized from the split count: all splits in one step up to 512, so the combine is one wide read, not a
     latency-bound loop)."""
@@ -724,11 +548,7 @@ class MLADecodeConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
-    convert: str = "cvt"
-    cache_k: str = ""
     cache_v: str = ".ca"
-    s_fp8: bool = False
-    tokens_m: bool = False
     pairs: bool = False
     combine_block_d: int = 32
     combine_block_s: int = 0
@@ -785,11 +605,9 @@ def split_constexprs(cfg: MLADecodeConfig, *, dc: int = 512, dr: int = 64, page:
                      direct: bool = False, write_lse: bool = False, scale_from_ptr: bool = False,
                      on_gpu: bool = True) -> dict:
     """The split kernel's compile-time parameters for a launch with ``cfg`` (what the launcher passes)."""
-    how, kv_mul = CONVERSIONS[cfg.convert] if on_gpu else (0, 256.0)
     return dict(DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page,
                 SCALE_FROM_PTR=scale_from_ptr, DIRECT=direct and not worklist, WRITE_LSE=write_lse, ON_GPU=on_gpu,
-                CONVERT=how, KV_MUL=kv_mul, CACHE_K=cfg.cache_k, CACHE_V=cfg.cache_v, S_FP8=cfg.s_fp8,
-                WORKLIST=worklist, TOKENS_M=cfg.tokens_m, PAIRS=cfg.pairs)
+                KV_MUL=1.0 if on_gpu else 256.0, CACHE_V=cfg.cache_v, WORKLIST=worklist, PAIRS=cfg.pairs)
 
 
 _POINTER_TYPES = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "out_ptr": "*bf16", "ckv_ptr": "*fp8e4nv",
@@ -1056,7 +874,9 @@ def _as_rows(name: str, cache: torch.Tensor) -> tuple[torch.Tensor, int]:
     return rows, page_size
 
 
-def _scale(name: str, scale, device: torch.device) -> tuple[torch.Tensor | None, float]:
+def parse_scale(name: str, scale, device: torch.device) -> tuple[torch.Tensor | None, float]:
+    """A ``ckv_scale`` / ``kpe_scale`` argument as ``(tensor, 1.0)`` (a one-element float32 tensor on ``device``, read
+    in the kernel) or ``(None, number)``; anything else is refused, naming ``name``."""
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or scale.dtype != torch.float32 or scale.device != device:
             _fail(ValueError, f"{name} must be a Python number or a one-element float32 tensor on {device}; got "
@@ -1069,7 +889,12 @@ def _scale(name: str, scale, device: torch.device) -> tuple[torch.Tensor | None,
     return None, float(scale)
 
 
-def _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out, check_range, kv_len):
+def validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out, check_range, kv_len
+                  ) -> tuple[torch.Tensor, torch.Tensor, int, int | None]:
+    """Every check of a :func:`mla_decode_fp8` call (both paths run it), each failure raised before any launch:
+    dtypes, shapes, strides, devices, ``out``, and with ``check_range`` the index buffers against the cache (host
+    reads; refused inside CUDA-graph capture). Returns the caches' ``[slots, D]`` row views, the page size and the
+    longest request in tokens (None for an unchecked call)."""
     named = [("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache),
              ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)] + ([("kv_len", kv_len)] if kv_len is not None else [])
     for name, t in named:
@@ -1156,6 +981,26 @@ def _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scal
     return ckv, kpe, page_size, max_len
 
 
+def launch_combine(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """The combine kernel for a planned call whose split kernel has written ``plan``'s partials: merges the chunks of
+    every request with more than one into ``out`` (and ``lse`` where given); nothing to do when no request was cut.
+    The wgmma path's split kernel writes the same partials and calls this."""
+    combined = len(plan.work_list.combine)
+    if not combined:
+        return
+    cfg, heads, dc = plan.config, plan.heads, plan.kv_lora_rank
+    interpreted = out.device.type == "cpu"
+    block_d = min(cfg.combine_block_d, dc)
+    block_s = cfg.combine_block_s or min(triton.next_power_of_2(plan.work_list.max_chunks), 512)
+    warps = cfg.combine_warps or (8 if block_s * block_d >= 8192 else 4)
+    handle = _kernel("combine", interpreted)[(combined, heads, dc // block_d)](
+        plan.part_o, plan.part_lse, out, lse if lse is not None else plan.part_lse, heads, 0, out.stride(0),
+        out.stride(1), plan.combine_requests, plan.part_indptr, DC=dc, BLOCK_D=block_d, BLOCK_S=block_s,
+        WRITE_LSE=lse is not None, RNE_BY_BITS=interpreted, WORKLIST=True, num_warps=warps)
+    if not interpreted:
+        LAST_COMPILED["combine"] = handle
+
+
 # ----------------------------------------------------------------------------------------------
 # Entry point
 # ----------------------------------------------------------------------------------------------
@@ -1184,13 +1029,13 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     request's last chunk runs to its length at run time). Without a plan a checked call plans for itself; an
     unchecked one, or one given ``num_splits``, splits every request into the same number of parts.
     """
-    ckv, kpe, page_size, max_len = _validate(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
+    ckv, kpe, page_size, max_len = validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
                                              out, check_range, kv_len)
     device = q_nope.device
     batch, heads, dc = q_nope.shape
     dr = q_pe.shape[-1]
-    c_t, c_v = _scale("ckv_scale", ckv_scale, device)
-    k_t, k_v = _scale("kpe_scale", kpe_scale, device)
+    c_t, c_v = parse_scale("ckv_scale", ckv_scale, device)
+    k_t, k_v = parse_scale("kpe_scale", kpe_scale, device)
     if (c_t is None) != (k_t is None):  # one mode for both: a tensor for the number
         if c_t is None:
             c_t = torch.full((1,), c_v, dtype=torch.float32, device=device)
@@ -1206,19 +1051,13 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     cfg = config or default_config(heads, dc, device, max_len)
     if cfg.block_h < 16 or cfg.block_h & (cfg.block_h - 1) or cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
         _fail(ValueError, f"config {cfg}: block_h and block_n must be powers of two >= 16.")
-    if cfg.convert not in CONVERSIONS:
-        _fail(ValueError, f"config {cfg}: convert must be one of {sorted(CONVERSIONS)}.")
-    if (cfg.tokens_m or cfg.pairs) and cfg.s_fp8 or cfg.tokens_m and cfg.pairs:
-        _fail(ValueError, f"config {cfg}: tokens_m, pairs and s_fp8 are three different token loops: pick one.")
-    if cfg.pairs and device.type == "cuda" and cfg.convert != "cvt":
-        _fail(ValueError, f"config {cfg}: pairs converts with cvt (set convert='cvt').")
     if cfg.pairs and (ckv.stride(0) % 2 or kpe.stride(0) % 2 or ckv.data_ptr() % 2 or kpe.data_ptr() % 2):
         cfg = dataclasses.replace(cfg, pairs=False)  # odd row strides or offsets: no 16-bit pairs, same result
     if plan is not None:
         if num_splits is not None:
             _fail(ValueError, "pass either plan or num_splits: a plan has its own chunks.")
-        if not isinstance(plan, MLADecodePlan):
-            _fail(TypeError, f"plan must come from plan_mla_decode, got {type(plan).__name__}.")
+        if type(plan) is not MLADecodePlan:  # a subclass is another path's plan (the wgmma path's WgmmaPlan)
+            _fail(TypeError, f"plan must come from plan_mla_decode (the Triton path), got {type(plan).__name__}.")
         want = (batch, heads, dc, page_size, device)
         have = (plan.batch, plan.heads, plan.kv_lora_rank, plan.page_size, plan.device)
         if have != want:

@@ -1,6 +1,6 @@
-// Shared by the CUDA C++ paths of the fused FP8 MLA decode (mla_decode_mma.cu: mma.sync, sm_89+;
-// mla_decode_wgmma.cu: warpgroup MMA, sm_90a): the launch parameters (mirrored by kvwall.kernels.mla_decode.cuda's
-// ctypes structure, whose size each library's kvwall_mla_params_size() checks), the item bounds and small helpers.
+// What the fused FP8 MLA decode's CUDA C++ split kernel (mla_decode_wgmma.cu: warpgroup MMA, sm_90a) shares with
+// its host side: the launch parameters (mirrored by kvwall.kernels.mla_decode.wgmma's ctypes structure, whose size
+// the library's kvwall_mla_params_size() checks at load), the item bounds of the plan's work list and small helpers.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>

@@ -1,5 +1,6 @@
 """Our fused kernel compiled for GPUs we do not have: Triton's offline compile (no GPU needed, Triton's bundled ptxas)
-of every launch shape we ship or try, for sm_90, sm_100 and sm_120, held against each architecture's limits.
+of every launch shape of the Triton path we ship or try, for sm_90, sm_100 and sm_120, held against each
+architecture's limits; and nvcc's compile of the wgmma path for its only target, sm_90a.
 
 Run with ``python -m kvwall.tuning.arch_check`` (a table of every row); chapter 6 calls :func:`check_architectures`.
 
@@ -35,8 +36,8 @@ PTX; there, and wherever an allocation's count is not an immediate, the count is
 ``metadata.tmem_size`` (the columns it laid out: with Triton 3.6, 544 for a 64-head x 64-token tile, 528 for
 64 x 32), or None where this Triton has no such field.
 
-The fused kernel's CUDA C++ path (``mla_decode_mma.cu``) is compiled by nvcc once per architecture
-(:func:`cuda_mla_builds`, ``cuda_mla=True``): a row per (variant, architecture), :mod:`kvwall.tuning.arch_check_cuda`.
+The wgmma path (``mla_decode_wgmma.cu``) is compiled by nvcc for sm_90a (:func:`wgmma_builds`, ``wgmma=True``): one
+row, :mod:`kvwall.tuning.arch_check_cuda`.
 """
 
 from __future__ import annotations
@@ -65,12 +66,12 @@ from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 from kvwall.measure.failures import error_text
 from kvwall.model.cost import GPUS
 from kvwall.model.geometry import GLM5
-from kvwall.tuning.arch_check_cuda import cuda_mla_rows
+from kvwall.tuning.arch_check_cuda import wgmma_rows
 from kvwall.tuning.fused import candidates
 
 __all__ = ["ARCHS", "ArchLimits", "KernelBuild", "ROLES", "CANDIDATE_HEADS", "PINNED_TRITON_ENV", "PinnedTritonMissing",
            "pinned_triton_dir", "pinned_triton_version", "fallback_config", "tuned_shapes", "tuned_arch",
-           "tmem_columns", "compile_split", "compile_gather", "cuda_twin_builds", "cuda_mla_builds",
+           "tmem_columns", "compile_split", "compile_gather", "cuda_twin_builds", "wgmma_builds",
            "check_architectures", "check_every_shape", "format_rows", "main"]
 
 
@@ -220,8 +221,7 @@ def _build(kernel: str, rep: _Report, limits: ArchLimits, *, heads: int, shape: 
 
 
 #: How :func:`_shape_text` names a launch-shape field that differs from its default.
-_FIELD_TEXT = {"convert": "convert {}", "cache_k": "K {}", "cache_v": "V {}", "s_fp8": "FP8 scores",
-               "tokens_m": "tokens as M"}
+_FIELD_TEXT = {"cache_v": "V {}"}
 
 
 def _shape_text(cfg: MLADecodeConfig) -> str:
@@ -291,17 +291,17 @@ def cuda_twin_builds() -> list[dict[str, Any]]:
     return rows
 
 
-def cuda_mla_builds() -> list[dict[str, Any]]:
-    """The fused kernel's CUDA C++ path compiled by nvcc for each architecture of :data:`ARCHS`: a row per (variant,
-    architecture) (:func:`kvwall.tuning.arch_check_cuda.cuda_mla_rows`)."""
-    return cuda_mla_rows(ARCHS)
+def wgmma_builds() -> list[dict[str, Any]]:
+    """The fused kernel's wgmma path compiled by nvcc for sm_90a, its only target: one row
+    (:func:`kvwall.tuning.arch_check_cuda.wgmma_rows`)."""
+    return wgmma_rows(ARCHS[0].regs_per_sm)
 
 
 def _compile_all(pairs: Iterable[tuple[MLADecodeConfig, int]]) -> None:
     """Compile each distinct (shape, capability) once, as many at a time as there are CPU cores (the compiler's
     passes and ptxas run outside the GIL), the largest tiles first; the launcher's own resource check of the
     fallback shapes then finds them in Triton's cache."""
-    todo = sorted(dict.fromkeys(pairs), key=lambda p: -p[0].block_h * p[0].block_n * (2 if p[0].s_fp8 else 1))
+    todo = sorted(dict.fromkeys(pairs), key=lambda p: -p[0].block_h * p[0].block_n)
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
         list(pool.map(lambda p: _split_report(*p), todo))
 
@@ -367,7 +367,7 @@ def _check_pinned(version: str, heads: tuple[int, ...], cast_kernels: bool, ever
     folder = pinned_triton_dir()
     argv = [sys.executable, "-m", "kvwall.tuning.arch_check", "--here", "--json", "--heads", *map(str, heads)]
     argv += ([] if every_shape else ["--fallback-only"]) + ([] if cast_kernels else ["--no-cast-kernels"])
-    argv += ["--no-cuda-mla"]  # nvcc's rows need no Triton: check_architectures adds them in this process
+    argv += ["--no-wgmma"]  # nvcc's row needs no Triton: check_architectures adds it in this process
     path = os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run(argv, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True,
                           timeout=3600)
@@ -383,14 +383,14 @@ def _check_pinned(version: str, heads: tuple[int, ...], cast_kernels: bool, ever
 
 
 def check_architectures(heads: tuple[int, ...] = (16, 32, 64, 128), *, cast_kernels: bool = False,
-                        every_shape: bool = False, current_triton: bool = False, cuda_mla: bool = False
+                        every_shape: bool = False, current_triton: bool = False, wgmma: bool = False
                         ) -> list[dict[str, Any]]:
     """Every head count's fallback launch shape of the fused kernel -- the one the launcher picks on each
     architecture -- compiled for every architecture of :data:`ARCHS`; with ``every_shape``, the tuned and
     candidate shapes too (:func:`check_every_shape`); with ``cast_kernels``, chapter 4's Triton gather_cast and
-    (where nvcc is) its CUDA twin; with ``cuda_mla``, the fused kernel's CUDA C++ path, every variant
-    (:func:`cuda_mla_builds`). One dict per (kernel, shape, architecture), with the ``triton`` version it was
-    compiled with (None for the CUDA C++ rows).
+    (where nvcc is) its CUDA twin; with ``wgmma``, the fused kernel's wgmma path on sm_90a (:func:`wgmma_builds`).
+    One dict per (kernel, shape, architecture), with the ``triton`` version it was compiled with (None for the CUDA
+    C++ rows).
 
     The compiles run with the GPU machines' Triton (module docstring), in a child Python. Where it is not
     installed: with ``current_triton``, in this process with this environment's Triton; else
@@ -398,9 +398,9 @@ def check_architectures(heads: tuple[int, ...] = (16, 32, 64, 128), *, cast_kern
     heads = tuple(heads)
     version = pinned_triton_version()
     if version is not None:
-        return _check_pinned(version, heads, cast_kernels, every_shape) + (cuda_mla_builds() if cuda_mla else [])
+        return _check_pinned(version, heads, cast_kernels, every_shape) + (wgmma_builds() if wgmma else [])
     if current_triton:
-        return _check_here(heads, cast_kernels, every_shape) + (cuda_mla_builds() if cuda_mla else [])
+        return _check_here(heads, cast_kernels, every_shape) + (wgmma_builds() if wgmma else [])
     raise PinnedTritonMissing(
         f"no Triton in {pinned_triton_dir()}: the offline architecture check compiles with the GPU machines' "
         f"Triton (requirements-triton-gpu.txt), which `make setup` installs there (or set {PINNED_TRITON_ENV} to "
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, nargs="+", default=[16, 32, 64, 128], help="fallback head counts")
     parser.add_argument("--fallback-only", action="store_true", help="only the launcher's fallback shapes")
     parser.add_argument("--no-cast-kernels", action="store_true", help="leave out chapter 4's cast kernels")
-    parser.add_argument("--no-cuda-mla", action="store_true", help="leave out the fused kernel's CUDA C++ path")
+    parser.add_argument("--no-wgmma", action="store_true", help="leave out the fused kernel's wgmma path (nvcc)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON (one line), not as a table")
     parser.add_argument("--current-triton", action="store_true",
                         help="where the GPU machines' Triton is not installed, compile with this environment's own")
@@ -460,10 +460,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     which = dict(cast_kernels=not args.no_cast_kernels, every_shape=not args.fallback_only)
     if args.here:
-        rows = _check_here(tuple(args.heads), **which) + ([] if args.no_cuda_mla else cuda_mla_builds())
+        rows = _check_here(tuple(args.heads), **which) + ([] if args.no_wgmma else wgmma_builds())
     else:
         rows = check_architectures(tuple(args.heads), current_triton=args.current_triton,
-                                   cuda_mla=not args.no_cuda_mla, **which)
+                                   wgmma=not args.no_wgmma, **which)
     if args.json:
         print(json.dumps(rows))
         return 0

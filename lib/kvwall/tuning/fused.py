@@ -1,7 +1,7 @@
 """Tune the fused FP8 MLA decode kernel on the GPU at hand: ``python -m kvwall.tuning.fused``.
 
-One run, one GPU. Every candidate launch shape of :func:`kvwall.kernels.mla_decode.kernel` (heads and tokens per
-program step, warps, software-pipeline stages, cache hints of the two tile reads, FP8 conversion) is first
+One run, one GPU. Every candidate launch shape of the Triton path (:mod:`kvwall.kernels.mla_decode.kernel`: heads
+and tokens per program step, warps, software-pipeline stages, the second tile read's cache hint, 16-bit pairs) is first
 checked against a float32 reference on a mixed-length batch, then timed at batch 1, 128K tokens of a 495K-slot
 FP8 pool for 16, 64 and 128 heads, inside CUDA graphs (so no host launch overhead), with a 256 MB buffer
 zeroed before every call so the pool rows are not left in L2. The best few per head count are then timed
@@ -52,32 +52,27 @@ TUNING_GPU = "NVIDIA H200"
 
 
 def candidates(heads: int) -> list[MLADecodeConfig]:
-    """Launch shapes tried for a head count."""
+    """Launch shapes tried for a head count: every one a shape the kernel has (its options are the ones some tuned
+    entry selected; the others are retired, their measurements in ``kernels/mla_decode/NOTES.md``)."""
     out = []
     if heads <= 16:
-        out += [MLADecodeConfig(16, bn, w, st, convert="cvt")
-                for bn, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2))]
+        out += [MLADecodeConfig(16, bn, w, st) for bn, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2),
+                                                                 (128, 8, 2))]
         # the tile as 16-bit pairs of FP8 values (no byte loads from shared memory, one cvt per pair)
-        out += [MLADecodeConfig(16, bn, w, st, convert="cvt", pairs=True)
+        out += [MLADecodeConfig(16, bn, w, st, pairs=True)
                 for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 2), (32, 4, 3), (128, 8, 2))]
         # ... loaded once for both dots (one copy of the tile in shared memory: 58 KB instead of 90 KB at 64 tokens)
-        out += [MLADecodeConfig(16, bn, w, st, convert="cvt", pairs=True, cache_v="")
+        out += [MLADecodeConfig(16, bn, w, st, pairs=True, cache_v="")
                 for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 3), (32, 4, 3))]
-        # roads measured and not taken: tokens as the MMA's M side (warpgroup MMAs, the tile converted once),
-        # scores on FP8 tensor cores, FP8 -> float16 by bit moves, one read of the tile for both dots
-        out += [MLADecodeConfig(16, 32, 4, 2, convert="cvt", tokens_m=True),
-                MLADecodeConfig(16, 64, 8, 2, convert="cvt", s_fp8=True),
-                MLADecodeConfig(16, 64, 4, 2, convert="bits"), MLADecodeConfig(16, 64, 4, 2, convert="cvt", cache_v="")]
+        out += [MLADecodeConfig(16, 64, 4, 2, cache_v="")]
     else:
-        out += [MLADecodeConfig(64, 64, 8, 2, convert="cvt", cache_v=cv) for cv in (".ca", "")]
-        out += [MLADecodeConfig(64, 64, 8, 3, convert="cvt", cache_v=""), MLADecodeConfig(32, 64, 4, 3, convert="cvt"),
-                MLADecodeConfig(64, 32, 8, 3, convert="cvt", cache_v=""),
-                MLADecodeConfig(64, 32, 8, 2, convert="cvt", cache_v=".ca"),
-                MLADecodeConfig(32, 64, 8, 2, convert="cvt", cache_v=""), MLADecodeConfig(32, 64, 8, 3, convert="cvt", cache_v=""),
-                MLADecodeConfig(32, 64, 8, 3, convert="cvt", cache_v="", pairs=True),
-                MLADecodeConfig(64, 64, 8, 3, convert="cvt", cache_v="", pairs=True),
-                MLADecodeConfig(32, 64, 4, 2, convert="cvt", cache_v="", pairs=True),
-                MLADecodeConfig(64, 64, 8, 2, convert="bits", cache_v="")]
+        out += [MLADecodeConfig(64, 64, 8, 2, cache_v=cv) for cv in (".ca", "")]
+        out += [MLADecodeConfig(64, 64, 8, 3, cache_v=""), MLADecodeConfig(32, 64, 4, 3),
+                MLADecodeConfig(64, 32, 8, 3, cache_v=""), MLADecodeConfig(64, 32, 8, 2, cache_v=".ca"),
+                MLADecodeConfig(32, 64, 8, 2, cache_v=""), MLADecodeConfig(32, 64, 8, 3, cache_v=""),
+                MLADecodeConfig(32, 64, 8, 3, cache_v="", pairs=True),
+                MLADecodeConfig(64, 64, 8, 3, cache_v="", pairs=True),
+                MLADecodeConfig(32, 64, 4, 2, cache_v="", pairs=True)]
     return list(dict.fromkeys(out))
 
 
@@ -125,8 +120,8 @@ def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config: MLADecod
             op = m.group(1) + (f".{mods[1]}" if m.group(1) in ("ld", "st", "cp", "mma", "wgmma") and len(mods) > 1 else "")
             counts[op] += 1
             byte_loads += m.group(0).strip().startswith("ld.shared") and m.group(2).endswith(".b8")
-    shape = (f"{config.block_h} heads x {config.block_n} tokens, {config.num_warps} warps, {config.num_stages} stages, "
-             f"{config.convert}")
+    shape = (f"{config.block_h} heads x {config.block_n} tokens, {config.num_warps} warps, {config.num_stages} stages"
+             + (", pairs" if config.pairs else "") + (", one load" if config.cache_v == "" else ""))
     return {"counts": counts, "total": sum(counts.values()), "byte_loads": byte_loads, "shape": shape,
             "triton": triton.__version__}
 
