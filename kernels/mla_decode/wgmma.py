@@ -325,9 +325,10 @@ def _checked_inputs(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, s
     return _Inputs(ckv, kpe, page_size, (parsed[0], parsed[1]))
 
 
-def _params(inputs: _Inputs, plan: MLADecodePlan, q_nope, q_pe, kv_indptr, kv_indices, kv_len, sm_scale, out,
-            lse) -> Params:
-    """The launch parameters of one call (``kv_indices`` non-empty, ``out`` allocated)."""
+def _params(inputs: _Inputs, plan: MLADecodePlan, q_nope, q_pe, kv_indptr, kv_indices, num_indices: int, kv_len,
+            sm_scale, out, lse) -> Params:
+    """The launch parameters of one call: ``kv_indices`` a valid pointer (one dummy entry where the call has none),
+    ``num_indices`` the call's own count (``kv_indptr`` is clamped to it), ``out`` allocated."""
     ckv, kpe = inputs.ckv, inputs.kpe
     (c_t, c_v), (k_t, k_v) = inputs.scales
     return Params(
@@ -340,7 +341,7 @@ def _params(inputs: _Inputs, plan: MLADecodePlan, q_nope, q_pe, kv_indptr, kv_in
         stride_qn_b=q_nope.stride(0), stride_qn_h=q_nope.stride(1), stride_qp_b=q_pe.stride(0),
         stride_qp_h=q_pe.stride(1), stride_ckv=ckv.stride(0), stride_kpe=kpe.stride(0), stride_o_b=out.stride(0),
         stride_o_h=out.stride(1), ckv_scale_val=c_v, kpe_scale_val=k_v, qk_scale=float(sm_scale) * LOG2E,
-        H=q_nope.shape[1], num_indices=kv_indices.numel(), num_units=ckv.shape[0] // inputs.page_size,
+        H=q_nope.shape[1], num_indices=num_indices, num_units=ckv.shape[0] // inputs.page_size,
         page=inputs.page_size, indptr64=int(kv_indptr.dtype == torch.int64),
         indices64=int(kv_indices.dtype == torch.int64), kvlen64=int(kv_len is not None and kv_len.dtype == torch.int64),
         scale_from_ptr=int(c_t is not None), write_lse=int(lse is not None),
@@ -374,12 +375,13 @@ def mla_decode_fp8_wgmma(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: to
         _fail(ValueError, f"the plan was made for (batch, heads, kv_lora_rank, page_size, device) = {have}; this "
               f"call has {want}.")
     lib = load_mla_decode_wgmma(trace=_TRACING)
-    if kv_indices.numel() == 0:  # a valid pointer for the (never executed) index loads
+    num_indices = kv_indices.numel()
+    if num_indices == 0:  # a valid pointer for the (never executed) index loads
         kv_indices = torch.zeros(1, dtype=torch.int32, device=device)
     if out is None:
         out = torch.empty(batch, heads, dc, dtype=torch.bfloat16, device=device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if return_lse else None
-    params = _params(inputs, plan, q_nope, q_pe, kv_indptr, kv_indices, kv_len, sm_scale, out, lse)
+    params = _params(inputs, plan, q_nope, q_pe, kv_indptr, kv_indices, num_indices, kv_len, sm_scale, out, lse)
     code = lib.kvwall_mla_wgmma_split(ctypes.byref(params), -(-heads // HEADS_PER_CTA), plan.items,
                                       torch.cuda.current_stream(device).cuda_stream)
     if code != 0:
