@@ -15,28 +15,32 @@ from kvwall.model.cost import PATHS, CostModel, Point, fit_cost_model, split_tra
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.paths import KERNEL_NAMES, kernel_that_ran, kernels_that_ran
-from kvwall.notebook.original_gpu_report import original_gpu_rows
 from kvwall.notebook.plots import with_caption
 from kvwall.notebook.tables import Table, number, percent, scientific, times
 from kvwall.results import Result
 
 __all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "memory_table", "step_figure", "sweep_figure",
-           "validation_figure", "validation_table", "misses_table", "decision_table", "sweep_samples", "headline_point",
+           "validation_figure", "validation_table", "misses_table", "sweep_samples", "headline_point",
            "lead_text", "memory_text", "sweep_findings", "patch_check_table", "patch_meta", "front_page_figure",
-           "front_page_text", "fused_kernel_text"]
+           "cast_step_name", "fused_kernel_text", "OURS_PATHS", "MB"]
 
+#: Ours in the sweep: the dispatcher's path, and the Triton path forced.
+OURS_PATHS = ("ours", "triton")
 #: Short names of the step's paths for axes and tables.
 STEP_NAMES = {
     "full_pool_cast": "whole-pool cast (original)", "index_then_cast": "PyTorch index-then-cast",
-    "gather_cast": "gather_cast (ch. 4)", "fused_fp8": "fused FP8 (ours, ch. 5)",
+    "gather_cast": "gather_cast (ch. 4)", "ours": "ours (ch. 5)",
     "flashinfer_fp8": "FlashInfer FP8 (fa3)", "bf16_cache": "BF16 cache (2× memory)",
+    "flashmla_fp8": "FlashMLA FP8 (FP8 query)", "flashmla_bf16": "FlashMLA BF16 (2× memory)",
 }
 #: The sweep paths the figures draw, with a colour each (FlashInfer fa2 twins are in the tables and the model).
 SWEEP_COLORS = {
-    "full_pool_cast": "#d62728", "index_then_cast": "#ff7f0e", "gather_cast": "#2ca02c", "fused_fp8": "#9467bd",
+    "full_pool_cast": "#d62728", "index_then_cast": "#ff7f0e", "gather_cast": "#2ca02c", "ours": "#9467bd",
     "flashinfer_fp8": "#8c564b", "bf16_cache": "#1f77b4", "flashmla_bf16": "#17becf", "flashmla_fp8": "#7f7f7f",
+    "triton": "#e377c2",
 }
 MISS = 0.20  # a held-out prediction off by more than this is listed, with why
+MB = 1e6  # the book's megabyte: 10^6 bytes (chapter 6's memory section says so)
 
 
 def _rows(result: Result, section: str) -> list[dict[str, Any]]:
@@ -64,18 +68,18 @@ def step_rows(result: Result) -> list[dict[str, Any]]:
                     "speedup": base["step_ms"] / r["step_ms"] if base else None,
                     "time_saved": 1 - r["step_ms"] / base["step_ms"] if base else None,
                     "tokens_per_fp8_pool": (fp8_bytes / r["kv_bytes_per_token"]) if fp8_bytes else None,
-                    "transient_mb": r["transient_bytes"] / 2**20 if r.get("transient_bytes") is not None else None})
+                    "transient_mb": r["transient_bytes"] / MB if r.get("transient_bytes") is not None else None})
     return out
 
 
 def step_table(result: Result, caption: str) -> Table:
     """The step per path: time, against the original path, KV work, accuracy. On a CPU (small scale, Triton kernels
     interpreted) ratios to the original path would compare an interpreter with PyTorch's CPU kernels: left out."""
-    columns = {"path": "name", "step ms": ("step_ms", number(2)), "vs the original": ("speedup", times(2)),
+    columns = {"path": "name", "step ms": ("step_ms", number(2)), "vs the whole-pool cast": ("speedup", times(2)),
                "time saved": ("time_saved", percent), "KV work ms/step": ("kv_work_ms", number(2)),
                "error vs float64": ("rel_err_vs_float64", scientific), "attention": "backend"}
     if _setup(result)["device"] == "cpu":
-        for key in ("vs the original", "time saved"):
+        for key in ("vs the whole-pool cast", "time saved"):
             columns.pop(key)
     return Table(step_rows(result), columns, caption)
 
@@ -87,13 +91,13 @@ def memory_table(result: Result, caption: str) -> Table:
         "path": "name", "cache": ("cache_dtype", lambda d: {"float8_e4m3fn": "FP8 (e4m3)", "bfloat16": "BF16"}.get(d, d)),
         "KV bytes/token (78 layers)": ("kv_bytes_per_token", number(0)),
         "tokens in the same memory": ("tokens_per_fp8_pool", times(2)),
-        "extra peak memory a step, MB": ("transient_mb", number(1))}, caption)
+        "extra peak a step, MB": ("transient_mb", number(1))}, caption)
 
 
 def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure:
     """Stacked bars, one per path: the step's phases (ms)."""
     rows = step_rows(result)
-    x = [r["name"].replace(" (", "<br>(").replace(" index-", "<br>index-") for r in rows]
+    x = [r["name"] for r in rows]
     fig = go.Figure()
     for key, name, color in (("write_kv_ms", "write new token's KV", "#8c8c8c"),
                              ("kv_ms", "KV preparation (cast / gather)", "#d62728"),
@@ -104,18 +108,9 @@ def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure
     for name, r in zip(x, rows):
         fig.add_annotation(x=name, y=r["step_ms"], text=f"{r['step_ms']:.1f} ms", showarrow=False,
                            yanchor="bottom", font=dict(size=11))
-    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per decode step")
-    fig = with_caption(fig, caption, height=600)
-    _legend_on_top(fig, per_row=2)
-    fig.update_layout(xaxis_tickangle=0, xaxis_tickfont_size=10)
-    return fig
-
-
-def _legend_on_top(fig: go.Figure, per_row: int, top: int = 150) -> None:
-    """The legend in rows between the title and the plot (the caption holds the space under it)."""
-    fig.update_layout(title=dict(y=0.99, yanchor="top"), margin=dict(t=top),
-                      legend=dict(orientation="h", x=0, y=1.01, yanchor="bottom", xanchor="left",
-                                  entrywidth=1 / per_row, entrywidthmode="fraction"))
+    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per decode step",
+                      yaxis_range=[0, max(r["step_ms"] for r in rows) * 1.12])
+    return with_caption(fig, caption, height=560)
 
 
 def headline_point(result: Result) -> Point:
@@ -177,9 +172,9 @@ def validation_table(fit: SweepFit, caption: str) -> Table:
 
 def _why(row: dict[str, Any]) -> str:
     """Why a held-out point misses, from what the model leaves out (the chapter explains each reason)."""
-    if row["path"].startswith("fused_fp8") and row["batch"] > 1:
+    if row["path"] in OURS_PATHS and row["batch"] > 1:
         return "mixed batch: fixed work per chunk"
-    if row["path"].startswith("fused_fp8") and row["heads"] >= 64:
+    if row["path"] in OURS_PATHS and row["heads"] >= 64:
         return "many heads: tile and tensor-core rate"
     if row["batch"] == 1:
         return "one request: time rises in steps"
@@ -224,9 +219,7 @@ def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.F
     fig.update_layout(title=title, xaxis_title="measured µs per layer (held out)", yaxis_title="predicted µs per layer")
     fig.update_xaxes(type="log", dtick=1)
     fig.update_yaxes(type="log", dtick=1)
-    fig = with_caption(fig, caption, height=640)
-    _legend_on_top(fig, per_row=4, top=150)
-    return fig
+    return with_caption(fig, caption, height=640)
 
 
 def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[str]) -> go.Figure:
@@ -253,82 +246,7 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
         fig.update_xaxes(type="log", dtick="D2" if axis in ("batch", "heads") else 1, row=row, col=col)
         fig.update_yaxes(type="log", dtick=1, title_text="µs per layer" if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title)
-    fig = with_caption(fig, caption, height=900)
-    _legend_on_top(fig, per_row=4, top=170)
-    fig.update_layout(legend_y=1.07)
-    return fig
-
-
-# ---------------------------------------------------------------------------------------------------------
-# What to do
-# ---------------------------------------------------------------------------------------------------------
-
-def _link(chapter: str, text: str) -> str:
-    """A link to a chapter: MyST resolves it to the page in the built site; JupyterLab opens the file."""
-    return f"[{text}]({chapter}.md)"
-
-
-def decision_table(step: Result, sweep: Result, fit: SweepFit, caption: str) -> Table:
-    """Architecture x FlashInfer version x batch regime -> what to run, each with the measured or predicted figure
-    that says so and the chapter that shows it."""
-    s = {r["path"]: r for r in step_rows(step)}
-    us = _sweep_us(sweep)
-    long_ = max(t for a, _, b, t, h in us if a == "context")
-
-    def at(path: str, axis: str = "context", batch: int = 1, tokens: int = long_, heads: int = 16) -> float:
-        return us[(axis, path, batch, tokens, heads)]
-
-    points = {(a, b, t, h) for a, _, b, t, h in us if a != "pool"}
-    fm_wins = sum(min((v, p) for (a2, p, b2, t2, h2), v in us.items() if (a2, b2, t2, h2) == pt)[1] == "flashmla_fp8"
-                  for pt in points)
-    big_b = max(b for a, _, b, _, _ in us if a == "batch")
-    big_t = next(t for a, _, b, t, _ in us if a == "batch" and b == big_b)
-    step_ms = {k: v["step_ms"] for k, v in s.items()}
-    p = headline_point(step)
-    sm120 = {r["path"]: r for r in original_gpu_rows(fit.model, p)}
-    ch4, ch5, ch3, ch6 = (_link("04_gather_then_cast", "ch. 4"), _link("05_fused_fp8_decode", "ch. 5"),
-                          _link("03_the_other_doors", "ch. 3"), "this chapter")
-    rows = [
-        {"arch": "SM90 (H100, H200)", "flashinfer": "< 0.6.14 (no FP8 MLA)", "batch": "1 (single stream)",
-         "do": "apply the gather_cast patch (below), or decode with the fused FP8 kernel",
-         "why": f"step {step_ms['full_pool_cast']:.1f} → {step_ms['gather_cast']:.1f} ms (gather_cast) or "
-                f"{step_ms['fused_fp8']:.1f} ms (fused), measured on the H200", "where": f"{ch4}, {ch5}, {ch6}"},
-        {"arch": "SM90", "flashinfer": "≥ 0.6.14 (FP8 fa3)", "batch": "any",
-         "do": "delete the cast: even FlashInfer's own FP8 kernel beats cast + BF16; but it is the slowest "
-               "cast-free path",
-         "why": f"per layer at {long_ // 1024}K tokens: FP8 fa3 {at('flashinfer_fp8'):.0f} µs vs cast + BF16 "
-                f"{at('full_pool_cast'):.0f} µs ({at('full_pool_cast') / at('flashinfer_fp8'):.1f}× less); "
-                f"gather_cast + fa3 {at('gather_cast'):.0f} µs", "where": f"{ch4}, {ch6}"},
-        {"arch": "SM90", "flashinfer": "any", "batch": "any, no patch",
-         "do": "switch SGLang to `--attention-backend flashmla --page-size 64`: FlashMLA's FP8 decode, no cast, "
-               f"the fastest path at {fm_wins} of {len(points)} sweep points, with an FP8 query (chapter 5 measures "
-               "its error; SGLang issue #35291 reports GSM8K unchanged)",
-         "why": f"per layer at {long_ // 1024}K tokens: FlashMLA FP8 {at('flashmla_fp8'):.0f} µs, our fused kernel "
-                f"{at('fused_fp8'):.0f} µs, cast + BF16 {at('full_pool_cast'):.0f} µs", "where": f"{ch5}, {ch6}"},
-        {"arch": "SM90", "flashinfer": "any", "batch": f"≥ 16 (mixed, e.g. {big_b} × {big_t // big_b // 1024}K)",
-         "do": "gather_cast + fa3 keeps the FP8 cache and BF16 accuracy; FlashMLA BF16 is faster if twice the KV "
-               "memory is affordable; FlashMLA FP8 is fastest but quantizes the query (chapter 5's error table)",
-         "why": f"batch {big_b}: gather_cast {at('gather_cast', 'batch', big_b, big_t):.0f} µs, fused "
-                f"{at('fused_fp8', 'batch', big_b, big_t):.0f} µs, FlashMLA BF16 "
-                f"{at('flashmla_bf16', 'batch', big_b, big_t):.0f} µs, FlashMLA FP8 "
-                f"{at('flashmla_fp8', 'batch', big_b, big_t):.0f} µs per layer", "where": f"{ch5}, {ch6}"},
-        {"arch": "SM120 (RTX PRO 6000, RTX 5090)", "flashinfer": "any, through 0.7.x (no FP8 MLA)",
-         "batch": "1 (the original)",
-         "do": "apply the gather_cast patch (fa2), or the fused kernel (its 16-head shape fits SM120; at more heads a "
-               "smaller shape fits, unmeasured)",
-         "why": f"predicted step {sm120['full_pool_cast_fa2']['step_lo']:.0f}–{sm120['full_pool_cast_fa2']['step_hi']:.0f}"
-                f" ms → {sm120['gather_cast_fa2']['step_lo']:.0f}–{sm120['gather_cast_fa2']['step_hi']:.0f} ms "
-                f"(gather_cast) or {sm120['fused_fp8']['step_lo']:.0f}–{sm120['fused_fp8']['step_hi']:.0f} ms "
-                f"(fused); a BF16 cache halves the tokens a GPU holds", "where": f"{ch3}, {ch6}"},
-        {"arch": "SM100 (B200)", "flashinfer": "≥ 0.6.x", "batch": "any",
-         "do": "FlashInfer's trtllm-gen / CUTLASS MLA read FP8 there (not measured here); the gather_cast patch "
-               "works on any GPU",
-         "why": "chapter 3 lists which doors exist per architecture", "where": ch3},
-    ]
-    for r in rows:
-        r["setup"] = f"**{r['arch']}**; FlashInfer {r['flashinfer']}; batch {r['batch']}"
-    return Table(rows, {"your GPU, FlashInfer, batch": "setup", "do this": "do", "because": "why",
-                        "shown in": "where"}, caption)
+    return with_caption(fig, caption, height=900)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -340,65 +258,90 @@ def _sweep_us(sweep: Result) -> dict[tuple[str, str, int, int, int], float]:
             for r in _rows(sweep, "point") if r.get("us")}
 
 
+def cast_step_name(step: Result) -> str:
+    """How the book names its own step with the whole-pool cast: the figure, the recording and its clock (one name,
+    used wherever that step is quoted; the original's 86 ms is the original's)."""
+    s = {r["path"]: r for r in step_rows(step)}
+    clock = "CUDA-graph replay" if s["full_pool_cast"].get("timing") == "cuda_graph" else s["full_pool_cast"].get(
+        "timing") or "eager"
+    gpu = _setup(step).get("gpu") or _setup(step)["device"]
+    return f"{s['full_pool_cast']['step_ms']:.1f} ms ({gpu}, {clock})"
+
+
+def _short(row: dict[str, Any]) -> str:
+    return row["name"].split(" (")[0]
+
+
 def lead_text(step: Result, sweep: Result) -> str:
     """The answer in a paragraph: what every path saves on the step, how little separates them at one request,
-    and where our fused kernel loses (against FlashMLA, and at batch > 1)."""
+    where ours wins and loses against gather_cast and FlashMLA at one request and in batches."""
     s = {r["path"]: r for r in step_rows(step)}
     free = [r for k, r in s.items() if k != "full_pool_cast"]
     best, worst = min(free, key=lambda r: r["step_ms"]), max(free, key=lambda r: r["step_ms"])
     us = _sweep_us(sweep)
-    batches = sorted({b for a, _, b, _, _ in us if a == "batch"})
-    lose_at = [b for b in batches if b > 1 and any(us[("batch", "fused_fp8", b, t, 16)] > us[("batch", p, b, t, 16)]
-                                                   for (a, pa, bb, t, h) in us if a == "batch" and bb == b
-                                                   and pa == "fused_fp8" for p in ("gather_cast", "bf16_cache"))]
-    b_max = batches[-1]
-    t_max = next(t for a, _, b, t, _ in us if a == "batch" and b == b_max)
-    fm = us[("batch", "flashmla_bf16", b_max, t_max, 16)] / us[("batch", "fused_fp8", b_max, t_max, 16)]
-    ctxs = sorted({t for a, _, b, t, _ in us if a == "context"})
-    others = ("gather_cast", "bf16_cache", "flashinfer_fp8", "flashmla_bf16", "index_then_cast")
-    fastest_accurate = [t for t in ctxs if all(us[("context", "fused_fp8", 1, t, 16)] <= us[("context", p, 1, t, 16)]
-                                                for p in others)]
-    beats_flashmla_fp8 = [t for t in ctxs if us[("context", "fused_fp8", 1, t, 16)]
-                          <= us[("context", "flashmla_fp8", 1, t, 16)]]
+
+    def at(axis: str, path: str) -> dict[int, float]:
+        key = 2 if axis == "batch" else 3
+        return {k[key]: v for k, v in us.items() if k[0] == axis and k[1] == path and k[4] == 16}
+
+    ours_b, gather_b, fm_b = at("batch", "ours"), at("batch", "gather_cast"), at("batch", "flashmla_bf16")
+    batches = sorted(b for b in ours_b if b > 1 and b in gather_b)
+    slower = [b for b in batches if ours_b[b] > gather_b[b]]
+    b_max = batches[-1] if batches else None
+    ctx_ours, others = at("context", "ours"), ("gather_cast", "bf16_cache", "flashinfer_fp8", "flashmla_bf16",
+                                               "index_then_cast")
+    ctxs = sorted(ctx_ours)
+    fastest_accurate = [t for t in ctxs if all(ctx_ours[t] <= at("context", p).get(t, float("inf")) for p in others)]
+    fm_fp8 = at("context", "flashmla_fp8")
+    fm_faster = [t for t in ctxs if t in fm_fp8 and fm_fp8[t] < ctx_ours[t]]
     spread = worst["step_ms"] - best["step_ms"]
-    return (
-        f"**Every way past the wall removes the same thing: the whole-pool cast.** On chapter 1's step (GLM-5, "
-        f"{s['full_pool_cast']['step_ms']:.1f} ms with the cast, one request of "
-        f"{step.params['context_lens'][0]:,} tokens), every other path lands between {best['step_ms']:.1f} ms "
-        f"({best['name']}) and {worst['step_ms']:.1f} ms ({worst['name']}): "
-        f"{worst['time_saved']:.0%}–{best['time_saved']:.0%} of the step saved. What separates them, "
-        f"{spread:.1f} ms, is {spread / s['full_pool_cast']['step_ms']:.0%} of the original step. "
-        f"**Where ours loses:** our fused FP8 kernel is the fastest BF16-accurate path for one request "
-        + (f"at every length measured ({ctxs[0] // 1024}K–{ctxs[-1] // 1024}K tokens)"
-           if len(fastest_accurate) == len(ctxs) else
-           f"at {len(fastest_accurate)} of the {len(ctxs)} lengths measured "
-           f"({', '.join(f'{t // 1024}K' for t in fastest_accurate)}; {ctxs[0] // 1024}K–{ctxs[-1] // 1024}K tokens)")
-        + f", but FlashMLA's FP8 kernel, which quantizes the query to FP8 and errs far more (chapter 5), is faster at "
-        f"{len(ctxs) - len(beats_flashmla_fp8)} of them ("
-        + ", ".join(f"{t // 1024}K" for t in ctxs if t not in beats_flashmla_fp8) + "); with mixed "
-        f"batches ours is slower than gather_cast + FlashInfer from batch {lose_at[0] if lose_at else '—'} on, and "
-        f"FlashMLA's BF16 kernel (on a BF16 cache, twice the memory) runs a batch of {b_max} in {fm:.0%} of our "
-        f"kernel's time. What to run therefore depends on your GPU, your FlashInfer and your batch: the table at "
-        f"the end says which, and the cost model below predicts the step for GPUs we did not measure, the "
-        f"original's included.")
+    k = lambda t: f"{t // 1024}K"  # noqa: E731
+    text = (
+        f"**Every way past the wall removes the same thing: the whole-pool cast.** On this chapter's step (chapter "
+        f"1's step model: GLM-5, one request of {step.params['context_lens'][0]:,} tokens), the whole-pool cast "
+        f"takes {cast_step_name(step)}; every other path lands between {best['step_ms']:.1f} ms ({_short(best)}) and "
+        f"{worst['step_ms']:.1f} ms ({_short(worst)}): {worst['time_saved']:.0%}–{best['time_saved']:.0%} of the "
+        f"step saved. What separates them, {spread:.1f} ms, is {spread / s['full_pool_cast']['step_ms']:.0%} of "
+        f"the step with the cast. **Where ours wins and loses:** ours is the fastest BF16-accurate path for one "
+        f"request at " + (f"every length measured ({k(ctxs[0])}–{k(ctxs[-1])} tokens)"
+                          if len(fastest_accurate) == len(ctxs) else
+                          f"{len(fastest_accurate)} of the {len(ctxs)} lengths measured ("
+                          + (", ".join(map(k, fastest_accurate)) or "none") + f"; {k(ctxs[0])}–{k(ctxs[-1])})"))
+    if fm_fp8:
+        text += (f"; FlashMLA's FP8 kernel, which quantizes the query to FP8 and errs far more (chapter 5), is "
+                 f"faster at {len(fm_faster)} of them" + (f" ({', '.join(map(k, fm_faster))})" if fm_faster else ""))
+    if batches:
+        if not slower:
+            text += (f". With mixed batches of {batches[0]}–{b_max} requests ours is faster than gather_cast + "
+                     f"FlashInfer at every batch measured ({gather_b[b_max] / ours_b[b_max]:.1f}× at batch {b_max})")
+        else:
+            text += (f". With mixed batches ours is slower than gather_cast + FlashInfer at batch "
+                     f"{', '.join(map(str, slower))} (of {batches[0]}–{b_max} measured)")
+        if b_max in fm_b:
+            ratio = fm_b[b_max] / ours_b[b_max]
+            text += (f", and FlashMLA's BF16 kernel (on a BF16 cache, twice the memory) runs a batch of {b_max} in "
+                     f"{ratio:.0%} of ours' time")
+    return text + (". What to run therefore depends on your GPU, your SGLang backend and your batch: the table at the "
+                   "end says which, and the cost model below predicts the step for GPUs we did not measure, the "
+                   "original's included.")
 
 
 def memory_text(step: Result) -> str:
     s = {r["path"]: r for r in step_rows(step)}
-    fp8, bf16 = s["fused_fp8"]["kv_bytes_per_token"], s["bf16_cache"]["kv_bytes_per_token"]
+    fp8, bf16 = s["ours"]["kv_bytes_per_token"], s["bf16_cache"]["kv_bytes_per_token"]
     pool = step.params["pool_tokens"]
     pool_gb = pool * fp8 / 1e9
     return (
-        f"An FP8 token costs {fp8:,} bytes across GLM-5's 78 layers (576 values a layer, plus its 4-byte slot index); "
-        f"a BF16 token {bf16:,}. The original's {pool:,}-token pool is {pool_gb:.1f} GB per GPU in FP8; the same "
-        f"memory holds {int(pool * fp8 / bf16):,} BF16 tokens. The whole-pool cast also needs one layer's pool in "
-        f"BF16 while it runs ({s['full_pool_cast']['transient_mb']:,.0f} MB measured as the step's extra peak), "
-        f"PyTorch's index-then-cast {s['index_then_cast']['transient_mb']:.1f} MB at this request's length, and "
-        f"gather_cast writes into a buffer preallocated for the batch's tokens "
-        f"({step.params['context_lens'][0] * 1152 / 2**20:.1f} MB here, allocated once, so no extra peak within a "
-        f"step). So the BF16 cache "
-        f"is as fast as the best FP8 paths on one request, but it halves how many tokens, and so how many "
-        f"concurrent requests, a GPU can hold.")
+        f"Memory in this book is counted in MB of 10^6 bytes (and GB of 10^9). An FP8 token costs {fp8:,} bytes "
+        f"across GLM-5's 78 layers (576 values a layer, plus its 4-byte slot index); a BF16 token {bf16:,}. The "
+        f"original's {pool:,}-token pool is {pool_gb:.1f} GB per GPU in FP8; the same memory holds "
+        f"{int(pool * fp8 / bf16):,} BF16 tokens. The whole-pool cast also needs one layer's pool in BF16 while it "
+        f"runs ({s['full_pool_cast']['transient_mb']:,.1f} MB measured as the step's extra peak), PyTorch's "
+        f"index-then-cast {s['index_then_cast']['transient_mb']:.1f} MB at this request's length, and gather_cast "
+        f"writes into a buffer preallocated for the batch's tokens "
+        f"({step.params['context_lens'][0] * 1152 / MB:.1f} MB here, allocated once, so no extra peak within a "
+        f"step). So the BF16 cache is as fast as the best FP8 paths on one request, but it halves how many tokens, "
+        f"and so how many concurrent requests, a GPU can hold.")
 
 
 def sweep_findings(sweep: Result) -> str:
@@ -413,8 +356,9 @@ def sweep_findings(sweep: Result) -> str:
         return us[("context", path, 1, t, 16)]
 
     heads = sorted({h for a, _, b, _, h in us if a == "heads" and b == 1})
+    head_ctx = next(t for a, _, b, t, h in us if a == "heads" and b == 1)
     many = next(kernel_that_ran(r) for r in _rows(sweep, "point")
-                if (r["axis"], r["path"], r["batch"], r["heads"]) == ("heads", "fused_fp8", 1, heads[-1]))
+                if (r["axis"], r["path"], r["batch"], r["heads"]) == ("heads", "ours", 1, heads[-1]))
     return (
         f"- **Pool size is the whole story of the cast.** One layer's whole-pool cast plus attention takes "
         f"{small['us']:,.0f} µs with a {small['pool_tokens']:,}-token pool and {large['us']:,.0f} µs with "
@@ -423,75 +367,77 @@ def sweep_findings(sweep: Result) -> str:
         f"- **Context decides what the cast-free paths cost.** From {lo // 1024}K to {hi // 1024}K tokens (one "
         f"request, 16 heads) a layer costs {c('gather_cast', lo):.0f} → {c('gather_cast', hi):.0f} µs with "
         f"gather_cast + fa3, {c('bf16_cache', lo):.0f} → {c('bf16_cache', hi):.0f} µs on a BF16 cache, "
-        f"{c('fused_fp8', lo):.0f} → {c('fused_fp8', hi):.0f} µs with our fused kernel, "
+        f"{c('ours', lo):.0f} → {c('ours', hi):.0f} µs with ours, "
         f"{c('flashmla_fp8', lo):.0f} → {c('flashmla_fp8', hi):.0f} µs with FlashMLA FP8 and "
         f"{c('flashinfer_fp8', lo):.0f} → {c('flashinfer_fp8', hi):.0f} µs with FlashInfer's FP8 fa3. "
         f"gather_cast's price over a BF16 cache is the BF16 write and re-read: "
         f"{c('gather_cast', hi) / c('bf16_cache', hi):.1f}× at {hi // 1024}K.\n"
-        f"- **Batches favour the kernels with a real scheduler.** FlashInfer, FlashMLA and our fused kernel plan a "
-        f"balanced work list per batch (ours since its second generation, chapter 5); ours still pays a fixed cost "
-        f"per chunk of the list (its queries' load, a float32 partial output, its share of the combine) that the "
-        f"batch panel shows at short requests.\n"
-        f"- **Heads per GPU** ({heads[0]}–{heads[-1]}) barely move the memory-bound paths at one request; our "
-        f"fused kernel goes from {us[('heads', 'fused_fp8', 1, 32768, heads[0])]:.0f} to "
-        f"{us[('heads', 'fused_fp8', 1, 32768, heads[-1])]:.0f} µs (32K tokens)"
-        + (": its many-head tiles are compute-bound on Triton's tensor-core code" if many == "triton" else
-           f", on its {KERNEL_NAMES[many]} at {heads[-1]} heads") + " (chapter 5, \"Where it loses, and why\").")
+        f"- **Batches favour the kernels with a real scheduler.** FlashInfer, FlashMLA and ours plan a balanced "
+        f"work list per batch (chapter 5); ours still pays a fixed cost per chunk of the list (its queries' load, a "
+        f"float32 partial output, its share of the combine) that the batch panel shows at short requests.\n"
+        f"- **Heads per GPU** ({heads[0]}–{heads[-1]}) barely move the memory-bound paths at one request; ours "
+        f"goes from {us[('heads', 'ours', 1, head_ctx, heads[0])]:.0f} to "
+        f"{us[('heads', 'ours', 1, head_ctx, heads[-1])]:.0f} µs ({head_ctx // 1024}K tokens), on its "
+        f"{KERNEL_NAMES[many]} at {heads[-1]} heads (chapter 5 says where its time goes).")
 
 
 def fused_kernel_text(result: Result, what: str) -> str:
-    """Which of our kernels ``what`` (a step or sweep ``result``) ran on its fused path, and why."""
-    rows = [r for r in result.rows if r.get("path") == "fused_fp8" and not r.get("error")]
+    """Which of ours' two paths ``what`` (a step or sweep ``result``) ran, and why."""
+    rows = [r for r in result.rows if r.get("path") == "ours" and not r.get("error")]
+    if not rows:
+        return f"In {what}, ours did not run."
     said = ", ".join(f"the {KERNEL_NAMES[k]}" + (f" at {n} of {len(rows)} points" if len(rows) > 1 else "")
                      for k, n in kernels_that_ran(rows).most_common())
-    why = f" (the dispatcher: “{rows[0]['why']}”)" if len(rows) == 1 else ""
-    return f"In {what}, our fused path ran {said}, the kernel the dispatcher picked{why}."
+    why = f" (the dispatcher: “{rows[0]['path_why']}”)" if len(rows) == 1 and rows[0].get("path_why") else ""
+    return f"In {what}, ours ran {said}, the path the dispatcher picked{why}."
 
 
 def patch_check_table(result: Result, caption: str) -> Table:
-    """``sglang_patch_check``: per case and variant, the backend's own decode code run unpatched and patched."""
-    rows = _rows(result, "checks")
-    return Table(rows, {"case": "case", "batch": "batch", "tokens": ("tokens", number(0)), "variant": "variant",
-                        "KV path": "kv_path", "whole-pool casts": "whole_pool_casts",
-                        "largest difference vs unpatched": ("max_abs_diff_vs_unpatched", scientific),
-                        "bit-identical": "bit_identical_vs_unpatched", "error vs float64": ("rel_err_vs_f64", scientific),
-                        "ok": "ok"}, caption)
+    """``sglang_patch_check``: per case and variant, the backend's own decode code run unpatched and patched: how
+    many whole-pool casts it made, how far its output is from the unpatched one's, its error against float64."""
+    rows = [{**r, "what": f"{r['case']}: {r['batch']} req., {r['tokens']:,} tok.",
+             "vs_unpatched": "bit-identical" if r.get("bit_identical_vs_unpatched") else
+             scientific(r.get("max_abs_diff_vs_unpatched")),
+             "verdict": "yes" if r.get("ok") else "**no**: " + "; ".join(r.get("problems") or [])}
+            for r in _rows(result, "checks")]
+    return Table(rows, {"case": "what", "variant": "variant", "whole-pool casts": "whole_pool_casts",
+                        "vs unpatched (max abs.)": "vs_unpatched", "error vs float64": ("rel_err_vs_f64", scientific),
+                        "ok": "verdict"}, caption)
 
 
 def patch_meta(result: Result) -> dict[str, Any]:
     return _rows(result, "meta")[0]
 
 
+def _bar_color(r: dict[str, Any]) -> str:
+    """The front page's colours: the cast red, FP8-cache paths at BF16 accuracy blue, BF16 caches light blue, an FP8
+    query (FlashMLA FP8) amber."""
+    if r["path"] == "full_pool_cast":
+        return "#d62728"
+    if r["cache_dtype"] == "bfloat16":
+        return "#9ecae1"
+    return "#f2a900" if r["path"] == "flashmla_fp8" else "#1f77b4"
+
+
 def front_page_figure(step: Result) -> go.Figure:
-    """The book's answer in one figure: the original's step (its own figure), and chapter 1's step on the H200 with
-    each path, ms per step, each bar saying what its cache holds in the same memory."""
+    """The book's answer in one figure: the original's step (its own figure) and chapter 6's step on the H200 with
+    each path (horizontal bars, ms per step), each bar saying what its cache holds in the same memory."""
     rows = step_rows(step)
-    x = ["the original<br>(its figure)"] + [r["name"].replace(" (", "<br>(").replace(" index-", "<br>index-")
-                                            for r in rows]
-    y = [ORIGINAL.step_ms] + [r["step_ms"] for r in rows]
+    y = [f"the original ({ORIGINAL.gpu}, its figure)"] + [r["name"] for r in rows]
+    x = [ORIGINAL.step_ms] + [r["step_ms"] for r in rows]
     text = [f"{ORIGINAL.step_ms:g} ms"] + [
-        f"{r['step_ms']:.1f} ms<br>" + ("FP8 cache" if r["tokens_per_fp8_pool"] >= 1 else
-                                       f"{r['tokens_per_fp8_pool']:.1f}× the tokens") for r in rows]
-    colors = ["#bbbbbb"] + ["#d62728" if r["path"] == "full_pool_cast" else "#1f77b4" for r in rows]
-    fig = go.Figure(go.Bar(x=x, y=y, text=text, textposition="outside", marker_color=colors,
-                           hovertemplate="%{x}: %{y:.1f} ms a step<extra></extra>"))
-    fig.update_layout(title="One GLM-5 decode step, every way past the wall", yaxis_title="ms per decode step",
-                      yaxis_range=[0, max(y) * 1.25], showlegend=False, xaxis_tickangle=0, xaxis_tickfont_size=10,
-                      uniformtext=dict(minsize=10, mode="show"))
-    return with_caption(fig, [f"Blue and red: {step.caption()} Chapter 1's step model (78 layers, 495,000-token "
-                              "pool, 16 heads per GPU, one 8K request; the rest of each layer is a stand-in for the "
-                              "original's non-cast time). '× the tokens': what a BF16 cache holds in the FP8 pool's "
-                              "memory.", f"Grey: the original's reported step on its {ORIGINAL.gpu}, not measured "
-                              "here."], height=520)
-
-
-def front_page_text(step: Result) -> str:
-    rows = step_rows(step)
-    base = next(r for r in rows if r["path"] == "full_pool_cast")
-    free = [r for r in rows if r["path"] != "full_pool_cast"]
-    lo, hi = min(r["step_ms"] for r in free), max(r["step_ms"] for r in free)
-    saved = min(r["time_saved"] for r in free)
-    return (f"**Delete the whole-pool cast: any way of doing it saves at least {saved:.0%} of the step.** On the "
-            f"H200, chapter 1's step takes {base['step_ms']:.1f} ms with the cast (the original reported "
-            f"{ORIGINAL.step_ms:g} ms on its GPU) and {lo:.1f}–{hi:.1f} ms with every path past the wall; what "
-            f"separates those paths, {hi - lo:.1f} ms, is {(hi - lo) / base['step_ms']:.0%} of the original step.")
+        f"{r['step_ms']:.1f} ms" + ("" if r["tokens_per_fp8_pool"] >= 1 else
+                                    f" · {r['tokens_per_fp8_pool']:.1f}× the tokens") for r in rows]
+    colors = ["#bbbbbb"] + [_bar_color(r) for r in rows]
+    fig = go.Figure(go.Bar(x=x, y=y, orientation="h", text=text, textposition="outside", marker_color=colors,
+                           cliponaxis=False, hovertemplate="%{y}: %{x:.1f} ms a step<extra></extra>"))
+    fig.update_layout(title="One GLM-5 decode step, every way past the wall", xaxis_title="ms per decode step",
+                      xaxis_range=[0, max(x) * 1.3], yaxis=dict(autorange="reversed"), showlegend=False, bargap=0.25)
+    return with_caption(fig, [f"{step.caption()} Chapter 6's step (chapter 1's step model: 78 layers, "
+                              f"{step.params['pool_tokens']:,}-token pool, 16 heads per GPU, one "
+                              f"{step.params['context_lens'][0] // 1024}K request; the rest of each layer a stand-in "
+                              "for the original's non-cast time), CUDA-graph replay. Red: the whole-pool cast; blue: "
+                              "FP8 cache, BF16 accuracy; amber: FP8 query; light blue: a BF16 cache ('× the tokens': "
+                              "what it holds in the FP8 pool's memory).",
+                              "Grey: the original's reported step on its GPU, not measured here."],
+                        height=140 + 34 * len(y), legend="none")

@@ -1,0 +1,441 @@
+"""The book's answer, computed: what to run, per GPU family, SGLang / FlashInfer version and batch.
+
+:func:`decide` turns the recorded results into :class:`Decision` rows; the front page (``book/index.md``) and chapter
+6's "What to do" show the same rows (:func:`decision_table`). Every "do this" cell is chosen from numbers:
+
+- **SM90** (measured on the H200): the decode step (``decode_step_paths``) and the sweep (``path_sweep``) say which
+  path is faster at one request and at batches; chapter 5's benchmark (``fused_decode_bench``) and validation
+  (``fused_decode_validation``) give FlashMLA FP8's speed over the grid and its error;
+- **SM100 / SM120**: chapter 3's door matrix (``doors_checks`` + ``doors_sm90``, folded by
+  :func:`kvwall.peers.flashinfer.doors.door_matrix` exactly as chapter 3 does) says which FlashInfer path takes
+  GLM-5's FP8 cache there; the cost model fitted on the sweep predicts our paths there (a prediction, labelled).
+
+What SGLang 0.5.23 does with each backend was read from its wheel (chapter 3, :func:`kvwall.notebook.doors_report.
+dsa_text`; chapter 6's patch): those facts are constants here, each named where it is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+from kvwall.model.cost import GPUS
+from kvwall.model.original import ORIGINAL
+from kvwall.notebook.answer_report import SweepFit, fit_sweep, headline_point, step_rows
+from kvwall.notebook.doors_report import calls_for_matrix
+from kvwall.notebook.original_gpu_report import original_gpu_rows
+from kvwall.notebook.tables import Table
+from kvwall.peers.flashinfer.doors import DOOR_BY_KEY, door_matrix
+from kvwall.results import Result, ResultMissingError, load_result
+
+__all__ = ["Evidence", "Decision", "decide", "decision_table", "decision_caption", "door_cells", "open_doors",
+           "flashmla_fp8_error", "batch_comparison", "kernel_rows", "kernel_table", "kernel_text", "SOURCES", "PATCH_NOTE"]
+
+#: The recorded results the decision reads (all of them GPU recordings but ``doors_checks``, a CPU replay).
+SOURCES = ("decode_step_paths", "path_sweep", "fused_decode_bench", "fused_decode_validation", "doors_checks",
+           "doors_sm90")
+#: The batch regime the "batches" rows speak for: mixed batches of at least this many requests.
+BIG_BATCH = 16
+#: SGLang 0.5.23's backend for a FlashInfer door (its ``attention_registry.py``; chapter 3).
+SGLANG_BACKEND = {"fa2": "flashinfer_mla", "fa3": "flashinfer_mla", "trtllm-gen": "trtllm_mla"}
+#: Dense doors: every door of the matrix but the DSA (sparse) kernel.
+SPARSE_DOOR = "sm120-sparse"
+
+
+def _link(doc: str, text: str) -> str:
+    """A link to a chapter: MyST resolves it to the page in the built site; JupyterLab opens the file."""
+    return f"[{text}]({doc}.md)"
+
+
+CH3, CH4, CH5, CH6 = (_link("03_the_other_doors", "ch. 3"), _link("04_gather_then_cast", "ch. 4"),
+                      _link("05_fused_fp8_decode", "ch. 5"), _link("06_the_answer", "ch. 6"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The evidence
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Evidence:
+    """The recorded results the decision reads (``bench``, ``validation`` and the doors may be missing: the rows
+    that need them say so), and the cost model fitted on the sweep."""
+
+    step: Result
+    sweep: Result
+    bench: Result | None = None
+    validation: Result | None = None
+    doors_checks: Result | None = None
+    doors_sm90: Result | None = None
+    fit: SweepFit | None = None
+
+    def __post_init__(self) -> None:
+        if self.fit is None:
+            self.fit = fit_sweep(self.sweep)
+
+    @classmethod
+    def load(cls, loader: Callable[[str], Result | None] | None = None, fit: SweepFit | None = None) -> "Evidence":
+        """Every result of :data:`SOURCES` through ``loader`` (a chapter's ``recorded_or_none``; default: the
+        recorded files, a missing optional one as None)."""
+        def default(name: str) -> Result | None:
+            try:
+                return load_result(name)
+            except ResultMissingError:
+                if name in ("decode_step_paths", "path_sweep"):
+                    raise
+                return None
+        get = loader or default
+        return cls(*(get(n) for n in SOURCES), fit=fit)
+
+    def results(self) -> list[Result]:
+        return [r for r in (self.step, self.sweep, self.bench, self.validation, self.doors_checks, self.doors_sm90)
+                if r is not None]
+
+
+def door_cells(checks: Result | None, sm90: Result | None) -> list[dict[str, Any]]:
+    """Chapter 3's matrix from its recorded evidence: the release's cited lines and replayed checks
+    (``doors_checks``) and the H200's calls (``doors_sm90``, missing downloads set aside as chapter 3 does)."""
+    if checks is None:
+        return []
+    calls = calls_for_matrix(sm90.table("calls")) if sm90 is not None else []
+    return door_matrix(checks.table("citations"), checks.table("replays"), calls)
+
+
+def open_doors(cells: Sequence[dict[str, Any]], family: str, *, dense: bool | None = None) -> list[dict[str, Any]]:
+    """The cells of ``family`` that are not refused (``dense``: True only dense doors, False only the sparse one)."""
+    return [c for c in cells if c["family"] == family and c["status"] != "refused"
+            and (dense is None or (c["door"] != SPARSE_DOOR) == dense)]
+
+
+def _refused(cells: Sequence[dict[str, Any]], family: str) -> list[str]:
+    return [DOOR_BY_KEY[c["door"]].label.split(" (")[0] for c in cells
+            if c["family"] == family and c["status"] == "refused" and c["door"] != SPARSE_DOOR]
+
+
+def flashmla_fp8_error(ev: Evidence) -> tuple[float | None, float | None, str]:
+    """FlashMLA dense FP8's worst relative error against float64 and ours' worst, and where they come from:
+    ``fused_decode_validation`` (its case table) where recorded, else ``fused_decode_bench``'s rows."""
+    if ev.validation is not None:
+        fp8 = [r["rel_err"] for r in ev.validation.rows if r.get("section") == "fp8_peers"
+               and r.get("peer") == "flashmla_dense_fp8" and r.get("rel_err") is not None]
+        ours = [r["rel_err"] for r in ev.validation.rows if r.get("section") == "cases"
+                and r.get("path", "ours") == "ours" and r.get("rel_err") is not None]
+        if fp8 and ours:
+            return max(fp8), max(ours), "fused_decode_validation"
+    if ev.bench is not None:
+        rows = [r for r in ev.bench.rows if r.get("section") == "bench" and r.get("rel_err_f64") is not None]
+        fp8 = [r["rel_err_f64"] for r in rows if r["strategy"] == "flashmla_dense_fp8"]
+        ours = [r["rel_err_f64"] for r in rows if r["strategy"] == "ours"]
+        if fp8 and ours:
+            return max(fp8), max(ours), "fused_decode_bench"
+    return None, None, ""
+
+
+def _bench_us(bench: Result | None) -> dict[tuple[str, int, int, int], float]:
+    """``(strategy, heads, context, batch) -> µs`` of every timed row of ``fused_decode_bench``."""
+    if bench is None:
+        return {}
+    return {(r["strategy"], r["heads"], r["context"], r["batch"]): r["us"] for r in bench.rows
+            if r.get("section") == "bench" and r.get("us")}
+
+
+def _sweep_batch(sweep: Result, heads: int = 16) -> dict[str, dict[int, float]]:
+    """The sweep's batch axis: ``path -> {batch: µs per layer}``."""
+    out: dict[str, dict[int, float]] = {}
+    for r in sweep.rows:
+        if r.get("section") == "point" and r["axis"] == "batch" and r["heads"] == heads and r.get("us"):
+            out.setdefault(r["path"], {})[r["batch"]] = r["us"]
+    return out
+
+
+def batch_comparison(sweep: Result, a: str, b: str, *, min_batch: int = 2) -> dict[str, Any]:
+    """``a`` against ``b`` on the sweep's batch axis (16 heads, mixed lengths) from ``min_batch`` requests up:
+    the batches, where ``a`` is slower, and the range of ``b / a``."""
+    us = _sweep_batch(sweep)
+    batches = sorted(set(us.get(a, {})) & set(us.get(b, {})))
+    batches = [n for n in batches if n >= min_batch]
+    ratios = [us[b][n] / us[a][n] for n in batches]
+    return {"batches": batches, "slower_at": [n for n in batches if us[a][n] > us[b][n]],
+            "ratio_lo": min(ratios, default=None), "ratio_hi": max(ratios, default=None),
+            "a_us": {n: us[a][n] for n in batches}, "b_us": {n: us[b][n] for n in batches}}
+
+
+def _fmt_batches(batches: Sequence[int]) -> str:
+    return f"{batches[0]}–{batches[-1]}" if len(batches) > 1 else str(batches[0])
+
+
+def _span(values: Sequence[float], d: int = 0) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.{d}f}" if round(lo, d) == round(hi, d) else f"{lo:.{d}f}–{hi:.{d}f}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The decision
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Decision:
+    """One row of the answer: a setup (GPU family, software, batch), what to do (``do``, short: the front page and
+    chapter 6 show the same words), the figure that says so in a few words (``figure``, the front page) and in full
+    (``because``, chapter 6), the recorded results the numbers come from and the chapters that show them."""
+
+    key: str
+    gpu: str
+    software: str
+    batch: str
+    do: str
+    figure: str
+    because: str
+    sources: tuple[str, ...]
+    chapters: str
+
+    @property
+    def setup(self) -> str:
+        return f"**{self.gpu}** · {self.software} · {self.batch}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "setup": self.setup}
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _sm120(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
+    sparse = open_doors(cells, "SM120", dense=False)
+    dense = open_doors(cells, "SM120", dense=True)
+    p = headline_point(ev.step)
+    pred = {r["path"]: r for r in original_gpu_rows(ev.fit.model, p)}
+    cast = pred["full_pool_cast_fa2"]
+    patches = sorted(((name, pred[path]) for name, path in (("ours", "ours"), ("gather_cast", "gather_cast_fa2"))
+                      if path in pred), key=lambda r: r[1]["step_lo"])
+    patch_names = {"ours": "our `fused` patch (ours, Triton path)", "gather_cast": "the `gather_cast` patch"}
+    dense_do = " or ".join(patch_names[n] for n, _ in patches)
+    if sparse:
+        do = ("GLM-5: **drop `--attention-backend flashinfer_mla`**: SGLang's default `dsa` backend "
+              f"(`flashinfer_sparse_mla`) reads the FP8 cache. Dense: {dense_do}.")
+    else:
+        do = f"{_cap(dense_do)}: no FlashInfer path takes the FP8 cache here."
+    steps = "; ".join(f"{r['step_lo']:.0f}–{r['step_hi']:.0f} ms {n}" for n, r in patches)
+    figure = f"predicted step {steps} (the original: {ORIGINAL.step_ms:g} ms)"
+    door_says = (f"Chapter 3's matrix, SM120: the sparse (DSA) MLA kernel **{sparse[0]['status']}** "
+                 f"({sparse[0]['conditions']}); " if sparse else "Chapter 3's matrix, SM120: the sparse kernel refused; ")
+    door_says += ("no dense FlashInfer path takes the FP8 cache" if not dense else
+                  "dense: " + ", ".join(DOOR_BY_KEY[c["door"]].label for c in dense))
+    because = (f"{door_says}. SGLang 0.5.23 picks the `dsa` backend for GLM-5 (a DSA model) unless "
+               "`--attention-backend` overrides it (read from its wheel, ch. 3). The dense paths, predicted by the "
+               f"cost model at the original's geometry: {cast['step_lo']:.0f}–{cast['step_hi']:.0f} ms with the "
+               f"whole-pool cast (the original measured {ORIGINAL.step_ms:g} ms) → {steps}.")
+    return Decision("sm120", "SM120 (RTX PRO 6000, RTX 50xx)", "SGLang 0.5.23", "any batch", do, figure, because,
+                    ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths"), f"{CH3}, {CH6}")
+
+
+def _sm90_no_patch(ev: Evidence) -> Decision:
+    s = {r["path"]: r for r in step_rows(ev.step)}
+    cast, fm = s["full_pool_cast"], s.get("flashmla_fp8")
+    err_fp8, err_ours, err_from = flashmla_fp8_error(ev)
+    us = _bench_us(ev.bench)
+    pts16 = sorted({(h, c, b) for (_, h, c, b) in us if h == 16})
+    wins = [pt for pt in pts16 if ("flashmla_dense_fp8", *pt) in us
+            and us[("flashmla_dense_fp8", *pt)] == min(v for (_, *q), v in us.items() if tuple(q) == pt)]
+    sources = ("decode_step_paths",) + (("fused_decode_bench",) if us else ()) + ((err_from,) if err_from else ())
+    key, gpu, sw, batch = "sm90-no-patch", "SM90 (H100, H200)", "SGLang 0.5.23, no patch", "any batch"
+    if fm is None or fm["step_ms"] >= cast["step_ms"]:
+        return Decision(key, gpu, sw, batch, "No faster path without a patch was measured.",
+                        f"step {cast['step_ms']:.1f} ms with the cast", f"Step with the whole-pool cast "
+                        f"{cast['step_ms']:.1f} ms (H200); FlashMLA FP8 not recorded in the step.", sources,
+                        f"{CH5}, {CH6}")
+    do = ("**`--attention-backend flashmla --page-size 64`**: FlashMLA's FP8 kernel, no cast (it quantizes the query "
+          "to FP8).")
+    figure = f"step {cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms"
+    because = f"Step {cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms on the H200"
+    if pts16:
+        because += (f"; the fastest of every path at {len(wins)} of {len(pts16)} 16-head points of chapter 5's grid")
+    if err_fp8 and err_ours:
+        figure += f"; error {err_fp8 / err_ours:.0f}× ours'"
+        because += (f". Its attention output's worst error against float64 is {err_fp8:.1e}, {err_fp8 / err_ours:.0f}× "
+                    f"ours' ({err_ours:.1e}): measured here on the attention alone; what it does to a model's "
+                    "long-context answers is not measured in this book")
+    because += (". GLM-5 without an explicit backend runs SGLang's `dsa` default (FlashMLA's sparse FP8 kernel), not "
+                "measured here.")
+    return Decision(key, gpu, sw, batch, do, figure, because, sources, f"{CH5}, {CH6}")
+
+
+#: What SGLang 0.5.23's flashinfer_mla backend does with an FP8 cache, whatever the FlashInfer (read from its wheel).
+PATCH_SOFTWARE = "SGLang 0.5.23 `flashinfer_mla`, any FlashInfer"
+PATCH_NOTE = ("SGLang 0.5.23's `flashinfer_mla` casts the whole pool with any FlashInfer, 0.6.14+ (which has an FP8 "
+              "MLA for SM90) included: SGLang PR #35322, which would call it, is open.")
+PATCH_NAMES = {"ours": "our `fused` patch (ours)", "gather_cast": "the `gather_cast` patch"}
+
+
+def _sm90_patch_one(ev: Evidence) -> Decision:
+    s = {r["path"]: r for r in step_rows(ev.step)}
+    cands = sorted((s[p] for p in ("ours", "gather_cast") if p in s), key=lambda r: r["step_ms"])
+    best, rest = cands[0], cands[1:]
+    do = _cap(PATCH_NAMES[best["path"]]) + (f"; {PATCH_NAMES[rest[0]['path']]} is "
+                                            f"{rest[0]['step_ms'] - best['step_ms']:.1f} ms slower." if rest else ".")
+    figure = f"step {s['full_pool_cast']['step_ms']:.1f} → " + " / ".join(
+        f"{r['step_ms']:.1f} ms" for r in cands) + " (" + " / ".join(r["path"] for r in cands) + ")"
+    because = (f"Step {s['full_pool_cast']['step_ms']:.1f} ms with the cast → " + ", ".join(
+        f"{r['step_ms']:.1f} ms ({r['path']})" for r in cands) + " on the H200, one request of "
+        f"{ev.step.params['context_lens'][0]:,} tokens. {PATCH_NOTE}")
+    if "flashinfer_fp8" in s:
+        because += f" FlashInfer's FP8 MLA on this step: {s['flashinfer_fp8']['step_ms']:.1f} ms."
+    return Decision("sm90-patch-one", "SM90 (H100, H200)", PATCH_SOFTWARE, "one request, 16 heads", do, figure,
+                    because, ("decode_step_paths",), f"{CH4}, {CH5}, {CH6}")
+
+
+def _sm90_patch_batch(ev: Evidence) -> Decision:
+    cmp = batch_comparison(ev.sweep, "ours", "gather_cast", min_batch=BIG_BATCH)
+    fm = batch_comparison(ev.sweep, "ours", "flashmla_bf16", min_batch=BIG_BATCH)
+    bs = cmp["batches"]
+    key, gpu, batch = "sm90-patch-batch", "SM90 (H100, H200)", f"batch ≥ {BIG_BATCH}, 16 heads"
+    if not bs:
+        return Decision(key, gpu, PATCH_SOFTWARE, batch, "Not measured.", "—", "The sweep has no batch this large.",
+                        ("path_sweep",), CH6)
+    if not cmp["slower_at"]:
+        do = f"{_cap(PATCH_NAMES['ours'])}: {cmp['ratio_lo']:.1f}–{cmp['ratio_hi']:.1f}× faster than gather_cast"
+    elif len(cmp["slower_at"]) == len(bs):
+        do = f"{_cap(PATCH_NAMES['gather_cast'])}: faster than ours at every batch measured"
+    else:
+        do = (f"{_cap(PATCH_NAMES['ours'])} up to batch {max(n for n in bs if n not in cmp['slower_at'])}, "
+              f"{PATCH_NAMES['gather_cast']} at batch {_fmt_batches(cmp['slower_at'])}")
+    bf16_faster = bool(fm["batches"]) and len(fm["slower_at"]) == len(fm["batches"])
+    do += "; FlashMLA BF16 is faster on a BF16 cache (2× the memory)." if bf16_faster else "."
+    figure = (f"µs a layer: {_span(list(cmp['a_us'].values()))} ours, {_span(list(cmp['b_us'].values()))} "
+              "gather_cast")
+    because = (f"µs per layer at batch {_fmt_batches(bs)} (mixed lengths, H200 sweep): ours "
+               f"{_span(list(cmp['a_us'].values()))}, gather_cast {_span(list(cmp['b_us'].values()))}")
+    if fm["batches"]:
+        because += f", FlashMLA BF16 {_span(list(fm['b_us'].values()))}"
+    because += f". {PATCH_NOTE} More heads per GPU: the table below."
+    return Decision(key, gpu, PATCH_SOFTWARE, batch, do, figure, because, ("path_sweep",), f"{CH5}, {CH6}")
+
+
+def _sm100(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
+    dense = open_doors(cells, "SM100", dense=True)
+    refused = _refused(cells, "SM100")
+    gpu = GPUS["b200"]
+    p = headline_point(ev.step)
+    layers = p.geometry.num_layers
+    kv = {path: [layers * v / 1e3 for v in ev.fit.model.layer_range_us(path, p, gpu)]
+          for path in ("ours", "gather_cast_fa2", "full_pool_cast_fa2")}
+    if dense:
+        do = (" or ".join(f"`--attention-backend {SGLANG_BACKEND.get(c['door'], c['door'])}`" for c in dense)
+              + f" (FlashInfer {', '.join(DOOR_BY_KEY[c['door']].label for c in dense)}: {dense[0]['status']} "
+              "by its checks, not run here), or a patch.")
+        where = "; ".join(f"{DOOR_BY_KEY[c['door']].label} {c['status']} ({c['conditions']})" for c in dense)
+    else:
+        do = "A patch (ours, Triton path, or gather_cast): no FlashInfer path takes the FP8 cache here."
+        where = "no dense path open"
+    figure = (f"predicted KV work a step: {kv['ours'][0]:.1f}–{kv['ours'][1]:.1f} ms ours, "
+              f"{kv['full_pool_cast_fa2'][0]:.0f}–{kv['full_pool_cast_fa2'][1]:.0f} ms the cast")
+    because = (f"Chapter 3's matrix, SM100: {where}; refused: {', '.join(refused)}. Predicted by the cost model "
+               f"(B200 datasheet, GLM-5 step geometry), KV work a step: "
+               f"{kv['full_pool_cast_fa2'][0]:.1f}–{kv['full_pool_cast_fa2'][1]:.1f} ms with the whole-pool cast, "
+               f"{kv['ours'][0]:.1f}–{kv['ours'][1]:.1f} ms ours (Triton path), "
+               f"{kv['gather_cast_fa2'][0]:.1f}–{kv['gather_cast_fa2'][1]:.1f} ms gather_cast.")
+    return Decision("sm100", "SM100 (B200, GB200)", "SGLang 0.5.23", "any batch", do, figure, because,
+                    ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths"), f"{CH3}, {CH6}")
+
+
+def decide(ev: Evidence) -> list[Decision]:
+    """The answer's rows, the original's GPU first: SM120, then SM90 without and with a patch (one request,
+    batches), then SM100."""
+    cells = door_cells(ev.doors_checks, ev.doors_sm90)
+    return [_sm120(ev, cells), _sm90_no_patch(ev), _sm90_patch_one(ev), _sm90_patch_batch(ev), _sm100(ev, cells)]
+
+
+def decision_caption(ev: Evidence, rows: Sequence[Decision]) -> str:
+    """Where the rows' numbers come from: each result the rows quote, grouped by recording (GPU, date, versions,
+    commit), and what is predicted rather than measured."""
+    used = {s for r in rows for s in r.sources}
+    groups: dict[str, list[str]] = {}
+    for res in ev.results():
+        if res.experiment in used:
+            groups.setdefault(res.provenance.short(), []).append(res.experiment)
+    stale = sorted(res.experiment for res in ev.results() if res.experiment in used and res.stale)
+    text = " ".join(f"Recorded on {k} ({', '.join(v)})." for k, v in groups.items())
+    text += " SM120 and SM100 figures are the cost model's predictions from the H200 sweep, not measurements."
+    if stale:
+        text += f" STALE: {', '.join(stale)} (the code changed since the recording; re-record with `make record`)."
+    return text
+
+
+def decision_table(rows: Sequence[Decision], caption: str, *, compact: bool = False) -> Table:
+    """The rows as a table: the front page's (``compact``: the short figure) or chapter 6's (the full reason and
+    the chapters that show it). Both have the same setups and the same "do this"."""
+    columns: dict[str, Any] = {"your setup": "setup", "do this": "do"}
+    if compact:
+        columns["measured (SM90) / predicted"] = "figure"
+    else:
+        columns.update({"because": "because", "shown in": "chapters"})
+    return Table([r.as_dict() for r in rows], columns, caption)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# More heads per GPU: chapter 5's grid
+# ---------------------------------------------------------------------------------------------------------
+
+#: BF16-accurate kernels on the FP8 cache (what a patch can run), and the peers a reader weighs against them.
+ACCURATE_FP8 = {"ours": "ours", "gather_cast_bf16": "gather_cast + FlashInfer"}
+
+
+def kernel_rows(ev: Evidence) -> list[dict[str, Any]]:
+    """Per heads and batch regime of chapter 5's grid (context 32K, or the grid's middle one): the faster
+    BF16-accurate path on the FP8 cache (ours or gather_cast), FlashMLA BF16 (a BF16 cache: twice the memory) and
+    FlashMLA FP8 (FP8 query), µs per layer."""
+    us = _bench_us(ev.bench)
+    if not us:
+        return []
+    ctxs = sorted({c for (_, _, c, _) in us})
+    ctx = 32_768 if 32_768 in ctxs else ctxs[len(ctxs) // 2]
+    rows = []
+    for h in sorted({h for (_, h, _, _) in us}):
+        for b in sorted({b for (_, hh, c, b) in us if hh == h and c == ctx}):
+            acc = {k: us[(k, h, ctx, b)] for k in ACCURATE_FP8 if (k, h, ctx, b) in us}
+            if not acc:
+                continue
+            best = min(acc, key=acc.__getitem__)
+            rows.append({"heads": h, "batch": b, "context": ctx, "best": ACCURATE_FP8[best], "best_us": acc[best],
+                         "other_us": next((v for k, v in acc.items() if k != best), None),
+                         "fm_bf16": us.get(("flashmla_dense_bf16", h, ctx, b)),
+                         "fm_fp8": us.get(("flashmla_dense_fp8", h, ctx, b))})
+    return rows
+
+
+def kernel_table(ev: Evidence) -> Table | None:
+    """:func:`kernel_rows` as a table (None without a recorded benchmark)."""
+    rows = kernel_rows(ev)
+    if not rows:
+        return None
+    for r in rows:
+        r["point"] = f"{r['heads']} heads, batch {r['batch']}"
+        r["bf16_x"] = f"{r['best_us'] / r['fm_bf16']:.1f}×" if r["fm_bf16"] else "—"
+        r["fp8_x"] = f"{r['best_us'] / r['fm_fp8']:.1f}×" if r["fm_fp8"] else "—"
+    err_fp8, err_ours, _ = flashmla_fp8_error(ev)
+    err = f" FlashMLA FP8's error against float64 is {err_fp8 / err_ours:.0f}× ours'." if err_fp8 and err_ours else ""
+    return Table(rows, {"heads, batch": "point", "fastest accurate on FP8": "best",
+                        "µs": ("best_us", lambda v: f"{v:.0f}"),
+                        "the other": ("other_us", lambda v: f"{v:.0f}" if v else "—"),
+                        "vs FlashMLA BF16 (2× memory)": "bf16_x", "vs FlashMLA FP8": "fp8_x"},
+                 f"µs per layer at {rows[0]['context'] // 1024}K tokens a request (batches: mixed lengths, chapter "
+                 f"5's grid); 'vs': the accurate path's time over FlashMLA's.{err} " + ev.bench.caption())
+
+
+def kernel_text(ev: Evidence) -> str:
+    """What :func:`kernel_rows` says, per head count: where ours is the faster accurate path on the FP8 cache, and
+    how often FlashMLA BF16 (a BF16 cache) beats it."""
+    rows = kernel_rows(ev)
+    if not rows:
+        return ""
+    parts = []
+    for h in sorted({r["heads"] for r in rows}):
+        sel = [r for r in rows if r["heads"] == h]
+        ours = [r["batch"] for r in sel if r["best"] == "ours"]
+        who = ("ours at every batch" if len(ours) == len(sel) else "gather_cast + FlashInfer at every batch"
+               if not ours else f"ours at batch {', '.join(map(str, ours))}, gather_cast + FlashInfer at the others")
+        bf16 = sum(1 for r in sel if r["fm_bf16"] and r["fm_bf16"] < r["best_us"])
+        parts.append(f"{h} heads: {who}; FlashMLA BF16 faster at {bf16} of {len(sel)}")
+    return ("Fastest BF16-accurate path on the FP8 cache, by heads per GPU (" + "; ".join(parts) + "). A patch that "
+            "keeps the FP8 cache and BF16 accuracy therefore runs ours where it wins and gather_cast where it does "
+            "not; FlashMLA BF16 needs a BF16 cache (half the tokens), FlashMLA FP8 an FP8 query.")
