@@ -14,7 +14,8 @@ from conftest import CHAPTERS
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.roofline import (full_pool_cast_bytes, gather_cast_bytes, kv_read_bytes, roofline_us)
-from kvwall.notebook import fused_bench_report, fused_report, gather_report, gather_step_report, profile_report
+from kvwall.notebook import (fused_bench_report, fused_lab_report, fused_report, gather_report, gather_step_report,
+                            profile_report)
 from kvwall.notebook.chapter import start_chapter
 from kvwall.notebook.source import source_of
 from kvwall.notebook.tables import Table, number, percent, show_table, times
@@ -64,23 +65,26 @@ def test_recorded_or_none_only_forgives_a_missing_file(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------- chapter 5
 
 
-def test_cost_prediction_uses_the_one_roofline():
+def test_cost_text_and_table_use_the_one_roofline():
     ceilings = {"copy_gbps": 4000.0, "bf16_tflops": 700.0}
-    text = fused_report.cost_prediction(ceilings, heads=(16, 128), tokens=131072)
-    assert f"**{kv_read_bytes(1)} B**" in text and "**580 B**" in text
-    for heads in (16, 128):
-        assert f"**{roofline_us(heads, 131072, 4000.0, 700.0):.1f} µs**" in text
-    assert "16 heads: 60 FLOP/B, **memory-bound**" in text and "128 heads" in text and "**compute-bound**" in text
-    assert "ceilings" not in fused_report.cost_prediction(None)
+    text = fused_report.cost_text(ceilings)
+    assert f"**{kv_read_bytes(1)} B**" in text and "**580 B**" in text and "**2,176 FLOPs**" in text
+    assert "**175 FLOP/B**" in text  # 700e12 / 4000e9
+    table = fused_report.cost_table(ceilings, "cap", heads=(16, 128), tokens=131072)
+    assert [r["bound"] for r in table.rows] == ["memory", "compute"]
+    for row, heads in zip(table.rows, (16, 128)):
+        assert row["roof"] == pytest.approx(roofline_us(heads, 131072, 4000.0, 700.0))
+    assert "roofline µs" not in fused_report.cost_table(None, "cap").columns
+    assert "ceilings" not in fused_report.cost_text(None)
 
 
 def test_bytes_by_path_come_from_the_roofline_module():
     table = fused_report.bytes_by_path(context=1000, pool_tokens=5000)
-    mb = {r["path"].split(" (")[0]: r["mb"] * 1e6 for r in table.rows}
+    mb = {r["path"].split(" (")[0].split(":")[0]: r["mb"] * 1e6 for r in table.rows}
     bf16 = kv_read_bytes(1000, kv_dtype=torch.bfloat16)
     assert mb["whole-pool cast + BF16 attention"] == pytest.approx(full_pool_cast_bytes(GLM5, 5000)["total"] + bf16)
     assert mb["gather-then-cast + BF16 attention"] == pytest.approx(gather_cast_bytes(1000) + bf16)
-    assert mb["fused FP8 attention"] == pytest.approx(kv_read_bytes(1000))
+    assert mb["ours"] == pytest.approx(kv_read_bytes(1000))
     assert table.rows[-1]["x"] == 1.0
 
 
@@ -91,143 +95,269 @@ def test_exactness_checks_hold():
 
 
 def _cfg(**overrides: Any) -> dict[str, Any]:
-    cfg = {"cfg_block_h": 16, "cfg_block_n": 64, "cfg_num_warps": 4, "cfg_num_stages": 2, "cfg_convert": "cvt",
-           "cfg_cache_k": "", "cfg_cache_v": ".ca", "cfg_s_fp8": False, "cfg_combine_block_d": 32}
+    cfg = {"cfg_block_h": 16, "cfg_block_n": 64, "cfg_num_warps": 4, "cfg_num_stages": 3, "cfg_cache_v": "",
+           "cfg_pairs": True, "cfg_combine_block_d": 32, "cfg_combine_block_s": 0, "cfg_combine_warps": 0}
     return {**cfg, **{f"cfg_{k}": v for k, v in overrides.items()}}
 
 
-def test_tuning_lessons_compare_each_road_with_its_twin():
-    base = {"section": "screen", "heads": 16, "regs": 200, "shared_bytes": 90 * 1024, "roofline_us": 18.0}
-    rows = [{**base, **_cfg(), "us": 50.0},
-            {**base, **_cfg(convert="bits"), "us": 60.0},
-            {**base, **_cfg(cache_v=""), "us": 75.0},
-            {**base, **_cfg(s_fp8=True), "us": 80.0, "shared_bytes": 140 * 1024},
-            {**base, **_cfg(block_n=32), "error": "out of resources", "us": None}]
-    tuning = result("fused_decode_tuning", rows)
-    text, values = fused_report.tuning_lessons(tuning, heads=16)
-    assert "**50.0 µs**" in text and "**60.0 µs** (1.20×)" in text and "**75.0 µs** (1.50×)" in text
-    assert values == {"fp8_scores_us": 80.0, "fp16_scores_us": 50.0}
-    screen = fused_report.screen_table(tuning)
-    assert screen.column("µs at 128K")[-1] == "out of resources"
-    assert screen.column("of roofline")[0] == "36%"  # 18 / 50
-    assert fused_report.launch_shape(rows[3]) == "16×64, 4 warps, 2 stages, cvt, FP8 scores (4-term q), two loads"
+def _tuning() -> Any:
+    base = {"section": "screen", "heads": 16, "tokens": 131072, "regs": 200, "shared_bytes": 56 * 1024,
+            "roofline_us": 18.0, "spills": 0, "rel_err": 4e-4}
+    rows = [{"section": "ceilings", "copy_gbps": 4200.0, "bf16_tflops": 690.0},
+            {**base, **_cfg(), "us": 50.0},
+            {**base, **_cfg(pairs=False), "us": 60.0, "regs": 250},
+            {**base, **_cfg(cache_v=".ca"), "us": 55.0, "shared_bytes": 88 * 1024},
+            {**base, **_cfg(block_n=32), "error": "out of resources", "us": None},
+            {**base, **_cfg(block_h=64, num_warps=8, pairs=False), "heads": 64, "us": 100.0, "spills": 10},
+            {**base, **_cfg(block_h=32, num_warps=8, pairs=False), "heads": 64, "us": 130.0},
+            {**base, **_cfg(block_h=64, num_warps=8, pairs=False), "section": "fastest_any", "heads": 64,
+             "us": 100.0, "spills": 10}]
+    for heads, bh in ((16, 16), (64, 32)):
+        for tokens in (4096, 131072):
+            rows.append({"section": "winner", "heads": heads, "tokens": tokens, **_cfg(block_h=bh), "us": 40.0,
+                         "roofline_us": 18.0, "splits": 132, "split_kernel_us": 30.0, "combine_kernel_us": 5.0})
+    rows.append({"section": "sweep", "heads": 16, "tokens": 131072, **_cfg(block_h=16), "us": 45.0,
+                 "roofline_us": 18.0, "splits": 66})
+    return result("fused_decode_tuning", rows)
 
 
-def test_validation_table_counts_and_worst_ratio():
-    case = {"section": "cases", "heads": 16, "layout": "paged", "lens": [1, 2, 3, 4, 5]}
-    rows = [{**case, "passed": True, "ratio": 0.5, "rel_err": 1e-3, "bf16_rel_err": 2e-3},
-            {**case, "passed": False, "ratio": 2.5, "rel_err": 5e-3, "bf16_rel_err": 2e-3},
-            {**case, "passed": True, "ratio": 1.0, "rel_err": 0.0, "bf16_rel_err": 0.0},
+def test_the_triton_path_tuning_tables():
+    tuning = _tuning()
+    screen = fused_lab_report.screen_table(tuning, 16)
+    assert screen.column("µs")[-1] == "out of resources" and screen.column("of roofline")[0] == "36%"
+    assert fused_lab_report.launch_shape(tuning.rows[1]) == "16×64, 4 warps, 3 stages, 16-bit pairs, one load"
+    assert fused_lab_report.launch_shape({**tuning.rows[3], "cfg_s_fp8": True}).endswith("two loads, FP8 scores")
+    text, values = fused_lab_report.pairs_lesson(tuning, 16)
+    assert "**50.0 µs**" in text and "**60.0 µs** (1.20×)" in text and "**55.0 µs** (1.10×)" in text
+    assert values == {"winner_us": 50.0, "bytes_us": 60.0}
+    spill = fused_lab_report.spill_rule_table(tuning)
+    assert spill.rows == [{"heads": 64, "fastest": "64×64, 8 warps, 3 stages, FP8 bytes, one load", "f_us": 100.0,
+                           "f_spills": 10, "c_us": 130.0, "x": 1.3}]
+    assert [t.name for t in fused_lab_report.split_sweep_figure(tuning).data] == ["128K tokens"]
+
+
+def test_design_table_counts_conversions_and_padding():
+    table = fused_report.design_table(_tuning())
+    rows = {r["heads"]: r for r in table.rows}
+    # the Triton path: 16 heads -> its 16-head shape; 32, 64, 128 -> the 64-head entry's 32-head block
+    assert rows[16]["t_block"] == "16 × 64" and rows[16]["t_conv"] == 1 and rows[16]["t_pad"] == 0
+    assert rows[128]["t_conv"] == 4 and rows[32]["t_conv"] == 1
+    # the wgmma path: 64 heads per CTA
+    assert [rows[h]["w_conv"] for h in (16, 32, 64, 128)] == [1, 1, 1, 2]
+    assert [rows[h]["w_pad"] for h in (16, 32, 64, 128)] == [0.75, 0.5, 0.0, 0.0]
+    assert "Triton path: heads × tokens per step" not in fused_report.design_table(None).columns
+
+
+def test_wgmma_text_per_tile_and_resources():
+    floors = fused_report.tile_floors()
+    # 64 heads x 64 tokens x (576 + 512) x 2 FLOP at 4,096 per cycle; 296 KB of shared-memory traffic
+    assert floors["tensor"] == 2176 and floors["scores"] == 1152 and floors["smem_bytes"] == 303104
+    build = {"section": "build", "nvcc": "13.0", "wgmma": {"runs": True, "arch": "sm_90a", "registers": 255,
+                                                            "spill_bytes": 0, "smem": 230400, "threads": 256}}
+    text = fused_report.wgmma_text(build)
+    assert "**2,176 cycles**" in text and "**2,368 cycles**" in text and "**1 CTA per multiprocessor**" in text
+    assert "did not run" in fused_report.wgmma_text({"wgmma": {"runs": False, "why": "no sm_90a"}})
+
+
+def _case(path: str, heads: int, ratio: float | None, passed: bool = True, **extra: Any) -> dict[str, Any]:
+    return {"section": "cases", "path": path, "case": f"c{heads}", "heads": heads, "lens": [5], "layout": "flat",
+            "passed": passed, "rel_err": 1.7e-3 if ratio else 0.0, "bf16_rel_err": 2e-3 if ratio else 0.0,
+            "ratio": ratio, **extra}
+
+
+def _validation() -> Any:
+    rows = [{"section": "setup", "device": "cuda", "paths": ["triton", "wgmma", "ours"], "skipped": {}},
+            _case("triton", 16, 0.8), _case("triton", 16, 1.0), _case("wgmma", 64, 0.9),
+            _case("ours", 16, 0.85, kernel_path="wgmma"), _case("ours", 64, None, kernel_path="triton"),
+            {"section": "fp8_peers", "peer": "flashmla_dense_fp8", "rel_err": 3e-2, "ratio_vs_bf16": 15.0},
+            {"section": "fp8_peers", "peer": "flashmla_dense_bf16", "rel_err": 2e-3, "ratio_vs_bf16": 1.0},
+            {"section": "contract", "path": "triton", "check": "NaN stays in its request", "ok": True, "detail": ""},
+            {"section": "contract", "path": "wgmma", "check": "NaN stays in its request", "ok": False, "detail": ""},
             {"section": "errors", "passed": True}, {"section": "sanitizer", "passed": None, "summary": "no tool"}]
-    validation = result("fused_decode_validation", rows)
+    return result("fused_decode_validation", rows)
+
+
+def test_validation_table_per_path_and_the_rule():
+    validation = _validation()
     table = fused_report.validation_table(validation, "caption")
-    assert table.rows[0]["passed"] == "2 / 3" and "ratio 2.50" in table.rows[0]["detail"] and "…" in table.rows[0]["detail"]
-    assert [r["passed"] for r in table.rows[1:]] == ["1 / 1", "not run"]
-    assert not fused_report.validation_passed(validation)
-    assert "**0.50–2.50×**" in fused_report.validation_ratio_text(validation)
+    what = [r["what"] for r in table.rows]
+    assert what[0].startswith("ours: 2 cases, heads 16, 64 (ran the Triton path and the wgmma path)")
+    assert what[1].startswith("Triton path: 1 case,") and what[2].startswith("wgmma path")
+    assert table.rows[1]["passed"] == "2 / 2" and table.rows[1]["ratio"] == "0.80–1.00×"
+    assert table.rows[3]["what"].startswith("FlashMLA dense BF16") and table.rows[4]["ratio"] == "15.0–15.0×"
+    assert [r["passed"] for r in table.rows[-3:]] == ["1 / 2", "1 / 1", "not run"]
+    assert not fused_report.validation_passed(validation)  # a contract failed
+    text, values = fused_report.validation_rule_text(validation)
+    assert values == {"ours_ratio_max": 0.85, "triton_ratio_max": 1.0, "wgmma_ratio_max": 0.9}
+    assert "within the rule's bound of 2×" in text
+    assert fused_bench_report.flashmla_fp8_error(validation) == (3e-2, 1.7e-3)
+    assert fused_bench_report.flashmla_fp8_error(None) == (None, None)
+    contracts = fused_lab_report.contracts_table(validation)
+    assert contracts.rows == [{"check": "NaN stays in its request", "triton": "yes", "wgmma": "NO"}]
 
 
-def _bench_row(strategy: str, heads: int, context: int, batch: int, us: float | None, **extra: Any) -> dict[str, Any]:
-    return {"section": "bench", "strategy": strategy, "heads": heads, "context": context, "batch": batch,
-            "us": us, "roofline_us": 10.0, "host_us": 100.0, "tflops": 50.0, "gbps": 1000.0, **extra}
+#: (heads, context, batch) -> µs per strategy; ours ran the wgmma path except where it says "triton".
+_TIMES = {
+    (16, 4096, 1): {"ours": 14.0, "ours_page64": 14.5, "flashmla_dense_bf16": 24.0, "flashmla_dense_fp8": 15.0,
+                    "flashinfer_fp8_fa2": 35.0, "flashinfer_fp8_fa3": 50.0, "flashinfer_bf16_precast": 20.0,
+                    "sglang_triton_fp8": 46.0, "gather_cast_bf16": 23.0, "full_cast_bf16": 860.0},
+    (16, 131072, 8): {"ours": 80.0, "ours_page64": 78.0, "flashmla_dense_bf16": 100.0, "flashmla_dense_fp8": 70.0,
+                      "flashinfer_fp8_fa2": 300.0, "flashinfer_fp8_fa3": 270.0, "flashinfer_bf16_precast": 95.0,
+                      "sglang_triton_fp8": 210.0, "gather_cast_bf16": 220.0, "full_cast_bf16": 940.0},
+    (128, 32768, 8): {"ours": 200.0, "ours_page64": 196.0, "flashmla_dense_bf16": 100.0, "flashmla_dense_fp8": 80.0,
+                      "flashinfer_fp8_fa2": 400.0, "flashinfer_fp8_fa3": None, "flashinfer_bf16_precast": 150.0,
+                      "sglang_triton_fp8": 900.0, "gather_cast_bf16": 300.0, "full_cast_bf16": 1100.0},
+}
 
 
-def _bench() -> fused_bench_report.FusedBench:
-    rows = [{"section": "ceilings", "bf16_tflops": 700.0, "host_us_means": "host time"}]
-    fused_extra = {"tokens": 32768, "len_min": 100, "len_max": 20000, "num_splits": 10, "config": {"block_h": 16}}
-    for context, fused, fa2, fa3, bf16, orig in ((32768, 20.0, 70.0, 80.0, 30.0, 900.0),
-                                                 (131072, 40.0, 120.0, None, 30.0, 1000.0)):
-        rows += [_bench_row("fused_fp8", 16, context, 1, fused, **fused_extra),
-                 _bench_row("flashinfer_fp8_fa2", 16, context, 1, fa2),
-                 _bench_row("flashinfer_fp8_fa3", 16, context, 1, fa3),
-                 _bench_row("flashinfer_bf16_precast", 16, context, 1, bf16),
-                 _bench_row("full_cast_bf16", 16, context, 1, orig)]
-    rows.append(_bench_row("fused_fp8", 16, 32768, 8, 80.0, **fused_extra))
-    rows.append(_bench_row("flashinfer_bf16_precast", 16, 32768, 8, 40.0))
-    return fused_bench_report.FusedBench(result("fused_decode_bench", rows))
+def _grid() -> fused_bench_report.Grid:
+    rows: list[dict[str, Any]] = [{"section": "ceilings", "copy_gbps": 4200.0, "bf16_tflops": 690.0,
+                                   "host_us_means": "host time"}]
+    for (h, c, b), times_ in _TIMES.items():
+        tokens = c if b == 1 else c * b // 4
+        for strategy, us in times_.items():
+            fp8_query = strategy in ("flashmla_dense_fp8", "sglang_triton_fp8")
+            row = {"section": "bench", "strategy": strategy, "heads": h, "context": c, "batch": b, "tokens": tokens,
+                   "len_min": 100 if b > 1 else c, "len_max": c, "us": us, "roofline_us": 10.0, "timing": "cuda_graph",
+                   "page_size": 64 if strategy in ("ours_page64", "flashmla_dense_bf16", "flashmla_dense_fp8") else 1,
+                   "rel_err_f64": 2.8e-2 if fp8_query else 1.7e-3, "host_us": 100.0,
+                   "tflops": 2 * h * tokens * 1088 / us / 1e6 if us else None}
+            if us is None:
+                row["error"] = "RuntimeError: refused"
+            if strategy.startswith("ours"):
+                row.update(kernel_path="triton" if (h, c, b) == (16, 131072, 8) else "wgmma", path_why="measured",
+                           work_items=132, imbalance=1.05)
+            rows.append(row)
+    return fused_bench_report.Grid(result("fused_decode_bench", rows))
 
 
-def _bench_gen2() -> tuple[fused_bench_report.FusedBench, Any]:
-    """Three points: batch 1 and a mixed batch 32 with the same 32K tokens at 16 heads, and 64 heads at batch 8."""
-    rows = [{"section": "ceilings", "bf16_tflops": 700.0, "host_us_means": "host time"}]
-    for (h, ctx, b), fused, paged, bf16, fp8, extra in (
-            ((16, 32768, 1), 20.0, 21.0, 30.0, 18.0, {}), ((16, 4096, 32), 40.0, 42.0, 35.0, 25.0, {}),
-            ((64, 32768, 8), 80.0, 79.0, 40.0, 30.0, {"tflops": 90.0})):
-        common = {"tokens": 32768 if h == 16 else 65536, "len_min": 100, "len_max": 4000}
-        rows += [_bench_row("fused_fp8", h, ctx, b, fused, rel_err_f64=1.7e-3, work_items=40, chunk_tokens=512,
-                            imbalance=1.1, **common, **extra),
-                 _bench_row("fused_fp8_page64", h, ctx, b, paged, **common),
-                 _bench_row("flashmla_dense_bf16", h, ctx, b, bf16, **common, **({"tflops": 500.0} if extra else {})),
-                 _bench_row("flashmla_dense_fp8", h, ctx, b, fp8, rel_err_f64=2.7e-2, **common)]
-    rows.append(_bench_row("full_cast_bf16", 16, 32768, 1, 900.0, tokens=32768))
-    validation = result("fused_decode_validation", [
-        {"section": "cases", "rel_err": 1e-3, "bf16_rel_err": 1.1e-3, "ratio": 0.9},
-        {"section": "cases", "rel_err": 1.1e-3, "bf16_rel_err": 1e-3, "ratio": 1.1}])
-    return fused_bench_report.FusedBench(result("fused_decode_bench", rows)), validation
+def test_the_lead_counts_where_ours_loses():
+    grid = _grid()
+    lead = fused_bench_report.lead(grid)
+    v = lead.values
+    assert v["grid_points"] == 3
+    assert v["flashmla_dense_fp8_faster_than_ours"] == 2 and v["ours_faster_than_fm_fp8"] == 1
+    assert v["flashmla_dense_bf16_faster_than_ours"] == 1 and v["ours_faster_than_fm_bf16"] == 2
+    assert v["flashinfer_faster_than_ours"] == 1  # FlashInfer BF16, 150 < 200 at 128 heads
+    assert v["sglang_triton_fp8_faster_than_ours"] == 0 and v["ours_fastest"] == 1
+    assert v["fm_fp8_err_over_ours_min"] == pytest.approx(2.8e-2 / 1.7e-3)
+    assert "**1 of 3** and than FlashMLA's BF16 kernel at **2 of 3**" in lead.text
+    assert "It loses most at 128 h, 32K, b8, where FlashMLA FP8 is **2.5×** faster" in lead.text
+    assert lead.table.rows[2]["speed"] == "0.93–2.50×"  # ours / FlashMLA FP8: 14/15 .. 200/80
+    fig = fused_bench_report.lead_figure(grid)
+    ours = [t for t in fig.data if t.legendgroup == "ours"]
+    assert [list(t.y) for t in ours] == [[24 / 14, 100 / 80], [100 / 200]]  # one panel per head count
+    assert "error ≤ 2e-03" in ours[0].name
 
 
-def test_bench_targets_follow_the_rows():
-    bench, validation = _bench_gen2()
-    t = fused_bench_report.targets(bench, validation, key=(16, 32768, 1))
-    assert [r["verdict"] for r in t.table.rows] == ["met", "missed", "missed", "missed", "met", "missed"]
-    v = t.values
-    assert v["targets_met"] == 2 and v["max_ratio_to_bf16_path"] == 1.1
-    assert v["min_flashmla_fp8_err_x"] == pytest.approx(2.7e-2 / 1.7e-3)
-    assert v["faster_than_flashmla_bf16"] == 1 and v["flashmla_bf16_points"] == 3
-    assert v["min_share_16h"] == pytest.approx(10.0 / 40.0) and v["max_tflops_64_128h"] == 90.0
-    assert v["page1_over_page64_max"] == pytest.approx(80 / 79) and v["balance_ratios"] == {"16h": pytest.approx(2.0)}
-    assert v["x_vs_original_path_b1_16h"] == {32768: 45.0}
-    assert "**2 of 6 targets met.**" in t.text and "32K **45×**" in t.text
-    assert "slower at 16 h, 4K, b32; 64 h, 32K, b8 (worst 64 h, 32K, b8: 2.0×)" in t.table.rows[1]["measured"]
-    balance = fused_bench_report.balance_table(bench)
-    assert [r["point"] for r in balance.rows] == ["16 h, 4K, b32", "64 h, 32K, b8"]
-    assert balance.rows[0]["b1"] == f"{20.0 / 32768 * 1e3:.2f} (32K, same tokens)"
-    assert fused_bench_report.page_table(bench).column("page 1 / page 64")[2] == "1.01×"
-    table = fused_bench_report.bench_table(bench)
-    assert table.column("fused FP8 (this chapter)")[0] == "40.0 (25%)"
+def test_the_grid_by_heads_losses_and_what_to_run():
+    grid = _grid()
+    text, values = fused_bench_report.by_heads_text(grid)
+    assert values["h16"]["vs_fm_fp8_wins"] == 1 and values["h16"]["paths"] == {"wgmma": 1, "triton": 1}
+    assert values["h128"]["vs_fm_bf16_geomean"] == 0.5 and "**128 heads**" in text
+    losses, groups = fused_bench_report.losses_text(grid)
+    assert groups["few_heads"]["points"] == 2 and groups["many_heads_batched"]["vs_fm_bf16"] == 0.5
+    assert "many_heads_b1" not in groups and "**64 and 128 heads, batches of 8 to 64** (1 points" in losses
+    table = fused_bench_report.what_to_run(grid)
+    rows = {(r["heads"], r["batch"]): r for r in table.rows}
+    assert rows[(16, "1")]["fastest"] == "ours (1 of 1)" and rows[(16, "1")]["vs"] == pytest.approx(24 / 14)
+    assert rows[(128, "8–64")]["fastest"] == "FlashMLA dense BF16 (1 of 1)"
+    assert "16× our error" in table.markdown()  # 2.8e-2 / 1.7e-3
+    assert "**ours** is the fastest BF16-accurate kernel for 16 heads at batch 1, 16 heads at batch 8–64." in \
+        fused_bench_report.conclusion_text(table)
+    assert fused_bench_report.path_counts(grid) == {"wgmma": 2, "triton": 1}
 
 
-def test_per_point_names_where_the_fused_kernel_wins_and_loses():
-    table, text, values = fused_bench_report.per_point(_bench())
-    assert [r["point"] for r in table.rows] == ["16 h, 32K, b1", "16 h, 32K, b8", "16 h, 128K, b1"]
-    assert values == {"points_fused_is_fastest": 1, "points_fastest_among_fp8_cache_paths": 3}
-    assert "**1 of 3** points (16 h, 32K, b1)" in text and "FlashInfer BF16 on a BF16 cache at 2 points" in text
+def test_the_appendix_tables_of_the_grid():
+    grid = _grid()
+    tables = fused_bench_report.bench_tables(grid)
+    assert [t.columns and list(t.columns)[0] for t in tables] == ["16 heads", "128 heads"]
+    assert tables[0].column("ours") == ["14.0", "80.0"] and tables[0].column("full cast") == ["860", "940"]
+    assert tables[0].column("ours ran") == ["wgmma", "Triton"] and tables[1].column("FI FP8 fa3") == ["—"]
+    assert len(tables[0].columns) <= 12, "the wide table must fit the page"
+    page = fused_bench_report.page_table(grid)
+    assert page.rows[0]["ours"] == f"{14 / 14.5:.2f}–{80 / 78:.2f}×"
+    balance = fused_bench_report.balance_table(grid)
+    assert [r["point"] for r in balance.rows] == ["16 h, 128K, b8", "128 h, 32K, b8"]
+    assert balance.rows[0]["b1"] == pytest.approx(14.0 / 4096 * 1e3)  # batch 1 at its longest context, 4K
+    host = fused_bench_report.host_table(grid, heads=16)
+    assert host.rows[0]["s"] == "ours" and host.rows[0][4096] == 100.0 and "host time" in host.caption
 
 
-def test_against_flashmla_leads_with_the_losses_and_the_accuracy_trade():
-    rows = [{"section": "ceilings", "bf16_tflops": 700.0}]
-    for context, fused, fp8, bf16 in ((4096, 10.0, 12.0, 20.0), (32768, 30.0, 20.0, 25.0), (131072, 60.0, None, None)):
-        rows += [_bench_row("fused_fp8", 16, context, 1, fused),
-                 _bench_row("flashmla_dense_fp8", 16, context, 1, fp8,
-                            **({} if fp8 else {"error": "ValueError: pages do not fit."})),
-                 _bench_row("flashmla_dense_bf16", 16, context, 1, bf16)]
-    bench = fused_bench_report.FusedBench(result("fused_decode_bench", rows))
-    validation = result("fused_decode_validation", [
-        {"section": "cases", "rel_err": 2e-3}, {"section": "cases", "rel_err": 1e-3},
-        {"section": "fp8_peers", "peer": "flashmla_dense_fp8", "rel_err": 3e-2},
-        {"section": "fp8_peers", "peer": "flashmla_dense_bf16", "rel_err": 2e-3}])
-    table, text = fused_bench_report.against_flashmla(bench, validation)
-    assert table.column("fused / FlashMLA FP8") == ["0.83×", "1.50×", "—"]
-    assert "loses at 1 of 2 points" in text and "except 16 h, 4K, b1" in text and "up to 1.5× (16 h, 32K, b1)" in text
-    assert "faster at 1 of 2 points" in text  # FlashMLA BF16: 25 < 30 at 32K only
-    assert "not timed at 16 h, 128K, b1 (ValueError: pages do not fit:" in text
-    assert "3.0e-02, 15× the fused kernel's worst (2.0e-03" in text
-    _, without = fused_bench_report.against_flashmla(bench)
-    assert "accuracy" not in without
+def _paths() -> fused_bench_report.Grid:
+    rows: list[dict[str, Any]] = [{"section": "build", "gpu": "NVIDIA H200", "capability": [9, 0], "sms": 132,
+                                   "nvcc": "13.0", "copy_gbps": 4200.0, "copy_ms": 0.5, "bf16_tflops": 690.0,
+                                   "wgmma": {"runs": True}}]
+    for (h, c, b), (t, w) in {(16, 64, 1): (10.0, 9.0), (16, 4096, 1): (15.0, 14.0), (16, 131072, 1): (50.0, 55.0),
+                              (128, 4096, 8): (80.0, 40.0)}.items():
+        for page, slower in ((1, 1.0), (64, 0.98)):
+            for strategy, us in (("triton", t), ("wgmma", w)):
+                rows.append({"section": "bench", "strategy": strategy, "heads": h, "context": c, "batch": b,
+                             "tokens": c * b, "len_min": c, "len_max": c, "us": us * slower, "roofline_us": 1.0,
+                             "timing": "cuda_graph", "page_size": page, "kernel_path": strategy})
+    return fused_bench_report.Grid(result("fused_decode_paths", rows, floor_contexts=[64]))
 
 
-def test_ncu_tables_and_text():
-    profile = {"section": "profile", "heads": 16, "tokens": 131072, "min_bytes": 100.0, "dram_read_bytes": 90.0,
-               "l2_bytes": 250.0, "flops": 1e9, "duration_ns": 1e4, "dynamic_smem_bytes": 2048.0,
-               "registers_per_thread": 254.0, "achieved_occupancy_pct": 12.0, "issue_active_pct": 38.0,
-               "theoretical_occupancy_pct": 12.5, "dram_pct_of_peak": 25.0, "stall_wait": 0.9, "stall_barrier": 0.1,
-               "stall_mio_throttle": 0.5, "grid_size": 256.0, "block_size": 128.0}
-    ncu = result("fused_decode_ncu", [profile, {"section": "profile", "heads": 64, "error": "ncu failed"}])
-    main, stalls = fused_bench_report.ncu_tables(ncu)
-    assert main.column("HBM read / FP8 bytes") == ["0.90×"] and main.column("L2 traffic / FP8 bytes") == ["2.50×"]
-    assert [r["reason"] for r in stalls.rows] == ["wait", "mio throttle", "barrier"]
-    text = fused_bench_report.ncu_text(ncu)
-    assert "`wait` (0.90), `mio throttle` (0.50), `barrier` (0.10)" in text and "256 programs of 128 threads" in text
+def test_the_dispatcher_tables():
+    paths = _paths()
+    assert paths.floor_points == [(16, 64, 1)] and len(paths.points) == 3
+    text, values = fused_lab_report.dispatcher_text(paths)
+    assert values == {"dispatch_points": 3, "dispatch_wgmma": 2, "dispatch_triton": 1}
+    assert "Triton path at **1** (16 h, 128K, b1)" in text
+    table = fused_lab_report.dispatcher_table(paths)
+    assert table.column("the dispatcher picks") == ["wgmma path", "wgmma path", "Triton path", "wgmma path"]
+    floor = fused_lab_report.floor_table(paths)
+    assert floor.rows[0]["triton1"] == 10.0 and floor.rows[0]["wgmma64"] == pytest.approx(9.0 * 0.98)
+    table_json = {"NVIDIA H200": {"capability": [9, 0], "points": [[64, 32768, 8, "wgmma", 90.0, 50.0]]}}
+    others = fused_lab_report.other_gpus_table(table_json, heads=64, batch=8, max_len=32768)
+    assert [r["path"] for r in others.rows] == ["wgmma path", "Triton path", "Triton path"]
+    assert "on NVIDIA H200 (the same compute capability" in others.rows[0]["why"]
+
+
+def test_ncu_summary_and_text_per_path():
+    profile = {"section": "profile", "heads": 16, "tokens": 131072, "path": "wgmma", "min_bytes": 100,
+               "dram_read_bytes": 90.0, "l2_bytes": 250.0, "flops": 10**9, "duration_ns": 1e4,
+               "dynamic_smem_bytes": 2048.0, "registers_per_thread": 255.0, "achieved_occupancy_pct": 12.4,
+               "issue_active_pct": 26.0, "theoretical_occupancy_pct": 12.5, "dram_pct_of_peak": 25.0,
+               "stall_wait": 0.9, "stall_barrier": 1.8, "stall_mio_throttle": 0.5}
+    ncu = result("fused_decode_profile", [{**profile, "path": "triton", "stall_barrier": 0.1}, profile,
+                                          {"section": "profile", "heads": 128, "tokens": 131072, "path": "wgmma",
+                                           "min_bytes": 1, "error": "ncu failed"}])
+    summary = fused_lab_report.ncu_summary(ncu)
+    assert summary.column("path, heads, tokens (batch 1)") == ["Triton path, 16 h, 128K", "wgmma path, 16 h, 128K"]
+    assert summary.column("largest stall (warps per issue)") == ["wait (0.9)", "barrier (1.8)"]
+    full = fused_lab_report.ncu_table(ncu)
+    assert full.column("HBM read / minimum") == ["0.90×", "0.90×"] and full.column("L2 / minimum")[0] == "2.5×"
+    assert [r["reason"] for r in fused_lab_report.stall_table(ncu).rows] == ["wait", "mio throttle", "barrier"]
+    text, values = fused_lab_report.ncu_text(ncu)
+    assert "the wgmma path, 16 h, 128K reads HBM at 25 % of its peak" in text and set(values) == {"triton_16h",
+                                                                                                   "wgmma_16h"}
+    assert "profiled no launch" in fused_lab_report.ncu_text(result("fused_decode_profile", [ncu.rows[2]]))[0]
+
+
+def test_the_phase_table_holds_each_warpgroup_against_the_tile_floors():
+    from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
+    from kvwall.notebook.tile_phases_report import TilePhases
+
+    per_tile = {"0": dict(zip(TRACE_PHASES[0], (100.0, 2304.0, 700.0, 50.0, 800.0, 600.0))),
+                "1": dict(zip(TRACE_PHASES[1], (150.0, 900.0, 80.0, 1200.0, 1800.0)))}
+    rows = [{"section": "phases", "heads": 128, "context": 131072, "batch": 8, "tokens": 10**6, "page_size": 64,
+             "us": 100.0, "us_traced": 105.0, "work_items": 65, "ctas": 130, "tiles": 1300, "per_tile": per_tile,
+             "per_cta": {"0": {"query prologue": 9000.0}, "1": {"query prologue": 9000.0, "first tiles": 3000.0}}},
+            {"section": "phases", "heads": 16, "context": 4096, "batch": 1, "tokens": 4096, "page_size": 64,
+             "error": "RuntimeError: no tile"}]
+    rep = TilePhases(result("fused_decode_profile", rows))
+    table, text, values = rep.table()
+    assert len(table.rows) == 1  # the failed trace is not a point
+    row = table.rows[0]
+    assert row["wg0"] == 4554 and row["wg1"] == 4130 and row["fixed"] == 12000 and row["tiles"] == 10
+    assert row["vs_tensor"] == pytest.approx(4554 / 2176) and table.column("clock reads' cost") == ["+5%"]
+    assert values["phase_scores_over_floor_min"] == 2.0 and "2.0–2.0× their tensor time" in text
+    assert values["phase_wait_share_max"] == pytest.approx(230 / 4554)
+    assert len(table.columns) <= 8, "the phase table must fit the page"
+    fig = rep.figure()
+    stacks = {t.name: list(t.x) for t in fig.data}
+    assert stacks["wg 0: scores (36 wgmma)"] == [2304.0, None] and stacks["wg 1: convert the next tile"] == [None, 1200.0]
 
 
 # ---------------------------------------------------------------------------------------------- chapter 4
@@ -395,103 +525,3 @@ def test_live_profile_params_fit_the_pool():
                       "capacity_sweep": [2048]}
     assert gather_step_report.live_profile_params({"pool_tokens": 3000, "layers": 1, "context_len": 5000},
                                                   small)["capacity"] == 3000
-
-
-# ---------------------------------------------------------------------------------------------- chapter 5, CUDA paths
-
-
-def _cuda_rows() -> list[dict[str, Any]]:
-    """A two-point fused_decode_cuda result: the wgmma path, the mma.sync default, Triton and FlashMLA."""
-    build = {"section": "build", "gpu": "NVIDIA H200", "sms": 132, "nvcc": "13.0", "build_s": 1.0,
-             "copy_gbps": 4200.0, "bf16_tflops": 680.0, "shared_limit": 232448, "default_variant": 5,
-             "variants": {"5": {"name": "v5", "warps": 4, "block_n": 64, "stages": 2, "min_blocks": 2, "v_bits": 0,
-                                "smem": 99_000, "registers": 255, "stack_bytes": 0, "spill_bytes": 0}},
-             "wgmma": {"runs": True, "arch": "sm_90a", "build_s": 4.0, "smem": 230400, "heads_per_cta": 64,
-                       "block_n": 64, "threads": 256, "registers": 255, "stack_bytes": 0, "spill_bytes": 0},
-             "flash_mla": {}}
-    times_ = {(16, 32768, 1): {"cuda_wgmma": 20.0, "cuda_wgmma_page1": 21.0, "cuda_v5": 30.0,
-                               "fused_fp8_page64": 25.0, "flashmla_dense_bf16": 40.0, "flashmla_dense_fp8": 22.0},
-              (128, 32768, 8): {"cuda_wgmma": 80.0, "cuda_wgmma_page1": 80.0, "cuda_v5": 200.0,
-                                "fused_fp8_page64": 190.0, "flashmla_dense_bf16": 40.0, "flashmla_dense_fp8": 35.0}}
-    rows: list[dict[str, Any]] = [build]
-    for (h, c, b), us in times_.items():
-        for strategy, t in us.items():
-            rows.append({"section": "bench", "strategy": strategy, "heads": h, "context": c, "batch": b,
-                         "tokens": c * b, "len_min": c, "len_max": c, "roofline_us": 10.0, "us": t,
-                         "timing": "graph", "tflops": 2 * h * c * b * 1088 / t / 1e6,
-                         "rel_err_f64": 0.03 if strategy == "flashmla_dense_fp8" else 0.0017})
-    rows.append({"section": "validation", "variant": "wgmma", "case": "c", "heads": 64, "tokens": 10,
-                 "page_size": 1, "ok": True, "rel_err": 0.0017, "triton_rel_err": 0.0017})
-    return rows
-
-
-def test_the_wgmma_report_says_what_its_rows_say():
-    from kvwall.notebook.cuda_path_report import CudaPath
-    rep = CudaPath(result("fused_decode_cuda", _cuda_rows(), contexts=[32768]))
-    text, values = rep.wgmma_summary()
-    assert values["wgmma_faster_than_fm_bf16_16h"] == 1 and values["wgmma_faster_than_fm_bf16_64_128h"] == 0
-    assert values["wgmma_faster_than_fm_fp8"] == 1  # 20 < 22 at 16 heads; 80 > 35 at 128
-    assert values["wgmma_worst_vs_fm_bf16"] == 0.5 and "0.50× FlashMLA BF16's speed" in text
-    assert values["wgmma_vs_best_other_geomean_64_128h"] == pytest.approx(190 / 80)
-    assert values["wgmma_page1_over_page64_max"] == pytest.approx(1.05)
-    fig = rep.wgmma_figure()
-    bars = {t.name: list(t.y) for t in fig.data}
-    assert bars["wgmma path"] == [2.0, 0.5] and bars["FlashMLA FP8 (FP8 query)"] == [40 / 22, 40 / 35]
-    verdicts = {r["target"][:2]: r["verdict"] for r in rep.wgmma_targets().rows}
-    # 128 heads x 262,144 tokens x 2,176 FLOP in 80 µs: 912 TFLOP/s, so target 4 holds on these rows
-    assert verdicts == {"1.": "met", "2.": "missed", "3.": "missed", "4.": "met", "5.": "met"}
-
-
-def test_what_to_run_names_the_fastest_accurate_kernel_per_heads_and_batch():
-    from kvwall.notebook.cuda_path_report import CudaPath
-    table = CudaPath(result("fused_decode_cuda", _cuda_rows(), contexts=[32768])).what_to_run()
-    rows = {(r["heads"], r["batch"]): r for r in table.rows}
-    assert rows[(16, "1")]["fastest"] == "wgmma path (1 of 1)" and rows[(16, "1")]["vs"] == 2.0
-    assert rows[(128, "8–64")]["fastest"] == "FlashMLA BF16 (BF16 cache) (1 of 1)" and rows[(128, "8–64")]["vs"] == 0.5
-    assert rows[(128, "8–64")]["fp8"] == pytest.approx(40 / 35)
-    assert "18× our error" in table.markdown()  # 0.03 / 0.0017, the rows' FlashMLA FP8 error over ours
-
-
-def test_target_6_pairs_a_mixed_batch_of_32_with_one_request_of_equal_tokens():
-    from kvwall.notebook.cuda_path_report import CudaPath
-    rows = _cuda_rows()
-    for h, batch, tokens, us in ((16, 1, 65536, 30.0), (16, 32, 65536, 36.0), (128, 32, 65536, 50.0)):
-        rows.append({"section": "bench", "strategy": "cuda_wgmma", "heads": h, "context": 8192, "batch": batch,
-                     "tokens": tokens, "len_min": 1, "len_max": tokens, "roofline_us": 10.0, "us": us,
-                     "timing": "graph"})
-    rep = CudaPath(result("fused_decode_cuda", rows, contexts=[32768]))
-    pairs = rep.balance_pairs()
-    assert [(p["heads"], p["tokens"]) for p in pairs] == [(16, 65536)]  # 128 heads has no batch-1 twin
-    assert pairs[0]["ratio"] == pytest.approx(1.2)
-    target = next(r for r in rep.wgmma_targets().rows if r["target"].startswith("6."))
-    assert target["verdict"] == "missed" and "1.20–1.20× over 1 pairs" in target["measured"]
-    rows[-2]["us"] = 33.0  # within 15 %
-    assert next(r for r in CudaPath(result("fused_decode_cuda", rows, contexts=[32768])).wgmma_targets().rows
-                if r["target"].startswith("6."))["verdict"] == "met"
-
-
-def test_the_phase_table_holds_each_warpgroup_against_the_tile_floors():
-    from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
-    from kvwall.notebook.tile_phases_report import TilePhases, tile_floors
-    floors = tile_floors()
-    # 64 heads x 64 tokens x (576 + 512) x 2 FLOP at 4,096 per cycle; 296 KB of shared-memory traffic
-    assert floors["tensor"] == 2176 and floors["scores"] == 1152 and floors["smem_bytes"] == 303104
-    per_tile = {"0": dict(zip(TRACE_PHASES[0], (100.0, 2304.0, 700.0, 50.0, 800.0, 600.0))),
-                "1": dict(zip(TRACE_PHASES[1], (150.0, 900.0, 80.0, 1200.0, 1800.0)))}
-    rows = _cuda_rows() + [{"section": "phases", "heads": 128, "context": 131072, "batch": 8, "tokens": 10**6,
-                            "us": 100.0, "us_traced": 105.0, "work_items": 65, "ctas": 130, "tiles": 1300,
-                            "per_tile": per_tile, "per_cta": {"0": {"query prologue": 9000.0},
-                                                               "1": {"query prologue": 9000.0, "first tiles": 3000.0}}},
-                           {"section": "phases", "heads": 16, "context": 4096, "batch": 1, "tokens": 4096,
-                            "error": "RuntimeError: no tile"}]
-    rep = TilePhases(result("fused_decode_cuda", rows, contexts=[32768]))
-    table, text, values = rep.table()
-    assert len(table.rows) == 1  # the failed trace is not a point
-    row = table.rows[0]
-    assert row["wg0"] == 4554 and row["wg1"] == 4130 and row["fixed"] == 12000 and row["tiles"] == 10
-    assert row["vs_tensor"] == pytest.approx(4554 / 2176) and table.column("clock reads' cost") == ["+5%"]
-    assert values["phase_scores_over_floor_min"] == 2.0 and "2.0–2.0× their tensor time" in text
-    assert values["phase_wait_share_max"] == pytest.approx(230 / 4554)
-    fig = rep.figure()
-    stacks = {t.name: list(t.x) for t in fig.data}
-    assert stacks["wg 0: scores (36 wgmma)"] == [2304.0, None] and stacks["wg 1: convert the next tile"] == [None, 1200.0]

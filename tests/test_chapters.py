@@ -93,6 +93,7 @@ def test_chapters_open_as_notebooks_in_jupyterlab():
     ("03_the_other_doors", "doors_sm90", {}),
     ("04_gather_then_cast", "gather_cast_validation", {}),
     ("05_fused_fp8_decode", "fused_decode_bench", {}),
+    ("05a_fused_decode_lab", "fused_decode_profile", {}),
     ("06_the_answer", "path_sweep", {}),
 ])
 def test_corrupt_result_file_stops_the_chapter_naming_the_file(tmp_path, monkeypatch, chapter, experiment, params):

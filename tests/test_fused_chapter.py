@@ -1,13 +1,26 @@
-"""Chapter 5 under papermill with CPU parameters: the live validation in Triton's interpreter, and every number it
-shows from the recorded H200 runs equal to the result files'."""
+"""Chapter 5 and its lab page under papermill with CPU parameters: the live validation in Triton's interpreter, and
+every count the pages quote from the recorded H200 runs recomputed here from the result files (and the dispatcher's
+shipped table checked against the run it was derived from)."""
+
+import json
+import math
 
 import pytest
 
 import kvwall.experiments  # noqa: F401 - registers the row schemas load_result validates against
 from conftest import BOOK, run_chapter
+from kvwall.experiments.fused_decode.paths import PATHS_FILE, path_points
 from kvwall.results import load_result
 
 pytestmark = pytest.mark.slow
+
+CHAPTER5_RESULTS = {"fused_decode_tuning", "fused_decode_paths", "fused_decode_validation", "fused_decode_bench",
+                    "fused_decode_profile"}
+
+
+def _us(rows, strategy, point):
+    r = rows.get((strategy, *point))
+    return r["us"] if r and r.get("us") else None
 
 
 def test_chapter_5_on_cpu(tmp_path):
@@ -16,54 +29,58 @@ def test_chapter_5_on_cpu(tmp_path):
     assert rec["mode"] == "cpu" and rec["scale"] == "small"
     assert rec["duration_s"] < 180, "chapter 5 must run in 3 minutes on a 2-core CPU"
     assert v["live_validation_passed"] is True
-    assert {u["experiment"] for u in rec["recorded_used"]} == {"fused_decode_tuning", "fused_decode_validation",
-                                                             "fused_decode_bench", "fused_decode_ncu",
-                                                             "fused_decode_cuda"}
+    assert {u["experiment"] for u in rec["recorded_used"]} == CHAPTER5_RESULTS
     assert not any(u["stale"] for u in rec["recorded_used"])
-    validation = load_result("fused_decode_validation").table("cases")
-    assert v["recorded_validation_cases"] == len(validation)
-    assert v["recorded_validation_passed"] == sum(bool(r["passed"]) for r in validation)
+    # The lead: every count recomputed from the benchmark's rows.
     bench = {(r["strategy"], r["heads"], r["context"], r["batch"]): r
              for r in load_result("fused_decode_bench").table("bench")}
-    point = bench[("fused_fp8", 16, 131072, 1)]
-    assert v["us_b1_16h_128k"] == point["us"] and v["roofline_us_b1_16h_128k"] == point["roofline_us"]
-    points = {k[1:] for k in bench}
-    assert v["points"] == len(points)
-    both = [p for p in points if bench.get(("fused_fp8", *p), {}).get("us")
-            and bench.get(("flashmla_dense_bf16", *p), {}).get("us")]
-    assert v["flashmla_bf16_points"] == len(both)
-    assert v["faster_than_flashmla_bf16"] == sum(bench[("fused_fp8", *p)]["us"] < bench[("flashmla_dense_bf16", *p)]["us"]
-                                                 for p in both)
-    paged = [bench[("fused_fp8", *p)]["us"] / bench[("fused_fp8_page64", *p)]["us"] for p in points
-             if bench.get(("fused_fp8_page64", *p), {}).get("us") and bench.get(("fused_fp8", *p), {}).get("us")]
-    assert v["page1_over_page64_min"] == min(paged) and v["page1_over_page64_max"] == max(paged)
-    ratios = [r["ratio"] for r in validation if r.get("ratio") is not None and (r.get("bf16_rel_err") or 0) > 0]
-    assert v["max_ratio_to_bf16_path"] == max(ratios)
-    assert 0 <= v["targets_met"] <= 6
-    # The CUDA C++ path's section: its counts recomputed from the result file.
-    cuda = load_result("fused_decode_cuda")
-    default = next(r for r in cuda.rows if r["section"] == "build")["default_variant"]
-    us = {}
-    for r in cuda.table("bench"):
-        us.setdefault((r["heads"], r["context"], r["batch"]), {})[r["strategy"]] = r["us"]
-    grid = {k: u for k, u in us.items() if k[1] in cuda.params["contexts"]}
-    mine = f"cuda_v{default}"
-    assert v["cuda_points"] == len(grid) == 36
-    assert v["cuda_faster_than_triton"] == sum(u[mine] < u["fused_fp8_page64"] for u in grid.values())
-    assert v["cuda_faster_than_flashmla_bf16"] == sum(u[mine] < u["flashmla_dense_bf16"] for u in grid.values())
-    assert v["cuda_faster_than_flashmla_fp8"] == sum(u[mine] < u["flashmla_dense_fp8"] for u in grid.values())
-    assert v["cuda_16h_128k_us"] == us[(16, 131072, 1)][mine]
-    assert v["cuda_16h_floor_us"] == us[(16, cuda.params["floor_contexts"][0], 1)][mine]
-    # The wgmma path's summary at the top of the chapter: its counts recomputed from the result file.
-    wg = {k: u for k, u in grid.items() if u.get("cuda_wgmma")}
-    assert v["wgmma_points"] == len(wg) == 36
-    assert v["wgmma_faster_than_fm_bf16_16h"] == sum(u["cuda_wgmma"] < u["flashmla_dense_bf16"]
-                                                     for k, u in wg.items() if k[0] == 16)
-    assert v["wgmma_faster_than_fm_bf16_64_128h"] == sum(u["cuda_wgmma"] < u["flashmla_dense_bf16"]
-                                                         for k, u in wg.items() if k[0] in (64, 128))
-    assert v["wgmma_faster_than_fm_fp8"] == sum(u["cuda_wgmma"] < u["flashmla_dense_fp8"] for u in wg.values())
-    assert v["wgmma_worst_vs_fm_bf16"] == min(u["flashmla_dense_bf16"] / u["cuda_wgmma"]
-                                              for k, u in wg.items() if k[0] in (64, 128))
-    checks = [r for r in cuda.table("validation") if r["variant"] == "wgmma"]
-    assert v["wgmma_validation_runs"] == len(checks) > 0
-    assert v["wgmma_validation_passed"] == sum(bool(r["ok"]) for r in checks)
+    points = sorted({k[1:] for k in bench if _us(bench, "ours", k[1:])})
+    assert v["grid_points"] == len(points) == 48
+    for peer in ("flashmla_dense_fp8", "flashmla_dense_bf16", "sglang_triton_fp8"):
+        both = [p for p in points if _us(bench, peer, p)]
+        assert v[f"{peer}_points"] == len(both)
+        assert v[f"{peer}_faster_than_ours"] == sum(_us(bench, peer, p) < _us(bench, "ours", p) for p in both)
+    fi = {p: min(u for s in ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3", "flashinfer_bf16_precast")
+                 if (u := _us(bench, s, p))) for p in points}
+    assert v["flashinfer_faster_than_ours"] == sum(fi[p] < _us(bench, "ours", p) for p in points)
+    assert v["ours_faster_than_fm_fp8"] == sum(_us(bench, "ours", p) < _us(bench, "flashmla_dense_fp8", p)
+                                               for p in points if _us(bench, "flashmla_dense_fp8", p))
+    h16 = [p for p in points if p[0] == 16 and _us(bench, "flashmla_dense_bf16", p)]
+    assert v["by_heads"]["h16"]["vs_fm_bf16_geomean"] == pytest.approx(math.exp(sum(
+        math.log(_us(bench, "flashmla_dense_bf16", p) / _us(bench, "ours", p)) for p in h16) / len(h16)))
+    assert v["by_heads"]["h16"]["paths"] == {k: sum(bench[("ours", *p)]["kernel_path"] == k for p in points
+                                                    if p[0] == 16) for k in v["by_heads"]["h16"]["paths"]}
+    # The dispatcher: the shipped paths.json is the one derived from the recorded paths run, and the counts match.
+    paths = load_result("fused_decode_paths")
+    build = next(r for r in paths.rows if r["section"] == "build")
+    shipped = json.loads(PATHS_FILE.read_text())[build["gpu"]]["points"]
+    assert shipped == path_points(paths), "paths.json is not the table derived from fused_decode_paths"
+    grid_picks = [p for p in shipped if p[1] not in paths.params["floor_contexts"]]
+    assert v["dispatch_points"] == len(grid_picks)
+    assert v["dispatch_wgmma"] == sum(p[3] == "wgmma" for p in grid_picks)
+    # Accuracy: the recorded case table.
+    cases = load_result("fused_decode_validation").table("cases")
+    assert v["recorded_validation_cases"] == len(cases)
+    assert v["recorded_validation_passed"] == sum(bool(r["passed"]) for r in cases)
+    for path in {r["path"] for r in cases}:
+        ratios = [r["ratio"] for r in cases if r["path"] == path and r.get("ratio") is not None
+                  and (r.get("bf16_rel_err") or 0) > 0]
+        if ratios:
+            assert v[f"{path}_ratio_max"] == max(ratios)
+
+
+def test_chapter_5_lab_page_on_cpu(tmp_path):
+    toc = (BOOK.parent / "_toc.yml").read_text()
+    assert "book/05a_fused_decode_lab" in toc, "the lab page must be in the table of contents"
+    assert "{doc}`05a_fused_decode_lab`" in (BOOK / "05_fused_fp8_decode.md").read_text(), "chapter 5 must link it"
+    rec = run_chapter(BOOK / "05a_fused_decode_lab.md", tmp_path, mode="cpu")
+    assert rec["duration_s"] < 180
+    assert {u["experiment"] for u in rec["recorded_used"]} == CHAPTER5_RESULTS
+    v = rec["values"]
+    paths = load_result("fused_decode_paths")
+    assert v["dispatch"]["dispatch_triton"] + v["dispatch"]["dispatch_wgmma"] == v["dispatch"]["dispatch_points"]
+    assert v["dispatch"]["dispatch_points"] == len([p for p in path_points(paths)
+                                                    if p[1] not in paths.params["floor_contexts"]])
+    traced = [r for r in load_result("fused_decode_profile").rows if r["section"] == "phases" and r.get("per_tile")]
+    if traced:
+        assert v["phases"]["phase_points"] == len(traced)

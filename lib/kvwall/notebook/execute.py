@@ -24,7 +24,8 @@ from kvwall.results import PROJECT_ROOT
 __all__ = ["BOOK_DIR", "ChapterError", "chapter_files", "chapter_parameters", "execute_chapter"]
 
 BOOK_DIR = PROJECT_ROOT / "book"
-_CHAPTER_NAME = re.compile(r"\d\d_[A-Za-z0-9_]+\.md")
+#: A chapter, ``NN_slug.md``, or a chapter's appendix page, ``NNa_slug.md`` (chapter 5's lab page).
+_CHAPTER_NAME = re.compile(r"\d\d[a-z]?_[A-Za-z0-9_]+\.md")
 
 
 class ChapterError(ValueError):
@@ -32,7 +33,7 @@ class ChapterError(ValueError):
 
 
 def chapter_files(book: Path = BOOK_DIR) -> list[Path]:
-    """The chapters, in order: ``book/NN_slug.md``."""
+    """The chapters and their appendix pages, in order: ``book/NN_slug.md``, ``book/NNa_slug.md``."""
     return sorted(p for p in book.glob("*.md") if _CHAPTER_NAME.fullmatch(p.name))
 
 

@@ -1,497 +1,467 @@
-"""Chapter 5's benchmark and profile: the fused FP8 kernel against every path, point by point.
+"""Chapter 5's grid: ours against every peer of the one peer table, point by point.
 
-:class:`FusedBench` indexes a recorded ``fused_decode_bench`` run by (strategy, heads, context, batch); the
-functions below turn it, and the ``fused_decode_ncu`` profile, into the chapter's figures, tables and
-targets. A point's roofline is the experiment's ``roofline_us`` (from :func:`kvwall.model.roofline.roofline_us`,
-one byte count); "of roofline" is always that over the measured µs.
+:class:`Grid` indexes a recorded ``fused_decode_bench`` run (or ``fused_decode_paths``: the same row format, the two
+paths forced, page 1 and 64) by (strategy, page size, heads, context, batch). The functions below turn it into the
+chapter's lead (where ours loses, and to whom), the per-head-count account of wins and losses, the conclusion's
+table (what to run), and the appendix's full tables (every strategy at every point, page 1 against page 64, mixed
+batches, host time). Strategy names and labels come from the peer table
+(:data:`kvwall.experiments.fused_decode.strategies.STRATEGIES`); a point's roofline is the row's ``roofline_us``
+(:func:`kvwall.model.roofline.roofline_us`); "speed relative to X" is always X's µs over the other's.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvwall.experiments.fused_decode.strategies import STRATEGIES
+from kvwall.model.paths import KERNEL_NAMES
 from kvwall.notebook import plots
-from kvwall.notebook.tables import Table, number, percent, times
+from kvwall.notebook.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
-__all__ = ["STRATEGY_NAMES", "STRATEGY_COLORS", "Point", "FusedBench", "bench_figures", "bench_table", "Targets",
-           "against_flashmla", "flashmla_fp8_error",
-           "targets", "balance_table", "page_table", "host_table", "per_point", "tensor_rate_table", "ncu_tables", "ncu_text",
-           "loop_mix", "instruction_mix_table"]
+__all__ = ["OURS", "OURS_PAGE64", "FM_BF16", "FM_FP8", "FLASHINFER", "SGLANG", "LEAD_PEERS", "Point", "Grid",
+           "label", "point_label", "geomean", "Lead", "lead", "lead_figure", "by_heads_text", "loss_groups",
+           "losses_text", "what_to_run", "conclusion_text", "flashmla_fp8_error", "bench_tables", "page_table", "balance_table", "host_table",
+           "path_counts"]
 
-#: Reader-facing names of the strategies the benchmark times, in the order tables list them.
-STRATEGY_NAMES = {
-    "fused_fp8": "fused FP8 (this chapter)", "fused_fp8_page64": "fused FP8, page 64 (FlashMLA's layout)",
-    "full_cast_bf16": "whole-pool cast + FlashInfer BF16 (original)",
-    "gather_cast_bf16": "gather-cast + FlashInfer BF16 (ch. 4)", "flashinfer_fp8_fa2": "FlashInfer FP8, fa2",
-    "flashinfer_fp8_fa3": "FlashInfer FP8, fa3", "flashinfer_bf16_precast": "FlashInfer BF16 on a BF16 cache",
-    "sglang_triton_fp8": "SGLang Triton (FP8 pool)",
-    "flashmla_dense_fp8": "FlashMLA dense FP8 (FP8 query, page 64)",
-    "flashmla_dense_bf16": "FlashMLA dense BF16 on a BF16 cache (page 64)"}
-STRATEGY_COLORS = {
-    "fused_fp8": "#d62728", "fused_fp8_page64": "#ff9896", "full_cast_bf16": "#7f7f7f", "gather_cast_bf16": "#ff7f0e",
-    "flashinfer_fp8_fa2": "#1f77b4", "flashinfer_fp8_fa3": "#17becf", "flashinfer_bf16_precast": "#2ca02c",
-    "sglang_triton_fp8": "#9467bd", "flashmla_dense_fp8": "#8c564b", "flashmla_dense_bf16": "#e377c2"}
-FUSED = "fused_fp8"
-FUSED_PAGED = "fused_fp8_page64"
-#: Our kernel under either layout: never "another path" for the fused kernel's comparisons.
-OURS = (FUSED, FUSED_PAGED)
-FLASHINFER_FP8 = ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3")
-BF16_CACHE = "flashinfer_bf16_precast"
-#: The paths that need a BF16 cache (twice the bytes per token of the FP8 pool).
-BF16_CACHE_PATHS = (BF16_CACHE, "flashmla_dense_bf16")
-FLASHMLA_FP8, FLASHMLA_BF16 = "flashmla_dense_fp8", "flashmla_dense_bf16"
-ORIGINAL_PATH = "full_cast_bf16"
+OURS, OURS_PAGE64 = "ours", "ours_page64"
+FM_BF16, FM_FP8 = "flashmla_dense_bf16", "flashmla_dense_fp8"
+#: FlashInfer's three ways of computing the decode on this GPU (its best is the lead's FlashInfer line).
+FLASHINFER = ("flashinfer_fp8_fa2", "flashinfer_fp8_fa3", "flashinfer_bf16_precast")
+SGLANG = "sglang_triton_fp8"
+#: The casts before FlashInfer's BF16 attention (chapters 1 and 4).
+CASTS = ("full_cast_bf16", "index_then_cast", "gather_cast_bf16")
+#: The lead's peers, in the order its figure and table show them ("flashinfer" = the best of FLASHINFER).
+LEAD_PEERS = (FM_BF16, FM_FP8, "flashinfer", SGLANG)
+#: Strategies whose query is FP8 (SGLang, FlashMLA FP8): not BF16-accurate.
+FP8_QUERY = tuple(s.name for s in STRATEGIES.values() if s.query == "fp8")
+COLORS = {OURS: "#d62728", FM_BF16: "#e377c2", FM_FP8: "#8c564b", "flashinfer": "#1f77b4", SGLANG: "#9467bd"}
+#: Short column headers for the appendix's wide tables (the caption spells each out with its label).
+SHORT = {OURS: "ours", FM_BF16: "FM BF16", FM_FP8: "FM FP8", "flashinfer_fp8_fa2": "FI FP8 fa2",
+         "flashinfer_fp8_fa3": "FI FP8 fa3", "flashinfer_bf16_precast": "FI BF16", SGLANG: "SGLang",
+         "gather_cast_bf16": "gather", "index_then_cast": "index", "full_cast_bf16": "full cast"}
 
 #: (heads, context, batch)
 Point = tuple[int, int, int]
 
 
-def _label(p: Point) -> str:
-    return f"{p[0]} h, {p[1] // 1024}K, b{p[2]}"
+def label(strategy: str) -> str:
+    """The reader-facing name of a strategy (the peer table's label; "flashinfer": FlashInfer's best)."""
+    if strategy == "flashinfer":
+        return "FlashInfer (best of its three)"
+    if strategy == OURS:
+        return "ours"
+    if strategy in KERNEL_NAMES:
+        return KERNEL_NAMES[strategy]
+    return STRATEGIES[strategy].label if strategy in STRATEGIES else strategy
 
 
-def _share(row: Mapping[str, Any] | None) -> float | None:
-    return row["roofline_us"] / row["us"] if row and row.get("us") else None
+def point_label(p: Point) -> str:
+    """``"16 h, 128K, b8"`` (contexts under 1K in tokens)."""
+    ctx = f"{p[1] // 1024}K" if p[1] >= 1024 else str(p[1])
+    return f"{p[0]} h, {ctx}, b{p[2]}"
+
+
+def _ctx(c: int) -> str:
+    return f"{c // 1024}K" if c >= 1024 else str(c)
+
+
+def geomean(xs: Iterable[float | None]) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def _us3(v: float | None) -> str:
+    """µs with three significant digits at most (the wide tables' cells): 9.87, 15.3, 153, 1,534."""
+    if v is None:
+        return "—"
+    return f"{v:,.2f}" if v < 10 else f"{v:,.1f}" if v < 100 else f"{v:,.0f}"
 
 
 @dataclass
-class FusedBench:
-    """A recorded ``fused_decode_bench`` run, indexed by strategy and point."""
+class Grid:
+    """A recorded ``fused_decode_bench`` (or ``fused_decode_paths``) run indexed by strategy, page size and point.
+    ``floor_contexts``: contexts that are fixed-cost probes (``fused_decode_paths``' 64 tokens), not grid points."""
 
     result: Result
-    by: dict[tuple[str, int, int, int], dict[str, Any]] = field(init=False)
+    by: dict[tuple[str, int, int, int, int], dict[str, Any]] = field(init=False)
     points: list[Point] = field(init=False)
+    floor_points: list[Point] = field(init=False)
 
     def __post_init__(self) -> None:
         rows = self.result.table("bench")
-        self.by = {(r["strategy"], r["heads"], r["context"], r["batch"]): r for r in rows}
-        self.points = sorted({(r["heads"], r["context"], r["batch"]) for r in rows})
-
-    def row(self, strategy: str, point: Point) -> dict[str, Any] | None:
-        """The benchmark row of ``strategy`` at ``point``, None where it was not timed."""
-        return self.by.get((strategy, *point))
-
-    def us(self, strategy: str, point: Point) -> float | None:
-        """Device µs per call, None where the strategy did not run (or failed) there."""
-        r = self.row(strategy, point)
-        return r["us"] if r and r.get("us") else None
-
-    def fastest_flashinfer_fp8(self, point: Point) -> float | None:
-        """µs of the faster of FlashInfer's two FP8 kernels at ``point``."""
-        return min((u for u in (self.us(s, point) for s in FLASHINFER_FP8) if u), default=None)
+        self.by = {(r["strategy"], r["page_size"], r["heads"], r["context"], r["batch"]): r for r in rows}
+        floors = set(self.result.params.get("floor_contexts") or [])
+        every = {(r["heads"], r["context"], r["batch"]) for r in rows}
+        self.points = sorted(p for p in every if p[1] not in floors)
+        self.floor_points = sorted(p for p in every if p[1] in floors)
 
     @property
     def caption(self) -> str:
-        """The recorded run's provenance line."""
         return self.result.caption()
+
+    def row(self, strategy: str, point: Point, page_size: int | None = None) -> dict[str, Any] | None:
+        """The row of ``strategy`` at ``point`` (on ``page_size``; None: the strategy's own layout in the peer table,
+        or its only row)."""
+        if page_size is None:
+            page_size = STRATEGIES[strategy].page_size if strategy in STRATEGIES else 1
+            found = self.by.get((strategy, page_size, *point))
+            if found is not None:
+                return found
+            return next((r for (s, _, *p), r in self.by.items() if s == strategy and tuple(p) == point), None)
+        return self.by.get((strategy, page_size, *point))
+
+    def us(self, strategy: str, point: Point, page_size: int | None = None) -> float | None:
+        """Device µs per call; None where the strategy did not run (or failed) there. ``"flashinfer"``: the fastest
+        of FlashInfer's three."""
+        if strategy == "flashinfer":
+            return min((u for u in (self.us(s, point) for s in FLASHINFER) if u), default=None)
+        r = self.row(strategy, point, page_size)
+        return r["us"] if r and r.get("us") else None
+
+    def best_flashinfer(self, point: Point) -> str | None:
+        timed = {s: self.us(s, point) for s in FLASHINFER if self.us(s, point)}
+        return min(timed, key=timed.get) if timed else None
+
+    def err(self, strategy: str, point: Point) -> float | None:
+        """Relative error against float64 at ``point`` (FlashInfer's best: the error of the one that was fastest)."""
+        if strategy == "flashinfer":
+            strategy = self.best_flashinfer(point) or FLASHINFER[0]
+        return (self.row(strategy, point) or {}).get("rel_err_f64")
+
+    def strategies(self) -> list[str]:
+        """The strategies of the run, in the peer table's order."""
+        names = {s for s, *_ in self.by}
+        return [s for s in STRATEGIES if s in names] + sorted(names - set(STRATEGIES))
 
     @property
     def ceilings(self) -> dict[str, Any]:
-        """The run's measured ceilings (copy GB/s, BF16 TFLOP/s) and what its columns mean."""
-        return self.result.table("ceilings")[0]
+        """The run's measured ceilings (``ceilings`` row of the bench, ``build`` row of the paths run)."""
+        for section in ("ceilings", "build"):
+            found = [r for r in self.result.rows if r.get("section") == section]
+            if found:
+                return found[0]
+        return {}
 
 
-def bench_figures(bench: FusedBench) -> list[go.Figure]:
-    """One figure per batch size: µs per layer against context, one panel per head count, the roofline dotted."""
-    figures = []
-    heads_set = sorted({p[0] for p in bench.points})
-    for batch in sorted({p[2] for p in bench.points}):
-        fig = make_subplots(rows=1, cols=len(heads_set), subplot_titles=[f"{h} heads" for h in heads_set],
-                            shared_yaxes=True)
-        for col, heads in enumerate(heads_set, 1):
-            contexts = sorted({p[1] for p in bench.points if p[0] == heads and p[2] == batch})
-            for strategy, name in STRATEGY_NAMES.items():
-                ys = [bench.us(strategy, (heads, c, batch)) for c in contexts]
-                if any(y is not None for y in ys):
-                    fig.add_scatter(x=contexts, y=ys, mode="lines+markers", name=name, legendgroup=strategy,
-                                    showlegend=col == 1, row=1, col=col,
-                                    line=dict(color=STRATEGY_COLORS[strategy], width=3 if strategy == FUSED else 1.5))
-            roof = [(bench.row(FUSED, (heads, c, batch)) or {}).get("roofline_us") for c in contexts]
-            fig.add_scatter(x=contexts, y=roof, mode="lines", name="roofline", legendgroup="roofline",
-                            showlegend=col == 1, line=dict(color="black", dash="dot"), row=1, col=col)
-        fig.update_xaxes(type="log", tickvals=[4096, 32768, 131072], ticktext=["4K", "32K", "128K"])
-        fig.update_xaxes(title_text="context (tokens per request)", row=1, col=(len(heads_set) + 1) // 2)
-        fig.update_yaxes(type="log")
-        fig.update_yaxes(title_text="µs per layer (CUDA graph)", row=1, col=1)
-        fig.update_layout(title=f"Decode attention, batch {batch}: time per layer")
-        plots.with_caption(fig, [bench.caption], height=520)
-        fig.update_layout(legend=dict(orientation="h", x=0, y=1.1, xanchor="left", yanchor="bottom"),
-                          margin=dict(t=170), title=dict(y=0.98, yanchor="top"))
-        figures.append(fig)
-    return figures
+def path_counts(grid: Grid, strategy: str = OURS) -> Counter:
+    """How many grid points ``strategy`` (ours) ran on each path (its rows' ``kernel_path``)."""
+    return Counter(grid.row(strategy, p)["kernel_path"] for p in grid.points
+                   if grid.us(strategy, p) and grid.row(strategy, p).get("kernel_path"))
 
 
-def bench_table(bench: FusedBench) -> Table:
-    """µs per layer of every strategy at every point, its share of the roofline in brackets."""
-    rows = []
-    for p in bench.points:
-        row: dict[str, Any] = {"point": _label(p), "roof": (bench.row(FUSED, p) or {}).get("roofline_us")}
-        for s in STRATEGY_NAMES:
-            r = bench.row(s, p) or {}
-            row[s] = (f"{r['us']:,.1f} ({_share(r):.0%})" if r.get("us") else ("error" if r.get("error") else ""))
-        rows.append(row)
-    return Table(rows, {"heads, context, batch": "point", "roofline µs": ("roof", number(1)),
-                        **{name: s for s, name in STRATEGY_NAMES.items()}},
-                 bench.caption + " µs per layer (share of the roofline in brackets).")
+# ---------------------------------------------------------------------------------------------------------
+# The lead: where ours loses
+# ---------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Targets:
-    """The second-generation kernel's targets (the project's issue 12), each with the measured figure and a
-    verdict, and the headline against the original's path."""
-
-    table: Table
+class Lead:
     text: str
+    table: Table
     values: dict[str, Any]
 
 
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "missed"
+def _faster(grid: Grid, a: str, b: str, points: Iterable[Point]) -> tuple[int, int]:
+    """(points where ``a`` is faster than ``b``, points where both ran)."""
+    both = [p for p in points if grid.us(a, p) and grid.us(b, p)]
+    return sum(grid.us(a, p) < grid.us(b, p) for p in both), len(both)
 
 
-def _ns_per_token(bench: FusedBench, strategy: str, p: Point) -> float | None:
-    r = bench.row(strategy, p)
-    return r["us"] / r["tokens"] * 1e3 if r and r.get("us") else None
+def lead(grid: Grid) -> Lead:
+    """The chapter's opening: over the grid, how often each peer of :data:`LEAD_PEERS` is faster than ours, by how
+    much, and at what error; ours' own wins against FlashMLA; a table of it all."""
+    pts = [p for p in grid.points if grid.us(OURS, p)]
+    n = len(pts)
+    values: dict[str, Any] = {"grid_points": n}
+    rows = [{"path": label(OURS), "reads": "FP8 cache, BF16 query", "faster": "—", "speed": "—",
+             "err": max((grid.err(OURS, p) for p in pts if grid.err(OURS, p)), default=None)}]
+    for peer in LEAD_PEERS:
+        wins, both = _faster(grid, peer, OURS, pts)
+        speed = [grid.us(OURS, p) / grid.us(peer, p) for p in pts if grid.us(peer, p)]
+        errs = [grid.err(peer, p) for p in pts if grid.us(peer, p) and grid.err(peer, p)]
+        reads = ("FP8 or BF16 cache, BF16 query" if peer == "flashinfer" else
+                 f"{STRATEGIES[peer].cache.upper()} cache, {STRATEGIES[peer].query.upper()} query")
+        rows.append({"path": label(peer), "reads": reads, "faster": f"{wins} of {both}",
+                     "speed": f"{min(speed):.2f}–{max(speed):.2f}×" if speed else "—",
+                     "err": max(errs, default=None)})
+        values[f"{peer}_faster_than_ours"] = wins
+        values[f"{peer}_points"] = both
+    fastest = [p for p in pts if all(grid.us(OURS, p) <= u for s in LEAD_PEERS if (u := grid.us(s, p)))]
+    values["ours_fastest"] = len(fastest)
+    table = Table(rows, {"path": "path", "reads": "reads", "faster than ours at (points)": "faster",
+                         "its speed / ours": ("speed", plain), "worst error vs float64": ("err", scientific)},
+                  grid.caption + " Speed = ours' µs over the path's at the same point (above 1× it is faster); "
+                  "FlashInfer: at each point the fastest of its FP8 fa2, FP8 fa3 and BF16 (on a BF16 copy of the "
+                  "pool) kernels, and that one's error.")
+    fm8, fm8_n = values[f"{FM_FP8}_faster_than_ours"], values[f"{FM_FP8}_points"]
+    fm16, fm16_n = values[f"{FM_BF16}_faster_than_ours"], values[f"{FM_BF16}_points"]
+    worst = max((p for p in pts if grid.us(FM_FP8, p)), key=lambda p: grid.us(OURS, p) / grid.us(FM_FP8, p),
+                default=None)
+    err_x = [grid.err(FM_FP8, p) / grid.err(OURS, p) for p in pts if grid.err(FM_FP8, p) and grid.err(OURS, p)]
+    values.update(ours_faster_than_fm_fp8=fm8_n - fm8, ours_faster_than_fm_bf16=fm16_n - fm16,
+                  fm_fp8_err_over_ours_min=min(err_x) if err_x else None)
+    text = (f"Over the **{n} points** of the grid, ours is faster than FlashMLA's FP8 kernel at "
+            f"**{fm8_n - fm8} of {fm8_n}** and than FlashMLA's BF16 kernel at **{fm16_n - fm16} of {fm16_n}**; "
+            f"it is the fastest of the five at **{len(fastest)}**.")
+    if worst is not None:
+        text += (f" It loses most at {point_label(worst)}, where FlashMLA FP8 is "
+                 f"**{grid.us(OURS, worst) / grid.us(FM_FP8, worst):.1f}×** faster.")
+    fi, fi_n = values["flashinfer_faster_than_ours"], values["flashinfer_points"]
+    sg, sg_n = values[f"{SGLANG}_faster_than_ours"], values[f"{SGLANG}_points"]
+    text += (f" FlashInfer's best is faster than ours at {fi} of {fi_n} points, SGLang's Triton kernel at {sg} of "
+             f"{sg_n}.")
+    if err_x:
+        text += (f" FlashMLA FP8 buys its speed with accuracy: it quantizes the query to FP8, and its error against "
+                 f"float64 is **{min(err_x):.0f}–{max(err_x):.0f}×** ours at every point; FlashMLA BF16 needs a BF16 "
+                 "cache, twice the bytes per token.")
+    return Lead(text, table, values)
 
 
-def targets(bench: FusedBench, validation: Result | None = None, key: Point = (16, 131072, 1)) -> Targets:
-    """The six targets, point by point over the recorded run: accuracy (the validation's error ratio to the BF16
-    path; FlashMLA FP8's error over ours in the benchmark), faster than FlashMLA BF16 everywhere, 16 heads at >= 70 %
-    of the roofline and faster than FlashMLA FP8 from 32K tokens, >= 600 TFLOP/s at 64/128 heads and batch >= 8,
-    page 1 within 10 % of page 64, and batch-32 ns per token within 15 % of batch 1's at equal total tokens."""
-    pts = [p for p in bench.points if bench.us(FUSED, p)]
-    rows: list[dict[str, Any]] = []
-    values: dict[str, Any] = {"points": len(pts)}
-    # 1. accuracy
-    ratios = [r["ratio"] for r in validation.table("cases") if r.get("ratio") is not None
-              and (r.get("bf16_rel_err") or 0) > 0] if validation else []
-    ours_err = {p: bench.row(FUSED, p).get("rel_err_f64") for p in pts}
-    fm_x = [bench.row(FLASHMLA_FP8, p)["rel_err_f64"] / ours_err[p] for p in pts
-            if ours_err[p] and (bench.row(FLASHMLA_FP8, p) or {}).get("rel_err_f64")]
-    acc_ok = bool(ratios) and max(ratios) <= 2 and bool(fm_x) and min(fm_x) >= 10
-    rows.append({"target": "accuracy: error vs float64 ≤ 2× the BF16 path's, ≥ 10× better than FlashMLA FP8",
-                 "measured": (f"ours / BF16 path {min(ratios):.2f}–{max(ratios):.2f}× over {len(ratios)} validation "
-                              f"cases; FlashMLA FP8's error {min(fm_x):.0f}–{max(fm_x):.0f}× ours at {len(fm_x)} "
-                              f"benchmark points" if ratios and fm_x else "not measured"),
-                 "verdict": _verdict(acc_ok)})
-    values.update(max_ratio_to_bf16_path=max(ratios) if ratios else None, min_flashmla_fp8_err_x=min(fm_x) if fm_x else None)
-    # 2. faster than FlashMLA BF16 everywhere
-    both = [p for p in pts if bench.us(FLASHMLA_BF16, p)]
-    slower = [p for p in both if bench.us(FUSED, p) >= bench.us(FLASHMLA_BF16, p)]
-    worst = max(both, key=lambda p: bench.us(FUSED, p) / bench.us(FLASHMLA_BF16, p)) if both else None
-    rows.append({"target": "faster than FlashMLA dense BF16 (on a BF16 cache) at every point",
-                 "measured": (f"faster at {len(both) - len(slower)} of {len(both)} points; slower at "
-                              f"{'; '.join(_label(p) for p in slower[:6])}{'…' if len(slower) > 6 else ''} "
-                              f"(worst {_label(worst)}: {bench.us(FUSED, worst) / bench.us(FLASHMLA_BF16, worst):.1f}×)"
-                              if slower else f"faster at all {len(both)} points"),
-                 "verdict": _verdict(bool(both) and not slower)})
-    values.update(faster_than_flashmla_bf16=len(both) - len(slower), flashmla_bf16_points=len(both))
-    # 3. 16 heads, >= 32K tokens: >= 70 % of the roofline and faster than FlashMLA FP8
-    mem = [p for p in pts if p[0] == 16 and bench.row(FUSED, p)["tokens"] >= 32768]
-    shares = {p: _share(bench.row(FUSED, p)) for p in mem}
-    beat = [p for p in mem if bench.us(FLASHMLA_FP8, p) and bench.us(FUSED, p) < bench.us(FLASHMLA_FP8, p)]
-    head = bench.row(FUSED, key) or {}
-    rows.append({"target": "16 heads, ≥ 32K tokens in the batch: ≥ 70 % of the FP8 roofline, faster than FlashMLA FP8",
-                 "measured": (f"{min(shares.values()):.0%}–{max(shares.values()):.0%} of the roofline over {len(mem)} "
-                              f"points ({_label(key)}: {head.get('us', float('nan')):.1f} µs, target "
-                              f"≤ {head.get('roofline_us', float('nan')) / 0.7:.0f}); faster than FlashMLA FP8 at "
-                              f"{len(beat)} of {len(mem)}" if mem else "not measured"),
-                 "verdict": _verdict(bool(mem) and min(shares.values()) >= 0.7 and len(beat) == len(mem))})
-    values.update(min_share_16h=min(shares.values()) if shares else None, us_b1_16h_128k=head.get("us"),
-                  roofline_us_b1_16h_128k=head.get("roofline_us"))
-    # 4. 64/128 heads, batch >= 8: >= 600 TFLOP/s
-    comp = [bench.row(FUSED, p)["tflops"] for p in pts if p[0] >= 64 and p[2] >= 8 and bench.row(FUSED, p).get("tflops")]
-    fm_tf = [bench.row(FLASHMLA_BF16, p)["tflops"] for p in pts if p[0] >= 64 and p[2] >= 8
-             and (bench.row(FLASHMLA_BF16, p) or {}).get("tflops")]
-    rows.append({"target": "64/128 heads, batch ≥ 8: ≥ 600 TFLOP/s (16-bit-accurate math)",
-                 "measured": (f"{min(comp):.0f}–{max(comp):.0f} TFLOP/s (FlashMLA BF16 at the same points "
-                              f"{min(fm_tf):.0f}–{max(fm_tf):.0f})" if comp and fm_tf else "not measured"),
-                 "verdict": _verdict(bool(comp) and min(comp) >= 600)})
-    values.update(max_tflops_64_128h=max(comp) if comp else None)
-    # 5. page 1 within 10 % of page 64
-    paged = {p: bench.us(FUSED, p) / bench.us(FUSED_PAGED, p) for p in pts if bench.us(FUSED_PAGED, p)}
-    off = max((abs(x - 1) for x in paged.values()), default=None)
-    rows.append({"target": "page 1 (SGLang's layout) within 10 % of page 64 at the same tokens",
-                 "measured": (f"page 1 / page 64 = {min(paged.values()):.2f}–{max(paged.values()):.2f} over "
-                              f"{len(paged)} points" if paged else "not measured"),
-                 "verdict": _verdict(off is not None and off <= 0.10 + 1e-9)})
-    values.update(page1_over_page64_min=min(paged.values()) if paged else None,
-                  page1_over_page64_max=max(paged.values()) if paged else None)
-    # 6. balance: batch 32 (mixed) against batch 1 at equal total tokens
-    pairs = []
-    for p in pts:
-        if p[2] != 32:
+def lead_figure(grid: Grid) -> go.Figure:
+    """One panel per head count: every lead peer's and ours' speed relative to FlashMLA BF16 (its µs over theirs,
+    log scale) at each (context, batch) point; the legend names each one's worst error against float64."""
+    heads = sorted({p[0] for p in grid.points})
+    cols = 2 if len(heads) > 1 else 1
+    nrows = -(-len(heads) // cols)
+    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=[f"{h} heads" for h in heads], shared_yaxes=True,
+                        vertical_spacing=0.16, horizontal_spacing=0.05)
+    ratios: list[float] = []
+    for strategy in (OURS, *[s for s in LEAD_PEERS if s != FM_BF16]):
+        errs = [grid.err(strategy, p) for p in grid.points if grid.us(strategy, p) and grid.err(strategy, p)]
+        name = f"{label(strategy)} (error ≤ {max(errs):.0e})" if errs else label(strategy)
+        for i, h in enumerate(heads):
+            pts = [p for p in grid.points if p[0] == h]
+            outer, inner, ys = [], [], []
+            for p in pts:
+                outer.append(_ctx(p[1]))
+                inner.append(str(p[2]))
+                fm, us = grid.us(FM_BF16, p), grid.us(strategy, p)
+                ys.append(fm / us if fm and us else None)
+            ratios += [y for y in ys if y]
+            fig.add_scatter(x=[outer, inner], y=ys, mode="markers", name=name, legendgroup=strategy,
+                            showlegend=i == 0, row=i // cols + 1, col=i % cols + 1,
+                            marker=dict(color=COLORS[strategy], size=10 if strategy == OURS else 7,
+                                        symbol="circle" if strategy == OURS else "diamond",
+                                        line=dict(width=1, color="white")),
+                            hovertemplate=f"{h} heads, %{{x}}<br>{label(strategy)}: %{{y:.2f}}× FlashMLA BF16's "
+                                          "speed<extra></extra>")
+    for i in range(len(heads)):
+        fig.add_hline(y=1.0, line_dash="dash", line_color="#333", row=i // cols + 1, col=i % cols + 1)
+    ticks = [t for t in (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5) if ratios and
+             min(ratios) * 0.8 <= t <= max(ratios) * 1.25]
+    fig.update_yaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks],
+                     range=[math.log10(min(ratios) * 0.8), math.log10(max(ratios) * 1.25)] if ratios else None)
+    fig.update_yaxes(title_text="speed vs FlashMLA BF16", col=1)
+    fig.update_layout(title="Speed relative to FlashMLA's BF16 kernel (dashed line), per point of the grid")
+    caption = (grid.caption + " Above 1×: faster than FlashMLA BF16. Ticks: batch, under it the context (K tokens) "
+               "(batches > 1: mixed lengths, a quarter of batch × context tokens in all). CUDA graphs, L2 flushed; "
+               "ours on page-size-1 slots, FlashMLA on 64-token pages of the same pool.")
+    fig = plots.with_caption(fig, caption, height=300 * nrows + 80, legend="top")
+    # Room for the first row's panel titles under the legend, and for the second line of category labels
+    # (context under batch) above the caption.
+    fig.layout.annotations[-1].yshift -= 18
+    fig.update_layout(margin=dict(t=fig.layout.margin.t + 24, b=fig.layout.margin.b + 18),
+                      height=fig.layout.height + 42)
+    return fig
+
+
+def by_heads_text(grid: Grid) -> tuple[str, dict[str, Any]]:
+    """Per head count: ours against FlashMLA FP8 and BF16 (points won, geometric-mean speed), and the path ours ran."""
+    lines, values = [], {}
+    for h in sorted({p[0] for p in grid.points}):
+        pts = [p for p in grid.points if p[0] == h and grid.us(OURS, p)]
+        w8, n8 = _faster(grid, OURS, FM_FP8, pts)
+        w16, n16 = _faster(grid, OURS, FM_BF16, pts)
+        g8 = geomean(grid.us(FM_FP8, p) / grid.us(OURS, p) for p in pts if grid.us(FM_FP8, p))
+        g16 = geomean(grid.us(FM_BF16, p) / grid.us(OURS, p) for p in pts if grid.us(FM_BF16, p))
+        ran = Counter(grid.row(OURS, p).get("kernel_path") or "triton" for p in pts)
+        paths = ", ".join(f"the {KERNEL_NAMES[k]} at {v}" for k, v in ran.most_common())
+        lines.append(f"- **{h} heads**: faster than FlashMLA FP8 at {w8} of {n8} points (its speed "
+                     f"{g8:.2f}× FlashMLA FP8's, geometric mean), than FlashMLA BF16 at {w16} of {n16} "
+                     f"({g16:.2f}×); ours ran {paths}." if g8 and g16 else f"- **{h} heads**: FlashMLA not timed.")
+        values[f"h{h}"] = {"vs_fm_fp8_wins": w8, "vs_fm_bf16_wins": w16, "points": len(pts),
+                           "vs_fm_fp8_geomean": g8, "vs_fm_bf16_geomean": g16, "paths": dict(ran)}
+    return "\n".join(lines), values
+
+
+def loss_groups(grid: Grid) -> dict[str, dict[str, Any]]:
+    """The grid cut where the story changes: 16 and 32 heads (memory-bound), 64 and 128 heads at batch 1, and at
+    batch 8 or more (compute-bound). Per group: points, ours' geometric-mean speed relative to FlashMLA FP8 and BF16,
+    and the share of the roofline ours reaches (its range)."""
+    groups = {"few_heads": lambda p: p[0] <= 32, "many_heads_b1": lambda p: p[0] >= 64 and p[2] == 1,
+              "many_heads_batched": lambda p: p[0] >= 64 and p[2] > 1}
+    out = {}
+    for name, keep in groups.items():
+        pts = [p for p in grid.points if keep(p) and grid.us(OURS, p)]
+        if not pts:
             continue
-        tokens = bench.row(FUSED, p)["tokens"]
-        single = next((q for q in pts if q[0] == p[0] and q[2] == 1 and bench.row(FUSED, q)["tokens"] == tokens), None)
-        if single:
-            pairs.append((p, single, _ns_per_token(bench, FUSED, p) / _ns_per_token(bench, FUSED, single)))
-    rows.append({"target": "mixed batch 32 within 15 % of batch 1's ns per token at equal total tokens",
-                 "measured": ("; ".join(f"{p[0]} heads, {bench.row(FUSED, p)['tokens'] // 1024}K tokens: "
-                                        f"{x:.2f}×" for p, _, x in pairs) if pairs else "no equal-token pair"),
-                 "verdict": _verdict(bool(pairs) and max(x for *_, x in pairs) <= 1.15)})
-    values.update(balance_ratios={f"{p[0]}h": x for p, _, x in pairs})
-    table = Table(rows, {"target (issue 12)": "target", "measured": "measured", "verdict": "verdict"},
-                  bench.caption + (" Accuracy ratios: " + validation.caption()[0].lower() + validation.caption()[1:]
-                                   if validation else ""))
-    x_original = {p[1]: bench.us(ORIGINAL_PATH, p) / bench.us(FUSED, p) for p in pts
-                  if p[0] == 16 and p[2] == 1 and bench.us(ORIGINAL_PATH, p)}
-    met = sum(r["verdict"] == "met" for r in rows)
-    text = (f"**{met} of {len(rows)} targets met.** Against the problem this book started from — the original's "
-            "path, the whole-pool cast then FlashInfer BF16 — one layer at batch 1 with 16 heads is "
-            + ", ".join(f"{c // 1024}K **{x:.0f}×**" for c, x in sorted(x_original.items())) + " faster.")
-    values.update(targets_met=met, x_vs_original_path_b1_16h=x_original)
-    return Targets(table, text, values)
+        share = [grid.row(OURS, p)["roofline_us"] / grid.us(OURS, p) for p in pts]
+        tflops = [grid.row(OURS, p).get("tflops") for p in pts if grid.row(OURS, p).get("tflops")]
+        fm_tflops = [grid.row(FM_BF16, p).get("tflops") for p in pts if (grid.row(FM_BF16, p) or {}).get("tflops")]
+        out[name] = {"points": len(pts),
+                     "vs_fm_fp8": geomean(grid.us(FM_FP8, p) / grid.us(OURS, p) for p in pts if grid.us(FM_FP8, p)),
+                     "vs_fm_bf16": geomean(grid.us(FM_BF16, p) / grid.us(OURS, p) for p in pts
+                                           if grid.us(FM_BF16, p)),
+                     "share_min": min(share), "share_max": max(share),
+                     "tflops_max": max(tflops, default=None), "fm_bf16_tflops_max": max(fm_tflops, default=None)}
+    return out
 
 
-def balance_table(bench: FusedBench) -> Table:
-    """Mixed batches under the plan: work items, the plan's imbalance (largest item over the mean), ns per token,
-    and batch 1's ns per token at the same head count (the same total tokens where the run has it)."""
+def losses_text(grid: Grid) -> tuple[str, dict[str, Any]]:
+    """Where the story changes (:func:`loss_groups`), in numbers: ours' share of the roofline and its speed against
+    FlashMLA in each group, and the best tensor rates at 64 and 128 heads; Markdown and the values."""
+    g = loss_groups(grid)
+    lines = []
+    if "few_heads" in g:
+        x = g["few_heads"]
+        lines.append(f"- **16 and 32 heads** ({x['points']} points; memory-bound): ours reaches "
+                     f"{x['share_min']:.0%}–{x['share_max']:.0%} of the roofline, at {x['vs_fm_fp8']:.2f}× FlashMLA "
+                     f"FP8's speed and {x['vs_fm_bf16']:.2f}× FlashMLA BF16's (geometric means).")
+    if "many_heads_b1" in g:
+        x = g["many_heads_b1"]
+        lines.append(f"- **64 and 128 heads, one request** ({x['points']} points): {x['vs_fm_fp8']:.2f}× FlashMLA "
+                     f"FP8's speed, {x['vs_fm_bf16']:.2f}× FlashMLA BF16's.")
+    if "many_heads_batched" in g:
+        x = g["many_heads_batched"]
+        tf = (f"; at most {x['tflops_max']:.0f} TFLOP/s against FlashMLA BF16's {x['fm_bf16_tflops_max']:.0f}"
+              if x.get("tflops_max") and x.get("fm_bf16_tflops_max") else "")
+        lines.append(f"- **64 and 128 heads, batches of 8 to 64** ({x['points']} points; compute-bound): "
+                     f"{x['vs_fm_fp8']:.2f}× FlashMLA FP8's speed, {x['vs_fm_bf16']:.2f}× FlashMLA BF16's{tf}.")
+    return "\n".join(lines), g
+
+
+def conclusion_text(table: Table) -> str:
+    """Which kernel :func:`what_to_run` found fastest per class, in one sentence per winner."""
+    by: dict[str, list[str]] = {}
+    for r in table.rows:
+        winner = r["fastest"].split(" (")[0]
+        by.setdefault(winner, []).append(f"{r['heads']} heads at batch {r['batch']}")
+    return " ".join(f"**{w}** is the fastest BF16-accurate kernel for {', '.join(where)}." for w, where in by.items())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The conclusion
+# ---------------------------------------------------------------------------------------------------------
+
+
+def what_to_run(grid: Grid) -> Table:
+    """Per head count and batch class, which BF16-accurate kernel was fastest at the recorded points (ours on the FP8
+    cache, FlashMLA BF16 or FlashInfer on a BF16 cache twice the size, ...), how ours compares with FlashMLA BF16, and
+    what FlashMLA FP8 (FP8 query) buys against it."""
+    accurate = [s for s in grid.strategies() if s not in FP8_QUERY and s != OURS_PAGE64 and s not in KERNEL_NAMES]
+    err_x = geomean(grid.err(FM_FP8, p) / grid.err(OURS, p) for p in grid.points
+                    if grid.err(FM_FP8, p) and grid.err(OURS, p))
     rows = []
-    for p in bench.points:
-        fused = bench.row(FUSED, p)
-        if not fused or not fused.get("us") or p[2] == 1:
-            continue
-        same = next((q for q in bench.points if q[0] == p[0] and q[2] == 1
-                     and (bench.row(FUSED, q) or {}).get("tokens") == fused["tokens"]), None)
-        single = same or max((q for q in bench.points if q[0] == p[0] and q[2] == 1 and bench.us(FUSED, q)),
-                             key=lambda q: q[1], default=None)
-        b1 = (f"{_ns_per_token(bench, FUSED, single):.2f} ({bench.row(FUSED, single)['tokens'] // 1024}K"
-              + (", same tokens)" if same else ")")) if single else "—"
-        rows.append({"point": _label(p), "lens": f"{fused['len_min']:,}–{fused['len_max']:,}",
-                     "tokens": fused["tokens"], "items": fused.get("work_items"), "chunk": fused.get("chunk_tokens"),
-                     "imbalance": fused.get("imbalance"), "per_token": _ns_per_token(bench, FUSED, p), "b1": b1})
-    return Table(rows, {"point": "point", "request lengths": "lens", "tokens": ("tokens", number(0)),
-                        "work items": "items", "chunk tokens": ("chunk", number(0)),
-                        "largest item / mean": ("imbalance", times(2)), "ns per token": ("per_token", number(2)),
-                        "batch 1 ns per token (its tokens)": "b1"},
-                 bench.caption + " Work items per head block; the chunk is the plan's largest item.")
-
-
-def page_table(bench: FusedBench) -> Table:
-    """The fused kernel on SGLang's page-1 layout and on FlashMLA's 64-token pages, at every point."""
-    rows = [{"point": _label(p), "p1": bench.us(FUSED, p), "p64": bench.us(FUSED_PAGED, p),
-             "x": bench.us(FUSED, p) / bench.us(FUSED_PAGED, p)}
-            for p in bench.points if bench.us(FUSED, p) and bench.us(FUSED_PAGED, p)]
-    return Table(rows, {"point": "point", "page 1 µs": ("p1", number(1)), "page 64 µs": ("p64", number(1)),
-                        "page 1 / page 64": ("x", times(2))}, bench.caption)
-
-
-def host_table(bench: FusedBench, heads: int = 16) -> Table:
-    """Host µs per eager call of every strategy, batch 1."""
-    rows = [{"point": _label(p), **{s: (bench.row(s, p) or {}).get("host_us") for s in STRATEGY_NAMES}}
-            for p in bench.points if p[0] == heads and p[2] == 1]
-    return Table(rows, {"point": "point", **{name: (s, number(0)) for s, name in STRATEGY_NAMES.items()}},
-                 bench.caption + " Host µs per call: " + bench.ceilings.get("host_us_means", ""))
-
-
-def per_point(bench: FusedBench) -> tuple[Table, str, dict[str, int]]:
-    """Per point, the fused kernel against the fastest other path; a sentence on where it wins and loses."""
-    rows = []
-    for p in bench.points:
-        fused = bench.row(FUSED, p)
-        others = [bench.row(s, p) for s in STRATEGY_NAMES if s not in OURS and bench.us(s, p)]
-        if not fused or not fused.get("us") or not others:
-            continue
-        peer = min(others, key=lambda r: r["us"])
-        rows.append({"point": _label(p), "us": fused["us"], "gbps": fused.get("gbps"), "tflops": fused.get("tflops"),
-                     "share": _share(fused), "peer": peer["strategy"], "best": STRATEGY_NAMES[peer["strategy"]],
-                     "best_us": peer["us"], "x": fused["us"] / peer["us"]})
-    table = Table(rows, {"point": "point", "fused µs": ("us", number(1)), "GB/s": ("gbps", number(0)),
-                         "TFLOP/s": ("tflops", number(0)), "of roofline": ("share", percent),
-                         "fastest other path": "best", "its µs": ("best_us", number(1)),
-                         "fused / it": ("x", times(2))},
-                  bench.caption + " GB/s counts the FP8 KV and index bytes; TFLOP/s the attention's FLOPs.")
-    wins = [r for r in rows if r["x"] < 1.0]
-    beaten_by = Counter(STRATEGY_NAMES[r["peer"]] for r in rows if r["x"] >= 1.0)
-    fp8_cache_paths = [s for s in STRATEGY_NAMES if s not in OURS and s not in BF16_CACHE_PATHS]
-    fp8_wins = [p for p in bench.points if bench.us(FUSED, p)
-                and all(bench.us(FUSED, p) < bench.us(s, p) for s in fp8_cache_paths if bench.us(s, p))]
-    n = len(bench.points)
-    text = (f"The fused kernel is the fastest path at **{len(wins)} of {n}** points"
-            + (f" ({'; '.join(r['point'] for r in wins)})" if wins else "") + ". Where it is not, the faster path is "
-            + "; ".join(f"{name} at {k} point{'s' if k > 1 else ''}" for name, k in beaten_by.most_common())
-            + ". The BF16 kernels (FlashInfer's, FlashMLA's) need a BF16 cache: twice the bytes per token, half the "
-            f"tokens in the same memory. Among the paths that keep the FP8 cache, the fused kernel is the fastest at "
-            f"**{len(fp8_wins)} of {n}** points.")
-    return table, text, {"points_fused_is_fastest": len(wins), "points_fastest_among_fp8_cache_paths": len(fp8_wins)}
-
-
-def tensor_rate_table(bench: FusedBench,
-                      strategies: tuple[str, ...] = (FUSED, BF16_CACHE, "flashinfer_fp8_fa3")) -> Table:
-    """TFLOP/s at batch 1, against the BF16 matmul ceiling of the same run."""
-    rows = [{"point": _label(p), **{s: (bench.row(s, p) or {}).get("tflops") for s in strategies}}
-            for p in bench.points if p[2] == 1]
-    return Table(rows, {"point": "point", **{f"{STRATEGY_NAMES[s]} TFLOP/s": (s, number(0)) for s in strategies}},
-                 bench.caption + f" BF16 matmul ceiling in the same run: {bench.ceilings['bf16_tflops']:,.0f} TFLOP/s.")
-
-
-def _profiles(ncu: Result) -> list[dict[str, Any]]:
-    return [r for r in ncu.table("profile") if "error" not in r]
-
-
-def _stalls(row: Mapping[str, Any]) -> list[str]:
-    """The row's stall-reason fields, largest first."""
-    return sorted((k for k in row if k.startswith("stall_")), key=lambda k: -row[k])
-
-
-def ncu_tables(ncu: Result) -> tuple[Table, Table]:
-    """Nsight Compute's view of the split kernel (bytes, rates, occupancy), and its stall reasons."""
-    prof = _profiles(ncu)
-    rows = [{**r, "point": f"{r['heads']} heads, {r['tokens'] // 1024}K", "us": r["duration_ns"] / 1e3,
-             "dram": r["dram_read_bytes"] / r["min_bytes"], "l2": r["l2_bytes"] / r["min_bytes"],
-             "tflops": r["flops"] / r["duration_ns"] / 1e3, "gbps": r["dram_read_bytes"] / r["duration_ns"],
-             "smem_kb": r["dynamic_smem_bytes"] / 1024} for r in prof]
-    profile = Table(rows, {"point": "point", "µs under ncu": ("us", number(1)),
-                           "HBM read / FP8 bytes": ("dram", times(2)), "GB/s": ("gbps", number(0)),
-                           "L2 traffic / FP8 bytes": ("l2", times(2)), "TFLOP/s": ("tflops", number(0)),
-                           "registers": ("registers_per_thread", number(0)), "smem KB": ("smem_kb", number(0)),
-                           "occupancy %": ("achieved_occupancy_pct", number(0)),
-                           "issue slots busy %": ("issue_active_pct", number(0))},
-                    ncu.caption() + " ncu locks clocks to base, so its durations exceed the graph timings.")
-    stall_rows = [{"reason": k[6:].replace("_", " "), **{f"{r['heads']}h": r[k] for r in prof}}
-                  for k in (_stalls(prof[0]) if prof else [])]
-    stalls = Table(stall_rows, {"stall reason (warps per issued instruction)": "reason",
-                                **{f"{r['heads']} heads": (f"{r['heads']}h", number(2)) for r in prof}},
-                   ncu.caption())
-    return profile, stalls
-
-
-def ncu_text(ncu: Result, heads: int = 16) -> str:
-    """What Nsight Compute says limits the split kernel at ``heads``: bytes, occupancy, issue, stalls."""
-    prof = _profiles(ncu)
-    if not prof:
-        return "Nsight Compute profiled no launch successfully in this run."
-    p = next((r for r in prof if r["heads"] == heads), prof[0])
-    top = ", ".join(f"`{k[6:].replace('_', ' ')}` ({p[k]:.2f})" for k in _stalls(p)[:3])
-    return (f"At {p['heads']} heads the split kernel reads **{p['dram_read_bytes'] / p['min_bytes']:.2f}×** the FP8 "
-            f"bytes from HBM (random slots repeat; each token once), at {p['dram_pct_of_peak']:.0f} % of HBM's peak. "
-            f"Its limits are elsewhere: {p['registers_per_thread']:.0f} registers per thread and "
-            f"{p['dynamic_smem_bytes'] / 1024:.0f} KB of shared memory per program leave room for "
-            f"{p['theoretical_occupancy_pct']:.1f} % of the warps a multiprocessor can hold, and with so few warps the "
-            f"schedulers issue in only {p['issue_active_pct']:.0f} % of cycles. The largest stall reasons: {top}. "
-            f"The L2 sees {p['l2_bytes'] / p['min_bytes']:.1f}× the FP8 bytes. With {p['grid_size']:.0f} programs of "
-            f"{p['block_size']:.0f} threads on 132 multiprocessors, each runs a long chain per tile -- load, convert, "
-            "two dependent dots, the softmax between them -- and a multiprocessor holds too few of them to hide it: "
-            "a latency-bound kernel, not a bandwidth-bound one.")
-
-
-def loop_mix(config: Any, cap: int = 90) -> dict[str, Any]:
-    """The split kernel (work-list launch) with launch shape ``config`` compiled offline for ``cap`` (no GPU needed):
-    PTX instructions of its token loop (the longest backward branch) per thread, each statement of an inline-assembly
-    block counted (the 16-bit pairs' conversion is one), and how many are one-byte shared-memory loads."""
-    import os
-    import re
-
-    from kvwall.kernels.mla_decode.kernel import compile_offline, split_constexprs
-    from kvwall.notebook.fused_report import launch_shape
-
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    ptx = compile_offline("split", split_constexprs(config), config.num_warps, config.num_stages,
-                          cap).asm["ptx"].splitlines()
-    labels = {line.split(":")[0].strip(): i for i, line in enumerate(ptx) if re.match(r"^\$L__BB\d+_\d+:", line.strip())}
-    loop = (0, 0)
-    for i, line in enumerate(ptx):
-        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
-        if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > loop[1] - loop[0]:
-            loop = (labels[m.group(1)], i)
-    counts: Counter = Counter()
-    byte_loads = 0
-    for line in ptx[loop[0]:loop[1]]:
-        for stmt in line.replace("{", ";").replace("}", ";").split(";"):
-            m = re.match(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9_]*)((?:\.[a-z0-9_]+)*)", stmt)
-            if not m or m.group(1) == "reg":
+    for heads in sorted({p[0] for p in grid.points}):
+        for name, batches in (("1", {1}), ("8–64", {8, 32, 64})):
+            pts = [p for p in grid.points if p[0] == heads and p[2] in batches and grid.us(OURS, p)]
+            if not pts:
                 continue
-            mods = m.group(2).split(".")
-            op = m.group(1) + (f".{mods[1]}" if m.group(1) in ("ld", "st", "cp", "mma", "wgmma", "cvt") and len(mods) > 1
-                               else "")
-            counts[op] += 1
-            byte_loads += m.group(1) == "ld" and m.group(2).startswith(".shared") and m.group(2).endswith(".b8")
-    import triton
-
-    row = {f"cfg_{k}": v for k, v in dataclasses.asdict(config).items()}
-    return {"counts": counts, "total": sum(counts.values()), "byte_loads": byte_loads, "shape": launch_shape(row),
-            "triton": triton.__version__}
-
-
-def instruction_mix_table(mix: Mapping[str, Any], other: Mapping[str, Any] | None = None, top: int = 12) -> Table:
-    """The PTX instruction counts of the split kernel's token loop (:func:`loop_mix`) per thread per tile, and beside
-    them another shape's (``other``)."""
-    ops = [k for k, _ in (mix["counts"] + (other["counts"] if other else Counter())).most_common(top)]
-    rows = [{"op": k, "n": mix["counts"].get(k, 0), "m": other["counts"].get(k, 0) if other else None} for k in ops]
-    rows.append({"op": "all instructions", "n": mix["total"], "m": other["total"] if other else None})
-    rows.append({"op": "of them one-byte shared-memory loads", "n": mix["byte_loads"],
-                 "m": other["byte_loads"] if other else None})
-    columns = {"PTX instruction (token loop)": "op", mix["shape"]: "n"}
-    if other:
-        columns[other["shape"]] = "m"
-    return Table(rows, columns, f"Computed here: Triton {mix['triton']} compiling for sm_90; per thread per tile.")
-
-
-def _worst_rel_err(validation: Result | None, peer: str) -> float | None:
-    if validation is None:
-        return None
-    errs = [r["rel_err"] for r in validation.table("fp8_peers") if r.get("peer") == peer and r.get("rel_err") is not None]
-    return max(errs, default=None)
+            wins = Counter(min((s for s in accurate if grid.us(s, p)), key=lambda s: grid.us(s, p)) for p in pts)
+            top, k = wins.most_common(1)[0]
+            rows.append({"heads": heads, "batch": name, "fastest": f"{label(top)} ({k} of {len(pts)})",
+                         "vs": geomean(grid.us(FM_BF16, p) / grid.us(OURS, p) for p in pts if grid.us(FM_BF16, p)),
+                         "fp8": geomean(grid.us(FM_BF16, p) / grid.us(FM_FP8, p) for p in pts
+                                        if grid.us(FM_BF16, p) and grid.us(FM_FP8, p))})
+    fp8_header = (f"FlashMLA FP8 ({err_x:.0f}× our error) vs FlashMLA BF16" if err_x
+                  else "FlashMLA FP8 vs FlashMLA BF16")
+    return Table(rows, {"heads per GPU": "heads", "batch": "batch", "fastest BF16-accurate kernel": ("fastest", plain),
+                        "ours vs FlashMLA BF16": ("vs", times(2)), fp8_header: ("fp8", times(2))},
+                 grid.caption + " Geometric means over the grid's points (contexts 4K, 32K, 128K); above 1× is "
+                                "faster than FlashMLA BF16. BF16-accurate: every kernel that keeps the query in BF16.")
 
 
 def flashmla_fp8_error(validation: Result | None) -> tuple[float | None, float | None]:
-    """From a recorded ``fused_decode_validation``: FlashMLA's dense FP8 kernel's worst relative error against float64
-    and the fused kernel's worst (BF16-level), or Nones."""
+    """From a recorded ``fused_decode_validation``: FlashMLA dense FP8's worst relative error against float64 over the
+    cases it ran, and ours' worst (the rows of path ``ours``; a run without them: every path's), or Nones."""
     if validation is None:
         return None, None
-    ours = max((r["rel_err"] for r in validation.table("cases") if r.get("rel_err") is not None), default=None)
-    return _worst_rel_err(validation, FLASHMLA_FP8), ours
+    fm = [r["rel_err"] for r in validation.rows if r.get("section") == "fp8_peers" and r.get("peer") == FM_FP8
+          and r.get("rel_err") is not None]
+    cases = [r for r in validation.rows if r.get("section") == "cases" and r.get("rel_err") is not None]
+    ours = [r["rel_err"] for r in cases if r.get("path") == OURS] or [r["rel_err"] for r in cases]
+    return max(fm, default=None), max(ours, default=None)
 
 
-def against_flashmla(bench: FusedBench, validation: Result | None = None) -> tuple[Table, str]:
-    """The fused kernel against the best MLA decode kernel that runs on this GPU (FlashMLA, dense FP8 and dense
-    BF16), point by point, and a paragraph leading with where the fused kernel loses; accuracy from the recorded
-    validation (worst relative error against float64 over the cases each ran)."""
+# ---------------------------------------------------------------------------------------------------------
+# The appendix's full tables
+# ---------------------------------------------------------------------------------------------------------
+
+
+def bench_tables(grid: Grid) -> list[Table]:
+    """One table per head count: every strategy's µs at every point, the roofline, and the path ours ran."""
+    shown = [s for s in grid.strategies() if s in SHORT]
+    legend = "; ".join(f"{SHORT[s]} = {label(s)}" for s in shown if SHORT[s] != label(s))
+    tables = []
+    for h in sorted({p[0] for p in grid.points}):
+        rows = []
+        for p in (q for q in grid.points if q[0] == h):
+            ours = grid.row(OURS, p) or {}
+            rows.append({"point": f"{_ctx(p[1])}, b{p[2]}", "roof": ours.get("roofline_us"),
+                         "path": {"triton": "Triton", "wgmma": "wgmma"}.get(ours.get("kernel_path"), "—"),
+                         **{s: grid.us(s, p) for s in shown}})
+        cols = {f"{h} heads": "point", "roofline": ("roof", _us3), **{SHORT[s]: (s, _us3) for s in shown},
+                "ours ran": "path"}
+        tables.append(Table(rows, cols, grid.caption + f" µs per layer, {h} heads. {legend}."))
+    return tables
+
+
+def page_table(bench: Grid, paths: Grid | None = None) -> Table:
+    """Per head count, the time on SGLang's page-1 layout over the time on FlashMLA's 64-token pages (the same tokens
+    per request), its range over the grid's points: ours (the bench), and each path forced (the paths run)."""
+    def ratios(strategy: str, grid: Grid, h: int, forced: bool) -> str:
+        xs = []
+        for p in (q for q in grid.points if q[0] == h):
+            one = grid.us(strategy, p, 1) if forced else grid.us(OURS, p)
+            many = grid.us(strategy, p, 64) if forced else grid.us(OURS_PAGE64, p)
+            if one and many:
+                xs.append(one / many)
+        return f"{min(xs):.2f}–{max(xs):.2f}×" if xs else "—"
+
     rows = []
-    for p in bench.points:
-        fused, fp8, bf16 = (bench.us(s, p) for s in (FUSED, FLASHMLA_FP8, FLASHMLA_BF16))
-        if fused:
-            rows.append({"point": _label(p), "fused": fused, "fp8": fp8, "bf16": bf16,
-                         "x_fp8": fused / fp8 if fp8 else None, "x_bf16": fused / bf16 if bf16 else None})
-    table = Table(rows, {"heads, context, batch": "point", "fused FP8 µs": ("fused", number(1)),
-                         "FlashMLA FP8 µs": ("fp8", number(1)), "fused / FlashMLA FP8": ("x_fp8", times(2)),
-                         "FlashMLA BF16 µs": ("bf16", number(1)), "fused / FlashMLA BF16": ("x_bf16", times(2))},
-                  bench.caption + " FlashMLA reads random 64-token pages of the same pool size; the fused kernel "
-                  "here reads SGLang's page-1 layout (its page-64 twin, on FlashMLA's pages, is in the tables below).")
-    timed = [r for r in rows if r["x_fp8"] is not None]
-    if not timed:
-        return table, "FlashMLA was not timed in this run (see the benchmark's error rows)."
-    loses = [r for r in timed if r["x_fp8"] > 1.0]
-    wins = [r for r in timed if r["x_fp8"] <= 1.0]
-    worst = max(timed, key=lambda r: r["x_fp8"])
-    timed_bf16 = [r for r in rows if r["x_bf16"] is not None]
-    slower_than_bf16 = [r for r in timed_bf16 if r["x_bf16"] > 1.0]
-    faster_bf16 = [r for r in timed_bf16 if r["x_bf16"] <= 1.0]
-    text = (f"**Against the best peer on this GPU, FlashMLA, the fused kernel loses at {len(loses)} of {len(timed)} "
-            f"points**: FlashMLA's dense FP8 kernel is faster "
-            + (f"everywhere except {'; '.join(r['point'] for r in wins)}" if wins else "at every point")
-            + f", by up to {worst['x_fp8']:.1f}× ({worst['point']}). FlashMLA's dense BF16 kernel, on a BF16 cache "
-            f"twice the size, is faster at {len(slower_than_bf16)} of {len(timed_bf16)} points; the fused kernel beats "
-            f"it at {'; '.join(r['point'] for r in faster_bf16) or 'none'}.")
-    untimed = [p for p in bench.points if bench.us(FUSED, p) and not bench.us(FLASHMLA_FP8, p)]
-    if untimed:
-        why = ((bench.row(FLASHMLA_FP8, untimed[0]) or {}).get("error") or "not run").rstrip(".")
-        text += (f" FlashMLA was not timed at {', '.join(_label(p) for p in untimed)} ({why}: its page-64 layout "
-                 "cannot hold these batches in the benchmark's pool).")
-    err_fp8 = _worst_rel_err(validation, FLASHMLA_FP8)
-    err_ours = max((r["rel_err"] for r in validation.table("cases") if r.get("rel_err") is not None),
-                   default=None) if validation is not None else None
-    if err_ours and err_fp8:
-        text += (f" What FlashMLA's FP8 kernel gives up for its speed is accuracy: it quantizes the query (and the "
-                 f"softmax weights) to FP8, and its worst relative error against float64 in the validation is "
-                 f"{err_fp8:.1e}, {err_fp8 / err_ours:.0f}× the fused kernel's worst ({err_ours:.1e}, at the BF16 "
-                 f"path's level).")
-    return table, text
+    for h in sorted({p[0] for p in bench.points}):
+        r = {"heads": h, "ours": ratios(OURS, bench, h, False)}
+        if paths:
+            r.update({k: ratios(k, paths, h, True) for k in KERNEL_NAMES})
+        rows.append(r)
+    cols = {"heads": "heads", "ours: page 1 / page 64": "ours"}
+    if paths:
+        cols.update({KERNEL_NAMES[k]: k for k in KERNEL_NAMES})
+    return Table(rows, cols, bench.caption + (" Paths forced: " + paths.caption if paths else "")
+                 + " Range over each head count's points; below 1× page 1 is the faster.")
+
+
+def balance_table(grid: Grid) -> Table:
+    """Mixed batches under ours' plan: work items, the plan's imbalance (largest item over the mean), ns per token,
+    against batch 1's ns per token at the same head count (its longest context)."""
+    rows = []
+    for p in grid.points:
+        r = grid.row(OURS, p)
+        if not r or not r.get("us") or p[2] == 1:
+            continue
+        single = max((q for q in grid.points if q[0] == p[0] and q[2] == 1 and grid.us(OURS, q)), key=lambda q: q[1],
+                     default=None)
+        b1 = grid.row(OURS, single) if single else None
+        rows.append({"point": point_label(p), "lens": f"{r['len_min']:,}–{r['len_max']:,}", "items": r.get("work_items"),
+                     "imbalance": r.get("imbalance"), "per_token": r["us"] / r["tokens"] * 1e3,
+                     "b1": b1["us"] / b1["tokens"] * 1e3 if b1 else None})
+    return Table(rows, {"point": "point", "request lengths": "lens", "work items": "items",
+                        "largest item / mean": ("imbalance", times(2)), "ns per token": ("per_token", number(2)),
+                        "batch 1, longest context: ns per token": ("b1", number(2))},
+                 grid.caption + " Ours (the path it ran is in the tables above); work items of its plan.")
+
+
+def host_table(grid: Grid, heads: int = 16) -> Table:
+    """Host µs per eager (uncaptured) call of every strategy at batch 1, one column per context."""
+    contexts = sorted({p[1] for p in grid.points if p[0] == heads and p[2] == 1})
+    rows = [{"s": label(s), **{c: (grid.row(s, (heads, c, 1)) or {}).get("host_us") for c in contexts}}
+            for s in grid.strategies() if any((grid.row(s, (heads, c, 1)) or {}).get("host_us") for c in contexts)]
+    return Table(rows, {f"{heads} heads, batch 1": "s", **{f"{_ctx(c)} host µs": (c, number(0)) for c in contexts}},
+                 grid.caption + " " + grid.ceilings.get("host_us_means", ""))

@@ -1,7 +1,7 @@
-"""Chapter 5's account of where the wgmma kernel's cycles go: the ``phases`` rows of the recorded ``fused_decode_cuda``
-result (the ``KVWALL_TRACE`` build: per warpgroup, the cycles per tile of each phase between two ``clock64`` marks),
-held against one tile's tensor-core and shared-memory floors. Every number comes from the result or from the tile's
-shape; the sentences are computed from them."""
+"""Where the wgmma path's cycles go inside a tile: the ``phases`` rows of the recorded ``fused_decode_profile`` result
+(the ``KVWALL_TRACE`` build: per warpgroup, the cycles per tile of each phase between two ``clock64`` marks), held
+against one tile's tensor-core and shared-memory floors (:func:`kvwall.notebook.fused_report.tile_floors`). Every
+number comes from the result or from the tile's shape; the sentences are computed from them."""
 
 from __future__ import annotations
 
@@ -9,32 +9,17 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvwall.kernels.mla_decode.cuda import DC, DR
-from kvwall.kernels.mla_decode.wgmma import BLOCK_N, HEADS_PER_CTA, TRACE_PHASES
+from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
+from kvwall.notebook.fused_report import tile_floors
 from kvwall.notebook.plots import with_caption
 from kvwall.notebook.tables import Table, number, times
 from kvwall.results import Result
 
 __all__ = ["TilePhases", "tile_floors"]
 
-#: Hopper's dense 16-bit tensor-core rate per multiprocessor and cycle (wgmma m64n64k16: 32 cycles) and shared
-#: memory's bandwidth per multiprocessor and cycle: the floors a tile's cycles are held against.
-TENSOR_FLOP_PER_CYCLE, SMEM_BYTES_PER_CYCLE = 4096, 128
-
-
-def tile_floors() -> dict[str, float]:
-    """Cycles one 64-token tile of 64 heads needs at least on one multiprocessor: the scores' and the two output
-    products' tensor time, and its shared-memory traffic (the scores read the query and the converted tile, the
-    output products read V and P, the conversion and P are written) at 128 B per cycle."""
-    d, m, n = DC + DR, HEADS_PER_CTA, BLOCK_N
-    scores, out = 2 * m * n * d / TENSOR_FLOP_PER_CYCLE, 2 * m * n * DC / TENSOR_FLOP_PER_CYCLE
-    traffic = (m * d + n * d) * 2 + n * DC * 2 + 2 * m * n * 2 + n * d * 2
-    return {"scores": scores, "outputs": out, "tensor": scores + out, "smem_bytes": traffic,
-            "smem": traffic / SMEM_BYTES_PER_CYCLE}
-
 
 class TilePhases:
-    """The traced points of a ``fused_decode_cuda`` result."""
+    """The traced points of a ``fused_decode_profile`` result."""
 
     def __init__(self, result: Result):
         self.result = result
@@ -95,18 +80,14 @@ class TilePhases:
                                     r["per_tile"]["1"][TRACE_PHASES[1][0]] + r["per_tile"]["1"][TRACE_PHASES[1][2]]),
                         "fixed": fixed,
                         "cost": r["us_traced"] / r["us"] - 1 if r.get("us") and r.get("us_traced") else None})
-        table = Table(out, {"point": "point", "tiles per CTA": ("tiles", number(1)),
-                            "wg 0 cycles / tile": ("wg0", number(0)), "wg 1": ("wg1", number(0)),
-                            "of wg 0: scores": ("scores", number(0)), "softmax + P handoff": ("softmax", number(0)),
-                            "of wg 1: convert + loads": ("convert", number(0)),
+        table = Table(out, {"point": "point", "wg 0 cycles per tile": ("wg0", number(0)), "wg 1": ("wg1", number(0)),
+                            "wg 0's scores": ("scores", number(0)), "wg 1's conversion and loads": ("convert", number(0)),
                             "slower wg / tensor floor": ("vs_tensor", times(2)),
                             "/ shared-memory floor": ("vs_smem", times(2)),
-                            "fixed cycles per CTA": ("fixed", number(0)),
                             "clock reads' cost": ("cost", lambda v: "—" if v is None else f"{v:+.0%}")},
                       self.caption() + f" Floors per tile: tensor {floors['tensor']:,.0f} cycles (scores "
                                        f"{floors['scores']:,.0f}), shared memory {floors['smem_bytes'] / 1024:.0f} KB "
-                                       f"= {floors['smem']:,.0f} cycles. Fixed: the slower warpgroup's query "
-                                       "prologue, first tiles and final write.")
+                                       f"= {floors['smem']:,.0f} cycles.")
         big = [o for o, r in zip(out, rows) if r["heads"] >= 64 and r["batch"] >= 8]
         pick = big or out
         values = {"phase_points": len(out),
@@ -123,6 +104,6 @@ class TilePhases:
                 f"({floors['smem']:,.0f}). At 64 and 128 heads with batch ≥ 8 the scores alone take "
                 f"{values['phase_scores_over_floor_min']:.1f}–{values['phase_scores_over_floor_max']:.1f}× their tensor "
                 f"time. Neither warpgroup waits long for the other (waiting is at most "
-                f"{values['phase_wait_share_max']:.0%} of a tile on either side): each is busy with its own serial "
-                "work, and what one side gains when work moves across it loses in the other (NOTES.md).")
+                f"{values['phase_wait_share_max']:.0%} of a tile on either side): each is busy with its own "
+                "serial work, so the tile takes the longer of the two chains, not the floor of either.")
         return table, text, values

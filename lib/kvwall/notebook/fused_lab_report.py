@@ -1,0 +1,373 @@
+"""Chapter 5's lab detail (its appendix page, and the short summaries the chapter quotes): the Triton path's tuning
+screen and splits sweep, the spill rule, the compiled loop's instruction mix, Nsight Compute on each path's split
+kernel, the dispatcher's measured table, each path's fixed cost, and every path's contracts.
+
+Reads the recorded ``fused_decode_tuning``, ``fused_decode_paths``, ``fused_decode_profile`` and
+``fused_decode_validation`` results; every number shown comes from them (or, for the instruction mix, from compiling
+the kernel here); the sentences are computed from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from typing import Any, Mapping
+
+import plotly.graph_objects as go
+
+from kvwall.kernels.mla_decode import dispatch
+from kvwall.model.paths import KERNEL_NAMES
+from kvwall.notebook import plots
+from kvwall.notebook.fused_bench_report import FM_BF16, FM_FP8, Grid, label, point_label
+from kvwall.notebook.tables import Table, number, percent, plain, scientific, times
+from kvwall.results import Result
+
+__all__ = ["launch_shape", "screen_table", "split_sweep_figure", "winners_table", "spill_rule_table",
+           "pairs_lesson", "loop_mix", "instruction_mix_table", "ncu_rows", "ncu_summary", "ncu_table",
+           "stall_table", "ncu_text", "dispatcher_table", "dispatcher_text", "other_gpus_table", "floor_table",
+           "contracts_table"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The Triton path's tuning
+# --------------------------------------------------------------------------------------------------
+
+
+def launch_shape(row: Mapping[str, Any]) -> str:
+    """A tuning row's launch shape in words, from its ``cfg_*`` fields (rows recorded with kernel options since
+    retired name them too)."""
+    extra = [w for k, w in (("cfg_s_fp8", "FP8 scores"), ("cfg_tokens_m", "tokens as M")) if row.get(k)]
+    if row.get("cfg_convert") not in (None, "cvt"):
+        extra.append(f"{row['cfg_convert']} conversion")
+    tile = "16-bit pairs" if row.get("cfg_pairs") else "FP8 bytes"
+    loads = "one load" if row.get("cfg_cache_v") == row.get("cfg_cache_k", "") else "two loads"
+    return ", ".join([f"{row['cfg_block_h']}×{row['cfg_block_n']}", f"{row['cfg_num_warps']} warps",
+                      f"{row['cfg_num_stages']} stages", tile, loads, *extra])
+
+
+def _share(row: Mapping[str, Any]) -> float | None:
+    return row["roofline_us"] / row["us"] if row.get("us") else None
+
+
+def screen_table(tuning: Result, heads: int | None = None) -> Table:
+    """The tuning screen (of one head count, or all): each candidate's resources, error against float32, µs and
+    share of the roofline, fastest first."""
+    screen = sorted((r for r in tuning.table("screen") if heads is None or r["heads"] == heads),
+                    key=lambda r: (r["heads"], r.get("us") or float("inf")))
+    rows = [{**r, "shape": launch_shape(r), "smem_kb": (r.get("shared_bytes") or 0) / 1024, "share": _share(r),
+             "us_or_error": f"{r['us']:.1f}" if r.get("us") else (r.get("error") or "")[:40]} for r in screen]
+    cols = {"heads": "heads", "launch shape": "shape", "registers": "regs", "spills": "spills",
+            "smem KB": ("smem_kb", number(0)), "error vs fp32": ("rel_err", scientific), "µs": "us_or_error",
+            "of roofline": ("share", percent)}
+    if heads is not None:
+        cols.pop("heads")
+    return Table(rows, cols, tuning.caption() + f" Batch 1, one request of {screen[0]['tokens'] // 1024 if screen else 0}K "
+                 "random slots, the launcher's default plan, CUDA graph, L2 flushed.")
+
+
+def _same_config(row: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    return all(row.get(k) == other[k] for k in other if k.startswith("cfg_"))
+
+
+def split_sweep_figure(tuning: Result, heads: int = 16) -> go.Figure:
+    """Time against chunks per request, for the winning shape at each context."""
+    sweep = tuning.table("sweep")
+    fig = go.Figure()
+    for w in sorted(tuning.table("winner"), key=lambda r: r["tokens"]):
+        if w["heads"] != heads:
+            continue
+        points = sorted((r["splits"], r["us"]) for r in sweep if r["heads"] == heads and r["tokens"] == w["tokens"]
+                        and r["splits"] and r.get("us") and _same_config(r, w))
+        if not points:
+            continue
+        fig.add_scatter(name=f"{w['tokens'] // 1024}K tokens", x=[p[0] for p in points], y=[p[1] for p in points],
+                        mode="lines+markers")
+    fig.update_layout(title=f"The Triton path, {heads} heads, batch 1: time against chunks per request",
+                      xaxis_title="chunks per request (the plan's items at batch 1)",
+                      yaxis_title="µs (CUDA graph, L2 flushed)")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return plots.with_caption(fig, tuning.caption(), legend="top")
+
+
+def winners_table(tuning: Result) -> Table:
+    """The shape and chunks the launcher uses at each (heads, context), with its two kernels' times."""
+    rows = [{"point": f"{w['heads']} h, {w['tokens'] // 1024}K", "shape": launch_shape(w),
+             "splits": w["splits"] or "default", "us": w["us"], "split_us": w.get("split_kernel_us"),
+             "combine_us": w.get("combine_kernel_us"), "share": _share(w)}
+            for w in sorted(tuning.table("winner"), key=lambda r: (r["heads"], r["tokens"]))]
+    return Table(rows, {"point": "point", "winning shape": "shape", "chunks": "splits", "µs": ("us", number(1)),
+                        "split µs": ("split_us", number(1)), "combine µs": ("combine_us", number(1)),
+                        "of roofline": ("share", percent)},
+                 tuning.caption() + " Kernel times from torch.profiler (L2 warm, without graph gaps).")
+
+
+def spill_rule_table(tuning: Result) -> Table:
+    """Per head count: the fastest candidate of the screen against the fastest that does not spill registers (the
+    one the launcher ships), at the screening point."""
+    fastest = {r["heads"]: r for r in tuning.rows if r.get("section") == "fastest_any"}
+    rows = []
+    for heads, f in sorted(fastest.items()):
+        clean = min((r for r in tuning.table("screen") if r["heads"] == heads and r.get("us") and r.get("spills") == 0),
+                    key=lambda r: r["us"], default=None)
+        rows.append({"heads": heads, "fastest": launch_shape(f), "f_us": f.get("us"), "f_spills": f.get("spills"),
+                     "c_us": clean["us"] if clean else None,
+                     "x": clean["us"] / f["us"] if clean and f.get("us") else None})
+    return Table(rows, {"heads": "heads", "fastest candidate": "fastest", "µs": ("f_us", number(1)),
+                        "its spills": "f_spills", "fastest without spills, µs": ("c_us", number(1)),
+                        "cost of the rule": ("x", times(2))},
+                 tuning.caption() + " Batch 1, the screening point; spills: Triton's n_spills.")
+
+
+def pairs_lesson(tuning: Result, heads: int = 16) -> tuple[str, dict[str, float]]:
+    """What reading the tile as 16-bit pairs bought at ``heads``: the winner against its twin that reads FP8 bytes,
+    and against its twin with a second load of the tile; Markdown and the numbers."""
+    timed = [r for r in tuning.table("screen") if r["heads"] == heads and r.get("us")]
+    if not timed:
+        return "", {}
+    best = min(timed, key=lambda r: r["us"])
+
+    def twin(**diff: Any) -> dict[str, Any] | None:
+        keep = [k for k in best if k.startswith("cfg_") and k[4:] not in diff and not k.startswith("cfg_combine")]
+        return next((r for r in timed if all(r.get(k) == best[k] for k in keep)
+                     and all(r.get(f"cfg_{k}") == v for k, v in diff.items())), None)
+
+    lines = [f"The winner at {heads} heads ({launch_shape(best)}): **{best['us']:.1f} µs**, {best['regs']} registers, "
+             f"{best['shared_bytes'] / 1024:.0f} KB of shared memory per program."]
+    values = {"winner_us": best["us"]}
+    if best.get("cfg_pairs") and (b := twin(pairs=False)):
+        lines.append(f"- the same shape reading FP8 bytes (a shared-memory load per byte): **{b['us']:.1f} µs** "
+                     f"({b['us'] / best['us']:.2f}×), {b['regs']} registers")
+        values["bytes_us"] = b["us"]
+    other_v = ".ca" if best.get("cfg_cache_v") == "" else ""
+    if (b := twin(cache_v=other_v)):
+        what = "a second load of the tile for `p @ kv`" if other_v else "one tile load feeding both dots"
+        lines.append(f"- {what}: **{b['us']:.1f} µs** ({b['us'] / best['us']:.2f}×), {b['regs']} registers, "
+                     f"{b['shared_bytes'] / 1024:.0f} KB")
+    return "\n".join(lines), values
+
+
+def loop_mix(config: Any, cap: int = 90) -> dict[str, Any]:
+    """The Triton path's split kernel (work-list launch) with launch shape ``config`` compiled offline for ``cap`` (no
+    GPU needed): PTX instructions of its token loop (the longest backward branch) per thread, each statement of an
+    inline-assembly block counted (the 16-bit pairs' conversion is one), and how many are one-byte shared-memory
+    loads."""
+    import os
+
+    import triton
+
+    from kvwall.kernels.mla_decode.kernel import compile_offline, split_constexprs
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    ptx = compile_offline("split", split_constexprs(config), config.num_warps, config.num_stages,
+                          cap).asm["ptx"].splitlines()
+    labels = {line.split(":")[0].strip(): i for i, line in enumerate(ptx) if re.match(r"^\$L__BB\d+_\d+:", line.strip())}
+    loop = (0, 0)
+    for i, line in enumerate(ptx):
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > loop[1] - loop[0]:
+            loop = (labels[m.group(1)], i)
+    counts: Counter = Counter()
+    byte_loads = 0
+    for line in ptx[loop[0]:loop[1]]:
+        for stmt in line.replace("{", ";").replace("}", ";").split(";"):
+            m = re.match(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9_]*)((?:\.[a-z0-9_]+)*)", stmt)
+            if not m or m.group(1) == "reg":
+                continue
+            mods = m.group(2).split(".")
+            op = m.group(1) + (f".{mods[1]}" if m.group(1) in ("ld", "st", "cp", "mma", "wgmma", "cvt") and len(mods) > 1
+                               else "")
+            counts[op] += 1
+            byte_loads += m.group(1) == "ld" and m.group(2).startswith(".shared") and m.group(2).endswith(".b8")
+    row = {f"cfg_{k}": v for k, v in dataclasses.asdict(config).items()}
+    return {"counts": counts, "total": sum(counts.values()), "byte_loads": byte_loads, "shape": launch_shape(row),
+            "triton": triton.__version__}
+
+
+def instruction_mix_table(mix: Mapping[str, Any], other: Mapping[str, Any] | None = None, top: int = 12) -> Table:
+    """The PTX instruction counts of the split kernel's token loop (:func:`loop_mix`) per thread per tile, and beside
+    them another shape's (``other``)."""
+    ops = [k for k, _ in (mix["counts"] + (other["counts"] if other else Counter())).most_common(top)]
+    rows = [{"op": k, "n": mix["counts"].get(k, 0), "m": other["counts"].get(k, 0) if other else None} for k in ops]
+    rows.append({"op": "all instructions", "n": mix["total"], "m": other["total"] if other else None})
+    rows.append({"op": "of them one-byte shared-memory loads", "n": mix["byte_loads"],
+                 "m": other["byte_loads"] if other else None})
+    columns = {"PTX instruction (token loop)": "op", mix["shape"]: "n"}
+    if other:
+        columns[other["shape"]] = "m"
+    return Table(rows, columns, f"Computed here: Triton {mix['triton']} compiling the Triton path for sm_90; per "
+                                "thread per 64-token tile.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Nsight Compute, per path
+# --------------------------------------------------------------------------------------------------
+
+
+def ncu_rows(profile: Result) -> list[dict[str, Any]]:
+    """The profile rows that ran, Triton path first."""
+    rows = [r for r in profile.rows if r.get("section") == "profile" and not r.get("error") and r.get("duration_ns")]
+    return sorted(rows, key=lambda r: (list(KERNEL_NAMES).index(r["path"]), r["heads"], r["tokens"]))
+
+
+def _stalls(row: Mapping[str, Any]) -> list[str]:
+    return sorted((k for k in row if k.startswith("stall_") and row[k] is not None), key=lambda k: -row[k])
+
+
+def _ncu_point(r: Mapping[str, Any]) -> str:
+    return f"{KERNEL_NAMES[r['path']]}, {r['heads']} h, {r['tokens'] // 1024}K"
+
+
+def ncu_summary(profile: Result) -> Table:
+    """The chapter's view of Nsight Compute: per path and point, HBM's share of its peak, achieved occupancy,
+    issue slots busy and the largest stall reason."""
+    rows = []
+    for r in ncu_rows(profile):
+        top = _stalls(r)[0] if _stalls(r) else None
+        rows.append({"point": _ncu_point(r), "dram": r.get("dram_pct_of_peak"), "occ": r.get("achieved_occupancy_pct"),
+                     "issue": r.get("issue_active_pct"),
+                     "stall": f"{top[6:].replace('_', ' ')} ({r[top]:.1f})" if top else "—"})
+    return Table(rows, {"path, heads, tokens (batch 1)": "point", "HBM % of peak": ("dram", number(0)),
+                        "occupancy %": ("occ", number(1)), "issue slots busy %": ("issue", number(0)),
+                        "largest stall (warps per issue)": "stall"},
+                 profile.caption() + " One launch of each path's split kernel; ncu locks clocks to base.")
+
+
+def ncu_table(profile: Result) -> Table:
+    """Nsight Compute's view of each path's split kernel: bytes against the minimum, rates, resources, occupancy."""
+    rows = [{**r, "point": _ncu_point(r), "us": r["duration_ns"] / 1e3,
+             "dram": (r.get("dram_read_bytes") or 0) / r["min_bytes"], "l2": (r.get("l2_bytes") or 0) / r["min_bytes"],
+             "gbps": (r.get("dram_read_bytes") or 0) / r["duration_ns"],
+             "smem_kb": (r.get("dynamic_smem_bytes") or 0) / 1024,
+             "occ": f"{r.get('theoretical_occupancy_pct') or 0:.1f} / {r.get('achieved_occupancy_pct') or 0:.1f}"}
+            for r in ncu_rows(profile)]
+    return Table(rows, {"point": "point", "µs under ncu": ("us", number(1)), "HBM read / minimum": ("dram", times(2)),
+                        "HBM GB/s": ("gbps", number(0)), "L2 / minimum": ("l2", times(1)),
+                        "registers": ("registers_per_thread", number(0)), "smem KB": ("smem_kb", number(0)),
+                        "occupancy % (theory / achieved)": ("occ", plain)},
+                 profile.caption() + " Minimum: kvwall.model.roofline.kv_read_bytes (580 B per token).")
+
+
+def stall_table(profile: Result) -> Table:
+    """Each profiled launch's stall reasons (warps per issued instruction), largest first by the first launch."""
+    prof = ncu_rows(profile)
+    keys = _stalls(prof[0]) if prof else []
+    rows = [{"reason": k[6:].replace("_", " "), **{str(i): r.get(k) for i, r in enumerate(prof)}} for k in keys]
+    return Table(rows, {"stall reason": "reason", **{_ncu_point(r): (str(i), number(2)) for i, r in enumerate(prof)}},
+                 profile.caption())
+
+
+def ncu_text(profile: Result) -> tuple[str, dict[str, Any]]:
+    """What Nsight Compute says limits each path: HBM's share, occupancy, issue, the top stalls; and the values."""
+    prof = ncu_rows(profile)
+    if not prof:
+        errors = [r.get("error") for r in profile.rows if r.get("section") == "profile" and r.get("error")]
+        return "Nsight Compute profiled no launch in this recording" + (f" ({errors[0]})." if errors else "."), {}
+    parts, values = [], {}
+    for r in prof:
+        top = ", ".join(f"{k[6:].replace('_', ' ')}" for k in _stalls(r)[:2])
+        parts.append(f"the {_ncu_point(r)} reads HBM at {r['dram_pct_of_peak']:.0f} % of its peak with "
+                     f"{r['achieved_occupancy_pct']:.1f} % occupancy and {r['issue_active_pct']:.0f} % of issue slots "
+                     f"busy (stalls mostly {top})")
+        values[f"{r['path']}_{r['heads']}h"] = {k: r.get(k) for k in ("dram_pct_of_peak", "achieved_occupancy_pct",
+                                                                      "issue_active_pct")}
+    text = "Under Nsight Compute, " + "; ".join(parts) + "."
+    return text, values
+
+
+# --------------------------------------------------------------------------------------------------
+# The dispatcher
+# --------------------------------------------------------------------------------------------------
+
+
+def dispatcher_table(paths: Grid, page_size: int = 1) -> Table:
+    """The measured table the dispatcher reads (``paths.json``, derived from this run): both paths' µs at every point
+    of the grid and the faster, page ``page_size``."""
+    rows = []
+    for p in paths.floor_points + paths.points:
+        t, w = paths.us("triton", p, page_size), paths.us("wgmma", p, page_size)
+        if t is None:
+            continue
+        point = dispatch.path_point(*p, t, w)
+        rows.append({"point": point_label(p), "triton": t, "wgmma": w, "pick": KERNEL_NAMES[point[3]],
+                     "x": t / w if w else None})
+    return Table(rows, {"heads, context, batch": "point", "Triton path µs": ("triton", number(1)),
+                        "wgmma path µs": ("wgmma", number(1)), "Triton / wgmma": ("x", times(2)),
+                        "the dispatcher picks": "pick"},
+                 paths.caption + f" Page size {page_size}; CUDA graphs, L2 flushed. kernels/mla_decode/paths.json is "
+                                 "derived from these rows when the run is recorded.")
+
+
+def dispatcher_text(paths: Grid, page_size: int = 1) -> tuple[str, dict[str, Any]]:
+    """How often each path is the faster on the measured grid, and where the Triton path wins."""
+    picks = []
+    for p in paths.points:
+        t, w = paths.us("triton", p, page_size), paths.us("wgmma", p, page_size)
+        if t is not None:
+            picks.append((p, dispatch.path_point(*p, t, w)[3], t / w if w else None))
+    n = Counter(k for _, k, _ in picks)
+    triton_at = [point_label(p) for p, k, _ in picks if k == "triton"]
+    values = {"dispatch_points": len(picks), "dispatch_wgmma": n.get("wgmma", 0), "dispatch_triton": n.get("triton", 0)}
+    text = (f"On the {len(picks)} measured points the wgmma path is the faster at **{n.get('wgmma', 0)}** and the "
+            f"Triton path at **{n.get('triton', 0)}**" + (f" ({'; '.join(triton_at)})" if triton_at else "") + ".")
+    return text, values
+
+
+#: Other GPUs the dispatcher may meet: (name, compute capability, why the wgmma path cannot run there, or None).
+OTHER_GPUS: tuple[tuple[str, tuple[int, int], str | None], ...] = (
+    ("NVIDIA H100 80GB HBM3", (9, 0), None),
+    ("NVIDIA B200", (10, 0), "compute capability 10.0: the wgmma path is built for sm_90a (9.0) only"),
+    ("NVIDIA RTX PRO 6000 Blackwell", (12, 0), "compute capability 12.0: the wgmma path is built for sm_90a (9.0) "
+                                               "only"),
+)
+
+
+def other_gpus_table(table: Mapping[str, Any] | None = None, heads: int = 16, batch: int = 1,
+                     max_len: int = 131072) -> Table:
+    """What :func:`kvwall.kernels.mla_decode.dispatch.decide_path` picks for one call on GPUs other than the one
+    measured (an H100 reads the H200's crossovers: the same compute capability), from the shipped ``paths.json``."""
+    table = dict(table) if table is not None else dispatch._read_table(dispatch.PATHS_FILE)
+    rows = []
+    for name, cap, refusal in OTHER_GPUS:
+        path, why = dispatch.decide_path(heads, batch, max_len, gpu=name, capability=cap, refusal=refusal, table=table)
+        rows.append({"gpu": f"{name} ({cap[0]}.{cap[1]})", "path": KERNEL_NAMES[path], "why": why.split(": ", 1)[-1]})
+    return Table(rows, {"GPU (compute capability)": "gpu", "path": "path", "why (the dispatcher's words)": "why"},
+                 f"Computed here by dispatch.decide_path from kernels/mla_decode/paths.json, for one call of {heads} "
+                 f"heads, batch {batch}, {max_len // 1024}K tokens.")
+
+
+def floor_table(paths: Grid, bench: Grid | None = None) -> Table:
+    """Each path's fixed cost: one short request (the paths run's floor context, 64 tokens) at each head count, page 1
+    and 64, and FlashMLA's where the run timed it."""
+    rows = []
+    for p in paths.floor_points:
+        r: dict[str, Any] = {"point": point_label(p)}
+        for path in KERNEL_NAMES:
+            for page in (1, 64):
+                r[f"{path}{page}"] = paths.us(path, p, page)
+        for peer in (FM_BF16, FM_FP8):
+            r[peer] = paths.us(peer, p) or (bench.us(peer, p) if bench else None)
+        rows.append(r)
+    cols = {"one request of": "point", **{f"{KERNEL_NAMES[k]}, page {page}": (f"{k}{page}", number(1))
+                                          for k in KERNEL_NAMES for page in (1, 64)}}
+    if any(r.get(FM_BF16) or r.get(FM_FP8) for r in rows):
+        cols.update({label(FM_BF16): (FM_BF16, number(1)), label(FM_FP8): (FM_FP8, number(1))})
+    return Table(rows, cols, paths.caption + " µs per call; CUDA graphs, L2 flushed.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Contracts
+# --------------------------------------------------------------------------------------------------
+
+
+def contracts_table(validation: Result) -> Table:
+    """Every contract (one row each) on every path it ran on (one column each)."""
+    con = [r for r in validation.rows if r.get("section") == "contract"]
+    paths = [p for p in ("triton", "wgmma", "ours") if any(r["path"] == p for r in con)]
+    checks: dict[str, dict[str, Any]] = {}
+    for r in con:
+        checks.setdefault(r["check"], {"check": r["check"]})[r["path"]] = "yes" if r["ok"] else "NO"
+    names = {"ours": "ours", **KERNEL_NAMES}
+    return Table(list(checks.values()), {"contract": "check", **{names[p]: p for p in paths}},
+                 validation.caption() + " The details of each check are in the recorded rows (`detail`).")
