@@ -228,7 +228,8 @@ def _grid() -> fused_bench_report.Grid:
                 row.update(kernel_path="triton" if (h, c, b) == (16, 131072, 8) else "wgmma", path_why="measured",
                            work_items=132, imbalance=1.05)
             rows.append(row)
-    return fused_bench_report.Grid(result("fused_decode_bench", rows))
+    return fused_bench_report.Grid(result("fused_decode_bench", rows, heads=[16, 128], contexts=[4096, 32768, 131072],
+                                          batches=[1, 8], max_total_tokens=2_000_000, pool_slots=495_000))
 
 
 def test_the_lead_counts_where_ours_loses():
@@ -239,7 +240,12 @@ def test_the_lead_counts_where_ours_loses():
     assert v["flashmla_dense_fp8_faster_than_ours"] == 2 and v["ours_faster_than_fm_fp8"] == 1
     assert v["flashmla_dense_bf16_faster_than_ours"] == 1 and v["ours_faster_than_fm_bf16"] == 2
     assert v["flashinfer_faster_than_ours"] == 1  # FlashInfer BF16, 150 < 200 at 128 heads
-    assert v["sglang_triton_fp8_faster_than_ours"] == 0 and v["ours_fastest"] == 1
+    assert v["sglang_triton_fp8_faster_than_ours"] == 0 and v["ours_fastest"] == 1 and v["fm_fp8_fastest"] == 2
+    assert v["ours_fastest_fp8_cache_bf16_query"] == 3
+    assert fused_bench_report.grid_text(grid) == (
+        "The grid: **16, 128 heads** per GPU × one request of **4K, 32K, 128K tokens**, or a mixed batch of 8 "
+        "requests holding a quarter of batch × context tokens in all (at most 2,000,000), on random slots of one "
+        "495,000-token FP8 pool: 3 points.")
     assert v["fm_fp8_err_over_ours_min"] == pytest.approx(2.8e-2 / 1.7e-3)
     assert "**1 of 3** and than FlashMLA's BF16 kernel at **2 of 3**" in lead.text
     assert "It loses most at 128 h, 32K, b8, where FlashMLA FP8 is **2.5×** faster" in lead.text
@@ -329,6 +335,7 @@ def test_ncu_summary_and_text_per_path():
     full = fused_lab_report.ncu_table(ncu)
     assert full.column("HBM read / minimum") == ["0.90×", "0.90×"] and full.column("L2 / minimum")[0] == "2.5×"
     assert [r["reason"] for r in fused_lab_report.stall_table(ncu).rows] == ["wait", "mio throttle", "barrier"]
+    assert "HBM at **25–25 %** of its peak" in fused_lab_report.ncu_brief(ncu)
     text, values = fused_lab_report.ncu_text(ncu)
     assert "the wgmma path, 16 h, 128K reads HBM at 25 % of its peak" in text and set(values) == {"triton_16h",
                                                                                                    "wgmma_16h"}

@@ -25,7 +25,7 @@ from kvwall.notebook import plots
 from kvwall.notebook.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
-__all__ = ["OURS", "OURS_PAGE64", "FM_BF16", "FM_FP8", "FLASHINFER", "SGLANG", "LEAD_PEERS", "Point", "Grid",
+__all__ = ["OURS", "OURS_PAGE64", "FM_BF16", "FM_FP8", "FLASHINFER", "SGLANG", "LEAD_PEERS", "Point", "Grid", "grid_text",
            "label", "point_label", "geomean", "Lead", "lead", "lead_figure", "by_heads_text", "loss_groups",
            "losses_text", "what_to_run", "conclusion_text", "flashmla_fp8_error", "bench_tables", "page_table", "balance_table", "host_table",
            "path_counts"]
@@ -174,6 +174,17 @@ def _faster(grid: Grid, a: str, b: str, points: Iterable[Point]) -> tuple[int, i
     return sum(grid.us(a, p) < grid.us(b, p) for p in both), len(both)
 
 
+def grid_text(grid: Grid) -> str:
+    """The grid in words, from the run's parameters: head counts, contexts, batches, the mixed-batch rule, the pool."""
+    p = grid.result.params
+    ctx = ", ".join(_ctx(c) for c in p["contexts"])
+    batches = [b for b in p["batches"] if b > 1]
+    return (f"The grid: **{', '.join(map(str, p['heads']))} heads** per GPU × one request of **{ctx} tokens**, or a "
+            f"mixed batch of {', '.join(map(str, batches))} requests holding a quarter of batch × context tokens in all "
+            f"(at most {p['max_total_tokens']:,}), on random slots of one {p['pool_slots']:,}-token FP8 pool: "
+            f"{len(grid.points)} points.")
+
+
 def lead(grid: Grid) -> Lead:
     """The chapter's opening: over the grid, how often each peer of :data:`LEAD_PEERS` is faster than ours, by how
     much, and at what error; ours' own wins against FlashMLA; a table of it all."""
@@ -195,6 +206,13 @@ def lead(grid: Grid) -> Lead:
         values[f"{peer}_points"] = both
     fastest = [p for p in pts if all(grid.us(OURS, p) <= u for s in LEAD_PEERS if (u := grid.us(s, p)))]
     values["ours_fastest"] = len(fastest)
+    fm8_fastest = [p for p in pts if grid.us(FM_FP8, p) and all(grid.us(FM_FP8, p) <= u for s in (OURS, *LEAD_PEERS)
+                                                                 if (u := grid.us(s, p)))]
+    values["fm_fp8_fastest"] = len(fm8_fastest)
+    same_inputs = [s for s in grid.strategies() if s != OURS and s not in KERNEL_NAMES and s not in FP8_QUERY
+                   and STRATEGIES.get(s) and STRATEGIES[s].cache == "fp8" and STRATEGIES[s].page_size == 1]
+    fp8_cache_wins = [p for p in pts if all(grid.us(OURS, p) <= u for s in same_inputs if (u := grid.us(s, p)))]
+    values["ours_fastest_fp8_cache_bf16_query"] = len(fp8_cache_wins)
     table = Table(rows, {"path": "path", "reads": "reads", "faster than ours at (points)": "faster",
                          "its speed / ours": ("speed", plain), "worst error vs float64": ("err", scientific)},
                   grid.caption + " Speed = ours' µs over the path's at the same point (above 1× it is faster); "
@@ -209,14 +227,15 @@ def lead(grid: Grid) -> Lead:
                   fm_fp8_err_over_ours_min=min(err_x) if err_x else None)
     text = (f"Over the **{n} points** of the grid, ours is faster than FlashMLA's FP8 kernel at "
             f"**{fm8_n - fm8} of {fm8_n}** and than FlashMLA's BF16 kernel at **{fm16_n - fm16} of {fm16_n}**; "
-            f"it is the fastest of the five at **{len(fastest)}**.")
+            f"it is the fastest of the five at **{len(fastest)}**, FlashMLA FP8 at **{len(fm8_fastest)}**.")
     if worst is not None:
         text += (f" It loses most at {point_label(worst)}, where FlashMLA FP8 is "
                  f"**{grid.us(OURS, worst) / grid.us(FM_FP8, worst):.1f}×** faster.")
     fi, fi_n = values["flashinfer_faster_than_ours"], values["flashinfer_points"]
     sg, sg_n = values[f"{SGLANG}_faster_than_ours"], values[f"{SGLANG}_points"]
     text += (f" FlashInfer's best is faster than ours at {fi} of {fi_n} points, SGLang's Triton kernel at {sg} of "
-             f"{sg_n}.")
+             f"{sg_n}. Among the ways to decode from the FP8 cache with a BF16 query (ours, FlashInfer's native FP8, "
+             f"the casts before FlashInfer BF16), ours is the fastest at **{len(fp8_cache_wins)} of {n}**.")
     if err_x:
         text += (f" FlashMLA FP8 buys its speed with accuracy: it quantizes the query to FP8, and its error against "
                  f"float64 is **{min(err_x):.0f}–{max(err_x):.0f}×** ours at every point; FlashMLA BF16 needs a BF16 "

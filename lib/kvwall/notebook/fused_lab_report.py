@@ -25,7 +25,7 @@ from kvwall.results import Result
 
 __all__ = ["launch_shape", "screen_table", "split_sweep_figure", "winners_table", "spill_rule_table",
            "pairs_lesson", "loop_mix", "instruction_mix_table", "ncu_rows", "ncu_summary", "ncu_table",
-           "stall_table", "ncu_text", "dispatcher_table", "dispatcher_text", "other_gpus_table", "floor_table",
+           "stall_table", "ncu_brief", "ncu_text", "dispatcher_table", "dispatcher_text", "other_gpus_table", "floor_table",
            "contracts_table"]
 
 
@@ -256,6 +256,22 @@ def stall_table(profile: Result) -> Table:
     rows = [{"reason": k[6:].replace("_", " "), **{str(i): r.get(k) for i, r in enumerate(prof)}} for k in keys]
     return Table(rows, {"stall reason": "reason", **{_ncu_point(r): (str(i), number(2)) for i, r in enumerate(prof)}},
                  profile.caption())
+
+
+def ncu_brief(profile: Result) -> str:
+    """One sentence over every profiled launch: the ranges of HBM's share of its peak, occupancy and busy issue
+    slots."""
+    prof = ncu_rows(profile)
+    if not prof:
+        return "Nsight Compute profiled no launch in this recording."
+
+    def rng(key: str, unit: str = " %") -> str:
+        xs = [r[key] for r in prof if r.get(key) is not None]
+        return f"{min(xs):.0f}–{max(xs):.0f}{unit}" if xs else "—"
+
+    return (f"Over the {len(prof)} profiled launches (both paths): HBM at **{rng('dram_pct_of_peak')}** of its peak, "
+            f"**{rng('achieved_occupancy_pct')}** of a multiprocessor's warps resident, issue slots busy in "
+            f"**{rng('issue_active_pct')}** of cycles.")
 
 
 def ncu_text(profile: Result) -> tuple[str, dict[str, Any]]:
