@@ -219,6 +219,8 @@ def path_refusal(path: str, device: torch.device) -> str | None:
 
 def _planned(path: str, inp, heads: int, device: torch.device) -> tuple[Any, Callable[..., Any], str | None]:
     """(the step's plan, the call that takes it, the dispatcher's reason for ours) for ``path`` on ``inp``."""
+    del device  # the inputs' own (with its index: a plan is checked against the call's device)
+    device = inp.q_nope.device
     if path == "triton":
         plan = plan_mla_decode(inp.kv_indptr, heads=heads, device=device)
         return plan, functools.partial(mla_decode_fp8, config=plan.config), None
@@ -319,7 +321,7 @@ def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: lis
                 inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE), "align", "16-byte")
         aligned = call(*args, inp.kv_indices, SM_SCALE, plan=plan)
         if path == "ours":
-            choice = choose_kernel(inp.kv_indptr, heads=heads, ckv=c_odd, kpe=k_odd, device=device)
+            choice = choose_kernel(inp.kv_indptr, heads=heads, ckv=c_odd, kpe=k_odd, device=inp.q_nope.device)
             got = dispatch.mla_decode(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE,
                                       plan=choice.plan, **choice.call_kwargs())
             synchronize(device)
@@ -344,8 +346,8 @@ def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: lis
             lambda: call(*args, inp.kv_indices, SM_SCALE, check_range=False), "plan"))
         check("other plan", lambda: _refused(
             path, "a plan of the Triton path is refused",
-            lambda: call(*args, inp.kv_indices, SM_SCALE, plan=plan_mla_decode(inp.kv_indptr, heads=heads,
-                                                                                device=device)), "plan"))
+            lambda: call(*args, inp.kv_indices, SM_SCALE, plan=plan_mla_decode(inp.kv_indptr, heads=heads)),
+            "plan"))
     elif path == "triton":
         check("other plan", lambda: _refused(
             path, "a plan of the wgmma path is refused",
