@@ -12,7 +12,7 @@ them on the same grid, page 1 and 64, right before this run (``strategies=`` tak
 
 Device time at full scale, estimated from the recordings of 2026-11-30 (198 s for 3 head counts x 10 strategies
 with SGLang's split sweep; about 0.35 s per timed row, most of it graph capture, float64 references and freeing):
-48 points x 11 strategies = 528 rows, about 185 s, plus FlashInfer's JIT prebuild (~22 s) and the ceilings (~3 s):
+48 points x 11 strategies = 528 rows, about 185 s, the fixed-cost points (64 tokens, batch 1, 4 head counts) ~15 s, plus FlashInfer's JIT prebuild (~22 s) and the ceilings (~3 s):
 **about 210 s**. Cut against that recording: SGLang's fixed-split sweep (``sglang_split_sweep=[]``, ~60 s at this
 grid; no report reads it) and the forced paths (timed by ``fused_decode_paths``).
 """
@@ -162,8 +162,9 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
                            rounds: int = 3,
                            host_calls: int = 20, flush_mb: int = 256, cast_backend: str = "fa3",
                            sglang_max_context: int = 131_072, sglang_split_sweep: tuple[int, ...] | list[int] = (),
-                           seed: int = 0) -> Result:
-    """See the module docstring. Rows: one ``ceilings`` header (copy GB/s, BF16 TFLOP/s, GPU, how ``us`` and
+                           floor_contexts: tuple[int, ...] | list[int] = (), seed: int = 0) -> Result:
+    """See the module docstring. ``floor_contexts``: batch-1 points beside the grid, every head count and strategy,
+    whose time is each kernel's fixed cost (a request of 64 tokens is one tile). Rows: one ``ceilings`` header (copy GB/s, BF16 TFLOP/s, GPU, how ``us`` and
     ``host_us`` are measured, what was JIT-built, where SGLang and FlashMLA came from), then ``bench`` rows, one per
     (heads, context, batch, strategy)."""
     if device.type != "cuda":
@@ -190,21 +191,22 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
     gen = torch.Generator(device=device).manual_seed(seed)
     pool = (torch.randn(pool_slots, 1, D, generator=gen, device=device) * 0.7).to(FP8)
     scratch = torch.empty(flush_mb << 20, dtype=torch.uint8, device=device)
-    for h in heads:
-        for context in contexts:
-            for batch in batches:
-                pt = make_point(h, context, batch, pool_slots=pool_slots, max_total=max_total_tokens, gen=gen,
-                                seed=seed, device=device)
-                rows += bench_point_rows(pt, pool, device, strategies, scratch.zero_, copy_gbps=copy_gbps,
-                                         bf16_tflops=tflops, reps=reps, rounds=rounds, host_calls=host_calls,
-                                         ctx=ctx, sglang_split_sweep=list(sglang_split_sweep))
-                del pt
-                release_memory(device)
+    points = [(h, c, 1) for h in heads for c in floor_contexts if c not in contexts]
+    points += [(h, c, b) for h in heads for c in contexts for b in batches]
+    for h, context, batch in points:
+        pt = make_point(h, context, batch, pool_slots=pool_slots, max_total=max_total_tokens, gen=gen, seed=seed,
+                        device=device)
+        rows += bench_point_rows(pt, pool, device, strategies, scratch.zero_, copy_gbps=copy_gbps,
+                                 bf16_tflops=tflops, reps=reps, rounds=rounds, host_calls=host_calls, ctx=ctx,
+                                 sglang_split_sweep=list(sglang_split_sweep))
+        del pt
+        release_memory(device)
     rows[0]["seconds_total"] = round(time.perf_counter() - t_start, 1)
     params = dict(heads=list(heads), contexts=list(contexts), batches=list(batches), pool_slots=pool_slots,
                   max_total_tokens=max_total_tokens, strategies=list(strategies), reps=reps, rounds=rounds,
                   host_calls=host_calls, flush_mb=flush_mb, cast_backend=cast_backend,
-                  sglang_max_context=sglang_max_context, sglang_split_sweep=list(sglang_split_sweep), seed=seed)
+                  sglang_max_context=sglang_max_context, sglang_split_sweep=list(sglang_split_sweep),
+                  floor_contexts=list(floor_contexts), seed=seed)
     return Result("fused_decode_bench", params, rows, collect_provenance(device, __name__))
 
 
@@ -213,11 +215,11 @@ EXPERIMENTS: list[Experiment] = [
                full=dict(heads=[16, 32, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64],
                          pool_slots=495_000, max_total_tokens=2_000_000, strategies=list(BENCH_STRATEGIES), reps=10,
                          rounds=3, host_calls=20, flush_mb=256, cast_backend="fa3", sglang_max_context=131_072,
-                         sglang_split_sweep=[], seed=0),
+                         sglang_split_sweep=[], floor_contexts=[64], seed=0),
                small=dict(heads=[16, 64], contexts=[4096], batches=[1, 8], pool_slots=50_000,
                           max_total_tokens=2_000_000, strategies=list(BENCH_STRATEGIES), reps=3, rounds=2,
                           host_calls=5, flush_mb=256, cast_backend="fa3", sglang_max_context=131_072,
-                          sglang_split_sweep=[16], seed=0),
+                          sglang_split_sweep=[16], floor_contexts=[64], seed=0),
                about="ours vs the peer table (full cast, index/gather cast, FlashInfer FP8/BF16, SGLang Triton, "
                      "FlashMLA dense BF16/FP8): µs vs roofline, every output against float64",
                requires=("cuda", "flashinfer")),
