@@ -1,4 +1,5 @@
-"""The site: `make book` builds with warnings as errors, and a browser sees the plotly figures draw."""
+"""The site: `make book` builds with warnings as errors, a browser sees the plotly figures draw, and every page
+lays out at a 1300 px window (no clipped table, no overlapping label: tests/layout_check.py)."""
 
 import os
 import shutil
@@ -94,3 +95,30 @@ def test_chapter_6_explorer_draws_in_the_built_page(built_book, tmp_path):
         shot = shots / f"{name}.png"
         subprocess.run([browser, *flags, f"--screenshot={shot}", target], capture_output=True, timeout=180)
         assert shot.is_file() and shot.stat().st_size > 50_000, f"the screenshot of {name} is missing or blank"
+
+
+def _built_pages(built_book: Path) -> list[Path]:
+    pages = sorted((built_book / "book").glob("[0-9][0-9]_*.html"))
+    return [built_book / "book" / "index.html", *pages, built_book / "book" / "reproducibility.html"]
+
+
+def test_every_page_lays_out_at_1300_px(built_book):
+    """At a 1300 × 900 window, on every built page: no table wider than the content column unless it scrolls
+    inside it, no two text boxes of a figure (title, legend, axis titles, caption) overlapping, none drawn outside
+    its figure, heatmap text of at least 11 px; and chapter 3's matrix shows the original's GPU (SM120) without
+    scrolling. The checker itself is tested on broken figures and tables in test_layout_check.py. Screenshots of
+    each page's first screen go to $KVWALL_SCREENSHOT_DIR when it is set."""
+    from layout_check import check_page, chromium, problems, screenshot
+
+    browser = chromium() or _chromium()
+    found, checked = [], 0
+    shots = os.environ.get("KVWALL_SCREENSHOT_DIR")
+    for page in _built_pages(built_book):
+        report = check_page(page, browser)
+        checked += len(report["figures"]) + len(report["tables"])
+        must_see = {"SM120": "the original's GPU"} if page.stem == "03_the_other_doors" else None
+        found += [f"{page.name}: {p}" for p in problems(report, visible_headers=must_see)]
+        if shots:
+            screenshot(page, browser, Path(shots) / f"{page.stem}.1300x900.png")
+    assert checked > 20, f"only {checked} figures and tables were found in the built pages"
+    assert not found, "layout problems a reader would see:\n" + "\n".join(found)

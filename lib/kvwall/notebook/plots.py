@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Iterable, Mapping, Sequence
 
@@ -9,7 +10,7 @@ import plotly.graph_objects as go
 
 from kvwall.model.decode_step import PHASES, STANDIN_LABEL
 
-__all__ = ["with_caption", "step_breakdown", "layer_timeline", "bar", "lines", "PHASE_NAMES"]
+__all__ = ["with_caption", "arrange", "step_breakdown", "layer_timeline", "bar", "lines", "PHASE_NAMES"]
 
 #: Reader-facing names of the decode-step phases.
 PHASE_NAMES = {
@@ -27,38 +28,193 @@ PHASE_COLORS = {
 }
 
 
-def with_caption(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460) -> go.Figure:
-    """Put the provenance line(s) under the plot, inside the figure (so it travels with it)."""
-    lines_ = [caption] if isinstance(caption, str) else list(caption)
-    wrapped = "<br>".join("<br>".join(textwrap.wrap(c, 130)) for c in lines_)
-    n = wrapped.count("<br>") + 1
-    fig.add_annotation(text=wrapped, xref="paper", yref="paper", x=0, y=0, xanchor="left", yanchor="top",
-                       yshift=-60, showarrow=False, align="left", font=dict(size=10, color="#555"))
-    fig.update_layout(margin=dict(b=80 + 14 * n, t=60), height=height + 14 * n, template="plotly_white",
-                      legend=dict(orientation="v", x=1.02, y=1.0, yanchor="top", xanchor="left"))
+#: The book's content column at a 1300 px window is about 690 px wide; text is wrapped to fit it.
+FIGURE_WIDTH_PX = 690
+TITLE_FONT, CAPTION_FONT, LEGEND_FONT, TICK_FONT, AXIS_TITLE_FONT = 16, 10, 11, 12, 13
+#: Characters per line that fit the figure's width (about 0.55 em a character, Open Sans / Arial).
+TITLE_CHARS = int(FIGURE_WIDTH_PX / (0.55 * TITLE_FONT)) - 4
+CAPTION_CHARS = int(FIGURE_WIDTH_PX / (0.55 * CAPTION_FONT)) - 8
+_LINE = 1.3  # line height, in font sizes
+_PAD = 8  # px between two text blocks
+#: The title starts under plotly's mode bar (zoom, pan, download: about 25 px high at the figure's top right).
+_TITLE_TOP = 32
+
+
+def _lines(text: str) -> int:
+    return text.count("<br>") + 1 if text else 0
+
+
+def _wrap(text: str, width: int) -> str:
+    """Wrap a plotly string at ``width`` characters, keeping its own ``<br>`` breaks."""
+    return "<br>".join("<br>".join(textwrap.wrap(part, width, break_long_words=False, break_on_hyphens=False) or [""])
+                       for part in text.split("<br>"))
+
+
+def _wrap_label(text: str, width: int) -> str:
+    """A tick label in lines of at most ``width`` characters where it can: at spaces, and inside a word longer than
+    ``width`` after its separators (``0.6.18.post1`` -> ``0.6.18.`` / ``post1``)."""
+    pieces: list[tuple[str, str]] = []  # (piece, what joins it to the previous piece)
+    for word in text.replace("<br>", " ").split():
+        parts = re.findall(r"[^._/\-]+[._/\-]*|[._/\-]+", word) if len(word) > width else [word]
+        pieces += [(p, " " if i == 0 else "") for i, p in enumerate(parts)]
+    lines: list[str] = []
+    for piece, joiner in pieces:
+        if lines and len(lines[-1]) + len(joiner) + len(piece) <= width:
+            lines[-1] += joiner + piece
+        else:
+            lines.append(piece)
+    return "<br>".join(lines)
+
+
+def _category_axes(fig: go.Figure) -> dict[str, list[str]]:
+    """The x axes whose ticks are the traces' string values (category axes), with those values in order."""
+    out: dict[str, list[str]] = {}
+    for trace in fig.data:
+        xs = getattr(trace, "x", None)
+        if trace.type in ("bar", "scatter", "box") and xs is not None and len(xs) and isinstance(xs[0], str) \
+                and getattr(trace, "orientation", None) != "h":
+            name = "xaxis" + (trace.xaxis[1:] if getattr(trace, "xaxis", None) not in (None, "x") else "")
+            out.setdefault(name, [])
+            out[name] += [x for x in xs if x not in out[name]]
+    return out
+
+
+#: Characters per line of a category label on a y axis (horizontal bars, heatmap rows).
+Y_LABEL_CHARS = 28
+
+
+def _category_y_width(fig: go.Figure) -> float:
+    """Wrap the category labels of the y axis (horizontal bars, heatmap rows) to :data:`Y_LABEL_CHARS` and return
+    the width in px of the longest line; 0 when the axis is not a category axis."""
+    cats: list[str] = []
+    for trace in fig.data:
+        ys = getattr(trace, "y", None)
+        if ys is not None and len(ys) and isinstance(ys[0], str):
+            cats += [y for y in ys if y not in cats]
+    if not cats:
+        return 0.0
+    text = [_wrap_label(c, Y_LABEL_CHARS) for c in cats]
+    fig.layout.yaxis.update(tickmode="array", tickvals=cats, ticktext=text)
+    font = fig.layout.yaxis.tickfont.size or TICK_FONT
+    return max(0.58 * font * len(line) for t in text for line in t.split("<br>"))
+
+
+def _legend_rows(names: Sequence[str], width_px: int) -> int:
+    """Rows a horizontal legend of ``names`` takes in ``width_px`` (items of a swatch plus text, packed)."""
+    rows, used = 1, 0.0
+    for name in names:
+        item = 40 + 0.6 * LEGEND_FONT * max(len(line) for line in name.split("<br>"))
+        if used and used + item > width_px:
+            rows, used = rows + 1, 0.0
+        used += item
+    return rows
+
+
+def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, legend: str = "top") -> go.Figure:
+    """Lay out a figure's text so that nothing overlaps and nothing is clipped at the book's column width.
+
+    Top to bottom, in pixels of the figure: the title (wrapped, under plotly's mode bar), the legend when
+    ``legend="top"`` (the default: a horizontal legend in rows under the title, so the plot keeps the column's
+    width), top tick labels, the plot, the bottom tick labels and x axis title, then the provenance caption
+    (wrapped, a fixed distance under the axis title). ``legend="right"`` puts a vertical legend beside the plot,
+    from its top; ``"none"`` hides it. Category tick labels are wrapped and kept horizontal, so their height is known: the bottom margin is
+    computed from it, not guessed. ``height`` is the plot's own height before the text is added.
+    """
+    caption_text = _wrap("<br>".join([caption] if isinstance(caption, str) else list(caption)), CAPTION_CHARS)
+    title = fig.layout.title.text or ""
+    title = _wrap(title, TITLE_CHARS) if title else ""
+    title_h = round(_lines(title) * TITLE_FONT * _LINE) if title else 0
+    caption_h = round(_lines(caption_text) * CAPTION_FONT * _LINE) + 4
+
+    # Category ticks: wrapped to the width each category gets, never rotated.
+    ticks_bottom, ticks_top = TICK_FONT * _LINE, 0.0
+    plot_width = FIGURE_WIDTH_PX - 80 - (160 if legend == "right" else 0)
+    for axis, cats in _category_axes(fig).items():
+        chars = max(6, int(plot_width / max(1, len(cats)) / (0.6 * TICK_FONT)))
+        text = [_wrap_label(c, chars) for c in cats]
+        fig.layout[axis].update(tickmode="array", tickvals=cats, ticktext=text, tickangle=0)
+        h = max(_lines(t) for t in text) * TICK_FONT * _LINE
+        if fig.layout[axis].side == "top":
+            ticks_top = max(ticks_top, h)
+        else:
+            ticks_bottom = max(ticks_bottom, h)
+    if any(getattr(fig.layout, k).side == "top" for k in fig.layout if k.startswith("xaxis")) and not ticks_top:
+        ticks_top, ticks_bottom = TICK_FONT * _LINE, 0.0
+    x_titles = [getattr(fig.layout, k).title.text for k in fig.layout if k.startswith("xaxis")
+                and getattr(fig.layout, k).side != "top"]
+    x_title_h = AXIS_TITLE_FONT * _LINE * max([_lines(t) for t in x_titles if t] or [0])
+
+    names = [t.name for t in fig.data if t.name and t.showlegend is not False]
+    show_legend = legend != "none" and fig.layout.showlegend is not False and len(names) > 0
+    legend_h = 0
+    if show_legend and legend == "top":
+        legend_h = round(_legend_rows(names, FIGURE_WIDTH_PX - 20) * (LEGEND_FONT * _LINE + 6)) + 6
+    top = _TITLE_TOP + title_h + (_PAD if title else 0) + legend_h + (_PAD if legend_h else 0) + ticks_top + _PAD + 6
+    # Under the plot: tick labels, the axis title with plotly's standoff, then the caption.
+    axis_h = 6 + ticks_bottom + (10 + x_title_h if x_title_h else 0)
+    bottom = round(axis_h + 2 * _PAD + caption_h)
+    n_items = len(names) if show_legend and legend == "right" else 0
+    plot_h = max(height - 140, round(n_items * (LEGEND_FONT * _LINE + 6)) + 10)
+
+    y_title = 22 if fig.layout.yaxis.title.text else 0
+    left = round(max(fig.layout.margin.l or 0, 24 + y_title + max(36.0, _category_y_width(fig))))
+    # x: from the figure's left edge (the plot starts ``left`` px in), so a full caption line fits the width.
+    fig.add_annotation(text=caption_text, xref="paper", yref="paper", x=0, y=0, xanchor="left", yanchor="top",
+                       xshift=-(left - _PAD), yshift=-round(axis_h + _PAD), showarrow=False, align="left",
+                       font=dict(size=CAPTION_FONT, color="#555"))
+    total = top + plot_h + bottom
+    fig.update_layout(template="plotly_white", height=total, showlegend=show_legend,
+                      margin=dict(t=top, b=bottom, l=left,
+                                  r=fig.layout.margin.r if fig.layout.margin.r is not None else 20),
+                      title=dict(text=title, x=_PAD / FIGURE_WIDTH_PX, xref="container", xanchor="left",
+                                 yref="container", y=1 - _TITLE_TOP / total,
+                                 yanchor="top", font=dict(size=TITLE_FONT), automargin=False))
+    fig.update_xaxes(automargin=False, title_standoff=10)
+    fig.update_yaxes(automargin=True)
+    if legend == "top":
+        fig.update_layout(legend=dict(orientation="h", x=_PAD / FIGURE_WIDTH_PX, xref="container", xanchor="left",
+                                      yref="container",
+                                      y=1 - (_TITLE_TOP + title_h + _PAD) / total, yanchor="top",
+                                      font=dict(size=LEGEND_FONT)))
+    else:
+        fig.update_layout(legend=dict(orientation="v", x=1.02, y=1.0, xanchor="left", yanchor="top",
+                                      font=dict(size=LEGEND_FONT)))
     return fig
+
+
+def with_caption(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, legend: str = "top") -> go.Figure:
+    """Put the provenance line(s) under the plot, inside the figure (so it travels with it), and lay out the
+    figure's text so that title, legend, axis titles and caption never overlap (see :func:`arrange`)."""
+    return arrange(fig, caption, height=height, legend=legend)
 
 
 def step_breakdown(columns: Mapping[str, Mapping[str, float]], title: str, caption: Sequence[str], *,
                    names: Mapping[str, str] | None = None) -> go.Figure:
-    """Stacked bars: one column per source (ours live, ours recorded, the original), ms per phase.
+    """Stacked horizontal bars: one bar per source (ours live, ours recorded, the original), ms per phase, read
+    top to bottom in the order of ``columns``; the legend on top, in the phases' stacking order.
 
     ``names`` overrides phase names (e.g. ``kv_strategy`` when it is not the whole-pool cast)."""
     names = {**PHASE_NAMES, **(names or {})}
     fig = go.Figure()
     phases = [p for p in (*PHASES, "original_cast", "original_rest")
               if any(p in col for col in columns.values())]
+    # Bar labels on the left, wrapped at words (a source's name may be long: "gather_cast (Triton), capacity ...").
+    labels = {name: _wrap(name.replace("<br>", " "), 30) for name in columns}
     for phase in phases:
-        fig.add_bar(name=names.get(phase, phase), x=list(columns),
-                    y=[col.get(phase, 0.0) for col in columns.values()], marker_color=PHASE_COLORS.get(phase),
-                    hovertemplate="%{x}<br>" + names.get(phase, phase) + ": %{y:.2f} ms<extra></extra>")
+        fig.add_bar(name=names.get(phase, phase).replace("<br>", " "), orientation="h", y=list(labels.values()),
+                    x=[col.get(phase, 0.0) for col in columns.values()], marker_color=PHASE_COLORS.get(phase),
+                    hovertemplate="%{y}<br>" + names.get(phase, phase) + ": %{x:.2f} ms<extra></extra>")
     for name, col in columns.items():
         total = sum(col.values())
         cast = col.get("kv_strategy", col.get("original_cast", 0.0))
-        fig.add_annotation(x=name, y=total, text=f"{total:,.1f} ms<br>cast {cast / total:.0%}", showarrow=False,
-                           yanchor="bottom", font=dict(size=11))
-    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per decode step")
-    return with_caption(fig, caption, height=520)
+        fig.add_annotation(x=total, y=labels[name], text=f"{total:,.1f} ms · cast {cast / total:.0%}", showarrow=False,
+                           xanchor="left", xshift=4, font=dict(size=11))
+    longest = max((sum(col.values()) for col in columns.values()), default=1.0)
+    # Room right of the longest bar for its total, inside the plot.
+    fig.update_layout(barmode="stack", title=title, xaxis_title="ms per decode step", xaxis_range=[0, longest * 1.32],
+                      yaxis=dict(autorange="reversed"), bargap=0.3, legend_traceorder="normal")
+    rows = sum(_lines(label) for label in labels.values())
+    return with_caption(fig, caption, height=max(300, 150 + 22 * rows + 14 * len(columns)), legend="top")
 
 
 def layer_timeline(rows: Iterable[Mapping[str, float | int | str]], title: str, caption: Sequence[str]) -> go.Figure:
@@ -82,20 +238,22 @@ def layer_timeline(rows: Iterable[Mapping[str, float | int | str]], title: str, 
 
 
 def bar(x: Sequence[str], series: Mapping[str, Sequence[float]], title: str, yaxis: str,
-        caption: Sequence[str], *, texts: Mapping[str, Sequence[str]] | None = None) -> go.Figure:
+        caption: Sequence[str], *, texts: Mapping[str, Sequence[str]] | None = None, legend: str = "top") -> go.Figure:
     fig = go.Figure()
     for name, ys in series.items():
         fig.add_bar(name=name, x=list(x), y=list(ys), text=(texts or {}).get(name), textposition="outside")
-    fig.update_layout(barmode="group", title=title, yaxis_title=yaxis, showlegend=len(series) > 1)
-    return with_caption(fig, caption, height=500)
+    tallest = max((max(ys, default=0.0) for ys in series.values()), default=1.0)
+    fig.update_layout(barmode="group", title=title, yaxis_title=yaxis, showlegend=len(series) > 1,
+                      yaxis_range=[0, tallest * (1.15 if texts else 1.05)])
+    return with_caption(fig, caption, height=500, legend=legend)
 
 
 def lines(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], title: str, xaxis: str, yaxis: str,
-          caption: Sequence[str], *, log_x: bool = True, log_y: bool = True) -> go.Figure:
+          caption: Sequence[str], *, log_x: bool = True, log_y: bool = True, legend: str = "top") -> go.Figure:
     fig = go.Figure()
     for name, (xs, ys) in series.items():
         fig.add_scatter(name=name, x=list(xs), y=list(ys), mode="lines+markers")
     fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis)
     fig.update_xaxes(type="log" if log_x else "linear")
     fig.update_yaxes(type="log" if log_y else "linear")
-    return with_caption(fig, caption)
+    return with_caption(fig, caption, legend=legend)

@@ -8,11 +8,12 @@ column says what it formats instead of carrying a lambda.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["Column", "Table", "CHECK_COLUMNS", "markdown_table", "show_table", "show_markdown", "number", "percent", "times",
-           "scientific", "ms_as_us", "plain", "fmt_range"]
+           "scientific", "ms_as_us", "plain", "fmt_range", "breakable", "dtype"]
 
 Formatter = Callable[[Any], str]
 #: A column maps its header to a row key, or to ``(key, formatter)``.
@@ -55,9 +56,46 @@ def fmt_range(lo: float, hi: float, d: int = 1) -> str:
     return f"{lo:,.{d}f}–{hi:,.{d}f}"
 
 
+#: How a table names a torch dtype: short, so a column of them stays narrow.
+DTYPE_NAMES = {"float8_e4m3fn": "fp8 e4m3", "float8_e5m2": "fp8 e5m2", "bfloat16": "bf16", "float16": "fp16",
+               "float32": "fp32"}
+
+
+def dtype(v: Any) -> str:
+    """A dtype's short name: ``dtype("float8_e4m3fn") == "fp8 e4m3"`` (``torch.`` dropped; others as they are)."""
+    return MISSING if v is None else DTYPE_NAMES.get(str(v).removeprefix("torch."), str(v))
+
+
 def plain(v: Any) -> str:
     """A value as it is (None as a dash)."""
     return MISSING if v is None else str(v)
+
+
+#: A word longer than this (an exception name, a path, a call chain) gets break opportunities, so that a table
+#: cell holding it wraps inside the page instead of widening the table past it (the book's CSS lets inline code
+#: in a table wrap at them).
+LONG_WORD = 20
+_BREAK_AFTER = re.compile(r"(?<=[^\s/._:,()=])([/._:,()=]+)(?=[^\s])")
+#: ... and a run without any separator longer than this (a commit hash; not a class name) breaks every as many.
+LONG_RUN = 32
+_ZWSP = "\u200b"
+
+
+def breakable(text: str) -> str:
+    """``text`` with a zero-width space after the separators (``/ . _ : , ( ) =``) of each word longer than
+    :data:`LONG_WORD` characters (``flashinfer/mla/_core.py:4498`` may break after a ``/``), inside inline code
+    too; links and HTML are left alone. Short words, numbers included, never break."""
+    def word(w: str) -> str:
+        pieces = _BREAK_AFTER.sub(lambda m: m.group(1) + _ZWSP, w).split(_ZWSP)
+        # A run with no separator at all longer than LONG_RUN (a hash) breaks every LONG_RUN characters.
+        return _ZWSP.join(_ZWSP.join(p[i:i + LONG_RUN] for i in range(0, len(p), LONG_RUN)) for p in pieces)
+
+    def words(segment: str) -> str:
+        return " ".join(word(w) if len(w) > LONG_WORD and "](" not in w and "://" not in w else w
+                        for w in segment.split(" "))
+
+    # HTML tags (``<br>``, ``<small>``) are kept whole; the text between them is broken word by word.
+    return "".join(part if part.startswith("<") else words(part) for part in re.split(r"(<[^>]*>)", text))
 
 
 def _cell(value: Any) -> str:
@@ -92,7 +130,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, Colu
         cells = []
         for spec in columns.values():
             key, fmt = (spec, _cell) if isinstance(spec, str) else spec
-            cells.append(fmt(row.get(key, "")) if key in row else "")
+            cells.append(breakable(fmt(row.get(key, ""))) if key in row else "")
         body.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(body)
 

@@ -1,0 +1,95 @@
+"""The layout checker itself: it must flag what a reader would see wrong, and pass what is right.
+
+A deliberately broken figure (caption drawn over the axis title, legend over the title, a title wider than the
+figure) and a wide table with nothing to scroll it must be reported; the book's own figure helpers and a table in
+a scrolling container must not be. Without this the browser check of the built book could pass by seeing nothing.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import plotly.io as pio
+import pytest
+from plotly.offline import get_plotlyjs
+
+from kvwall.notebook import plots
+from kvwall.notebook.tables import markdown_table
+from layout_check import check_page, chromium, problems
+
+#: About the width of the book's content column at a 1300 px window.
+COLUMN_PX = 692
+
+
+def _page(tmp_path, figures: list[go.Figure], tables_html: str = "") -> "Path":
+    divs = "\n".join(pio.to_html(f, include_plotlyjs=False, full_html=False) for f in figures)
+    html = (f"<html><head><script>{get_plotlyjs()}</script></head><body><main><article style='width:{COLUMN_PX}px'>"
+            f"{divs}{tables_html}</article></main></body></html>")
+    page = tmp_path / "page.html"
+    page.write_text(html)
+    return page
+
+
+def _broken_figure() -> go.Figure:
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[1, 2], name="first series"))
+    fig.add_bar(x=["a", "b"], y=[2, 1], name="second series")
+    fig.update_layout(title=dict(text="A title the legend sits on", y=0.97), xaxis_title="the x axis",
+                      legend=dict(orientation="h", x=0, y=1.25, yanchor="bottom"), margin=dict(t=60, b=120))
+    # The caption where the old helper put it for two-line tick labels: over the axis title.
+    fig.add_annotation(text="Recorded on NVIDIA H200, provenance", xref="paper", yref="paper", x=0.5, y=0,
+                       yshift=-40, showarrow=False, yanchor="top")
+    return fig
+
+
+def _clipped_title_figure() -> go.Figure:
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[1, 2]))
+    fig.update_layout(title="a title much too long for any figure in a book column " * 3)
+    return fig
+
+
+@pytest.fixture(scope="module")
+def browser():
+    found = chromium()
+    if not found:
+        pytest.skip("no Chromium on this machine: the layout checker cannot run")
+    return found
+
+
+def test_checker_flags_overlaps_clipped_text_and_wide_tables(browser, tmp_path):
+    rows = [{f"column {i}": "`a_long_unbreakable_identifier_of_the_kind_tables_hold`" for i in range(6)}]
+    wide = "<table><thead><tr>" + "".join(f"<th>column {i}</th>" for i in range(6)) + "</tr></thead><tbody><tr>" + \
+        "".join("<td style='white-space:nowrap'>a_long_unbreakable_identifier_of_the_kind_tables_hold</td>"
+                for _ in range(6)) + "</tr></tbody></table>"
+    assert markdown_table(rows, {k: k for k in rows[0]})  # the same shape of table a chapter prints
+    report = check_page(_page(tmp_path, [_broken_figure(), _clipped_title_figure()], f"<div>{wide}</div>"), browser)
+    found = problems(report, visible_headers={"column 5": "the last column"})
+    joined = "\n".join(found)
+    assert "figure 1" in joined and "overlaps" in joined, found
+    assert any("legend" in p and "title" in p for p in found), f"legend over the title not flagged: {found}"
+    assert any("x axis title" in p and "annotation" in p for p in found), f"caption over the axis title: {found}"
+    assert any("figure 2" in p and "outside the figure" in p for p in found), f"clipped title not flagged: {found}"
+    assert any("nothing scrolls it" in p for p in found), f"wide table not flagged: {found}"
+    assert any("column 5" in p and "out of view" in p for p in found), found
+
+
+def test_checker_passes_the_books_figures_and_a_scrolling_table(browser, tmp_path):
+    caption = ["Recorded on NVIDIA H200 (SM90), 2026-11-30, torch 2.11.0, triton 3.6.0, FlashInfer 0.6.18.post1, "
+               "commit 0123456789ab, full scale; the fingerprint of the code it depends on matches.",
+               "Each phase: its 78 layers captured in a CUDA graph and replayed (device time)."]
+    step = plots.step_breakdown({"whole-pool cast<br>(before)": {"write_kv": 0.5, "kv_strategy": 60.0, "attention": 8.0},
+                                 "gather_cast<br>(after)": {"write_kv": 0.5, "kv_strategy": 2.0, "attention": 8.0},
+                                 "original, RTX PRO 6000<br>(as reported)": {"original_cast": 64.6, "original_rest": 21.4}},
+                                "One decode step with each KV strategy (CUDA graphs)", caption)
+    many = plots.lines({f"a series with a long legend name {i}": ([1, 10, 100], [i + 1, i + 2, i + 3]) for i in range(6)},
+                       "Step time saved against the graph's capacity", "capacity of the index buffer (rows)",
+                       "% of the step saved", caption, log_y=False)
+    top = plots.lines({f"strategy {i}": ([1, 10, 100], [i + 1, i + 2, i + 3]) for i in range(9)},
+                      "A legend laid out on top", "context", "µs", caption, legend="top")
+    wide = "<div style='overflow-x:auto'><table><thead><tr>" + "".join(f"<th>c{i}</th>" for i in range(6)) + \
+        "</tr></thead><tbody><tr>" + "".join("<td style='white-space:nowrap'>" + "x" * 60 + "</td>" for _ in range(6)) + \
+        "</tr></tbody></table></div>"
+    report = check_page(_page(tmp_path, [step, many, top], wide), browser)
+    assert len(report["figures"]) == 3 and all(f["boxes"] for f in report["figures"]), report["figures"]
+    kinds = {b["kind"].split()[0] for f in report["figures"] for b in f["boxes"]}
+    assert {"title", "legend", "x", "y", "annotation"} <= kinds, kinds
+    assert problems(report) == []
+    assert report["tables"][0]["scrolls"]
