@@ -1,17 +1,21 @@
-"""Chapter 4 under papermill on CPU, as CI runs it: the values it computed, and its time budget."""
+"""Chapter 4 under papermill on CPU, as CI runs it: the values it computed, and its time budget; and the
+sentences chapter 4 computes from the recorded step (which strategies are host-bound, in which unit memory is)."""
 
 import pytest
 
+import kvwall.experiments  # noqa: F401 - registers the row schemas
 from conftest import BOOK, run_chapter
+from kvwall.notebook import gather_report, gather_step_report
+from kvwall.results import Provenance, Result, load_result
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.roofline import full_pool_cast_bytes, gather_cast_bytes
 from kvwall.results import RESULTS_DIR
 
-pytestmark = pytest.mark.slow
 CHAPTER = BOOK / "04_gather_then_cast.md"
 
 
+@pytest.mark.slow
 def test_chapter_4_on_cpu(tmp_path):
     rec = run_chapter(CHAPTER, tmp_path, mode="cpu")
     v = rec["values"]
@@ -32,7 +36,46 @@ def test_chapter_4_on_cpu(tmp_path):
         assert v["recorded"][key] == present and (name in used) == present
 
 
+@pytest.mark.slow
 def test_chapter_4_smaller_knobs(tmp_path):
     rec = run_chapter(CHAPTER, tmp_path, mode="cpu", pool_tokens=6000, layers=1, context_len=700)
     assert rec["knobs"] == {"pool_tokens": 6000, "layers": 1, "context_len": 700}
     assert rec["values"]["live_validation_all_ok"]
+
+
+def _profile(strategies: list[tuple[str, float, float, float]]) -> Result:
+    """A gather_cast_profile result with (strategy, host enqueue ms, unmarked eager step ms, graph step ms) rows."""
+    rows = [{"section": "strategies", "strategy": k, "name": k, "host_enqueue_ms": host, "unmarked_step_ms": eager,
+             "graph_step_ms": graph, "graph_phase_sum_ms": graph + 0.01} for k, host, eager, graph in strategies]
+    provenance = Provenance(date="2026-11-30T00:00:00+00:00", device="cuda", gpu="NVIDIA H200", driver=None,
+                            cuda="13.0", torch="2.11.0", triton="3.6.0", flashinfer=None, python="3.11",
+                            git_commit="0" * 40, git_dirty=False, sources={})
+    return Result("gather_cast_profile", {}, rows, provenance)
+
+
+def test_host_bound_is_an_enqueue_longer_than_the_device_work():
+    profile = _profile([("full_pool_cast", 12.0, 89.7, 88.8), ("gather_cast", 30.4, 30.6, 24.5)])
+    assert [s["strategy"] for s in gather_step_report.host_bound(profile)] == ["gather_cast"]
+    text = gather_step_report.host_bound_text(profile)
+    assert "**1 of 2** strategies are **host-bound**" in text
+    assert "gather_cast: the host takes **30.4 ms** to enqueue a step whose device work takes 24.5 ms" in text
+    assert "CUDA graphs remove the host from the loop" in text and "No strategy is host-bound" not in text
+    calm = gather_step_report.host_bound_text(_profile([("full_pool_cast", 12.0, 89.7, 88.8)]))
+    assert calm.startswith("No strategy is host-bound") and "14%" in calm
+
+
+def test_the_recorded_steps_host_bound_sentence_follows_the_numbers():
+    profile = load_result("gather_cast_profile")
+    text = gather_step_report.stall_story(profile) or ""
+    for s in profile.table("strategies"):
+        said = f"{s['name']}: the host takes **{s['host_enqueue_ms']:.1f} ms**" in text
+        assert said == (s["host_enqueue_ms"] > s["graph_step_ms"]), (s["strategy"], text)
+    assert "no strategy is host-bound" not in text.lower() or not gather_step_report.host_bound(profile)
+
+
+def test_memory_is_in_decimal_megabytes():
+    """One unit for memory in chapters 2-4: MB = 10^6 bytes (the original's "857 MB"), said where first used."""
+    text = gather_report.predict(context=8192, capacity=131072, copy_gbps=None, before=None).text
+    assert "MiB" not in text and "855.4 MB" in text  # 495,000 slots × 576 × (1 B read + 2 B written)
+    for path in (BOOK / "02_the_wall.md", BOOK / "03_the_other_doors.md", CHAPTER):
+        assert "MiB" not in path.read_text(), path
