@@ -11,9 +11,9 @@ wgmma_us], ...]}}``, the faster path at each point, page size 1: the layout ours
 recording this experiment (:attr:`Experiment.after_record`, :func:`write_path_table`), before the experiments that
 run ours.
 
-Device time at full scale, estimated from the recording of 2026-11-30 (``fused_decode_cuda``: 378 timed rows of the
-same kind in about 100 s of its 235 s, ~0.27 s a row): 52 points x 2 paths x 2 page sizes = 208 rows, about 56 s, no
-host timing; the wgmma build and ptxas check ~10 s; the ceilings ~3 s: **about 70 s**.
+Device time at full scale: **80 s** measured on the H200 (2026-12-01, a trial run of this code, not recorded): 52
+points x 2 paths x 2 page sizes = 208 rows (about 0.3 s a row, no host timing), the wgmma build and ptxas check and
+the ceilings ~13 s.
 """
 
 from __future__ import annotations
