@@ -9,8 +9,9 @@ against float64 first, and the step's transient memory is measured.
 pool (:func:`flashmla_step_path`: the pool's layer buffers viewed as pages, no copy; the FP8 query quantized per
 tensor once, outside the step, as chapter 5's benchmark does).
 
-Device time at full scale: 81 s on 2026-11-30 for 6 paths (~13 s a path: warm-up, transient-memory step, 5 graph
-replays of the step and of each phase); with the two FlashMLA paths **about 110 s**.
+Device time at full scale: **70 s** for the 8 paths measured on the H200 (2026-12-01, a trial run of this code, not
+recorded; FlashInfer's JIT cache warm from an earlier run on the same machine: on a fresh one add ~20 s); 81 s on
+2026-11-30 for 6 paths.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ at each point (each row says which, ``kernel_path``, and why, ``path_why``); ``t
 the one the dispatcher runs on a GPU without a measured table, so the cost model can carry it to GPUs we did not
 measure. These rows are what the cost model (:mod:`kvwall.model.cost`) is fitted on and validated against.
 
-Device time at full scale: 139 s on 2026-11-30 with the same 12 paths and points: **about 140 s**.
+Device time at full scale: **124 s** measured on the H200 (2026-12-01, a trial run of this code, not recorded; 139 s
+on 2026-11-30 with the same 12 paths and points).
 """
 
 from __future__ import annotations

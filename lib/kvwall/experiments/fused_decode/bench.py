@@ -10,11 +10,12 @@ strategies (FlashMLA, ``ours_page64``) read the same number of tokens per reques
 The full grid leaves out the entries that force one path (``triton``, ``wgmma``): ``fused_decode_paths`` times
 them on the same grid, page 1 and 64, right before this run (``strategies=`` takes any entry of the table).
 
-Device time at full scale, estimated from the recordings of 2026-11-30 (198 s for 3 head counts x 10 strategies
-with SGLang's split sweep; about 0.35 s per timed row, most of it graph capture, float64 references and freeing):
-48 points x 11 strategies = 528 rows, about 185 s, the fixed-cost points (64 tokens, batch 1, 4 head counts) ~15 s, plus FlashInfer's JIT prebuild (~22 s) and the ceilings (~3 s):
-**about 210 s**. Cut against that recording: SGLang's fixed-split sweep (``sglang_split_sweep=[]``, ~60 s at this
-grid; no report reads it) and the forced paths (timed by ``fused_decode_paths``).
+Device time at full scale: **188 s** measured on the H200 for the 48 grid points (2026-12-01, a trial run of this
+code, not recorded) without SGLang installed (its 48 rows were import errors): the ceilings and FlashInfer's JIT
+prebuild 27 s, the first point 73 s (every kernel's first build), then ~1.5-3.5 s a point (11 rows). With SGLang
+(~+30 s) and the 4 fixed-cost points (64 tokens, batch 1: ~+8 s), **about 225 s**. Cut against the recording of
+2026-11-30 (198 s for 3 head counts): SGLang's fixed-split sweep (``sglang_split_sweep=[]``, ~60 s at this grid; no
+report reads it) and the forced paths (timed by ``fused_decode_paths`` on the same grid).
 """
 
 from __future__ import annotations
@@ -164,8 +165,8 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
                            sglang_max_context: int = 131_072, sglang_split_sweep: tuple[int, ...] | list[int] = (),
                            floor_contexts: tuple[int, ...] | list[int] = (), seed: int = 0) -> Result:
     """See the module docstring. ``floor_contexts``: batch-1 points beside the grid, every head count and strategy,
-    whose time is each kernel's fixed cost (a request of 64 tokens is one tile). Rows: one ``ceilings`` header (copy GB/s, BF16 TFLOP/s, GPU, how ``us`` and
-    ``host_us`` are measured, what was JIT-built, where SGLang and FlashMLA came from), then ``bench`` rows, one per
+    whose time is each kernel's fixed cost (a request of 64 tokens is one tile). Rows: one ``ceilings`` header (copy
+    GB/s, BF16 TFLOP/s, GPU, how ``us`` and ``host_us`` are measured, what was JIT-built, where SGLang and FlashMLA came from), then ``bench`` rows, one per
     (heads, context, batch, strategy)."""
     if device.type != "cuda":
         raise RuntimeError("fused_decode_bench times CUDA kernels in CUDA graphs: it needs an NVIDIA GPU. On a CPU, "

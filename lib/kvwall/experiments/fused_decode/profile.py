@@ -9,9 +9,8 @@
   warpgroup, the cycles per tile of each phase between two ``clock64`` marks, and each CTA's fixed phases
   (:func:`kvwall.kernels.mla_decode.wgmma.trace_wgmma_phases`, the ``KVWALL_TRACE`` build), beside both builds' µs.
 
-Device time at full scale, estimated from the recordings of 2026-11-30 (``fused_decode_ncu`` and the profile and
-phases of ``fused_decode_cuda``): 4 ncu runs at ~15 s (a child Python, JIT, ncu's replays) and 5 traced points at
-~3 s plus the traced build (~5 s): **about 80 s**.
+Device time at full scale: **43 s** measured on the H200 (2026-12-01, a trial run of this code, not recorded): 4 ncu
+runs and 5 traced points.
 """
 
 from __future__ import annotations
