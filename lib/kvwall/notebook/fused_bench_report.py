@@ -254,7 +254,7 @@ def lead_figure(grid: Grid) -> go.Figure:
     ratios: list[float] = []
     for strategy in (OURS, *[s for s in LEAD_PEERS if s != FM_BF16]):
         errs = [grid.err(strategy, p) for p in grid.points if grid.us(strategy, p) and grid.err(strategy, p)]
-        name = f"{label(strategy)} (error ≤ {max(errs):.0e})" if errs else label(strategy)
+        name = f"{label(strategy)} (error ≤ {max(errs):.1e})" if errs else label(strategy)
         for i, h in enumerate(heads):
             pts = [p for p in grid.points if p[0] == h]
             outer, inner, ys = [], [], []
@@ -278,7 +278,7 @@ def lead_figure(grid: Grid) -> go.Figure:
     fig.update_yaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks],
                      range=[math.log10(min(ratios) * 0.8), math.log10(max(ratios) * 1.25)] if ratios else None)
     fig.update_yaxes(title_text="speed vs FlashMLA BF16", col=1)
-    fig.update_layout(title="Speed relative to FlashMLA's BF16 kernel (dashed line), per point of the grid")
+    fig.update_layout(title="Speed relative to FlashMLA BF16 (dashed), per point")
     caption = (grid.caption + " Above 1×: faster than FlashMLA BF16. Ticks: batch, under it the context (K tokens) "
                "(batches > 1: mixed lengths, a quarter of batch × context tokens in all). CUDA graphs, L2 flushed; "
                "ours on page-size-1 slots, FlashMLA on 64-token pages of the same pool.")
@@ -415,20 +415,27 @@ def flashmla_fp8_error(validation: Result | None) -> tuple[float | None, float |
 
 
 def bench_tables(grid: Grid) -> list[Table]:
-    """One table per head count: every strategy's µs at every point, the roofline, and the path ours ran."""
-    shown = [s for s in grid.strategies() if s in SHORT]
-    legend = "; ".join(f"{SHORT[s]} = {label(s)}" for s in shown if SHORT[s] != label(s))
+    """One table per head count: µs of every strategy at every point (FlashInfer's native FP8: the faster of fa2 and
+    fa3), beside the roofline; ten columns, so that it fits the page."""
+    order = [OURS, FM_BF16, FM_FP8, "flashinfer_fp8", "flashinfer_bf16_precast", SGLANG, "gather_cast_bf16",
+             "full_cast_bf16"]
+    names = {**SHORT, "flashinfer_fp8": "FI FP8"}
+    present = set(grid.strategies())
+    shown = [s for s in order if s in present or (s == "flashinfer_fp8" and present & set(FLASHINFER[:2]))]
+    labels = {**{s: label(s) for s in shown if s in STRATEGIES}, "flashinfer_fp8": "FlashInfer native FP8, the faster "
+              "of fa2 and fa3"}
+    legend = "; ".join(f"{names[s]} = {labels[s]}" for s in shown if s != OURS)
     tables = []
     for h in sorted({p[0] for p in grid.points}):
         rows = []
         for p in (q for q in grid.points if q[0] == h):
-            ours = grid.row(OURS, p) or {}
-            rows.append({"point": f"{_ctx(p[1])}, b{p[2]}", "roof": ours.get("roofline_us"),
-                         "path": {"triton": "Triton", "wgmma": "wgmma"}.get(ours.get("kernel_path"), "—"),
-                         **{s: grid.us(s, p) for s in shown}})
-        cols = {f"{h} heads": "point", "roofline": ("roof", _us3), **{SHORT[s]: (s, _us3) for s in shown},
-                "ours ran": "path"}
-        tables.append(Table(rows, cols, grid.caption + f" µs per layer, {h} heads. {legend}."))
+            fi8 = min((u for u in (grid.us(s, p) for s in FLASHINFER[:2]) if u), default=None)
+            rows.append({"point": f"{_ctx(p[1])}·{p[2]}", "roof": (grid.row(OURS, p) or {}).get("roofline_us"),
+                         **{s: fi8 if s == "flashinfer_fp8" else grid.us(s, p) for s in shown}})
+        cols = {f"{h} h: ctx·batch": "point", "roofline": ("roof", _us3), **{names[s]: (s, _us3) for s in shown}}
+        tables.append(Table(rows, cols, grid.caption + f" µs per layer, {h} heads; ctx·batch: context (K tokens) and "
+                                                       f"batch. {legend}. The path ours ran: the dispatcher's table "
+                                                       "below."))
     return tables
 
 

@@ -267,7 +267,8 @@ def ncu_brief(profile: Result) -> str:
 
     def rng(key: str, unit: str = " %") -> str:
         xs = [r[key] for r in prof if r.get(key) is not None]
-        return f"{min(xs):.0f}–{max(xs):.0f}{unit}" if xs else "—"
+        return (f"{min(xs):.0f}" if round(min(xs)) == round(max(xs)) else f"{min(xs):.0f}–{max(xs):.0f}") + unit \
+            if xs else "—"
 
     return (f"Over the {len(prof)} profiled launches (both paths): HBM at **{rng('dram_pct_of_peak')}** of its peak, "
             f"**{rng('achieved_occupancy_pct')}** of a multiprocessor's warps resident, issue slots busy in "

@@ -10,6 +10,7 @@ page-table index, 580 B per token for GLM-5 at page size 1); the per-tile counts
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -186,9 +187,16 @@ def design_table(tuning: Result | None, heads: Iterable[int] = GRID_HEADS) -> Ta
     return Table(rows, cols, caption)
 
 
-def wgmma_text(build: Mapping[str, Any] | None) -> str:
-    """The wgmma path's per-tile arithmetic (from its constants) and, from a ``fused_decode_paths`` build row, its
-    compiled resources and how many CTAs a multiprocessor holds."""
+def _nvcc_version(text: str | None) -> str:
+    m = re.search(r"cuda_(\d+\.\d+)", text or "") or re.search(r"release (\d+\.\d+)", text or "")
+    return m.group(1) if m else (text or "?")
+
+
+def wgmma_text(paths: Result | Mapping[str, Any] | None) -> str:
+    """The wgmma path's per-tile arithmetic (from its constants) and, from a ``fused_decode_paths`` result (or its
+    ``build`` row), its compiled resources and how many CTAs a multiprocessor holds."""
+    build = (next((r for r in paths.rows if r.get("section") == "build"), None) if isinstance(paths, Result)
+             else paths)
     f = tile_floors()
     text = (f"Per {BLOCK_N}-token tile and {HEADS_PER_CTA} heads: {f['flops'] / 1e6:.1f} MFLOP on the tensor cores, "
             f"**{f['tensor']:,.0f} cycles** of one multiprocessor at {TENSOR_FLOP_PER_CYCLE:,} dense 16-bit FLOP per "
@@ -200,7 +208,8 @@ def wgmma_text(build: Mapping[str, Any] | None) -> str:
     w = (build or {}).get("wgmma") or {}
     if w.get("runs") and w.get("registers"):
         per_sm = min(SM90_SMEM_PER_SM // w["smem"], SM90_REGS_PER_SM // (w["registers"] * w["threads"]))
-        text += (f" Compiled ({w['arch']}, nvcc {build['nvcc']}): {w['registers']} registers per thread, "
+        text += (f" Compiled ({w['arch']}, nvcc {_nvcc_version(build.get('nvcc'))}): {w['registers']} registers per "
+                 "thread, "
                  f"{w['spill_bytes']} bytes of spills, {w['smem'] / 1024:.1f} KB of shared memory per CTA of "
                  f"{w['threads']} threads: **{per_sm} CTA per multiprocessor**.")
     elif build is not None:
@@ -261,7 +270,7 @@ def validation_table(result: Result, caption: str) -> Table:
             rows.append({"what": what, "passed": f"{sum(bool(r['passed']) for r in sel)} / {len(sel)}"})
     if "sanitizer" in sections:
         san = result.table("sanitizer")[0]
-        rows.append({"what": "compute-sanitizer --tool memcheck",
+        rows.append({"what": "`compute-sanitizer --tool memcheck`",
                      "passed": {True: "clean", False: "FAILED", None: "not run"}[san["passed"]]})
     return Table(rows, {"check": "what", "passed": "passed", "worst error vs float64": ("err", scientific),
                         "error / the BF16 path's": ("ratio", plain)}, caption)
