@@ -373,7 +373,8 @@ def test_sglang_loader_reports_a_bad_path(monkeypatch, tmp_path):
 @needs_gpu
 def test_bench_tiny_on_gpu():
     result = run_experiment("fused_decode_bench", torch.device("cuda"), "small", heads=[16], contexts=[4096],
-                            batches=[1, 8], reps=3, rounds=1, host_calls=3, sglang_split_sweep=[])
+                            batches=[1, 8], reps=3, rounds=1, host_calls=3, sglang_split_sweep=[],
+                            floor_contexts=[])
     json.dumps({"params": result.params, "rows": result.rows}, allow_nan=False)
     head = result.table("ceilings")[0]
     assert head["copy_gbps"] > 100 and head["bf16_tflops"] > 1
