@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from numbers import Real
 from pathlib import Path
 
 import torch
@@ -55,7 +54,7 @@ import triton.language as tl
 
 from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
                                     gpu_name, keep_fp8_nan, needs_int64, read_tuned_table, refuse_graph_capture,
-                                    round_bf16_by_bits, sm_count)
+                                    round_bf16_by_bits, scale_number, sm_count)
 
 __all__ = ["gather_cast", "full_cast", "compact_kv_indices", "GatherPlan", "plan_gather", "launch_gather",
            "check_same_layout", "GatherConfig", "gather_config", "chunk_width", "largest_pool_offset",
@@ -285,9 +284,7 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
             _fail(ValueError, f"scale is on {scale.device} but pool is on {pool.device}.")
         scale_tensor = scale.reshape(1)
     elif scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, Real):
-            _fail(TypeError, f"scale={scale!r}: give a number, a one-element float32 tensor, or None.")
-        scale_value = float(scale)
+        scale_value = scale_number("scale", scale, _fail)
     if out_given:
         check_output(out, {"pool": pool, "kv_indices": kv_indices, "kv_indptr": kv_indptr, "scale": scale_tensor},
                      _fail)
@@ -496,4 +493,7 @@ def full_cast(pool: torch.Tensor, *, out: torch.Tensor | None = None, block: int
 
 def compact_kv_indices(kv_indptr: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
     """The page table of the compact buffer :func:`gather_cast` writes: ``0..kv_indptr[-1]-1``."""
+    if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.numel() < 1:
+        fail("compact_kv_indices", ValueError, f"kv_indptr must be a 1-D tensor of batch + 1 >= 1 entries (its last "
+             f"is the rows gather_cast wrote); got {tuple(getattr(kv_indptr, 'shape', ())) or type(kv_indptr).__name__}.")
     return torch.arange(int(kv_indptr[-1]), dtype=dtype, device=kv_indptr.device)

@@ -21,13 +21,14 @@ from typing import Literal
 
 import torch
 
-from kvwall.kernels._common import gpu_name, read_tuned_table
+from kvwall.kernels._common import check_batch_shapes, fail, gpu_name, read_tuned_table, require_tensors
 from kvwall.kernels.mla_decode import cuda as cuda_path
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode
 
 __all__ = ["PATHS_FILE", "KernelPath", "choose_path", "plan_mla_decode_auto", "mla_decode", "measured_choice"]
 
+_fail = functools.partial(fail, "mla_decode")
 #: Measured path per GPU model and point (written by ``python -m kvwall.experiments.fused_decode.paths --write``).
 PATHS_FILE = Path(__file__).with_name("paths.json")
 KernelPath = Literal["triton", "cuda", "wgmma"]
@@ -126,6 +127,9 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor
     """:func:`~kvwall.kernels.mla_decode_fp8`'s contract on the path of ``plan`` (a CUDA plan runs the CUDA path, a
     wgmma plan the wgmma path), else on ``path`` (``"auto"``: :func:`choose_path`). ``kwargs``: the chosen
     implementation's keywords."""
+    check_batch_shapes({"q_nope": q_nope, "q_pe": q_pe}, 3, _fail, layout="[batch, heads, dim]")
+    require_tensors({"ckv_cache": ckv_cache, "kpe_cache": kpe_cache, "kv_indptr": kv_indptr,
+                     "kv_indices": kv_indices}, _fail)
     if plan is not None:
         chosen = ("cuda" if isinstance(plan, cuda_path.CudaPlan) else
                   "wgmma" if isinstance(plan, wgmma_path.WgmmaPlan) else "triton")
