@@ -11,8 +11,8 @@ helpers both kernels call, the host-side checks of page tables and outputs, and 
   :func:`check_kv_indptr`, :func:`check_indices_in_range`, :func:`refuse_graph_capture`, :func:`check_output`
   (refuses an output that overlaps itself or shares bytes with an input).
 - :func:`scale_number`: the one rule for a scale given as a Python number (a real number, finite), and
-  :func:`require_tensors` / :func:`check_batch_shapes` / :func:`positive_int` / :func:`check_device`: argument checks at the top of public
-  functions, so a bad argument is a sentence, not a traceback from deep inside.
+  :func:`require_tensors` / :func:`check_batch_shapes` / :func:`positive_int` / :func:`check_device`: argument
+  checks at the top of public functions, so a bad argument is a sentence, not a traceback from deep inside.
 - :func:`needs_int64`: whether an offset a launch can form passes 32 bits.
 - GPU facts: :func:`sm_count`, :func:`gpu_name`; :func:`read_tuned_table` reads one GPU's entry of a tuned table.
 - :func:`sanitizer_args` and :func:`report_checks`: the command line of the sanitizer programs
@@ -140,9 +140,9 @@ def require_tensors(named: dict[str, object], fail_: Fail) -> None:
 
 def check_batch_shapes(tensors: dict[str, object], dims: int, fail_: Fail, *, layout: str) -> None:
     """Each of ``tensors`` is a torch.Tensor of ``dims`` dimensions, the first (the batch) at least 1."""
-    require_tensors(tensors, fail_)
     for name, t in tensors.items():
-        assert isinstance(t, torch.Tensor)
+        if not isinstance(t, torch.Tensor):
+            fail_(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}.")
         if t.dim() != dims:
             fail_(ValueError, f"{name} has shape {tuple(t.shape)}; expected {layout}.")
         if t.shape[0] < 1:

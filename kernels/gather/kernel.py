@@ -22,7 +22,8 @@ Calling conventions (the same for the CUDA C++ twin, :func:`kvwall.kernels.gathe
   decode step, where ``kv_indices`` and ``out`` are fixed-capacity buffers and lengths change.
 - ``out`` (optional): a BF16 buffer with at least ``len(kv_indices)`` rows (its capacity), its
   own memory: one that overlaps itself (``expand``) or shares bytes with an input is refused.
-- ``scale`` (optional): a Python number or a one-element float32 tensor on the pool's device (read
+- ``scale`` (optional): a Python number (finite as float32: NaN and infinities are refused, the rule of
+  ``mla_decode_fp8``'s scales) or a one-element float32 tensor on the pool's device (read
   in the kernel, so a graph replays with whatever the tensor holds). Products are rounded to
   BF16 to nearest-even, exactly as ``(row.float() * scale).to(torch.bfloat16)``.
 - ``check_range=True`` validates indices and ``kv_indptr`` on the host *before* the launch (a
@@ -494,6 +495,7 @@ def full_cast(pool: torch.Tensor, *, out: torch.Tensor | None = None, block: int
 def compact_kv_indices(kv_indptr: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
     """The page table of the compact buffer :func:`gather_cast` writes: ``0..kv_indptr[-1]-1``."""
     if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.numel() < 1:
-        fail("compact_kv_indices", ValueError, f"kv_indptr must be a 1-D tensor of batch + 1 >= 1 entries (its last "
-             f"is the rows gather_cast wrote); got {tuple(getattr(kv_indptr, 'shape', ())) or type(kv_indptr).__name__}.")
+        got = f"shape {tuple(kv_indptr.shape)}" if isinstance(kv_indptr, torch.Tensor) else type(kv_indptr).__name__
+        fail("compact_kv_indices", ValueError, "kv_indptr must be a 1-D tensor of batch + 1 >= 1 entries (its last is "
+             f"the rows gather_cast wrote); got {got}.")
     return torch.arange(int(kv_indptr[-1]), dtype=dtype, device=kv_indptr.device)

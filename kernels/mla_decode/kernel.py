@@ -53,8 +53,11 @@ Inputs: ``q_nope [B, H, Dc]`` and ``q_pe [B, H, Dr]`` BF16 (last stride 1); ``ck
 ``pool[:, 0, :512]`` and ``pool[:, 0, 512:]`` of one SGLang ``[slots, 1, 576]`` pool work without a copy (offsets
 are 64-bit); or paged ``[pages, page_size, D]`` caches with ``kv_len`` (then ``kv_indptr``/``kv_indices`` count
 pages, as FlashInfer's ``plan()`` takes them). ``Dc`` and ``Dr`` powers of two (512 and 64 for DeepSeek/GLM).
-Scales: Python numbers or one-element float32 tensors on the cache's device (read in the kernel, so a captured
-CUDA graph replays with whatever they hold). ``out``: its own memory (one that overlaps itself or shares bytes
+Scales: Python numbers (finite as float32; the rule :func:`kvwall.kernels._common.scale_number` that
+``gather_cast`` shares) or one-element float32 tensors on the cache's device (read in the kernel, so a captured
+CUDA graph replays with whatever they hold). ``sm_scale``: a finite number of magnitude at most 2.36e38
+(``sm_scale * log2(e)`` is taken as a float32); the powers of two that scale the queries are folded into it
+before it is multiplied, so the logit scale overflows only where the logits themselves would. ``out``: its own memory (one that overlaps itself or shares bytes
 with an input is refused).
 
 NaN: an FP8 NaN in a token a request reads makes that request's output and LSE NaN (every head), on the GPU and
@@ -1000,7 +1003,8 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None,
             positive_int(name, value, _plan_fail)
     if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int) or kv_lora_rank < 64 \
             or kv_lora_rank & (kv_lora_rank - 1):
-        _plan_fail(ValueError, f"kv_lora_rank must be a power of two >= 64 (512 for DeepSeek/GLM), got {kv_lora_rank!r}.")
+        _plan_fail(ValueError, f"kv_lora_rank must be a power of two >= 64 (512 for DeepSeek/GLM), got "
+                   f"{kv_lora_rank!r}.")
     device = check_device(device if device is not None else kv_indptr.device, _plan_fail)
     ptr = [int(x) for x in kv_indptr.tolist()]
     if len(ptr) < 2 or ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
