@@ -360,11 +360,7 @@ PINNED_TRITON_REQUIREMENTS = PROJECT_ROOT / "requirements-triton-gpu.txt"
 
 def pinned_triton_requirement(path: Path = PINNED_TRITON_REQUIREMENTS) -> str | None:
     """The version ``requirements-triton-gpu.txt`` pins (``triton==3.6.0`` -> ``"3.6.0"``); None if it pins none."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    found = re.search(r"^\s*triton\s*==\s*([\w.+-]+)", text, re.MULTILINE)
+    found = re.search(r"^\s*triton\s*==\s*([\w.+-]+)", path.read_text() if path.is_file() else "", re.MULTILINE)
     return found.group(1) if found else None
 
 
