@@ -10,9 +10,6 @@ helpers both kernels call, the host-side checks of page tables and outputs, and 
 - Host checks, each raising through a caller's ``fail`` (so the message names the caller's function):
   :func:`check_kv_indptr`, :func:`check_indices_in_range`, :func:`refuse_graph_capture`, :func:`check_output`
   (refuses an output that overlaps itself or shares bytes with an input).
-- :func:`scale_number`: the one rule for a scale given as a Python number (a real number, finite), and
-  :func:`require_tensors` / :func:`check_batch_shapes` / :func:`positive_int` / :func:`check_device`: argument
-  checks at the top of public functions, so a bad argument is a sentence, not a traceback from deep inside.
 - :func:`needs_int64`: whether an offset a launch can form passes 32 bits.
 - GPU facts: :func:`sm_count`, :func:`gpu_name`; :func:`read_tuned_table` reads one GPU's entry of a tuned table.
 - :func:`sanitizer_args` and :func:`report_checks`: the command line of the sanitizer programs
@@ -24,9 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import types
-from numbers import Real
 from pathlib import Path
 from typing import Callable, Iterable, NoReturn, Sequence
 
@@ -37,7 +32,6 @@ from triton.runtime.interpreter import InterpretedFunction
 
 __all__ = ["Fail", "fail", "build_kernel", "round_bf16_by_bits", "keep_fp8_nan", "INTERPRETED_HELPERS",
            "check_kv_indptr", "check_indices_in_range", "refuse_graph_capture", "check_output", "overlaps_itself",
-           "scale_number", "positive_int", "check_device", "check_batch_shapes", "require_tensors", "FLOAT32_MAX",
            "needs_int64", "sm_count", "gpu_name", "read_tuned_table", "sanitizer_args", "report_checks"]
 
 #: ``fail(kind, text)`` raises ``kind(f"<function>: {text}")``; each kernel module binds its own.
@@ -93,61 +87,6 @@ def build_kernel(fn: Callable, interpreted: bool, helpers: dict[str, Callable] |
 
     plain.update({name: rebind(impl) for name, impl in {**INTERPRETED_HELPERS, **(helpers or {})}.items()})
     return InterpretedFunction(rebind(fn))
-
-
-#: The largest finite float32: the kernels take their scales as float32.
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-
-
-def scale_number(name: str, value: object, fail_: Fail) -> float:
-    """A scale given as a Python number: a real number (not a bool), finite, as a float. The one rule of every
-    kernel's number scales (a tensor scale is read in the kernel, so its value is the caller's to keep finite)."""
-    if isinstance(value, bool) or not isinstance(value, Real):
-        fail_(TypeError, f"{name} must be a number or a one-element float32 tensor, got {type(value).__name__}; "
-              "give a number such as 1.0.")
-    if not math.isfinite(float(value)) or abs(float(value)) > FLOAT32_MAX:
-        fail_(ValueError, f"{name}={value} is not finite (as float32); give a finite number, e.g. 1.0.")
-    return float(value)
-
-
-def positive_int(name: str, value: object, fail_: Fail) -> int:
-    """``value`` if it is an int (not a bool) of at least 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        fail_(ValueError, f"{name} must be a whole number >= 1, got {value!r}.")
-    return value
-
-
-def check_device(device: object, fail_: Fail) -> torch.device:
-    """``device`` as a torch.device the kernels run on: a CUDA device where CUDA is available, or the CPU."""
-    try:
-        dev = torch.device(device)  # type: ignore[arg-type]
-    except (TypeError, RuntimeError) as exc:
-        fail_(ValueError, f"device={device!r} is not a device ({exc}); give 'cuda', 'cuda:N' or 'cpu'.")
-    if dev.type not in ("cuda", "cpu"):
-        fail_(ValueError, f"device {dev} is not one the kernels run on: CUDA (compiled) or CPU (Triton interpreter).")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        fail_(RuntimeError, f"device {dev}: this machine has no CUDA GPU (or this torch has no CUDA); pass "
-              "device='cpu' to run in Triton's interpreter.")
-    return dev
-
-
-def require_tensors(named: dict[str, object], fail_: Fail) -> None:
-    """Each of ``named`` is a torch.Tensor."""
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            fail_(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}.")
-
-
-def check_batch_shapes(tensors: dict[str, object], dims: int, fail_: Fail, *, layout: str) -> None:
-    """Each of ``tensors`` is a torch.Tensor of ``dims`` dimensions, the first (the batch) at least 1."""
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            fail_(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}.")
-        if t.dim() != dims:
-            fail_(ValueError, f"{name} has shape {tuple(t.shape)}; expected {layout}.")
-        if t.shape[0] < 1:
-            fail_(ValueError, f"{name} has shape {tuple(t.shape)}: an empty batch; a call needs at least one "
-                  "request (skip the call for an empty batch).")
 
 
 def needs_int64(largest_offset: int) -> bool:
@@ -291,17 +230,7 @@ def sanitizer_args(argv: Sequence[str] | None, prog: str, description: str, case
     parser.add_argument("--cases", nargs="+", default=list(default), metavar="NAME",
                         help=f"case names from the table (default: {', '.join(default)})")
     args = parser.parse_args(argv)
-    try:
-        device = torch.device(args.device)
-    except (TypeError, RuntimeError):
-        device = None
-    if device is None or device.type not in ("cuda", "cpu"):
-        parser.error(f"--device {args.device}: not a device these kernels run on; give --device cuda (default, what "
-                     "compute-sanitizer watches) or --device cpu (Triton's interpreter)")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: this machine has no CUDA GPU (or this torch has no CUDA); run with "
-                     "--device cpu for the same checks in Triton's interpreter")
     unknown = [n for n in args.cases if n not in case_names]
     if unknown:
         parser.error(f"no case named {', '.join(map(repr, unknown))}; the table has: {', '.join(case_names)}")
-    return device, list(args.cases)
+    return torch.device(args.device), list(args.cases)

@@ -30,7 +30,8 @@ from typing import Literal, get_args
 
 import torch
 
-from kvwall.kernels._common import check_batch_shapes, fail, gpu_name, require_tensors
+from kvwall.kernels._args import check_batch_shapes, require_tensors
+from kvwall.kernels._common import fail, gpu_name
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode
 

@@ -51,7 +51,7 @@ Inputs: ``q_nope [B, H, Dc]`` and ``q_pe [B, H, Dr]`` BF16 (last stride 1); ``ck
 ``pool[:, 0, :512]`` and ``pool[:, 0, 512:]`` of one SGLang ``[slots, 1, 576]`` pool work without a copy (offsets
 are 64-bit); or paged ``[pages, page_size, D]`` caches with ``kv_len`` (then ``kv_indptr``/``kv_indices`` count
 pages, as FlashInfer's ``plan()`` takes them). ``Dc`` and ``Dr`` powers of two (512 and 64 for DeepSeek/GLM).
-Scales: Python numbers (finite as float32; the rule :func:`kvwall.kernels._common.scale_number` that
+Scales: Python numbers (finite as float32; the rule :func:`kvwall.kernels._args.scale_number` that
 ``gather_cast`` shares) or one-element float32 tensors on the cache's device (read in the kernel, so a captured
 CUDA graph replays with whatever they hold). ``sm_scale``: a finite number of magnitude at most 2.36e38
 (``sm_scale * log2(e)`` is taken as a float32); the powers of two that scale the queries are folded into it
@@ -84,10 +84,10 @@ import triton
 import triton.language as tl
 
 from kvwall.kernels.mla_decode.plan import WorkList, build_work_list
-from kvwall.kernels._common import (FLOAT32_MAX, Fail, build_kernel, check_device, check_indices_in_range,
-                                    check_kv_indptr, check_output, fail, gpu_name, keep_fp8_nan, positive_int,
-                                    read_tuned_table, require_tensors, refuse_graph_capture, round_bf16_by_bits, scale_number,
-                                    sm_count)
+from kvwall.kernels._args import FLOAT32_MAX, check_device, positive_int, require_tensors, scale_number
+from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
+                                    gpu_name, keep_fp8_nan, read_tuned_table, refuse_graph_capture,
+                                    round_bf16_by_bits, sm_count)
 
 __all__ = ["mla_decode_fp8", "plan_mla_decode", "MLADecodePlan", "MLADecodeConfig", "default_config",
            "default_num_splits", "programs_wanted", "blocks_per_sm", "tuned_entry", "fallback_config",
