@@ -17,10 +17,11 @@ from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 from kvwall.model.cost import FUSED_MAX_HEADS
 from kvwall.tuning import arch_check_cuda
-from kvwall.tuning.arch_check import (ARCHS, CANDIDATE_HEADS, FUSED, PINNED_TRITON_ENV,
+from kvwall.tuning import arch_check
+from kvwall.tuning.arch_check import (ARCHS, CANDIDATE_HEADS, FUSED, PINNED_TRITON_ENV, ArchLimits,
                                       PinnedTritonMissing, check_architectures, fallback_config, format_rows,
-                                      pinned_triton_dir, pinned_triton_version, tmem_columns, tuned_arch,
-                                      tuned_shapes, wgmma_builds)
+                                      pinned_triton_dir, pinned_triton_requirement, pinned_triton_version,
+                                      tmem_columns, tuned_arch, tuned_shapes, wgmma_builds)
 from kvwall.tuning.arch_check_cuda import WGMMA_KERNEL
 from kvwall.tuning.fused import candidates
 
@@ -64,6 +65,27 @@ def test_a_missing_pinned_triton_is_an_error_naming_make_setup(tmp_path, monkeyp
     assert pinned_triton_dir() == tmp_path and pinned_triton_version() is None
     with pytest.raises(PinnedTritonMissing, match="make setup"):
         check_architectures((16,))
+
+
+def test_the_pin_is_read_from_the_requirements_file(tmp_path):
+    assert pinned_triton_requirement() == GPU_TRITON
+    (tmp_path / "req.txt").write_text("# a comment\n  triton == 9.8.7\n")
+    assert pinned_triton_requirement(tmp_path / "req.txt") == "9.8.7"
+    assert pinned_triton_requirement(tmp_path / "none.txt") is None
+
+
+def test_without_the_folder_the_running_triton_is_used_when_it_is_the_pin(tmp_path, monkeypatch):
+    """Issue 24, finding 13: on the H200 the running Triton is the pinned 3.6.0 itself, with no triton-gpu folder;
+    chapter 6 in GPU mode must compile with it, not stop with PinnedTritonMissing."""
+    monkeypatch.setenv(PINNED_TRITON_ENV, str(tmp_path))
+    here = []
+    monkeypatch.setattr(arch_check, "_check_here", lambda *args: here.append(args) or [{"triton": "running"}])
+    monkeypatch.setattr(arch_check, "pinned_triton_requirement", lambda: arch_check.triton.__version__)
+    assert check_architectures((16,)) == [{"triton": "running"}] and here == [((16,), False, False)]
+    monkeypatch.setattr(arch_check, "pinned_triton_requirement", lambda: "0.0.1")
+    with pytest.raises(PinnedTritonMissing, match=r"this environment's Triton is .*, not the GPU machines' 0\.0\.1"):
+        check_architectures((16,))
+    assert len(here) == 1
 
 
 def test_every_role_is_compiled_for_every_architecture(builds):

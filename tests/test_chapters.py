@@ -119,11 +119,13 @@ def test_stale_result_is_shown_with_a_visible_warning(tmp_path, monkeypatch):
     import IPython.display
 
     import kvwall.notebook.chapter as chapter_module
-    from kvwall.results import load_result as real_load
+    from kvwall.results import content_digest, load_result as real_load
 
     data = json.loads((BOOK / "results" / "cast_sweep.json").read_text())
     first = next(iter(data["provenance"]["sources"]))
     data["provenance"]["sources"][first] = "0" * 16  # as if the source changed since the run
+    # ... recorded so (the digest covers the provenance: an edit alone would be refused, not stale)
+    data["provenance"]["digest"] = content_digest(data["params"], data["rows"], data["provenance"])
     (tmp_path / "cast_sweep.json").write_text(json.dumps(data))
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))

@@ -269,6 +269,42 @@ def test_unchecked_indptr_past_the_indices_is_clamped():
     assert torch.equal(out, want)  # clamped to len(kv_indices) = 50: exactly the real batch
 
 
+def test_unchecked_int64_entries_past_32_bits_are_clamped_not_truncated():
+    """Issue 24, finding 2: an int64 kv_indptr entry of 2^32 + 10 (or kv_len of 2^32 + 3) is clamped to the
+    buffers, as the docstring promises, not read as 10 (or 3)."""
+    inp = make_mla_inputs([30, 20], 3, seed=42, index_dtype=torch.int64)
+    wild = torch.tensor([0, 30, 2**32 + 10], dtype=torch.int64)
+    out, _ = run(dataclasses.replace(inp, kv_indptr=wild), num_splits=2, check_range=False)
+    want, _ = run(inp, num_splits=2)
+    assert torch.equal(out, want)  # clamped to len(kv_indices) = 50
+    paged = make_mla_inputs([30, 20], 3, seed=43, layout="paged", page_size=16)
+    pages = paged.kv_indptr.tolist()
+    full = paged.kv_len.clone().long()
+    full[0] = (pages[1] - pages[0]) * 16  # every token of request 0's pages
+    wild_len = full.clone()
+    wild_len[0] = 2**32 + 3
+    got, _ = run(dataclasses.replace(paged, kv_len=wild_len, kv_indptr=paged.kv_indptr.long()), num_splits=2,
+                 check_range=False)
+    want, _ = run(dataclasses.replace(paged, kv_len=full), num_splits=2)
+    assert full[0] != 3 and torch.equal(got, want)
+
+
+def test_a_huge_sm_scale_stays_finite_or_is_refused():
+    """Issue 24, finding 3: the interpreter's 2^8 conversion factor is folded with the power-of-two query scale
+    before it meets sm_scale, so sm_scale above 9.2e35 no longer overflows where the float64 reference is finite;
+    an sm_scale whose sm_scale * log2(e) is no float32 is refused, saying the limit."""
+    inp = make_mla_inputs([20, 9], 2, seed=44)
+    q_nope, q_pe = inp.q_nope.clone(), inp.q_pe.clone()
+    q_nope[1, 1], q_pe[1, 1] = 0, 0  # a head of zeros: uniform weights, at any scale
+    inp = dataclasses.replace(inp, q_nope=q_nope, q_pe=q_pe)
+    sm_scale = 1e36
+    out, lse = run(inp, sm_scale)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert relative_error(out, reference64(inp, [0, 1], 1.0, 1.0, sm_scale)) <= CPU_TOL
+    with pytest.raises(ValueError, match=r"sm_scale=1e\+39 is too large: \|sm_scale\| must be at most 2\.36e\+38"):
+        run(inp, 1e39)
+
+
 # ---- the sanitizer program runs the table's cases (here on CPU, one case) --------------------------------
 
 def test_sanitizer_program_reports_each_case(capsys):
@@ -278,6 +314,7 @@ def test_sanitizer_program_reports_each_case(capsys):
     with pytest.raises(SystemExit):
         sanitize.main(["--device", "cpu", "--cases", "no such case"])
     assert {c.name for c in SANITIZED_CASES} >= {"h1 all empty", "h3 contiguous spare"}
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,6 +363,7 @@ def _bad_cases():
         ("sm_scale nan", dict(sm_scale=float("nan")), TypeError, "sm_scale"),
         ("scale tensor shape", dict(ckv_scale=torch.ones(2)), ValueError, "ckv_scale must be"),
         ("scale string", dict(kpe_scale="1"), TypeError, "kpe_scale must be"),
+        ("scale nan", dict(ckv_scale=float("nan")), ValueError, "ckv_scale=nan is not finite"),
         ("num_splits 0", dict(num_splits=0), ValueError, "num_splits"),
         ("out dtype", dict(out=torch.empty(2, 2, DC)), ValueError, "out must be"),
         ("out shape", dict(out=torch.empty(2, 3, DC, dtype=BF16)), ValueError, "out must be"),
@@ -583,6 +621,26 @@ def test_plan_mismatch_is_refused_before_launch(change, match):
 def test_plan_refuses_a_bad_indptr():
     with pytest.raises(ValueError, match="never decrease"):
         plan_mla_decode(torch.tensor([0, 5, 3], dtype=torch.int32), heads=16, device="cpu")
+
+
+@pytest.mark.parametrize("change,kind,words", [
+    (dict(programs=0), ValueError, "programs must be a whole number >= 1, got 0"),
+    (dict(device="meta"), ValueError, "device meta is not one the kernels run on"),
+    (dict(heads=2.5), ValueError, "heads must be a whole number >= 1, got 2.5"),
+    (dict(kv_lora_rank=-512), ValueError, "kv_lora_rank must be a power of two >= 64"),
+    (dict(kv_indptr=torch.tensor([[0, 5, 9]])), ValueError, "kv_indptr must be a 1-D int32 or int64 tensor"),
+    (dict(kv_indptr=[0, 5, 9]), TypeError, "kv_indptr must be a torch.Tensor, got list"),
+    (dict(page_size=0), ValueError, "page_size must be a whole number >= 1"),
+] + ([] if torch.cuda.is_available() else [
+    (dict(device="cuda"), RuntimeError, "device cuda: this machine has no CUDA GPU"),
+    (dict(programs=8, device="cuda"), RuntimeError, "device cuda: .* pass device='cpu'"),
+]))
+def test_plan_refuses_bad_arguments_in_words(change, kind, words):
+    """Issue 24, finding 5: plan_mla_decode's bad arguments are sentences naming the argument, not raw errors."""
+    args = dict(kv_indptr=torch.tensor([0, 5, 9], dtype=torch.int32), heads=16, device="cpu")
+    args.update(change)
+    with pytest.raises(kind, match=f"^plan_mla_decode: {words}"):
+        plan_mla_decode(args.pop("kv_indptr"), **args)
 
 
 @on_gpu

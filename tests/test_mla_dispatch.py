@@ -273,3 +273,18 @@ def test_misaligned_cache_rows(path):
         assert torch.equal(mla_decode(*args), mla_decode(*args, path="triton"))  # auto: the Triton path
         return
     assert torch.isfinite(mla_decode(*args, path=path)).all()
+
+
+@pytest.mark.parametrize("q,kind,words", [
+    (lambda q: q[:0], ValueError, r"q_nope has shape \(0, 3, 512\): an empty batch"),
+    (lambda q: q.tolist(), TypeError, "q_nope must be a torch.Tensor, got list"),
+    (lambda q: q[0], ValueError, r"q_nope has shape \(3, 512\); expected \[batch, heads, dim\]"),
+])
+def test_dispatch_refuses_a_bad_query_in_words(q, kind, words):
+    """Issue 24, finding 4: batch 0, a list or a 2-D q_nope is refused by name before the path is chosen (no
+    ZeroDivisionError, AttributeError or unpacking ValueError from the max_len estimate)."""
+    inp = make_mla_inputs([7, 65], 3, seed=5, layout="pool_view", pool_slots=512, device="cpu")
+    with pytest.raises(kind, match=f"^mla_decode: {words}"):
+        mla_decode(q(inp.q_nope), inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE)
+    with pytest.raises(TypeError, match="^mla_decode: kv_indices must be a torch.Tensor"):
+        mla_decode(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, [0, 1], SM_SCALE)

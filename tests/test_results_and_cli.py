@@ -1,7 +1,9 @@
 import ast
 import dataclasses
 import json
+import os
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -13,8 +15,10 @@ from kvwall.experiments import EXPERIMENTS, Experiment, run_experiment, short_ke
 from kvwall.experiments.schemas import ROW_SCHEMAS
 from kvwall.results import (
     PROJECT_ROOT, RESULTS_DIR, Result, ResultFileError, RowSchemaError, collect_provenance, content_digest,
-    load_result, save_result, validate_rows,
+    load_result, recorded_scale, save_result, validate_rows,
 )
+from kvwall.results.migrate import format2_digest, migrate_file
+from kvwall.results.store import SCHEMA
 
 ROWS = [{"section": "sweep", "pool_tokens": 8, "ms": 0.1, "bytes": 1536, "gbps": 15.36},
         {"section": "sweep", "pool_tokens": 16, "ms": 0.2, "bytes": 3072, "gbps": 15.36}]
@@ -30,7 +34,8 @@ def test_save_load_round_trip(tmp_path):
     path = save_result(_tiny_result(), tmp_path)
     back = load_result("cast_sweep", tmp_path)
     assert back.rows == ROWS and back.path == path and back.provenance.scale == "full"
-    assert back.provenance.digest == content_digest(back.params, back.rows)
+    assert back.provenance.digest == content_digest(back.params, back.rows, json.loads(path.read_text())["provenance"])
+    assert {"params", "rows", "provenance.gpu", "provenance.scale", "provenance.date"} <= set(back.provenance.digest)
     assert back.table("sweep")[1]["ms"] == 0.2
     assert not back.stale and "Recorded on" in back.caption()
     assert [p.name for p in tmp_path.iterdir()] == ["cast_sweep.json"]  # no temporary file left behind
@@ -76,6 +81,91 @@ def test_edited_file_is_refused_naming_the_file(tmp_path, edit, words):
     assert str(path) in str(info.value) and info.value.path == path
 
 
+@pytest.mark.parametrize("field,value", [
+    ("gpu", "NVIDIA B200"), ("date", "2020-01-01T00:00:00+00:00"), ("torch", "2.0.0"), ("missing", ["cuda"]),
+    ("scale", "small"), ("git_commit", "0" * 40), ("sources", {"lib/kvwall/cli.py": "0" * 16}),
+])
+def test_an_edited_provenance_is_refused_naming_file_and_field(tmp_path, capsys, field, value):
+    """Issue 24, finding 1: the digest covers the provenance; `check` names the file and the field, exits 1."""
+    path = save_result(_tiny_result(), tmp_path)
+    data = json.loads(path.read_text())
+    data["provenance"][field] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultFileError, match=f"provenance\\.{field} differ from what was recorded") as info:
+        load_result("cast_sweep", tmp_path)
+    assert str(path) in str(info.value)
+    assert cli.main(["check", "--dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert any(line.startswith("INVALID") and str(path) in line and f"provenance.{field}" in line
+               for line in out.splitlines())
+
+
+def test_an_edited_scale_does_not_lift_the_full_scale_guard(tmp_path):
+    path = save_result(_tiny_result("full"), tmp_path)
+    data = json.loads(path.read_text())
+    data["provenance"]["scale"] = "small"
+    path.write_text(json.dumps(data))
+    assert recorded_scale("cast_sweep", tmp_path) == "full"
+    save_result(_tiny_result("small"), tmp_path)  # a genuine small-scale file is believed
+    assert recorded_scale("cast_sweep", tmp_path) == "small"
+
+
+def _as_format_2(path):
+    """The file as the code before issue 24 wrote it: format 2, one sha256 over params and rows."""
+    data = json.loads(path.read_text())
+    data["schema"] = 2
+    data["provenance"]["digest"] = format2_digest(data["params"], data["rows"])
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def test_format_2_files_are_refused_with_the_migration_command(tmp_path):
+    path = save_result(_tiny_result(), tmp_path)
+    _as_format_2(path)
+    with pytest.raises(ResultFileError, match="file format 2.*python -m kvwall migrate-digests") as info:
+        load_result("cast_sweep", tmp_path)
+    assert str(path) in str(info.value)
+
+
+def test_migration_writes_what_save_result_would_have(tmp_path, capsys):
+    path = save_result(_tiny_result(), tmp_path)
+    recorded = path.read_text()
+    _as_format_2(path)
+    assert migrate_file(path) == "migrated" and path.read_text() == recorded
+    assert migrate_file(path) == "current" and path.read_text() == recorded  # reusable: again changes nothing
+    assert load_result("cast_sweep", tmp_path).rows == ROWS
+    assert cli.main(["migrate-digests", "--dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.split() == ["current", str(path)]
+
+
+def test_migration_refuses_an_edited_format_2_file_and_leaves_it(tmp_path, capsys):
+    path = save_result(_tiny_result(), tmp_path)
+    data = _as_format_2(path)
+    data["rows"][0]["ms"] = 0.05
+    path.write_text(json.dumps(data))
+    before = path.read_text()
+    with pytest.raises(ResultFileError, match="params or rows differ.*not migrated"):
+        migrate_file(path)
+    assert cli.main(["migrate-digests", str(path)]) == 1
+    assert capsys.readouterr().out.startswith(f"REFUSED  {path}") and path.read_text() == before
+
+
+def test_every_committed_result_is_of_this_format():
+    for path in sorted(RESULTS_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        assert data["schema"] == SCHEMA, f"{path}: run `python -m kvwall migrate-digests`"
+        assert migrate_file(path) == "current"
+
+
+def test_result_files_get_the_umask_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = save_result(_tiny_result(), tmp_path)
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
 @pytest.mark.parametrize("text,words", [(lambda t: t[: len(t) // 2], "not valid JSON"),
                                         (lambda t: "[1, 2]", "not a JSON object")])
 def test_truncated_file_is_refused_naming_the_file(tmp_path, text, words):
@@ -92,7 +182,7 @@ def test_rows_that_drift_from_the_schema_are_refused_naming_row_and_field(tmp_pa
     data = json.loads(path.read_text())
     data["rows"][1]["ms"] = "fast"
     del data["rows"][0]["bytes"]
-    data["provenance"]["digest"] = content_digest(data["params"], data["rows"])
+    data["provenance"]["digest"] = content_digest(data["params"], data["rows"], data["provenance"])
     path.write_text(json.dumps(data))
     with pytest.raises(ResultFileError) as info:
         load_result("cast_sweep", tmp_path)
@@ -183,6 +273,8 @@ def test_record_refuses_before_running_when_prerequisites_are_missing(monkeypatc
     err = capsys.readouterr().err
     assert "nothing was run" in err and f"missing cuda (no CUDA GPU (test)), needed by {', '.join(gpu)}" in err
     assert "full-scale GPU measurements" not in err and list(tmp_path.iterdir()) == []
+    assert cli.main(["record", "all", "--out", str(tmp_path / "new" / "folder")]) == 2
+    assert list(tmp_path.iterdir()) == []  # a refused record creates no --out
 
 
 @pytest.mark.usefixtures("fake_run")
@@ -269,6 +361,22 @@ def test_check_reports_each_file(capsys, tmp_path):
     assert any(line.startswith("MISSING") and "cast_kernels.json: no such result file" in line for line in lines)
 
 
+def test_check_exits_1_when_a_result_is_stale(capsys, tmp_path):
+    """Issue 24, finding 9: `check` is a gate: stale results make it exit non-zero."""
+    result = _tiny_result()
+    assert cli.main(["check", "--dir", str(tmp_path)]) == 1  # all missing
+    capsys.readouterr()
+    for name in EXPERIMENTS:
+        save_result(dataclasses.replace(result, experiment=name, rows=[]), tmp_path)
+    assert cli.main(["check", "--dir", str(tmp_path)]) == 0
+    result.provenance.sources = {"lib/kvwall/cli.py": "0" * 16}
+    save_result(dataclasses.replace(result, experiment="cast_sweep"), tmp_path)
+    assert cli.main(["check", "--dir", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert any(line.startswith("STALE") and "cast_sweep.json" in line for line in out.splitlines())
+    assert "1 of" in err and "1 stale" in err
+
+
 def test_check_of_a_missing_folder_is_one_line(capsys):
     assert cli.main(["check", "--dir", "/nonexistent"]) == 2
     out, err = capsys.readouterr()
@@ -282,6 +390,33 @@ def test_output_into_a_closed_pipe_exits_quietly(command):
     proc.stdout.close()  # as `| head` does once it has its lines
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == ""
+
+
+def _run_cli(args, **popen):
+    proc = subprocess.run([sys.executable, "-m", "kvwall", *args], stderr=subprocess.PIPE, text=True, timeout=180,
+                          **popen)
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_output_into_a_full_disk_is_one_line():
+    with open("/dev/full", "w") as full:
+        rc, err = _run_cli(["list"], stdout=full)
+    assert rc == 2 and "cannot write to standard output" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_output_with_stdout_closed_is_one_line():
+    rc, err = _run_cli(["list"], stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+    assert rc == 2 and "standard output is closed" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("out,words", [("README.md", "is not a folder"), ("/proc/nope", "cannot write")])
+def test_execute_refuses_an_out_it_cannot_write(capsys, out, words):
+    chapter = PROJECT_ROOT / "book/01_the_86ms_profile.md"
+    assert cli.main(["execute", str(chapter), "--out", str(PROJECT_ROOT / out)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("chapter,words", [
@@ -363,3 +498,36 @@ def test_record_fails_when_what_it_wrote_is_already_stale(monkeypatch, capsys, t
     assert cli.main(["record", "cast_sweep", "--out", str(tmp_path)]) == 3
     err = capsys.readouterr().err
     assert "already stale" in err and "cast_sweep: changed since it was recorded: kernels/mla_decode/paths.json" in err
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_execute_writes_the_notebook_atomically(monkeypatch, tmp_path, fails):
+    """Issue 24, finding 12: while a run writes (papermill re-saves after every cell), the notebook at
+    <out>/<stem>.ipynb is the previous whole one; the new one replaces it in one rename, failed runs included."""
+    from kvwall.notebook import execute as execute_module
+
+    chapter = PROJECT_ROOT / "book/01_the_86ms_profile.md"
+    target = tmp_path / "01_the_86ms_profile.ipynb"
+    target.write_text("previous run")
+    seen = []
+
+    def fake_execute_notebook(notebook, output_path, **kwargs):
+        Path(output_path).write_text('{"half": ')
+        seen.append((output_path, target.read_text()))
+        Path(output_path).write_text('{"whole": 1}')
+        if fails:
+            raise RuntimeError("a cell failed (test)")
+        record = tmp_path / "execution" / "01_the_86ms_profile.json"
+        record.parent.mkdir()
+        record.write_text('{"chapter": "01_the_86ms_profile"}')
+
+    monkeypatch.setattr(execute_module.papermill, "execute_notebook", fake_execute_notebook)
+    if fails:
+        with pytest.raises(RuntimeError, match="a cell failed"):
+            execute_module.execute_chapter(chapter, tmp_path)
+    else:
+        assert execute_module.execute_chapter(chapter, tmp_path) == {"chapter": "01_the_86ms_profile"}
+    assert seen and seen[0][0] != str(target) and seen[0][1] == "previous run"
+    assert target.read_text() == '{"whole": 1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["01_the_86ms_profile.ipynb"] + (
+        [] if fails else ["execution"])

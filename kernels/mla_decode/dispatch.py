@@ -30,13 +30,15 @@ from typing import Literal, get_args
 
 import torch
 
-from kvwall.kernels._common import gpu_name
+from kvwall.kernels._args import check_batch_shapes, require_tensors
+from kvwall.kernels._common import fail, gpu_name
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode
 
 __all__ = ["PATHS_FILE", "KernelPath", "KERNEL_PATHS", "choose_path", "decide_path", "table_entry",
            "measured_choice", "path_point", "points_from_legacy", "plan_mla_decode_auto", "mla_decode"]
 
+_fail = functools.partial(fail, "mla_decode")
 #: The measured table (GPU model -> its crossovers), derived from the recorded ``fused_decode_paths`` result.
 PATHS_FILE = Path(__file__).with_name("paths.json")
 KernelPath = Literal["triton", "wgmma"]
@@ -163,6 +165,9 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor
     """:func:`~kvwall.kernels.mla_decode_fp8`'s contract on the path of ``plan`` (a
     :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` runs the wgmma path, any other plan the Triton path), else on
     ``path`` (``"auto"``: :func:`choose_path`). ``kwargs``: the chosen path's keywords."""
+    check_batch_shapes({"q_nope": q_nope, "q_pe": q_pe}, 3, _fail, layout="[batch, heads, dim]")
+    require_tensors({"ckv_cache": ckv_cache, "kpe_cache": kpe_cache, "kv_indptr": kv_indptr,
+                     "kv_indices": kv_indices}, _fail)
     _check_path("mla_decode", path)
     if plan is not None:
         chosen: KernelPath = "wgmma" if isinstance(plan, wgmma_path.WgmmaPlan) else "triton"

@@ -51,8 +51,11 @@ Inputs: ``q_nope [B, H, Dc]`` and ``q_pe [B, H, Dr]`` BF16 (last stride 1); ``ck
 ``pool[:, 0, :512]`` and ``pool[:, 0, 512:]`` of one SGLang ``[slots, 1, 576]`` pool work without a copy (offsets
 are 64-bit); or paged ``[pages, page_size, D]`` caches with ``kv_len`` (then ``kv_indptr``/``kv_indices`` count
 pages, as FlashInfer's ``plan()`` takes them). ``Dc`` and ``Dr`` powers of two (512 and 64 for DeepSeek/GLM).
-Scales: Python numbers or one-element float32 tensors on the cache's device (read in the kernel, so a captured
-CUDA graph replays with whatever they hold). ``out``: its own memory (one that overlaps itself or shares bytes
+Scales: Python numbers (finite as float32; the rule :func:`kvwall.kernels._args.scale_number` that
+``gather_cast`` shares) or one-element float32 tensors on the cache's device (read in the kernel, so a captured
+CUDA graph replays with whatever they hold). ``sm_scale``: a finite number of magnitude at most 2.36e38
+(``sm_scale * log2(e)`` is taken as a float32); the powers of two that scale the queries are folded into it
+before it is multiplied, so the logit scale overflows only where the logits themselves would. ``out``: its own memory (one that overlaps itself or shares bytes
 with an input is refused).
 
 NaN: an FP8 NaN in a token a request reads makes that request's output and LSE NaN (every head), on the GPU and
@@ -81,6 +84,7 @@ import triton
 import triton.language as tl
 
 from kvwall.kernels.mla_decode.plan import WorkList, build_work_list
+from kvwall.kernels._args import FLOAT32_MAX, check_device, positive_int, require_tensors, scale_number
 from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
                                     gpu_name, keep_fp8_nan, read_tuned_table, refuse_graph_capture,
                                     round_bf16_by_bits, sm_count)
@@ -335,12 +339,13 @@ def _mla_split_kernel(
     dr = tl.arange(0, DR)
 
     # Clamped to the buffers: a checked call changes nothing here, an unchecked one reads nothing outside them.
-    start = tl.minimum(tl.maximum(tl.load(indptr_ptr + b).to(tl.int32), 0), num_indices)
-    stop = tl.minimum(tl.maximum(tl.load(indptr_ptr + b + 1).to(tl.int32), start), num_indices)
+    # Clamped in the loaded width (int64 entries too), then narrowed: the clamped values fit 32 bits.
+    start = tl.minimum(tl.maximum(tl.load(indptr_ptr + b), 0), num_indices).to(tl.int32)
+    stop = tl.minimum(tl.maximum(tl.load(indptr_ptr + b + 1), start), num_indices).to(tl.int32)
     if PAGE == 1:
         length = stop - start
     else:
-        length = tl.minimum(tl.maximum(tl.load(kvlen_ptr + b).to(tl.int32), 0), (stop - start) * PAGE)
+        length = tl.minimum(tl.maximum(tl.load(kvlen_ptr + b), 0), (stop - start) * PAGE).to(tl.int32)
     # cdiv spelled out: tl.cdiv is a jit function, which a kernel built with InterpretedFunction cannot call
     if WORKLIST:
         lo = tl.minimum(tl.maximum(item_lo, 0), length)  # token positions within the request
@@ -366,11 +371,14 @@ def _mla_split_kernel(
     qp = tl.load(qp_row + dr[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
     amax = tl.maximum(tl.reduce(tl.abs(qn), 1, tl.standard._elementwise_max),
                       tl.reduce(tl.abs(qp), 1, tl.standard._elementwise_max))
-    e = tl.where(amax > 0.0, 13.0 - tl.floor(tl.log2(tl.where(amax > 0.0, amax, 1.0))), 0.0)
+    # (a head of zeros -- or a padding row -- takes 2^13 too: any power scales zero to zero, and 2^0 would leave the
+    # logit scale 2^13 times larger than any real head's, overflowing for an sm_scale the reference takes)
+    e = 13.0 - tl.floor(tl.log2(tl.where(amax > 0.0, amax, 1.0)))
     e = tl.minimum(tl.maximum(e, -120.0), 120.0)
     qmul = _pow2(e)
-    row_c = (ckv_scale * qk_scale * KV_MUL) * _pow2(-e)  # [BLOCK_H] logit scale of q_nope . ckv
-    row_k = (kpe_scale * qk_scale * KV_MUL) * _pow2(-e)
+    # The powers of two first (exact): the scale times KV_MUL alone could overflow where the logit scale does not.
+    row_c = ckv_scale * (qk_scale * (KV_MUL * _pow2(-e)))  # [BLOCK_H] logit scale of q_nope . ckv
+    row_k = kpe_scale * (qk_scale * (KV_MUL * _pow2(-e)))
     q0 = _q_operand(qn_row, 0 * DCH, DCH, hmask, qmul, ON_GPU)  # [BLOCK_H, DCH] each
     q1 = _q_operand(qn_row, 1 * DCH, DCH, hmask, qmul, ON_GPU)
     q2 = _q_operand(qn_row, 2 * DCH, DCH, hmask, qmul, ON_GPU)
@@ -803,6 +811,19 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None,
     (paged caches), read on the host (one synchronization if they are on the GPU). ``programs``: split-kernel
     programs to aim for at once (default :func:`programs_wanted`); ``min_chunk``: fewest tokens a chunk may hold
     (default one tile)."""
+    require_tensors({"kv_indptr": kv_indptr, **({"kv_len": kv_len} if kv_len is not None else {})}, _plan_fail)
+    for name, t in (("kv_indptr", kv_indptr), ("kv_len", kv_len)):
+        if t is not None and (t.dim() != 1 or t.dtype not in INDEX_DTYPES):
+            _plan_fail(ValueError, f"{name} must be a 1-D int32 or int64 tensor; got {t.dtype} of shape "
+                       f"{tuple(t.shape)}.")
+    for name, value in (("heads", heads), ("page_size", page_size), ("programs", programs), ("min_chunk", min_chunk)):
+        if value is not None or name in ("heads", "page_size"):
+            positive_int(name, value, _plan_fail)
+    if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int) or kv_lora_rank < 64 \
+            or kv_lora_rank & (kv_lora_rank - 1):
+        _plan_fail(ValueError, f"kv_lora_rank must be a power of two >= 64 (512 for DeepSeek/GLM), got "
+                   f"{kv_lora_rank!r}.")
+    device = check_device(device if device is not None else kv_indptr.device, _plan_fail)
     ptr = [int(x) for x in kv_indptr.tolist()]
     if len(ptr) < 2 or ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
         _plan_fail(ValueError, f"kv_indptr must have batch + 1 >= 2 entries, start at 0 and never decrease; got "
@@ -820,9 +841,6 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None,
             if n < 0 or n > (b - a) * page_size:
                 _plan_fail(ValueError, f"kv_len[{i}] = {n} does not fit request {i}'s {b - a} pages of {page_size} "
                            f"tokens.")
-    if heads < 1:
-        _plan_fail(ValueError, f"heads is {heads}; it must be at least 1.")
-    device = torch.device(device) if device is not None else kv_indptr.device
     max_len = max(lengths)
     cfg = config or default_config(heads, kv_lora_rank, device, max_len)
     head_blocks = triton.cdiv(heads, cfg.block_h)
@@ -882,11 +900,7 @@ def parse_scale(name: str, scale, device: torch.device) -> tuple[torch.Tensor | 
             _fail(ValueError, f"{name} must be a Python number or a one-element float32 tensor on {device}; got "
                   f"{scale.dtype} {tuple(scale.shape)} on {scale.device}.")
         return scale.reshape(1), 1.0
-    if isinstance(scale, bool) or not isinstance(scale, Real):
-        _fail(TypeError, f"{name} must be a number or a one-element float32 tensor, got {type(scale).__name__}.")
-    if not math.isfinite(float(scale)):
-        _fail(ValueError, f"{name}={scale} is not finite.")
-    return None, float(scale)
+    return None, scale_number(name, scale, _fail)
 
 
 def validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out, check_range, kv_len
@@ -953,6 +967,9 @@ def validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_
         _fail(ValueError, f"kv_indptr has {kv_indptr.numel()} entries; expected batch + 1 = {batch + 1}.")
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, Real) or not math.isfinite(float(sm_scale)):
         _fail(TypeError, f"sm_scale must be a finite Python number, got {sm_scale!r}.")
+    if abs(float(sm_scale)) * LOG2E > FLOAT32_MAX:  # the kernel takes sm_scale * log2(e) as a float32
+        _fail(ValueError, f"sm_scale={sm_scale!r} is too large: |sm_scale| must be at most {FLOAT32_MAX / LOG2E:.3g} "
+              "(sm_scale * log2(e) must be a float32); the usual value is 1/sqrt(head dim), 1/sqrt(576) for MLA.")
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype != Q_DTYPE or tuple(out.shape) != (batch, heads, dc) \
                 or out.device != device or out.stride(-1) != 1:

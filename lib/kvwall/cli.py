@@ -3,20 +3,24 @@
     python -m kvwall list
     python -m kvwall record decode_profile        # one experiment, full scale, into book/results/
     python -m kvwall record all                   # what `make record` runs
-    python -m kvwall check                        # validate every file in book/results/
+    python -m kvwall check                        # validate every file in book/results/ (exit 1: stale or refused)
+    python -m kvwall migrate-digests              # upgrade book/results/*.json of format 2 to this format's digest
     python -m kvwall execute book/01_the_86ms_profile.md --out /tmp/run -p mode=gpu
                                                   # run a chapter headless (papermill)
     python -m kvwall cost --gpu all --tp 8        # the cost model's prediction of every path (chapter 6)
 
 ``record`` checks everything before it runs anything: the experiment names, that ``--out`` is a
 writable folder, every experiment's prerequisites, and that no full-scale result would be replaced
-by a small-scale one. ``--force`` records anyway (a result then says what its run lacked).
+by a small-scale one; it creates ``--out`` only once nothing stops it. ``--force`` records anyway (a
+result then says what its run lacked). ``check`` exits 0 only when every result is valid and fresh (a
+gate for scripts): 1 when any is stale, refused or missing.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import errno
 import json
 import os
 import sys
@@ -35,6 +39,7 @@ from kvwall.model.original import ORIGINAL
 from kvwall.results import (
     RESULTS_DIR, ResultFileError, ResultMissingError, load_result, recorded_scale, save_result,
 )
+from kvwall.results.migrate import migrate_file
 
 __all__ = ["main"]
 
@@ -48,13 +53,26 @@ def _fail(message: str) -> int:
 
 
 def _out_problem(out: Path) -> str | None:
-    """Why results cannot be written into ``out`` (None if they can); creates the folder if it is missing."""
+    """Why files cannot be written into the folder ``out`` (None if, as far as can be told, they can), without
+    creating anything: ``out`` or its nearest existing parent must be a folder this user may write in."""
+    existing = out.absolute()
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"--out {out}: cannot write results there ({existing} is not a folder); give a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--out {out}: cannot write results there ({existing} is not writable)"
+    return None
+
+
+def _make_out(out: Path) -> str | None:
+    """Create the folder ``out`` and try writing in it; why that failed, or None."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:
-        return f"--out {out}: cannot write results there ({exc.strerror or exc})"
+        return f"--out {out}: cannot write results there ({exc.strerror or exc}); give a folder you can write in"
     return None
 
 
@@ -92,6 +110,9 @@ def _record(experiments: list[Experiment], scale: str, out: Path, force: bool) -
                 "requires), record into another --out, or pass --force to record anyway (results note what "
                 "their run lacked).", file=sys.stderr)
         return 2
+    problem = _make_out(out)
+    if problem:
+        return _fail(problem)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     interactive = sys.stderr.isatty()
     started = time.time()
@@ -176,6 +197,9 @@ def _execute(chapter: Path, out: Path, values: dict[str, Any]) -> int:
     import papermill  # pylint: disable=import-outside-toplevel
     from kvwall.notebook.execute import ChapterError, execute_chapter  # pylint: disable=import-outside-toplevel
 
+    problem = _out_problem(out)
+    if problem:
+        return _fail(f"execute: {problem}")
     try:
         record = execute_chapter(chapter, out, progress_bar=sys.stderr.isatty(), **values)
     except ChapterError as exc:
@@ -235,18 +259,45 @@ def _cost(args: argparse.Namespace) -> int:
 
 
 def _check(directory: Path) -> int:
+    """Every experiment's result in ``directory``: 0 when all are valid and fresh, else 1 (a gate for scripts)."""
     if not directory.is_dir():
         return _fail(f"check: {directory} is not a folder of results (the default is {RESULTS_DIR}).")
-    status = 0
+    counts = {"ok": 0, "stale": 0, "invalid": 0, "missing": 0}
     for name in EXPERIMENTS:
         try:
             result = load_result(name, directory)
         except ResultFileError as exc:
-            print(f"{'MISSING' if isinstance(exc, ResultMissingError) else 'INVALID'} {exc}")
-            status = 1
+            kind = "missing" if isinstance(exc, ResultMissingError) else "invalid"
+            print(f"{kind.upper():7s} {exc}")
+            counts[kind] += 1
             continue
+        counts["stale" if result.stale else "ok"] += 1
         print(("STALE   " if result.stale else "ok      ") + result.caption())
-    return status
+    bad = len(EXPERIMENTS) - counts["ok"]
+    if bad:
+        print(f"kvwall check: {bad} of {len(EXPERIMENTS)} results are not valid and fresh ("
+              + ", ".join(f"{n} {k}" for k, n in counts.items() if n and k != "ok")
+              + "): re-record the stale and missing ones (`python -m kvwall record <experiment>`, on a GPU), restore "
+              "or re-record the invalid ones.", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _migrate(directory: Path, files: list[Path]) -> int:
+    """Upgrade result files to this format's digest (:mod:`kvwall.results.migrate`): 1 if any was refused."""
+    if not files and not directory.is_dir():
+        return _fail(f"migrate-digests: {directory} is not a folder of results (the default is {RESULTS_DIR}).")
+    paths = files or sorted(directory.glob("*.json"))
+    refused = 0
+    for path in paths:
+        try:
+            print(f"{migrate_file(path):9s}{path}")
+        except ResultFileError as exc:
+            print(f"REFUSED  {exc}")
+            refused += 1
+    if refused:
+        print(f"kvwall migrate-digests: {refused} of {len(paths)} files not migrated (see above); they are left as "
+              "they were.", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -262,6 +313,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="record even where prerequisites are missing or a full-scale result would be replaced")
     chk = sub.add_parser("check", help="validate the recorded results and report stale ones")
     chk.add_argument("--dir", type=Path, default=RESULTS_DIR)
+    mig = sub.add_parser("migrate-digests", help="upgrade result files of format 2 to this format (a digest over "
+                                                 "provenance too); files already current are checked, kept")
+    mig.add_argument("files", nargs="*", type=Path, help="result files (default: every *.json in --dir)")
+    mig.add_argument("--dir", type=Path, default=RESULTS_DIR)
     exe = sub.add_parser("execute", help="run a chapter (book/NN_slug.md) headless with papermill")
     exe.add_argument("chapter", type=Path)
     exe.add_argument("--out", type=Path, required=True, help="folder for the executed .ipynb and its record")
@@ -302,19 +357,61 @@ def _run(argv: list[str] | None) -> int:
         return _execute(args.chapter, args.out, _parameter_values(args.param, parser))
     if args.command == "cost":
         return _cost(args)
+    if args.command == "migrate-digests":
+        return _migrate(args.dir, args.files)
     return _check(args.dir)
 
 
+class _StdoutError(Exception):
+    """Writing our standard output failed (``exc``: the OSError): the reader went away, or the disk is full."""
+
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+class _WatchedStdout:
+    """``sys.stdout`` whose write and flush errors become :class:`_StdoutError`, so they are told apart from the
+    errors of files the command writes."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise _StdoutError(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise _StdoutError(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if sys.stdout is None:  # started with stdout closed (`python -m kvwall list >&-`)
+        return _fail("standard output is closed, so there is nowhere to print; run with it open "
+                     "(redirect it to a file, or to /dev/null to discard it).")
+    stream = sys.stdout
+    sys.stdout = _WatchedStdout(stream)  # type: ignore[assignment]
     try:
         status = _run(argv)
         sys.stdout.flush()  # inside the try: a closed pipe shows up here, not in the interpreter's exit
         return status
-    except BrokenPipeError:
-        # The reader went away (`python -m kvwall list | head`): stop quietly. Point stdout at /dev/null
-        # so the interpreter's final flush does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return _EXIT_BROKEN_PIPE
+    except _StdoutError as error:
+        # Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        if isinstance(error.exc, BrokenPipeError) or error.exc.errno == errno.EPIPE:
+            return _EXIT_BROKEN_PIPE  # the reader went away (`python -m kvwall list | head`): stop quietly
+        return _fail(f"cannot write to standard output ({error.exc.strerror or error.exc}); the output is lost. "
+                     "Free space where it goes, or send it elsewhere.")
+    finally:
+        sys.stdout = stream
 
 
 if __name__ == "__main__":

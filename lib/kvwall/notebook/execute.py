@@ -4,6 +4,10 @@ papermill cannot read text notebooks itself, so the chapter is parsed with jupyt
 anything runs, the path must be a chapter (``book/NN_slug.md``) and every parameter must be one its
 ``parameters`` cell defines (papermill itself only warns about unknown ones and runs on defaults).
 The chapter's own ``finish()`` record (how it ran, what it computed) is returned.
+
+The executed notebook appears atomically, as result files do: papermill writes (and re-saves, cell by cell)
+a hidden temporary file in the output folder, renamed over ``<stem>.ipynb`` when the run ends, failed or not;
+a reader, or a second run sharing the folder, never sees half a notebook.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import ast
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +81,22 @@ def execute_chapter(path: Path, out_dir: Path, *, timeout_s: int = 900, progress
         takes = ", ".join(f"{k} (default {v})" for k, v in known.items())
         raise ChapterError(f"{path.name} has no parameter {', '.join(unknown)}; it takes: {takes}.")
     exec_dir = out_dir / "execution"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{path.stem}.ipynb"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=out_dir, prefix=f".{path.stem}.", suffix=".tmp.ipynb")
+        os.close(fd)
+    except OSError as exc:
+        raise ChapterError(f"{out_dir}: cannot write the executed notebook there ({exc.strerror or exc}); give a "
+                           "folder you can write in.") from None
+    partial = Path(name)
+    umask = os.umask(0)
+    os.umask(umask)
     previous = os.environ.get("KVWALL_EXECUTION_DIR")
     os.environ["KVWALL_EXECUTION_DIR"] = str(exec_dir)
     try:
         papermill.execute_notebook(
-            notebook, str(out_dir / f"{path.stem}.ipynb"), parameters=parameters, kernel_name="python3",
+            notebook, str(partial), parameters=parameters, kernel_name="python3",
             cwd=str(BOOK_DIR), progress_bar=progress_bar, execution_timeout=timeout_s,
         )
     finally:
@@ -89,4 +104,9 @@ def execute_chapter(path: Path, out_dir: Path, *, timeout_s: int = 900, progress
             os.environ.pop("KVWALL_EXECUTION_DIR", None)
         else:
             os.environ["KVWALL_EXECUTION_DIR"] = previous
+        if partial.stat().st_size:  # written, finished or failed (papermill saves a failed run's notebook too)
+            os.chmod(partial, 0o666 & ~umask)
+            os.replace(partial, target)
+        else:
+            partial.unlink()
     return json.loads((exec_dir / f"{path.stem}.json").read_text())

@@ -3,10 +3,11 @@
 These files in ``book/results/`` are the only numbers the book does not compute live. The provenance
 says where, when, with what and at which scale a result was measured, fingerprints the code its
 numbers depend on (:mod:`~kvwall.results.fingerprint`: the experiment's import closure, normalized so
-comments and docstrings do not count) and holds a digest of params+rows. Loading refuses a file that
-is malformed, edited after recording or whose rows do not match the experiment's row schema, naming
-the file (:mod:`~kvwall.results.store`); a result whose code changed since the run is *stale*, and
-chapters show that with a visible warning.
+comments and docstrings do not count) and holds a digest of every part: params, rows and each provenance
+field. Loading refuses a file that is malformed, edited after recording (naming the field) or whose rows
+do not match the experiment's row schema, naming the file (:mod:`~kvwall.results.store`); a result whose
+code changed since the run is *stale*, and chapters show that with a visible warning. Files of the
+previous format are upgraded by :mod:`~kvwall.results.migrate` (``python -m kvwall migrate-digests``).
 
 This is the lowest library layer above the kernels: it imports nothing else of ``kvwall``.
 """

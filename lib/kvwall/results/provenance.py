@@ -24,7 +24,8 @@ SCALES = ("full", "small")
 class Provenance:
     """``sources``: ``{path: hash}`` of the code the numbers depend on (:mod:`kvwall.results.fingerprint`).
     ``scale``: one of :data:`SCALES`, set by whoever ran the experiment. ``missing``: prerequisites the run
-    lacked (recorded anyway, with ``--force``). ``digest``: sha256 of params+rows, set when the file is written."""
+    lacked (recorded anyway, with ``--force``). ``digest``: ``{part: sha256}`` of params, rows and every other
+    provenance field (:func:`kvwall.results.store.content_digest`), set when the file is written."""
 
     date: str
     device: str
@@ -40,7 +41,7 @@ class Provenance:
     sources: dict[str, str] = field(default_factory=dict)
     scale: str | None = None
     missing: list[str] = field(default_factory=list)
-    digest: str | None = None
+    digest: dict[str, str] | None = None
 
     def short(self) -> str:
         """One caption line: where, when, with what."""

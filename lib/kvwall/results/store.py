@@ -1,10 +1,14 @@
 """Result files: write them atomically, read them back only if they are exactly what was recorded.
 
 A file is ``{schema, experiment, params, rows, provenance}``. Writing validates the rows against the
-experiment's registered row schema and stores a sha256 digest of params+rows in the provenance;
-loading checks the shape, the digest (a file edited after recording is refused) and the row schema,
-and names the file in every error. Row schemas are registered by the layer that defines experiments
-(:func:`register_row_schema`); this module does not know any experiment itself.
+experiment's registered row schema and stores a digest in the provenance: a sha256 of each part of the file
+-- ``params``, ``rows`` and every provenance field (``provenance.gpu``, ``provenance.date``, ``provenance.scale``,
+...) -- so loading can say which part was edited. Loading checks the shape, the digest (a file whose params,
+rows or provenance were edited after recording is refused, naming the file and the field) and the row schema,
+and names the file in every error. Files of format 2, whose digest covered params and rows only, are upgraded
+by :func:`kvwall.results.migrate.migrate_file` (``python -m kvwall migrate-digests``). Row schemas are
+registered by the layer that defines experiments (:func:`register_row_schema`); this module does not know any
+experiment itself.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from kvwall.results.paths import PROJECT_ROOT, RESULTS_DIR
 from kvwall.results.provenance import SCALES, Provenance
 
 __all__ = ["SCHEMA", "Result", "ResultFileError", "ResultMissingError", "RowSchemaError", "content_digest",
+           "digest_problem", "write_atomically", "result_text",
            "recorded_scale", "register_row_schema", "validate_rows", "save_result", "load_result"]
 
-#: Version of the file format; files of another version are refused (re-record them).
-SCHEMA = 2
+#: Version of the file format; files of another version are refused (re-record them, or migrate format 2).
+#: 3: the digest covers the provenance too, one sha256 per part (format 2: one sha256 of params+rows).
+SCHEMA = 3
 _MAX_ERRORS_SHOWN = 5
 
 
@@ -97,10 +103,54 @@ def validate_rows(experiment: str, rows: list[Any]) -> None:
                              + "; ".join(problems[:_MAX_ERRORS_SHOWN]) + more) from None
 
 
-def content_digest(params: dict[str, Any], rows: list[Any]) -> str:
-    """sha256 of params and rows as canonical JSON (sorted keys, no spaces)."""
-    text = json.dumps({"params": params, "rows": rows}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+def _sha256(value: Any) -> str:
+    """sha256 of ``value`` as canonical JSON (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def content_digest(params: dict[str, Any], rows: list[Any], provenance: dict[str, Any]) -> dict[str, str]:
+    """The digest a file of this format stores: ``{part: sha256}`` for ``params``, ``rows`` and each field of
+    ``provenance`` but the digest itself (``provenance.gpu``, ...), each hashed with its name as canonical JSON."""
+    parts = {"params": params, "rows": rows,
+             **{f"provenance.{k}": v for k, v in provenance.items() if k != "digest"}}
+    return {name: _sha256({name: value}) for name, value in parts.items()}
+
+
+def digest_problem(data: dict[str, Any]) -> str | None:
+    """Why the digest of a file's JSON object ``data`` (of this format) does not vouch for it; None if it does."""
+    provenance = data.get("provenance")
+    stored = provenance.get("digest") if isinstance(provenance, dict) else None
+    if not isinstance(stored, dict) or not stored:
+        return "provenance has no content digest (recorded before digests existed)"
+    expected = content_digest(data.get("params"), data.get("rows"), provenance)
+    changed = sorted(k for k in expected.keys() | stored.keys() if expected.get(k) != stored.get(k))
+    if changed:
+        return (f"field(s) {', '.join(changed)} differ from what was recorded: their content digest does not match "
+                "(edited by hand?)")
+    return None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in its folder and a rename: a reader sees the old file
+    or the new one, never half of one. The file gets the mode a plain ``open()`` would (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                     delete=False) as tmp:
+        tmp_path = Path(tmp.name)
+        try:
+            tmp.write(text)
+            os.chmod(tmp_path, 0o666 & ~umask)
+        except BaseException:
+            tmp.close()
+            tmp_path.unlink()
+            raise
+    os.replace(tmp_path, path)
+
+
+def result_text(data: dict[str, Any]) -> str:
+    """A result file's text, as :func:`save_result` writes it."""
+    return json.dumps(data, indent=1) + "\n"
 
 
 @dataclass
@@ -145,7 +195,8 @@ class Result:
 def save_result(result: Result, directory: Path = RESULTS_DIR) -> Path:
     """Validate ``result`` and write ``<directory>/<experiment>.json`` atomically (a reader never sees half a file).
 
-    The digest of params+rows is computed over exactly what the file holds and stored in the provenance.
+    The digest of params, rows and provenance is computed over exactly what the file holds and stored in the
+    provenance. The file gets the mode a plain ``open()`` would give it (0666 less the umask).
     """
     directory = Path(directory)
     path = directory / f"{result.experiment}.json"
@@ -157,20 +208,13 @@ def save_result(result: Result, directory: Path = RESULTS_DIR) -> Path:
         validate_rows(result.experiment, rows)
     except RowSchemaError as exc:
         raise RowSchemaError(f"{path} not written: {exc}") from None
-    result.provenance.digest = content_digest(params, rows)  # over exactly what the file holds
-    text = json.dumps({"schema": SCHEMA, "experiment": result.experiment, "params": params, "rows": rows,
-                       "provenance": asdict(result.provenance)}, indent=1) + "\n"
+    result.provenance.digest = None
+    provenance = _as_stored(asdict(result.provenance), "provenance")
+    result.provenance.digest = content_digest(params, rows, provenance)  # over exactly what the file holds
+    provenance["digest"] = result.provenance.digest
     directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=directory, prefix=f".{path.name}.", suffix=".tmp",
-                                     delete=False) as tmp:
-        tmp_path = Path(tmp.name)
-        try:
-            tmp.write(text)
-        except BaseException:
-            tmp.close()
-            tmp_path.unlink()
-            raise
-    os.replace(tmp_path, path)
+    write_atomically(path, result_text({"schema": SCHEMA, "experiment": result.experiment, "params": params,
+                                        "rows": rows, "provenance": provenance}))
     result.path = path
     return path
 
@@ -189,6 +233,10 @@ def _read(path: Path, experiment: str) -> dict[str, Any]:
         raise ResultFileError(path, f"not valid JSON ({exc}); truncated?") from None
     if not isinstance(data, dict):
         raise ResultFileError(path, "top level is not a JSON object")
+    if data.get("schema") == 2:
+        raise ResultFileError(path, f"written in file format 2, this code reads format {SCHEMA} (whose digest covers "
+                                    "the provenance too); if the file is as recorded, upgrade it with "
+                                    f"`python -m kvwall migrate-digests {path}`")
     if isinstance(data.get("schema"), int) and data["schema"] != SCHEMA:
         raise ResultFileError(path, f"written in file format {data['schema']}, this code reads format {SCHEMA}")
     for key, kind in _TOP_KEYS.items():
@@ -211,31 +259,39 @@ def _provenance(path: Path, raw: dict[str, Any]) -> Provenance:
         raise ResultFileError(path, f"provenance.scale is {prov.scale!r}, expected one of {SCALES}")
     if not isinstance(prov.missing, list):
         raise ResultFileError(path, "provenance.missing is not a list")
+    if not isinstance(prov.digest, dict) or not all(isinstance(v, str) for v in prov.digest.values()):
+        raise ResultFileError(path, "provenance has no content digest of this format ({part: sha256})")
     return prov
 
 
 def recorded_scale(experiment: str, directory: Path = RESULTS_DIR) -> str | None:
-    """The scale ``<directory>/<experiment>.json`` says it was recorded at; None if there is no readable file.
+    """The scale ``<directory>/<experiment>.json`` was recorded at, for the guard that keeps a small-scale run from
+    replacing a full-scale result; None if there is no readable file.
 
     Files from before scales were recorded say nothing: only full-scale runs were committed, so they are "full".
+    Any other scale is believed only where the file's digest vouches for it: a file whose digest does not match
+    (its scale edited from full to small, say), or of an older format, counts as "full".
     """
     try:
-        provenance = json.loads((Path(directory) / f"{experiment}.json").read_text())["provenance"]
-        return str(provenance.get("scale") or "full")
+        data = json.loads((Path(directory) / f"{experiment}.json").read_text())
+        claimed = str(data["provenance"].get("scale") or "full")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    if claimed != "full" and (data.get("schema") != SCHEMA or digest_problem(data)):
+        return "full"
+    return claimed
 
 
 def load_result(experiment: str, directory: Path = RESULTS_DIR) -> Result:
     """Load ``<directory>/<experiment>.json``: refused, naming the file, unless it is exactly as recorded."""
     path = Path(directory) / f"{experiment}.json"
     data = _read(path, experiment)
-    prov = _provenance(path, data["provenance"])
-    if not prov.digest:
+    if not data["provenance"].get("digest"):
         raise ResultFileError(path, "provenance has no content digest (recorded before digests existed)")
-    if content_digest(data["params"], data["rows"]) != prov.digest:
-        raise ResultFileError(path, "params or rows differ from what was recorded: the content digest does not "
-                                    "match (edited by hand?)")
+    prov = _provenance(path, data["provenance"])
+    problem = digest_problem(data)
+    if problem:
+        raise ResultFileError(path, problem)
     try:
         validate_rows(experiment, data["rows"])
     except RowSchemaError as exc:

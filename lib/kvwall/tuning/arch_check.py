@@ -10,7 +10,8 @@ registers and spills differ between Triton versions. ``make setup`` installs it 
 ``<venv>/triton-gpu`` (:func:`pinned_triton_dir`; ``$KVWALL_PINNED_TRITON`` names another folder), and
 :func:`check_architectures` compiles in a child Python whose ``PYTHONPATH`` puts it first
 (``python -m kvwall.tuning.arch_check --here --json``). Each row says the ``triton`` it was compiled with. Without
-the pinned Triton it raises :class:`PinnedTritonMissing`, unless asked to use this environment's
+the pinned Triton it compiles in this process where this environment's Triton *is* the pin (a GPU machine whose
+torch came with it), and otherwise raises :class:`PinnedTritonMissing`, unless asked to use this environment's
 (``current_triton=True``, ``--current-triton``).
 
 The shapes, each a row per architecture with its ``role``:
@@ -66,10 +67,12 @@ from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 from kvwall.measure.failures import error_text
 from kvwall.model.cost import GPUS
 from kvwall.model.geometry import GLM5
+from kvwall.results.paths import PROJECT_ROOT
 from kvwall.tuning.arch_check_cuda import wgmma_rows
 from kvwall.tuning.fused import candidates
 
 __all__ = ["ARCHS", "ArchLimits", "KernelBuild", "ROLES", "CANDIDATE_HEADS", "PINNED_TRITON_ENV", "PinnedTritonMissing",
+           "PINNED_TRITON_REQUIREMENTS", "pinned_triton_requirement",
            "pinned_triton_dir", "pinned_triton_version", "fallback_config", "tuned_shapes", "tuned_arch",
            "tmem_columns", "compile_split", "compile_gather", "cuda_twin_builds", "wgmma_builds",
            "check_architectures", "check_every_shape", "format_rows", "main"]
@@ -351,6 +354,16 @@ def pinned_triton_dir() -> Path:
     return Path(os.environ.get(PINNED_TRITON_ENV) or Path(sys.prefix) / "triton-gpu")
 
 
+#: The file that pins the GPU machines' Triton (``triton==X.Y.Z``).
+PINNED_TRITON_REQUIREMENTS = PROJECT_ROOT / "requirements-triton-gpu.txt"
+
+
+def pinned_triton_requirement(path: Path = PINNED_TRITON_REQUIREMENTS) -> str | None:
+    """The version ``requirements-triton-gpu.txt`` pins (``triton==3.6.0`` -> ``"3.6.0"``); None if it pins none."""
+    found = re.search(r"^\s*triton\s*==\s*([\w.+-]+)", path.read_text() if path.is_file() else "", re.MULTILINE)
+    return found.group(1) if found else None
+
+
 def pinned_triton_version(folder: Path | None = None) -> str | None:
     """The version of the Triton installed in ``folder`` (default: :func:`pinned_triton_dir`); None where none is."""
     folder = folder or pinned_triton_dir()
@@ -393,19 +406,21 @@ def check_architectures(heads: tuple[int, ...] = (16, 32, 64, 128), *, cast_kern
     C++ rows).
 
     The compiles run with the GPU machines' Triton (module docstring), in a child Python. Where it is not
-    installed: with ``current_triton``, in this process with this environment's Triton; else
-    :class:`PinnedTritonMissing`."""
+    installed: in this process when this environment's Triton is the pinned version (or ``current_triton``
+    asks for it whatever its version); else :class:`PinnedTritonMissing`."""
     heads = tuple(heads)
     version = pinned_triton_version()
     if version is not None:
         return _check_pinned(version, heads, cast_kernels, every_shape) + (wgmma_builds() if wgmma else [])
-    if current_triton:
+    pin = pinned_triton_requirement()
+    if current_triton or triton.__version__ == pin:  # the running Triton is the pin itself (a GPU machine)
         return _check_here(heads, cast_kernels, every_shape) + (wgmma_builds() if wgmma else [])
     raise PinnedTritonMissing(
-        f"no Triton in {pinned_triton_dir()}: the offline architecture check compiles with the GPU machines' "
-        f"Triton (requirements-triton-gpu.txt), which `make setup` installs there (or set {PINNED_TRITON_ENV} to "
-        f"a folder holding it; or ask for this environment's Triton {triton.__version__}, whose registers and "
-        "spills differ, with current_triton=True / --current-triton)")
+        f"no Triton in {pinned_triton_dir()}, and this environment's Triton is {triton.__version__}, not the GPU "
+        f"machines' {pin} (requirements-triton-gpu.txt): the offline architecture check compiles with the pinned "
+        f"one, which `make setup` installs there (or set {PINNED_TRITON_ENV} to a folder holding it; or ask for "
+        f"this environment's Triton {triton.__version__}, whose registers and spills differ, with "
+        "current_triton=True / --current-triton)")
 
 
 def check_every_shape(heads: tuple[int, ...] = (16, 32, 64, 128), *, current_triton: bool = False
