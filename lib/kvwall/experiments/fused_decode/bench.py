@@ -213,7 +213,7 @@ def run_fused_decode_bench(device: torch.device, *, heads: list[int], contexts: 
 
 EXPERIMENTS: list[Experiment] = [
     Experiment("fused_decode_bench", run_fused_decode_bench,
-               full=dict(heads=[16, 32, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64],
+               full=dict(heads=[16, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64],
                          pool_slots=495_000, max_total_tokens=2_000_000, strategies=list(BENCH_STRATEGIES), reps=10,
                          rounds=3, host_calls=20, flush_mb=256, cast_backend="fa3", sglang_max_context=131_072,
                          sglang_split_sweep=[], floor_contexts=[64], seed=0),
