@@ -226,8 +226,8 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
     """The four axes, measured (markers) and the model (dashed lines), µs per layer, log scales."""
     axes = (("context", "tokens", "context (batch 1, 16 heads)"), ("pool", "pool_tokens", "pool tokens (8K context)"),
             ("batch", "batch", "batch (mixed lengths, 16 heads)"), ("heads", "heads", "heads per GPU (batch 1, 32K)"))
-    fig = make_subplots(rows=2, cols=2, subplot_titles=[a[2] for a in axes], horizontal_spacing=0.08,
-                        vertical_spacing=0.14)
+    # Each panel says what it varies in its x-axis title (no subplot titles: they would crowd the legend above).
+    fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.1, vertical_spacing=0.16)
     samples = sweep_samples(result)
     for i, (axis, key, _) in enumerate(axes):
         row, col = i // 2 + 1, i % 2 + 1
@@ -243,7 +243,8 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
             fig.add_scatter(x=xs, y=[fit.model.layer_us(path, p) for p, _ in pts], mode="lines",
                             line=dict(color=color, dash="dash", width=1), legendgroup=path, showlegend=False,
                             row=row, col=col, hoverinfo="skip")
-        fig.update_xaxes(type="log", dtick="D2" if axis in ("batch", "heads") else 1, row=row, col=col)
+        fig.update_xaxes(type="log", dtick="D2" if axis in ("batch", "heads") else 1, title_text=axes[i][2],
+                         row=row, col=col)
         fig.update_yaxes(type="log", dtick=1, title_text="µs per layer" if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title)
     return with_caption(fig, caption, height=900)

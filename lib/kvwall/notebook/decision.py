@@ -73,9 +73,11 @@ class Evidence:
             self.fit = fit_sweep(self.sweep)
 
     @classmethod
-    def load(cls, loader: Callable[[str], Result | None] | None = None, fit: SweepFit | None = None) -> "Evidence":
+    def load(cls, loader: Callable[[str], Result | None] | None = None, fit: SweepFit | None = None,
+             **known: Result | None) -> "Evidence":
         """Every result of :data:`SOURCES` through ``loader`` (a chapter's ``recorded_or_none``; default: the
-        recorded files, a missing optional one as None)."""
+        recorded files, a missing optional one as None); ``known``: results already loaded, by field name
+        (``step=``, ``sweep=``)."""
         def default(name: str) -> Result | None:
             try:
                 return load_result(name)
@@ -84,7 +86,8 @@ class Evidence:
                     raise
                 return None
         get = loader or default
-        return cls(*(get(n) for n in SOURCES), fit=fit)
+        fields = ("step", "sweep", "bench", "validation", "doors_checks", "doors_sm90")
+        return cls(*(known[f] if f in known else get(n) for f, n in zip(fields, SOURCES)), fit=fit)
 
     def results(self) -> list[Result]:
         return [r for r in (self.step, self.sweep, self.bench, self.validation, self.doors_checks, self.doors_sm90)
@@ -190,7 +193,7 @@ class Decision:
 
     @property
     def setup(self) -> str:
-        return f"**{self.gpu}** · {self.software} · {self.batch}"
+        return ", ".join([f"**{self.gpu}**", *(x for x in (self.software, self.batch) if x)])
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "setup": self.setup}
@@ -208,15 +211,17 @@ def _sm120(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
     cast = pred["full_pool_cast_fa2"]
     patches = sorted(((name, pred[path]) for name, path in (("ours", "ours"), ("gather_cast", "gather_cast_fa2"))
                       if path in pred), key=lambda r: r[1]["step_lo"])
-    patch_names = {"ours": "our `fused` patch (ours, Triton path)", "gather_cast": "the `gather_cast` patch"}
+    patch_names = {"ours": "our `fused` patch (ours, Triton path)", "gather_cast": "`gather_cast`"}
     dense_do = " or ".join(patch_names[n] for n, _ in patches)
     if sparse:
-        do = ("GLM-5: **drop `--attention-backend flashinfer_mla`**: SGLang's default `dsa` backend "
-              f"(`flashinfer_sparse_mla`) reads the FP8 cache. Dense: {dense_do}.")
+        do = ("GLM-5: **drop `--attention-backend flashinfer_mla`**: the default `dsa` backend "
+              f"(`flashinfer_sparse_mla`) reads FP8. Dense: {dense_do}.")
     else:
         do = f"{_cap(dense_do)}: no FlashInfer path takes the FP8 cache here."
     steps = "; ".join(f"{r['step_lo']:.0f}–{r['step_hi']:.0f} ms {n}" for n, r in patches)
-    figure = f"predicted step {steps} (the original: {ORIGINAL.step_ms:g} ms)"
+    first = patches[0]
+    figure = (f"dense, predicted: {first[1]['step_lo']:.0f}–{first[1]['step_hi']:.0f} ms ({first[0]}) vs "
+              f"{ORIGINAL.step_ms:g} ms")
     door_says = (f"Chapter 3's matrix, SM120: the sparse (DSA) MLA kernel **{sparse[0]['status']}** "
                  f"({sparse[0]['conditions']}); " if sparse else "Chapter 3's matrix, SM120: the sparse kernel refused; ")
     door_says += ("no dense FlashInfer path takes the FP8 cache" if not dense else
@@ -225,7 +230,7 @@ def _sm120(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
                "`--attention-backend` overrides it (read from its wheel, ch. 3). The dense paths, predicted by the "
                f"cost model at the original's geometry: {cast['step_lo']:.0f}–{cast['step_hi']:.0f} ms with the "
                f"whole-pool cast (the original measured {ORIGINAL.step_ms:g} ms) → {steps}.")
-    return Decision("sm120", "SM120 (RTX PRO 6000, RTX 50xx)", "SGLang 0.5.23", "any batch", do, figure, because,
+    return Decision("sm120", "SM120 (RTX PRO 6000)", "", "", do, figure, because,
                     ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths"), f"{CH3}, {CH6}")
 
 
@@ -238,20 +243,19 @@ def _sm90_no_patch(ev: Evidence) -> Decision:
     wins = [pt for pt in pts16 if ("flashmla_dense_fp8", *pt) in us
             and us[("flashmla_dense_fp8", *pt)] == min(v for (_, *q), v in us.items() if tuple(q) == pt)]
     sources = ("decode_step_paths",) + (("fused_decode_bench",) if us else ()) + ((err_from,) if err_from else ())
-    key, gpu, sw, batch = "sm90-no-patch", "SM90 (H100, H200)", "SGLang 0.5.23, no patch", "any batch"
+    key, gpu, sw, batch = "sm90-no-patch", "SM90 (H100, H200)", "no patch", ""
     if fm is None or fm["step_ms"] >= cast["step_ms"]:
         return Decision(key, gpu, sw, batch, "No faster path without a patch was measured.",
                         f"step {cast['step_ms']:.1f} ms with the cast", f"Step with the whole-pool cast "
                         f"{cast['step_ms']:.1f} ms (H200); FlashMLA FP8 not recorded in the step.", sources,
                         f"{CH5}, {CH6}")
-    do = ("**`--attention-backend flashmla --page-size 64`**: FlashMLA's FP8 kernel, no cast (it quantizes the query "
-          "to FP8).")
-    figure = f"step {cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms"
+    do = "`--attention-backend flashmla --page-size 64`: FlashMLA FP8, no cast, an FP8 query."
+    figure = f"{cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms a step"
     because = f"Step {cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms on the H200"
     if pts16:
         because += (f"; the fastest of every path at {len(wins)} of {len(pts16)} 16-head points of chapter 5's grid")
     if err_fp8 and err_ours:
-        figure += f"; error {err_fp8 / err_ours:.0f}× ours'"
+        figure += f", {err_fp8 / err_ours:.0f}× ours' error"
         because += (f". Its attention output's worst error against float64 is {err_fp8:.1e}, {err_fp8 / err_ours:.0f}× "
                     f"ours' ({err_ours:.1e}): measured here on the attention alone; what it does to a model's "
                     "long-context answers is not measured in this book")
@@ -261,26 +265,40 @@ def _sm90_no_patch(ev: Evidence) -> Decision:
 
 
 #: What SGLang 0.5.23's flashinfer_mla backend does with an FP8 cache, whatever the FlashInfer (read from its wheel).
-PATCH_SOFTWARE = "SGLang 0.5.23 `flashinfer_mla`, any FlashInfer"
-PATCH_NOTE = ("SGLang 0.5.23's `flashinfer_mla` casts the whole pool with any FlashInfer, 0.6.14+ (which has an FP8 "
-              "MLA for SM90) included: SGLang PR #35322, which would call it, is open.")
-PATCH_NAMES = {"ours": "our `fused` patch (ours)", "gather_cast": "the `gather_cast` patch"}
+PATCH_SOFTWARE = "patched"
+PATCH_NOTE = ("Its `flashinfer_mla` casts the whole pool with any FlashInfer, 0.6.14+ (FP8 MLA on SM90) included: "
+              "PR #35322, which would call that, is open.")
+PATCH_NOTE_SHORT = "its `flashinfer_mla` casts the whole pool with any FlashInfer (PR #35322 open)."
+PATCH_NAMES = {"ours": "our `fused` patch", "gather_cast": "the `gather_cast` patch"}
+
+
+def _triton_note(ev: Evidence, *, min_batch: int, max_batch: int | None = None) -> str:
+    """The shipped `fused` patch calls ours' Triton path: its time beside ours' (the sweep's batch axis)."""
+    cmp = batch_comparison(ev.sweep, "ours", "triton", min_batch=min_batch)
+    bs = [b for b in cmp["batches"] if max_batch is None or b <= max_batch]
+    if not bs:
+        return ""
+    tri, ours = [cmp["b_us"][b] for b in bs], [cmp["a_us"][b] for b in bs]
+    return (f" The shipped `fused` patch calls ours' Triton path: {_span(tri)} µs a layer against ours' "
+            f"{_span(ours)} at batch {_fmt_batches(bs)} (H200 sweep, batch axis).")
 
 
 def _sm90_patch_one(ev: Evidence) -> Decision:
     s = {r["path"]: r for r in step_rows(ev.step)}
     cands = sorted((s[p] for p in ("ours", "gather_cast") if p in s), key=lambda r: r["step_ms"])
     best, rest = cands[0], cands[1:]
-    do = _cap(PATCH_NAMES[best["path"]]) + (f"; {PATCH_NAMES[rest[0]['path']]} is "
-                                            f"{rest[0]['step_ms'] - best['step_ms']:.1f} ms slower." if rest else ".")
-    figure = f"step {s['full_pool_cast']['step_ms']:.1f} → " + " / ".join(
-        f"{r['step_ms']:.1f} ms" for r in cands) + " (" + " / ".join(r["path"] for r in cands) + ")"
+    do = _cap(PATCH_NAMES[best["path"]]) + (f"; {PATCH_NAMES[rest[0]['path']]}: "
+                                            f"+{rest[0]['step_ms'] - best['step_ms']:.1f} ms." if rest else ".")
+    figure = f"{s['full_pool_cast']['step_ms']:.1f} → " + " / ".join(
+        f"{r['step_ms']:.1f}" for r in cands) + " ms a step"
     because = (f"Step {s['full_pool_cast']['step_ms']:.1f} ms with the cast → " + ", ".join(
         f"{r['step_ms']:.1f} ms ({r['path']})" for r in cands) + " on the H200, one request of "
-        f"{ev.step.params['context_lens'][0]:,} tokens. {PATCH_NOTE}")
+        f"{ev.step.params['context_lens'][0]:,} tokens.")
     if "flashinfer_fp8" in s:
-        because += f" FlashInfer's FP8 MLA on this step: {s['flashinfer_fp8']['step_ms']:.1f} ms."
-    return Decision("sm90-patch-one", "SM90 (H100, H200)", PATCH_SOFTWARE, "one request, 16 heads", do, figure,
+        because += (f" FlashInfer's FP8 MLA, which SGLang PR #35322 would call: {s['flashinfer_fp8']['step_ms']:.1f} ms "
+                    "on this step.")
+    because += _triton_note(ev, min_batch=1, max_batch=1)
+    return Decision("sm90-patch-one", "SM90", PATCH_SOFTWARE, "1 request", do, figure,
                     because, ("decode_step_paths",), f"{CH4}, {CH5}, {CH6}")
 
 
@@ -288,26 +306,25 @@ def _sm90_patch_batch(ev: Evidence) -> Decision:
     cmp = batch_comparison(ev.sweep, "ours", "gather_cast", min_batch=BIG_BATCH)
     fm = batch_comparison(ev.sweep, "ours", "flashmla_bf16", min_batch=BIG_BATCH)
     bs = cmp["batches"]
-    key, gpu, batch = "sm90-patch-batch", "SM90 (H100, H200)", f"batch ≥ {BIG_BATCH}, 16 heads"
+    key, gpu, batch = "sm90-patch-batch", "SM90", f"batch ≥ {BIG_BATCH}"
     if not bs:
         return Decision(key, gpu, PATCH_SOFTWARE, batch, "Not measured.", "—", "The sweep has no batch this large.",
                         ("path_sweep",), CH6)
     if not cmp["slower_at"]:
-        do = f"{_cap(PATCH_NAMES['ours'])}: {cmp['ratio_lo']:.1f}–{cmp['ratio_hi']:.1f}× faster than gather_cast"
+        do = f"{_cap(PATCH_NAMES['ours'])}, {cmp['ratio_lo']:.1f}–{cmp['ratio_hi']:.1f}× faster than `gather_cast`"
     elif len(cmp["slower_at"]) == len(bs):
         do = f"{_cap(PATCH_NAMES['gather_cast'])}: faster than ours at every batch measured"
     else:
         do = (f"{_cap(PATCH_NAMES['ours'])} up to batch {max(n for n in bs if n not in cmp['slower_at'])}, "
               f"{PATCH_NAMES['gather_cast']} at batch {_fmt_batches(cmp['slower_at'])}")
     bf16_faster = bool(fm["batches"]) and len(fm["slower_at"]) == len(fm["batches"])
-    do += "; FlashMLA BF16 is faster on a BF16 cache (2× the memory)." if bf16_faster else "."
-    figure = (f"µs a layer: {_span(list(cmp['a_us'].values()))} ours, {_span(list(cmp['b_us'].values()))} "
-              "gather_cast")
+    do += "; FlashMLA BF16 faster at 2× the memory." if bf16_faster else "."
+    figure = f"{_span(list(cmp['a_us'].values()))} vs {_span(list(cmp['b_us'].values()))} µs a layer"
     because = (f"µs per layer at batch {_fmt_batches(bs)} (mixed lengths, H200 sweep): ours "
                f"{_span(list(cmp['a_us'].values()))}, gather_cast {_span(list(cmp['b_us'].values()))}")
     if fm["batches"]:
         because += f", FlashMLA BF16 {_span(list(fm['b_us'].values()))}"
-    because += f". {PATCH_NOTE} More heads per GPU: the table below."
+    because += f".{_triton_note(ev, min_batch=BIG_BATCH)} More heads per GPU: the table below."
     return Decision(key, gpu, PATCH_SOFTWARE, batch, do, figure, because, ("path_sweep",), f"{CH5}, {CH6}")
 
 
@@ -321,20 +338,19 @@ def _sm100(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
           for path in ("ours", "gather_cast_fa2", "full_pool_cast_fa2")}
     if dense:
         do = (" or ".join(f"`--attention-backend {SGLANG_BACKEND.get(c['door'], c['door'])}`" for c in dense)
-              + f" (FlashInfer {', '.join(DOOR_BY_KEY[c['door']].label for c in dense)}: {dense[0]['status']} "
-              "by its checks, not run here), or a patch.")
+              + f" ({dense[0]['status']} by FlashInfer's checks, not run here), or our patch.")
         where = "; ".join(f"{DOOR_BY_KEY[c['door']].label} {c['status']} ({c['conditions']})" for c in dense)
     else:
         do = "A patch (ours, Triton path, or gather_cast): no FlashInfer path takes the FP8 cache here."
         where = "no dense path open"
-    figure = (f"predicted KV work a step: {kv['ours'][0]:.1f}–{kv['ours'][1]:.1f} ms ours, "
-              f"{kv['full_pool_cast_fa2'][0]:.0f}–{kv['full_pool_cast_fa2'][1]:.0f} ms the cast")
+    figure = (f"KV work, predicted: {kv['ours'][0]:.1f}–{kv['ours'][1]:.1f} vs "
+              f"{kv['full_pool_cast_fa2'][0]:.0f}–{kv['full_pool_cast_fa2'][1]:.0f} ms a step")
     because = (f"Chapter 3's matrix, SM100: {where}; refused: {', '.join(refused)}. Predicted by the cost model "
                f"(B200 datasheet, GLM-5 step geometry), KV work a step: "
                f"{kv['full_pool_cast_fa2'][0]:.1f}–{kv['full_pool_cast_fa2'][1]:.1f} ms with the whole-pool cast, "
                f"{kv['ours'][0]:.1f}–{kv['ours'][1]:.1f} ms ours (Triton path), "
                f"{kv['gather_cast_fa2'][0]:.1f}–{kv['gather_cast_fa2'][1]:.1f} ms gather_cast.")
-    return Decision("sm100", "SM100 (B200, GB200)", "SGLang 0.5.23", "any batch", do, figure, because,
+    return Decision("sm100", "SM100 (B200)", "", "", do, figure, because,
                     ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths"), f"{CH3}, {CH6}")
 
 
@@ -345,17 +361,30 @@ def decide(ev: Evidence) -> list[Decision]:
     return [_sm120(ev, cells), _sm90_no_patch(ev), _sm90_patch_one(ev), _sm90_patch_batch(ev), _sm100(ev, cells)]
 
 
-def decision_caption(ev: Evidence, rows: Sequence[Decision]) -> str:
-    """Where the rows' numbers come from: each result the rows quote, grouped by recording (GPU, date, versions,
-    commit), and what is predicted rather than measured."""
+def _recorded_where(prov: Any) -> str:
+    """A recording in a few words: the GPU (or a CPU), the date, the commit."""
+    where = (prov.gpu or "").removeprefix("NVIDIA ") or ("a CPU" if prov.device == "cpu" else prov.device)
+    return f"{where}, {prov.date[:10]}, commit {prov.git_commit[:10]}"
+
+
+def decision_caption(ev: Evidence, rows: Sequence[Decision], *, compact: bool = False) -> str:
+    """Where the rows' numbers come from: each result the rows quote, grouped by recording (``compact``: GPU, date
+    and commit; else with the versions), what SGLang does that the rows assume, and what is predicted rather than
+    measured."""
     used = {s for r in rows for s in r.sources}
     groups: dict[str, list[str]] = {}
     for res in ev.results():
         if res.experiment in used:
-            groups.setdefault(res.provenance.short(), []).append(res.experiment)
+            key = _recorded_where(res.provenance) if compact else res.provenance.short()
+            groups.setdefault(key, []).append(res.experiment)
     stale = sorted(res.experiment for res in ev.results() if res.experiment in used and res.stale)
-    text = " ".join(f"Recorded on {k} ({', '.join(v)})." for k, v in groups.items())
-    text += " SM120 and SM100 figures are the cost model's predictions from the H200 sweep, not measurements."
+    if compact:
+        text = (f"SGLang 0.5.23, GLM-5, 16 heads/GPU; {PATCH_NOTE_SHORT} SM120, SM100: predicted by the cost model. "
+                "Recorded on ")
+    else:
+        text = (f"SGLang 0.5.23, GLM-5 at 16 heads per GPU. {PATCH_NOTE} SM120 and SM100: the cost model's "
+                "predictions from the H200 sweep, not measurements. Recorded on ")
+    text += "; ".join(f"{k} ({', '.join(v)})" for k, v in groups.items()) + "."
     if stale:
         text += f" STALE: {', '.join(stale)} (the code changed since the recording; re-record with `make record`)."
     return text
@@ -366,7 +395,7 @@ def decision_table(rows: Sequence[Decision], caption: str, *, compact: bool = Fa
     the chapters that show it). Both have the same setups and the same "do this"."""
     columns: dict[str, Any] = {"your setup": "setup", "do this": "do"}
     if compact:
-        columns["measured (SM90) / predicted"] = "figure"
+        columns["why"] = "figure"
     else:
         columns.update({"because": "because", "shown in": "chapters"})
     return Table([r.as_dict() for r in rows], columns, caption)
