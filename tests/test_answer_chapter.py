@@ -7,6 +7,7 @@ import pytest
 
 from conftest import BOOK, run_chapter
 from kvwall.model.paths import PATH_INFO
+import kvwall.experiments  # noqa: F401  (registers the row schemas)
 from kvwall.notebook import decision
 
 pytestmark = pytest.mark.slow
