@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvwall.model.cost import PATHS, CostModel, Point, fit_cost_model, split_train_test, validate
+from kvwall.model.cost import PATHS, RECORDED_AS, CostModel, Point, fit_cost_model, split_train_test, validate
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.paths import KERNEL_NAMES, kernel_that_ran, kernels_that_ran
@@ -20,7 +20,7 @@ from kvwall.notebook.tables import Table, number, percent, scientific, times
 from kvwall.results import Result
 
 __all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "memory_table", "step_figure", "sweep_figure",
-           "validation_figure", "validation_table", "misses_table", "sweep_samples", "headline_point",
+           "validation_figure", "validation_table", "misses_table", "sweep_samples", "sweep_rows", "headline_point",
            "lead_text", "memory_text", "sweep_findings", "patch_check_table", "patch_meta", "front_page_figure",
            "cast_step_name", "fused_kernel_text", "OURS_PATHS", "MB"]
 
@@ -45,6 +45,12 @@ MB = 1e6  # the book's megabyte: 10^6 bytes (chapter 6's memory section says so)
 
 def _rows(result: Result, section: str) -> list[dict[str, Any]]:
     return [r for r in result.rows if r.get("section") == section]
+
+
+def sweep_rows(result: Result) -> list[dict[str, Any]]:
+    """The ``point`` rows of a ``path_sweep`` result, each path by today's name (a recording made before ours was
+    named so says ``fused_fp8`` / ``fused_fp8_triton``: :data:`kvwall.model.cost.RECORDED_AS`)."""
+    return [{**r, "path": RECORDED_AS.get(r["path"], r["path"])} for r in _rows(result, "point")]
 
 
 def _setup(result: Result) -> dict[str, Any]:
@@ -127,7 +133,7 @@ def headline_point(result: Result) -> Point:
 def sweep_samples(result: Result) -> list[tuple[str, str, Point, float]]:
     """``(axis, path, point, µs per layer)`` for every timed point of a ``path_sweep`` result."""
     return [(r["axis"], r["path"], Point(r["heads"], r["batch"], r["tokens"], r["pool_tokens"]), float(r["us"]))
-            for r in _rows(result, "point") if r.get("us")]
+            for r in sweep_rows(result) if r.get("us")]
 
 
 @dataclass
@@ -256,7 +262,7 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
 
 def _sweep_us(sweep: Result) -> dict[tuple[str, str, int, int, int], float]:
     return {(r["axis"], r["path"], r["batch"], r["tokens"], r["heads"]): r["us"]
-            for r in _rows(sweep, "point") if r.get("us")}
+            for r in sweep_rows(sweep) if r.get("us")}
 
 
 def cast_step_name(step: Result) -> str:
@@ -348,7 +354,7 @@ def memory_text(step: Result) -> str:
 def sweep_findings(sweep: Result) -> str:
     """Where the cast stops mattering, and where each path wins, read off the sweep."""
     us = _sweep_us(sweep)
-    pool_pts = [r for r in _rows(sweep, "point") if r["axis"] == "pool" and r["path"] == "full_pool_cast" and r.get("us")]
+    pool_pts = [r for r in sweep_rows(sweep) if r["axis"] == "pool" and r["path"] == "full_pool_cast" and r.get("us")]
     small, large = min(pool_pts, key=lambda r: r["pool_tokens"]), max(pool_pts, key=lambda r: r["pool_tokens"])
     ctx = sorted({t for a, _, b, t, _ in us if a == "context"})
     lo, hi = ctx[0], ctx[-1]
@@ -358,7 +364,7 @@ def sweep_findings(sweep: Result) -> str:
 
     heads = sorted({h for a, _, b, _, h in us if a == "heads" and b == 1})
     head_ctx = next(t for a, _, b, t, h in us if a == "heads" and b == 1)
-    many = next(kernel_that_ran(r) for r in _rows(sweep, "point")
+    many = next(kernel_that_ran(r) for r in sweep_rows(sweep)
                 if (r["axis"], r["path"], r["batch"], r["heads"]) == ("heads", "ours", 1, heads[-1]))
     return (
         f"- **Pool size is the whole story of the cast.** One layer's whole-pool cast plus attention takes "
@@ -384,7 +390,8 @@ def sweep_findings(sweep: Result) -> str:
 
 def fused_kernel_text(result: Result, what: str) -> str:
     """Which of ours' two paths ``what`` (a step or sweep ``result``) ran, and why."""
-    rows = [r for r in result.rows if r.get("path") == "ours" and not r.get("error")]
+    rows = [r for r in (sweep_rows(result) if result.experiment == "path_sweep" else result.rows)
+            if r.get("path") == "ours" and not r.get("error")]
     if not rows:
         return f"In {what}, ours did not run."
     said = ", ".join(f"the {KERNEL_NAMES[k]}" + (f" at {n} of {len(rows)} points" if len(rows) > 1 else "")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from kvwall.model.cost import GPUS
 from kvwall.model.original import ORIGINAL
-from kvwall.notebook.answer_report import SweepFit, fit_sweep, headline_point, step_rows
+from kvwall.notebook.answer_report import SweepFit, fit_sweep, headline_point, step_rows, sweep_rows
 from kvwall.notebook.doors_report import calls_for_matrix
 from kvwall.notebook.original_gpu_report import original_gpu_rows
 from kvwall.notebook.tables import Table
@@ -144,8 +144,8 @@ def _bench_us(bench: Result | None) -> dict[tuple[str, int, int, int], float]:
 def _sweep_batch(sweep: Result, heads: int = 16) -> dict[str, dict[int, float]]:
     """The sweep's batch axis: ``path -> {batch: µs per layer}``."""
     out: dict[str, dict[int, float]] = {}
-    for r in sweep.rows:
-        if r.get("section") == "point" and r["axis"] == "batch" and r["heads"] == heads and r.get("us"):
+    for r in sweep_rows(sweep):
+        if r["axis"] == "batch" and r["heads"] == heads and r.get("us"):
             out.setdefault(r["path"], {})[r["batch"]] = r["us"]
     return out
 
