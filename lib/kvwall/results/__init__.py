@@ -12,6 +12,7 @@ previous format are upgraded by :mod:`~kvwall.results.migrate` (``python -m kvwa
 This is the lowest library layer above the kernels: it imports nothing else of ``kvwall``.
 """
 
+from kvwall.results.awaiting import AWAITING_FILE, awaiting_rerecord
 from kvwall.results.fingerprint import source_fingerprint
 from kvwall.results.paths import PROJECT_ROOT, RESULTS_DIR
 from kvwall.results.provenance import SCALES, Provenance, collect_provenance
@@ -21,7 +22,7 @@ from kvwall.results.store import (
 )
 
 __all__ = [
-    "PROJECT_ROOT", "RESULTS_DIR", "SCALES", "Provenance", "Result", "ResultFileError", "ResultMissingError",
+    "AWAITING_FILE", "awaiting_rerecord", "PROJECT_ROOT", "RESULTS_DIR", "SCALES", "Provenance", "Result", "ResultFileError", "ResultMissingError",
     "RowSchemaError", "collect_provenance", "content_digest", "load_result", "recorded_scale",
     "register_row_schema", "save_result", "source_fingerprint", "validate_rows",
 ]
