@@ -29,7 +29,8 @@ from kvwall.peers.flashinfer.doors import DOOR_BY_KEY, door_matrix
 from kvwall.results import Result, ResultMissingError, load_result
 
 __all__ = ["Evidence", "Decision", "decide", "decision_table", "decision_caption", "door_cells", "open_doors",
-           "flashmla_fp8_error", "batch_comparison", "kernel_rows", "kernel_table", "kernel_text", "SOURCES", "PATCH_NOTE"]
+           "flashmla_fp8_error", "batch_comparison", "kernel_rows", "kernel_table", "kernel_text", "SOURCES",
+           "PATCH_NOTE", "PATCH_NOTE_SHORT"]
 
 #: The recorded results the decision reads (all of them GPU recordings but ``doors_checks``, a CPU replay).
 SOURCES = ("decode_step_paths", "path_sweep", "fused_decode_bench", "fused_decode_validation", "doors_checks",
@@ -222,8 +223,9 @@ def _sm120(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
     first = patches[0]
     figure = (f"dense, predicted: {first[1]['step_lo']:.0f}–{first[1]['step_hi']:.0f} ms ({first[0]}) vs "
               f"{ORIGINAL.step_ms:g} ms")
-    door_says = (f"Chapter 3's matrix, SM120: the sparse (DSA) MLA kernel **{sparse[0]['status']}** "
-                 f"({sparse[0]['conditions']}); " if sparse else "Chapter 3's matrix, SM120: the sparse kernel refused; ")
+    door_says = "Chapter 3's matrix, SM120: " + (
+        f"the sparse (DSA) MLA kernel **{sparse[0]['status']}** ({sparse[0]['conditions']}); " if sparse else
+        "the sparse kernel refused; ")
     door_says += ("no dense FlashInfer path takes the FP8 cache" if not dense else
                   "dense: " + ", ".join(DOOR_BY_KEY[c["door"]].label for c in dense))
     because = (f"{door_says}. SGLang 0.5.23 picks the `dsa` backend for GLM-5 (a DSA model) unless "
@@ -249,16 +251,23 @@ def _sm90_no_patch(ev: Evidence) -> Decision:
                         f"step {cast['step_ms']:.1f} ms with the cast", f"Step with the whole-pool cast "
                         f"{cast['step_ms']:.1f} ms (H200); FlashMLA FP8 not recorded in the step.", sources,
                         f"{CH5}, {CH6}")
-    do = "`--attention-backend flashmla --page-size 64`: FlashMLA FP8, the fastest without a patch (FP8 query)."
+    do = ("`--attention-backend flashmla --page-size 64`: FlashMLA FP8, the fastest no-patch path on an FP8 cache "
+          "(FP8 query).")
     figure = f"{cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms a step"
     because = f"Step {cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms on the H200"
     if pts16:
         because += (f"; the fastest of every path at {len(wins)} of {len(pts16)} 16-head points of chapter 5's grid")
     if err_fp8 and err_ours:
         figure += f", {err_fp8 / err_ours:.0f}× ours' error"
-        because += (f". Its attention output's worst error against float64 is {err_fp8:.1e}, {err_fp8 / err_ours:.0f}× "
+        because += (f". Its attention output's worst error against float64 is {err_fp8:.1e}, "
+                    f"{err_fp8 / err_ours:.0f}× "
                     f"ours' ({err_ours:.1e}): measured here on the attention alone; what it does to a model's "
                     "long-context answers is not measured in this book")
+    bf16 = [f"{s[p]['step_ms']:.1f} ms ({n})" for p, n in (("bf16_cache", "FlashInfer"), ("flashmla_bf16", "FlashMLA"))
+            if p in s]
+    if bf16:
+        because += (". Without a patch, the other way past the cast is a BF16 cache (half the tokens in the same "
+                    f"memory): {' / '.join(bf16)} a step")
     because += (". GLM-5 without an explicit backend runs SGLang's `dsa` default (FlashMLA's sparse FP8 kernel), not "
                 "measured here.")
     return Decision(key, gpu, sw, batch, do, figure, because, sources, f"{CH5}, {CH6}")
@@ -295,7 +304,8 @@ def _sm90_patch_one(ev: Evidence) -> Decision:
         f"{r['step_ms']:.1f} ms ({r['path']})" for r in cands) + " on the H200, one request of "
         f"{ev.step.params['context_lens'][0]:,} tokens.")
     if "flashinfer_fp8" in s:
-        because += (f" FlashInfer's FP8 MLA, which SGLang PR #35322 would call: {s['flashinfer_fp8']['step_ms']:.1f} ms "
+        because += (" FlashInfer's FP8 MLA, which SGLang PR #35322 would call: "
+                    f"{s['flashinfer_fp8']['step_ms']:.1f} ms "
                     "on this step.")
     because += _triton_note(ev, min_batch=1, max_batch=1)
     return Decision("sm90-patch-one", "SM90", PATCH_SOFTWARE, "1 request", do, figure,
