@@ -192,6 +192,9 @@ def test_validation_table_per_path_and_the_rule():
     assert "within the rule's bound of 2×" in text
     assert fused_bench_report.flashmla_fp8_error(validation) == (3e-2, 1.7e-3)
     assert fused_bench_report.flashmla_fp8_error(None) == (None, None)
+    legacy = result("fused_decode_validation", [{k: v for k, v in r.items() if k != "path"}
+                                                for r in validation.rows if r["section"] == "cases"])
+    assert fused_report.validation_table(legacy, "c").rows[0]["what"].startswith("Triton path: 2 cases")
     contracts = fused_lab_report.contracts_table(validation)
     assert contracts.rows == [{"check": "NaN stays in its request", "triton": "yes", "wgmma": "NO"}]
 
@@ -263,7 +266,8 @@ def test_the_grid_by_heads_losses_and_what_to_run():
     assert values["h128"]["vs_fm_bf16_geomean"] == 0.5 and "**128 heads**" in text
     losses, groups = fused_bench_report.losses_text(grid)
     assert groups["few_heads"]["points"] == 2 and groups["many_heads_batched"]["vs_fm_bf16"] == 0.5
-    assert "many_heads_b1" not in groups and "**64 and 128 heads, batches of 8 to 64** (1 points" in losses
+    assert "many_heads_b1" not in groups and "**128 heads, batches of 8 to 8** (1 points" in losses
+    assert "**16 heads** (2 points; memory-bound)" in losses
     table = fused_bench_report.what_to_run(grid)
     rows = {(r["heads"], r["batch"]): r for r in table.rows}
     assert rows[(16, "1")]["fastest"] == "ours (1 of 1)" and rows[(16, "1")]["vs"] == pytest.approx(24 / 14)
@@ -533,3 +537,11 @@ def test_live_profile_params_fit_the_pool():
                       "capacity_sweep": [2048]}
     assert gather_step_report.live_profile_params({"pool_tokens": 3000, "layers": 1, "context_len": 5000},
                                                   small)["capacity"] == 3000
+
+
+def test_floor_text_ranges_each_kernels_fixed_cost():
+    paths = _paths()
+    text, values = fused_lab_report.floor_text(paths)
+    assert values == {"wgmma": [9.0, 9.0], "triton": [10.0, 10.0]}
+    assert text.startswith("One request of 64 tokens, 16 heads") and "wgmma path 9.0–9.0 µs; Triton path 10.0" in text
+    assert fused_bench_report.point_label((16, 64, 1)) == "16 h, 64 tokens, b1"

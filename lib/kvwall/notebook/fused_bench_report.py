@@ -25,10 +25,10 @@ from kvwall.notebook import plots
 from kvwall.notebook.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
-__all__ = ["OURS", "OURS_PAGE64", "FM_BF16", "FM_FP8", "FLASHINFER", "SGLANG", "LEAD_PEERS", "Point", "Grid", "grid_text",
-           "label", "point_label", "geomean", "Lead", "lead", "lead_figure", "by_heads_text", "loss_groups",
-           "losses_text", "what_to_run", "conclusion_text", "flashmla_fp8_error", "bench_tables", "page_table", "balance_table", "host_table",
-           "path_counts"]
+__all__ = ["OURS", "OURS_PAGE64", "FM_BF16", "FM_FP8", "FLASHINFER", "SGLANG", "LEAD_PEERS", "Point", "Grid",
+           "grid_text", "label", "point_label", "geomean", "Lead", "lead", "lead_figure", "by_heads_text",
+           "loss_groups", "losses_text", "what_to_run", "conclusion_text", "flashmla_fp8_error", "bench_tables",
+           "page_table", "balance_table", "host_table", "path_counts"]
 
 OURS, OURS_PAGE64 = "ours", "ours_page64"
 FM_BF16, FM_FP8 = "flashmla_dense_bf16", "flashmla_dense_fp8"
@@ -63,8 +63,8 @@ def label(strategy: str) -> str:
 
 
 def point_label(p: Point) -> str:
-    """``"16 h, 128K, b8"`` (contexts under 1K in tokens)."""
-    ctx = f"{p[1] // 1024}K" if p[1] >= 1024 else str(p[1])
+    """``"16 h, 128K, b8"`` (contexts under 1K in tokens: ``"16 h, 64 tokens, b1"``)."""
+    ctx = f"{p[1] // 1024}K" if p[1] >= 1024 else f"{p[1]} tokens"
     return f"{p[0]} h, {ctx}, b{p[2]}"
 
 
@@ -302,9 +302,11 @@ def by_heads_text(grid: Grid) -> tuple[str, dict[str, Any]]:
         g16 = geomean(grid.us(FM_BF16, p) / grid.us(OURS, p) for p in pts if grid.us(FM_BF16, p))
         ran = Counter(grid.row(OURS, p).get("kernel_path") or "triton" for p in pts)
         paths = ", ".join(f"the {KERNEL_NAMES[k]} at {v}" for k, v in ran.most_common())
+        won = [f"{_ctx(p[1])}·{p[2]}" for p in pts if grid.us(FM_BF16, p) and grid.us(OURS, p) < grid.us(FM_BF16, p)]
+        where = f": context·batch {', '.join(won)}" if won else ""
         lines.append(f"- **{h} heads**: faster than FlashMLA FP8 at {w8} of {n8} points (its speed "
                      f"{g8:.2f}× FlashMLA FP8's, geometric mean), than FlashMLA BF16 at {w16} of {n16} "
-                     f"({g16:.2f}×); ours ran {paths}." if g8 and g16 else f"- **{h} heads**: FlashMLA not timed.")
+                     f"({g16:.2f}×{where}); ours ran {paths}." if g8 and g16 else f"- **{h} heads**: FlashMLA not timed.")
         values[f"h{h}"] = {"vs_fm_fp8_wins": w8, "vs_fm_bf16_wins": w16, "points": len(pts),
                            "vs_fm_fp8_geomean": g8, "vs_fm_bf16_geomean": g16, "paths": dict(ran)}
     return "\n".join(lines), values
@@ -338,20 +340,27 @@ def losses_text(grid: Grid) -> tuple[str, dict[str, Any]]:
     FlashMLA in each group, and the best tensor rates at 64 and 128 heads; Markdown and the values."""
     g = loss_groups(grid)
     lines = []
+
+    def heads(keep) -> str:
+        hs = sorted({p[0] for p in grid.points if keep(p)})
+        return " and ".join(map(str, hs)) + " heads"
+
     if "few_heads" in g:
         x = g["few_heads"]
-        lines.append(f"- **16 and 32 heads** ({x['points']} points; memory-bound): ours reaches "
+        lines.append(f"- **{heads(lambda p: p[0] <= 32)}** ({x['points']} points; memory-bound): ours reaches "
                      f"{x['share_min']:.0%}–{x['share_max']:.0%} of the roofline, at {x['vs_fm_fp8']:.2f}× FlashMLA "
                      f"FP8's speed and {x['vs_fm_bf16']:.2f}× FlashMLA BF16's (geometric means).")
     if "many_heads_b1" in g:
         x = g["many_heads_b1"]
-        lines.append(f"- **64 and 128 heads, one request** ({x['points']} points): {x['vs_fm_fp8']:.2f}× FlashMLA "
-                     f"FP8's speed, {x['vs_fm_bf16']:.2f}× FlashMLA BF16's.")
+        lines.append(f"- **{heads(lambda p: p[0] >= 64)}, one request** ({x['points']} points): "
+                     f"{x['vs_fm_fp8']:.2f}× FlashMLA FP8's speed, {x['vs_fm_bf16']:.2f}× FlashMLA BF16's.")
     if "many_heads_batched" in g:
         x = g["many_heads_batched"]
         tf = (f"; at most {x['tflops_max']:.0f} TFLOP/s against FlashMLA BF16's {x['fm_bf16_tflops_max']:.0f}"
               if x.get("tflops_max") and x.get("fm_bf16_tflops_max") else "")
-        lines.append(f"- **64 and 128 heads, batches of 8 to 64** ({x['points']} points; compute-bound): "
+        batches = sorted({p[2] for p in grid.points if p[2] > 1})
+        lines.append(f"- **{heads(lambda p: p[0] >= 64)}, batches of {batches[0]} to {batches[-1]}** ({x['points']} "
+                     "points; compute-bound): "
                      f"{x['vs_fm_fp8']:.2f}× FlashMLA FP8's speed, {x['vs_fm_bf16']:.2f}× FlashMLA BF16's{tf}.")
     return "\n".join(lines), g
 

@@ -23,9 +23,9 @@ from kvwall.notebook.fused_bench_report import FM_BF16, FM_FP8, Grid, label, poi
 from kvwall.notebook.tables import Table, number, percent, plain, scientific, times
 from kvwall.results import Result
 
-__all__ = ["launch_shape", "screen_table", "split_sweep_figure", "winners_table", "spill_rule_table",
-           "pairs_lesson", "loop_mix", "instruction_mix_table", "ncu_rows", "ncu_summary", "ncu_table",
-           "stall_table", "ncu_brief", "ncu_text", "dispatcher_table", "dispatcher_text", "other_gpus_table", "floor_table",
+__all__ = ["launch_shape", "screen_table", "split_sweep_figure", "winners_table", "spill_rule_table", "pairs_lesson",
+           "loop_mix", "instruction_mix_table", "ncu_rows", "ncu_summary", "ncu_table", "stall_table", "ncu_brief",
+           "ncu_text", "dispatcher_table", "dispatcher_text", "other_gpus_table", "floor_table", "floor_text",
            "contracts_table"]
 
 
@@ -371,6 +371,26 @@ def floor_table(paths: Grid, bench: Grid | None = None) -> Table:
     if any(r.get(FM_BF16) or r.get(FM_FP8) for r in rows):
         cols.update({label(FM_BF16): (FM_BF16, number(1)), label(FM_FP8): (FM_FP8, number(1))})
     return Table(rows, cols, paths.caption + " µs per call; CUDA graphs, L2 flushed.")
+
+
+def floor_text(paths: Grid, bench: Grid | None = None) -> tuple[str, dict[str, Any]]:
+    """Each kernel's fixed cost -- one request of the paths run's floor context at every head count -- as ranges:
+    ours' two paths (page 1) and FlashMLA's kernels where the run timed them; Markdown and the values."""
+    pts = paths.floor_points
+    if not pts:
+        return "", {}
+
+    def rng(strategy: str, page: int | None) -> tuple[float, float] | None:
+        xs = [u for p in pts if (u := paths.us(strategy, p, page) or (bench.us(strategy, p) if bench else None))]
+        return (min(xs), max(xs)) if xs else None
+
+    found = {k: r for k, page in (("wgmma", 1), ("triton", 1), (FM_BF16, None), (FM_FP8, None))
+             if (r := rng(k, page))}
+    parts = [f"{label(k)} {lo:.1f}–{hi:.1f} µs" for k, (lo, hi) in found.items()]
+    heads = ", ".join(str(p[0]) for p in pts)
+    text = (f"One request of {pts[0][1]} tokens, {heads} heads — each kernel's fixed cost (queries in, plan, one "
+            f"tile, the write): " + "; ".join(parts) + ".")
+    return text, {k: list(v) for k, v in found.items()}
 
 
 # --------------------------------------------------------------------------------------------------

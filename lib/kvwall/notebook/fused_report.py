@@ -24,8 +24,8 @@ from kvwall.notebook.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
 __all__ = ["GRID_HEADS", "cost_text", "cost_table", "bytes_by_path", "fp8_to_float16_is_exact",
-           "query_scaling_is_exact", "exactness_text", "tile_floors", "triton_shapes", "design_table",
-           "wgmma_text", "validation_table", "validation_passed", "validation_rule_text", "PATH_NAMES"]
+           "query_scaling_is_exact", "exactness_text", "tile_floors", "triton_shapes", "design_table", "wgmma_text",
+           "validation_table", "validation_passed", "validation_rule_text", "PATH_NAMES"]
 
 #: The head counts of chapter 5's grid (GLM-5 per GPU at TP 4 = 16, DeepSeek-V3 at TP 4 = 32, ... all 128).
 GRID_HEADS = (16, 32, 64, 128)
@@ -231,6 +231,11 @@ def _range(xs: list[float], fmt: str = ".2f") -> str:
     return "—" if not xs else f"{min(xs):{fmt}}–{max(xs):{fmt}}×"
 
 
+def _path(row: Mapping[str, Any]) -> str:
+    """What a case row ran: its ``path``; rows recorded before each path was validated apart ran the Triton path."""
+    return row.get("path") or "triton"
+
+
 def validation_table(result: Result, caption: str) -> Table:
     """One line per path of the case table (ours and each path: cases passed, worst error against float64, error
     over the BF16 path's), one per peer run on the same inputs, then the contracts, bad inputs, CUDA graphs and
@@ -238,8 +243,8 @@ def validation_table(result: Result, caption: str) -> Table:
     rows = []
     sections = {r.get("section") for r in result.rows}
     cases = result.table("cases")
-    for path in [p for p in PATH_NAMES if any(r.get("path") == p for r in cases)]:
-        sel = [r for r in cases if r.get("path") == path]
+    for path in [p for p in PATH_NAMES if any(_path(r) == p for r in cases)]:
+        sel = [r for r in cases if _path(r) == path]
         errs = [r["rel_err"] for r in sel if r.get("rel_err") is not None]
         heads = sorted({r["heads"] for r in sel})
         ran = sorted({r["kernel_path"] for r in sel if r.get("kernel_path")})
@@ -288,8 +293,8 @@ def validation_rule_text(result: Result) -> tuple[str, dict[str, Any]]:
     cases = result.table("cases")
     values: dict[str, Any] = {}
     parts = []
-    for path in [p for p in PATH_NAMES if any(r.get("path") == p for r in cases)]:
-        ratios = [r["ratio"] for r in _inexact([r for r in cases if r.get("path") == path])]
+    for path in [p for p in PATH_NAMES if any(_path(r) == p for r in cases)]:
+        ratios = [r["ratio"] for r in _inexact([r for r in cases if _path(r) == path])]
         if ratios:
             values[f"{path}_ratio_max"] = max(ratios)
             parts.append(f"{PATH_NAMES[path]} {min(ratios):.2f}–{max(ratios):.2f}×")
