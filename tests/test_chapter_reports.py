@@ -545,3 +545,10 @@ def test_floor_text_ranges_each_kernels_fixed_cost():
     assert values == {"wgmma": [9.0, 9.0], "triton": [10.0, 10.0]}
     assert text.startswith("One request of 64 tokens, 16 heads") and "wgmma path 9.0–9.0 µs; Triton path 10.0" in text
     assert fused_bench_report.point_label((16, 64, 1)) == "16 h, 64 tokens, b1"
+
+
+def test_accuracy_text_takes_the_worst_checked_output():
+    text, values = fused_bench_report.accuracy_text(_grid(), _paths())
+    assert values["ours_worst_rel_err"] == 1.7e-3 and values["flashmla_dense_fp8_worst_rel_err"] == 2.8e-2
+    assert "triton_worst_rel_err" not in values  # the synthetic paths rows carry no error
+    assert "ours **1.7e-03**" in text and "(6 points)" in text

@@ -27,7 +27,7 @@ from kvwall.results import Result
 
 __all__ = ["OURS", "OURS_PAGE64", "FM_BF16", "FM_FP8", "FLASHINFER", "SGLANG", "LEAD_PEERS", "Point", "Grid",
            "grid_text", "label", "point_label", "geomean", "Lead", "lead", "lead_figure", "by_heads_text",
-           "loss_groups", "losses_text", "what_to_run", "conclusion_text", "flashmla_fp8_error", "bench_tables",
+           "loss_groups", "losses_text", "accuracy_text", "what_to_run", "conclusion_text", "flashmla_fp8_error", "bench_tables",
            "page_table", "balance_table", "host_table", "path_counts"]
 
 OURS, OURS_PAGE64 = "ours", "ours_page64"
@@ -377,6 +377,28 @@ def conclusion_text(table: Table) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # The conclusion
 # ---------------------------------------------------------------------------------------------------------
+
+
+def accuracy_text(grid: Grid, paths: Grid | None = None) -> tuple[str, dict[str, Any]]:
+    """Every output of the benchmark (and of the paths run) was checked against float64 before it was timed: the
+    worst relative error of ours, of each path forced, and of FlashMLA's kernels over the grid; Markdown and values."""
+    def worst(g: Grid, strategy: str, page: int | None = None) -> float | None:
+        errs = [r.get("rel_err_f64") for (s, pg, *_), r in g.by.items()
+                if s == strategy and (page is None or pg == page) and r.get("rel_err_f64")]
+        return max(errs, default=None)
+
+    found = {OURS: worst(grid, OURS)}
+    if paths:
+        found.update({k: worst(paths, k) for k in KERNEL_NAMES})
+    found.update({FM_BF16: worst(grid, FM_BF16), FM_FP8: worst(grid, FM_FP8)})
+    found = {k: v for k, v in found.items() if v}
+    if not found:
+        return "", {}
+    n = len(grid.points) + (len(paths.points) if paths else 0)
+    text = (f"Every output of the benchmark{' and of the paths run' if paths else ''} was checked against float64 "
+            f"before it was timed ({n} points): the worst relative error is " +
+            ", ".join(f"{label(k)} **{v:.1e}**" for k, v in found.items()) + ".")
+    return text, {f"{k}_worst_rel_err": v for k, v in found.items()}
 
 
 def what_to_run(grid: Grid) -> Table:
