@@ -38,8 +38,6 @@ def _renamed(name: str, rows: list[dict]) -> list[dict]:
             if r.get("path") == "ours" or r.get("strategy") in ("ours", "ours_page64"):
                 r.setdefault("kernel_path", "triton" if r.get("kernel") == "triton" else "wgmma")
                 r.setdefault("path_why", r.get("why"))
-            if name == "fused_decode_validation" and r.get("section") == "cases":
-                r.setdefault("path", "ours")
         out.append(r)
     return out
 
