@@ -9,10 +9,11 @@ brings its own). Recorded GPU runs used the GPU machine's torch and Triton, whic
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kvwall.notebook.tables import Table, number
-from kvwall.results import PROJECT_ROOT, load_result
+from kvwall.results import AWAITING_FILE, PROJECT_ROOT, awaiting_rerecord, load_result
 
 __all__ = ["executions_table", "pins", "recorded_runs", "versions_table", "runs_table", "versions_text", "build_time_text"]
 
@@ -88,13 +89,20 @@ def executions_table(records: Sequence[Mapping[str, Any]]) -> Table:
 
 def runs_table(runs: Sequence[Mapping[str, Any]]) -> Table:
     """Per recorded run: scale, date, commit, staleness and the chapters that used it."""
+    awaiting = awaiting_rerecord()
+
+    def stale(r: Mapping[str, Any]) -> str:
+        why = awaiting.get(Path(r["file"]).stem)
+        return ("**STALE**" + (f": awaiting a re-record ({why})" if why else "")) if r["stale"] else "no"
+
     rows = [{"file": f"`{r['file']}`", "scale": r["provenance"].scale or "—", "date": r["provenance"].date[:10],
              "commit": f"`{r['provenance'].git_commit[:10]}`" + (" (dirty)" if r["provenance"].git_dirty else ""),
-             "stale": "**STALE**" if r["stale"] else "no", "chapters": ", ".join(r["chapters"])} for r in runs]
+             "stale": stale(r), "chapters": ", ".join(r["chapters"])} for r in runs]
     return Table(rows, {"result file": "file", "scale": "scale", "recorded (UTC)": "date", "commit": "commit",
                         "stale": "stale", "used by": "chapters"},
                  "Recorded runs the chapters loaded, once per file (each file in book/results/); a stale file's code "
-                 "changed since it was recorded (its chapter shows the warning and the files).")
+                 f"changed since it was recorded (its chapter shows the warning and the files); {AWAITING_FILE} says "
+                 "why a stale one was not re-recorded yet.")
 
 
 def versions_text(runs: Sequence[Mapping[str, Any]]) -> str:
