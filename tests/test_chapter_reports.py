@@ -280,18 +280,18 @@ def test_the_grid_by_heads_losses_and_what_to_run():
 
 def test_the_appendix_tables_of_the_grid():
     grid = _grid()
-    tables = fused_bench_report.bench_tables(grid)
+    tables = fused_lab_report.bench_tables(grid)
     assert [list(t.columns)[0] for t in tables] == ["16 h: ctx·batch", "128 h: ctx·batch"]
     assert tables[0].column("16 h: ctx·batch") == ["4K·1", "128K·8"]
     assert tables[0].column("ours") == ["14.0", "80.0"] and tables[0].column("full cast") == ["860", "940"]
     assert tables[0].column("FI FP8") == ["35.0", "270"] and tables[1].column("FI FP8") == ["400"]
     assert len(tables[0].columns) <= 10, "the wide table must fit the page"
-    page = fused_bench_report.page_table(grid)
+    page = fused_lab_report.page_table(grid)
     assert page.rows[0]["ours"] == f"{14 / 14.5:.2f}–{80 / 78:.2f}×"
-    balance = fused_bench_report.balance_table(grid)
+    balance = fused_lab_report.balance_table(grid)
     assert [r["point"] for r in balance.rows] == ["16 h, 128K, b8", "128 h, 32K, b8"]
     assert balance.rows[0]["b1"] == pytest.approx(14.0 / 4096 * 1e3)  # batch 1 at its longest context, 4K
-    host = fused_bench_report.host_table(grid, heads=16)
+    host = fused_lab_report.host_table(grid, heads=16)
     assert host.rows[0]["s"] == "ours" and host.rows[0][4096] == 100.0 and "host time" in host.caption
 
 

@@ -27,8 +27,8 @@ from kvwall.results import Result
 
 __all__ = ["OURS", "OURS_PAGE64", "FM_BF16", "FM_FP8", "FLASHINFER", "SGLANG", "LEAD_PEERS", "Point", "Grid",
            "grid_text", "label", "point_label", "geomean", "Lead", "lead", "lead_figure", "by_heads_text",
-           "loss_groups", "losses_text", "accuracy_text", "what_to_run", "conclusion_text", "flashmla_fp8_error", "bench_tables",
-           "page_table", "balance_table", "host_table", "path_counts"]
+           "loss_groups", "losses_text", "accuracy_text", "what_to_run", "conclusion_text", "flashmla_fp8_error",
+           "path_counts", "context_label", "us_cell", "SHORT"]
 
 OURS, OURS_PAGE64 = "ours", "ours_page64"
 FM_BF16, FM_FP8 = "flashmla_dense_bf16", "flashmla_dense_fp8"
@@ -68,7 +68,7 @@ def point_label(p: Point) -> str:
     return f"{p[0]} h, {ctx}, b{p[2]}"
 
 
-def _ctx(c: int) -> str:
+def context_label(c: int) -> str:
     return f"{c // 1024}K" if c >= 1024 else str(c)
 
 
@@ -77,7 +77,7 @@ def geomean(xs: Iterable[float | None]) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def _us3(v: float | None) -> str:
+def us_cell(v: float | None) -> str:
     """µs with three significant digits at most (the wide tables' cells): 9.87, 15.3, 153, 1,534."""
     if v is None:
         return "—"
@@ -177,7 +177,7 @@ def _faster(grid: Grid, a: str, b: str, points: Iterable[Point]) -> tuple[int, i
 def grid_text(grid: Grid) -> str:
     """The grid in words, from the run's parameters: head counts, contexts, batches, the mixed-batch rule, the pool."""
     p = grid.result.params
-    ctx = ", ".join(_ctx(c) for c in p["contexts"])
+    ctx = ", ".join(context_label(c) for c in p["contexts"])
     batches = [b for b in p["batches"] if b > 1]
     return (f"The grid: **{', '.join(map(str, p['heads']))} heads** per GPU × one request of **{ctx} tokens**, or a "
             f"mixed batch of {', '.join(map(str, batches))} requests holding a quarter of batch × context tokens in all "
@@ -259,7 +259,7 @@ def lead_figure(grid: Grid) -> go.Figure:
             pts = [p for p in grid.points if p[0] == h]
             outer, inner, ys = [], [], []
             for p in pts:
-                outer.append(_ctx(p[1]))
+                outer.append(context_label(p[1]))
                 inner.append(str(p[2]))
                 fm, us = grid.us(FM_BF16, p), grid.us(strategy, p)
                 ys.append(fm / us if fm and us else None)
@@ -302,7 +302,7 @@ def by_heads_text(grid: Grid) -> tuple[str, dict[str, Any]]:
         g16 = geomean(grid.us(FM_BF16, p) / grid.us(OURS, p) for p in pts if grid.us(FM_BF16, p))
         ran = Counter(grid.row(OURS, p).get("kernel_path") or "triton" for p in pts)
         paths = ", ".join(f"the {KERNEL_NAMES[k]} at {v}" for k, v in ran.most_common())
-        won = [f"{_ctx(p[1])}·{p[2]}" for p in pts if grid.us(FM_BF16, p) and grid.us(OURS, p) < grid.us(FM_BF16, p)]
+        won = [f"{context_label(p[1])}·{p[2]}" for p in pts if grid.us(FM_BF16, p) and grid.us(OURS, p) < grid.us(FM_BF16, p)]
         where = f": context·batch {', '.join(won)}" if won else ""
         lines.append(f"- **{h} heads**: faster than FlashMLA FP8 at {w8} of {n8} points (its speed "
                      f"{g8:.2f}× FlashMLA FP8's, geometric mean), than FlashMLA BF16 at {w16} of {n16} "
@@ -438,87 +438,3 @@ def flashmla_fp8_error(validation: Result | None) -> tuple[float | None, float |
     cases = [r for r in validation.rows if r.get("section") == "cases" and r.get("rel_err") is not None]
     ours = [r["rel_err"] for r in cases if r.get("path") == OURS] or [r["rel_err"] for r in cases]
     return max(fm, default=None), max(ours, default=None)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The appendix's full tables
-# ---------------------------------------------------------------------------------------------------------
-
-
-def bench_tables(grid: Grid) -> list[Table]:
-    """One table per head count: µs of every strategy at every point (FlashInfer's native FP8: the faster of fa2 and
-    fa3), beside the roofline; ten columns, so that it fits the page."""
-    order = [OURS, FM_BF16, FM_FP8, "flashinfer_fp8", "flashinfer_bf16_precast", SGLANG, "gather_cast_bf16",
-             "full_cast_bf16"]
-    names = {**SHORT, "flashinfer_fp8": "FI FP8"}
-    present = set(grid.strategies())
-    shown = [s for s in order if s in present or (s == "flashinfer_fp8" and present & set(FLASHINFER[:2]))]
-    labels = {**{s: label(s) for s in shown if s in STRATEGIES}, "flashinfer_fp8": "FlashInfer native FP8, the faster "
-              "of fa2 and fa3"}
-    legend = "; ".join(f"{names[s]} = {labels[s]}" for s in shown if s != OURS)
-    tables = []
-    for h in sorted({p[0] for p in grid.points}):
-        rows = []
-        for p in (q for q in grid.points if q[0] == h):
-            fi8 = min((u for u in (grid.us(s, p) for s in FLASHINFER[:2]) if u), default=None)
-            rows.append({"point": f"{_ctx(p[1])}·{p[2]}", "roof": (grid.row(OURS, p) or {}).get("roofline_us"),
-                         **{s: fi8 if s == "flashinfer_fp8" else grid.us(s, p) for s in shown}})
-        cols = {f"{h} h: ctx·batch": "point", "roofline": ("roof", _us3), **{names[s]: (s, _us3) for s in shown}}
-        tables.append(Table(rows, cols, grid.caption + f" µs per layer, {h} heads; ctx·batch: context (K tokens) and "
-                                                       f"batch. {legend}. The path ours ran: the dispatcher's table "
-                                                       "below."))
-    return tables
-
-
-def page_table(bench: Grid, paths: Grid | None = None) -> Table:
-    """Per head count, the time on SGLang's page-1 layout over the time on FlashMLA's 64-token pages (the same tokens
-    per request), its range over the grid's points: ours (the bench), and each path forced (the paths run)."""
-    def ratios(strategy: str, grid: Grid, h: int, forced: bool) -> str:
-        xs = []
-        for p in (q for q in grid.points if q[0] == h):
-            one = grid.us(strategy, p, 1) if forced else grid.us(OURS, p)
-            many = grid.us(strategy, p, 64) if forced else grid.us(OURS_PAGE64, p)
-            if one and many:
-                xs.append(one / many)
-        return f"{min(xs):.2f}–{max(xs):.2f}×" if xs else "—"
-
-    rows = []
-    for h in sorted({p[0] for p in bench.points}):
-        r = {"heads": h, "ours": ratios(OURS, bench, h, False)}
-        if paths:
-            r.update({k: ratios(k, paths, h, True) for k in KERNEL_NAMES})
-        rows.append(r)
-    cols = {"heads": "heads", "ours: page 1 / page 64": "ours"}
-    if paths:
-        cols.update({KERNEL_NAMES[k]: k for k in KERNEL_NAMES})
-    return Table(rows, cols, bench.caption + (" Paths forced: " + paths.caption if paths else "")
-                 + " Range over each head count's points; below 1× page 1 is the faster.")
-
-
-def balance_table(grid: Grid) -> Table:
-    """Mixed batches under ours' plan: work items, the plan's imbalance (largest item over the mean), ns per token,
-    against batch 1's ns per token at the same head count (its longest context)."""
-    rows = []
-    for p in grid.points:
-        r = grid.row(OURS, p)
-        if not r or not r.get("us") or p[2] == 1:
-            continue
-        single = max((q for q in grid.points if q[0] == p[0] and q[2] == 1 and grid.us(OURS, q)), key=lambda q: q[1],
-                     default=None)
-        b1 = grid.row(OURS, single) if single else None
-        rows.append({"point": point_label(p), "lens": f"{r['len_min']:,}–{r['len_max']:,}", "items": r.get("work_items"),
-                     "imbalance": r.get("imbalance"), "per_token": r["us"] / r["tokens"] * 1e3,
-                     "b1": b1["us"] / b1["tokens"] * 1e3 if b1 else None})
-    return Table(rows, {"point": "point", "request lengths": "lens", "work items": "items",
-                        "largest item / mean": ("imbalance", times(2)), "ns per token": ("per_token", number(2)),
-                        "batch 1, longest context: ns per token": ("b1", number(2))},
-                 grid.caption + " Ours (the path it ran is in the tables above); work items of its plan.")
-
-
-def host_table(grid: Grid, heads: int = 16) -> Table:
-    """Host µs per eager (uncaptured) call of every strategy at batch 1, one column per context."""
-    contexts = sorted({p[1] for p in grid.points if p[0] == heads and p[2] == 1})
-    rows = [{"s": label(s), **{c: (grid.row(s, (heads, c, 1)) or {}).get("host_us") for c in contexts}}
-            for s in grid.strategies() if any((grid.row(s, (heads, c, 1)) or {}).get("host_us") for c in contexts)]
-    return Table(rows, {f"{heads} heads, batch 1": "s", **{f"{_ctx(c)} host µs": (c, number(0)) for c in contexts}},
-                 grid.caption + " " + grid.ceilings.get("host_us_means", ""))

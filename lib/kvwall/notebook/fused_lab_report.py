@@ -16,17 +16,19 @@ from typing import Any, Mapping
 
 import plotly.graph_objects as go
 
+from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.kernels.mla_decode import dispatch
 from kvwall.model.paths import KERNEL_NAMES
 from kvwall.notebook import plots
-from kvwall.notebook.fused_bench_report import FM_BF16, FM_FP8, Grid, label, point_label
+from kvwall.notebook.fused_bench_report import (FLASHINFER, FM_BF16, FM_FP8, OURS, OURS_PAGE64, SGLANG, SHORT, Grid,
+                                               context_label, label, point_label, us_cell)
 from kvwall.notebook.tables import Table, number, percent, plain, scientific, times
 from kvwall.results import Result
 
 __all__ = ["launch_shape", "screen_table", "split_sweep_figure", "winners_table", "spill_rule_table", "pairs_lesson",
            "loop_mix", "instruction_mix_table", "ncu_rows", "ncu_summary", "ncu_table", "stall_table", "ncu_brief",
            "ncu_text", "dispatcher_table", "dispatcher_text", "other_gpus_table", "floor_table", "floor_text",
-           "contracts_table"]
+           "contracts_table", "bench_tables", "page_table", "balance_table", "host_table"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -408,3 +410,87 @@ def contracts_table(validation: Result) -> Table:
     names = {"ours": "ours", **KERNEL_NAMES}
     return Table(list(checks.values()), {"contract": "check", **{names[p]: p for p in paths}},
                  validation.caption() + " The details of each check are in the recorded rows (`detail`).")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The appendix's full tables
+# ---------------------------------------------------------------------------------------------------------
+
+
+def bench_tables(grid: Grid) -> list[Table]:
+    """One table per head count: µs of every strategy at every point (FlashInfer's native FP8: the faster of fa2 and
+    fa3), beside the roofline; ten columns, so that it fits the page."""
+    order = [OURS, FM_BF16, FM_FP8, "flashinfer_fp8", "flashinfer_bf16_precast", SGLANG, "gather_cast_bf16",
+             "full_cast_bf16"]
+    names = {**SHORT, "flashinfer_fp8": "FI FP8"}
+    present = set(grid.strategies())
+    shown = [s for s in order if s in present or (s == "flashinfer_fp8" and present & set(FLASHINFER[:2]))]
+    labels = {**{s: label(s) for s in shown if s in STRATEGIES}, "flashinfer_fp8": "FlashInfer native FP8, the faster "
+              "of fa2 and fa3"}
+    legend = "; ".join(f"{names[s]} = {labels[s]}" for s in shown if s != OURS)
+    tables = []
+    for h in sorted({p[0] for p in grid.points}):
+        rows = []
+        for p in (q for q in grid.points if q[0] == h):
+            fi8 = min((u for u in (grid.us(s, p) for s in FLASHINFER[:2]) if u), default=None)
+            rows.append({"point": f"{context_label(p[1])}·{p[2]}", "roof": (grid.row(OURS, p) or {}).get("roofline_us"),
+                         **{s: fi8 if s == "flashinfer_fp8" else grid.us(s, p) for s in shown}})
+        cols = {f"{h} h: ctx·batch": "point", "roofline": ("roof", us_cell), **{names[s]: (s, us_cell) for s in shown}}
+        tables.append(Table(rows, cols, grid.caption + f" µs per layer, {h} heads; ctx·batch: context (K tokens) and "
+                                                       f"batch. {legend}. The path ours ran: the dispatcher's table "
+                                                       "below."))
+    return tables
+
+
+def page_table(bench: Grid, paths: Grid | None = None) -> Table:
+    """Per head count, the time on SGLang's page-1 layout over the time on FlashMLA's 64-token pages (the same tokens
+    per request), its range over the grid's points: ours (the bench), and each path forced (the paths run)."""
+    def ratios(strategy: str, grid: Grid, h: int, forced: bool) -> str:
+        xs = []
+        for p in (q for q in grid.points if q[0] == h):
+            one = grid.us(strategy, p, 1) if forced else grid.us(OURS, p)
+            many = grid.us(strategy, p, 64) if forced else grid.us(OURS_PAGE64, p)
+            if one and many:
+                xs.append(one / many)
+        return f"{min(xs):.2f}–{max(xs):.2f}×" if xs else "—"
+
+    rows = []
+    for h in sorted({p[0] for p in bench.points}):
+        r = {"heads": h, "ours": ratios(OURS, bench, h, False)}
+        if paths:
+            r.update({k: ratios(k, paths, h, True) for k in KERNEL_NAMES})
+        rows.append(r)
+    cols = {"heads": "heads", "ours: page 1 / page 64": "ours"}
+    if paths:
+        cols.update({KERNEL_NAMES[k]: k for k in KERNEL_NAMES})
+    return Table(rows, cols, bench.caption + (" Paths forced: " + paths.caption if paths else "")
+                 + " Range over each head count's points; below 1× page 1 is the faster.")
+
+
+def balance_table(grid: Grid) -> Table:
+    """Mixed batches under ours' plan: work items, the plan's imbalance (largest item over the mean), ns per token,
+    against batch 1's ns per token at the same head count (its longest context)."""
+    rows = []
+    for p in grid.points:
+        r = grid.row(OURS, p)
+        if not r or not r.get("us") or p[2] == 1:
+            continue
+        single = max((q for q in grid.points if q[0] == p[0] and q[2] == 1 and grid.us(OURS, q)), key=lambda q: q[1],
+                     default=None)
+        b1 = grid.row(OURS, single) if single else None
+        rows.append({"point": point_label(p), "lens": f"{r['len_min']:,}–{r['len_max']:,}", "items": r.get("work_items"),
+                     "imbalance": r.get("imbalance"), "per_token": r["us"] / r["tokens"] * 1e3,
+                     "b1": b1["us"] / b1["tokens"] * 1e3 if b1 else None})
+    return Table(rows, {"point": "point", "request lengths": "lens", "work items": "items",
+                        "largest item / mean": ("imbalance", times(2)), "ns per token": ("per_token", number(2)),
+                        "batch 1, longest context: ns per token": ("b1", number(2))},
+                 grid.caption + " Ours (the path it ran is in the tables above); work items of its plan.")
+
+
+def host_table(grid: Grid, heads: int = 16) -> Table:
+    """Host µs per eager (uncaptured) call of every strategy at batch 1, one column per context."""
+    contexts = sorted({p[1] for p in grid.points if p[0] == heads and p[2] == 1})
+    rows = [{"s": label(s), **{c: (grid.row(s, (heads, c, 1)) or {}).get("host_us") for c in contexts}}
+            for s in grid.strategies() if any((grid.row(s, (heads, c, 1)) or {}).get("host_us") for c in contexts)]
+    return Table(rows, {f"{heads} heads, batch 1": "s", **{f"{context_label(c)} host µs": (c, number(0)) for c in contexts}},
+                 grid.caption + " " + grid.ceilings.get("host_us_means", ""))
