@@ -552,3 +552,13 @@ def test_accuracy_text_takes_the_worst_checked_output():
     assert values["ours_worst_rel_err"] == 1.7e-3 and values["flashmla_dense_fp8_worst_rel_err"] == 2.8e-2
     assert "triton_worst_rel_err" not in values  # the synthetic paths rows carry no error
     assert "ours **1.7e-03**" in text and "(6 points)" in text
+
+
+def test_breakable_leaves_inline_code_exactly_as_it_is():
+    """A path or a command in a table cell must copy as that path: inline code gets no zero-width spaces (the book's
+    CSS wraps it); a long plain word does."""
+    from kvwall.notebook.tables import breakable
+
+    assert breakable("`book/results/decode_profile.json` read") == "`book/results/decode_profile.json` read"
+    assert "\u200b" in breakable("flashinfer/mla/_core.py:4498 is long")
+    assert breakable("short words 12,345") == "short words 12,345"

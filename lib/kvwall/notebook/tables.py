@@ -83,8 +83,9 @@ _ZWSP = "\u200b"
 
 def breakable(text: str) -> str:
     """``text`` with a zero-width space after the separators (``/ . _ : , ( ) =``) of each word longer than
-    :data:`LONG_WORD` characters (``flashinfer/mla/_core.py:4498`` may break after a ``/``), inside inline code
-    too; links and HTML are left alone. Short words, numbers included, never break."""
+    :data:`LONG_WORD` characters (``flashinfer/mla/_core.py:4498`` may break after a ``/``); inline code, links
+    and HTML are left alone -- a path or a command copied from a table must be exactly that path (the book's CSS
+    lets inline code in a table wrap anywhere instead). Short words, numbers included, never break."""
     def word(w: str) -> str:
         pieces = _BREAK_AFTER.sub(lambda m: m.group(1) + _ZWSP, w).split(_ZWSP)
         # A run with no separator at all longer than LONG_RUN (a hash) breaks every LONG_RUN characters.
@@ -94,8 +95,9 @@ def breakable(text: str) -> str:
         return " ".join(word(w) if len(w) > LONG_WORD and "](" not in w and "://" not in w else w
                         for w in segment.split(" "))
 
-    # HTML tags (``<br>``, ``<small>``) are kept whole; the text between them is broken word by word.
-    return "".join(part if part.startswith("<") else words(part) for part in re.split(r"(<[^>]*>)", text))
+    # HTML tags (``<br>``, ``<small>``) and inline code are kept whole; the text between them is broken word by word.
+    return "".join(part if part.startswith(("<", "`")) else words(part)
+                   for part in re.split(r"(<[^>]*>|`[^`]*`)", text))
 
 
 def _cell(value: Any) -> str:
