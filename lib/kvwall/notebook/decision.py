@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 from kvwall.model.cost import GPUS
 from kvwall.model.original import ORIGINAL
+from kvwall.notebook import fused_bench_report
 from kvwall.notebook.answer_report import SweepFit, fit_sweep, headline_point, step_rows, sweep_rows
 from kvwall.notebook.doors_report import calls_for_matrix
 from kvwall.notebook.original_gpu_report import original_gpu_rows
@@ -126,13 +127,9 @@ def flashmla_fp8_error(ev: Evidence) -> tuple[float | None, float | None, str]:
         ours = [r["rel_err_f64"] for r in rows if r["strategy"] in ("ours", "ours_page64")]
         if fp8 and ours:
             return max(fp8), max(ours), "fused_decode_bench"
-    if ev.validation is not None:
-        fp8 = [r["rel_err"] for r in ev.validation.rows if r.get("section") == "fp8_peers"
-               and r.get("peer") == "flashmla_dense_fp8" and r.get("rel_err") is not None]
-        cases = [r for r in ev.validation.rows if r.get("section") == "cases" and r.get("rel_err") is not None]
-        ours = [r["rel_err"] for r in cases if r.get("path") == "ours"] or [r["rel_err"] for r in cases]
-        if fp8 and ours:
-            return max(fp8), max(ours), "fused_decode_validation"
+    fp8, ours = fused_bench_report.flashmla_fp8_error(ev.validation)  # chapter 5's reading of the case table
+    if fp8 is not None and ours is not None:
+        return fp8, ours, "fused_decode_validation"
     return None, None, ""
 
 
