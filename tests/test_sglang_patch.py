@@ -46,7 +46,8 @@ def test_patch_applies_and_compiles(name):
     patched = apply_patch(name)
     assert patched != upstream_source()
     compile(patched, f"{name}.py", "exec")
-    assert "kvwall_plan_decode" in patched
+    assert "kvwall_compact_plan" in patched
+    assert ("kvwall_plan_decode" in patched) == (name == "fused")
 
 
 @pytest.mark.parametrize("name", PATCHES)
@@ -75,31 +76,74 @@ def test_apply_diff_rejects_malformed_diffs():
     assert apply_diff("a\nb\nc\n", "@@ -2,1 +2,2 @@\n b\n+B\n") == "a\nb\nB\nc\n"
 
 
-def test_only_the_unpatched_decode_casts_the_whole_pool():
+def _whole_buffer_casts(func: ast.FunctionDef) -> list[str]:
+    """``<pool or DCP buffer>.to(...)`` calls in ``func``: a whole buffer turned into another dtype."""
+    return [ast.unparse(n) for n in ast.walk(func)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "to"
+            and ("get_key_buffer" in ast.unparse(n.func.value) or "dcp_kv_buffer" in ast.unparse(n.func.value))]
+
+
+def test_every_whole_pool_cast_goes():
+    """Upstream casts the whole pool in decode and in forward_extend's paged path (prefix prefill, target-verify,
+    draft-extend) and the DCP buffer there; each patch leaves no such cast, and its one remaining ``.to(q.dtype)``
+    is the fallback of ``kvwall_kv_buffer`` (patch off: a 16-bit cache, an FP16 model, piecewise-captured prefill)."""
     src = upstream_source()
-    decode = _function(src, "forward_decode")
-    assert WHOLE_POOL_CAST in ast.unparse(decode) or WHOLE_POOL_CAST.split(" = ")[1] in ast.unparse(decode)
-    assert len(_casts(decode.body)) == 1
-    for name, flag in (("gather_cast", "self.kvwall_gather"), ("fused", "self.kvwall_fused")):
-        decode = _function(apply_patch(name), "forward_decode")
-        text = ast.unparse(decode)
-        assert "get_key_buffer(layer.layer_id).to(" not in text
-        branches = [n for n in ast.walk(decode) if isinstance(n, ast.If) and ast.unparse(n.test) == flag]
-        assert len(branches) == 1, name
-        branch = branches[0]
-        assert not _casts(branch.body), f"{name}: the patched branch casts"
-        if name == "gather_cast":  # the 16-bit fallback is the else branch
-            assert len(_casts(branch.orelse)) == 1
-        else:  # the fused branch returns; the fallback follows it
-            assert isinstance(branch.body[-1], ast.Return)
-
-
-def test_prefill_is_left_alone():
-    """forward_extend's paged path casts the whole pool too; the patches leave it as upstream has it."""
-    up = ast.unparse(_function(upstream_source(), "forward_extend"))
-    assert "get_key_buffer(layer.layer_id).to(q.dtype)" in up
+    assert len(_whole_buffer_casts(_function(src, "forward_decode"))) == 1
+    assert len(_whole_buffer_casts(_function(src, "forward_extend"))) == 2
     for name in PATCHES:
-        assert ast.unparse(_function(apply_patch(name), "forward_extend")) == up
+        patched = apply_patch(name)
+        for func in ("forward_decode", "forward_extend"):
+            assert not _whole_buffer_casts(_function(patched, func)), (name, func)
+            assert "kvwall_kv_buffer" in ast.unparse(_function(patched, func))
+        helper = _function(patched, "kvwall_kv_buffer")
+        whole = [n for n in ast.walk(helper) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr == "to" and ast.unparse(n.func.value) == "k_buf"]
+        assert len(whole) == 1  # the fallback, after `if self.kvwall_kv.step is None:`
+        first = helper.body[1]
+        assert isinstance(first, ast.If) and ast.unparse(first.test) == "self.kvwall_kv.step is None"
+        assert whole[0] in list(ast.walk(first))
+        decode = _function(patched, "forward_decode")
+        if name == "fused":  # ours first, returning; the compact rows otherwise (DCP)
+            branch = next(n for n in ast.walk(decode) if isinstance(n, ast.If)
+                          and ast.unparse(n.test) == "self.kvwall_fused")
+            assert isinstance(branch.body[-1], ast.Return)
+            assert "ours_decode" in ast.unparse(branch)
+
+
+def test_every_bf16_plan_is_over_the_compact_rows():
+    """Each place the patched file plans a BF16 MLA wrapper with kv_indices (decode, verify's fast plan, paged
+    prefill) first turns them into the compact rows' indices."""
+    for name in PATCHES:
+        patched = apply_patch(name)
+        for func in ("FlashInferMLAIndicesUpdaterDecode", "FlashInferMLAIndicesUpdaterPrefill"):
+            cls = next(n for n in ast.walk(ast.parse(patched)) if isinstance(n, ast.ClassDef) and n.name == func)
+            text = ast.unparse(cls)
+            plans = text.count("wrapper.plan(") + text.count("wrapper_paged.plan(") + text.count(
+                "fast_mla_decode_plan(wrapper_paged")
+            assert text.count("kvwall_compact_plan(") == plans - (1 if func.endswith("Decode") else 0), (name, func)
+
+
+def test_the_diffs_apply_with_git_and_do_not_stack(tmp_path):
+    """``git apply --check`` accepts each diff on the byte-identical upstream file; fused is a superset of
+    gather_cast, so the second of the two on top of the first is refused (apply one)."""
+    import shutil
+    import subprocess
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    target = tmp_path / "python/sglang/srt/layers/attention/flashinfer_mla_backend.py"
+    target.parent.mkdir(parents=True)
+    target.write_text(upstream_source())
+    diffs = {}
+    for name in PATCHES:
+        diffs[name] = tmp_path / f"{name}.diff"
+        diffs[name].write_text(patch_text(name))
+    git = ["git", "-C", str(tmp_path)]
+    subprocess.run(git + ["init", "-q"], check=True)
+    for name in PATCHES:
+        assert subprocess.run(git + ["apply", "--check", str(diffs[name])]).returncode == 0, name
+    subprocess.run(git + ["apply", str(diffs["gather_cast"])], check=True)
+    assert target.read_text() == apply_patch("gather_cast")
+    assert subprocess.run(git + ["apply", "--check", str(diffs["fused"])], capture_output=True).returncode != 0
 
 
 def test_loading_leaves_no_sglang_stand_ins_behind():
@@ -146,19 +190,20 @@ def _altered(variant, **names):
     return mod
 
 
-def test_check_catches_a_whole_pool_cast_behind_compact_indices(step):
-    mod = _altered("gather_cast", launch_gather=lambda plan, pool: pool.to(torch.bfloat16))
-    row = _check(run_decode("gather_cast", step[0], flashinfer=False, module=mod), step, "gather_cast")
+def test_check_catches_a_whole_pool_cast_behind_compact_indices(step, monkeypatch):
+    import kvwall.peers.sglang_patch.compact as compact
+    monkeypatch.setattr(compact, "launch_gather", lambda plan, pool: pool.to(torch.bfloat16))
+    row = _check(run_decode("gather_cast", step[0], flashinfer=False), step, "gather_cast")
     assert not row["ok"]
     assert row["whole_pool_casts"] == 2 and row["rows_read_exact"] is False
 
 
-def test_check_catches_wrong_gather_indices(step):
-    mod = load_patched_backend("gather_cast", device="cpu", wrappers={})
-    real = mod.launch_gather
-    mod.launch_gather = lambda plan, pool: real(dataclasses.replace(plan, kv_indices=plan.kv_indices.flip(0)),
-                                                pool=pool)
-    row = _check(run_decode("gather_cast", step[0], flashinfer=False, module=mod), step, "gather_cast")
+def test_check_catches_wrong_gather_indices(step, monkeypatch):
+    import kvwall.peers.sglang_patch.compact as compact
+    real = compact.launch_gather
+    monkeypatch.setattr(compact, "launch_gather", lambda plan, pool: real(
+        dataclasses.replace(plan, kv_indices=plan.kv_indices.flip(0)), pool=pool))
+    row = _check(run_decode("gather_cast", step[0], flashinfer=False), step, "gather_cast")
     assert not row["ok"]
     assert row["whole_pool_casts"] == 0 and row["rows_read_exact"] is False
     assert not row["bit_identical_vs_unpatched"]
@@ -173,12 +218,71 @@ def test_check_catches_the_unpatched_path_posing_as_a_patch(step):
 
 def test_check_catches_a_fused_call_on_the_wrong_slots(step):
     mod = load_patched_backend("fused", device="cpu", wrappers={})
-    real = mod.mla_decode_fp8
+    real = mod.ours_decode
 
-    def shifted(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, sm_scale, **kw):
-        return real(q_nope, q_pe, ckv, kpe, kv_indptr, (kv_indices + 1) % ckv.shape[0], sm_scale, **kw)
+    def shifted(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, sm_scale, plan, **kw):
+        return real(q_nope, q_pe, ckv, kpe, kv_indptr, (kv_indices + 1) % ckv.shape[0], sm_scale, plan, **kw)
 
-    mod.mla_decode_fp8 = shifted
+    mod.ours_decode = shifted
     row = _check(run_decode("fused", step[0], flashinfer=False, module=mod), step, "fused")
     assert not row["ok"]
     assert not row["within_bf16_tolerance"]
+
+
+def test_graph_step_plan_refills_in_place_for_growing_batches():
+    """One GraphStepPlan (as one captured batch size holds it): its buffers never move, and refilled for batches
+    that grow between replays (padded empty items, every request through the combine) ours matches the reference."""
+    from kvwall.kernels import mla_decode_reference
+    from kvwall.peers.sglang_patch.graph_plan import GraphStepPlan, ours_decode
+    g = torch.Generator().manual_seed(3)
+    heads, slots = 16, 700
+    pool = (torch.randn(slots, 1, 576, generator=g) * 0.7).to(torch.float8_e4m3fn)
+    ckv, kpe = pool[:, :, :512], pool[:, :, 512:]
+    gp = GraphStepPlan(4, heads=heads, max_len=160, device=torch.device("cpu"))
+    ptrs = (gp.plan.work.data_ptr(), gp.plan.part_o.data_ptr(), gp.plan.part_indptr.data_ptr())
+    for lens in ([1, 1, 1, 1], [5, 130, 1, 17], [160, 160, 3, 159]):
+        gp.refill(lens)
+        assert (gp.plan.work.data_ptr(), gp.plan.part_o.data_ptr(), gp.plan.part_indptr.data_ptr()) == ptrs
+        assert gp.last_items <= gp.capacity and gp.plan.items == gp.capacity
+        ptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        idx = torch.randperm(slots, generator=g)[: sum(lens)].to(torch.int32)
+        q = (torch.randn(4, heads, 576, generator=g) * 0.5).to(torch.bfloat16)
+        out = ours_decode(q[..., :512], q[..., 512:], ckv, kpe, ptr, idx, 0.1, gp.plan)
+        ref = mla_decode_reference(q[..., :512], q[..., 512:], pool[:, 0, :512].float(), pool[:, 0, 512:].float(),
+                                   ptr, idx.long(), 0.1)
+        assert torch.allclose(out.float(), ref.float(), rtol=1.6e-2, atol=1e-2), lens
+    with pytest.raises(ValueError, match="3 lengths for a plan of batch 4"):
+        gp.refill([1, 2, 3])
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_compact_kv_graph_mode_gathers_exactly_the_rows(shared):
+    """CompactKV in graph mode: the slots copied into its fixed list, 0..n-1 written over kv_indices in place, and
+    the gathered rows equal pool[slots].to(bf16); a step with more positions than the capacity (shared prefix slots)
+    is planned over its distinct slots instead -- correct, no exception."""
+    from kvwall.peers.sglang_patch.compact import CompactKV
+    g = torch.Generator().manual_seed(1)
+    pool = (torch.randn(50, 1, 576, generator=g) * 0.7).to(torch.float8_e4m3fn)
+    kv = CompactKV(576)
+    kv.reserve(40, torch.device("cpu"))
+    out_ptr = kv.out.data_ptr()
+    slots = torch.randperm(49, generator=g)[:30].to(torch.int32) + 1
+    if shared:
+        slots = torch.cat([slots, slots[:20]])  # 50 positions > 40 rows: 30 distinct
+    kv_indices = torch.cat([slots, torch.zeros(7, dtype=torch.int32)])  # a capture-stable buffer's stale tail
+    planned = kv.plan(kv_indices, slots.numel(), graph=True)
+    assert planned is kv_indices and kv.out.data_ptr() == out_ptr
+    rows = kv.kv(pool)
+    assert rows.data_ptr() == out_ptr
+    got = rows[kv_indices[: slots.numel()].long(), 0]
+    want = pool[slots.long(), 0].to(torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert kv.dedup_steps == int(shared)
+    if not shared:
+        assert torch.equal(kv_indices[:30], torch.arange(30, dtype=torch.int32))
+    eager = CompactKV(576)
+    fresh = slots[:9].clone()
+    compact = eager.plan(fresh, 9, graph=False)
+    assert torch.equal(fresh, slots[:9]) and torch.equal(compact, torch.arange(9, dtype=torch.int32))
+    assert torch.equal(eager.kv(pool)[:, 0].view(torch.int16),
+                       pool[slots[:9].long(), 0].to(torch.bfloat16).view(torch.int16))

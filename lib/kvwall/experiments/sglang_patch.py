@@ -114,7 +114,7 @@ def check_variant(run: DecodeRun, base: DecodeRun, inp: SGLangDecodeInputs, ref6
         problems.append("output not within BF16 tolerance of the unpatched output" + ("" if finite else " (non-finite)"))
     kv_path = {"unpatched": "whole-pool cast .to(bfloat16) per layer",
                "gather_cast": "kvwall gather_cast (Triton) into a compact BF16 buffer per layer",
-               "fused": "none: mla_decode_fp8 reads the FP8 pool"}.get(run.variant, run.variant)
+               "fused": "none: ours (dispatch.mla_decode) reads the FP8 pool"}.get(run.variant, run.variant)
     return {"section": "checks", "variant": run.variant, "case": case, "batch": len(inp.lens),
             "tokens": int(sum(inp.lens)), "pool_slots": int(inp.pools[0].shape[0] - 1), "layers": layers,
             "heads": inp.geometry.heads_per_gpu, "attention": attention, "kv_path": kv_path,
@@ -128,7 +128,7 @@ def check_variant(run: DecodeRun, base: DecodeRun, inp: SGLangDecodeInputs, ref6
 
 def _attention_label(variant: str, flashinfer: bool, version: str | None) -> str:
     if variant == "fused":
-        return "kvwall mla_decode_fp8 (Triton" + (")" if flashinfer else ", interpreter)")
+        return "ours: kvwall dispatch.mla_decode with the step's plan" + ("" if flashinfer else " (Triton interpreter)")
     if flashinfer:
         return f"FlashInfer {version} BatchMLAPagedAttentionWrapper (backend='auto', as SGLang plans it)"
     return REFERENCE_ATTENTION

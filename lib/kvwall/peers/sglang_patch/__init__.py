@@ -1,19 +1,19 @@
-"""Two patches for SGLang 0.5.23's ``flashinfer_mla`` backend that remove the whole-pool FP8 -> BF16 cast in decode,
-as unified diffs a reader applies to ``python/sglang/srt/layers/attention/flashinfer_mla_backend.py``.
+"""Two patches for SGLang 0.5.23's ``flashinfer_mla`` backend that remove every whole-pool FP8 -> BF16 cast (decode,
+target-verify, draft-extend, paged prefill with a cached prefix, the DCP buffer), as unified diffs a reader applies
+to ``python/sglang/srt/layers/attention/flashinfer_mla_backend.py`` with ``git apply`` (one of them: they do not
+stack).
 
-- ``gather_cast.diff``: once per step, where the decode wrapper is planned, the wrapper is planned over a compact
-  BF16 buffer with indices ``0..n-1``; each layer gathers+casts only the rows the batch's ``kv_indices`` reference
-  (:func:`kvwall.kernels.gather.kernel.plan_gather` once a step, ``launch_gather`` per layer) and runs FlashInfer.
-- ``fused.diff``: decode calls :func:`kvwall.kernels.mla_decode_fp8` straight on the FP8 pool with the pool's
-  ``kv_indices``; no BF16 at all, no FlashInfer plan.
+- ``gather_cast.diff``: wherever the BF16 MLA wrapper is planned, it is planned over a compact BF16 buffer with
+  indices ``0..n-1``; each layer gathers+casts only the rows the step references (:mod:`.compact`).
+- ``fused.diff``: the same, and decode runs ours (:func:`kvwall.kernels.mla_decode.dispatch.mla_decode`) straight on
+  the FP8 pool with one plan per step; under CUDA graphs a graph-stable plan per captured batch size
+  (:mod:`.graph_plan`).
 
-Both leave a 16-bit cache, an FP16 model, FP8 e5m2, DCP and prefill/verify (``forward_extend``, which casts the whole
-pool too, on its paged path) as they were; ``UPSTREAM.md`` in this folder says how CUDA graphs are handled.
-
+``UPSTREAM.md`` in this folder says what each changes, how CUDA graphs are handled and what remains.
 ``flashinfer_mla_backend.py.orig`` is the upstream file, byte for byte (``UPSTREAM.md``: source, version, licence).
 :func:`apply_patch` applies a diff in pure Python and refuses any hunk whose lines differ from the file's;
 :func:`load_patched_backend` executes the (un)patched source as a module, with the stand-ins of
-:mod:`kvwall.peers.sglang_patch.stubs` for its sglang imports (why real sglang cannot be imported: ``stubs.BLOCKER``).
+:mod:`kvwall.peers.sglang_patch.stubs` for its sglang imports.
 """
 
 from __future__ import annotations
