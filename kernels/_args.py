@@ -61,10 +61,11 @@ def require_tensors(named: dict[str, object], fail_: Fail) -> None:
 
 
 def check_batch_shapes(tensors: dict[str, object], dims: int, fail_: Fail, *, layout: str) -> None:
-    """Each of ``tensors`` is a torch.Tensor of ``dims`` dimensions, the first (the batch) at least 1."""
+    """Each of ``tensors`` is a torch.Tensor (:func:`require_tensors`) of ``dims`` dimensions, the first (the batch)
+    at least 1."""
+    require_tensors(tensors, fail_)
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            fail_(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}.")
+        assert isinstance(t, torch.Tensor)
         if t.dim() != dims:
             fail_(ValueError, f"{name} has shape {tuple(t.shape)}; expected {layout}.")
         if t.shape[0] < 1:

@@ -230,7 +230,17 @@ def sanitizer_args(argv: Sequence[str] | None, prog: str, description: str, case
     parser.add_argument("--cases", nargs="+", default=list(default), metavar="NAME",
                         help=f"case names from the table (default: {', '.join(default)})")
     args = parser.parse_args(argv)
+    try:
+        device = torch.device(args.device)
+    except (TypeError, RuntimeError):
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        parser.error(f"--device {args.device}: not a device these kernels run on; give --device cuda (default, what "
+                     "compute-sanitizer watches) or --device cpu (Triton's interpreter)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this machine has no CUDA GPU (or this torch has no CUDA); run with "
+                     "--device cpu for the same checks in Triton's interpreter")
     unknown = [n for n in args.cases if n not in case_names]
     if unknown:
         parser.error(f"no case named {', '.join(map(repr, unknown))}; the table has: {', '.join(case_names)}")
-    return torch.device(args.device), list(args.cases)
+    return device, list(args.cases)

@@ -192,9 +192,6 @@ def test_validation_table_per_path_and_the_rule():
     assert "within the rule's bound of 2×" in text
     assert fused_bench_report.flashmla_fp8_error(validation) == (3e-2, 1.7e-3)
     assert fused_bench_report.flashmla_fp8_error(None) == (None, None)
-    legacy = result("fused_decode_validation", [{k: v for k, v in r.items() if k != "path"}
-                                                for r in validation.rows if r["section"] == "cases"])
-    assert fused_report.validation_table(legacy, "c").rows[0]["what"].startswith("Triton path: 2 cases")
     contracts = fused_lab_report.contracts_table(validation)
     assert contracts.rows == [{"check": "NaN stays in its request", "triton": "yes", "wgmma": "NO"}]
 

@@ -187,6 +187,10 @@ BAD_INPUTS = [
     (_set(scale="2"), TypeError, "give a number"),
     (_set(scale=torch.tensor([1.0, 2.0])), TypeError, "one float32 value"),
     (_set(scale=torch.tensor([2.0], dtype=torch.float64)), TypeError, "one float32 value"),
+    # issue 24, finding 11: the rule of mla_decode_fp8's scales (kvwall.kernels._args.scale_number)
+    (_set(scale=float("nan")), ValueError, "scale=nan is not finite"),
+    (_set(scale=float("-inf")), ValueError, "scale=-inf is not finite"),
+    (_set(scale=1e39), ValueError, "scale=1e\\+39 is not finite \\(as float32\\)"),
 ]
 
 
@@ -281,6 +285,10 @@ def test_sanitizer_program_runs_chosen_cases_on_cpu(capsys):
 def test_compact_indices_and_batch():
     batch = make_decode_batch([5, 9], 100, seed=0)
     assert compact_kv_indices(batch.kv_indptr).tolist() == list(range(14))
+    # issue 24, finding 6: an empty kv_indptr is refused in words (it was an IndexError)
+    for bad in (torch.tensor([], dtype=torch.int32), torch.tensor(3), [0, 5]):
+        with pytest.raises(ValueError, match="^compact_kv_indices: kv_indptr must be a 1-D tensor of batch \\+ 1"):
+            compact_kv_indices(bad)
     cb = compact_batch(batch)
     assert cb.kv_indices.tolist() == list(range(14)) and torch.equal(cb.kv_indptr, batch.kv_indptr)
 

@@ -316,6 +316,19 @@ def test_sanitizer_program_reports_each_case(capsys):
     assert {c.name for c in SANITIZED_CASES} >= {"h1 all empty", "h3 contiguous spare"}
 
 
+@pytest.mark.parametrize("argv,words", [(["--device", "tpu"], "--device tpu: not a device these kernels run on")]
+                         + ([] if torch.cuda.is_available() else [([], "--device cuda: this machine has no CUDA GPU")]))
+def test_sanitizer_programs_refuse_a_device_in_words(capsys, argv, words):
+    """Issue 24, finding 8: --device tpu, or the default cuda on a CPU machine, is a usage error, not a traceback."""
+    from kvwall.kernels.gather import sanitize as gather_sanitize
+
+    for program in (sanitize, gather_sanitize):
+        with pytest.raises(SystemExit) as info:
+            program.main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and words in err and "--device cpu" in err and "Traceback" not in err
+
+
 
 # ----------------------------------------------------------------------------------------------
 # Bad input: a clear error before any launch (a poisoned out stays untouched)

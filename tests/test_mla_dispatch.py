@@ -18,7 +18,7 @@ import torch
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.cases import SM_SCALE
 from kvwall.kernels.mla_decode.dispatch import (KERNEL_PATHS, PATHS_FILE, choose_path, decide_path, measured_choice,
-                                                mla_decode, path_point, plan_mla_decode_auto, points_from_legacy,
+                                                mla_decode, path_point, plan_mla_decode_auto,
                                                 table_entry)
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
@@ -126,15 +126,6 @@ def test_the_shipped_table_is_in_todays_format():
         for h, c, b, path, triton_us, wgmma_us in entry["points"]:
             assert path in KERNEL_PATHS and path_point(h, c, b, triton_us, wgmma_us) == [h, c, b, path, triton_us,
                                                                                         wgmma_us]
-
-
-def test_a_table_of_the_retired_format_converts():
-    """The format before the mma.sync path was retired, [h, ctx, b, path, cuda_us, triton_us, wgmma_us]: the mma.sync
-    time is dropped and the winner recomputed between the two paths left."""
-    legacy = [[64, 64, 1, "cuda", 12.53, 15.6, 13.94], [16, 131072, 1, "triton", 56.12, 50.11, 53.48],
-              [16, 4096, 1, "triton", 18.0, 15.0, None]]
-    assert points_from_legacy(legacy) == [[64, 64, 1, "wgmma", 15.6, 13.94], [16, 131072, 1, "triton", 50.11, 53.48],
-                                          [16, 4096, 1, "triton", 15.0, None]]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ Calling conventions (the same for the CUDA C++ twin, :func:`kvwall.kernels.gathe
   decode step, where ``kv_indices`` and ``out`` are fixed-capacity buffers and lengths change.
 - ``out`` (optional): a BF16 buffer with at least ``len(kv_indices)`` rows (its capacity), its
   own memory: one that overlaps itself (``expand``) or shares bytes with an input is refused.
-- ``scale`` (optional): a Python number or a one-element float32 tensor on the pool's device (read
+- ``scale`` (optional): a Python number (finite as float32: NaN and infinities are refused, the rule of
+  ``mla_decode_fp8``'s scales) or a one-element float32 tensor on the pool's device (read
   in the kernel, so a graph replays with whatever the tensor holds). Products are rounded to
   BF16 to nearest-even, exactly as ``(row.float() * scale).to(torch.bfloat16)``.
 - ``check_range=True`` validates indices and ``kv_indptr`` on the host *before* the launch (a
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from numbers import Real
 from pathlib import Path
 
 import torch
@@ -56,6 +56,7 @@ import triton.language as tl
 from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
                                     gpu_name, keep_fp8_nan, needs_int64, read_tuned_table, refuse_graph_capture,
                                     round_bf16_by_bits, sm_count)
+from kvwall.kernels._args import scale_number
 
 __all__ = ["gather_cast", "full_cast", "compact_kv_indices", "GatherPlan", "plan_gather", "launch_gather",
            "check_same_layout", "GatherConfig", "gather_config", "chunk_width", "largest_pool_offset",
@@ -285,9 +286,7 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
             _fail(ValueError, f"scale is on {scale.device} but pool is on {pool.device}.")
         scale_tensor = scale.reshape(1)
     elif scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, Real):
-            _fail(TypeError, f"scale={scale!r}: give a number, a one-element float32 tensor, or None.")
-        scale_value = float(scale)
+        scale_value = scale_number("scale", scale, _fail)
     if out_given:
         check_output(out, {"pool": pool, "kv_indices": kv_indices, "kv_indptr": kv_indptr, "scale": scale_tensor},
                      _fail)
@@ -496,4 +495,8 @@ def full_cast(pool: torch.Tensor, *, out: torch.Tensor | None = None, block: int
 
 def compact_kv_indices(kv_indptr: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
     """The page table of the compact buffer :func:`gather_cast` writes: ``0..kv_indptr[-1]-1``."""
+    if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.numel() < 1:
+        got = f"shape {tuple(kv_indptr.shape)}" if isinstance(kv_indptr, torch.Tensor) else type(kv_indptr).__name__
+        fail("compact_kv_indices", ValueError, "kv_indptr must be a 1-D tensor of batch + 1 >= 1 entries (its last is "
+             f"the rows gather_cast wrote); got {got}.")
     return torch.arange(int(kv_indptr[-1]), dtype=dtype, device=kv_indptr.device)

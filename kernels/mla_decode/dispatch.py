@@ -36,7 +36,7 @@ from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode
 
 __all__ = ["PATHS_FILE", "KernelPath", "KERNEL_PATHS", "choose_path", "decide_path", "table_entry",
-           "measured_choice", "path_point", "points_from_legacy", "plan_mla_decode_auto", "mla_decode"]
+           "measured_choice", "path_point", "plan_mla_decode_auto", "mla_decode"]
 
 _fail = functools.partial(fail, "mla_decode")
 #: The measured table (GPU model -> its crossovers), derived from the recorded ``fused_decode_paths`` result.
@@ -52,13 +52,6 @@ def path_point(heads: int, context: int, batch: int, triton_us: float, wgmma_us:
     two (the Triton path where the wgmma path has no time), times rounded to 0.01 µs."""
     path = "wgmma" if wgmma_us is not None and wgmma_us < triton_us else "triton"
     return [heads, context, batch, path, round(triton_us, 2), None if wgmma_us is None else round(wgmma_us, 2)]
-
-
-def points_from_legacy(points: list[list]) -> list[list]:
-    """Points of the table format written before the mma.sync path was retired -- ``[heads, context, batch, path,
-    cuda_us, triton_us, wgmma_us]`` -- in today's format: the mma.sync time dropped, the winner recomputed between
-    the two remaining paths (:func:`path_point`)."""
-    return [path_point(h, c, b, triton_us, wgmma_us) for h, c, b, _, _, triton_us, wgmma_us in points]
 
 
 def measured_choice(entry: dict, heads: int, batch: int, max_len: int) -> tuple[KernelPath, list] | None:

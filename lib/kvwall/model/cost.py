@@ -91,9 +91,6 @@ ATTENTIONS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "flashmla_fp8": ("fp8", 64, ("sm_90",)),
 }
 PREPARATIONS = ("none", "full_cast", "index_then_cast", "gather_cast")
-#: Sweep path names of recordings made before ours and its Triton path were named so -> today's names (the same
-#: measurements: the dispatcher's path, and the Triton path forced). Samples are read through it.
-RECORDED_AS: dict[str, str] = {"fused_fp8": "ours", "fused_fp8_triton": "triton"}
 #: Attention measured on the reference GPU as the dispatcher ran it there -> the attention that runs in its place on
 #: a GPU without a measured dispatch table (the Triton path). A sweep without a ``triton`` series: the component
 #: itself.
@@ -297,7 +294,6 @@ def fit_cost_model(samples: Iterable[tuple[str, Point, float]], reference: GPUSp
     sample is left out (paths that need it cannot be predicted)."""
     by_path: dict[str, list[tuple[Point, float]]] = {}
     for path, p, us in samples:
-        path = RECORDED_AS.get(path, path)
         if us is not None and us > 0 and path in PATHS:
             by_path.setdefault(path, []).append((p, float(us)))
     comps: dict[str, ComponentFit] = {}
@@ -337,7 +333,6 @@ def validate(model: CostModel, held_out: Sequence[tuple[str, str, Point, float]]
     """One row per held-out sample: measured, predicted, and the relative error (predicted / measured - 1)."""
     rows = []
     for axis, path, p, us in held_out:
-        path = RECORDED_AS.get(path, path)
         if path not in PATHS:  # as the fit: a path the model does not compose is left out
             continue
         comp = PATHS[path]

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvwall.model.cost import PATHS, RECORDED_AS, CostModel, Point, fit_cost_model, split_train_test, validate
+from kvwall.model.cost import PATHS, CostModel, Point, fit_cost_model, split_train_test, validate
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.paths import KERNEL_NAMES, kernel_that_ran, kernels_that_ran
@@ -48,9 +48,8 @@ def _rows(result: Result, section: str) -> list[dict[str, Any]]:
 
 
 def sweep_rows(result: Result) -> list[dict[str, Any]]:
-    """The ``point`` rows of a ``path_sweep`` result, each path by today's name (a recording made before ours was
-    named so says ``fused_fp8`` / ``fused_fp8_triton``: :data:`kvwall.model.cost.RECORDED_AS`)."""
-    return [{**r, "path": RECORDED_AS.get(r["path"], r["path"])} for r in _rows(result, "point")]
+    """The ``point`` rows of a ``path_sweep`` result."""
+    return _rows(result, "point")
 
 
 def _setup(result: Result) -> dict[str, Any]:

@@ -6,6 +6,8 @@
 - **SM90** (measured on the H200): the decode step (``decode_step_paths``) and the sweep (``path_sweep``) say which
   path is faster at one request and at batches; chapter 5's benchmark (``fused_decode_bench``) and validation
   (``fused_decode_validation``) give FlashMLA FP8's speed over the grid and its error;
+- **accuracy**: every row's path on sharp and long attention (``fp8_accuracy``, :mod:`kvwall.notebook.accuracy_report`):
+  the "accuracy" column, and whether FlashMLA FP8 is advised without a caveat;
 - **SM100 / SM120**: chapter 3's door matrix (``doors_checks`` + ``doors_sm90``, folded by
   :func:`kvwall.peers.flashinfer.doors.door_matrix` exactly as chapter 3 does) says which FlashInfer path takes
   GLM-5's FP8 cache there; the cost model fitted on the sweep predicts our paths there (a prediction, labelled).
@@ -21,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from kvwall.model.cost import GPUS
 from kvwall.model.original import ORIGINAL
-from kvwall.notebook import fused_bench_report
+from kvwall.notebook import accuracy_report, fused_bench_report
 from kvwall.notebook.answer_report import SweepFit, fit_sweep, headline_point, step_rows, sweep_rows
 from kvwall.notebook.doors_report import calls_for_matrix
 from kvwall.notebook.original_gpu_report import original_gpu_rows
@@ -35,7 +37,7 @@ __all__ = ["Evidence", "Decision", "decide", "decision_table", "decision_caption
 
 #: The recorded results the decision reads (all of them GPU recordings but ``doors_checks``, a CPU replay).
 SOURCES = ("decode_step_paths", "path_sweep", "fused_decode_bench", "fused_decode_validation", "doors_checks",
-           "doors_sm90")
+           "doors_sm90", "fp8_accuracy")
 #: The batch regime the "batches" rows speak for: mixed batches of at least this many requests.
 BIG_BATCH = 16
 #: SGLang 0.5.23's backend for a FlashInfer door (its ``attention_registry.py``; chapter 3).
@@ -51,6 +53,7 @@ def _link(doc: str, text: str) -> str:
 
 CH3, CH4, CH5, CH6 = (_link("03_the_other_doors", "ch. 3"), _link("04_gather_then_cast", "ch. 4"),
                       _link("05_fused_fp8_decode", "ch. 5"), _link("06_the_answer", "ch. 6"))
+CH5B = _link("05b_fp8_accuracy", "accuracy")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -68,6 +71,7 @@ class Evidence:
     validation: Result | None = None
     doors_checks: Result | None = None
     doors_sm90: Result | None = None
+    accuracy: Result | None = None
     fit: SweepFit | None = None
 
     def __post_init__(self) -> None:
@@ -88,12 +92,12 @@ class Evidence:
                     raise
                 return None
         get = loader or default
-        fields = ("step", "sweep", "bench", "validation", "doors_checks", "doors_sm90")
+        fields = ("step", "sweep", "bench", "validation", "doors_checks", "doors_sm90", "accuracy")
         return cls(*(known[f] if f in known else get(n) for f, n in zip(fields, SOURCES)), fit=fit)
 
     def results(self) -> list[Result]:
-        return [r for r in (self.step, self.sweep, self.bench, self.validation, self.doors_checks, self.doors_sm90)
-                if r is not None]
+        return [r for r in (self.step, self.sweep, self.bench, self.validation, self.doors_checks, self.doors_sm90,
+                            self.accuracy) if r is not None]
 
 
 def door_cells(checks: Result | None, sm90: Result | None) -> list[dict[str, Any]]:
@@ -190,6 +194,7 @@ class Decision:
     because: str
     sources: tuple[str, ...]
     chapters: str
+    accuracy: str = "not measured"
 
     @property
     def setup(self) -> str:
@@ -231,8 +236,12 @@ def _sm120(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
                "`--attention-backend` overrides it (read from its wheel, ch. 3). The dense paths, predicted by the "
                f"cost model at the original's geometry: {cast['step_lo']:.0f}–{cast['step_hi']:.0f} ms with the "
                f"whole-pool cast (the original measured {ORIGINAL.step_ms:g} ms) → {steps}.")
+    accuracy = _accuracy(ev, ["triton", "ours"], "dense, ours' Triton path: ")
+    if sparse:
+        accuracy = "DSA: not measured here; " + accuracy
     return Decision("sm120", "SM120 (RTX PRO 6000)", "", "", do, figure, because,
-                    ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths"), f"{CH3}, {CH6}")
+                    ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths", *_acc_source(ev)),
+                    f"{CH3}, {CH6}", accuracy)
 
 
 def _sm90_no_patch(ev: Evidence) -> Decision:
@@ -252,6 +261,12 @@ def _sm90_no_patch(ev: Evidence) -> Decision:
                         f"{CH5}, {CH6}")
     do = ("`--attention-backend flashmla --page-size 64`: FlashMLA FP8, the fastest no-patch path on an FP8 cache "
           "(FP8 query).")
+    acc = accuracy_report.path_summary(ev.accuracy, "flashmla_dense_fp8") if ev.accuracy is not None else None
+    if acc and acc["failing_profiles"]:
+        do = ("`--attention-backend flashmla --page-size 64` (FlashMLA FP8, the fastest no-patch path) only where "
+              f"small attention weights may be lost: it fails the BF16 bar on {len(acc['failing_profiles'])} of "
+              f"{len(acc['failing_profiles']) + len(acc['passing_profiles'])} attention profiles ({CH5B}). "
+              "Otherwise a BF16 cache or a patch.")
     figure = f"{cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms a step"
     because = f"Step {cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms on the H200"
     if pts16:
@@ -271,7 +286,24 @@ def _sm90_no_patch(ev: Evidence) -> Decision:
                     f"memory): {' / '.join(bf16)} a step")
     because += (". GLM-5 without an explicit backend runs SGLang's `dsa` default (FlashMLA's sparse FP8 kernel), not "
                 "measured here.")
-    return Decision(key, gpu, sw, batch, do, figure, because, sources, f"{CH5}, {CH6}")
+    verdict = accuracy_report.fp8_verdict(ev.accuracy)
+    if verdict:
+        because += f" On sharp and long attention ({CH5B}): {verdict}"
+    return Decision(key, gpu, sw, batch, do, figure, because, sources + _acc_source(ev), f"{CH5}, {CH5B}, {CH6}",
+                    _accuracy(ev, ["flashmla_dense_fp8"]))
+
+
+#: The ``fp8_accuracy`` strategy whose arithmetic a step path runs.
+ACCURACY_OF = {"ours": "ours", "gather_cast": "gather_cast_bf16"}
+
+
+def _acc_source(ev: Evidence) -> tuple[str, ...]:
+    return ("fp8_accuracy",) if ev.accuracy is not None else ()
+
+
+def _accuracy(ev: Evidence, strategies: Sequence[str], prefix: str = "") -> str:
+    """The accuracy cell of a row running ``strategies`` (the first the result has), measured on the H200."""
+    return prefix + accuracy_report.accuracy_cell(ev.accuracy, strategies)
 
 
 #: What SGLang 0.5.23's flashinfer_mla backend does with an FP8 cache, whatever the FlashInfer (read from its wheel).
@@ -279,21 +311,8 @@ PATCH_SOFTWARE = "patched"
 PATCH_NOTE = ("Its `flashinfer_mla` casts the whole pool with any FlashInfer, 0.6.14+ (FP8 MLA on SM90) included: "
               "PR #35322, which would call that, is open.")
 PATCH_NOTE_SHORT = "its `flashinfer_mla` casts the whole pool with any FlashInfer (PR #35322 open)."
-#: "ours" is what the step measured; the shipped `fused` patch runs ours' Triton path until it plans per step
-#: (issue 23), and says so here so that no row credits the patch with the wgmma path's step.
-PATCH_NAMES = {"ours": "our `fused` patch (measured: ours; shipped: its Triton path)",
-               "gather_cast": "the `gather_cast` patch"}
-
-
-def _triton_note(ev: Evidence, *, min_batch: int, max_batch: int | None = None) -> str:
-    """The shipped `fused` patch calls ours' Triton path: its time beside ours' (the sweep's batch axis)."""
-    cmp = batch_comparison(ev.sweep, "ours", "triton", min_batch=min_batch)
-    bs = [b for b in cmp["batches"] if max_batch is None or b <= max_batch]
-    if not bs:
-        return ""
-    tri, ours = [cmp["b_us"][b] for b in bs], [cmp["a_us"][b] for b in bs]
-    return (f" The shipped `fused` patch calls ours' Triton path: {_span(tri)} µs a layer against ours' "
-            f"{_span(ours)} at batch {_fmt_batches(bs)} (H200 sweep, batch axis).")
+#: The patches by the step path they run (the `fused` patch calls ours with its per-step plan).
+PATCH_NAMES = {"ours": "our `fused` patch (ours)", "gather_cast": "the `gather_cast` patch"}
 
 
 def _sm90_patch_one(ev: Evidence) -> Decision:
@@ -311,9 +330,9 @@ def _sm90_patch_one(ev: Evidence) -> Decision:
         because += (" FlashInfer's FP8 MLA, which SGLang PR #35322 would call: "
                     f"{s['flashinfer_fp8']['step_ms']:.1f} ms "
                     "on this step.")
-    because += _triton_note(ev, min_batch=1, max_batch=1)
     return Decision("sm90-patch-one", "SM90", PATCH_SOFTWARE, "1 request", do, figure,
-                    because, ("decode_step_paths",), f"{CH4}, {CH5}, {CH6}")
+                    because, ("decode_step_paths", *_acc_source(ev)), f"{CH4}, {CH5}, {CH6}",
+                    _accuracy(ev, [ACCURACY_OF[best["path"]]]))
 
 
 def _sm90_patch_batch(ev: Evidence) -> Decision:
@@ -338,8 +357,10 @@ def _sm90_patch_batch(ev: Evidence) -> Decision:
                f"{_span(list(cmp['a_us'].values()))}, gather_cast {_span(list(cmp['b_us'].values()))}")
     if fm["batches"]:
         because += f", FlashMLA BF16 {_span(list(fm['b_us'].values()))}"
-    because += f".{_triton_note(ev, min_batch=BIG_BATCH)} More heads per GPU: the table below."
-    return Decision(key, gpu, PATCH_SOFTWARE, batch, do, figure, because, ("path_sweep",), f"{CH5}, {CH6}")
+    because += ". More heads per GPU: the table below."
+    best = "gather_cast" if len(cmp["slower_at"]) == len(bs) else "ours"
+    return Decision(key, gpu, PATCH_SOFTWARE, batch, do, figure, because, ("path_sweep", *_acc_source(ev)),
+                    f"{CH5}, {CH6}", _accuracy(ev, [ACCURACY_OF[best]]))
 
 
 def _sm100(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
@@ -365,7 +386,8 @@ def _sm100(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
                f"{kv['ours'][0]:.1f}–{kv['ours'][1]:.1f} ms ours (Triton path), "
                f"{kv['gather_cast_fa2'][0]:.1f}–{kv['gather_cast_fa2'][1]:.1f} ms gather_cast.")
     return Decision("sm100", "SM100 (B200)", "", "", do, figure, because,
-                    ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths"), f"{CH3}, {CH6}")
+                    ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths", *_acc_source(ev)),
+                    f"{CH3}, {CH6}", _accuracy(ev, ["triton", "ours"], "ours' Triton path: "))
 
 
 def decide(ev: Evidence) -> list[Decision]:
@@ -409,9 +431,9 @@ def decision_table(rows: Sequence[Decision], caption: str, *, compact: bool = Fa
     the chapters that show it). Both have the same setups and the same "do this"."""
     columns: dict[str, Any] = {"your setup": "setup", "do this": "do"}
     if compact:
-        columns["why"] = "figure"
+        columns.update({"why": "figure", "accuracy": "accuracy"})
     else:
-        columns.update({"because": "because", "shown in": "chapters"})
+        columns.update({"because": "because", "accuracy": "accuracy", "shown in": "chapters"})
     return Table([r.as_dict() for r in rows], columns, caption)
 
 

@@ -232,8 +232,8 @@ def _range(xs: list[float], fmt: str = ".2f") -> str:
 
 
 def _path(row: Mapping[str, Any]) -> str:
-    """What a case row ran: its ``path``; rows recorded before each path was validated apart ran the Triton path."""
-    return row.get("path") or "triton"
+    """What a case row ran: its ``path``."""
+    return row["path"]
 
 
 def validation_table(result: Result, caption: str) -> Table:

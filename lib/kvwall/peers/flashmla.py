@@ -10,6 +10,12 @@ The calls, from the wheel's ``flash_mla/flash_mla_interface.py``:
   float32 tensors of shape ``(1,)`` on the GPU), after ``get_mla_decoding_metadata(cache_seqlens, H, 1,
   is_fp8_kvcache=True, use_legacy=True)`` assigned to the metadata's ``tile_scheduler_metadata, num_splits``.
 
+The FP8 query is made the way SGLang 0.5.23's ``flashmla`` backend makes it (``FlashMLABackend.forward_decode``,
+``sglang/srt/layers/attention/flashmla_backend.py``): a *static* per-tensor quantization with the layer's KV-cache
+scale -- ``q_fp8 = clamp(q / k_scale, -448, 448)`` in e4m3 (``scaled_fp8_quant(q, k_scale)``, 1.0 when the checkpoint
+has no scale), ``descale_q = descale_k = k_scale`` -- on every call, so it is part of what is timed:
+:func:`quantize_query_static` does it in one kernel launch, as SGLang's ``sgl_per_tensor_quant_fp8`` does.
+
 Pages of 64 tokens only. The wheel installs with ``pip install --no-deps sgl-flash-mla==1.0.0`` (its metadata asks
 for a newer torch than it needs). :func:`load_flash_mla` never raises: a missing or broken install is returned as
 ``{"error"}`` so a benchmark records it as a row.
@@ -21,14 +27,16 @@ import importlib
 from typing import Any, Sequence
 
 import torch
+import triton
+import triton.language as tl
 
 from kvwall.measure.failures import error_text
 
-__all__ = ["PAGE_SIZE", "FP8_MAX", "load_flash_mla", "random_page_table", "FlashMLADecode"]
+__all__ = ["PAGE_SIZE", "FP8_MAX", "load_flash_mla", "random_page_table", "quantize_query_static", "FlashMLADecode"]
 
 #: The page size FlashMLA's dense kernels take.
 PAGE_SIZE = 64
-#: Largest finite float8_e4m3fn value: the per-tensor query scale maps the query's absolute maximum to it.
+#: Largest finite float8_e4m3fn value: a static quantization saturates there.
 FP8_MAX = 448.0
 
 _FLASH_MLA: dict[str, Any] = {}
@@ -71,14 +79,33 @@ def random_page_table(lens: Sequence[int], pool_pages: int, generator: torch.Gen
     return table, torch.tensor([int(n) for n in lens], dtype=torch.int32, device=device)
 
 
+@triton.jit
+def _quantize_static_kernel(x_ptr, y_ptr, scale_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = tl.clamp(x / tl.load(scale_ptr), -448.0, 448.0)
+    tl.store(y_ptr + offs, y.to(tl.float8e4nv), mask=mask)
+
+
+def quantize_query_static(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = clamp(q / scale, -448, 448)`` in e4m3 (round to nearest even), one launch: SGLang's static per-tensor
+    query quantization (``scaled_fp8_quant(q, k_scale)``). ``q`` contiguous BF16, ``scale`` a float32 ``(1,)`` tensor,
+    ``out`` an e4m3 tensor of ``q``'s shape."""
+    n = q.numel()
+    block = 1024
+    _quantize_static_kernel[(triton.cdiv(n, block),)](q, out, scale, n, BLOCK=block)
+    return out
+
+
 class FlashMLADecode:
     """One batch for FlashMLA's dense decode: queries ``q_nope [B, H, 512]`` and ``q_pe [B, H, 64]`` (BF16), a
     paged cache ``[pages, 64, 1, 576]`` (BF16, or FP8 with ``fp8=True``), its page table and lengths.
 
-    FP8: the query is quantized per tensor (``descale_q`` = its absolute maximum / 448) and ``k_scale`` is the
-    cache's per-tensor scale (``descale_k``). Everything but the decode itself (query cast, metadata, the first
-    call that fills BF16's scheduler metadata) happens here; calling the object runs one decode and returns
-    ``[B, H, 512]`` BF16."""
+    FP8: every call quantizes the query as SGLang does (:func:`quantize_query_static` with ``k_scale``, the cache's
+    per-tensor scale, which is also ``descale_q`` and ``descale_k``), then decodes. Everything else (metadata, the
+    first call that fills BF16's scheduler metadata) happens here; calling the object runs one decode (FP8: the
+    quantization and the decode) and returns ``[B, H, 512]`` BF16."""
 
     def __init__(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                  cache_seqlens: torch.Tensor, sm_scale: float, *, fp8: bool = False, k_scale: float = 1.0) -> None:
@@ -100,14 +127,12 @@ class FlashMLADecode:
         interface = importlib.import_module("flash_mla.flash_mla_interface")
         self.meta = interface.FlashMLASchedMeta()
         self.kw: dict[str, Any] = {}
+        self.q_bf16 = q
         if fp8:
-            amax = float(q.abs().amax().float())
-            q_scale = amax / FP8_MAX if amax > 0 else 1.0
-            self.q = (q.float() / q_scale).to(torch.float8_e4m3fn)
-            device = q.device
-            self.kw = {"is_fp8_kvcache": True,
-                       "descale_q": torch.full((1,), q_scale, dtype=torch.float32, device=device),
-                       "descale_k": torch.full((1,), float(k_scale), dtype=torch.float32, device=device)}
+            scale = torch.full((1,), float(k_scale), dtype=torch.float32, device=q.device)
+            self.q_scale = scale
+            self.q = torch.empty_like(q, dtype=torch.float8_e4m3fn)
+            self.kw = {"is_fp8_kvcache": True, "descale_q": scale, "descale_k": scale}
             heads = q.shape[2]
             tile_meta, num_splits = module.get_mla_decoding_metadata(cache_seqlens, heads, 1, is_fp8_kvcache=True,
                                                                      use_legacy=True)
@@ -121,6 +146,8 @@ class FlashMLADecode:
         return f"FlashMLA {self.version} dense {'FP8' if self.fp8 else 'BF16'} (legacy SM90)"
 
     def __call__(self) -> torch.Tensor:
+        if self.fp8:
+            quantize_query_static(self.q_bf16, self.q_scale, self.q)
         out, _ = self._run(self.q, self.k_cache, self.block_table, self.cache_seqlens, self.head_dim_v, self.meta,
                            softmax_scale=self.sm_scale, use_legacy=True, **self.kw)
         return out.squeeze(1)

@@ -58,8 +58,8 @@ class PagedViews:
 
 class FlashMLAStepDecode:
     """FlashMLA dense decode on the step's page table (pages of 64): built on the first call, with that call's
-    queries (the step's queries are the same tensors every layer; FP8: quantized per tensor once, there), then each
-    layer's call points it at that layer's pages."""
+    queries (the step's queries are the same tensors every layer), then each layer's call points it at that layer's
+    pages; FP8: every layer's call quantizes the query as SGLang does (static, the cache's scale), inside the timing."""
 
     def __init__(self, block_table: torch.Tensor, seqlens: torch.Tensor, sm_scale: float, fp8: bool) -> None:
         self.block_table, self.seqlens, self.sm_scale, self.fp8 = block_table, seqlens, sm_scale, fp8

@@ -54,11 +54,6 @@ def points_of(heads: list[int], contexts: list[int], batches: list[int],
     return points + [(h, c, b) for h in heads for c in contexts for b in batches]
 
 
-def _split_kernel(value: Any) -> int | None:
-    """ptxas's figure for the split kernel (a report holds one number, or one per kernel, the split kernel first)."""
-    return value.get(0) if isinstance(value, dict) else value
-
-
 def _build_row(device: torch.device, copy_ms: float, copy_gbps: float, tflops: float) -> dict[str, Any]:
     """The GPU, the wgmma kernel's build (seconds, ptxas resources) or why it does not run here, the ceilings."""
     why = wgmma_path.wgmma_refusal(device)
@@ -72,8 +67,8 @@ def _build_row(device: torch.device, copy_ms: float, copy_gbps: float, tflops: f
         nvcc = report.nvcc
         wgmma.update(arch=wgmma_path.ARCH, build_s=round(build_s, 2), smem=wgmma_path.SMEM_BYTES,
                      heads_per_cta=wgmma_path.HEADS_PER_CTA, block_n=wgmma_path.BLOCK_N, threads=wgmma_path.THREADS,
-                     ptxas_ok=getattr(report, "ok", None), registers=_split_kernel(report.registers),
-                     stack_bytes=_split_kernel(report.stack_bytes), spill_bytes=_split_kernel(report.spill_bytes))
+                     ptxas_ok=getattr(report, "ok", None), registers=report.registers,
+                     stack_bytes=report.stack_bytes, spill_bytes=report.spill_bytes)
     return {"section": "build", "gpu": torch.cuda.get_device_name(device),
             "capability": list(torch.cuda.get_device_capability(device)),
             "sms": torch.cuda.get_device_properties(device).multi_processor_count, "nvcc": nvcc,

@@ -21,7 +21,8 @@ the row's fields (backend, plan ms, work items, the path ours ran, ...). Adding 
 - ``sglang_triton_fp8``: SGLang's Triton MLA decode (:mod:`kvwall.peers.sglang`) with SGLang's own split policy;
 - ``flashmla_dense_bf16`` / ``flashmla_dense_fp8``: FlashMLA (:mod:`kvwall.peers.flashmla`) on the same number of
   tokens per request laid out on random pages of 64 of the same pool (page 64 is the only size it takes; BF16 on a
-  copy of the pool cast once outside the timing; FP8 with the query quantized per tensor).
+  copy of the pool cast once outside the timing; FP8 with the query quantized inside the timing, as SGLang's
+  ``flashmla`` backend does it: :func:`kvwall.peers.flashmla.quantize_query_static`).
 
 Every FlashInfer BF16 strategy runs :attr:`BuildContext.cast_backend` (fa3 on Hopper; ``"fa2"`` gives the fa2 twin
 chapter 6's sweep times), falling back to fa2 where fa3 refuses, saying why.

@@ -169,7 +169,8 @@ def _paged_rows(inp: CaseInputs, keep: list[int]) -> tuple[torch.Tensor, torch.T
 def _flashmla_rows(case: DecodeCase, inp: CaseInputs, keep: list[int], want: torch.Tensor, ours: torch.Tensor,
                    bf16_err: float) -> list[dict]:
     """FlashMLA dense BF16 (the scales folded as the BF16 path folds them) and, with unit scales, dense FP8 (the
-    query quantized per tensor), on the case's rows laid out in pages of 64; cases with 16 heads or more."""
+    query quantized as SGLang's flashmla backend does: static, the cache's scale 1), on the case's rows laid out in
+    pages of 64; cases with 16 heads or more."""
     if case.heads < FLASHMLA_MIN_HEADS:
         return []
     rows = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvwall.experiments.schemas.accuracy import FP8AccuracyRow
 from kvwall.experiments.schemas.answer import DecodeStepPathsRow, PathSweepRow
 from kvwall.experiments.schemas.decode_profile import AttentionSweepRow, CastKernelsRow, CastSweepRow, DecodeProfileRow
 from kvwall.experiments.schemas.doors import DoorsChecksRow, DoorsSm90Row
@@ -41,6 +42,7 @@ ROW_SCHEMAS: dict[str, Any] = {
     "fused_decode_validation": FusedDecodeValidationRow,
     "fused_decode_bench": FusedDecodeBenchRow,
     "fused_decode_profile": FusedDecodeProfileRow,
+    "fp8_accuracy": FP8AccuracyRow,
     "decode_step_paths": DecodeStepPathsRow,
     "path_sweep": PathSweepRow,
     "sglang_patch_check": SGLangPatchCheckRow,

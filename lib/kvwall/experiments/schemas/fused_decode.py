@@ -93,20 +93,14 @@ FusedDecodeTuningRow = Annotated[
 ]
 
 
-#: The path a ``fused_decode_validation`` recording made before rows named their path (2026-11-30) validated.
-LEGACY_VALIDATED_PATH = "triton"
-
-
 class FusedDecodeValidationSetup(Row):
     """What ran: the paths of the case table and the contracts (``paths``), why the others did not (``skipped``),
     FlashInfer's prebuild (GPU), the run's seconds."""
 
     section: Literal["setup"]
-    #: None in the one recording made before the paths were validated side by side (2026-11-30, commit c1432ba):
-    #: it validated the Triton path alone (:data:`LEGACY_VALIDATED_PATH`), and its case rows name no path.
-    device: str | None = None
-    paths: list[ValidatedPath] | None = None
-    skipped: dict[str, str] | None = None
+    device: str
+    paths: list[ValidatedPath]
+    skipped: dict[str, str]
     flashinfer_prebuild: dict[str, Any] | None = None
     seconds_total: float | None = None
 
@@ -117,7 +111,7 @@ class FusedDecodeValidationCases(Row):
     ``kernel_path``/``path_why``: where ours went and why."""
 
     section: Literal["cases"]
-    path: ValidatedPath | None = None  # None: the recording before paths (the Triton path, LEGACY_VALIDATED_PATH)
+    path: ValidatedPath
     case: str
     heads: int
     lens: list[Any]

@@ -1,0 +1,160 @@
+"""The accuracy experiment (issue 21): inputs that realize their profile, probes that read weights exactly, metrics
+that catch a flushed tail, the experiment on CPU, the report, the chapter."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import BOOK, run_chapter
+from kvwall.experiments import run_experiment
+from kvwall.experiments.accuracy import build_case, path_metrics, unmet_needs
+from kvwall.experiments.fused_decode.strategies import reference_f64
+from kvwall.kernels.mla_decode.reference import mla_decode_reference
+from kvwall.model.geometry import GLM5
+from kvwall.model.sharp_attention import (PROBES, PROFILES, Profile, emulate_attention, realized, sharp_request)
+from kvwall.notebook import accuracy_report
+from kvwall.results import Provenance, Result
+
+CPU = torch.device("cpu")
+SM = GLM5.sm_scale
+BY_NAME = {p.name: p for p in PROFILES}
+
+
+def _req(profile: Profile, heads: int = 16, n: int = 2048, seed: int = 0):
+    return sharp_request(profile, heads, n, sm_scale=SM, gen=torch.Generator().manual_seed(seed), device=CPU)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=[p.name for p in PROFILES])
+def test_stored_values_give_the_profile(profile):
+    """The FP8 keys and BF16 queries realize the asked-for logits: spread, sink mass, needle margin."""
+    req = _req(profile)
+    got = realized(req, SM)
+    assert req.saturated == 0 and math.isclose(got.spread, profile.spread, rel_tol=0.05)
+    if profile.sinks:
+        assert abs(got.sink_mass - profile.sink_mass) < 0.01
+    if profile.needles:
+        assert abs(got.margin - profile.margin) < 0.25
+    assert got.max_gap > 0 and 0.2 < float(req.keys[:, 4:].float().pow(2).mean().sqrt()) < 3.0  # latent-like keys
+
+
+def test_probe_channels_are_softmax_weights():
+    """The query is zero on the probe channels and the keys 0/1, so those outputs are sums of weights, exactly."""
+    req = _req(BY_NAME["needle +4, sinks 90 %"], heads=3, n=500)
+    assert torch.all(req.q_nope[:, :4] == 0)
+    q = torch.cat([req.q_nope, req.q_pe], -1).double()
+    p = torch.softmax(q @ req.keys.double().T * SM, dim=-1)
+    kv = req.keys
+    indptr = torch.tensor([0, 500])
+    out = mla_decode_reference(req.q_nope[None], req.q_pe[None], kv[:, :512], kv[:, 512:], indptr,
+                               torch.arange(500), SM, compute_dtype=torch.float64)[0]
+    assert torch.allclose(out[:, PROBES["top"]], p[:, int(req.needles[0])], rtol=1e-12)
+    assert torch.allclose(out[:, PROBES["tail_mass"]], p[:, req.tail].sum(-1), rtol=1e-12)
+    assert torch.allclose(out[:, PROBES["sink_mass"]], p[:, req.sinks].sum(-1), rtol=1e-12)
+
+
+def test_metrics_catch_a_flushed_tail_and_a_moved_needle():
+    req = _req(BY_NAME["needle +4, sinks 90 %"], n=1000)
+    want = emulate_attention(req, SM, fp8_query=False, fp8_weights=False)[None]
+    exact = path_metrics(want.clone(), want, needles=True)
+    assert exact["rel_err"] == 0 and exact["tail_mass_kept"] == 1 and exact["tail_token_flushed"] == 0
+    bad = want.clone()
+    bad[..., PROBES["tail_mass"]] *= 0.5
+    bad[..., PROBES["tail_token"]] = 0
+    bad[..., PROBES["top"]] *= 1.1
+    m = path_metrics(bad, want, needles=True)
+    assert m["tail_mass_kept"] == pytest.approx(0.5) and m["tail_token_flushed"] == 1.0
+    assert m["top_err"] == pytest.approx(0.1) and m["rel_err"] == 0  # the probes are not in the output's error
+    assert path_metrics(bad, want, needles=False)["top_err"] is None
+
+
+def test_the_prediction_fp8_weights_flush_the_tail_under_sinks():
+    """The arithmetic the chapter predicts with: e4m3 weights zero a tail that sinks dwarf; BF16 weights do not."""
+    req = _req(BY_NAME["4 sinks hold 90 %"], n=4096)
+    want = emulate_attention(req, SM, fp8_query=False, fp8_weights=False)[None]
+    fp8 = path_metrics(emulate_attention(req, SM, fp8_query=False, fp8_weights=True)[None], want, needles=False)
+    assert fp8["tail_mass_kept"] < 0.2 and fp8["tail_token_flushed"] == 1.0 and fp8["rel_err"] < 0.05
+    flat = _req(BY_NAME["gaussian, spread 1"], n=4096)
+    want = emulate_attention(flat, SM, fp8_query=False, fp8_weights=False)[None]
+    fp8 = path_metrics(emulate_attention(flat, SM, fp8_query=False, fp8_weights=True)[None], want, needles=False)
+    assert fp8["tail_mass_kept"] > 0.99
+
+
+def test_bad_profiles_and_requests_are_refused():
+    with pytest.raises(ValueError, match="sink_mass strictly between 0 and 1"):
+        Profile("x", 1.0, sinks=2, sink_mass=1.0)
+    with pytest.raises(ValueError, match="a margin needs needles"):
+        Profile("x", 1.0, margin=2.0)
+    with pytest.raises(ValueError, match="cannot hold"):
+        _req(BY_NAME["8 needles +2, sinks 90 %"], n=10)
+
+
+def test_every_path_reads_the_same_values():
+    """The page-size-1 slots are the paged layout's: the float64 reference is the same through both."""
+    pt, pool, _ = build_case(BY_NAME["4 sinks hold 90 %"], 16, [100, 300], context=300, seed=3, device=CPU)
+    assert torch.equal(reference_f64(pt, pool, paged=False), reference_f64(pt, pool, paged=True))
+    assert unmet_needs("flashmla_dense_fp8", CPU) == "needs a CUDA GPU" and unmet_needs("ours", CPU) is None
+
+
+@pytest.fixture(scope="module")
+def small_run() -> Result:
+    return run_experiment("fp8_accuracy", CPU, "small")
+
+
+def test_experiment_runs_small_on_cpu(small_run):
+    cases, paths = small_run.table("case"), small_run.table("path")
+    assert len(cases) == 2 * len(PROFILES) and len(paths) == len(cases)
+    assert all(p["strategy"] == "ours" and not p.get("error") for p in paths)
+    s = accuracy_report.path_summary(small_run, "ours")
+    assert s["keeps"] == s["cases"] and s["ratio_max"] < accuracy_report.RULE  # vs the BF16 rounding floor
+    assert "BF16-accurate" in accuracy_report.accuracy_cell(small_run, ["ours"])
+
+
+def _synthetic() -> Result:
+    """Two paths on two cases: one BF16-accurate, one that flushes the tail on the sink case."""
+    prov = Provenance(date="2026-12-01T00:00:00+00:00", device="cuda", gpu="NVIDIA H200", driver=None, cuda="13.0",
+                      torch="2.11.0", triton="3.6.0", flashinfer=None, python="3.12", git_commit="0" * 40,
+                      git_dirty=False, sources={})
+    rows: list[dict] = []
+    for prof in ("gaussian, spread 1", "4 sinks hold 99 %"):
+        case = f"{prof} | 16 heads | batch 1 | 131072"
+        rows.append({"section": "case", "case": case, "profile": prof, "heads": 16, "context": 131_072, "batch": 1,
+                     "floor_rel_err": 1.1e-3})
+        sink = prof.startswith("4 sinks")
+        rows.append({"section": "path", "case": case, "strategy": "flashmla_dense_bf16", "heads": 16,
+                     "context": 131_072, "batch": 1, "rel_err": 1.7e-3, "tail_mass_kept": 1.0, "finite": True})
+        rows.append({"section": "path", "case": case, "strategy": "ours", "heads": 16, "context": 131_072,
+                     "batch": 1, "rel_err": 1.65e-3, "tail_mass_kept": 0.999, "finite": True})
+        rows.append({"section": "path", "case": case, "strategy": "flashmla_dense_fp8", "heads": 16,
+                     "context": 131_072, "batch": 1, "rel_err": 9e-3 if sink else 2.7e-2,
+                     "tail_mass_kept": 0.0 if sink else 0.999, "finite": True})
+    return Result("fp8_accuracy", {}, rows, prov)
+
+
+def test_report_verdicts_and_sentences():
+    res = _synthetic()
+    fm = accuracy_report.path_summary(res, "flashmla_dense_fp8")
+    assert fm["keeps"] == 0 and fm["tail_kept_min"] == 0.0 and fm["failing_profiles"] == ["gaussian, spread 1",
+                                                                                          "4 sinks hold 99 %"]
+    ours = accuracy_report.path_summary(res, "ours")
+    assert ours["keeps"] == 2 and ours["ratio_max"] == pytest.approx(1.65 / 1.7)
+    text = accuracy_report.fp8_verdict(res)
+    assert "0 of 2 cases" in text and "tail keeps as little as 0%" in text
+    assert accuracy_report.accuracy_cell(res, ["ours"]).startswith("BF16-accurate: 2 / 2")
+    assert "fails on 2 of 2 profiles" in accuracy_report.accuracy_cell(res, ["flashmla_dense_fp8"])
+    assert accuracy_report.accuracy_cell(None, ["ours"]) == "not measured"
+    table = accuracy_report.profile_table(res)
+    assert [r["profile"] for r in table.rows] == ["gaussian, spread 1", "4 sinks hold 99 %"]
+    assert table.rows[1]["flashmla_dense_fp8"].endswith("✗") and "✗" not in table.rows[1]["ours"]
+    for fig in (accuracy_report.error_figure(res), accuracy_report.tail_figure(res)):
+        assert fig.data and "Recorded on" in fig.layout.annotations[0].text
+
+
+@pytest.mark.slow
+def test_chapter_runs_on_cpu(tmp_path):
+    rec = run_chapter(BOOK / "05b_fp8_accuracy.md", tmp_path, mode="cpu")
+    v = rec["values"]
+    assert v["live_cases"] == 2 * len(PROFILES) and v["live_ours_keeps"] == v["live_cases"]
+    assert v["predicted_rows"] == 2 * len(PROFILES)
