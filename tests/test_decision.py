@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import kvwall.experiments  # noqa: F401  (registers the row schemas)
-from kvwall.notebook import answer_report, decision
+from kvwall.notebook import answer_report, decision, heads_report
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
 from kvwall.results import RESULTS_DIR, Result, ResultFileError, load_result
 from kvwall.results.provenance import Provenance
@@ -240,11 +240,11 @@ def test_front_page_figure_draws_every_recorded_step_path(evidence):
 def test_kernel_table_reads_chapter_5s_benchmark(evidence):
     if evidence.bench is None:
         pytest.skip("no recorded fused_decode_bench")
-    table = decision.kernel_table(evidence)
-    rows = decision.kernel_rows(evidence)
+    table = heads_report.kernel_table(evidence)
+    rows = heads_report.kernel_rows(evidence)
     assert table is not None and len(table.rows) == len(rows) > 0
     for r in rows:
-        assert r["best"] in decision.ACCURATE_FP8.values()
+        assert r["best"] in heads_report.ACCURATE_FP8.values()
         assert r["other_us"] is None or r["best_us"] <= r["other_us"]
     assert "fused_decode_bench" in table.caption
 

@@ -1,0 +1,76 @@
+"""Chapter 6's "more heads per GPU": per head count and batch of chapter 5's grid, the fastest BF16-accurate path on
+the FP8 cache (ours or gather_cast + FlashInfer) against FlashMLA BF16 and FP8."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvwall.notebook.decision import Evidence, _bench_us, flashmla_fp8_error
+from kvwall.notebook.tables import Table
+
+__all__ = ["ACCURATE_FP8", "kernel_rows", "kernel_table", "kernel_text"]
+
+
+#: BF16-accurate kernels on the FP8 cache (what a patch can run), and the peers a reader weighs against them.
+ACCURATE_FP8 = {"ours": "ours", "gather_cast_bf16": "gather_cast + FlashInfer"}
+
+
+def kernel_rows(ev: Evidence) -> list[dict[str, Any]]:
+    """Per heads and batch regime of chapter 5's grid (context 32K, or the grid's middle one): the faster
+    BF16-accurate path on the FP8 cache (ours or gather_cast), FlashMLA BF16 (a BF16 cache: twice the memory) and
+    FlashMLA FP8 (FP8 query), µs per layer."""
+    us = _bench_us(ev.bench)
+    if not us:
+        return []
+    ctxs = sorted({c for (_, _, c, _) in us})
+    ctx = 32_768 if 32_768 in ctxs else ctxs[len(ctxs) // 2]
+    rows = []
+    for h in sorted({h for (_, h, _, _) in us}):
+        for b in sorted({b for (_, hh, c, b) in us if hh == h and c == ctx}):
+            acc = {k: us[(k, h, ctx, b)] for k in ACCURATE_FP8 if (k, h, ctx, b) in us}
+            if not acc:
+                continue
+            best = min(acc, key=acc.__getitem__)
+            rows.append({"heads": h, "batch": b, "context": ctx, "best": ACCURATE_FP8[best], "best_us": acc[best],
+                         "other_us": next((v for k, v in acc.items() if k != best), None),
+                         "fm_bf16": us.get(("flashmla_dense_bf16", h, ctx, b)),
+                         "fm_fp8": us.get(("flashmla_dense_fp8", h, ctx, b))})
+    return rows
+
+
+def kernel_table(ev: Evidence) -> Table | None:
+    """:func:`kernel_rows` as a table (None without a recorded benchmark)."""
+    rows = kernel_rows(ev)
+    if not rows:
+        return None
+    for r in rows:
+        r["point"] = f"{r['heads']} heads, batch {r['batch']}"
+        r["bf16_x"] = f"{r['best_us'] / r['fm_bf16']:.1f}×" if r["fm_bf16"] else "—"
+        r["fp8_x"] = f"{r['best_us'] / r['fm_fp8']:.1f}×" if r["fm_fp8"] else "—"
+    err_fp8, err_ours, _ = flashmla_fp8_error(ev)
+    err = f" FlashMLA FP8's error against float64 is {err_fp8 / err_ours:.0f}× ours'." if err_fp8 and err_ours else ""
+    return Table(rows, {"heads, batch": "point", "fastest accurate on FP8": "best",
+                        "µs": ("best_us", lambda v: f"{v:.0f}"),
+                        "other accurate µs": ("other_us", lambda v: f"{v:.0f}" if v else "—"),
+                        "vs FlashMLA BF16 (2× memory)": "bf16_x", "vs FlashMLA FP8": "fp8_x"},
+                 f"µs per layer at {rows[0]['context'] // 1024}K tokens a request (batches: mixed lengths, chapter "
+                 f"5's grid); 'vs': the accurate path's time over FlashMLA's.{err} " + ev.bench.caption())
+
+
+def kernel_text(ev: Evidence) -> str:
+    """What :func:`kernel_rows` says, per head count: where ours is the faster accurate path on the FP8 cache, and
+    how often FlashMLA BF16 (a BF16 cache) beats it."""
+    rows = kernel_rows(ev)
+    if not rows:
+        return ""
+    parts = []
+    for h in sorted({r["heads"] for r in rows}):
+        sel = [r for r in rows if r["heads"] == h]
+        ours = [r["batch"] for r in sel if r["best"] == "ours"]
+        who = ("ours at every batch" if len(ours) == len(sel) else "gather_cast + FlashInfer at every batch"
+               if not ours else f"ours at batch {', '.join(map(str, ours))}, gather_cast + FlashInfer at the others")
+        bf16 = sum(1 for r in sel if r["fm_bf16"] and r["fm_bf16"] < r["best_us"])
+        parts.append(f"{h} heads: {who}; FlashMLA BF16 faster at {bf16} of {len(sel)}")
+    return ("Fastest BF16-accurate path on the FP8 cache, by heads per GPU (" + "; ".join(parts) + "). A patch that "
+            "keeps the FP8 cache and BF16 accuracy therefore runs ours where it wins and gather_cast where it does "
+            "not; FlashMLA BF16 needs a BF16 cache (half the tokens), FlashMLA FP8 an FP8 query.")
