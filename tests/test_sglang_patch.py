@@ -286,3 +286,86 @@ def test_compact_kv_graph_mode_gathers_exactly_the_rows(shared):
     assert torch.equal(fresh, slots[:9]) and torch.equal(compact, torch.arange(9, dtype=torch.int32))
     assert torch.equal(eager.kv(pool)[:, 0].view(torch.int16),
                        pool[slots[:9].long(), 0].to(torch.bfloat16).view(torch.int16))
+
+
+# --- issue 23 part 5: the check inside SGLang's real modules (the device run imports them; here the parts that
+# need no SGLang) ---
+
+def test_standin_finder_stands_in_only_for_unguarded_imports(tmp_path):
+    from kvwall.peers.sglang_patch.real import StandInFinder
+
+    pkg = tmp_path / "sglang"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "guarded.py").write_text("try:\n    import kvwall_no_such_mod_a\nexcept ImportError:\n    X = None\n")
+    (pkg / "plain.py").write_text("from kvwall_no_such_mod_b.sub import Thing\nclass C(Thing, total=False):\n"
+                                  "    pass\n")
+    import importlib
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    finder = StandInFinder(str(pkg))
+    sys.meta_path.append(finder)
+    try:
+        for m in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[m]
+        importlib.import_module("sglang.guarded")
+        importlib.import_module("sglang.plain")
+        assert set(finder.standins) == {"kvwall_no_such_mod_b"}
+        assert finder.standins["kvwall_no_such_mod_b"].endswith("sglang/plain.py:1")
+        assert set(finder.guarded_missing) == {"kvwall_no_such_mod_a"}
+        finder.arm()
+        sys.modules["sglang.plain"].Thing()
+        assert finder.calls == ["kvwall_no_such_mod_b.sub.Thing"]
+        with pytest.raises(ImportError):
+            importlib.import_module("kvwall_no_such_mod_c")
+    finally:
+        sys.meta_path.remove(finder)
+        sys.path.remove(str(tmp_path))
+        for m in [k for k in sys.modules if k.startswith(("sglang", "kvwall_no_such_mod"))]:
+            del sys.modules[m]
+
+
+def test_git_apply_applies_each_diff_to_the_upstream_copy(tmp_path):
+    import shutil
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    from kvwall.peers.sglang_patch import PATCHES, apply_patch
+    from kvwall.peers.sglang_patch.real import git_apply
+
+    for p in PATCHES:
+        info = git_apply(p, str(tmp_path / p))
+        assert (info["check_rc"], info["apply_rc"]) == (0, 0), info
+        assert open(info["path"], encoding="utf-8").read() == apply_patch(p)
+
+
+def test_causal_reference_is_the_decode_reference_per_query_row():
+    from kvwall.kernels import mla_decode_reference
+    from kvwall.peers.sglang_patch.realcheck import _causal_reference
+
+    g = torch.Generator().manual_seed(3)
+    rows, heads = 40, 2
+    ckv, kpe = torch.randn(rows, 8, generator=g), torch.randn(rows, 4, generator=g)
+    q = torch.randn(5, heads, 12, generator=g)
+    qo, kv = torch.tensor([0, 2, 5]), torch.tensor([0, 10, 25])
+    idx = torch.randperm(rows, generator=g)[:25]
+    got = _causal_reference(q[..., :8], q[..., 8:], ckv, kpe, qo, kv, idx, 0.3, True, torch.float64)
+    # request 0: 2 queries over 10 rows -> 9, 10 rows; request 1: 3 queries over 15 rows -> 13, 14, 15 rows
+    want = []
+    for r, (start, n) in enumerate([(0, 9), (0, 10), (10, 13), (10, 14), (10, 15)]):
+        want.append(mla_decode_reference(q[r:r + 1, :, :8].double(), q[r:r + 1, :, 8:].double(), ckv.double(),
+                                         kpe.double(), torch.tensor([0, n], dtype=torch.int32),
+                                         idx[start:start + n], 0.3, compute_dtype=torch.float64))
+    assert torch.allclose(got, torch.cat(want))
+
+
+def test_real_rows_without_sources_say_not_run(monkeypatch):
+    from pydantic import TypeAdapter
+
+    from kvwall.experiments.schemas.sglang_patch import SGLangPatchCheckRow
+    from kvwall.peers.sglang_patch.realrows import real_rows
+
+    monkeypatch.delenv("KVWALL_SGLANG_SOURCE", raising=False)
+    rows = real_rows(torch.device("cpu"), pool_slots=8, layers=1, context_len=8, graph_bs=1, draft_tokens=2,
+                     eager_lens=[1], replays=[], timing_lens=[1], timing_iters=1, log=lambda s: None)
+    assert len(rows) == 1 and rows[0]["ran"] is False and "not run" in rows[0]["error"]
+    TypeAdapter(SGLangPatchCheckRow).validate_python(rows[0])

@@ -31,6 +31,7 @@ from kvwall.peers.sglang_patch import (BLOCKER, PATCHES, UPSTREAM_VERSION, VARIA
                                        upstream_source)
 from kvwall.peers.sglang_patch.harness import (REFERENCE_ATTENTION, DecodeRun, SGLangDecodeInputs,
                                                make_decode_inputs, run_decode)
+from kvwall.peers.sglang_patch.realrows import real_rows
 from kvwall.results import Result, collect_provenance
 
 __all__ = ["EXPERIMENTS", "run_sglang_patch_check", "check_variant", "TOLERANCE"]
@@ -134,10 +135,32 @@ def _attention_label(variant: str, flashinfer: bool, version: str | None) -> str
     return REFERENCE_ATTENTION
 
 
+def _git_apply_checks() -> dict[str, int]:
+    """``git apply --check`` of each diff on a copy of the upstream file: its exit code (0: applies), or -1 where git
+    is missing."""
+    import shutil  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    from kvwall.peers.sglang_patch.real import git_apply  # pylint: disable=import-outside-toplevel
+
+    if shutil.which("git") is None:
+        return {p: -1 for p in PATCHES}
+    out = {}
+    for p in PATCHES:
+        with tempfile.TemporaryDirectory() as work:
+            out[p] = int(git_apply(p, work)["check_rc"])
+    return out
+
+
 def run_sglang_patch_check(device: torch.device, *, cases: dict[str, dict[str, Any]], pool_slots: int, layers: int,
-                           seed: int = 0, geometry: MLAGeometry = GEOMETRY) -> Result:
+                           seed: int = 0, geometry: MLAGeometry = GEOMETRY,
+                           real: dict[str, Any] | None = None) -> Result:
     """Every variant of :data:`kvwall.peers.sglang_patch.VARIANTS` on every case ``{name: {"lens": [...],
-    "shared_prefix": k}}``; FlashInfer runs the attention on a CUDA device, the torch reference elsewhere."""
+    "shared_prefix": k}}``; FlashInfer runs the attention on a CUDA device, the torch reference elsewhere.
+
+    ``real``: parameters of the check inside SGLang's real backend modules
+    (:func:`kvwall.peers.sglang_patch.realcheck.real_rows`), run when ``$KVWALL_SGLANG_SOURCE`` names a folder
+    holding SGLang 0.5.23's ``sglang/`` sources (the device run's copy of the wheel); its rows say so when not."""
     flashinfer = device.type == "cuda"
     version = flashinfer_version() if flashinfer else None
     if flashinfer:  # FlashInfer's MLA modules JIT-built in one parallel run, before the first plan() needs one
@@ -153,8 +176,10 @@ def run_sglang_patch_check(device: torch.device, *, cases: dict[str, dict[str, A
                                       attention=_attention_label(v, flashinfer, version)))
     rows.append({"section": "meta", "upstream": UPSTREAM_VERSION, "upstream_sha256": _sha(upstream_source()),
                  "patch_sha256": {p: _sha(patch_text(p)) for p in PATCHES}, "flashinfer": version,
-                 "import_blocker": BLOCKER, "tolerance": dict(TOLERANCE)})
-    params = {"cases": cases, "pool_slots": pool_slots, "layers": layers, "seed": seed}
+                 "import_blocker": BLOCKER, "tolerance": dict(TOLERANCE), "git_apply_check": _git_apply_checks()})
+    if real is not None:
+        rows.extend(real_rows(device, **real))
+    params = {"cases": cases, "pool_slots": pool_slots, "layers": layers, "seed": seed, "real": real}
     return Result("sglang_patch_check", params, rows, collect_provenance(device, __name__))
 
 
@@ -165,11 +190,19 @@ EXPERIMENTS: list[Experiment] = [
         full={"cases": {"batch1": {"lens": [4097]},
                         "mixed": {"lens": [1, 517, 8191, 33, 2049]},
                         "shared_prefix": {"lens": [3001, 2500, 1200], "shared_prefix": 1024}},
-              "pool_slots": 131_072, "layers": 3, "seed": 0},
+              "pool_slots": 131_072, "layers": 3, "seed": 0,
+              "real": {"pool_slots": 495_000, "layers": 6, "context_len": 32_768, "graph_bs": 8, "draft_tokens": 3,
+                       "eager_lens": [4097, 1, 517, 8191, 33, 2049, 16384, 77],
+                       "replays": [[1, 2, 3, 4, 5, 6, 7, 8], [17, 900, 1, 4097, 33, 2, 16384, 77],
+                                   [3000, 12000, 5, 9000, 1, 1, 16000, 700], [32_000] * 4 + [16_000] * 4],
+                       "timing_lens": [4096] * 8, "timing_iters": 30, "seed": 0}},
         small={"cases": {"batch1": {"lens": [37]},
                          "mixed": {"lens": [1, 13, 40, 7]},
                          "shared_prefix": {"lens": [21, 20], "shared_prefix": 12}},
-               "pool_slots": 256, "layers": 2, "seed": 0},
+               "pool_slots": 256, "layers": 2, "seed": 0,
+               "real": {"pool_slots": 512, "layers": 2, "context_len": 64, "graph_bs": 4, "draft_tokens": 3,
+                        "eager_lens": [5, 17, 1, 30], "replays": [[3, 9, 2, 20], [10, 40, 7, 50]],
+                        "timing_lens": [8, 8, 8, 8], "timing_iters": 2, "seed": 0}},
         about="SGLang 0.5.23's flashinfer_mla decode path, unpatched vs the gather_cast and fused patches, run "
               "through the backend's own code (FlashInfer on the GPU): whole-pool casts, planned indices, rows read, "
               "errors vs unpatched and float64",

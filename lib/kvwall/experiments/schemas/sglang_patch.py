@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field
 
@@ -56,6 +56,80 @@ class SGLangPatchMeta(Row):
     flashinfer: str | None
     import_blocker: str
     tolerance: dict[str, float]
+    git_apply_check: dict[str, int] | None = None  # ``git apply --check`` exit code per diff (0: applies)
 
 
-SGLangPatchCheckRow = Annotated[Union[SGLangPatchCheck, SGLangPatchMeta], Field(discriminator="section")]
+class SGLangRealMeta(Row):
+    """The check inside SGLang's real modules: where the sources came from, how many SGLang files were imported (and
+    checked against the wheel's RECORD), each stand-in with the file:line that imported it unguarded, the missing
+    modules SGLang imports guarded (its fallback ran), calls into stand-ins during the steps, each variant (sha256,
+    ``git apply --check``/``git apply`` exit codes), and the minimal objects that stand for SGLang's runner/batch."""
+
+    section: Literal["real_meta"]
+    sglang_source: str | None
+    ran: bool
+    error: str | None
+    sglang_files: int
+    files_checked_against_record: int
+    files_mismatched: list[str]
+    standins: dict[str, str]
+    guarded_missing: dict[str, str]
+    standin_calls: list[str]
+    variants: dict[str, dict[str, Any]]
+    minimal_objects: list[str]
+    import_s: float | None
+    device: str
+    cuda_graphs: bool
+
+
+class SGLangRealCheck(Row):
+    """One (mode, phase, variant) of the real backend: ``mode`` decode or verify (target-verify, ``draft_tokens`` per
+    request); ``phase`` eager, or replay k of a captured CUDA graph (``capture``: a capture that failed).
+    ``whole_pool_casts``: during the step (metadata + forward, or metadata + replay); ``capture_casts``: during the
+    capture (metadata, warm-up, capture). Errors vs float64 and vs the unpatched backend on the same inputs."""
+
+    section: Literal["real_check"]
+    mode: str
+    phase: str
+    variant: str
+    batch: int
+    lens: list[int]
+    tokens: int
+    draft_tokens: int
+    layers: int
+    pool_slots: int
+    whole_pool_casts: int | None
+    capture_casts: int | None
+    error: str | None
+    ok: bool
+    problems: list[str]
+    finite: bool | None = None
+    max_abs_err_vs_f64: float | None = None
+    rel_err_vs_f64: float | None = None
+    within_tol_vs_f64: bool | None = None
+    max_abs_diff_vs_unpatched: float | None = None
+    rel_err_vs_unpatched: float | None = None
+    within_tol_vs_unpatched: bool | None = None
+    bit_identical_vs_unpatched: bool | None = None
+
+
+class SGLangRealTiming(Row):
+    """The decode step of every layer inside a captured CUDA graph, replayed ``iters`` times (CUDA events): median,
+    min, max ms per replay; the unpatched median over this variant's."""
+
+    section: Literal["real_timing"]
+    variant: str
+    batch: int
+    lens: list[int]
+    layers: int
+    pool_slots: int
+    ms_per_step: float | None
+    ms_min: float | None
+    ms_max: float | None
+    iters: int
+    speedup_vs_unpatched: float | None
+    error: str | None
+
+
+SGLangPatchCheckRow = Annotated[Union[SGLangPatchCheck, SGLangPatchMeta, SGLangRealMeta, SGLangRealCheck,
+                                      SGLangRealTiming], Field(discriminator="section")]

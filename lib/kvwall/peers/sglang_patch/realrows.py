@@ -1,0 +1,158 @@
+"""The rows of ``sglang_patch_check``'s check inside SGLang's real modules (:mod:`.realcheck` drives the backend)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from kvwall.peers.sglang_patch.realcheck import RealCheck, compare, guarded
+
+__all__ = ["real_rows", "VARIANTS", "MINIMAL"]
+
+
+VARIANTS = ("unpatched", "gather_cast", "fused")
+#: What the driver builds as minimal objects instead of SGLang's (the fields the backend reads), said in the rows.
+MINIMAL = ("ModelRunner: SimpleNamespace(model_config, device, req_to_token_pool, token_to_kv_pool, "
+           "kv_index_translator, page_size, dtype)",
+           "ModelConfig: SimpleNamespace(context_len, num_attention_heads, kv_lora_rank, qk_nope_head_dim, "
+           "qk_rope_head_dim, v_head_dim, scaling)",
+           "ForwardBatch: SimpleNamespace(forward_mode, batch_size, seq_lens, seq_lens_cpu, seq_lens_sum, "
+           "req_pool_indices, positions, spec_info, kv_loc_plan=None, attn_dcp_metadata=None, ...)",
+           "RadixAttention layer: SimpleNamespace(layer_id, tp_q_head_num, head_dim, v_head_dim, scaling, logit_cap)",
+           "KV writes: none (save_kv_cache=False); the pool is filled with seeded FP8 values before the steps")
+
+
+def _expect(variant: str, casts: int | None, layers: int, cmp: dict[str, Any]) -> list[str]:
+    problems = []
+    want = layers if variant == "unpatched" else 0
+    if casts is not None and casts != want:
+        problems.append(f"{casts} whole-pool casts, expected {want}")
+    if not cmp.get("finite", False):
+        problems.append("non-finite output")
+    if not cmp.get("within_tol_vs_f64", False):
+        problems.append("not within BF16 tolerance of float64")
+    if variant != "unpatched" and not cmp.get("within_tol_vs_unpatched", False):
+        problems.append("not within BF16 tolerance of the unpatched output")
+    return problems
+
+
+def real_rows(device: torch.device, *, pool_slots: int, layers: int, context_len: int, graph_bs: int,
+              draft_tokens: int, eager_lens: list[int], replays: list[list[int]], timing_lens: list[int],
+              timing_iters: int, seed: int = 0, source: str | None = None,
+              log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """The rows of the check inside SGLang's real modules (module docstring): ``real_meta`` (what was imported,
+    stand-ins, variants), ``real_check`` per (mode, phase, variant), ``real_timing`` per variant. Every stage that
+    fails says so in its row (``error``) and the others run on. ``source``: the SGLang source folder (default
+    ``$KVWALL_SGLANG_SOURCE``); without one, a single ``real_meta`` row saying it was not run."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    from kvwall.peers.sglang_patch.real import import_sglang  # pylint: disable=import-outside-toplevel
+
+    source = source or os.environ.get("KVWALL_SGLANG_SOURCE")
+    meta: dict[str, Any] = {"section": "real_meta", "sglang_source": source, "ran": False, "error": None,
+                            "sglang_files": 0, "files_checked_against_record": 0, "files_mismatched": [],
+                            "standins": {}, "guarded_missing": {}, "standin_calls": [], "variants": {},
+                            "minimal_objects": list(MINIMAL), "import_s": None, "device": str(device),
+                            "cuda_graphs": torch.device(device).type == "cuda"}
+    rows: list[dict[str, Any]] = [meta]
+    if not source or not os.path.isdir(os.path.join(source, "sglang")):
+        meta["error"] = f"no SGLang source folder (KVWALL_SGLANG_SOURCE={source!r}): not run"
+        return rows
+    imp, err = guarded(log, "import sglang", lambda: import_sglang(source))
+    if imp is None:
+        meta["error"] = err
+        return rows
+    finder = imp["finder"]
+    meta.update(sglang_files=imp["sglang_files"], files_checked_against_record=imp["files_checked_against_record"],
+                files_mismatched=imp["files_mismatched"][:20], standins=dict(finder.standins),
+                guarded_missing=dict(finder.guarded_missing), import_s=round(imp["import_s"], 2))
+    log(f"== sglang imported: {imp['sglang_files']} files ({imp['files_checked_against_record']} checked against "
+        f"RECORD, {len(imp['files_mismatched'])} differ), stand-ins {finder.standins}")
+    rc, err = guarded(log, "pool + pools", lambda: RealCheck(imp, device=device, pool_slots=pool_slots, layers=layers,
+                                                           context_len=context_len, max_bs=graph_bs, seed=seed,
+                                                           log=log))
+    if rc is None:
+        meta["error"] = err
+        return rows
+    meta["ran"] = True
+    for v in VARIANTS:
+        _, err = guarded(log, f"load {v}", lambda v=v: rc.module(v))
+        meta["variants"][v] = {k: x for k, x in rc.variant_info.get(v, {}).items() if k != "path"} or {"error": err}
+
+    def check(mode: str, phase: str, v: str, lens: list[int], res: dict[str, Any] | None, err: str | None,
+              base: list[torch.Tensor] | None, ref: list[torch.Tensor] | None, capture_casts: int | None = None):
+        row = {"section": "real_check", "mode": mode, "phase": phase, "variant": v, "batch": len(lens),
+               "lens": list(lens), "tokens": int(sum(lens)), "draft_tokens": draft_tokens if mode == "verify" else 0,
+               "layers": layers, "pool_slots": pool_slots, "whole_pool_casts": None, "capture_casts": capture_casts,
+               "error": err, "ok": False, "problems": []}
+        if res is not None and ref is not None:
+            cmp, cerr = guarded(log, f"compare {mode}/{phase}/{v}", lambda: compare(res["outputs"], base, ref))
+            row.update(cmp or {})
+            row["whole_pool_casts"] = res["casts"]
+            total = res["casts"] + (capture_casts or 0) if capture_casts is not None else res["casts"]
+            row["problems"] = (_expect(v, total if v != "unpatched" else res["casts"], layers, cmp or {})
+                               + ([cerr] if cerr else []))
+            row["ok"] = not row["problems"]
+        else:
+            row["problems"] = [err or "not run"]
+        log(f"-- {mode}/{phase}/{v}: casts={row['whole_pool_casts']} ok={row['ok']} {row['problems']} "
+            f"f64={row.get('rel_err_vs_f64')} unp={row.get('max_abs_diff_vs_unpatched')}")
+        rows.append(row)
+
+    for mode, ndt in (("decode", 0), ("verify", draft_tokens)):
+        # eager
+        rc.fill_requests(eager_lens, extra=ndt)
+        qs = rc.queries(len(eager_lens) * max(ndt, 1))
+        ref, err = guarded(log, f"reference {mode}/eager", lambda: rc.reference(eager_lens, qs, ndt))
+        base = None
+        for v in VARIANTS:
+            res, err = guarded(log, f"{mode}/eager/{v}", lambda v=v: rc.eager(v, eager_lens, qs, ndt))
+            if v == "unpatched" and res is not None:
+                base = res["outputs"]
+            check(mode, "eager", v, eager_lens, res, err, None if v == "unpatched" else base, ref)
+        # graphs: capture once per variant, replays with growing requests
+        caps = {}
+        for v in VARIANTS:
+            caps[v], err = guarded(log, f"{mode}/capture/{v}", lambda v=v: rc.capture(v, graph_bs, ndt))
+            if caps[v] is None:
+                check(mode, "capture", v, [1] * graph_bs, None, err, None, None)
+        for k, lens in enumerate(replays):
+            rc.fill_requests(lens, extra=ndt)
+            qs = rc.queries(len(lens) * max(ndt, 1))
+            ref, err = guarded(log, f"reference {mode}/replay {k}", lambda: rc.reference(lens, qs, ndt))
+            base = None
+            for v in VARIANTS:
+                if caps.get(v) is None:
+                    continue
+                res, err = guarded(log, f"{mode}/replay {k}/{v}", lambda v=v: rc.replay(caps[v], lens, qs))
+                if v == "unpatched" and res is not None:
+                    base = res["outputs"]
+                check(mode, f"replay {k + 1}", v, lens, res, err, None if v == "unpatched" else base, ref,
+                      capture_casts=caps[v]["casts"])
+        if mode == "decode":
+            rc.fill_requests(timing_lens)
+            qs = rc.queries(len(timing_lens))
+            base_ms = None
+            for v in VARIANTS:
+                if caps.get(v) is None:
+                    continue
+                t, err = guarded(log, f"timing {v}", lambda v=v: rc.time_graph(caps[v], timing_lens, qs, timing_iters))
+                row = {"section": "real_timing", "variant": v, "batch": len(timing_lens), "lens": list(timing_lens),
+                       "layers": layers, "pool_slots": pool_slots, "ms_per_step": None, "ms_min": None,
+                       "ms_max": None, "iters": 0, "speedup_vs_unpatched": None, "error": err}
+                row.update(t or {})
+                if v == "unpatched":
+                    base_ms = row["ms_per_step"]
+                elif base_ms and row["ms_per_step"]:
+                    row["speedup_vs_unpatched"] = base_ms / row["ms_per_step"]
+                log(f"-- timing {v}: {row['ms_per_step']} ms/step ({layers} layers) x{row['speedup_vs_unpatched']}")
+                rows.append(row)
+        for cap in caps.values():  # free the graphs (and their memory) before the next mode
+            if cap is not None:
+                cap["graph"] = None
+        caps.clear()
+        if rc.cuda:
+            torch.cuda.empty_cache()
+    meta["standin_calls"] = sorted(set(finder.calls))[:50]
+    return rows
