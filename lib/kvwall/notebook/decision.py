@@ -263,10 +263,9 @@ def _sm90_no_patch(ev: Evidence) -> Decision:
           "(FP8 query).")
     acc = accuracy_report.path_summary(ev.accuracy, "flashmla_dense_fp8") if ev.accuracy is not None else None
     if acc and acc["failing_profiles"]:
-        do = ("`--attention-backend flashmla --page-size 64` (FlashMLA FP8, the fastest no-patch path) only where "
-              f"small attention weights may be lost: it fails the BF16 bar on {len(acc['failing_profiles'])} of "
-              f"{len(acc['failing_profiles']) + len(acc['passing_profiles'])} attention profiles ({CH5B}). "
-              "Otherwise a BF16 cache or a patch.")
+        do = ("`--attention-backend flashmla --page-size 64` (FlashMLA FP8, the fastest no-patch path) only if the "
+              f"model was evaluated with its FP8 query: BF16-accurate on {acc['keeps']} of {acc['cases']} attention "
+              f"cases ({CH5B}). Otherwise a BF16 cache, or a patch.")
     figure = f"{cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms a step"
     because = f"Step {cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms on the H200"
     if pts16:
