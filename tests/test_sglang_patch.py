@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import hashlib
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -325,6 +326,39 @@ def test_standin_finder_stands_in_only_for_unguarded_imports(tmp_path):
             del sys.modules[m]
 
 
+def test_a_stand_in_never_behaves_it_fails_naming_the_missing_module(tmp_path):
+    import importlib
+
+    from kvwall.peers.sglang_patch.real import StandInFinder, StandInUsed, StandInValue
+
+    pkg = tmp_path / "sglang"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "deco.py").write_text("import kvwall_no_such_mod_d as d\n@d.register\ndef f():\n    return 1\n"
+                                 "@d.wrap(level=2)\ndef g():\n    return 2\nlazy = d.make()\n")
+    (pkg / "serial.py").write_text("import kvwall_no_such_mod_e as dill\nclass P:\n    pass\n"
+                                   "S = dill.dumps(P).hex()\n")
+    sys.path.insert(0, str(tmp_path))
+    finder = StandInFinder(str(pkg))
+    sys.meta_path.append(finder)
+    try:
+        for m in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[m]
+        deco = importlib.import_module("sglang.deco")  # decorators pass the function through; an unused value is fine
+        assert deco.f() == 1 and deco.g() == 2 and isinstance(deco.lazy, StandInValue)
+        with pytest.raises(StandInUsed, match=r"kvwall_no_such_mod_d\.make\(\.\.\.\) called at sglang/deco\.py:8"):
+            deco.lazy.anything
+        with pytest.raises(StandInUsed) as e:  # the first H200 run's failure: dill.dumps(cls).hex() on a fake
+            importlib.import_module("sglang.serial")
+        assert ("kvwall_no_such_mod_e.dumps(...) called at sglang/serial.py:4" in str(e.value)
+                and "imported unguarded at sglang/serial.py:1" in str(e.value) and ".hex" in str(e.value))
+    finally:
+        sys.meta_path.remove(finder)
+        sys.path.remove(str(tmp_path))
+        for m in [k for k in sys.modules if k.startswith(("sglang", "kvwall_no_such_mod"))]:
+            del sys.modules[m]
+
+
 def test_git_apply_applies_each_diff_to_the_upstream_copy(tmp_path):
     import shutil
     if shutil.which("git") is None:
@@ -369,3 +403,64 @@ def test_real_rows_without_sources_say_not_run(monkeypatch):
                      eager_lens=[1], replays=[], timing_lens=[1], timing_iters=1, log=lambda s: None)
     assert len(rows) == 1 and rows[0]["ran"] is False and "not run" in rows[0]["error"]
     TypeAdapter(SGLangPatchCheckRow).validate_python(rows[0])
+
+
+# --- the driver's import stage under the GPU machine's import conditions (the first H200 run failed there: dill) ---
+
+_SGLANG_TARBALL = Path(__file__).resolve().parents[1] / ".dev" / "sgsub23" / "sglang-0.5.23-py.tar.xz"
+_WHEELS = Path(__file__).resolve().parents[1] / ".whl"
+#: Packages the GPU machine has (image or carried wheels) that the import chain cannot do without.
+_CHAIN_NEEDS = ("msgspec", "transformers", "torchvision", "aiohttp", "orjson", "pybase64", "starlette", "zmq", "PIL",
+                "huggingface_hub", "pydantic")
+
+
+def _simulate(source, wheels, deps):
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "kvwall.peers.sglang_devicesim", str(source), "--wheels", str(wheels),
+                        "--deps", *deps], capture_output=True, text=True, timeout=120, check=False)
+    assert p.stdout.strip(), p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_import_stage_gets_through_under_the_gpu_machines_import_conditions(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import tarfile
+
+    source = os.environ.get("KVWALL_SGLANG_SOURCE")
+    if not (source and os.path.isdir(os.path.join(source, "sglang"))):
+        if not _SGLANG_TARBALL.exists():
+            pytest.skip("SGLang 0.5.23's sources are not here (as in CI): they live in the git-ignored "
+                        ".dev/sgsub23/sglang-0.5.23-py.tar.xz, or a folder named by KVWALL_SGLANG_SOURCE")
+        with tarfile.open(_SGLANG_TARBALL) as tf:
+            tf.extractall(tmp_path / "src", filter="data")
+        source = tmp_path / "src"
+    if not (_WHEELS / "dill-0.4.1-py3-none-any.whl").exists():
+        pytest.skip("the wheels the device run carries are not here: they live in the git-ignored .whl/")
+    deps = [d for d in os.environ.get("KVWALL_SGLANG_DEPS", "").split(os.pathsep) if d]
+    probe = ("import importlib.util, sys; sys.path += sys.argv[1:]; "
+             f"print(','.join(m for m in {_CHAIN_NEEDS!r} if importlib.util.find_spec(m) is None))")
+    lacking = subprocess.run([sys.executable, "-c", probe, *deps], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    if lacking:
+        pytest.skip(f"this machine lacks what the GPU machine has and the chain needs ({lacking}): set "
+                    "KVWALL_SGLANG_DEPS to folders holding them")
+    # what the next run carries: the import gets through, and nothing the machine lacks is imported unguarded
+    out = _simulate(source, _WHEELS, deps)
+    assert out["ok"], out["error"]
+    assert "dill" in out["wheels"] and out["device_lacks"] == {}, out["device_lacks"]
+    assert out["sglang_files"] > 500
+    # the recorded run's wheels (no dill): the failure the H200 met, now named plainly
+    few = tmp_path / "wheels"
+    few.mkdir()
+    for w in _WHEELS.glob("*.whl"):
+        if not w.name.startswith("dill-"):
+            (few / w.name).symlink_to(w)
+    out = _simulate(source, few, deps)
+    assert not out["ok"] and out["error"].startswith("StandInUsed: dill.dumps(...) called at "
+                                                     "sglang/srt/sampling/custom_logit_processor.py:43"), out["error"]
+    assert "carry 'dill'" in out["error"]

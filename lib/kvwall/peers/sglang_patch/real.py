@@ -12,6 +12,12 @@ it to (its fallback runs). Every stand-in is recorded with the SGLang file that 
 done (:meth:`StandInFinder.arm`) no new stand-in is made: an import at run time fails loudly. A stand-in callable
 that is called after arming is recorded too (:attr:`StandInFinder.calls`): a driven step must call none.
 
+A stand-in has no behaviour, so it never pretends to: only a decorator (a call on an ``@`` line) passes its function
+through; any other call of a stand-in (``dill.dumps(cls)`` at import time, say) returns a :class:`StandInValue`,
+which raises :class:`StandInUsed` -- naming the missing module, the importing file and the call site -- as soon as
+anything needs it to behave (an attribute, a call, iteration, truth, conversion). A module the chain really needs
+then fails the import there, plainly, instead of running on a fake (carry its wheel).
+
 :func:`load_variant` gives the backend module of one variant: ``unpatched`` is SGLang's module itself (checked byte
 for byte against ``flashinfer_mla_backend.py.orig``); a patch is applied with ``git apply --check`` then ``git apply``
 to a copy of ``.orig`` in a temporary folder and that file is imported as a module of its own.
@@ -25,6 +31,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import linecache
 import os
 import subprocess
 import sys
@@ -34,7 +41,8 @@ import types
 from importlib import resources
 from typing import Any
 
-__all__ = ["StandInFinder", "import_sglang", "load_variant", "git_apply", "BACKEND_MODULE"]
+__all__ = ["StandInFinder", "StandInUsed", "StandInValue", "import_sglang", "load_variant", "git_apply",
+           "BACKEND_MODULE"]
 
 BACKEND_MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
 #: Never stood in for: what the check is about (or what must be real for it to mean anything).
@@ -64,12 +72,15 @@ class _StandInMeta(type):
         return _stand_in_class(f"{cls.__qualname__}.{name}")
 
     def __call__(cls, *a, **k):
+        if "__kvwall_standin__" not in cls.__dict__:  # SGLang's own subclass of a stand-in: a real class, built
+            return super().__call__(*a, **k)
         f = _StandInMeta.finder
         if f is not None and f.armed:
             f.calls.append(cls.__qualname__)
-        if len(a) == 1 and callable(a[0]) and not k:
-            return a[0]  # used as a decorator
-        return super().__call__(*a, **k)
+        site, decorating = _call_site()
+        if decorating:  # `@missing.deco` passes the function through; `@missing.deco(...)` gives a pass-through
+            return a[0] if len(a) == 1 and callable(a[0]) and not k else _pass_through
+        return StandInValue(cls.__qualname__, site)
 
     def __getitem__(cls, item):
         return cls
@@ -92,8 +103,92 @@ def _any_schema(cls, source, handler):  # a pydantic model with a stand-in field
     return core_schema.any_schema()
 
 
+class StandInUsed(RuntimeError):
+    """What a stood-in module's call returned was used as if the module were there."""
+
+
+def _call_site() -> tuple[str, bool]:
+    """``file:line`` of the code calling a stand-in, and whether that line is a decorator."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename == __file__:
+        f = f.f_back
+    if f is None:
+        return "?", False
+    fn, line = f.f_code.co_filename, f.f_lineno
+    src = linecache.getline(fn, line).lstrip()
+    short = fn[fn.rfind(os.sep + "sglang" + os.sep) + 1:] if os.sep + "sglang" + os.sep in fn else fn
+    return f"{short}:{line}", src.startswith("@")
+
+
+def _pass_through(fn):
+    return fn
+
+
+class StandInValue:
+    """What a call of a stand-in returns: anything that needs it to behave raises :class:`StandInUsed`."""
+
+    __slots__ = ("_what", "_site")
+
+    def __init__(self, what: str, site: str) -> None:
+        object.__setattr__(self, "_what", what)
+        object.__setattr__(self, "_site", site)
+
+    def _used(self, how: str):
+        what = object.__getattribute__(self, "_what")
+        top = what.split(".")[0]
+        f = _StandInMeta.finder
+        where = f.standins.get(top, "?") if f is not None else "?"
+        raise StandInUsed(f"{what}(...) called at {object.__getattribute__(self, '_site')} returned a stand-in, and "
+                          f"its {how} was used: module {top!r} is missing on this machine (imported unguarded at "
+                          f"{where}) and a stand-in has no behaviour; install or carry {top!r}")
+
+    def __getattr__(self, name):
+        self._used(f".{name}")
+
+    def __setattr__(self, name, value):
+        self._used(f".{name} =")
+
+    def __call__(self, *a, **k):
+        self._used("call")
+
+    def __iter__(self):
+        self._used("iteration")
+
+    def __len__(self):
+        self._used("len()")
+
+    def __bool__(self):
+        self._used("truth value")
+
+    def __getitem__(self, item):
+        self._used("[...]")
+
+    def __str__(self):
+        self._used("str()")
+
+    def __format__(self, spec):
+        self._used("format()")
+
+    def __bytes__(self):
+        self._used("bytes()")
+
+    def __int__(self):
+        self._used("int()")
+
+    def __float__(self):
+        self._used("float()")
+
+    def __index__(self):
+        self._used("index")
+
+    def __repr__(self):
+        get = object.__getattribute__
+        return f"<stand-in value of {get(self, '_what')}(...) at {get(self, '_site')}>"
+
+
 def _stand_in_class(name: str) -> type:
     return _StandInMeta(name.rsplit(".", 1)[-1], (), {"__qualname__": name, "__init__": lambda self, *a, **k: None,
+                                                      "__kvwall_standin__": True,
                                                       "__init_subclass__": classmethod(lambda c, **k: None),
                                                       "__get_pydantic_core_schema__": classmethod(_any_schema),
                                                       "__getattr__": lambda self, n: _stand_in_class(n)})
