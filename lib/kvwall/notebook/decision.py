@@ -385,7 +385,8 @@ def _sm100(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
                f"{kv['gather_cast_fa2'][0]:.1f}–{kv['gather_cast_fa2'][1]:.1f} ms gather_cast.")
     return Decision("sm100", "SM100 (B200)", "", "", do, figure, because,
                     ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths", *_acc_source(ev)),
-                    f"{CH3}, {CH6}", _accuracy(ev, ["triton", "ours"], "ours' Triton path: "))
+                    f"{CH3}, {CH6}", ("FlashInfer's path: not measured here; " if dense else "")
+                    + _accuracy(ev, ["triton", "ours"], "ours' Triton path: "))
 
 
 def decide(ev: Evidence) -> list[Decision]:
