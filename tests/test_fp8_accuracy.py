@@ -16,7 +16,7 @@ from kvwall.kernels.mla_decode.reference import mla_decode_reference
 from kvwall.model.geometry import GLM5
 from kvwall.model.sharp_attention import (PROBES, PROFILES, Profile, emulate_attention, realized, sharp_request)
 from kvwall.notebook import accuracy_report
-from kvwall.results import Provenance, Result
+from kvwall.results import Provenance, Result, load_result
 
 CPU = torch.device("cpu")
 SM = GLM5.sm_scale
@@ -110,6 +110,10 @@ def test_experiment_runs_small_on_cpu(small_run):
     s = accuracy_report.path_summary(small_run, "ours")
     assert s["keeps"] == s["cases"] and s["ratio_max"] < accuracy_report.RULE  # vs the BF16 rounding floor
     assert "BF16-accurate" in accuracy_report.accuracy_cell(small_run, ["ours"])
+    table = accuracy_report.cases_table(small_run)
+    assert [r["profile"] for r in table.rows] == [p.name for p in PROFILES] and all(r["cases"] == 2 for r in table.rows)
+    assert table.rows[3]["sinks"].startswith("8") or table.rows[3]["sinks"].startswith("9")  # 4 sinks hold 90 %
+    assert "live" in accuracy_report.summary_table(small_run, "live").caption
 
 
 def _synthetic() -> Result:
@@ -158,3 +162,6 @@ def test_chapter_runs_on_cpu(tmp_path):
     v = rec["values"]
     assert v["live_cases"] == 2 * len(PROFILES) and v["live_ours_keeps"] == v["live_cases"]
     assert v["predicted_rows"] == 2 * len(PROFILES)
+    recorded = load_result("fp8_accuracy")
+    assert v["recorded_cases"] == len(recorded.table("case"))
+    assert v["ours_keeps"] == v["ours_cases"] == v["recorded_cases"]  # ours keeps BF16 accuracy on every case

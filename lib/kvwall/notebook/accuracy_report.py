@@ -21,7 +21,7 @@ from kvwall.results import Result
 
 __all__ = ["RULE", "TAIL_KEPT", "TOP_ERR", "BF16_REFERENCES", "FIGURE_PATHS", "verdicts", "path_summary",
            "summary_table", "error_figure", "tail_figure", "fp8_verdict", "accuracy_cell", "profile_table",
-           "prediction_table", "tiny_weights_note", "mechanism_text"]
+           "prediction_table", "tiny_weights_note", "mechanism_text", "cases_table", "COLORS"]
 
 #: A path keeps BF16 accuracy on a case when its error is at most RULE x the BF16 reference's ...
 RULE = 2.0
@@ -35,6 +35,9 @@ BF16_REFERENCES = ("flashmla_dense_bf16", "gather_cast_bf16")
 FIGURE_PATHS = ("ours", "flashmla_dense_fp8", "flashmla_dense_bf16", "flashinfer_fp8_fa3", "gather_cast_bf16",
                 "sglang_triton_fp8")
 _ORDER = [p.name for p in PROFILES]
+#: One color per path in every figure (plotly's default cycle repeats after ten series).
+COLORS = {"ours": "#1f77b4", "flashmla_dense_fp8": "#d62728", "flashmla_dense_bf16": "#2ca02c",
+          "flashinfer_fp8_fa3": "#9467bd", "gather_cast_bf16": "#ff7f0e", "sglang_triton_fp8": "#17becf"}
 
 
 def _label(strategy: str) -> str:
@@ -95,8 +98,9 @@ def _ran(result: Result) -> list[str]:
     return [s for s in STRATEGIES if s in ran]
 
 
-def summary_table(result: Result) -> Table:
-    """One line per path that ran: how many cases it keeps BF16 accuracy on, and the worst of each measure."""
+def summary_table(result: Result, provenance: str | None = None) -> Table:
+    """One line per path that ran: how many cases it keeps BF16 accuracy on, and the worst of each measure;
+    ``provenance``: the caption's last sentence (default: the recording's)."""
     rows = [s for s in (path_summary(result, n) for n in _ran(result)) if s]
     for r in rows:
         r["kept"] = f"{r['keeps']} / {r['cases']}"
@@ -109,7 +113,7 @@ def summary_table(result: Result) -> Table:
                         "tail token at 0, with sinks": ("sink_flushed_max", lambda v: f"{v:.0%} of heads")},
                  f"Every case of the sweep (profiles x contexts x heads x batches). 'Keeps BF16 accuracy': error at "
                  f"most {RULE:g}x the BF16 reference path's on the same case, the tail keeps >= {TAIL_KEPT:.0%} of its "
-                 f"mass, the needle's weight within {TOP_ERR:.0%}. " + result.caption())
+                 f"mass, the needle's weight within {TOP_ERR:.0%}. " + (provenance or result.caption()))
 
 
 def _pick(rows: list[dict[str, Any]], **want: Any) -> list[dict[str, Any]]:
@@ -134,12 +138,13 @@ def error_figure(result: Result) -> go.Figure:
     fig = go.Figure()
     for s in [p for p in FIGURE_PATHS if any(r["strategy"] == p for r in rows)]:
         by = {r["profile"]: r["rel_err"] for r in rows if r["strategy"] == s}
-        fig.add_scatter(name=_label(s), x=profiles, y=[by.get(p) for p in profiles], mode="lines+markers")
+        fig.add_scatter(name=_label(s), x=profiles, y=[by.get(p) for p in profiles], mode="lines+markers",
+                        line=dict(color=COLORS.get(s)))
     floor = {c["profile"]: c["floor_rel_err"] for c in cases}
     fig.add_scatter(name="BF16 rounding of the exact output", x=profiles, y=[floor.get(p) for p in profiles],
                     mode="lines", line=dict(dash="dot", color="#888"))
-    fig.update_layout(title=f"Output error against float64, by how sharp attention is ({heads} heads, one request "
-                            f"of {ctx // 1024}K tokens)", yaxis_title="relative error", xaxis_title="profile")
+    fig.update_layout(title="Output error against float64, flat to sharp attention", yaxis_title="relative error",
+                      xaxis_title=f"profile ({heads} heads, one request of {ctx // 1024}K tokens)")
     fig.update_yaxes(type="log", exponentformat="power")
     return with_caption(fig, ["Identical inputs for every path: one FP8 cache, its exact BF16 copy for the BF16 "
                               "paths. " + result.caption()], height=520)
@@ -154,16 +159,20 @@ def tail_figure(result: Result, profile: str = "4 sinks hold 99 %") -> go.Figure
         profile = max(names, key=_order)
     rows = [r for r in _pick(verdicts(result), profile=profile, batch=1) if r["strategy"] in FIGURE_PATHS]
     fig = go.Figure()
+    heads = sorted({r["heads"] for r in rows})
     for s in [p for p in FIGURE_PATHS if any(r["strategy"] == p for r in rows)]:
-        for h in sorted({r["heads"] for r in rows}):
+        for h in heads:
             sel = sorted(_pick(rows, strategy=s, heads=h), key=lambda r: r["context"])
             if sel:
                 fig.add_scatter(name=f"{_label(s)}, {h} heads", x=[r["context"] for r in sel],
-                                y=[r["tail_mass_kept"] for r in sel], mode="lines+markers")
+                                y=[r["tail_mass_kept"] for r in sel], mode="lines+markers",
+                                line=dict(color=COLORS.get(s), dash="solid" if h == min(heads) else "dash"))
     fig.update_layout(title=f"Attention mass the tail keeps, '{profile}'", yaxis_title="kept / float64's (least "
                       "over heads)", xaxis_title="tokens in the request")
     fig.update_xaxes(type="log")
-    return with_caption(fig, ["1.0: the tail's weights survive; 0: flushed to zero. " + result.caption()], height=520)
+    return with_caption(fig, ["1.0: the tail's weights survive; 0: flushed to zero. Solid: "
+                              f"{min(heads, default=0)} heads, dashed: {max(heads, default=0)}. " + result.caption()],
+                        height=520)
 
 
 def profile_table(result: Result, heads: int | None = None, context: int | None = None) -> Table:
@@ -296,3 +305,26 @@ def mechanism_text(result: Result, fp8: str = "flashmla_dense_fp8", query_only: 
                  f"{min(flat):.1f}–{max(flat):.0f}× the BF16 reference's." if flat else "")
     return ("On the cases with sinks (" + str(len({r['case'] for r in rows})) + "): " + "; ".join(parts) + "."
             + flat_text if parts else "")
+
+
+def cases_table(result: Result) -> Table:
+    """Per profile, what the stored values give (medians over heads, the range over the profile's cases): the tail
+    logits' spread, the gap between a head's largest and median logit, the sinks' mass, the needles' margin."""
+    cases = _rows(result, "case")
+    out = []
+
+    def span(xs: list[float], fmt: str) -> str:
+        return "—" if not xs else (f"{min(xs):{fmt}}" if f"{min(xs):{fmt}}" == f"{max(xs):{fmt}}"
+                                   else f"{min(xs):{fmt}}–{max(xs):{fmt}}")
+
+    for prof in sorted({c["profile"] for c in cases}, key=_order):
+        sel = [c for c in cases if c["profile"] == prof]
+        out.append({"profile": prof, "cases": len(sel),
+                    "spread": span([c["realized_spread"] for c in sel], ".2f"),
+                    "gap": span([c["realized_max_gap"] for c in sel], ".0f"),
+                    "sinks": span([c["realized_sink_mass"] for c in sel if c["sinks"]], ".1%"),
+                    "margin": span([c["realized_margin"] for c in sel if c["realized_margin"] is not None], ".2f")})
+    return Table(out, {"profile": "profile", "cases": "cases", "tail logits' spread": "spread",
+                       "largest − median logit": "gap", "sinks' mass": "sinks", "needles' margin": "margin"},
+                 "What the stored FP8 keys and BF16 queries give, in float64 (medians over heads; the range over "
+                 "the profile's contexts, head counts and batches). " + result.caption())
