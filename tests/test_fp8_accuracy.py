@@ -114,6 +114,7 @@ def test_experiment_runs_small_on_cpu(small_run):
     assert [r["profile"] for r in table.rows] == [p.name for p in PROFILES] and all(r["cases"] == 2 for r in table.rows)
     assert table.rows[3]["sinks"].startswith("8") or table.rows[3]["sinks"].startswith("9")  # 4 sinks hold 90 %
     assert "live" in accuracy_report.summary_table(small_run, "live").caption
+    assert "ours (dispatcher's path) 1." in accuracy_report.floor_text(small_run)  # at the BF16 rounding floor
 
 
 def _synthetic() -> Result:

@@ -21,7 +21,7 @@ from kvwall.results import Result
 
 __all__ = ["RULE", "TAIL_KEPT", "TOP_ERR", "BF16_REFERENCES", "FIGURE_PATHS", "verdicts", "path_summary",
            "summary_table", "error_figure", "tail_figure", "fp8_verdict", "accuracy_cell", "profile_table",
-           "prediction_table", "tiny_weights_note", "mechanism_text", "cases_table", "COLORS"]
+           "prediction_table", "tiny_weights_note", "mechanism_text", "cases_table", "COLORS", "floor_text"]
 
 #: A path keeps BF16 accuracy on a case when its error is at most RULE x the BF16 reference's ...
 RULE = 2.0
@@ -328,3 +328,15 @@ def cases_table(result: Result) -> Table:
                        "largest − median logit": "gap", "sinks' mass": "sinks", "needles' margin": "margin"},
                  "What the stored FP8 keys and BF16 queries give, in float64 (medians over heads; the range over "
                  "the profile's contexts, head counts and batches). " + result.caption())
+
+
+def floor_text(result: Result, strategies: Sequence[str] = ("ours", "flashmla_dense_bf16", "flashmla_dense_fp8")) -> str:
+    """Each path's error over the BF16 rounding of the exact output on the same case (1.0: as accurate as any BF16
+    output can be), the range over the cases."""
+    parts = []
+    for s in strategies:
+        r = [v["rel_err"] / v["floor_rel_err"] for v in verdicts(result) if v["strategy"] == s and v["floor_rel_err"]]
+        if r:
+            parts.append(f"{_label(s)} {min(r):.2f}–{max(r):.2f}×")
+    return ("Against the exact output rounded to BF16 (the smallest error a BF16 output can have; 1.00× means no "
+            "error beyond that rounding): " + ", ".join(parts) + ".") if parts else ""
