@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import hashlib
+import importlib
 import sys
 from pathlib import Path
 
@@ -292,23 +294,34 @@ def test_compact_kv_graph_mode_gathers_exactly_the_rows(shared):
 # --- issue 23 part 5: the check inside SGLang's real modules (the device run imports them; here the parts that
 # need no SGLang) ---
 
-def test_standin_finder_stands_in_only_for_unguarded_imports(tmp_path):
+@contextlib.contextmanager
+def _fake_sglang(tmp_path: Path, files: dict[str, str]):
+    """A package ``sglang`` of ``files`` under ``tmp_path``, imported through a StandInFinder (yielded); afterwards
+    the finder, the path and every module it imported are gone again."""
     from kvwall.peers.sglang_patch.real import StandInFinder
 
     pkg = tmp_path / "sglang"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "guarded.py").write_text("try:\n    import kvwall_no_such_mod_a\nexcept ImportError:\n    X = None\n")
-    (pkg / "plain.py").write_text("from kvwall_no_such_mod_b.sub import Thing\nclass C(Thing, total=False):\n"
-                                  "    pass\n")
-    import importlib
-    import sys
+    for name, text in {"__init__.py": "", **files}.items():
+        (pkg / name).write_text(text)
     sys.path.insert(0, str(tmp_path))
     finder = StandInFinder(str(pkg))
     sys.meta_path.append(finder)
     try:
         for m in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
             del sys.modules[m]
+        yield finder
+    finally:
+        sys.meta_path.remove(finder)
+        sys.path.remove(str(tmp_path))
+        for m in [k for k in sys.modules if k.startswith(("sglang", "kvwall_no_such_mod"))]:
+            del sys.modules[m]
+
+
+def test_standin_finder_stands_in_only_for_unguarded_imports(tmp_path):
+    files = {"guarded.py": "try:\n    import kvwall_no_such_mod_a\nexcept ImportError:\n    X = None\n",
+             "plain.py": "from kvwall_no_such_mod_b.sub import Thing\nclass C(Thing, total=False):\n    pass\n"}
+    with _fake_sglang(tmp_path, files) as finder:
         importlib.import_module("sglang.guarded")
         importlib.import_module("sglang.plain")
         assert set(finder.standins) == {"kvwall_no_such_mod_b"}
@@ -319,31 +332,15 @@ def test_standin_finder_stands_in_only_for_unguarded_imports(tmp_path):
         assert finder.calls == ["kvwall_no_such_mod_b.sub.Thing"]
         with pytest.raises(ImportError):
             importlib.import_module("kvwall_no_such_mod_c")
-    finally:
-        sys.meta_path.remove(finder)
-        sys.path.remove(str(tmp_path))
-        for m in [k for k in sys.modules if k.startswith(("sglang", "kvwall_no_such_mod"))]:
-            del sys.modules[m]
 
 
 def test_a_stand_in_never_behaves_it_fails_naming_the_missing_module(tmp_path):
-    import importlib
+    from kvwall.peers.sglang_patch.real import StandInUsed, StandInValue
 
-    from kvwall.peers.sglang_patch.real import StandInFinder, StandInUsed, StandInValue
-
-    pkg = tmp_path / "sglang"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "deco.py").write_text("import kvwall_no_such_mod_d as d\n@d.register\ndef f():\n    return 1\n"
-                                 "@d.wrap(level=2)\ndef g():\n    return 2\nlazy = d.make()\n")
-    (pkg / "serial.py").write_text("import kvwall_no_such_mod_e as dill\nclass P:\n    pass\n"
-                                   "S = dill.dumps(P).hex()\n")
-    sys.path.insert(0, str(tmp_path))
-    finder = StandInFinder(str(pkg))
-    sys.meta_path.append(finder)
-    try:
-        for m in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
-            del sys.modules[m]
+    files = {"deco.py": "import kvwall_no_such_mod_d as d\n@d.register\ndef f():\n    return 1\n"
+                        "@d.wrap(level=2)\ndef g():\n    return 2\nlazy = d.make()\n",
+             "serial.py": "import kvwall_no_such_mod_e as dill\nclass P:\n    pass\nS = dill.dumps(P).hex()\n"}
+    with _fake_sglang(tmp_path, files):
         deco = importlib.import_module("sglang.deco")  # decorators pass the function through; an unused value is fine
         assert deco.f() == 1 and deco.g() == 2 and isinstance(deco.lazy, StandInValue)
         with pytest.raises(StandInUsed, match=r"kvwall_no_such_mod_d\.make\(\.\.\.\) called at sglang/deco\.py:8"):
@@ -352,11 +349,6 @@ def test_a_stand_in_never_behaves_it_fails_naming_the_missing_module(tmp_path):
             importlib.import_module("sglang.serial")
         assert ("kvwall_no_such_mod_e.dumps(...) called at sglang/serial.py:4" in str(e.value)
                 and "imported unguarded at sglang/serial.py:1" in str(e.value) and ".hex" in str(e.value))
-    finally:
-        sys.meta_path.remove(finder)
-        sys.path.remove(str(tmp_path))
-        for m in [k for k in sys.modules if k.startswith(("sglang", "kvwall_no_such_mod"))]:
-            del sys.modules[m]
 
 
 def test_git_apply_applies_each_diff_to_the_upstream_copy(tmp_path):
