@@ -456,3 +456,113 @@ def test_import_stage_gets_through_under_the_gpu_machines_import_conditions(tmp_
     assert not out["ok"] and out["error"].startswith("StandInUsed: dill.dumps(...) called at "
                                                      "sglang/srt/sampling/custom_logit_processor.py:43"), out["error"]
     assert "carry 'dill'" in out["error"]
+
+
+# --- how the real check judges whole-pool casts (a CUDA graph hides what it replays from torch's dispatcher) ---
+
+def test_cast_problems_judges_a_graph_by_what_it_holds():
+    from kvwall.peers.sglang_patch.realcheck import cast_problems, casts_per_step
+
+    # what the H200 saw (6 layers): the unpatched graph holds the casts and replays them; the dispatcher sees none then
+    assert cast_problems("unpatched", 6, warmup=6, captured=6, replay=0, graph=True) == []
+    assert casts_per_step(captured=6, replay=0) == 6
+    for v in ("gather_cast", "fused"):
+        assert cast_problems(v, 6, warmup=0, captured=0, replay=0, graph=True) == []
+    assert cast_problems("unpatched", 6, eager=6) == [] and cast_problems("fused", 6, eager=0) == []
+    # a patch whose captured graph casts the pool fails, though nothing is seen at replay
+    (p,) = cast_problems("fused", 6, warmup=0, captured=6, replay=0, graph=True)
+    assert "captured graph" in p and "6 whole-pool casts, expected 0" in p
+    # ... and so does one that casts only in the warm-up, or in its replay metadata
+    assert cast_problems("gather_cast", 6, warmup=6, captured=0, replay=0, graph=True)
+    (p,) = cast_problems("gather_cast", 6, warmup=0, captured=0, replay=1, graph=True)
+    assert "outside the graph" in p and "expected 0" in p
+    # an unpatched graph that holds no cast is not the baseline
+    (p,) = cast_problems("unpatched", 6, warmup=6, captured=0, replay=0, graph=True)
+    assert "0 whole-pool casts, expected 6" in p
+    assert cast_problems("unpatched", 6, warmup=6, captured=None, replay=0, graph=True)  # not counted: a problem
+    # without a CUDA graph (CPU) the forward runs at replay: its casts are the step's
+    assert cast_problems("unpatched", 2, warmup=2, captured=None, replay=2, graph=False) == []
+    assert cast_problems("fused", 2, warmup=0, captured=None, replay=2, graph=False)
+    assert casts_per_step(captured=None, replay=2) == 2 and casts_per_step(eager=0) == 0
+
+
+class _FakeCheck:
+    """Stands in for :class:`RealCheck` with the counts a GPU run sees: eager casts per layer (unpatched), a capture
+    whose warm-up and graph each hold them, a replay where the dispatcher sees none; ``held`` sets what a variant's
+    graph holds."""
+
+    cuda = True
+
+    def __init__(self, imp, *, layers, held=None, **kw):
+        self.layers, self.held, self.variant_info = layers, held or {}, {}
+
+    def module(self, v):
+        self.variant_info[v] = {"source": v}
+
+    def fill_requests(self, lens, extra=0):
+        pass
+
+    def queries(self, rows):
+        return [torch.ones(rows, 2) for _ in range(self.layers)]
+
+    def reference(self, lens, qs, ndt=0):
+        return [q.double() for q in qs]
+
+    def _n(self, v):
+        return self.layers if v == "unpatched" else 0
+
+    def eager(self, v, lens, qs, ndt):
+        return {"outputs": [q.clone() for q in qs], "casts": self._n(v)}
+
+    def capture(self, v, bs, ndt):
+        return {"graph": object(), "warmup_casts": self._n(v), "capture_casts": self.held.get(v, self._n(v)),
+                "variant": v, "ndt": ndt}
+
+    def replay(self, cap, lens, qs):
+        return {"outputs": [q.clone() for q in qs], "casts": 0}
+
+    def time_graph(self, cap, lens, qs, iters):
+        return {"ms_per_step": 5.0 if cap["variant"] == "unpatched" else 0.2, "iters": iters}
+
+
+def _fake_real_rows(monkeypatch, tmp_path, **held):
+    import kvwall.peers.sglang_patch.real as real
+    import kvwall.peers.sglang_patch.realrows as realrows
+
+    (tmp_path / "sglang").mkdir()
+    finder = type("F", (), {"standins": {}, "guarded_missing": {}, "calls": []})()
+    monkeypatch.setattr(real, "import_sglang", lambda source: {"finder": finder, "sglang_files": 1,
+                                                               "files_checked_against_record": 1,
+                                                               "files_mismatched": [], "import_s": 0.0})
+    monkeypatch.setattr(realrows, "RealCheck", lambda imp, **kw: _FakeCheck(imp, held=held, **kw))
+    return realrows.real_rows(torch.device("cpu"), pool_slots=8, layers=3, context_len=8, graph_bs=2,
+                              draft_tokens=2, eager_lens=[1, 2], replays=[[1, 2], [3, 4]], timing_lens=[1, 1],
+                              timing_iters=2, source=str(tmp_path), log=lambda s: None)
+
+
+def test_real_rows_pass_the_unpatched_graph_on_what_it_replays(monkeypatch, tmp_path):
+    from pydantic import TypeAdapter
+
+    from kvwall.experiments.schemas.sglang_patch import SGLangPatchCheckRow
+
+    rows = _fake_real_rows(monkeypatch, tmp_path)
+    for r in rows:
+        TypeAdapter(SGLangPatchCheckRow).validate_python(r)
+    checks = [r for r in rows if r["section"] == "real_check"]
+    assert len(checks) == 2 * 3 * 3 and all(r["ok"] for r in checks), [r["problems"] for r in checks]
+    graph = [r for r in checks if r["phase"].startswith("replay")]
+    for r in graph:
+        want = 3 if r["variant"] == "unpatched" else 0
+        assert (r["whole_pool_casts"], r["warmup_casts"], r["capture_casts"], r["replay_casts"]) == (want, want,
+                                                                                                      want, 0)
+        assert r["cuda_graph"] is True
+
+
+def test_real_rows_fail_a_patch_whose_graph_casts_the_pool(monkeypatch, tmp_path):
+    rows = _fake_real_rows(monkeypatch, tmp_path, gather_cast=3, unpatched=0)
+    graph = [r for r in rows if r["section"] == "real_check" and r["phase"].startswith("replay")]
+    for r in graph:
+        assert r["ok"] is (r["variant"] == "fused"), r
+        if not r["ok"]:
+            assert any("captured graph" in p for p in r["problems"]), r["problems"]
+    assert [r["whole_pool_casts"] for r in graph if r["variant"] == "gather_cast"] == [3] * 4

@@ -85,8 +85,13 @@ class SGLangRealMeta(Row):
 class SGLangRealCheck(Row):
     """One (mode, phase, variant) of the real backend: ``mode`` decode or verify (target-verify, ``draft_tokens`` per
     request); ``phase`` eager, or replay k of a captured CUDA graph (``capture``: a capture that failed).
-    ``whole_pool_casts``: during the step (metadata + forward, or metadata + replay); ``capture_casts``: during the
-    capture (metadata, warm-up, capture). Errors vs float64 and vs the unpatched backend on the same inputs."""
+    Whole-pool casts (torch's dispatcher sees what a capture records, never what a replay launches):
+    ``whole_pool_casts`` per step -- an eager step's (metadata + forward), a graph step's captured ones (replayed
+    every step) plus those at replay; ``warmup_casts``: the capture-time metadata and the warm-up forward;
+    ``capture_casts``: what the captured graph holds (None without a CUDA graph, ``cuda_graph`` False: on a CPU the
+    forward runs at replay, uncaptured); ``replay_casts``: at replay, outside the graph. Rows recorded before these
+    were told apart have ``capture_casts`` = warm-up + capture and ``whole_pool_casts`` = replay only.
+    Errors vs float64 and vs the unpatched backend on the same inputs."""
 
     section: Literal["real_check"]
     mode: str
@@ -103,6 +108,9 @@ class SGLangRealCheck(Row):
     error: str | None
     ok: bool
     problems: list[str]
+    warmup_casts: int | None = None
+    replay_casts: int | None = None
+    cuda_graph: bool | None = None
     finite: bool | None = None
     max_abs_err_vs_f64: float | None = None
     rel_err_vs_f64: float | None = None

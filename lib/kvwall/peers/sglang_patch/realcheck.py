@@ -7,7 +7,7 @@ One real ``MLATokenToKVPool`` (FP8 e4m3, ``layers`` layers), one real ``ReqToTok
 ``RadixAttention`` layer; the target-verify ``spec_info`` is SGLang's own ``EagleVerifyInput`` (chain, topk 1).
 
 Phases (each compared with the unpatched backend and a float64 reference, whole-pool casts counted in torch's
-dispatcher, :class:`~kvwall.peers.sglang_patch.harness.WholePoolCastCounter`):
+dispatcher, :class:`~kvwall.peers.sglang_patch.harness.WholePoolCastCounter`, and judged by :func:`cast_problems`):
 
 - ``decode/eager``: ``init_forward_metadata`` then ``forward_decode`` per layer;
 - ``verify/eager``: ``init_forward_metadata`` (TARGET_VERIFY) then ``forward_extend`` per layer;
@@ -16,6 +16,12 @@ dispatcher, :class:`~kvwall.peers.sglang_patch.harness.WholePoolCastCounter`):
   forward of every layer; at each replay ``init_forward_metadata_out_graph(fb)`` (outside the graph) with longer
   requests than the replay before, then ``graph.replay()``.
 - ``timing``: the decode graph of every layer replayed ``iters`` times, timed with CUDA events, per variant.
+
+Casts in a graph: torch's dispatcher sees the ops recorded while a graph is captured, never the kernels a replay
+launches. So the capture counts apart what the warm-up made (``warmup_casts``: the capture-time metadata call and the
+warm-up forward) and what the captured graph holds (``capture_casts``: replayed every step); a replay counts what runs
+outside the graph (``replay_casts``: its metadata call). A graph row's casts per step are the captured ones plus
+those at replay.
 
 On a CPU (``cuda=False``) FlashInfer cannot run: :class:`CpuMLAWrapper` (torch reference, FlashInfer's cuda-graph
 buffer semantics: ``use_cuda_graph`` buffers, ``plan`` fills them, ``_cached_module.plan``) stands in for
@@ -36,7 +42,7 @@ from kvwall.peers.sglang_patch.harness import WholePoolCastCounter
 from kvwall.peers.sglang_patch.real import load_variant
 from kvwall.peers.sglang_patch.stubs import device_torch
 
-__all__ = ["RealCheck", "CpuMLAWrapper", "TOL", "compare", "guarded"]
+__all__ = ["RealCheck", "CpuMLAWrapper", "TOL", "compare", "guarded", "cast_problems", "casts_per_step"]
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 TOL = {"rtol": 1.6e-2, "atol": 1e-2}
@@ -298,19 +304,22 @@ class RealCheck:
         fb = self.batch([fill] * bs, verify=ndt)
         qs = [torch.zeros(bs * max(ndt, 1), self.heads, self.dim, dtype=BF16, device=self.dev)
               for _ in range(self.layers)]
-        counter = WholePoolCastCounter(self.pool_numel)
-        with counter:
+        warm = WholePoolCastCounter(self.pool_numel)
+        with warm:
             be.init_forward_metadata_out_graph(fb, in_capture=True)
             outs = self._forward(be, fb, qs, ndt)  # warm-up (SGLang runs the forward before capturing)
-            graph = None
-            if self.cuda:
-                self._sync()
-                graph = torch.cuda.CUDAGraph()
+        graph, captured = None, None
+        if self.cuda:
+            self._sync()
+            graph = torch.cuda.CUDAGraph()
+            held = WholePoolCastCounter(self.pool_numel)
+            with held:  # what the graph holds: a cast recorded here runs at every replay, unseen by the dispatcher
                 with torch.cuda.graph(graph):
                     outs = self._forward(be, fb, qs, ndt)
+            captured = held.count
         self._sync()
-        return {"backend": be, "graph": graph, "qs": qs, "outs": outs, "casts": counter.count, "bs": bs, "ndt": ndt,
-                "variant": variant}
+        return {"backend": be, "graph": graph, "qs": qs, "outs": outs, "warmup_casts": warm.count,
+                "capture_casts": captured, "bs": bs, "ndt": ndt, "variant": variant}
 
     def replay(self, cap: dict[str, Any], lens: list[int], qs: list[torch.Tensor]) -> dict[str, Any]:
         be, ndt = cap["backend"], cap["ndt"]
@@ -346,6 +355,48 @@ class RealCheck:
     def _sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.dev)
+
+
+def casts_per_step(*, eager: int | None = None, captured: int | None = None,
+                   replay: int | None = None) -> int | None:
+    """Whole-pool casts one step makes: an eager step's; a graph step's, the captured ones (replayed every step) plus
+    those at replay outside the graph; without a CUDA graph (CPU), those of the forward run at replay."""
+    if eager is not None:
+        return eager
+    if replay is None:
+        return None
+    return replay + (captured or 0)
+
+
+def cast_problems(variant: str, layers: int, *, eager: int | None = None, warmup: int | None = None,
+                  captured: int | None = None, replay: int | None = None, graph: bool = False) -> list[str]:
+    """What is wrong with a row's whole-pool casts, in words (empty: nothing). The unpatched backend casts the whole
+    pool once per layer wherever it runs a forward; a patch never does. An eager row: ``eager`` (metadata + forward).
+    A graph row: ``warmup`` (capture-time metadata + warm-up forward), ``captured`` (what the graph holds) and
+    ``replay`` (at replay, what torch's dispatcher sees: the metadata call outside the graph; on a CPU, ``graph``
+    False and ``captured`` None, also the forward, run there without capture)."""
+    want = layers if variant == "unpatched" else 0
+    why = f"one per layer of {layers}" if want else "a patch makes none"
+    problems: list[str] = []
+
+    def check(n: int | None, what: str, expect: int, reason: str) -> None:
+        if n is not None and n != expect:
+            problems.append(f"{what}: {n} whole-pool casts, expected {expect} ({reason})")
+
+    if eager is not None:
+        check(eager, "the eager step", want, why)
+        return problems
+    check(warmup, "the warm-up forward before capture", want, why)
+    if graph:
+        if captured is None:
+            problems.append("the captured graph's casts were not counted")
+        check(captured, "the captured graph, replayed every step", want, why)
+        check(replay, "the replay, outside the graph (its metadata)", 0, "metadata never casts the pool")
+    else:
+        if captured is not None:
+            problems.append(f"{captured} captured casts counted, but no CUDA graph was captured")
+        check(replay, "the forward at replay (no CUDA graph: run without capture)", want, why)
+    return problems
 
 
 def compare(outs: list[torch.Tensor], base: list[torch.Tensor] | None, ref: list[torch.Tensor]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvwall.peers.sglang_patch.realcheck import RealCheck, compare, guarded
+from kvwall.peers.sglang_patch.realcheck import RealCheck, cast_problems, casts_per_step, compare, guarded
 
 __all__ = ["real_rows", "VARIANTS", "MINIMAL"]
 
@@ -23,11 +23,9 @@ MINIMAL = ("ModelRunner: SimpleNamespace(model_config, device, req_to_token_pool
            "KV writes: none (save_kv_cache=False); the pool is filled with seeded FP8 values before the steps")
 
 
-def _expect(variant: str, casts: int | None, layers: int, cmp: dict[str, Any]) -> list[str]:
-    problems = []
-    want = layers if variant == "unpatched" else 0
-    if casts is not None and casts != want:
-        problems.append(f"{casts} whole-pool casts, expected {want}")
+def _expect(variant: str, cmp: dict[str, Any], casts: list[str]) -> list[str]:
+    """A row's problems: ``casts`` (:func:`~kvwall.peers.sglang_patch.realcheck.cast_problems`'s), then its output's."""
+    problems = list(casts)
     if not cmp.get("finite", False):
         problems.append("non-finite output")
     if not cmp.get("within_tol_vs_f64", False):
@@ -81,22 +79,31 @@ def real_rows(device: torch.device, *, pool_slots: int, layers: int, context_len
         meta["variants"][v] = {k: x for k, x in rc.variant_info.get(v, {}).items() if k != "path"} or {"error": err}
 
     def check(mode: str, phase: str, v: str, lens: list[int], res: dict[str, Any] | None, err: str | None,
-              base: list[torch.Tensor] | None, ref: list[torch.Tensor] | None, capture_casts: int | None = None):
+              base: list[torch.Tensor] | None, ref: list[torch.Tensor] | None, cap: dict[str, Any] | None = None):
+        """One row; ``cap``: the capture a graph row replayed (None: an eager row)."""
+        graph = cap is not None and cap.get("graph") is not None
         row = {"section": "real_check", "mode": mode, "phase": phase, "variant": v, "batch": len(lens),
                "lens": list(lens), "tokens": int(sum(lens)), "draft_tokens": draft_tokens if mode == "verify" else 0,
-               "layers": layers, "pool_slots": pool_slots, "whole_pool_casts": None, "capture_casts": capture_casts,
-               "error": err, "ok": False, "problems": []}
+               "layers": layers, "pool_slots": pool_slots, "whole_pool_casts": None,
+               "warmup_casts": cap["warmup_casts"] if cap else None,
+               "capture_casts": cap["capture_casts"] if cap else None, "replay_casts": None,
+               "cuda_graph": graph if cap else None, "error": err, "ok": False, "problems": []}
         if res is not None and ref is not None:
             cmp, cerr = guarded(log, f"compare {mode}/{phase}/{v}", lambda: compare(res["outputs"], base, ref))
             row.update(cmp or {})
-            row["whole_pool_casts"] = res["casts"]
-            total = res["casts"] + (capture_casts or 0) if capture_casts is not None else res["casts"]
-            row["problems"] = (_expect(v, total if v != "unpatched" else res["casts"], layers, cmp or {})
+            if cap is None:
+                counts = {"eager": res["casts"]}
+            else:
+                row["replay_casts"] = res["casts"]
+                counts = {"warmup": cap["warmup_casts"], "captured": cap["capture_casts"], "replay": res["casts"]}
+            row["whole_pool_casts"] = casts_per_step(**{k: n for k, n in counts.items() if k != "warmup"})
+            row["problems"] = (_expect(v, cmp or {}, cast_problems(v, layers, graph=graph, **counts))
                                + ([cerr] if cerr else []))
             row["ok"] = not row["problems"]
         else:
             row["problems"] = [err or "not run"]
-        log(f"-- {mode}/{phase}/{v}: casts={row['whole_pool_casts']} ok={row['ok']} {row['problems']} "
+        log(f"-- {mode}/{phase}/{v}: casts/step={row['whole_pool_casts']} (warm-up {row['warmup_casts']}, captured "
+            f"{row['capture_casts']}, replay {row['replay_casts']}) ok={row['ok']} {row['problems']} "
             f"f64={row.get('rel_err_vs_f64')} unp={row.get('max_abs_diff_vs_unpatched')}")
         rows.append(row)
 
@@ -129,7 +136,7 @@ def real_rows(device: torch.device, *, pool_slots: int, layers: int, context_len
                 if v == "unpatched" and res is not None:
                     base = res["outputs"]
                 check(mode, f"replay {k + 1}", v, lens, res, err, None if v == "unpatched" else base, ref,
-                      capture_casts=caps[v]["casts"])
+                      cap=caps[v])
         if mode == "decode":
             rc.fill_requests(timing_lens)
             qs = rc.queries(len(timing_lens))

@@ -6,7 +6,8 @@ Why stand-ins: with ``pip install --no-deps sglang==0.5.23`` the real module fai
 added, ``sglang/srt/configs/nano_nemotron_vl.py`` imports ``sglang/srt/multimodal/internvl_utils.py``, which imports
 ``torchvision``, whose compiled operators need the torch it was built for (torchvision 0.29 needs torch >= 2.14;
 sglang 0.5.23 pins torch 2.14.1; the GPU machine has torch 2.11 and no network). :data:`BLOCKER` says it in one
-sentence.
+sentence. The check inside SGLang's real modules (:mod:`.real`, :mod:`.realcheck`) gets past that on the GPU machine
+by carrying the wheels the chain needs (torchvision 0.26 is that machine's own).
 
 Each stand-in below carries only what the backend's decode path reads (names from the file's import block); the
 functions the decode path never reaches raise, naming themselves, so a patch that starts calling one is noticed.
@@ -35,8 +36,9 @@ BLOCKER = (
     "sglang/srt/configs/nano_nemotron_vl.py:22 imports sglang/srt/multimodal/internvl_utils.py, whose line 5 "
     "imports torchvision, and PyPI's torchvision 0.29.1 (torch >= 2.14, as sglang 0.5.23 pins torch==2.14.1) fails "
     "on torch 2.13 with `RuntimeError: operator torchvision::nms does not exist`; with torchvision replaced by a "
-    "stub the module imports on CPU (sgl_kernel is not needed to import it). The GPU machine (torch 2.11, no network) "
-    "has none of those packages, so the book executes the backend's source with stand-ins for its sglang imports."
+    "stub the module imports on CPU (sgl_kernel is not needed to import it). The `checks` rows execute the backend's "
+    "source with stand-ins for its sglang imports, wherever it runs; the `real_*` rows import SGLang's own modules "
+    "from the wheel's files where the run carries the packages its import chain needs (the GPU run does)."
 )
 
 
