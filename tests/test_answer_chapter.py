@@ -28,6 +28,10 @@ def test_chapter_6_on_cpu(tmp_path):
     assert {u["experiment"] for u in rec["recorded_used"]} >= {"decode_step_paths", "path_sweep", "sglang_patch_check",
                                                               "fused_decode_bench", "fused_decode_validation",
                                                               "doors_checks", "doors_sm90"}
+    # The SGLang patch section reads the recorded check inside SGLang's real modules: no patched row casts the pool.
+    pr = v["patch_real"]
+    assert pr["rows"] > 0 and pr["patched_casts"] == [0] and pr["modes"] == ["decode", "verify"]
+    assert pr["speedup"]["fused"] > 1 and pr["speedup"]["gather_cast"] > 1
     # The front page computes its table with the same function from the same files: the same rows.
     ev = decision.Evidence.load()
     front = [json.loads(json.dumps(d.as_dict(), default=list)) for d in decision.decide(ev)]

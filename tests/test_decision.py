@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import kvwall.experiments  # noqa: F401  (registers the row schemas)
-from kvwall.notebook import answer_report, decision, heads_report
+from kvwall.notebook import answer_report, decision, heads_report, patch_report
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
 from kvwall.results import RESULTS_DIR, Result, ResultFileError, load_result
 from kvwall.results.provenance import Provenance
@@ -253,7 +253,7 @@ def test_patch_check_table_shows_its_result_columns(evidence):
     check = _recorded("sglang_patch_check")
     if check is None:
         pytest.skip("no recorded sglang_patch_check")
-    table = answer_report.patch_check_table(check, "c")
+    table = patch_report.patch_check_table(check, "c")
     assert len(table.columns) <= 6 and {"vs unpatched (max abs.)", "error vs float64", "ok"} <= set(table.columns)
 
 

@@ -21,7 +21,7 @@ from kvwall.results import Result
 
 __all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "memory_table", "step_figure", "sweep_figure",
            "validation_figure", "validation_table", "misses_table", "sweep_samples", "sweep_rows", "headline_point",
-           "lead_text", "memory_text", "sweep_findings", "patch_check_table", "patch_meta", "patch_run_text", "front_page_figure",
+           "lead_text", "memory_text", "sweep_findings", "front_page_figure",
            "cast_step_name", "fused_kernel_text", "OURS_PATHS", "MB"]
 
 #: Ours in the sweep: the dispatcher's path, and the Triton path forced.
@@ -397,54 +397,6 @@ def fused_kernel_text(result: Result, what: str) -> str:
                      for k, n in kernels_that_ran(rows).most_common())
     why = f" (the dispatcher: “{rows[0]['path_why']}”)" if len(rows) == 1 and rows[0].get("path_why") else ""
     return f"In {what}, ours ran {said}, the path the dispatcher picked{why}."
-
-
-def patch_check_table(result: Result, caption: str) -> Table:
-    """``sglang_patch_check``: per case and variant, the backend's own decode code run unpatched and patched: how
-    many whole-pool casts it made, how far its output is from the unpatched one's, its error against float64."""
-    rows = [{**r, "what": f"{r['case']}: {r['batch']} req., {r['tokens']:,} tok.",
-             "vs_unpatched": "bit-identical" if r.get("bit_identical_vs_unpatched") else
-             scientific(r.get("max_abs_diff_vs_unpatched")),
-             "verdict": "yes" if r.get("ok") else "**no**: " + "; ".join(r.get("problems") or [])}
-            for r in _rows(result, "checks")]
-    return Table(rows, {"case": "what", "variant": "variant", "whole-pool casts": "whole_pool_casts",
-                        "vs unpatched (max abs.)": "vs_unpatched", "error vs float64": ("rel_err_vs_f64", scientific),
-                        "ok": "verdict"}, caption)
-
-
-def patch_meta(result: Result) -> dict[str, Any]:
-    return _rows(result, "meta")[0]
-
-
-def patch_run_text(result: Result) -> str:
-    """What ``sglang_patch_check`` ran, from its rows: the eager checks (variants, whole-pool casts, worst errors vs
-    unpatched and float64), then whether the run inside SGLang's real modules completed, with its recorded error."""
-    checks = _rows(result, "checks")
-    by: dict[str, list[dict[str, Any]]] = {}
-    for r in checks:
-        by.setdefault(r["variant"], []).append(r)
-    parts = []
-    for v, rs in by.items():
-        casts = sorted({r["whole_pool_casts"] for r in rs})
-        unp = ("the baseline" if v == "unpatched" else "bit-identical to unpatched" if all(r.get("bit_identical_vs_unpatched") for r in rs) else
-               f"at most {scientific(max(r['max_abs_diff_vs_unpatched'] for r in rs))} from unpatched (max abs.)")
-        parts.append(f"`{v}` {'/'.join(map(str, casts))} whole-pool casts per step, {unp}, relative error vs float64 "
-                     f"at most {scientific(max(r['rel_err_vs_f64'] for r in rs))}")
-    ok = sum(bool(r.get("ok")) for r in checks)
-    layers = sorted({r["layers"] for r in checks})
-    text = (f"**Eager checks** ({len({r['case'] for r in checks})} cases, {'/'.join(map(str, layers))} layers, "
-            f"on {result.provenance.gpu}): {ok} of {len(checks)} rows passed; " + "; ".join(parts)
-            + ".")
-    real = _rows(result, "real_meta")
-    if not real:
-        return text + " **Inside SGLang's real modules:** not part of this run."
-    m = real[0]
-    if m.get("ran"):
-        done = _rows(result, "real_check")
-        return text + (f" **Inside SGLang's real modules** ({m['sglang_files']} files): "
-                       f"{sum(bool(r.get('ok')) for r in done)} of {len(done)} checks passed.")
-    err = str(m.get("error") or "no error recorded").replace("`", "'")
-    return text + f" **Inside SGLang's real modules:** the run did not complete; it stopped at import: `{err}`."
 
 
 def _bar_color(r: dict[str, Any]) -> str:
