@@ -34,7 +34,7 @@ def test_the_run_text_states_what_the_rows_hold(recorded):
     text = pr.real_run_text(recorded)
     assert f"{meta['sglang_files']} files" in text and "`RECORD`" in text
     for name, where in meta["standins"].items():  # every stand-in, with the file that imported it
-        assert f"`{name}` (imported by `{where}`)" in text
+        assert f"`{name}` (imported by `{where.rsplit('/', 1)[-1]}`)" in text
     for entry in meta["minimal_objects"]:
         assert entry.partition(": ")[0] in text
     rows = pr.real_check_rows(recorded)
@@ -59,7 +59,7 @@ def test_the_tables_hold_every_row(recorded):
     rows = pr.real_check_rows(recorded)
     table = pr.real_check_table(recorded, "c")
     assert len(table.rows) == len(rows) and list(table.columns) == [
-        "mode", "phase", "variant", "whole-pool casts a step", "error vs float64", "vs unpatched (max abs.)", "ok"]
+        "mode", "phase", "tokens", "variant", "casts a step", "error vs float64", "vs unpatched (max abs.)", "ok"]
     md = _render(table)
     assert md.count("| yes |") == sum(r["ok"] for r in rows)
     assert md.count("**no**") == sum(not r["ok"] for r in rows)

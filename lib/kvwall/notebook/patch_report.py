@@ -45,8 +45,8 @@ def patch_check_table(result: Result, caption: str) -> Table:
     sglang imports): how many whole-pool casts it made, how far its output is from the unpatched one's, its error
     against float64."""
     rows = [{**r, "what": f"{r['case']}: {r['batch']} req., {r['tokens']:,} tok.",
-             "vs_unpatched": "bit-identical" if r.get("bit_identical_vs_unpatched") else
-             scientific(r.get("max_abs_diff_vs_unpatched")),
+             "vs_unpatched": "—" if r["variant"] == "unpatched" else "bit-identical"
+             if r.get("bit_identical_vs_unpatched") else scientific(r.get("max_abs_diff_vs_unpatched")),
              "verdict": _verdict(r)}
             for r in _rows(result, "checks")]
     return Table(rows, {"case": "what", "variant": "variant", "whole-pool casts": "whole_pool_casts",
@@ -110,18 +110,17 @@ def _graph(r: dict[str, Any]) -> bool:
 def real_check_table(result: Result, caption: str) -> Table:
     """``real_check``: per (mode, phase, variant) the backend inside SGLang's real modules: whole-pool casts per step
     (a graph's: the casts it holds, replayed every step, plus those at replay), errors vs float64 and vs unpatched,
-    and whether the row passed (its problems, if not)."""
+    and whether the row passed (its problems, if not). ``verify``: target-verify; ``replay k``: of a CUDA graph."""
     rows = []
     for r in real_check_rows(result):
-        phase = r["phase"] if r["phase"] == "eager" else f"graph {r['phase']}"
-        rows.append({**r, "mode_text": _mode(r), "phase_text": f"{phase}: {r['tokens']:,} tok.",
+        rows.append({**r, "mode_text": "verify" if r["mode"] == "verify" else _mode(r),
+                     "phase_text": str(r["phase"]).replace(" ", "\u00a0"),  # "replay 1" on one line
                      "vs_unpatched": "—" if r["variant"] == "unpatched" else
                      "bit-identical" if r.get("bit_identical_vs_unpatched") else
                      scientific(r.get("max_abs_diff_vs_unpatched")),
                      "verdict": _verdict(r)})
-    return Table(rows, {"mode": "mode_text", "phase": "phase_text", "variant": "variant",
-                        "whole-pool casts a step": "whole_pool_casts", "error vs float64": ("rel_err_vs_f64",
-                                                                                            scientific),
+    return Table(rows, {"mode": "mode_text", "phase": "phase_text", "tokens": ("tokens", number(0)), "variant": "variant",
+                        "casts a step": "whole_pool_casts", "error vs float64": ("rel_err_vs_f64", scientific),
                         "vs unpatched (max abs.)": "vs_unpatched", "ok": "verdict"}, caption)
 
 
@@ -180,7 +179,8 @@ def real_run_text(result: Result) -> str:
     standins = m.get("standins") or {}
     calls = m.get("standin_calls") or []
     text = ("**Stand-ins** only for the modules that cannot import on that machine, where SGLang imports them "
-            "outside a `try`: " + (_join([f"`{k}` (imported by `{v}`)" for k, v in standins.items()])
+            "outside a `try`: " + (_join([f"`{k}` (imported by `{v.rsplit('/', 1)[-1]}`)"
+                                          for k, v in standins.items()])
                                    if standins else "none") + "; ")
     text += (f"{len(calls)} calls reached a stand-in during the steps ({', '.join(f'`{c}`' for c in calls)})."
              if calls else "no call reached one during the steps.")
