@@ -13,6 +13,10 @@ crossovers per GPU model, else those of a GPU of the same compute capability, el
   (``mla_decode_fp8_wgmma`` + ``plan_mla_decode_wgmma``; ``mla_decode_wgmma.cu`` with ``mla_decode_common.cuh``,
   sm_90a only), its build, ``ctypes`` binding and offline ptxas check, and the Triton combine.
 
+Not yet chosen by the dispatcher: :mod:`.wgmma_tokens` (``mla_decode_fp8_wgmma_tokens`` +
+``plan_mla_decode_wgmma_tokens``; ``mla_decode_wgmma_tokens.cu``, sm_90a only), the tokens-on-M wgmma kernel for 16
+or 32 heads per GPU, validated and timed in exploration (``NOTES.md``, generation 6).
+
 Beside them: :mod:`.plan` (the work list's host arithmetic, ``build_work_list``); :mod:`.reference` (the torch
 reference ``mla_decode_reference``, the seeded input generator ``make_mla_inputs`` and the float64 reference on the
 dequantized cache ``reference64``); :mod:`.cases` (the validation case table every check uses: tests, recorded run,

@@ -1,0 +1,524 @@
+// Fused FP8 MLA decode, split kernel for Hopper with warpgroup MMA and the TOKENS on the MMA's M side (sm_90a only),
+// for few heads per GPU (16 or 32: DeepSeek / GLM at tensor parallelism 8 or 4). The host side is
+// kvwall.kernels.mla_decode.wgmma_tokens; the same plan, numerics, partials and combine as the other paths.
+//
+// Why: mla_decode_wgmma.cu puts the heads on M (64 per CTA), so 16 heads compute as 64 -- 75 % of its tensor work is
+// padding. Here one CTA runs one plan item for a block of HN heads (HN = 16 or 32, wgmma's N):
+//   S^T [64 tokens x HN] = K [64 x 576] Q^T [576 x HN]        36 wgmma m64nHNk16, A = the converted K tile (K-major)
+//   O^T [512 x HN]      += V^T [512 x 64] P^T [64 x HN]        32 wgmma m64nHNk16, A = the same tile read transposed
+// so the tensor work is exactly the heads', and the FP8 tile is read from HBM once and converted once for all HN
+// heads, into the 128-byte-swizzled float16 layout both products read (9 chunks of [64 tokens x 64 columns]).
+//
+// Three warpgroups (384 threads, one CTA per SM):
+//   warpgroup 0, the consumer: the scores, the online softmax over the tokens (the M side: each warp holds 16 of a
+//     tile's 64 tokens) with lazy rescaling, P^T into shared memory (the B operand) and the output product;
+//   warpgroups 1 and 2, the producers: producer p gathers tiles p, p + 2, ... (16-byte loads into registers, the
+//     heads-on-M kernel's gather) and converts them into buffer p, so its loads of tile t + 2 are in flight while the
+//     consumer works on tiles t and t + 1: two tiles of loads in flight per SM, where one producer keeps one.
+// setmaxnreg moves registers from the producers (128 each) to the consumer (240): 240 + 2 x 128 = 496 per lane
+// triple, within the launch's 3 x 168 (the CTA's registers: an increase beyond them waits forever).
+// The source is written for NC consumer and NP producer warpgroups; only NC = 1, NP = 2 is built (NOTES.md, generation
+// 6, says what the other shapes did). Named barriers: K_READY[b] (producer b arrives, the consumer waits: buffer b
+// holds the next tile), K_FREE[b] (the consumer arrives, producer b waits); CMAX0 and CP0 synchronize the consumer's
+// four warps (128 threads).
+#include "mla_decode_common.cuh"
+
+namespace kvwall_mla {
+namespace wt {
+
+constexpr int BN = 64;                       // tokens per tile: wgmma's M
+constexpr int CHUNK = 64 * 128;              // 64 token rows x 64 float16 columns, 128-byte swizzled: 8 KB
+constexpr int NCHUNK = D / 64;               // 9 column chunks per row (8 nope + 1 rope)
+constexpr int TILE = NCHUNK * CHUNK;         // 73,728 B: a [64 x 576] float16 tile
+constexpr int K_OFF = 0;                     // two converted KV tiles
+constexpr float RESCALE = 8.f;               // lazy rescaling threshold (log2 units): P stays below 256
+constexpr int ROWS = 2;                      // token rows each producer thread gathers per tile (lr, lr + 32)
+constexpr int PIECES = D / 64;               // 16-byte pieces per row per thread (a quad of lanes per row)
+// K_READY / K_FREE pair a producer with the consumer (256 threads); CMAX and CP are the consumer's (128 threads).
+enum Barrier { K_READY0 = 1, K_READY1 = 2, K_FREE0 = 3, K_FREE1 = 4, CMAX0 = 5, CP0 = 7 };
+
+// HN heads per CTA (wgmma's N); NC consumer warpgroups, then NP producer warpgroups (built: NC = 1, NP = 2).
+template <int HN, int NC, int NP>
+struct Layout {
+  static constexpr int NT = 128 * (NC + NP);
+  static constexpr int QCHUNK = HN * 128;              // HN head rows x 64 float16 columns, swizzled
+  static constexpr int Q_OFF = 2 * TILE;                // the query block, [HN x 576] in 9 chunks
+  static constexpr int P_OFF = Q_OFF + NCHUNK * QCHUNK; // P^T [HN heads x 64 tokens]: one chunk
+  static constexpr int F_OFF = P_OFF + NC * QCHUNK;     // floats: per-warp maxima and sums, score scales, a flag
+  static constexpr int SMEM = F_OFF + (NC * 4 * HN + 4 * HN + 2 * HN) * 4 + 16;
+};
+// The warpgroups each instantiation is built with: one consumer, two producers.
+template <int HN> constexpr int consumers() { return 1; }
+template <int HN> constexpr int producers() { return 2; }
+static_assert(Layout<16, 1, 2>::SMEM <= 232448 && Layout<32, 1, 2>::SMEM <= 232448, "shared memory per block");
+
+
+// Byte offset of 16-byte granule `gran` (8 float16 columns) of row `row` in a 128-byte-swizzled chunk.
+__device__ __forceinline__ uint32_t swz(int row, int gran) { return row * 128 + ((gran ^ (row & 7)) << 4); }
+
+// A wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets.
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// D[64 x HN] (+)= A[64 x 16] B[16 x HN], float16 in, float32 accumulators (warp w of the warpgroup: rows 16 w +
+// lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) in d[4 j .. 4 j + 3]). Both operands from shared memory by
+// descriptor; B K-major; A K-major (TRANS_A = 0) or MN-major (1: a 16-bit type may be read transposed).
+template <int TRANS_A>
+__device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A));
+}
+template <int TRANS_A>
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15},"
+      " %16, %17, p, 1, 1, %19, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A));
+}
+template <int HN, int TRANS_A>
+__device__ __forceinline__ void wgmma_hn(float (&d)[HN / 2], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (HN == 16)
+    wgmma_n16<TRANS_A>(d, a, b, accumulate);
+  else
+    wgmma_n32<TRANS_A>(d, a, b, accumulate);
+}
+
+template <int HN, int NC, int NP>
+__global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_kernel(const Params p) {
+  using L = Layout<HN, NC, NP>;
+  static_assert(NC == 1 && NP == 2, "built for one consumer and two producers");
+  constexpr int NV = HN / 2;   // accumulator floats per thread of one m64nHN product
+  constexpr int NCOL = HN / 4; // distinct head columns per thread: 8 j + 2 c + {0, 1}, j < HN / 8
+  extern __shared__ __align__(1024) uint8_t smem[];
+  float* s_max0 = reinterpret_cast<float*>(smem + L::F_OFF); // [NC][4 warps][HN]: each warp's tile maximum per head
+  float* s_sum = s_max0 + NC * 4 * HN;                             // [4 warps][HN]: each warp's row sums, at the end
+  float* row_c = s_sum + 4 * HN;                              // per head: score scale of the nope part
+  float* row_k = row_c + HN;                                  // and of the rope part
+  int* s_bad = reinterpret_cast<int*>(row_k + HN);            // an out-of-range index was seen
+  int* s_flag0 = s_bad + 1;                                   // per consumer: the last tile whose maximum moved
+  const uint32_t base = smem_addr(smem);
+  if (base & 1023) __trap();  // the swizzle needs 1024-byte aligned chunks
+
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int wgi = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform, so descriptors stay uniform
+  const int h0 = blockIdx.x * HN;
+  const ItemBounds ib = item_bounds(p, blockIdx.y);
+  const long long start = ib.start, lo = ib.lo, hi = ib.hi;
+  const float ckv_scale = p.scale_from_ptr ? __ldg(p.ckv_scale_ptr) : p.ckv_scale_val;
+  const float kpe_scale = p.scale_from_ptr ? __ldg(p.kpe_scale_ptr) : p.kpe_scale_val;
+  const int ntiles = (int)((hi - lo + BN - 1) / BN);
+  const int page_shift = (p.page & (p.page - 1)) == 0 ? __ffs(p.page) - 1 : -1;
+
+  // ---- The producers' gather and conversion (the heads-on-M kernel's producer).
+  int bad = 0;
+  const int pw = wgi - NC, t = tid & 127, lr = t >> 2, lq = t & 3;  // producer pw's thread t
+  uint4 raw[ROWS][PIECES];
+  int entry_lo[ROWS], entry_hi[ROWS];
+  auto fetch_index = [&](int tile) {
+#pragma unroll
+    for (int rr = 0; rr < ROWS; ++rr) {
+      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
+      entry_lo[rr] = entry_hi[rr] = 0;
+      if (tile < ntiles && tok < hi) {
+        const int tt = (int)tok;
+        const long long i = start + (page_shift >= 0 ? tt >> page_shift : tt / p.page);
+        if (p.indices64)
+          asm volatile("ld.global.nc.v2.s32 {%0, %1}, [%2];\n"
+                       : "=r"(entry_lo[rr]), "=r"(entry_hi[rr]) : "l"(static_cast<const long long*>(p.indices) + i));
+        else
+          asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(entry_lo[rr]) : "l"(static_cast<const int*>(p.indices) + i));
+      }
+    }
+  };
+  auto load_tile = [&](int tile) {  // after fetch_index(tile)
+#pragma unroll
+    for (int rr = 0; rr < ROWS; ++rr) {
+      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
+      const bool live = tile < ntiles && tok < hi;
+      long long e = p.indices64 ? (long long)(((unsigned long long)(unsigned)entry_hi[rr] << 32) | (unsigned)entry_lo[rr])
+                                : (long long)entry_lo[rr];
+      if (live && (e < 0 || e >= p.num_units)) {
+        bad = 1;
+        e = 0;
+      }
+      const int in_page = page_shift >= 0 ? (int)tok & (p.page - 1) : (int)tok % p.page;
+      const long long slot = e * p.page + in_page;
+      const uint4* src_c = reinterpret_cast<const uint4*>(p.ckv + slot * p.stride_ckv) + lq;
+      const uint4* src_k = reinterpret_cast<const uint4*>(p.kpe + slot * p.stride_kpe) + lq;
+#pragma unroll
+      for (int k = 0; k < PIECES; ++k)
+        raw[rr][k] = live ? __ldg(k < 8 ? src_c + 4 * k : src_k) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto convert_tile = [&](int buf) {
+    uint8_t* dst = smem + K_OFF + buf * TILE;
+#pragma unroll
+    for (int rr = 0; rr < ROWS; ++rr) {
+      const int row = lr + 32 * rr;
+#pragma unroll
+      for (int k = 0; k < PIECES; ++k) {
+        uint32_t f[8];
+        e4m3x4_to_f16x2x2(raw[rr][k].x, f[0], f[1]);
+        e4m3x4_to_f16x2x2(raw[rr][k].y, f[2], f[3]);
+        e4m3x4_to_f16x2x2(raw[rr][k].z, f[4], f[5]);
+        e4m3x4_to_f16x2x2(raw[rr][k].w, f[6], f[7]);
+        uint8_t* chunk = dst + k * CHUNK;
+        *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq)) = make_uint4(f[0], f[1], f[2], f[3]);
+        *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq + 1)) = make_uint4(f[4], f[5], f[6], f[7]);
+      }
+    }
+    fence_async_smem();
+    bar_arrive(buf ? K_READY1 : K_READY0);
+  };
+
+  if (wgi >= NC) {
+    fetch_index(pw);
+    load_tile(pw);
+    fetch_index(pw + NP);
+  }
+
+  // ---- Queries -> float16, each head scaled by 2^e (largest |q| in [2^12, 2^15)), into the swizzled Q block
+  // [HN rows x 576]: eight threads per head (tid < 8 HN), 8-column groups part + 8 k (k < 9).
+  if (tid < 8 * HN) {
+    const int r = tid >> 3, part = tid & 7, h = h0 + r;
+    const __nv_bfloat16* qn = p.qn + (long long)ib.b * p.stride_qn_b + (long long)h * p.stride_qn_h;
+    const __nv_bfloat16* qp = p.qp + (long long)ib.b * p.stride_qp_b + (long long)h * p.stride_qp_h;
+    constexpr int PER = D / 8 / 8;  // 9 groups of 8 columns per thread
+    uint4 qw[PER];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int i0 = (part + 8 * k) * 8;
+      if (h >= p.H) {
+        qw[k] = make_uint4(0, 0, 0, 0);
+      } else if (p.q_vec) {
+        qw[k] = __ldg(reinterpret_cast<const uint4*>(i0 < DC ? qn + i0 : qp + (i0 - DC)));
+      } else {
+        uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const __nv_bfloat16* s = i0 < DC ? qn + i0 + 2 * e : qp + (i0 - DC) + 2 * e;
+          w[e] = (uint32_t)__bfloat16_as_ushort(s[0]) | ((uint32_t)__bfloat16_as_ushort(s[1]) << 16);
+        }
+        qw[k] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const uint32_t ws[4] = {qw[k].x, qw[k].y, qw[k].z, qw[k].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[e]));
+        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+    const int e2 = query_exponent(amax);
+    const float qmul = ldexpf(1.f, e2);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int grp = part + 8 * k;  // columns 8 grp .. 8 grp + 7: chunk grp / 8, granule grp % 8 = part
+      const uint32_t ws[4] = {qw[k].x, qw[k].y, qw[k].z, qw[k].w};
+      uint32_t hw[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[e]));
+        hw[e] = half2_bits(f.x * qmul, f.y * qmul);
+      }
+      *reinterpret_cast<uint4*>(smem + L::Q_OFF + (grp >> 3) * L::QCHUNK + swz(r, grp & 7)) =
+          make_uint4(hw[0], hw[1], hw[2], hw[3]);
+    }
+    if (part == 0) {
+      row_c[r] = (ckv_scale * p.qk_scale) * ldexpf(1.f, -e2);
+      row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -e2);
+    }
+  }
+  if (tid == 0) {
+    *s_bad = 0;
+    s_flag0[0] = s_flag0[1] = -1;
+  }
+  fence_async_smem();
+  __syncthreads();
+
+  auto head_of = [&](int ci) { return 8 * (ci >> 1) + 2 * c + (ci & 1); };
+  auto col_of = [](int i) { return 2 * (i >> 2) + (i & 1); };  // accumulator index -> column index
+
+  // The consumer's accumulators need more than an even share of the registers: 240 for it, 128 per producer.
+  constexpr int RC = 240, RP = 128;
+  constexpr bool REBALANCE = NC + NP > 2;
+  if (wgi >= NC) {
+    // ================= producer pw: gather and convert tiles pw, pw + NP, ... =================
+    if constexpr (REBALANCE) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RP) : "memory");
+    for (int tl = pw; tl < ntiles; tl += NP) {
+      const int buf = tl & 1;
+      if (tl >= 2) bar_sync(buf ? K_FREE1 : K_FREE0, 256);  // the consumer is done with tile tl - 2 in buffer buf
+      convert_tile(buf);                                      // raw holds tile tl
+      if (tl + NP < ntiles) {
+        load_tile(tl + NP);
+        fetch_index(tl + 2 * NP);
+      }
+    }
+    if (bad) atomicOr(s_bad, 1);
+#pragma unroll
+    for (int k = 0; k < NC; ++k) __syncthreads();  // the consumers' barriers: after their loops, after the merge
+    return;
+  } else {
+    // ================= the consumer: scores, softmax over the tokens, O^T += V^T P^T =================
+    if constexpr (REBALANCE) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RC) : "memory");
+    float* s_max = s_max0 + wgi * 4 * HN;
+    int* s_flag = s_flag0 + wgi;
+    // This consumer's accumulators: O^T in 8 blocks of 64 latent columns, [64 columns x HN heads] each.
+    float o[8][NV];
+#pragma unroll
+    for (int b = 0; b < 8; ++b)
+#pragma unroll
+      for (int i = 0; i < NV; ++i) o[b][i] = 0.f;
+    // Per head column of this thread (column index ci = 2 j + (e & 1) <-> head 8 j + 2 c + (e & 1)): the reference
+    // maximum (base 2) and this thread's share of the row sum.
+    float m_i[NCOL], l_i[NCOL];
+#pragma unroll
+    for (int ci = 0; ci < NCOL; ++ci) {
+      m_i[ci] = -INFINITY;
+      l_i[ci] = 0.f;
+    }
+    float rc[NCOL], rk[NCOL];
+#pragma unroll
+    for (int ci = 0; ci < NCOL; ++ci) {
+      rc[ci] = row_c[head_of(ci)];
+      rk[ci] = row_k[head_of(ci)];
+    }
+    const uint64_t qb0 = gmma_desc(base + L::Q_OFF, 16, 1024);
+    const uint64_t pb0 = gmma_desc(base + L::P_OFF + wgi * L::QCHUNK, 16, 1024);
+    const int t0 = 16 * warp + g;  // this thread's token rows: t0 and t0 + 8
+    for (int it = wgi; it < ntiles; it += NC) {
+      const uint32_t kbuf = base + K_OFF + (it & 1) * TILE;
+      bar_sync((it & 1) ? K_READY1 : K_READY0, 256);
+      float sn[NV], sr[NV];
+      const uint64_t ka0 = gmma_desc(kbuf, 16, 1024);
+      wg_fence();
+#pragma unroll
+      for (int kc = 0; kc < NCHUNK; ++kc) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint32_t a_step = (kc * CHUNK + kk * 32) >> 4, b_step = (kc * L::QCHUNK + kk * 32) >> 4;
+          if (kc < 8)
+            wgmma_hn<HN, 0>(sn, ka0 + a_step, qb0 + b_step, kc + kk > 0);
+          else
+            wgmma_hn<HN, 0>(sr, ka0 + a_step, qb0 + b_step, kk > 0);
+        }
+      }
+      wg_commit();
+      wg_wait0();
+      pin(sn);
+      pin(sr);
+
+      // Logits (base 2), masked past the chunk. Lazy rescaling: the reference maximum m_i moves only when a logit
+      // exceeds it by more than RESCALE (log2 units: P <= 2^RESCALE is exact enough in float16 and in float32
+      // sums). So P = 2^(x - m_i) is computed at once, and the four warps exchange their maxima only when some
+      // warp saw a logit above m_i + RESCALE (the first tile always; later rarely): that warp stamps s_flag with
+      // the tile, read by all after the P barrier. (No warp can stamp the next tile before all have read this
+      // one's: that needs this tile's P V, which waits for every warp's issue.)
+      const int live = (int)min((long long)BN, hi - (lo + (long long)it * BN));
+      bool over = false;
+      float lt[NCOL];
+#pragma unroll
+      for (int ci = 0; ci < NCOL; ++ci) lt[ci] = 0.f;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int ci = col_of(i), tok = t0 + ((i & 2) ? 8 : 0);
+        float x = sn[i] * rc[ci] + sr[i] * rk[ci];
+        if (tok >= live) x = -INFINITY;
+        sn[i] = x;
+        over |= x > m_i[ci] + RESCALE;
+      }
+      if (__any_sync(0xffffffffu, over) && lane == 0) *reinterpret_cast<volatile int*>(s_flag) = it;
+      // P^T [head][token] in float16 into the swizzled P chunk (row = head, 128 B = 64 tokens).
+      auto write_p = [&](float (&sums)[NCOL]) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int ci = col_of(i), tok = t0 + ((i & 2) ? 8 : 0);
+          const float pv = exp2f(sn[i] - m_i[ci]);
+          sums[ci] += pv;
+          *reinterpret_cast<__half*>(smem + L::P_OFF + wgi * L::QCHUNK + swz(head_of(ci), tok >> 3) + 2 * (tok & 7)) =
+              __float2half_rn(pv);
+        }
+        fence_async_smem();
+        bar_sync(CP0 + wgi, 128);
+      };
+      write_p(lt);
+      if (*reinterpret_cast<volatile int*>(s_flag) == it) {
+        // Some logit passed m_i + RESCALE: the tile's maximum per head over the four warps, m_i moved, P again.
+        float mx[NCOL];
+#pragma unroll
+        for (int ci = 0; ci < NCOL; ++ci) mx[ci] = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) mx[col_of(i)] = fmaxf(mx[col_of(i)], sn[i]);
+#pragma unroll
+        for (int ci = 0; ci < NCOL; ++ci) {
+          mx[ci] = fmaxf(mx[ci], __shfl_xor_sync(0xffffffffu, mx[ci], 4));
+          mx[ci] = fmaxf(mx[ci], __shfl_xor_sync(0xffffffffu, mx[ci], 8));
+          mx[ci] = fmaxf(mx[ci], __shfl_xor_sync(0xffffffffu, mx[ci], 16));
+        }
+        if (g == 0) {
+#pragma unroll
+          for (int ci = 0; ci < NCOL; ++ci) s_max[warp * HN + head_of(ci)] = mx[ci];
+        }
+        bar_sync(CMAX0 + wgi, 128);
+        float alpha[NCOL];
+#pragma unroll
+        for (int ci = 0; ci < NCOL; ++ci) {
+          const int h = head_of(ci);
+          const float tm = fmaxf(fmaxf(s_max[h], s_max[HN + h]), fmaxf(s_max[2 * HN + h], s_max[3 * HN + h]));
+          const float m = tm > m_i[ci] + RESCALE ? tm : m_i[ci];
+          alpha[ci] = exp2f(m_i[ci] - m);
+          m_i[ci] = m;
+          l_i[ci] *= alpha[ci];
+          lt[ci] = 0.f;
+        }
+        write_p(lt);
+#pragma unroll
+        for (int b = 0; b < 8; ++b)
+#pragma unroll
+          for (int i = 0; i < NV; ++i) o[b][i] *= alpha[col_of(i)];
+      }
+#pragma unroll
+      for (int ci = 0; ci < NCOL; ++ci) l_i[ci] += lt[ci];
+#pragma unroll
+      for (int b = 0; b < 8; ++b) pin(o[b]);
+      wg_fence();
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        // A = V^T for latent columns 64 b .. 64 b + 63: chunk b read MN-major (LBO: the next chunk, SBO: 8 token
+        // rows); k-step ks = tokens 16 ks .. 16 ks + 15, 2048 bytes further. B = P^T, k-step 32 bytes further.
+        const uint64_t va = gmma_desc(kbuf + b * CHUNK, CHUNK, 1024);
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks) wgmma_hn<HN, 1>(o[b], va + ((ks * 2048) >> 4), pb0 + ((ks * 32) >> 4), 1);
+      }
+      wg_commit();
+      wg_wait0();
+#pragma unroll
+      for (int b = 0; b < 8; ++b) pin(o[b]);
+      if (it + 2 < ntiles) bar_arrive((it & 1) ? K_FREE1 : K_FREE0);
+    }
+    __syncthreads();  // every tile consumed; the producers' `bad` is in shared memory
+    // ---- Row sums over the eight token lanes of each column, then over the four warps; normalize and
+    // write; NaN for a chunk that held an out-of-range index.
+#pragma unroll
+    for (int ci = 0; ci < NCOL; ++ci) {
+      l_i[ci] += __shfl_xor_sync(0xffffffffu, l_i[ci], 4);
+      l_i[ci] += __shfl_xor_sync(0xffffffffu, l_i[ci], 8);
+      l_i[ci] += __shfl_xor_sync(0xffffffffu, l_i[ci], 16);
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int ci = 0; ci < NCOL; ++ci) s_sum[warp * HN + head_of(ci)] = l_i[ci];
+    }
+    bar_sync(CMAX0, 128);
+    const int any_bad = *s_bad;
+#pragma unroll
+    for (int ci = 0; ci < NCOL; ++ci) {
+      const int hl = head_of(ci), h = h0 + hl;
+      float l = s_sum[hl] + s_sum[HN + hl] + s_sum[2 * HN + hl] + s_sum[3 * HN + hl];
+      if (any_bad) l = NAN;
+      const bool empty = l == 0.f;
+      const float norm = empty ? 0.f : ckv_scale / l;
+      const float lse2 = empty ? -INFINITY : m_i[ci] + log2f(l);
+      if (h >= p.H) continue;
+      // This thread holds O^T rows (latent columns) 64 b + 16 w + g (+ 8) of head h: accumulator index i with
+      // col_of(i) == ci, i.e. i = 4 (ci / 2) + (ci % 2) (+ 2 for the row 8 further).
+      const int i0 = 4 * (ci >> 1) + (ci & 1);
+      if (ib.prow < 0) {
+        __nv_bfloat16* orow = p.out + (long long)ib.b * p.stride_o_b + (long long)h * p.stride_o_h;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          orow[64 * b + 16 * warp + g] = __float2bfloat16_rn(o[b][i0] * norm);
+          orow[64 * b + 16 * warp + g + 8] = __float2bfloat16_rn(o[b][i0 + 2] * norm);
+        }
+        if (p.write_lse && warp == 0 && g == 0) p.lse[(long long)ib.b * p.H + h] = lse2 * 0.6931471805599453f;
+      } else {
+        float* prow_o = p.part_o + ((long long)ib.prow * p.H + h) * DC;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          prow_o[64 * b + 16 * warp + g] = o[b][i0] * norm;
+          prow_o[64 * b + 16 * warp + g + 8] = o[b][i0 + 2] * norm;
+        }
+        if (warp == 0 && g == 0) p.part_lse[(long long)ib.prow * p.H + h] = lse2;
+      }
+    }
+  }
+}
+
+}  // namespace wt
+}  // namespace kvwall_mla
+
+template <int HN>
+static int launch_tokens(const kvwall_mla::Params* p, int head_blocks, int items, void* stream) {
+  constexpr int NC = kvwall_mla::wt::consumers<HN>(), NP = kvwall_mla::wt::producers<HN>();
+  using L = kvwall_mla::wt::Layout<HN, NC, NP>;
+  auto kernel = kvwall_mla::wt::mla_wgmma_tokens_kernel<HN, NC, NP>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::SMEM);
+  if (err != cudaSuccess) return (int)err;
+  kernel<<<dim3(head_blocks, items), L::NT, L::SMEM, (cudaStream_t)stream>>>(*p);
+  return (int)cudaGetLastError();
+}
+
+extern "C" {
+
+int kvwall_mla_params_size() { return (int)sizeof(kvwall_mla::Params); }
+
+// Dynamic shared memory per CTA, tokens per tile and threads of the instantiation for `heads_per_cta` (16 or 32);
+// -1 for another head count.
+int kvwall_mla_wgmma_tokens_shape(int heads_per_cta, int* smem, int* block_n, int* threads) {
+  using namespace kvwall_mla::wt;
+  if (heads_per_cta == 16) {
+    *smem = Layout<16, consumers<16>(), producers<16>()>::SMEM;
+    *threads = Layout<16, consumers<16>(), producers<16>()>::NT;
+  } else if (heads_per_cta == 32) {
+    *smem = Layout<32, consumers<32>(), producers<32>()>::SMEM;
+    *threads = Layout<32, consumers<32>(), producers<32>()>::NT;
+  } else {
+    return -1;
+  }
+  *block_n = BN;
+  return 0;
+}
+
+int kvwall_mla_wgmma_tokens_split(const kvwall_mla::Params* p, int heads_per_cta, int head_blocks, int items,
+                                  void* stream) {
+  if (items == 0 || head_blocks == 0) return 0;
+  if (heads_per_cta == 16) return launch_tokens<16>(p, head_blocks, items, stream);
+  if (heads_per_cta == 32) return launch_tokens<32>(p, head_blocks, items, stream);
+  return (int)cudaErrorInvalidValue;
+}
+
+const char* kvwall_mla_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+}  // extern "C"
