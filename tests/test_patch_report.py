@@ -58,11 +58,20 @@ def test_the_run_text_states_what_the_rows_hold(recorded):
 def test_the_tables_hold_every_row(recorded):
     rows = pr.real_check_rows(recorded)
     table = pr.real_check_table(recorded, "c")
-    assert len(table.rows) == len(rows) and list(table.columns) == [
-        "mode", "phase", "tokens", "variant", "casts a step", "error vs float64", "vs unpatched (max abs.)", "ok"]
+    steps = {(r["mode"], r["phase"]) for r in rows}
+    assert len(table.rows) == len(steps) and list(table.columns) == [
+        "mode", "phase", "tokens", "casts a step (unpatched / gather_cast / fused)",
+        "error vs float64 (unpatched / gather_cast / fused)", "vs unpatched, max abs. (gather_cast / fused)", "all ok"]
     md = _render(table)
-    assert md.count("| yes |") == sum(r["ok"] for r in rows)
-    assert md.count("**no**") == sum(not r["ok"] for r in rows)
+    failed = {(r["mode"], r["phase"]) for r in rows if not r["ok"]}
+    assert md.count("| yes |") == len(steps - failed) and md.count("**no**") == len(failed)
+    # one line per step in the rows' order, every variant's casts and error in the columns' order
+    keys = list(dict.fromkeys((r["mode"], r["phase"]) for r in rows))
+    for line, key in zip(table.rows, keys):
+        assert line["phase_text"].replace("\u00a0", " ") == key[1]
+        by = {r["variant"]: r for r in rows if (r["mode"], r["phase"]) == key}
+        assert line["casts"] == " / ".join(str(by[v]["whole_pool_casts"]) for v in ("unpatched", "gather_cast", "fused"))
+        assert line["errors"].count(" / ") == 2
     timing = pr.real_timing_table(recorded, "t")
     assert [r["variant"] for r in timing.rows] == [r["variant"] for r in pr.real_timing_rows(recorded)]
     assert "speed-up vs unpatched" in timing.columns and "error" not in timing.columns

@@ -108,20 +108,35 @@ def _graph(r: dict[str, Any]) -> bool:
 
 
 def real_check_table(result: Result, caption: str) -> Table:
-    """``real_check``: per (mode, phase, variant) the backend inside SGLang's real modules: whole-pool casts per step
-    (a graph's: the casts it holds, replayed every step, plus those at replay), errors vs float64 and vs unpatched,
-    and whether the row passed (its problems, if not). ``verify``: target-verify; ``replay k``: of a CUDA graph."""
-    rows = []
+    """``real_check``, one row per (mode, phase) with the variants side by side, in the rows' order: whole-pool casts
+    per step (a graph's: the casts it holds, replayed every step, plus those at replay), errors vs float64, each
+    patch's difference from unpatched, and whether every variant's row passed (the problems of any that did not).
+    ``verify``: target-verify; ``replay k``: of a CUDA graph."""
+    groups: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for r in real_check_rows(result):
-        rows.append({**r, "mode_text": "verify" if r["mode"] == "verify" else _mode(r),
-                     "phase_text": str(r["phase"]).replace(" ", "\u00a0"),  # "replay 1" on one line
-                     "vs_unpatched": "—" if r["variant"] == "unpatched" else
-                     "bit-identical" if r.get("bit_identical_vs_unpatched") else
-                     scientific(r.get("max_abs_diff_vs_unpatched")),
-                     "verdict": _verdict(r)})
-    return Table(rows, {"mode": "mode_text", "phase": "phase_text", "tokens": ("tokens", number(0)), "variant": "variant",
-                        "casts a step": "whole_pool_casts", "error vs float64": ("rel_err_vs_f64", scientific),
-                        "vs unpatched (max abs.)": "vs_unpatched", "ok": "verdict"}, caption)
+        groups.setdefault((r["mode"], str(r["phase"])), {})[r["variant"]] = r
+    variants = list(dict.fromkeys(r["variant"] for r in real_check_rows(result)))
+    patches = [v for v in variants if v != "unpatched"]
+
+    def each(by: dict[str, dict[str, Any]], names: list[str], cell) -> str:
+        return " / ".join(cell(by[v]) if v in by else "—" for v in names)
+
+    rows = []
+    for (mode, phase), by in groups.items():
+        first = next(iter(by.values()))
+        failed = [f"{v}: " + "; ".join(r.get("problems") or ["not run"]) for v, r in by.items() if not r.get("ok")]
+        rows.append({"mode_text": "verify" if mode == "verify" else _mode(first),
+                     "phase_text": phase.replace(" ", "\u00a0"),  # "replay 1" on one line
+                     "tokens": first.get("tokens"),
+                     "casts": each(by, variants, lambda r: str(r.get("whole_pool_casts"))),
+                     "errors": each(by, variants, lambda r: scientific(r.get("rel_err_vs_f64"))),
+                     "vs_unpatched": each(by, patches, lambda r: "bit-identical" if r.get("bit_identical_vs_unpatched")
+                                          else scientific(r.get("max_abs_diff_vs_unpatched"))),
+                     "verdict": "yes" if not failed else "**no**: " + "; ".join(failed)})
+    order, patched = " / ".join(variants), " / ".join(patches)
+    return Table(rows, {"mode": "mode_text", "phase": "phase_text", "tokens": ("tokens", number(0)),
+                        f"casts a step ({order})": "casts", f"error vs float64 ({order})": "errors",
+                        f"vs unpatched, max abs. ({patched})": "vs_unpatched", "all ok": "verdict"}, caption)
 
 
 def real_timing_table(result: Result, caption: str) -> Table:
