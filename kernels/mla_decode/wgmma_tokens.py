@@ -36,7 +36,7 @@ from kvwall.kernels.mla_decode.wgmma import (ARCH, CUDA_HEADER, DC, NVCC_FLAGS, 
 
 __all__ = ["mla_decode_fp8_wgmma_tokens", "plan_mla_decode_wgmma_tokens", "WgmmaTokensPlan", "heads_per_cta",
            "load_mla_decode_wgmma_tokens", "nvcc_compile_check_wgmma_tokens", "source_hash", "TOKENS_SOURCE",
-           "HEADS_PER_CTA", "BLOCK_N", "kernel_shape"]
+           "HEADS_PER_CTA", "BLOCK_N", "kernel_shape", "TokensNvccReport"]
 
 _fail: Fail = functools.partial(fail, "mla_decode_fp8_wgmma_tokens")
 
@@ -177,12 +177,25 @@ def mla_decode_fp8_wgmma_tokens(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_ca
     return (out, lse) if return_lse else out
 
 
+@dataclass(frozen=True)
+class TokensNvccReport(NvccReport):
+    """ptxas's report for one instantiation of ``mla_decode_wgmma_tokens.cu`` (``heads_per_cta`` heads a CTA);
+    ``registers`` is the launch's count (setmaxnreg then moves registers between the warpgroups)."""
+
+    heads_per_cta: int = 16
+
+    def summary(self) -> str:
+        return (f"nvcc {'compiled' if self.ok else 'FAILED on'} {TOKENS_SOURCE.name} ({self.heads_per_cta} heads a "
+                f"CTA) for {self.arch} in {self.seconds:.1f} s ({self.nvcc}); {self.registers} registers at launch, "
+                f"{self.stack_bytes} B stack, {self.spill_bytes} B spilled.")
+
+
 _ENTRY = re.compile(r"Compiling entry function '(_ZN10kvwall_mla2wt23mla_wgmma_tokens_kernelILi(\d+)E\w*)'")
 
 
-def nvcc_compile_check_wgmma_tokens(nvcc: str | None = None) -> dict[int, NvccReport]:
+def nvcc_compile_check_wgmma_tokens(nvcc: str | None = None) -> dict[int, TokensNvccReport]:
     """Compile the source for sm_90a (no GPU needed) and read ptxas's report of each instantiation (heads per CTA
-    -> :class:`~kvwall.kernels.mla_decode.wgmma.NvccReport`)."""
+    -> :class:`TokensNvccReport`)."""
     nvcc = nvcc or _nvcc()
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -208,5 +221,6 @@ def nvcc_compile_check_wgmma_tokens(nvcc: str | None = None) -> dict[int, NvccRe
         m = re.search(r"Used (\d+) registers", line)
         if m:
             found[current]["registers"] = int(m.group(1))
-    return {hn: NvccReport(proc.returncode == 0, ARCH, seconds, version, log=log, **found.get(hn, {
-        "registers": None, "spill_bytes": None, "stack_bytes": None})) for hn in HEADS_PER_CTA}
+    none = {"registers": None, "spill_bytes": None, "stack_bytes": None}
+    return {hn: TokensNvccReport(proc.returncode == 0 and hn in found, ARCH, seconds, version, log=log,
+                                 heads_per_cta=hn, **found.get(hn, none)) for hn in HEADS_PER_CTA}

@@ -329,7 +329,8 @@ def real_not_run_text(result: Result) -> str:
     writes = next((e.partition(": ")[2] for e in m.get("minimal_objects") or [] if e.startswith("KV writes")), "")
     return ("**Not run:** no SGLang server, scheduler or `ModelRunner` (the minimal objects above stood for them); no "
             "model weights and no layer but attention (random queries over a pool of seeded random FP8 values"
-            + (", no KV writes" if writes.startswith("none") else "") + f"); {'/'.join(map(str, layers))} layers, not GLM-5's "
-            f"{GLM5.num_layers}; one GPU, no tensor or decode-context parallelism (so no DCP buffer)"
+            + (", no KV writes" if writes.startswith("none") else "")
+            + f"); {'/'.join(map(str, layers))} layers, not GLM-5's {GLM5.num_layers}; one GPU, no tensor or "
+            "decode-context parallelism (so no DCP buffer)"
             + (f"; of the forward modes whose casts the diffs remove, {_join(left)} were not driven here (the test "
                "suite checks their casts are gone from the patched source)" if left else "") + ".")
