@@ -15,8 +15,8 @@
 //   warpgroups 1 and 2, the producers: producer p gathers tiles p, p + 2, ... (16-byte loads into registers, the
 //     heads-on-M kernel's gather) and converts them into buffer p, so its loads of tile t + 2 are in flight while the
 //     consumer works on tiles t and t + 1: two tiles of loads in flight per SM, where one producer keeps one.
-// setmaxnreg moves registers from the producers (128 each) to the consumer (240): 240 + 2 x 128 = 496 per lane
-// triple, within the launch's 3 x 168 (the CTA's registers: an increase beyond them waits forever).
+// setmaxnreg moves registers from the producers (128 per thread each) to the consumer (240): 240 + 2 x 128 = 496,
+// within the 3 x 168 the CTA was launched with (an increase beyond what the CTA holds waits forever).
 // The source is written for NC consumer and NP producer warpgroups; only NC = 1, NP = 2 is built (NOTES.md, generation
 // 6, says what the other shapes did). Named barriers: K_READY[b] (producer b arrives, the consumer waits: buffer b
 // holds the next tile), K_FREE[b] (the consumer arrives, producer b waits); CMAX0 and CP0 synchronize the consumer's
