@@ -143,9 +143,9 @@ def mla_decode_fp8_wgmma_tokens(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_ca
                                  check_range, kv_len, ckv_scale, kpe_scale)
     except (ValueError, TypeError) as exc:
         theirs = "mla_decode_fp8_wgmma: "
-        if str(exc).startswith(theirs):
-            _fail(type(exc), str(exc)[len(theirs):])
-        raise
+        if not str(exc).startswith(theirs):
+            raise
+        raise type(exc)(f"mla_decode_fp8_wgmma_tokens: {str(exc)[len(theirs):]}") from None
     batch, heads, dc = q_nope.shape
     device = q_nope.device
     if plan is None:
