@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvwall.peers.flashinfer.sources import find_definition, include_dir
 
@@ -87,3 +88,13 @@ def go_offline(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
     monkeypatch.setenv("PIP_FIND_LINKS", "")
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+
+
+def hopper() -> bool:
+    """An H100 / H200 is here: the only GPUs sm_90a code (the wgmma paths) runs on."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def on_hopper(test):
+    """A GPU test of an sm_90a kernel: marked ``gpu`` and skipped, saying why, without an H100 / H200."""
+    return pytest.mark.gpu(pytest.mark.skipif(not hopper(), reason="needs an H100 / H200 (sm_90a code)")(test))

@@ -17,6 +17,7 @@ import subprocess
 
 import pytest
 import torch
+from conftest import on_hopper
 
 from kvwall.kernels.mla_decode import wgmma
 from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, SM_SCALE, check_case, validation_cases
@@ -116,15 +117,6 @@ def test_rows_the_kernel_cannot_read_are_named():
 # ----------------------------------------------------------------------------------------------
 # On an H100 / H200
 # ----------------------------------------------------------------------------------------------
-
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-def on_hopper(test):
-    """A GPU test: marked ``gpu`` and skipped, saying why, without an H100 / H200."""
-    return pytest.mark.gpu(pytest.mark.skipif(not _hopper(), reason="needs an H100 / H200 (sm_90a code)")(test))
-
 
 @pytest.fixture(scope="module")
 def gpu() -> torch.device:
