@@ -1,7 +1,7 @@
 """Fused FP8 MLA decode (chapter 5): attention straight from the FP8 pool, never materializing BF16.
 
 What a user calls -- "ours" -- is :mod:`.dispatch`: ``mla_decode`` with the per-step plan of
-``plan_mla_decode_auto``; ``choose_path`` picks one of two paths and says why (from ``paths.json``, the measured
+``plan_mla_decode_auto``; ``choose_path`` picks one of three paths and says why (from ``paths.json``, the measured
 crossovers per GPU model, else those of a GPU of the same compute capability, else by capability and shape):
 
 - the **Triton path** (``"triton"``), :mod:`.kernel`: the split-KV and combine kernels, their launcher
@@ -11,11 +11,11 @@ crossovers per GPU model, else those of a GPU of the same compute capability, el
   supports (SM100 and SM120 included) and the CPU interpreter;
 - the **wgmma path** (``"wgmma"``), :mod:`.wgmma`: the CUDA C++ warpgroup-MMA split kernel for H100 / H200
   (``mla_decode_fp8_wgmma`` + ``plan_mla_decode_wgmma``; ``mla_decode_wgmma.cu`` with ``mla_decode_common.cuh``,
-  sm_90a only), its build, ``ctypes`` binding and offline ptxas check, and the Triton combine.
-
-Not yet chosen by the dispatcher: :mod:`.wgmma_tokens` (``mla_decode_fp8_wgmma_tokens`` +
-``plan_mla_decode_wgmma_tokens``; ``mla_decode_wgmma_tokens.cu``, sm_90a only), the tokens-on-M wgmma kernel for 16
-or 32 heads per GPU, validated and timed in exploration (``NOTES.md``, generation 6).
+  sm_90a only), its build, ``ctypes`` binding and offline ptxas check, and the Triton combine;
+- the **tokens-on-M wgmma path** (``"wgmma_tokens"``), :mod:`.wgmma_tokens`: the CUDA C++ kernel for few heads per
+  GPU, a tile's 64 tokens as wgmma's M and 16 or 32 heads per CTA as its N (``mla_decode_fp8_wgmma_tokens`` +
+  ``plan_mla_decode_wgmma_tokens``; ``mla_decode_wgmma_tokens.cu``, sm_90a only), with the wgmma path's checks,
+  refusals, partials and combine (``NOTES.md``, generation 6).
 
 Beside them: :mod:`.plan` (the work list's host arithmetic, ``build_work_list``); :mod:`.reference` (the torch
 reference ``mla_decode_reference``, the seeded input generator ``make_mla_inputs`` and the float64 reference on the

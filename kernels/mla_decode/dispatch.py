@@ -1,23 +1,29 @@
 """Which path runs a fused FP8 MLA decode call -- what a user calls ("ours"): :func:`mla_decode` with the per-step
-plan of :func:`plan_mla_decode_auto`. Two paths:
+plan of :func:`plan_mla_decode_auto`. The paths (:data:`KERNEL_PATHS`):
 
 - ``"triton"``: the Triton kernel (:mod:`.kernel`), portable: every GPU Triton supports (SM100 and SM120 included)
   and the CPU interpreter;
-- ``"wgmma"``: the warpgroup-MMA kernel (:mod:`.wgmma`), Hopper only (sm_90a: H100 / H200).
+- ``"wgmma"``: the heads-on-M warpgroup-MMA kernel (:mod:`.wgmma`, 64 heads per CTA as wgmma's M), Hopper only
+  (sm_90a: H100 / H200);
+- ``"wgmma_tokens"``: the tokens-on-M warpgroup-MMA kernel (:mod:`.wgmma_tokens`, a tile's 64 tokens as M and 16 or
+  32 heads per CTA as N: no head padding at few heads), Hopper only, with the wgmma path's refusals.
 
 :func:`choose_path` decides, in this order:
 
-1. where the wgmma path cannot run -- not a GPU of compute capability 9.0, latent / rope widths other than 512 / 64,
-   cache rows not 16-byte aligned -- the Triton path;
+1. where the wgmma paths cannot run -- not a GPU of compute capability 9.0, latent / rope widths other than
+   512 / 64, cache rows not 16-byte aligned (both wgmma paths refuse the same calls) -- the Triton path;
 2. else by the measured table ``paths.json``: the entry of this GPU model, else an entry measured on a GPU of the same
    compute capability (an H100 uses the H200's crossovers); at the measured point nearest to the call (heads,
-   batch, longest request, in log scale), the faster of the two paths;
-3. with no entry for this GPU or its capability: the wgmma path (it runs, and on the one GPU measured it is the
-   faster at most points).
+   batch, longest request, in log scale), the fastest of the paths timed there;
+3. with no entry for this GPU or its capability: the tokens-on-M wgmma path up to :data:`TOKENS_MAX_HEADS` heads (on
+   the H200 it was faster than the heads-on-M path at every 16- and 32-head point measured, ``NOTES.md``
+   generation 6), the wgmma path above.
 
 ``paths.json``: ``{gpu name: {"by", "recorded", "capability": [major, minor], "points": [[heads, context, batch,
-path, triton_us, wgmma_us], ...]}}`` (``path``: the faster at that point; ``wgmma_us`` None where it was not timed),
-derived from the recorded ``fused_decode_paths`` result; :func:`path_point` makes a point.
+path, triton_us, wgmma_us, wgmma_tokens_us], ...]}}`` (``path``: the fastest at that point; a time None where that
+path was not timed; a point of six elements, the format before the tokens-on-M path, is read as one whose
+``wgmma_tokens_us`` was not timed), derived from the recorded ``fused_decode_paths`` result; :func:`path_point` makes
+a point.
 """
 
 from __future__ import annotations
@@ -33,25 +39,44 @@ import torch
 from kvwall.kernels._args import check_batch_shapes, require_tensors
 from kvwall.kernels._common import fail, gpu_name
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
+from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode
 
-__all__ = ["PATHS_FILE", "KernelPath", "KERNEL_PATHS", "choose_path", "decide_path", "table_entry",
-           "measured_choice", "path_point", "plan_mla_decode_auto", "mla_decode"]
+__all__ = ["PATHS_FILE", "KernelPath", "KERNEL_PATHS", "TOKENS_MAX_HEADS", "choose_path", "decide_path",
+           "table_entry", "measured_choice", "path_point", "path_of_plan", "plan_mla_decode_auto", "mla_decode"]
 
 _fail = functools.partial(fail, "mla_decode")
 #: The measured table (GPU model -> its crossovers), derived from the recorded ``fused_decode_paths`` result.
 PATHS_FILE = Path(__file__).with_name("paths.json")
-KernelPath = Literal["triton", "wgmma"]
+KernelPath = Literal["triton", "wgmma", "wgmma_tokens"]
 KERNEL_PATHS: tuple[KernelPath, ...] = get_args(KernelPath)
-#: Where each path's time sits in a point ``[heads, context, batch, path, triton_us, wgmma_us]``.
-_US_AT: dict[KernelPath, int] = {"triton": 4, "wgmma": 5}
+#: Where each path's time sits in a point ``[heads, context, batch, path, triton_us, wgmma_us, wgmma_tokens_us]``.
+_US_AT: dict[KernelPath, int] = {"triton": 4, "wgmma": 5, "wgmma_tokens": 6}
+#: The paths that run on the Hopper kernels (sm_90a), with the same refusals (:func:`wgmma_path.wgmma_refusal`,
+#: :func:`wgmma_path.rows_refusal`).
+_HOPPER_PATHS: tuple[KernelPath, ...] = ("wgmma", "wgmma_tokens")
+#: With no measured table: the tokens-on-M wgmma path up to this many heads (its instantiations: 16 and 32 heads per
+#: CTA), the heads-on-M wgmma path above.
+TOKENS_MAX_HEADS = 32
+#: How the dispatcher's reasons name each path.
+_SAID: dict[KernelPath, str] = {"triton": "Triton", "wgmma": "wgmma", "wgmma_tokens": "tokens-on-M wgmma"}
 
 
-def path_point(heads: int, context: int, batch: int, triton_us: float, wgmma_us: float | None) -> list:
-    """A ``paths.json`` point: ``[heads, context, batch, path, triton_us, wgmma_us]``, ``path`` the faster of the
-    two (the Triton path where the wgmma path has no time), times rounded to 0.01 µs."""
-    path = "wgmma" if wgmma_us is not None and wgmma_us < triton_us else "triton"
-    return [heads, context, batch, path, round(triton_us, 2), None if wgmma_us is None else round(wgmma_us, 2)]
+def path_point(heads: int, context: int, batch: int, triton_us: float, wgmma_us: float | None,
+               wgmma_tokens_us: float | None = None) -> list:
+    """A ``paths.json`` point: ``[heads, context, batch, path, triton_us, wgmma_us, wgmma_tokens_us]``, ``path`` the
+    fastest of the timed paths (a tie goes to the earlier of :data:`KERNEL_PATHS`: the Triton path first), times
+    rounded to 0.01 µs (None: not timed)."""
+    times = [round(triton_us, 2), *(None if us is None else round(us, 2) for us in (wgmma_us, wgmma_tokens_us))]
+    timed = {p: times[i - 4] for p, i in _US_AT.items() if times[i - 4] is not None}
+    path = min(timed, key=lambda p: (timed[p], KERNEL_PATHS.index(p)))
+    return [heads, context, batch, path, *times]
+
+
+def _us(point: list, path: KernelPath) -> float | None:
+    """``path``'s time at ``point`` (None: not timed; a six-element point has no tokens-on-M time)."""
+    i = _US_AT[path]
+    return point[i] if i < len(point) else None
 
 
 def measured_choice(entry: dict, heads: int, batch: int, max_len: int) -> tuple[KernelPath, list] | None:
@@ -66,8 +91,8 @@ def measured_choice(entry: dict, heads: int, batch: int, max_len: int) -> tuple[
                 + abs(math.log2(p[1] / max(max_len, 1))))
 
     best = min(points, key=distance)
-    timed = {p: best[i] for p, i in _US_AT.items() if best[i] is not None}
-    return min(timed, key=lambda p: timed[p]), best
+    timed = {p: us for p in KERNEL_PATHS if (us := _us(best, p)) is not None}
+    return min(timed, key=lambda p: (timed[p], KERNEL_PATHS.index(p))), best
 
 
 @functools.cache
@@ -94,19 +119,22 @@ def table_entry(table: dict, gpu: str, capability: tuple[int, int] | None) -> tu
 def decide_path(heads: int, batch: int, max_len: int, *, gpu: str, capability: tuple[int, int] | None,
                 refusal: str | None, table: dict) -> tuple[KernelPath, str]:
     """:func:`choose_path`'s rule without a device: ``gpu`` / ``capability`` the GPU's model and compute capability,
-    ``refusal`` why the wgmma path cannot run this call (None: it can), ``table`` the whole ``paths.json``."""
+    ``refusal`` why the wgmma paths cannot run this call (None: they can; both refuse the same calls), ``table`` the
+    whole ``paths.json``."""
     if refusal:
-        return "triton", f"Triton: the wgmma path cannot run this call ({refusal})"
+        return "triton", f"Triton: the wgmma paths cannot run this call ({refusal})"
     found = table_entry(table, gpu, capability)
     choice = measured_choice(found[1], heads, batch, max_len) if found else None
     if choice is None:
-        return "wgmma", (f"wgmma: no measured table for {gpu} nor for its compute capability "
-                         f"{'.'.join(map(str, capability or ()))}, so the capability rule: the wgmma path wherever it "
-                         "can run (sm_90a, latent 512 / rope 64, 16-byte aligned rows)")
+        path: KernelPath = "wgmma_tokens" if heads <= TOKENS_MAX_HEADS else "wgmma"
+        return path, (f"{_SAID[path]}: no measured table for {gpu} nor for its compute capability "
+                      f"{'.'.join(map(str, capability or ()))}, so the capability rule: where the wgmma paths can run "
+                      f"(sm_90a, latent 512 / rope 64, 16-byte aligned rows), the tokens-on-M wgmma path up to "
+                      f"{TOKENS_MAX_HEADS} heads, the wgmma path above ({heads} heads)")
     path, point = choice
-    times = ", ".join(f"{p} {point[i]:.1f} µs" for p, i in _US_AT.items() if point[i] is not None)
+    times = ", ".join(f"{p} {us:.1f} µs" for p in KERNEL_PATHS if (us := _us(point, p)) is not None)
     where = found[0] if found[0] == gpu else f"{found[0]} (the same compute capability as this {gpu})"
-    return path, (f"{'Triton' if path == 'triton' else 'wgmma'}: measured {times} at the nearest point "
+    return path, (f"{_SAID[path]}: measured {times} at the nearest point "
                   f"({point[0]} heads, {point[1]} tokens, batch {point[2]}) on {where}")
 
 
@@ -115,7 +143,9 @@ def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, c
                 table_file: Path | None = None) -> tuple[KernelPath, str]:
     """``(path, why)`` for a call of ``heads`` heads, ``batch`` requests of at most ``max_len`` tokens on ``device``,
     latent / rope widths ``dims`` (caches given: their row alignment is checked too); the rule is the module
-    docstring's, ``why`` says which step decided and on what numbers."""
+    docstring's, ``why`` says which step decided and on what numbers. Both wgmma paths refuse what
+    :func:`~kvwall.kernels.mla_decode.wgmma.wgmma_refusal` and :func:`~kvwall.kernels.mla_decode.wgmma.rows_refusal`
+    refuse: the tokens-on-M path checks its inputs with the wgmma path's code."""
     refusal = wgmma_path.wgmma_refusal(device) or wgmma_path.rows_refusal(
         dims, {"ckv_cache": ckv_cache, "kpe_cache": kpe_cache})
     on_gpu = device.type == "cuda"
@@ -132,7 +162,16 @@ def _lengths(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None, page_size: in
 
 def _check_path(who: str, path: str) -> None:
     if path != "auto" and path not in KERNEL_PATHS:
-        raise ValueError(f"{who}: path must be 'auto', 'triton' or 'wgmma', got {path!r}.")
+        raise ValueError(f"{who}: path must be 'auto' or one of {', '.join(map(repr, KERNEL_PATHS))}, got {path!r}.")
+
+
+def path_of_plan(plan: MLADecodePlan) -> KernelPath:
+    """The path a plan was made for: a :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` the wgmma path's, a
+    :class:`~kvwall.kernels.mla_decode.wgmma_tokens.WgmmaTokensPlan` the tokens-on-M path's, any other the Triton
+    path's."""
+    if isinstance(plan, tokens_path.WgmmaTokensPlan):
+        return "wgmma_tokens"
+    return "wgmma" if isinstance(plan, wgmma_path.WgmmaPlan) else "triton"
 
 
 def plan_mla_decode_auto(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
@@ -140,7 +179,8 @@ def plan_mla_decode_auto(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = 
                          ckv_cache: torch.Tensor | None = None,
                          kpe_cache: torch.Tensor | None = None) -> MLADecodePlan:
     """The plan (once per decode step) of the path :func:`choose_path` picks (``path="auto"``) or of ``path``: a
-    :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` for the wgmma path, else an
+    :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` for the wgmma path, a
+    :class:`~kvwall.kernels.mla_decode.wgmma_tokens.WgmmaTokensPlan` for the tokens-on-M wgmma path, else an
     :class:`~kvwall.kernels.mla_decode.kernel.MLADecodePlan` (the Triton path)."""
     _check_path("plan_mla_decode_auto", path)
     device = torch.device(device) if device is not None else kv_indptr.device
@@ -149,21 +189,25 @@ def plan_mla_decode_auto(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = 
         path = choose_path(heads, batch, max_len, device, ckv_cache=ckv_cache, kpe_cache=kpe_cache)[0]
     if path == "wgmma":
         return wgmma_path.plan_mla_decode_wgmma(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
+    if path == "wgmma_tokens":
+        return tokens_path.plan_mla_decode_wgmma_tokens(kv_indptr, kv_len, heads=heads, page_size=page_size,
+                                                        device=device)
     return plan_mla_decode(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
                kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *, path: str = "auto",
                plan: MLADecodePlan | None = None, **kwargs):
-    """:func:`~kvwall.kernels.mla_decode_fp8`'s contract on the path of ``plan`` (a
-    :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` runs the wgmma path, any other plan the Triton path), else on
-    ``path`` (``"auto"``: :func:`choose_path`). ``kwargs``: the chosen path's keywords."""
+    """:func:`~kvwall.kernels.mla_decode_fp8`'s contract on the path of ``plan`` (:func:`path_of_plan`: a
+    :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` runs the wgmma path, a
+    :class:`~kvwall.kernels.mla_decode.wgmma_tokens.WgmmaTokensPlan` the tokens-on-M wgmma path, any other plan the
+    Triton path), else on ``path`` (``"auto"``: :func:`choose_path`). ``kwargs``: the chosen path's keywords."""
     check_batch_shapes({"q_nope": q_nope, "q_pe": q_pe}, 3, _fail, layout="[batch, heads, dim]")
     require_tensors({"ckv_cache": ckv_cache, "kpe_cache": kpe_cache, "kv_indptr": kv_indptr,
                      "kv_indices": kv_indices}, _fail)
     _check_path("mla_decode", path)
     if plan is not None:
-        chosen: KernelPath = "wgmma" if isinstance(plan, wgmma_path.WgmmaPlan) else "triton"
+        chosen: KernelPath = path_of_plan(plan)
         if path not in ("auto", chosen):
             raise ValueError(f"mla_decode: the plan is for the {chosen} path, but path={path!r}.")
     elif path == "auto":
@@ -171,9 +215,10 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor
         max_len = -(-kv_indices.numel() * max(1, ckv_cache.shape[-2] if ckv_cache.dim() == 3 else 1) // batch)
         chosen = choose_path(heads, batch, max_len, q_nope.device, ckv_cache=ckv_cache, kpe_cache=kpe_cache,
                              dims=(dc, q_pe.shape[-1]))[0]
-        if chosen == "wgmma" and kwargs.get("check_range") is False:
+        if chosen in _HOPPER_PATHS and kwargs.get("check_range") is False:
             chosen = "triton"  # an unchecked wgmma call needs a plan (made outside graph capture); Triton does not
     else:
         chosen = path  # type: ignore[assignment]
-    fn = wgmma_path.mla_decode_fp8_wgmma if chosen == "wgmma" else mla_decode_fp8
+    fn = {"wgmma": wgmma_path.mla_decode_fp8_wgmma, "wgmma_tokens": tokens_path.mla_decode_fp8_wgmma_tokens,
+          "triton": mla_decode_fp8}[chosen]
     return fn(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, plan=plan, **kwargs)

@@ -40,6 +40,7 @@ from kvwall.kernels.mla_decode.kernel import (LOG2E, MLADecodeConfig, MLADecodeP
 from kvwall.kernels.mla_decode.plan import build_work_list
 
 __all__ = ["mla_decode_fp8_wgmma", "plan_mla_decode_wgmma", "WgmmaPlan", "wgmma_refusal", "rows_refusal",
+           "profile_inputs", "profile_main",
            "load_mla_decode_wgmma", "nvcc_compile_check_wgmma", "NvccReport", "Params", "source_hash",
            "trace_wgmma_phases", "traced_build", "PhaseTrace", "TRACE_PHASES", "TRACE_FIXED", "WGMMA_SOURCE",
            "CUDA_HEADER", "NVCC_FLAGS", "DC", "DR", "HEADS_PER_CTA", "BLOCK_N", "THREADS", "SMEM_BYTES", "ARCH",
@@ -446,9 +447,10 @@ def nvcc_compile_check_wgmma(nvcc: str | None = None, *, trace: bool = False) ->
     return NvccReport(proc.returncode == 0 and seen, ARCH, seconds, version, registers, spills, stack, log, trace)
 
 
-def _profile_one(heads: int, tokens: int, page_size: int = 64, seed: int = 0) -> None:
-    """What the profile experiment runs under ncu: one request of ``tokens`` tokens on random pages of a 495K-slot
-    FP8 pool, the wgmma split kernel called four times (ncu skips three)."""
+def profile_inputs(heads: int, tokens: int, page_size: int = 64, seed: int = 0) -> tuple[tuple, dict]:
+    """What the profile experiment's program runs under ncu (this path's and the tokens-on-M path's): one request of
+    ``tokens`` tokens on random pages of a 495K-slot FP8 pool; ``(the call's positional arguments, kv_len and
+    page_size)``."""
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(seed)
     slots = 495_000 // page_size * page_size
@@ -460,18 +462,31 @@ def _profile_one(heads: int, tokens: int, page_size: int = 64, seed: int = 0) ->
     kv_len = torch.tensor([tokens], dtype=torch.int32, device=device)
     q_nope = (torch.randn(1, heads, DC, generator=gen, device=device) * 0.5).to(torch.bfloat16)
     q_pe = (torch.randn(1, heads, DR, generator=gen, device=device) * 0.5).to(torch.bfloat16)
-    plan = plan_mla_decode_wgmma(indptr, kv_len, heads=heads, page_size=page_size)
+    return (q_nope, q_pe, paged[:, :, :DC], paged[:, :, DC:], indptr, indices, 1 / 16), {"kv_len": kv_len,
+                                                                                          "page_size": page_size}
+
+
+def _profile_one(heads: int, tokens: int, page_size: int = 64, seed: int = 0) -> None:
+    """What the profile experiment runs under ncu: :func:`profile_inputs`, the wgmma split kernel called four times
+    (ncu skips three)."""
+    args, at = profile_inputs(heads, tokens, page_size, seed)
+    plan = plan_mla_decode_wgmma(args[4], at["kv_len"], heads=heads, page_size=at["page_size"])
     for _ in range(4):
-        mla_decode_fp8_wgmma(q_nope, q_pe, paged[:, :, :DC], paged[:, :, DC:], indptr, indices, 1 / 16,
-                             kv_len=kv_len, check_range=False, plan=plan)
+        mla_decode_fp8_wgmma(*args, kv_len=at["kv_len"], check_range=False, plan=plan)
     torch.cuda.synchronize()
+
+
+def profile_main(module: str, run: Callable[[int, int], None], argv: list[str]) -> int:
+    """``python -m <module> --profile-one HEADS TOKENS``: ``run(heads, tokens)`` (this module's and the tokens-on-M
+    module's program for Nsight Compute); the exit status."""
+    if len(argv) == 3 and argv[0] == "--profile-one":
+        run(int(argv[1]), int(argv[2]))
+        return 0
+    print(f"usage: python -m {module} --profile-one HEADS TOKENS")
+    return 2
 
 
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) == 4 and sys.argv[1] == "--profile-one":
-        _profile_one(int(sys.argv[2]), int(sys.argv[3]))
-    else:
-        print("usage: python -m kvwall.kernels.mla_decode.wgmma --profile-one HEADS TOKENS")
-        sys.exit(2)
+    sys.exit(profile_main("kvwall.kernels.mla_decode.wgmma", _profile_one, sys.argv[1:]))

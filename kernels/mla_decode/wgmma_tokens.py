@@ -2,8 +2,9 @@
 split kernel -- warpgroup MMA with a tile's 64 tokens as M and 16 or 32 heads as N, so 16 heads are not computed as
 64 -- with the same plan, partials, combine, contract and checks as the heads-on-M wgmma path (:mod:`.wgmma`). One
 consumer warpgroup does the math; two producer warpgroups gather and convert alternate tiles (two tiles of loads in
-flight per SM). Validated and timed on the H200 in exploration (``NOTES.md``, generation 6); the dispatcher does not
-choose it yet (issue 22: its measured crossovers go into ``paths.json`` with the next re-record).
+flight per SM). Validated and timed on the H200 in exploration (``NOTES.md``, generation 6); the dispatcher
+(:mod:`.dispatch`, ``"wgmma_tokens"``) chooses it where ``paths.json`` says it is the fastest (``fused_decode_paths``
+times it beside the other two paths), and, with no measured table, up to 32 heads.
 
 - :func:`mla_decode_fp8_wgmma_tokens`: the call (checked, or unchecked with a plan: CUDA-graph capturable);
 - :func:`plan_mla_decode_wgmma_tokens`: the batch's work list for this kernel (:class:`WgmmaTokensPlan`);
@@ -12,6 +13,8 @@ choose it yet (issue 22: its measured crossovers go into ``paths.json`` with the
 - :func:`kernel_shape`: an instantiation's shared memory, tokens a tile and threads, as the library says them.
 
 Built as the heads-on-M path is (nvcc, ``sm_90a``, a shared library cached per source version, ``ctypes``).
+``python -m kvwall.kernels.mla_decode.wgmma_tokens --profile-one HEADS TOKENS``: what the profile experiment runs
+under Nsight Compute.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import torch
 from kvwall.kernels._common import Fail, fail, sm_count
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, MLADecodePlan, launch_combine, plan_mla_decode
 from kvwall.kernels.mla_decode.wgmma import (ARCH, CUDA_HEADER, DC, NVCC_FLAGS, NvccReport, Params, _cache_dir,
-                                             _checked_inputs, _nvcc, _params, whole_wave_items)
+                                             _checked_inputs, _nvcc, _params, profile_inputs, profile_main,
+                                             whole_wave_items)
 
 __all__ = ["mla_decode_fp8_wgmma_tokens", "plan_mla_decode_wgmma_tokens", "WgmmaTokensPlan", "heads_per_cta",
            "load_mla_decode_wgmma_tokens", "nvcc_compile_check_wgmma_tokens", "source_hash", "TOKENS_SOURCE",
@@ -224,3 +228,19 @@ def nvcc_compile_check_wgmma_tokens(nvcc: str | None = None) -> dict[int, Tokens
     none = {"registers": None, "spill_bytes": None, "stack_bytes": None}
     return {hn: TokensNvccReport(proc.returncode == 0 and hn in found, ARCH, seconds, version, log=log,
                                  heads_per_cta=hn, **found.get(hn, none)) for hn in HEADS_PER_CTA}
+
+
+def _profile_one(heads: int, tokens: int, page_size: int = 64, seed: int = 0) -> None:
+    """What the profile experiment runs under ncu: the wgmma path's inputs
+    (:func:`kvwall.kernels.mla_decode.wgmma.profile_inputs`), this kernel called four times (ncu skips three)."""
+    args, at = profile_inputs(heads, tokens, page_size, seed)
+    plan = plan_mla_decode_wgmma_tokens(args[4], at["kv_len"], heads=heads, page_size=at["page_size"])
+    for _ in range(4):
+        mla_decode_fp8_wgmma_tokens(*args, kv_len=at["kv_len"], check_range=False, plan=plan)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(profile_main("kvwall.kernels.mla_decode.wgmma_tokens", _profile_one, sys.argv[1:]))
