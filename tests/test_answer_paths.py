@@ -17,6 +17,7 @@ from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
 from kvwall.kernels.mla_decode.wgmma import WgmmaPlan
+from kvwall.kernels.mla_decode.wgmma_tokens import WgmmaTokensPlan
 from kvwall.model.cost import GPUS, OFF_REFERENCE, PATHS, ComponentFit, CostModel, Point, paths_on
 from kvwall.model.geometry import GLM5
 from kvwall.model.paths import KERNEL_NAMES, PATH_INFO, STEP_PATHS, build_step_path, kernel_that_ran, kernels_that_ran
@@ -49,7 +50,8 @@ def _choose(path: str):
 def test_the_step_paths_are_named_as_the_book_names_them():
     assert STEP_PATHS == ("full_pool_cast", "index_then_cast", "gather_cast", "ours", "flashinfer_fp8", "bf16_cache",
                           "flashmla_fp8", "flashmla_bf16")
-    assert KERNEL_NAMES == {"triton": "Triton path", "wgmma": "wgmma path"}
+    assert KERNEL_NAMES == {"triton": "Triton path", "wgmma": "wgmma path", "wgmma_tokens": "tokens-on-M wgmma path"}
+    assert tuple(KERNEL_NAMES) == dispatch.KERNEL_PATHS
     assert all(PATH_INFO[p].gpu_only and PATH_INFO[p].peer for p in ("flashmla_fp8", "flashmla_bf16"))
     assert PATH_INFO["flashmla_bf16"].cache_dtype == torch.bfloat16
     full, small = EXPERIMENTS["decode_step_paths"].full, EXPERIMENTS["decode_step_paths"].small
@@ -73,13 +75,14 @@ def test_on_cpu_the_steps_ours_runs_the_triton_path(step_inputs):
     assert (first.double() - ref).norm() / ref.norm() < 1e-2
 
 
-def test_the_steps_ours_plans_and_calls_the_path_the_dispatcher_chooses(step_inputs, monkeypatch):
+@pytest.mark.parametrize("path,plan_type", [("wgmma", WgmmaPlan), ("wgmma_tokens", WgmmaTokensPlan)])
+def test_the_steps_ours_plans_and_calls_the_path_the_dispatcher_chooses(step_inputs, monkeypatch, path, plan_type):
     pool, batch = step_inputs
-    monkeypatch.setattr(dispatch, "choose_path", _choose("wgmma"))
+    monkeypatch.setattr(dispatch, "choose_path", _choose(path))
     _, attention, info = build_step_path("ours", pool, batch, bf16_backend="fa2")
-    assert type(attention.kernel.plan) is WgmmaPlan
-    assert info["backend"] == info["kernel_path"] == "wgmma" and info["path_why"] == "wgmma: chosen by the test"
-    assert "wgmma path" in attention.name
+    assert type(attention.kernel.plan) is plan_type
+    assert info["backend"] == info["kernel_path"] == path and info["path_why"] == f"{path}: chosen by the test"
+    assert KERNEL_NAMES[path] in attention.name
     calls = []
     monkeypatch.setattr(dispatch, "mla_decode", lambda *args, **kwargs: calls.append(kwargs) or attention.out)
     q_nope, q_pe = _queries(batch)
@@ -92,13 +95,16 @@ def test_the_steps_ours_plans_and_calls_the_path_the_dispatcher_chooses(step_inp
     assert all(c["plan"] is attention.kernel.plan and c["out"] is attention.out and "config" not in c for c in calls)
 
 
-def test_a_wgmma_plan_reaches_the_wgmma_path(step_inputs, monkeypatch):
-    """Nothing between the step and the dispatcher falls back to Triton: on a CPU the wgmma path refuses."""
+@pytest.mark.parametrize("path,call", [("wgmma", "mla_decode_fp8_wgmma"),
+                                       ("wgmma_tokens", "mla_decode_fp8_wgmma_tokens")])
+def test_a_wgmma_plan_reaches_the_wgmma_path(step_inputs, monkeypatch, path, call):
+    """Nothing between the step and the dispatcher falls back to Triton: on a CPU the chosen wgmma path refuses,
+    under its own name."""
     pool, batch = step_inputs
-    monkeypatch.setattr(dispatch, "choose_path", _choose("wgmma"))
+    monkeypatch.setattr(dispatch, "choose_path", _choose(path))
     _, attention, _ = build_step_path("ours", pool, batch, bf16_backend="fa2")
     ckv, kpe = split_latent_cache(pool.key_buffer(0), GEOMETRY.kv_lora_rank)
-    with pytest.raises(ValueError, match="wgmma path cannot run"):
+    with pytest.raises(ValueError, match=f"^{call}: the wgmma path cannot run"):
         attention(*_queries(batch), ckv, kpe)
 
 
@@ -163,6 +169,8 @@ def test_ours_rows_say_which_path_ran():
              "pool_tokens": 495_000, "tokens": 4096, "len_max": 4096, "us": 14.0, "strategy": "ours", "page_size": 1,
              "kernel_path": "wgmma", "path_why": "wgmma: measured"}
     validate_rows("path_sweep", [point])
+    validate_rows("path_sweep", [{**point, "kernel_path": "wgmma_tokens", "path_why": "tokens-on-M wgmma: measured"}])
+    validate_rows("decode_step_paths", [_ours_row(kernel_path="wgmma_tokens")])
 
 
 def test_off_hopper_ours_is_predicted_from_the_triton_path():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from kvwall.experiments.fused_decode import bench, contracts, paths, strategies,
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.results import collect_provenance, Result, validate_rows
 from kvwall.kernels import mla_decode_fp8
+from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode.cases import validation_cases
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 from kvwall.measure import sanitizer, timing
@@ -63,7 +65,7 @@ def test_registered_and_listed(capsys):
     # the bench times every entry of the one peer table but the forced paths (fused_decode_paths times those)
     assert bench_exp.full["strategies"] == [s for s in STRATEGIES if s not in strategies.FORCED_PATHS]
     assert bench_exp.full["cast_backend"] == "fa3"  # every FlashInfer BF16 path on fa3 (Hopper), fa2 where it refuses
-    assert val.full["paths"] == ["triton", "wgmma", "ours"]
+    assert val.full["paths"] == ["triton", "wgmma", "wgmma_tokens", "ours"]
     fdp = EXPERIMENTS["fused_decode_paths"]
     assert fdp.full["heads"] == [16, 32, 64, 128] and fdp.full["floor_contexts"] == [64]
     assert fdp.full["page_sizes"] == [1, 64] and fdp.after_record is paths.write_path_table
@@ -86,7 +88,8 @@ def test_recording_order_is_dependency_order():
 # ---------------------------------------------------------------------------------------------------------
 
 def test_every_peer_is_one_entry_with_a_label_and_a_build_function():
-    assert list(STRATEGIES)[:4] == ["ours", "ours_page64", "triton", "wgmma"]
+    assert list(STRATEGIES)[:5] == ["ours", "ours_page64", "triton", "wgmma", "wgmma_tokens"]
+    assert strategies.FORCED_PATHS == ("triton", "wgmma", "wgmma_tokens") == dispatch.KERNEL_PATHS
     assert {"full_cast_bf16", "index_then_cast", "gather_cast_bf16", "flashinfer_fp8_fa2", "flashinfer_fp8_fa3",
             "flashinfer_bf16_precast", "sglang_triton_fp8", "flashmla_dense_bf16", "flashmla_dense_fp8"} <= set(STRATEGIES)
     for name, s in STRATEGIES.items():
@@ -95,6 +98,7 @@ def test_every_peer_is_one_entry_with_a_label_and_a_build_function():
         assert "fused" not in name and "fused" not in s.label.lower()
     assert STRATEGIES["ours_page64"].page_size == 64 and STRATEGIES["ours"].page_size == 1
     assert STRATEGIES["triton"].page_sizes == STRATEGIES["wgmma"].page_sizes == (1, 64)
+    assert STRATEGIES["wgmma_tokens"].page_sizes == (1, 64) and STRATEGIES["wgmma_tokens"].needs == ("sm90",)
     assert all(STRATEGIES[n].page_size == 64 for n in ("flashmla_dense_bf16", "flashmla_dense_fp8"))
     with pytest.raises(ValueError, match="unknown strategy"):
         strategies.build_strategy("fused_fp8", None, None)
@@ -119,16 +123,17 @@ def test_strategies_build_on_cpu_where_they_can(monkeypatch):
     pt = strategies.make_point(16, 150, 2, pool_slots=2048, max_total=2_000_000, gen=gen, seed=0, device=CPU)
     fake_clock = lambda fn, flush, device, reps, rounds: (25.0, "fake clock", None)  # noqa: E731
     rows = bench.bench_point_rows(pt, pool, CPU, ["ours", "ours_page64", ("triton", 1), ("triton", 64),
-                                                  ("wgmma", 64), "flashmla_dense_fp8"], lambda: None,
-                                  copy_gbps=4000.0, bf16_tflops=800.0, reps=1, rounds=1, host_calls=1,
+                                                  ("wgmma", 64), ("wgmma_tokens", 1), "flashmla_dense_fp8"],
+                                  lambda: None, copy_gbps=4000.0, bf16_tflops=800.0, reps=1, rounds=1, host_calls=1,
                                   ctx=strategies.BuildContext(), sglang_split_sweep=[], timer=fake_clock)
-    ours, ours64, t1, t64, w64, fm = rows
-    assert [r["page_size"] for r in rows] == [1, 64, 1, 64, 64, 64]
+    ours, ours64, t1, t64, w64, k1, fm = rows
+    assert [r["page_size"] for r in rows] == [1, 64, 1, 64, 64, 1, 64]
     for r in (ours, ours64):
         assert r["kernel_path"] == "triton" and "cannot run" in r["path_why"] and r["rel_err_f64"] < 3e-3, r
     for r in (t1, t64):
         assert r["kernel_path"] == "triton" and "path_why" not in r and r["rel_diff_vs_ours"] == 0.0, r
     assert w64["us"] is None and "wgmma path cannot run" in w64["error"]
+    assert k1["us"] is None and "mla_decode_fp8_wgmma_tokens: the wgmma path cannot run" in k1["error"]
     assert fm["us"] is None and "not here" in fm["error"]
     validate_rows("fused_decode_bench", rows)
 
@@ -137,10 +142,10 @@ def test_strategies_build_on_cpu_where_they_can(monkeypatch):
 # The dispatcher's table from fused_decode_paths (synthetic rows)
 # ---------------------------------------------------------------------------------------------------------
 
-def _paths_result(rows: list[dict]) -> Result:
+def _paths_result(rows: list[dict], **build_extra: Any) -> Result:
     build = {"section": "build", "gpu": "NVIDIA H200", "capability": [9, 0], "sms": 132, "nvcc": "12.8",
              "copy_gbps": 4200.0, "copy_ms": 0.5, "bf16_tflops": 700.0, "wgmma": {"runs": True, "why": None},
-             "seconds_total": 70.0}
+             "seconds_total": 70.0, **build_extra}
     return Result("fused_decode_paths", {}, [build] + rows, collect_provenance(CPU, paths.__name__))
 
 
@@ -161,15 +166,41 @@ def test_path_table_from_synthetic_rows(tmp_path):
     table = paths.path_table(result)
     entry = table["NVIDIA H200"]
     assert entry["capability"] == [9, 0] and entry["page_size"] == 1 and "fused_decode_paths" in entry["by"]
-    assert entry["points"] == [[16, 4096, 1, "wgmma", 15.0, 14.0], [16, 131072, 1, "triton", 50.0, 55.0],
-                               [64, 64, 1, "triton", 14.0, None]]
-    assert paths.path_table(result, page_size=64)["NVIDIA H200"]["points"] == [[16, 4096, 1, "wgmma", 99.0, 1.0]]
+    assert entry["points"] == [[16, 4096, 1, "wgmma", 15.0, 14.0, None], [16, 131072, 1, "triton", 50.0, 55.0, None],
+                               [64, 64, 1, "triton", 14.0, None, None]]
+    assert paths.path_table(result, page_size=64)["NVIDIA H200"]["points"] == [[16, 4096, 1, "wgmma", 99.0, 1.0,
+                                                                                None]]
     # record's after_record: merged into the file, other GPUs' entries kept, the written path returned
     target = tmp_path / "paths.json"
     target.write_text(json.dumps({"Other GPU": {"points": []}}))
     assert paths.write_path_table(result, target) == [target]
     written = json.loads(target.read_text())
     assert set(written) == {"Other GPU", "NVIDIA H200"} and written["NVIDIA H200"]["points"] == entry["points"]
+
+
+def test_path_table_with_the_tokens_on_m_path(tmp_path):
+    """Three paths timed: each point names the fastest, and the dispatcher reading the written table picks it."""
+    rows = [_path_row("triton", 1, 16, 131072, 32, 320.0), _path_row("wgmma", 1, 16, 131072, 32, 314.0),
+            _path_row("wgmma_tokens", 1, 16, 131072, 32, 224.0),
+            _path_row("triton", 1, 128, 32768, 32, 751.0), _path_row("wgmma", 1, 128, 32768, 32, 223.0),
+            _path_row("wgmma_tokens", 1, 128, 32768, 32, 400.0),
+            _path_row("triton", 1, 32, 4096, 1, 17.0), _path_row("wgmma", 1, 32, 4096, 1, 15.0),
+            _path_row("wgmma_tokens", 1, 32, 4096, 1, None)]  # the tokens-on-M path failed there
+    built = {"runs": True, "why": None, "arch": "sm_90a", "build_s": 20.0, "heads_per_cta": [16, 32],
+             "per_cta": {"16": {"smem": 168576, "block_n": 64, "threads": 384, "ptxas_ok": True, "registers": 168,
+                                "stack_bytes": 0, "spill_bytes": 0}}}
+    result = _paths_result(rows, wgmma_tokens=built)
+    validate_rows("fused_decode_paths", result.rows)
+    points = paths.path_table(result)["NVIDIA H200"]["points"]
+    assert points == [[16, 131072, 32, "wgmma_tokens", 320.0, 314.0, 224.0],
+                      [32, 4096, 1, "wgmma", 17.0, 15.0, None],
+                      [128, 32768, 32, "wgmma", 751.0, 223.0, 400.0]]
+    target = tmp_path / "paths.json"
+    paths.write_path_table(result, target)
+    table = json.loads(target.read_text())
+    for h, c, b, want, *_ in points:
+        assert dispatch.decide_path(h, b, c, gpu="NVIDIA H200", capability=(9, 0), refusal=None,
+                                    table=table)[0] == want
 
 
 @pytest.mark.parametrize("name", ["fused_decode_paths", "fused_decode_bench", "fused_decode_profile"])
@@ -248,6 +279,7 @@ def test_small_validation_rows_all_pass(small_validation):
     small = EXPERIMENTS["fused_decode_validation"].small
     setup = result.table("setup")[0]
     assert setup["paths"] == ["triton", "ours"] and "H100" in setup["skipped"]["wgmma"]  # the CPU refuses wgmma
+    assert "H100" in setup["skipped"]["wgmma_tokens"]  # and the tokens-on-M path, with the same refusal
     n_cases = len(small["heads"]) * (len(small["length_sets"]) + len(small["paged_length_sets"]))
     assert len(cases) == 2 * n_cases and {r["path"] for r in cases} == {"triton", "ours"}
     assert all(r["kernel_path"] == "triton" and r["path_why"] for r in cases if r["path"] == "ours")
@@ -279,6 +311,7 @@ def test_small_validation_rows_all_pass(small_validation):
         assert row["ok"] is True, row
     checks = {(r["path"], r["check"]) for r in contract}
     assert ("triton", "a plan of the wgmma path is refused") in checks
+    assert ("triton", "a plan of the tokens-on-M wgmma path is refused") in checks
     assert ("ours", "cache rows not 16-byte aligned run on the Triton path, as the aligned call") in checks
     assert sum("makes only its request NaN" in c for _, c in checks) == 2
     assert {r["section"] for r in result.rows} == {"setup", "cases", "contract", "errors"}  # GPU sections: a GPU

@@ -258,6 +258,25 @@ def test_graph_step_plan_refills_in_place_for_growing_batches():
         gp.refill([1, 2, 3])
 
 
+@pytest.mark.parametrize("path", ["wgmma", "wgmma_tokens"])
+def test_a_graph_step_plan_of_a_wgmma_path_keeps_its_path(path):
+    """A graph plan forced onto either wgmma path stays that path's plan (refilled in place) and ours_decode hands
+    it to that path's call without the Triton path's launch shape: on a CPU the path refuses under its own name,
+    before any launch (issue 22: the tokens-on-M plan is no WgmmaPlan)."""
+    from kvwall.peers.sglang_patch.graph_plan import GraphStepPlan, ours_decode
+    g = torch.Generator().manual_seed(3)
+    pool = (torch.randn(700, 1, 576, generator=g) * 0.7).to(torch.float8_e4m3fn)
+    gp = GraphStepPlan(4, heads=16, max_len=160, device=torch.device("cpu"), path=path)
+    assert gp.path == path and gp.plan.config.block_n == 64
+    gp.refill([5, 130, 1, 17])
+    ptr = torch.tensor([0, 5, 135, 136, 153], dtype=torch.int32)
+    q = (torch.randn(4, 16, 576, generator=g) * 0.5).to(torch.bfloat16)
+    name = "mla_decode_fp8_wgmma_tokens" if path == "wgmma_tokens" else "mla_decode_fp8_wgmma"
+    with pytest.raises(ValueError, match=f"^{name}: the wgmma path cannot run here"):
+        ours_decode(q[..., :512], q[..., 512:], pool[:, :, :512], pool[:, :, 512:], ptr,
+                    torch.arange(153, dtype=torch.int32), 0.1, gp.plan)
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_compact_kv_graph_mode_gathers_exactly_the_rows(shared):
     """CompactKV in graph mode: the slots copied into its fixed list, 0..n-1 written over kv_indices in place, and

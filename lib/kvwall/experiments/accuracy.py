@@ -23,7 +23,8 @@ float64 output rounded to BF16, the smallest error a BF16 output can have.
 Every path runs once per case (nothing is timed here: ``fused_decode_bench`` times them). FlashMLA's dense FP8
 decode quantizes the query as SGLang's ``flashmla`` backend does (static, the cache's scale: 1 here;
 :func:`kvwall.peers.flashmla.quantize_query_static`); SGLang's Triton MLA is run with its own split policy.
-Device time at full scale: 239 s on the H200 (2026-12-01, 70 cases x 9 paths; the setup row's ``seconds_total``).
+Device time at full scale: 239 s on the H200 (2026-12-01, 70 cases x 9 paths; the setup row's ``seconds_total``);
+with the tokens-on-M wgmma path (10 paths) an estimated ~265 s.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from typing import Any
 
 import torch
 
-from kvwall.experiments.fused_decode.strategies import (STRATEGIES, BenchPoint, BuildContext, build_strategy,
-                                                       paged_layout, reference_f64)
+from kvwall.experiments.fused_decode.strategies import (FORCED_PATHS, STRATEGIES, BenchPoint, BuildContext,
+                                                       build_strategy, paged_layout, reference_f64)
 from kvwall.experiments.registry import Experiment
 from kvwall.measure.accuracy import finite_or_none, relative_error
 from kvwall.measure.failures import error_text, traceback_tail
@@ -51,10 +52,10 @@ from kvwall.results import Result, collect_provenance
 __all__ = ["EXPERIMENTS", "ACCURACY_STRATEGIES", "run_fp8_accuracy", "build_case", "path_metrics", "unmet_needs",
            "QUERY_QUANTIZATION"]
 
-#: Every way of decoding the issue names, one entry each of the peer table: ours and its two paths; FlashMLA dense
-#: FP8 and BF16; FlashInfer's native FP8 (BF16 query); gather_cast + FlashInfer BF16 (what every BF16-on-a-copy
-#: path computes); SGLang's Triton MLA.
-ACCURACY_STRATEGIES: list[str] = ["ours", "triton", "wgmma", "flashmla_dense_fp8", "flashmla_dense_bf16",
+#: Every way of decoding the issue names, one entry each of the peer table: ours and each of its paths forced;
+#: FlashMLA dense FP8 and BF16; FlashInfer's native FP8 (BF16 query); gather_cast + FlashInfer BF16 (what every
+#: BF16-on-a-copy path computes); SGLang's Triton MLA.
+ACCURACY_STRATEGIES: list[str] = ["ours", *FORCED_PATHS, "flashmla_dense_fp8", "flashmla_dense_bf16",
                                   "flashinfer_fp8_fa2", "flashinfer_fp8_fa3", "gather_cast_bf16", "sglang_triton_fp8"]
 
 QUERY_QUANTIZATION = ("FlashMLA dense FP8: the query quantized as SGLang 0.5.23's flashmla backend does "

@@ -23,9 +23,10 @@ the float32 reference (:class:`kvwall.model.attention.ReferenceMLADecode`) and `
 interpreter; ``flashinfer_fp8`` and the FlashMLA paths are GPU-only. ``ours`` is the call a user makes:
 :func:`kvwall.kernels.mla_decode.dispatch.mla_decode` with the step's plan
 (:func:`~kvwall.kernels.mla_decode.dispatch.plan_mla_decode_auto`), on the path the dispatcher picks for the GPU
-and the batch (:func:`choose_kernel`): the Triton path (portable: any GPU Triton supports, and the CPU interpreter)
-or the wgmma path (Hopper). FlashMLA is a peer's kernel (:mod:`kvwall.peers`, a layer above this one): its two
-paths are described here and built by :mod:`kvwall.experiments.answer.step`.
+and the batch (:func:`choose_kernel`): the Triton path (portable: any GPU Triton supports, and the CPU interpreter),
+the wgmma path (Hopper, 64 heads per CTA) or the tokens-on-M wgmma path (Hopper, 16 or 32 heads per CTA). FlashMLA
+is a peer's kernel (:mod:`kvwall.peers`, a layer above this one): its two paths are described here and built by
+:mod:`kvwall.experiments.answer.step`.
 """
 
 from __future__ import annotations
@@ -105,8 +106,10 @@ class CacheViews:
         return split_latent_cache(pool.key_buffer(layer), pool.geometry.kv_lora_rank)
 
 
-#: The two paths of ours, by the dispatcher's name for each (:mod:`kvwall.kernels.mla_decode.dispatch`).
-KERNEL_NAMES: dict[str, str] = {"triton": "Triton path", "wgmma": "wgmma path"}
+#: The paths of ours, by the dispatcher's name for each (:data:`kvwall.kernels.mla_decode.dispatch.KERNEL_PATHS`, in
+#: its order).
+KERNEL_NAMES: dict[str, str] = {"triton": "Triton path", "wgmma": "wgmma path",
+                                "wgmma_tokens": "tokens-on-M wgmma path"}
 
 
 def kernel_that_ran(row: Mapping[str, Any]) -> str:
@@ -137,7 +140,8 @@ def choose_kernel(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *
     """:func:`kvwall.kernels.mla_decode.dispatch.choose_path` for a batch of requests on the FP8 cache views
     ``ckv``/``kpe`` (page size 1: lengths from ``kv_indptr``; paged: from ``kv_len``), and the plan of the chosen
     path: made here, once per step, outside any CUDA-graph capture (it reads the lengths on the host). ``path``
-    ``"triton"`` or ``"wgmma"`` forces that path (``why`` then says so)."""
+    one of :data:`KERNEL_NAMES` (``"triton"``, ``"wgmma"``, ``"wgmma_tokens"``) forces that path (``why`` then says
+    so)."""
     ptr = kv_indptr.tolist()
     lens = kv_len.tolist() if kv_len is not None else [b - a for a, b in zip(ptr, ptr[1:])]
     if path == "auto":

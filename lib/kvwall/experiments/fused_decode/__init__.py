@@ -1,9 +1,9 @@
-"""Chapter 5's experiments: ours (:func:`kvwall.kernels.mla_decode.dispatch.mla_decode`) and its two paths -- the
-Triton path and the wgmma path -- tuned, timed, checked and profiled, one module each, in recording order (each
-reads what the one before it wrote):
+"""Chapter 5's experiments: ours (:func:`kvwall.kernels.mla_decode.dispatch.mla_decode`) and its paths -- the
+Triton path, the wgmma path and the tokens-on-M wgmma path -- tuned, timed, checked and profiled, one module each, in
+recording order (each reads what the one before it wrote):
 
 - :mod:`.tuning`: ``fused_decode_tuning`` (the Triton path's launch shapes screened and swept; writes tuned.json);
-- :mod:`.paths`: ``fused_decode_paths`` (both paths forced over the grid; ``record`` writes the dispatcher's
+- :mod:`.paths`: ``fused_decode_paths`` (each path forced over the grid; ``record`` writes the dispatcher's
   paths.json from it);
 - :mod:`.validation` (with :mod:`.contracts`): ``fused_decode_validation`` (each path and ours against float64 beside
   the BF16 path and the peers; every path's contracts; errors, CUDA graphs, memcheck);

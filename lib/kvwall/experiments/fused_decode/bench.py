@@ -7,8 +7,9 @@ summing to ``context * batch / 4`` tokens (capped at ``max_total_tokens``, 2M): 
 requests' worth of KV. All requests read random slots (with repeats) of one 495,000-slot FP8 pool; the paged
 strategies (FlashMLA, ``ours_page64``) read the same number of tokens per request on random pages of 64 of it.
 
-The full grid leaves out the entries that force one path (``triton``, ``wgmma``): ``fused_decode_paths`` times
-them on the same grid, page 1 and 64, right before this run (``strategies=`` takes any entry of the table).
+The full grid leaves out the entries that force one path (``triton``, ``wgmma``, ``wgmma_tokens``):
+``fused_decode_paths`` times them on the same grid, page 1 and 64, right before this run (``strategies=`` takes any
+entry of the table).
 
 Device time at full scale: **188 s** measured on the H200 for the 48 grid points (2026-12-01, a trial run of this
 code, not recorded) without SGLang installed (its 48 rows were import errors): the ceilings and FlashInfer's JIT

@@ -1,11 +1,11 @@
 """What a caller of ours can rely on besides accuracy, checked for ``fused_decode_validation``.
 
-- :func:`path_contract_rows`: one function, parametrized over ``"triton"``, ``"wgmma"`` and ``"ours"`` (the
-  dispatcher with its plan): an out-of-range index in an unchecked call makes exactly its request NaN; a planned
-  call replayed in a CUDA graph equals the eager call bit for bit (GPU); a checked call with an out-of-range index
-  is refused; an unchecked call without a plan is refused (the wgmma path, which needs one); a plan of the other
-  path is refused (each forced path); cache rows that are not 16-byte aligned are refused before any launch (wgmma)
-  or run -- ours routed to the Triton path -- with the aligned call's result.
+- :func:`path_contract_rows`: one function, parametrized over ``"triton"``, ``"wgmma"``, ``"wgmma_tokens"`` and
+  ``"ours"`` (the dispatcher with its plan): an out-of-range index in an unchecked call makes exactly its request
+  NaN; a planned call replayed in a CUDA graph equals the eager call bit for bit (GPU); a checked call with an
+  out-of-range index is refused; an unchecked call without a plan is refused (the wgmma paths, which need one); a
+  plan of each other path is refused (each forced path); cache rows that are not 16-byte aligned are refused before
+  any launch (the wgmma paths) or run -- ours routed to the Triton path -- with the aligned call's result.
 - :func:`error_rows`: the Triton path's bad inputs raise before any launch (a poisoned ``out`` stays untouched), and a
   checked call refuses CUDA-graph capture.
 - :func:`graph_rows`: the Triton path captured once with static buffers replays correctly with new indices, lengths
@@ -23,13 +23,14 @@ import torch
 from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs
 from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
+from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8, plan_mla_decode
 from kvwall.kernels.mla_decode.reference import make_mla_inputs, nonempty_requests, reference64
 from kvwall.measure.accuracy import bf16_bits, finite_or_none, relative_error, same_bits
 from kvwall.measure.failures import error_text
 from kvwall.measure.timing import synchronize
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import choose_kernel
+from kvwall.model.paths import KERNEL_NAMES, choose_kernel
 
 __all__ = ["error_rows", "graph_rows", "GRAPH_TRIALS", "CONTRACT_PATHS", "path_contract_rows", "path_refusal"]
 
@@ -206,15 +207,17 @@ def graph_rows(device: torch.device, heads: int, *, seed: int, planned: bool = F
 # The contracts every path keeps: one function, parametrized over the paths
 # ----------------------------------------------------------------------------------------------
 
-#: What :func:`path_contract_rows` and the case table run: ours' two paths forced, and ours.
-CONTRACT_PATHS = ("triton", "wgmma", "ours")
+#: What :func:`path_contract_rows` and the case table run: each of ours' paths forced, and ours.
+CONTRACT_PATHS = (*dispatch.KERNEL_PATHS, "ours")
+#: The paths on the Hopper kernels: they need a plan for an unchecked call and refuse misaligned rows.
+WGMMA_PATHS = ("wgmma", "wgmma_tokens")
 
 
 def path_refusal(path: str, device: torch.device) -> str | None:
-    """Why ``path`` cannot run on ``device`` (None: it can)."""
+    """Why ``path`` cannot run on ``device`` (None: it can; both wgmma paths refuse what the wgmma path refuses)."""
     if path not in CONTRACT_PATHS:
         raise ValueError(f"unknown path {path!r}; known: {CONTRACT_PATHS}.")
-    return wgmma_path.wgmma_refusal(device) if path == "wgmma" else None
+    return wgmma_path.wgmma_refusal(device) if path in WGMMA_PATHS else None
 
 
 def _planned(path: str, inp, heads: int, device: torch.device) -> tuple[Any, Callable[..., Any], str | None]:
@@ -227,6 +230,9 @@ def _planned(path: str, inp, heads: int, device: torch.device) -> tuple[Any, Cal
     if path == "wgmma":
         return wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=heads, device=device), \
             wgmma_path.mla_decode_fp8_wgmma, None
+    if path == "wgmma_tokens":
+        return tokens_path.plan_mla_decode_wgmma_tokens(inp.kv_indptr, heads=heads, device=device), \
+            tokens_path.mla_decode_fp8_wgmma_tokens, None
     choice = choose_kernel(inp.kv_indptr, heads=heads, ckv=inp.ckv_cache, kpe=inp.kpe_cache, device=device)
     return choice.plan, functools.partial(dispatch.mla_decode, **choice.call_kwargs()), choice.why
 
@@ -316,9 +322,9 @@ def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: lis
     def misaligned_rows() -> dict[str, Any]:
         c_odd, k_odd = _misaligned(inp)
         name = "cache rows not 16-byte aligned are refused before the launch"
-        if path == "wgmma":
-            return _refused(path, name, lambda: wgmma_path.mla_decode_fp8_wgmma(
-                inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE), "align", "16-byte")
+        if path in WGMMA_PATHS:
+            return _refused(path, name, lambda: call(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr,
+                                                     inp.kv_indices, SM_SCALE), "align", "16-byte")
         aligned = call(*args, inp.kv_indices, SM_SCALE, plan=plan)
         if path == "ours":
             choice = choose_kernel(inp.kv_indptr, heads=heads, ckv=c_odd, kpe=k_odd, device=inp.q_nope.device)
@@ -340,19 +346,16 @@ def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: lis
     if device.type == "cuda":
         check("graph replay", graph_replay)
     check("checked out-of-range", checked_out_of_range)
-    if path == "wgmma":
+    if path in WGMMA_PATHS:
         check("unchecked without a plan", lambda: _refused(
             path, "an unchecked call without a plan is refused",
             lambda: call(*args, inp.kv_indices, SM_SCALE, check_range=False), "plan"))
-        check("other plan", lambda: _refused(
-            path, "a plan of the Triton path is refused",
-            lambda: call(*args, inp.kv_indices, SM_SCALE, plan=plan_mla_decode(inp.kv_indptr, heads=heads)),
-            "plan"))
-    elif path == "triton":
-        check("other plan", lambda: _refused(
-            path, "a plan of the wgmma path is refused",
-            lambda: dispatch.mla_decode(*args, inp.kv_indices, SM_SCALE, path="triton",
-                                        plan=wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=heads,
-                                                                              device=device)), "plan"))
+    for other in (p for p in dispatch.KERNEL_PATHS if path in dispatch.KERNEL_PATHS and p != path):
+        # the Triton path through the dispatcher (its plan type is checked there too), the wgmma paths by their call
+        forced = (functools.partial(dispatch.mla_decode, path="triton") if path == "triton" else call)
+        check(f"{other} plan", lambda other=other, forced=forced: _refused(
+            path, f"a plan of the {KERNEL_NAMES[other]} is refused",
+            lambda: forced(*args, inp.kv_indices, SM_SCALE, plan=dispatch.plan_mla_decode_auto(
+                inp.kv_indptr, heads=heads, device=inp.q_nope.device, path=other)), "plan"))
     check("misaligned rows", misaligned_rows)
     return rows

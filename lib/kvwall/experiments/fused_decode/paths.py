@@ -1,19 +1,22 @@
-"""``fused_decode_paths`` (GPU): ours' two paths forced -- the Triton path (``triton``) and the wgmma path (``wgmma``,
-Hopper only) -- on page-size-1 slots and on pages of 64, at every point of heads {16, 32, 64, 128} x context {4K,
-32K, 128K} x batch {1, 8, 32, 64} plus a 64-token context at batch 1 (each path's fixed cost), timed as
-``fused_decode_bench`` times (CUDA graphs, L2 flushed, :func:`.bench.time_call`), each output checked against float64
-first. Its ``build`` row has the GPU, nvcc, the wgmma kernel's build and ptxas resources and the ceilings of the run.
+"""``fused_decode_paths`` (GPU): each of ours' paths forced -- the Triton path (``triton``), the wgmma path
+(``wgmma``, Hopper only) and the tokens-on-M wgmma path (``wgmma_tokens``, Hopper only) -- on page-size-1 slots and
+on pages of 64, at every point of heads {16, 32, 64, 128} x context {4K, 32K, 128K} x batch {1, 8, 32, 64} plus a
+64-token context at batch 1 (each path's fixed cost), timed as ``fused_decode_bench`` times (CUDA graphs, L2
+flushed, :func:`.bench.time_call`), each output checked against float64 first. Its ``build`` row has the GPU, nvcc,
+each wgmma kernel's build and ptxas resources and the ceilings of the run.
 
 From it, :func:`path_table` derives the dispatcher's measured table, ``kernels/mla_decode/paths.json``
 (``{gpu: {"by", "recorded", "capability", "page_size", "points": [[heads, context, batch, path, triton_us,
-wgmma_us], ...]}}``, the faster path at each point, page size 1: the layout ours runs in chapters 5 and 6), which
+wgmma_us, wgmma_tokens_us], ...]}}``, the fastest path at each point, page size 1: the layout ours runs in chapters 5
+and 6), which
 :func:`kvwall.kernels.mla_decode.dispatch.choose_path` reads. ``python -m kvwall record`` writes it right after
 recording this experiment (:attr:`Experiment.after_record`, :func:`write_path_table`), before the experiments that
 run ours.
 
-Device time at full scale: **80 s** measured on the H200 (2026-12-01, a trial run of this code, not recorded): 52
-points x 2 paths x 2 page sizes = 208 rows (about 0.3 s a row, no host timing), the wgmma build and ptxas check and
-the ceilings ~13 s.
+Device time at full scale: **80 s** measured on the H200 for two paths (2026-12-01, a trial run of the code before
+the tokens-on-M path, not recorded): 52 points x 2 paths x 2 page sizes = 208 rows (about 0.3 s a row, no host
+timing), the wgmma build and ptxas check and the ceilings ~13 s. With the third path (312 rows, its build and ptxas
+check): **about 105 s** estimated, not yet measured.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 
 from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
+from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.measure.timing import copy_bandwidth_gbps, matmul_tflops, release_memory
 from kvwall.model.geometry import GLM5
 from kvwall.peers.flashmla import PAGE_SIZE
@@ -54,8 +58,28 @@ def points_of(heads: list[int], contexts: list[int], batches: list[int],
     return points + [(h, c, b) for h in heads for c in contexts for b in batches]
 
 
+def _tokens_build(why: str | None) -> dict[str, Any]:
+    """The tokens-on-M wgmma kernel's build (seconds) and, per instantiation (heads per CTA), its shape and ptxas
+    resources; or why it does not run here (the wgmma path's refusal: the same checks)."""
+    built: dict[str, Any] = {"runs": why is None, "why": why}
+    if why is None:
+        t0 = time.perf_counter()
+        lib = tokens_path.load_mla_decode_wgmma_tokens()
+        build_s = time.perf_counter() - t0
+        reports = tokens_path.nvcc_compile_check_wgmma_tokens()
+        per_cta = {}
+        for hn, report in reports.items():
+            smem, block_n, threads = tokens_path.kernel_shape(lib, hn)
+            per_cta[str(hn)] = dict(smem=smem, block_n=block_n, threads=threads, ptxas_ok=report.ok,
+                                    registers=report.registers, stack_bytes=report.stack_bytes,
+                                    spill_bytes=report.spill_bytes)
+        built.update(arch=wgmma_path.ARCH, build_s=round(build_s, 2), heads_per_cta=list(tokens_path.HEADS_PER_CTA),
+                     per_cta=per_cta)
+    return built
+
+
 def _build_row(device: torch.device, copy_ms: float, copy_gbps: float, tflops: float) -> dict[str, Any]:
-    """The GPU, the wgmma kernel's build (seconds, ptxas resources) or why it does not run here, the ceilings."""
+    """The GPU, each wgmma kernel's build (seconds, ptxas resources) or why it does not run here, the ceilings."""
     why = wgmma_path.wgmma_refusal(device)
     wgmma: dict[str, Any] = {"runs": why is None, "why": why}
     nvcc = None
@@ -73,7 +97,7 @@ def _build_row(device: torch.device, copy_ms: float, copy_gbps: float, tflops: f
             "capability": list(torch.cuda.get_device_capability(device)),
             "sms": torch.cuda.get_device_properties(device).multi_processor_count, "nvcc": nvcc,
             "copy_gbps": copy_gbps, "copy_ms": copy_ms, "bf16_tflops": tflops, "wgmma": wgmma,
-            "seconds_total": None}
+            "wgmma_tokens": _tokens_build(why), "seconds_total": None}
 
 
 def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: list[int], batches: list[int],
@@ -81,9 +105,9 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
                            max_total_tokens: int = 2_000_000, reps: int = 10, rounds: int = 3, flush_mb: int = 256,
                            seed: int = 0) -> Result:
     """See the module docstring. Rows: one ``build``, then ``bench`` rows, one per (point, path, page size), in
-    ``fused_decode_bench``'s row format (``strategy`` "triton" or "wgmma", ``page_size``)."""
+    ``fused_decode_bench``'s row format (``strategy`` one of :data:`.strategies.FORCED_PATHS`, ``page_size``)."""
     if device.type != "cuda":
-        raise RuntimeError("fused_decode_paths times ours' two paths on a GPU (CUDA graphs): it needs an NVIDIA GPU. "
+        raise RuntimeError("fused_decode_paths times ours' paths on a GPU (CUDA graphs): it needs an NVIDIA GPU. "
                            "On a CPU the chapter shows the recorded run; the dispatcher reads the paths.json written "
                            "from it.")
     t_start = time.perf_counter()
@@ -91,7 +115,7 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
     tflops = matmul_tflops(device)
     build = _build_row(device, copy_ms, copy_gbps, tflops)
     rows: list[dict[str, Any]] = [build]
-    paths = [p for p in FORCED_PATHS if p != "wgmma" or build["wgmma"]["runs"]]
+    paths = [p for p in FORCED_PATHS if p not in build or build[p]["runs"]]  # a wgmma path that cannot run: no rows
     timed = [(p, page) for page in page_sizes for p in paths]
     ctx = BuildContext(sm_count=build["sms"])
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -107,7 +131,7 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
     params = dict(heads=list(heads), contexts=list(contexts), batches=list(batches),
                   floor_contexts=list(floor_contexts), page_sizes=list(page_sizes), pool_slots=pool_slots,
                   max_total_tokens=max_total_tokens, reps=reps, rounds=rounds, flush_mb=flush_mb, seed=seed)
-    # paths.json is this run's output (after_record), not its input: both paths are timed forced.
+    # paths.json is this run's output (after_record), not its input: every path is timed forced.
     derived = PATHS_FILE.relative_to(PROJECT_ROOT).as_posix()
     return Result("fused_decode_paths", params, rows, collect_provenance(device, __name__, derives=[derived]))
 
@@ -117,15 +141,15 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
 # ---------------------------------------------------------------------------------------------------------
 
 def path_points(result: Result, page_size: int = 1) -> list[list[Any]]:
-    """``[heads, context, batch, path, triton_us, wgmma_us]`` per point where the Triton path was timed on
-    ``page_size`` (``wgmma_us`` None where the wgmma path was not); ``path`` is the faster one
-    (:func:`kvwall.kernels.mla_decode.dispatch.path_point`)."""
+    """``[heads, context, batch, path, triton_us, wgmma_us, wgmma_tokens_us]`` per point where the Triton path was
+    timed on ``page_size`` (a wgmma path's time None where it was not: a recording made before the tokens-on-M path
+    has none of its times); ``path`` is the fastest (:func:`kvwall.kernels.mla_decode.dispatch.path_point`)."""
     by_point: dict[tuple[int, int, int], dict[str, float]] = {}
     for row in result.rows:
         if (row.get("section") == "bench" and row.get("us") and row.get("page_size") == page_size
                 and row.get("strategy") in FORCED_PATHS):
             by_point.setdefault((row["heads"], row["context"], row["batch"]), {})[row["strategy"]] = row["us"]
-    return [dispatch.path_point(h, ctx, b, us["triton"], us.get("wgmma"))
+    return [dispatch.path_point(h, ctx, b, us["triton"], us.get("wgmma"), us.get("wgmma_tokens"))
             for (h, ctx, b), us in sorted(by_point.items()) if "triton" in us]
 
 
@@ -176,7 +200,8 @@ EXPERIMENTS: list[Experiment] = [
                   reps=10, rounds=3, flush_mb=256, seed=0),
         small=dict(heads=[16, 64], contexts=[4096], batches=[1, 8], floor_contexts=[64], page_sizes=[1, PAGE_SIZE],
                    pool_slots=50_000, max_total_tokens=2_000_000, reps=3, rounds=2, flush_mb=256, seed=0),
-        about="ours' two paths forced (Triton, wgmma), page 1 and 64, over the grid: the dispatcher's measured table",
+        about="ours' paths forced (Triton, wgmma, tokens-on-M wgmma), page 1 and 64, over the grid: the dispatcher's "
+              "measured table",
         requires=("cuda", "nvcc"),
         after_record=write_path_table,
     ),

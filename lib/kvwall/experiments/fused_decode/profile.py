@@ -3,14 +3,17 @@
 - ``profile``: Nsight Compute on each path's split kernel, one launch per ``[heads, tokens, path]`` point, batch 1,
   one request on random slots / pages of the 495K pool -- DRAM and L2 bytes, occupancy, issue, stall reasons (the
   programs profiled: ``python -m kvwall.tuning.fused --profile-one`` for the Triton path, ``python -m
-  kvwall.kernels.mla_decode.wgmma --profile-one`` for the wgmma path; three warm-up calls, then the profiled one).
+  kvwall.kernels.mla_decode.wgmma --profile-one`` for the wgmma path, ``python -m
+  kvwall.kernels.mla_decode.wgmma_tokens --profile-one`` for the tokens-on-M wgmma path; three warm-up calls, then the
+  profiled one).
   ncu locks clocks to base, so its durations are longer than the benchmark's.
 - ``phases``: where the wgmma kernel's cycles go at ``trace_points`` (``[heads, context, batch]``, page 64): per
   warpgroup, the cycles per tile of each phase between two ``clock64`` marks, and each CTA's fixed phases
   (:func:`kvwall.kernels.mla_decode.wgmma.trace_wgmma_phases`, the ``KVWALL_TRACE`` build), beside both builds' µs.
 
-Device time at full scale: **43 s** measured on the H200 (2026-12-01, a trial run of this code, not recorded): 4 ncu
-runs and 5 traced points.
+Device time at full scale: **43 s** measured on the H200 (2026-12-01, a trial run of the code before the tokens-on-M
+path, not recorded): 4 ncu runs and 5 traced points; the tokens-on-M path's two ncu runs (16 and 32 heads) add an
+estimated ~15 s. Its kernel has no phase trace build (the trace marks were exploration switches, ``NOTES.md``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
+from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.measure.failures import error_text, traceback_tail
 from kvwall.measure.ncu import ncu_path, profile_kernel
 from kvwall.measure.timing import release_memory
@@ -42,6 +46,7 @@ FP8 = torch.float8_e4m3fn
 PROFILED: dict[str, tuple[str, str]] = {
     "triton": (triton_profiled.__name__, "_mla_split_kernel"),
     "wgmma": (wgmma_path.__name__, "mla_wgmma_split_kernel"),
+    "wgmma_tokens": (tokens_path.__name__, "mla_wgmma_tokens_kernel"),
 }
 
 
@@ -96,10 +101,10 @@ def _phase_rows(points: list[list[int]], device: torch.device, *, pool_slots: in
 def run_fused_decode_profile(device: torch.device, *, profile_points: list[list[Any]], trace_points: list[list[int]],
                              pool_slots: int = 495_000, max_total_tokens: int = 2_000_000, reps: int = 10,
                              rounds: int = 3, flush_mb: int = 256, timeout_s: int = 120, seed: int = 0) -> Result:
-    """See the module docstring. ``profile_points``: ``[heads, tokens, path]`` (path "triton" or "wgmma");
+    """See the module docstring. ``profile_points``: ``[heads, tokens, path]`` (path a key of :data:`PROFILED`);
     ``trace_points``: ``[heads, context, batch]`` of the wgmma phase trace. Rows: ``profile`` (one per point, the
-    metrics of :data:`kvwall.measure.ncu.NCU_METRICS` or the ``error``), ``phases`` (one per trace point; none where the
-    wgmma path cannot run: the first profile row of the wgmma path says why)."""
+    metrics of :data:`kvwall.measure.ncu.NCU_METRICS` or the ``error``; a wgmma path's row says why where it cannot
+    run), ``phases`` (one per trace point; none where the wgmma path cannot run)."""
     if device.type != "cuda":
         raise RuntimeError("fused_decode_profile profiles GPU kernels (Nsight Compute, a clock64 trace): it needs an "
                            "NVIDIA GPU. On a CPU the appendix shows the recorded run.")
@@ -110,7 +115,7 @@ def run_fused_decode_profile(device: torch.device, *, profile_points: list[list[
     why = wgmma_path.wgmma_refusal(device)
     rows: list[dict[str, Any]] = []
     for h, tokens, path in profile_points:
-        if path == "wgmma" and why:
+        if path in ("wgmma", "wgmma_tokens") and why:  # both refuse what the wgmma path refuses
             rows.append({"section": "profile", "heads": h, "tokens": tokens, "path": path,
                          "min_bytes": kv_read_bytes(tokens), "flops": decode_flops(h, tokens), "error": why})
             continue
@@ -128,12 +133,14 @@ EXPERIMENTS: list[Experiment] = [
     Experiment(
         "fused_decode_profile", run_fused_decode_profile,
         full=dict(profile_points=[[16, 131_072, "triton"], [128, 131_072, "triton"], [16, 131_072, "wgmma"],
-                                  [128, 131_072, "wgmma"]],
+                                  [128, 131_072, "wgmma"], [16, 131_072, "wgmma_tokens"],
+                                  [32, 131_072, "wgmma_tokens"]],
                   trace_points=[[16, 131_072, 1], [64, 131_072, 1], [64, 131_072, 8], [128, 131_072, 8],
                                 [128, 4096, 64]],
                   pool_slots=495_000, max_total_tokens=2_000_000, reps=10, rounds=3, flush_mb=256, timeout_s=120,
                   seed=0),
-        small=dict(profile_points=[[16, 4096, "triton"], [16, 4096, "wgmma"]], trace_points=[[16, 4096, 1]],
+        small=dict(profile_points=[[16, 4096, "triton"], [16, 4096, "wgmma"], [16, 4096, "wgmma_tokens"]],
+                   trace_points=[[16, 4096, 1]],
                    pool_slots=50_000, max_total_tokens=2_000_000, reps=3, rounds=2, flush_mb=256, timeout_s=120,
                    seed=0),
         about="Nsight Compute on each path's split kernel (DRAM/L2 bytes, occupancy, stalls) and the wgmma phase trace",

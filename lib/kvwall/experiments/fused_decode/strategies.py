@@ -12,7 +12,8 @@ the row's fields (backend, plan ms, work items, the path ours ran, ...). Adding 
   (:func:`~kvwall.kernels.mla_decode.dispatch.plan_mla_decode_auto`, made once while building), unchecked, on the
   path the dispatcher picks (rows: ``kernel_path``, ``path_why``), page size 1;
 - ``ours_page64``: the same on FlashMLA's layout (pages of 64, the same page table as the FlashMLA rows);
-- ``triton`` / ``wgmma``: one path forced (page size 1, or 64 with :attr:`BuildContext.page_size`);
+- ``triton`` / ``wgmma`` / ``wgmma_tokens``: one of ours' paths forced (the Triton path, the wgmma path, the
+  tokens-on-M wgmma path; page size 1, or 64 with :attr:`BuildContext.page_size`);
 - ``full_cast_bf16``: the original -- the whole pool cast to BF16 every call, then FlashInfer BF16 attention;
 - ``index_then_cast``: PyTorch's ``pool.index_select(0, idx).to(bf16)`` of the rows the batch reads, then FlashInfer;
 - ``gather_cast_bf16``: chapter 4 -- only the rows the batch reads, cast into a compact BF16 buffer, then FlashInfer;
@@ -171,7 +172,7 @@ def _out(pt: BenchPoint, pool: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Ours and its two paths
+# Ours and its paths
 # ---------------------------------------------------------------------------------------------------------
 
 def _our_kernel(path: str) -> Build:
@@ -339,13 +340,15 @@ def _entries(*entries: Strategy) -> dict[str, Strategy]:
     return {s.name: s for s in entries}
 
 
-#: The peer table, in the order tables show it. Ours first, then its two paths forced, then everyone else.
+#: The peer table, in the order tables show it. Ours first, then each of its paths forced, then everyone else.
 STRATEGIES: dict[str, Strategy] = _entries(
     Strategy("ours", "ours (dispatcher's path)", "fp8", "bf16", 1, (), _our_kernel("auto")),
     Strategy("ours_page64", "ours, pages of 64", "fp8", "bf16", PAGE_SIZE, (), _our_kernel("auto"),
              page_sizes=(PAGE_SIZE,)),
     Strategy("triton", KERNEL_NAMES["triton"], "fp8", "bf16", 1, (), _our_kernel("triton"), page_sizes=(1, PAGE_SIZE)),
     Strategy("wgmma", KERNEL_NAMES["wgmma"], "fp8", "bf16", 1, ("sm90",), _our_kernel("wgmma"),
+             page_sizes=(1, PAGE_SIZE)),
+    Strategy("wgmma_tokens", KERNEL_NAMES["wgmma_tokens"], "fp8", "bf16", 1, ("sm90",), _our_kernel("wgmma_tokens"),
              page_sizes=(1, PAGE_SIZE)),
     Strategy("full_cast_bf16", "whole-pool cast + FlashInfer BF16 (the original)", "fp8", "bf16", 1, ("flashinfer",),
              _full_cast),
@@ -367,7 +370,7 @@ STRATEGIES: dict[str, Strategy] = _entries(
 )
 #: The strategy that is ours (the dispatcher's path), per page size.
 OURS: dict[int, str] = {1: "ours", PAGE_SIZE: "ours_page64"}
-#: The entries that force one of ours' two paths (timed by ``fused_decode_paths``).
+#: The entries that force one of ours' paths (timed by ``fused_decode_paths``), in the dispatcher's order.
 FORCED_PATHS: tuple[str, ...] = tuple(KERNEL_NAMES)
 
 

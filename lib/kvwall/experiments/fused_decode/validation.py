@@ -1,13 +1,14 @@
-"""``fused_decode_validation`` (any device): ours and each of its two paths against float64, beside the BF16 path.
+"""``fused_decode_validation`` (any device): ours and each of its paths against float64, beside the BF16 path.
 
 A table of seeded cases (:func:`kvwall.kernels.mla_decode.cases.validation_cases`) -- head counts, odd lengths,
 empty requests, mixed batches, ``ckv_scale``/``kpe_scale`` other than 1, strided views of one ``[slots, 1, 576]``
 pool, contiguous caches, 3-D page-size-1 views and a paged cache (page 64, ``kv_len``) -- run on every path of
 ``paths`` (rows carry ``path``): ``"triton"`` (the Triton path, with the case's forced splits), ``"wgmma"`` (the
-wgmma path, Hopper only) and ``"ours"`` (the dispatcher with its plan; ``kernel_path`` says where it went), each
-against the float64 reference on the *dequantized* cache, beside "the BF16 path" on exactly the same inputs. The
-accuracy rule (the issue's): a path's relative error at most twice the BF16 path's. On a CPU the kernels run in
-Triton's interpreter (the wgmma path is refused: the ``setup`` row says why) and the BF16 path is the torch
+wgmma path, Hopper only), ``"wgmma_tokens"`` (the tokens-on-M wgmma path, Hopper only) and ``"ours"`` (the
+dispatcher with its plan; ``kernel_path`` says where it went), each against the float64 reference on the
+*dequantized* cache, beside "the BF16 path" on exactly the same inputs. The accuracy rule (the issue's): a path's
+relative error at most twice the BF16 path's. On a CPU the kernels run in Triton's interpreter (the wgmma paths are
+refused: the ``setup`` row says why) and the BF16 path is the torch
 reference computing in bfloat16 (FlashInfer needs a GPU; rows say so); on a GPU it is FlashInfer's BF16 MLA (fa2),
 and the FP8 peers are compared too (against ours): FlashInfer's native FP8 MLA (fa2, fa3) and, where ``flash_mla``
 imports, FlashMLA dense BF16 (every case) and dense FP8 (cases with unit scales), on the same rows laid out in
@@ -15,9 +16,10 @@ pages of 64. Beside the cases, :mod:`.contracts`: every path's contracts (one fu
 paths: NaN isolation, graph replay, refusals, misaligned rows), the Triton path's bad inputs and CUDA-graph replays,
 and ``compute-sanitizer --tool memcheck`` over ``python -m kvwall.kernels.mla_decode.sanitize``.
 
-Device time at full scale: **174 s** measured on the H200 (2026-12-01, a trial run of this code, not recorded):
-FlashInfer's prebuild ~27 s, the first case ~70 s (first builds), the other 26 cases x 3 paths with the peers ~40 s,
-contracts, errors and graphs ~14 s, memcheck 23 s.
+Device time at full scale: **174 s** measured on the H200 (2026-12-01, a trial run of the code before the
+tokens-on-M path, not recorded): FlashInfer's prebuild ~27 s, the first case ~70 s (first builds), the other 26 cases
+x 3 paths with the peers ~40 s, contracts, errors and graphs ~14 s, memcheck 23 s. The fourth path (its build, 27
+cases, its contracts) adds an estimated ~25 s.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode import sanitize as sanitized_program
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
+from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs, validation_cases
 from kvwall.kernels.mla_decode.kernel import default_config, mla_decode_fp8, plan_mla_decode
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, nonempty_requests, reference64
@@ -202,7 +205,7 @@ def _flashmla_rows(case: DecodeCase, inp: CaseInputs, keep: list[int], want: tor
 
 
 def _run_path(path: str, case: DecodeCase, inp: CaseInputs, out: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """One checked call of ``path`` on the case into ``out``: the Triton path with the case's forced splits, the
+    """One checked call of ``path`` on the case into ``out``: the Triton path with the case's forced splits, a
     wgmma path (it plans for itself), or ours (the dispatcher's plan, then :func:`dispatch.mla_decode`)."""
     kw = dict(ckv_scale=case.ckv_scale, kpe_scale=case.kpe_scale, out=out, kv_len=inp.kv_len)
     args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE)
@@ -210,6 +213,8 @@ def _run_path(path: str, case: DecodeCase, inp: CaseInputs, out: torch.Tensor) -
         return mla_decode_fp8(*args, num_splits=case.num_splits, **kw), {}
     if path == "wgmma":
         return wgmma_path.mla_decode_fp8_wgmma(*args, **kw), {}
+    if path == "wgmma_tokens":
+        return tokens_path.mla_decode_fp8_wgmma_tokens(*args, **kw), {}
     choice = choose_kernel(inp.kv_indptr, inp.kv_len, heads=case.heads, ckv=inp.ckv_cache, kpe=inp.kpe_cache,
                            device=inp.q_nope.device, page_size=case.page_size)
     got = dispatch.mla_decode(*args, plan=choice.plan, **choice.call_kwargs(), **kw)
@@ -338,7 +343,7 @@ EXPERIMENTS: list[Experiment] = [
                           paged_length_sets=[[1, 0, 63, 64, 65, 200]], page_size=64, pool_slots=4096,
                           peers=True, graph=True, sanitizer=False, paths=list(CONTRACT_PATHS), contract_heads=16,
                           contract_lens=[30, 200, 7], sanitizer_timeout_s=300, seed=0),
-               about="ours, the Triton path and the wgmma path vs float64 and the BF16 path (<= 2x its error); FP8 "
-                     "peers and FlashMLA; every path's contracts; errors; graphs; memcheck",
+               about="ours and each of its paths (Triton, wgmma, tokens-on-M wgmma) vs float64 and the BF16 path "
+                     "(<= 2x its error); FP8 peers and FlashMLA; every path's contracts; errors; graphs; memcheck",
                requires=("cuda", "flashinfer", "compute-sanitizer")),
 ]

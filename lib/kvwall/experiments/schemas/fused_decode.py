@@ -1,4 +1,4 @@
-"""Row schemas of chapter 5's experiments (ours and its two paths, the peer table's benchmark): one model per
+"""Row schemas of chapter 5's experiments (ours and its paths, the peer table's benchmark): one model per
 section."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from kvwall.experiments.schemas.base import ErrorCheck, Row, SanitizerRun
 __all__ = ["KernelPath", "FusedDecodeTuningRow", "FusedDecodePathsRow", "FusedDecodeValidationRow",
            "FusedDecodeBenchRow", "FusedDecodeProfileRow"]
 
-#: Ours' two paths (:data:`kvwall.kernels.mla_decode.dispatch.KernelPath`).
-KernelPath = Literal["triton", "wgmma"]
+#: Ours' paths (:data:`kvwall.kernels.mla_decode.dispatch.KernelPath`).
+KernelPath = Literal["triton", "wgmma", "wgmma_tokens"]
 #: What a validated or contracted call ran: one path forced, or ours (the dispatcher with its plan).
-ValidatedPath = Literal["triton", "wgmma", "ours"]
+ValidatedPath = Literal["triton", "wgmma", "wgmma_tokens", "ours"]
 
 
 class FusedDecodeTuningCeilings(Row):
@@ -340,8 +340,9 @@ FusedDecodeBenchRow = Annotated[FusedDecodeBenchCeilings | FusedDecodeBenchBench
 
 
 class FusedDecodePathsBuild(Row):
-    """The GPU, nvcc, the wgmma kernel's build and ptxas resources (or why it does not run: ``wgmma.runs`` False,
-    ``wgmma.why``), the ceilings of the run, its seconds."""
+    """The GPU, nvcc, each wgmma kernel's build and ptxas resources (or why it does not run: ``wgmma.runs`` False,
+    ``wgmma.why``; ``wgmma_tokens`` the same for the tokens-on-M kernel, per instantiation in ``per_cta``; absent
+    from recordings made before it), the ceilings of the run, its seconds."""
 
     section: Literal["build"]
     gpu: str
@@ -352,6 +353,7 @@ class FusedDecodePathsBuild(Row):
     copy_ms: float
     bf16_tflops: float
     wgmma: dict[str, Any]
+    wgmma_tokens: dict[str, Any] | None = None
     seconds_total: float | None = None
 
 

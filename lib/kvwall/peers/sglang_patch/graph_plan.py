@@ -15,7 +15,8 @@ unchanged for a later batch of other lengths. :class:`GraphStepPlan` keeps them 
 
 :meth:`GraphStepPlan.refill` cuts the work list for the step's lengths (:func:`kvwall.kernels.mla_decode.plan.
 build_work_list`, the same rule as the eager plan) and copies it into those buffers: host arithmetic and three small
-host-to-device copies, no synchronization. The path (Triton or wgmma) and the Triton path's launch shape are chosen
+host-to-device copies, no synchronization. The path (Triton, wgmma or tokens-on-M wgmma: every path's plan has the
+same work list and buffers) and the Triton path's launch shape are chosen
 once, when the plan is made, for ``batch`` requests of ``max_len`` tokens (the graph's batch at the context limit).
 Eager steps need none of this: :func:`eager_step_plan` is ``plan_mla_decode_auto`` on host lengths.
 """
@@ -29,14 +30,14 @@ import torch
 
 from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode.plan import WorkList, build_work_list
-from kvwall.kernels.mla_decode.wgmma import WgmmaPlan
 
 __all__ = ["GraphStepPlan", "eager_step_plan", "ours_decode", "plan_path"]
 
 
 def plan_path(plan) -> str:
-    """``"wgmma"`` or ``"triton"``: the path a plan runs."""
-    return "wgmma" if isinstance(plan, WgmmaPlan) else "triton"
+    """The path a plan runs (:func:`kvwall.kernels.mla_decode.dispatch.path_of_plan`: ``"triton"``, ``"wgmma"`` or
+    ``"wgmma_tokens"``)."""
+    return dispatch.path_of_plan(plan)
 
 
 def _host_indptr(lengths: Sequence[int]) -> torch.Tensor:
@@ -119,6 +120,6 @@ def ours_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Ours on the step's plan, unchecked (no host work: CUDA-graph capturable), with the Triton path's launch shape
     taken from its plan (as chapter 6's step calls it)."""
-    kwargs = {} if isinstance(plan, WgmmaPlan) else {"config": plan.config}
+    kwargs = {"config": plan.config} if plan_path(plan) == "triton" else {}
     return dispatch.mla_decode(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, sm_scale, plan=plan, out=out,
                                check_range=False, **kwargs)
