@@ -322,6 +322,62 @@ def test_the_dispatcher_tables():
     assert "on NVIDIA H200 (the same compute capability" in others.rows[0]["why"]
 
 
+def _paths3() -> fused_bench_report.Grid:
+    """A paths run with the tokens-on-M wgmma path: fastest at 16 heads, slower than the wgmma path at 128."""
+    rows: list[dict[str, Any]] = [{"section": "build", "gpu": "NVIDIA H200", "capability": [9, 0], "sms": 132,
+                                   "nvcc": "13.0", "copy_gbps": 4200.0, "copy_ms": 0.5, "bf16_tflops": 690.0,
+                                   "wgmma": {"runs": True}, "wgmma_tokens": {"runs": True}}]
+    for (h, c, b), times3 in {(16, 64, 1): (10.0, 9.0, 8.0), (16, 131072, 1): (50.0, 55.0, 43.0),
+                              (16, 131072, 32): (320.0, 314.0, 224.0), (128, 4096, 8): (80.0, 40.0, 60.0)}.items():
+        for strategy, us in zip(("triton", "wgmma", "wgmma_tokens"), times3):
+            rows.append({"section": "bench", "strategy": strategy, "heads": h, "context": c, "batch": b,
+                         "tokens": c * b, "len_min": c, "len_max": c, "us": us, "roofline_us": 1.0,
+                         "timing": "cuda_graph", "page_size": 1, "kernel_path": strategy})
+    return fused_bench_report.Grid(result("fused_decode_paths", rows, floor_contexts=[64]))
+
+
+def test_the_dispatcher_tables_follow_the_recorded_paths():
+    """With the tokens-on-M path timed: a column, a count and a fixed cost of its own; without (the two-path grid),
+    none of them; the chapter's sentence on the paths counts what the recording timed."""
+    paths = _paths3()
+    assert fused_lab_report.timed_paths(paths) == ["triton", "wgmma", "wgmma_tokens"]
+    text, values = fused_lab_report.dispatcher_text(paths)
+    assert values == {"dispatch_points": 3, "dispatch_wgmma_tokens": 2, "dispatch_wgmma": 1, "dispatch_triton": 0}
+    assert text == ("On the 3 measured points the fastest is the tokens-on-M wgmma path at **2**, the wgmma path at "
+                    "**1** and the Triton path at **0**.")
+    table = fused_lab_report.dispatcher_table(paths)
+    assert "tokens-on-M wgmma path µs" in table.columns
+    assert table.column("the dispatcher picks") == ["tokens-on-M wgmma path"] * 3 + ["wgmma path"]
+    assert table.rows[2]["x"] == pytest.approx(314.0 / 224.0) and table.rows[3]["x"] == pytest.approx(60.0 / 40.0)
+    assert fused_lab_report.floor_table(paths).rows[0]["wgmma_tokens1"] == 8.0
+    floor, found = fused_lab_report.floor_text(paths)
+    assert found["wgmma_tokens"] == [8.0, 8.0] and "tokens-on-M wgmma path 8.0–8.0 µs" in floor
+    two = _paths()
+    assert "tokens-on-M wgmma path µs" not in fused_lab_report.dispatcher_table(two).columns
+    assert not any("tokens" in c for c in fused_lab_report.floor_table(two).columns)
+    intro3, intro2 = fused_report.paths_intro(paths.result), fused_report.paths_intro(two.result)
+    assert intro3.startswith("Behind it are three paths: the **Triton path**") and "library also has" not in intro3
+    assert intro2.startswith("Behind it are two paths: the **Triton path**")
+    assert "The library also has the tokens-on-M wgmma path, which the recorded runs predate" in intro2
+    assert fused_report.paths_intro(None).startswith("Behind it are three paths")
+
+
+def test_tokens_text_per_tile_and_resources():
+    text = fused_report.tokens_text(None)
+    assert "**544 cycles** at 16 heads per CTA and **1,088 cycles** at 32" in text and "2,176" in text
+    assert "predates the tokens-on-M wgmma path" in fused_report.tokens_text({"section": "build", "wgmma": {}})
+    built = {"nvcc": "Build cuda_13.0.r13.0/compiler.1", "wgmma_tokens": {"runs": True, "arch": "sm_90a", "per_cta": {
+        "32": {"registers": 168, "spill_bytes": 0, "smem": 189696, "threads": 384},
+        "16": {"registers": 168, "spill_bytes": 0, "smem": 168576, "threads": 384}}}}
+    text = fused_report.tokens_text(built)
+    assert "Compiled (sm_90a, nvcc 13.0): 16 heads per CTA: 168 registers" in text and "185.2 KB" in text
+    assert "did not run" in fused_report.tokens_text({"wgmma_tokens": {"runs": False, "why": "no sm_90a"}})
+    rows = {r["heads"]: r for r in fused_report.design_table(None).rows}
+    assert [rows[h]["k_conv"] for h in (16, 32, 64, 128)] == [1, 1, 2, 4]
+    assert [rows[h]["k_pad"] for h in (16, 32, 64, 128)] == [0.0, 0.0, 0.0, 0.0]
+    assert fused_report.paths_said(["wgmma_tokens", "triton"]) == "the Triton path and the tokens-on-M wgmma path"
+
+
 def test_ncu_summary_and_text_per_path():
     profile = {"section": "profile", "heads": 16, "tokens": 131072, "path": "wgmma", "min_bytes": 100,
                "dram_read_bytes": 90.0, "l2_bytes": 250.0, "flops": 10**9, "duration_ns": 1e4,

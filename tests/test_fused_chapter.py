@@ -12,6 +12,7 @@ from kvwall.results import awaiting_rerecord
 import kvwall.experiments  # noqa: F401 - registers the row schemas load_result validates against
 from conftest import BOOK, run_chapter
 from kvwall.experiments.fused_decode.paths import PATHS_FILE, path_points
+from kvwall.kernels.mla_decode.dispatch import KERNEL_PATHS
 from kvwall.results import load_result
 
 pytestmark = pytest.mark.slow
@@ -63,6 +64,7 @@ def test_chapter_5_on_cpu(tmp_path):
     grid_picks = [p for p in shipped if p[1] not in paths.params["floor_contexts"]]
     assert v["dispatch_points"] == len(grid_picks)
     assert v["dispatch_wgmma"] == sum(p[3] == "wgmma" for p in grid_picks)
+    assert v.get("dispatch_wgmma_tokens", 0) == sum(p[3] == "wgmma_tokens" for p in grid_picks)
     # Accuracy: the benchmark's check of every output, and the recorded case table.
     assert v["ours_worst_rel_err"] == max(r["rel_err_f64"] for r in bench.values()
                                           if r["strategy"] == "ours" and r.get("rel_err_f64"))
@@ -85,7 +87,7 @@ def test_chapter_5_lab_page_on_cpu(tmp_path):
     assert {u["experiment"] for u in rec["recorded_used"]} == CHAPTER5_RESULTS
     v = rec["values"]
     paths = load_result("fused_decode_paths")
-    assert v["dispatch"]["dispatch_triton"] + v["dispatch"]["dispatch_wgmma"] == v["dispatch"]["dispatch_points"]
+    assert sum(v["dispatch"].get(f"dispatch_{k}", 0) for k in KERNEL_PATHS) == v["dispatch"]["dispatch_points"]
     assert v["dispatch"]["dispatch_points"] == len([p for p in path_points(paths)
                                                     if p[1] not in paths.params["floor_contexts"]])
     traced = [r for r in load_result("fused_decode_profile").rows if r["section"] == "phases" and r.get("per_tile")]

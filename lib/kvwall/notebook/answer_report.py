@@ -388,7 +388,7 @@ def sweep_findings(sweep: Result) -> str:
 
 
 def fused_kernel_text(result: Result, what: str) -> str:
-    """Which of ours' two paths ``what`` (a step or sweep ``result``) ran, and why."""
+    """Which of ours' paths ``what`` (a step or sweep ``result``) ran, and why."""
     rows = [r for r in (sweep_rows(result) if result.experiment == "path_sweep" else result.rows)
             if r.get("path") == "ours" and not r.get("error")]
     if not rows:

@@ -1,7 +1,7 @@
 """Chapter 5's grid: ours against every peer of the one peer table, point by point.
 
-:class:`Grid` indexes a recorded ``fused_decode_bench`` run (or ``fused_decode_paths``: the same row format, the two
-paths forced, page 1 and 64) by (strategy, page size, heads, context, batch). The functions below turn it into the
+:class:`Grid` indexes a recorded ``fused_decode_bench`` run (or ``fused_decode_paths``: the same row format, each of
+ours' paths forced, page 1 and 64) by (strategy, page size, heads, context, batch). The functions below turn it into the
 chapter's lead (where ours loses, and to whom), the per-head-count account of wins and losses, the conclusion's
 table (what to run), and the appendix's full tables (every strategy at every point, page 1 against page 64, mixed
 batches, host time). Strategy names and labels come from the peer table

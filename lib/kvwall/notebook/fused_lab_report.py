@@ -1,6 +1,7 @@
 """Chapter 5's lab detail (its appendix page, and the short summaries the chapter quotes): the Triton path's tuning
 screen and splits sweep, the spill rule, the compiled loop's instruction mix, Nsight Compute on each path's split
-kernel, the dispatcher's measured table, each path's fixed cost, and every path's contracts.
+kernel, the dispatcher's measured table and each path's fixed cost (:mod:`.dispatch_report`, re-exported here), and
+every path's contracts.
 
 Reads the recorded ``fused_decode_tuning``, ``fused_decode_paths``, ``fused_decode_profile`` and
 ``fused_decode_validation`` results; every number shown comes from them (or, for the instruction mix, from compiling
@@ -17,9 +18,10 @@ from typing import Any, Mapping
 import plotly.graph_objects as go
 
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
-from kvwall.kernels.mla_decode import dispatch
 from kvwall.model.paths import KERNEL_NAMES
 from kvwall.notebook import plots
+from kvwall.notebook.dispatch_report import (dispatcher_table, dispatcher_text, floor_table, floor_text,
+                                             other_gpus_table, timed_paths)
 from kvwall.notebook.fused_bench_report import (FLASHINFER, FM_BF16, FM_FP8, OURS, OURS_PAGE64, SGLANG, SHORT, Grid,
                                                context_label, label, point_label, us_cell)
 from kvwall.notebook.tables import Table, number, percent, plain, scientific, times
@@ -27,8 +29,8 @@ from kvwall.results import Result
 
 __all__ = ["launch_shape", "screen_table", "split_sweep_figure", "winners_table", "spill_rule_table", "pairs_lesson",
            "loop_mix", "instruction_mix_table", "ncu_rows", "ncu_summary", "ncu_table", "stall_table", "ncu_brief",
-           "ncu_text", "dispatcher_table", "dispatcher_text", "other_gpus_table", "floor_table", "floor_text",
-           "contracts_table", "bench_tables", "page_table", "balance_table", "host_table"]
+           "ncu_text", "timed_paths", "dispatcher_table", "dispatcher_text", "other_gpus_table", "floor_table",
+           "floor_text", "contracts_table", "bench_tables", "page_table", "balance_table", "host_table"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -272,7 +274,8 @@ def ncu_brief(profile: Result) -> str:
         return (f"{min(xs):.0f}" if round(min(xs)) == round(max(xs)) else f"{min(xs):.0f}–{max(xs):.0f}") + unit \
             if xs else "—"
 
-    return (f"Over the {len(prof)} profiled launches (both paths): HBM at **{rng('dram_pct_of_peak')}** of its peak, "
+    which = " and ".join(f"the {KERNEL_NAMES[k]}" for k in KERNEL_NAMES if any(r["path"] == k for r in prof))
+    return (f"Over the {len(prof)} profiled launches ({which}): HBM at **{rng('dram_pct_of_peak')}** of its peak, "
             f"**{rng('achieved_occupancy_pct')}** of a multiprocessor's warps resident, issue slots busy in "
             f"**{rng('issue_active_pct')}** of cycles.")
 
@@ -296,106 +299,6 @@ def ncu_text(profile: Result) -> tuple[str, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------------
-# The dispatcher
-# --------------------------------------------------------------------------------------------------
-
-
-def dispatcher_table(paths: Grid, page_size: int = 1) -> Table:
-    """The measured table the dispatcher reads (``paths.json``, derived from this run): both paths' µs at every point
-    of the grid and the faster, page ``page_size``."""
-    rows = []
-    for p in paths.floor_points + paths.points:
-        t, w = paths.us("triton", p, page_size), paths.us("wgmma", p, page_size)
-        if t is None:
-            continue
-        point = dispatch.path_point(*p, t, w)
-        rows.append({"point": point_label(p), "triton": t, "wgmma": w, "pick": KERNEL_NAMES[point[3]],
-                     "x": t / w if w else None})
-    return Table(rows, {"heads, context, batch": "point", "Triton path µs": ("triton", number(1)),
-                        "wgmma path µs": ("wgmma", number(1)), "Triton / wgmma": ("x", times(2)),
-                        "the dispatcher picks": "pick"},
-                 paths.caption + f" Page size {page_size}; CUDA graphs, L2 flushed. kernels/mla_decode/paths.json is "
-                                 "derived from these rows when the run is recorded.")
-
-
-def dispatcher_text(paths: Grid, page_size: int = 1) -> tuple[str, dict[str, Any]]:
-    """How often each path is the faster on the measured grid, and where the Triton path wins."""
-    picks = []
-    for p in paths.points:
-        t, w = paths.us("triton", p, page_size), paths.us("wgmma", p, page_size)
-        if t is not None:
-            picks.append((p, dispatch.path_point(*p, t, w)[3], t / w if w else None))
-    n = Counter(k for _, k, _ in picks)
-    triton_at = [point_label(p) for p, k, _ in picks if k == "triton"]
-    values = {"dispatch_points": len(picks), "dispatch_wgmma": n.get("wgmma", 0), "dispatch_triton": n.get("triton", 0)}
-    text = (f"On the {len(picks)} measured points the wgmma path is the faster at **{n.get('wgmma', 0)}** and the "
-            f"Triton path at **{n.get('triton', 0)}**" + (f" ({'; '.join(triton_at)})" if triton_at else "") + ".")
-    return text, values
-
-
-#: Other GPUs the dispatcher may meet: (name, compute capability, why the wgmma path cannot run there, or None).
-OTHER_GPUS: tuple[tuple[str, tuple[int, int], str | None], ...] = (
-    ("NVIDIA H100 80GB HBM3", (9, 0), None),
-    ("NVIDIA B200", (10, 0), "compute capability 10.0: the wgmma path is built for sm_90a (9.0) only"),
-    ("NVIDIA RTX PRO 6000 Blackwell", (12, 0), "compute capability 12.0: the wgmma path is built for sm_90a (9.0) "
-                                               "only"),
-)
-
-
-def other_gpus_table(table: Mapping[str, Any] | None = None, heads: int = 16, batch: int = 1,
-                     max_len: int = 131072) -> Table:
-    """What :func:`kvwall.kernels.mla_decode.dispatch.decide_path` picks for one call on GPUs other than the one
-    measured (an H100 reads the H200's crossovers: the same compute capability), from the shipped ``paths.json``."""
-    table = dict(table) if table is not None else dispatch._read_table(dispatch.PATHS_FILE)
-    rows = []
-    for name, cap, refusal in OTHER_GPUS:
-        path, why = dispatch.decide_path(heads, batch, max_len, gpu=name, capability=cap, refusal=refusal, table=table)
-        rows.append({"gpu": f"{name} ({cap[0]}.{cap[1]})", "path": KERNEL_NAMES[path], "why": why.split(": ", 1)[-1]})
-    return Table(rows, {"GPU (compute capability)": "gpu", "path": "path", "why (the dispatcher's words)": "why"},
-                 f"Computed here by dispatch.decide_path from kernels/mla_decode/paths.json, for one call of {heads} "
-                 f"heads, batch {batch}, {max_len // 1024}K tokens.")
-
-
-def floor_table(paths: Grid, bench: Grid | None = None) -> Table:
-    """Each path's fixed cost: one short request (the paths run's floor context, 64 tokens) at each head count, page 1
-    and 64, and FlashMLA's where the run timed it."""
-    rows = []
-    for p in paths.floor_points:
-        r: dict[str, Any] = {"point": point_label(p)}
-        for path in KERNEL_NAMES:
-            for page in (1, 64):
-                r[f"{path}{page}"] = paths.us(path, p, page)
-        for peer in (FM_BF16, FM_FP8):
-            r[peer] = paths.us(peer, p) or (bench.us(peer, p) if bench else None)
-        rows.append(r)
-    cols = {"one request of": "point", **{f"{KERNEL_NAMES[k]}, page {page}": (f"{k}{page}", number(1))
-                                          for k in KERNEL_NAMES for page in (1, 64)}}
-    if any(r.get(FM_BF16) or r.get(FM_FP8) for r in rows):
-        cols.update({label(FM_BF16): (FM_BF16, number(1)), label(FM_FP8): (FM_FP8, number(1))})
-    return Table(rows, cols, paths.caption + " µs per call; CUDA graphs, L2 flushed.")
-
-
-def floor_text(paths: Grid, bench: Grid | None = None) -> tuple[str, dict[str, Any]]:
-    """Each kernel's fixed cost -- one request of the paths run's floor context at every head count -- as ranges:
-    ours' two paths (page 1) and FlashMLA's kernels where the run timed them; Markdown and the values."""
-    pts = paths.floor_points
-    if not pts:
-        return "", {}
-
-    def rng(strategy: str, page: int | None) -> tuple[float, float] | None:
-        xs = [u for p in pts if (u := paths.us(strategy, p, page) or (bench.us(strategy, p) if bench else None))]
-        return (min(xs), max(xs)) if xs else None
-
-    found = {k: r for k, page in (("wgmma", 1), ("triton", 1), (FM_BF16, None), (FM_FP8, None))
-             if (r := rng(k, page))}
-    parts = [f"{label(k)} {lo:.1f}–{hi:.1f} µs" for k, (lo, hi) in found.items()]
-    heads = ", ".join(str(p[0]) for p in pts)
-    text = (f"One request of {pts[0][1]} tokens, {heads} heads — each kernel's fixed cost (queries in, plan, one "
-            f"tile, the write): " + "; ".join(parts) + ".")
-    return text, {k: list(v) for k, v in found.items()}
-
-
-# --------------------------------------------------------------------------------------------------
 # Contracts
 # --------------------------------------------------------------------------------------------------
 
@@ -403,7 +306,7 @@ def floor_text(paths: Grid, bench: Grid | None = None) -> tuple[str, dict[str, A
 def contracts_table(validation: Result) -> Table:
     """Every contract (one row each) on every path it ran on (one column each)."""
     con = [r for r in validation.rows if r.get("section") == "contract"]
-    paths = [p for p in ("triton", "wgmma", "ours") if any(r["path"] == p for r in con)]
+    paths = [p for p in (*KERNEL_NAMES, "ours") if any(r["path"] == p for r in con)]
     checks: dict[str, dict[str, Any]] = {}
     for r in con:
         checks.setdefault(r["check"], {"check": r["check"]})[r["path"]] = "yes" if r["ok"] else "NO"
@@ -458,11 +361,11 @@ def page_table(bench: Grid, paths: Grid | None = None) -> Table:
     for h in sorted({p[0] for p in bench.points}):
         r = {"heads": h, "ours": ratios(OURS, bench, h, False)}
         if paths:
-            r.update({k: ratios(k, paths, h, True) for k in KERNEL_NAMES})
+            r.update({k: ratios(k, paths, h, True) for k in timed_paths(paths)})
         rows.append(r)
     cols = {"heads": "heads", "ours: page 1 / page 64": "ours"}
     if paths:
-        cols.update({KERNEL_NAMES[k]: k for k in KERNEL_NAMES})
+        cols.update({KERNEL_NAMES[k]: k for k in timed_paths(paths)})
     return Table(rows, cols, bench.caption + (" Paths forced: " + paths.caption if paths else "")
                  + " Range over each head count's points; below 1× page 1 is the faster.")
 

@@ -1,9 +1,10 @@
 """Chapter 5's arithmetic and checks: what a decode should cost (bytes, FLOPs, which ceiling binds), what each of
-ours' two paths does per tile, the exactness claims of the design, and the validation of every path.
+ours' paths does per tile, the exactness claims of the design, and the validation of every path.
 
 Every byte and FLOP count comes from :mod:`kvwall.model.roofline` (one byte count: each token's FP8 latent plus its
 page-table index, 580 B per token for GLM-5 at page size 1); the per-tile counts from the kernels' own constants
-(:mod:`kvwall.kernels.mla_decode.wgmma`) and the recorded tuning (the Triton path's launch shapes). The grid is
+(:mod:`kvwall.kernels.mla_decode.wgmma`, :mod:`kvwall.kernels.mla_decode.wgmma_tokens`) and the recorded tuning (the
+Triton path's launch shapes). The grid is
 :mod:`kvwall.notebook.fused_bench_report`, the lab detail :mod:`kvwall.notebook.fused_lab_report`.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from kvwall.kernels.mla_decode import wgmma_tokens
 from kvwall.kernels.mla_decode.wgmma import BLOCK_N, HEADS_PER_CTA
 from kvwall.model.geometry import GLM5, MLAGeometry
 from kvwall.model.original import ORIGINAL
@@ -25,12 +27,54 @@ from kvwall.results import Result
 
 __all__ = ["GRID_HEADS", "cost_text", "cost_table", "bytes_by_path", "fp8_to_float16_is_exact",
            "query_scaling_is_exact", "exactness_text", "tile_floors", "triton_shapes", "design_table", "wgmma_text",
-           "validation_table", "validation_passed", "validation_rule_text", "PATH_NAMES"]
+           "tokens_text", "paths_said", "PATH_ABOUT", "recorded_paths", "paths_intro", "validation_table",
+           "validation_passed", "validation_rule_text", "PATH_NAMES"]
 
 #: The head counts of chapter 5's grid (GLM-5 per GPU at TP 4 = 16, DeepSeek-V3 at TP 4 = 32, ... all 128).
 GRID_HEADS = (16, 32, 64, 128)
 #: How the chapter names what a validation row ran.
 PATH_NAMES = {"ours": "ours", **KERNEL_NAMES}
+
+
+#: One clause per path of ours, for the chapter's list of the paths (dispatcher names).
+PATH_ABOUT = {
+    "triton": "the **Triton path**, which runs on any GPU Triton supports and in the CPU interpreter",
+    "wgmma": "the **wgmma path**, CUDA C++ for Hopper with 64 heads per CTA as the warpgroup MMA's M side",
+    "wgmma_tokens": "the **tokens-on-M wgmma path**, CUDA C++ for Hopper with a tile's 64 tokens as the MMA's M side "
+                    "and 16 or 32 heads as its N, for few heads per GPU",
+}
+_COUNT = {1: "one path", 2: "two paths", 3: "three paths", 4: "four paths"}
+
+
+def recorded_paths(paths: Result | None) -> list[str]:
+    """Ours' paths a ``fused_decode_paths`` recording timed (its forced-path rows), in the dispatcher's order; every
+    path of the library where there is no recording."""
+    if paths is None:
+        return list(KERNEL_NAMES)
+    timed = {r.get("strategy") for r in paths.rows if r.get("section") == "bench"}
+    return [k for k in KERNEL_NAMES if k in timed]
+
+
+def paths_intro(paths: Result | None) -> str:
+    """The chapter's sentence on the paths behind ours, following the recorded ``fused_decode_paths`` run (the paths it
+    timed, counted), and naming any path of the library the recording predates."""
+    listed = recorded_paths(paths)
+    about = [PATH_ABOUT[k] for k in listed]
+    said = about[0] if len(about) == 1 else ", ".join(about[:-1]) + " and " + about[-1]
+    text = (f"Behind it are {_COUNT.get(len(listed), f'{len(listed)} paths')}: {said}. The dispatcher picks one per "
+            "call.")
+    newer = [k for k in KERNEL_NAMES if k not in listed]
+    if newer and paths is not None:
+        text += (f" The library also has {paths_said(newer)}, which the recorded runs predate: no figure below "
+                 "includes it until they are recorded again.")
+    return text
+
+
+def paths_said(paths: Iterable[str]) -> str:
+    """``"the Triton path"``, ``"the Triton path and the wgmma path"``, ``"the Triton path, the wgmma path and the
+    tokens-on-M wgmma path"``: ours' paths (dispatcher names) as the prose says them, in the dispatcher's order."""
+    said = [f"the {KERNEL_NAMES[k]}" for k in KERNEL_NAMES if k in set(paths)]
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1] if said else "no path"
 #: Hopper (SM90) per multiprocessor: dense 16-bit tensor-core FLOP per cycle (wgmma m64n64k16 in 32 cycles),
 #: shared-memory bytes per cycle, shared memory and registers.
 TENSOR_FLOP_PER_CYCLE, SMEM_BYTES_PER_CYCLE = 4096, 128
@@ -132,7 +176,7 @@ def exactness_text() -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# The two paths, per tile
+# The paths, per tile
 # --------------------------------------------------------------------------------------------------
 
 
@@ -163,7 +207,8 @@ def triton_shapes(tuning: Result, tokens: int = 131072) -> dict[int, dict[str, A
 
 def design_table(tuning: Result | None, heads: Iterable[int] = GRID_HEADS) -> Table:
     """Per head count, what each path does with one tile of tokens: how many programs (CTAs) convert each token, and
-    what share of the MMA rows is padding (the Triton path's head block, the wgmma path's 64 rows)."""
+    what share of the MMA's head side is padding (the Triton path's head block, the wgmma path's 64 rows, the
+    tokens-on-M path's 16 or 32 columns)."""
     shapes = triton_shapes(tuning) if tuning else {}
     rows = []
     for h in heads:
@@ -174,16 +219,22 @@ def design_table(tuning: Result | None, heads: Iterable[int] = GRID_HEADS) -> Ta
                        t_pad=1 - h / (-(-h // bh) * bh))
         ctas = -(-h // HEADS_PER_CTA)
         row.update(w_conv=ctas, w_pad=1 - h / (ctas * HEADS_PER_CTA))
+        hn = wgmma_tokens.heads_per_cta(h)
+        row.update(k_conv=-(-h // hn), k_pad=1 - h / (-(-h // hn) * hn))
         rows.append(row)
     pct = lambda v: "—" if v is None else f"{v:.0%}"  # noqa: E731
     cols: dict[str, Any] = {"heads": "heads"}
     if shapes:
         cols.update({"Triton path: heads × tokens per step": "t_block", "programs converting each token": "t_conv",
                      "padded MMA rows": ("t_pad", pct)})
-    cols.update({"wgmma path: CTAs converting each token": "w_conv", "padded MMA rows ": ("w_pad", pct)})
+    cols.update({"wgmma path: CTAs converting each token": "w_conv", "padded MMA rows ": ("w_pad", pct),
+                 "tokens-on-M wgmma path: CTAs converting each token": "k_conv",
+                 "padded MMA columns": ("k_pad", pct)})
     caption = ((tuning.caption() + " Triton path: the tuned shape at 128K tokens (the launcher's rule: the smallest "
                 "tuned head count at or above). ") if tuning else "") + \
-        f"wgmma path: {HEADS_PER_CTA} heads × {BLOCK_N} tokens per CTA (kvwall.kernels.mla_decode.wgmma)."
+        (f"wgmma path: {HEADS_PER_CTA} heads × {BLOCK_N} tokens per CTA (kvwall.kernels.mla_decode.wgmma). "
+         f"Tokens-on-M wgmma path: {BLOCK_N} tokens × {' or '.join(map(str, wgmma_tokens.HEADS_PER_CTA))} heads "
+         "per CTA (kvwall.kernels.mla_decode.wgmma_tokens.heads_per_cta).")
     return Table(rows, cols, caption)
 
 
@@ -214,6 +265,31 @@ def wgmma_text(paths: Result | Mapping[str, Any] | None) -> str:
                  f"{w['threads']} threads: **{per_sm} CTA per multiprocessor**.")
     elif build is not None:
         text += f" The wgmma path did not run in the recording ({w.get('why') or 'no build row'})."
+    return text
+
+
+def tokens_text(paths: Result | Mapping[str, Any] | None, geometry: MLAGeometry = GLM5) -> str:
+    """The tokens-on-M wgmma path's tensor time per tile (from its constants: 64 tokens as M, 16 or 32 heads as N)
+    beside the wgmma path's, and, from a ``fused_decode_paths`` result (or its ``build`` row), each instantiation's
+    compiled resources; a recording made before the path says so."""
+    build = (next((r for r in paths.rows if r.get("section") == "build"), None) if isinstance(paths, Result)
+             else paths)
+    flops = {hn: 2 * wgmma_tokens.BLOCK_N * hn * (geometry.kv_dim + geometry.kv_lora_rank)
+             for hn in wgmma_tokens.HEADS_PER_CTA}
+    cycles = " and ".join(f"**{f / TENSOR_FLOP_PER_CYCLE:,.0f} cycles** at {hn} heads per CTA"
+                          for hn, f in flops.items())
+    text = (f"Per {wgmma_tokens.BLOCK_N}-token tile its tensor cores run {cycles}, against the wgmma path's "
+            f"{tile_floors(geometry)['tensor']:,.0f} for its {HEADS_PER_CTA} rows however few of them are heads.")
+    t = (build or {}).get("wgmma_tokens")
+    if t and t.get("runs") and t.get("per_cta"):
+        parts = [f"{hn} heads per CTA: {c['registers']} registers per thread, {c['spill_bytes']} bytes of spills, "
+                 f"{c['smem'] / 1024:.1f} KB of shared memory, {c['threads']} threads"
+                 for hn, c in sorted(t["per_cta"].items(), key=lambda kv: int(kv[0]))]
+        text += f" Compiled ({t['arch']}, nvcc {_nvcc_version(build.get('nvcc'))}): " + "; ".join(parts) + "."
+    elif t:
+        text += f" The tokens-on-M wgmma path did not run in the recording ({t.get('why') or 'no build'})."
+    elif build is not None:
+        text += " The recording predates the tokens-on-M wgmma path: it has no build of it."
     return text
 
 
@@ -251,7 +327,7 @@ def validation_table(result: Result, caption: str) -> Table:
         n = len({r["case"] for r in sel})
         what = f"{PATH_NAMES[path]}: {n} case{'s' if n != 1 else ''}, heads {', '.join(map(str, heads))}"
         if path == "ours" and ran:
-            what += f" (ran the {' and the '.join(KERNEL_NAMES[k] for k in ran)})"
+            what += f" (ran {paths_said(ran)})"
         rows.append({"what": what, "passed": f"{sum(bool(r['passed']) for r in sel)} / {len(sel)}",
                      "err": max(errs, default=None), "ratio": _range([r["ratio"] for r in _inexact(sel)])})
     if "fp8_peers" in sections:
