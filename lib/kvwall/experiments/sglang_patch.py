@@ -27,7 +27,7 @@ from kvwall.experiments.registry import Experiment
 from kvwall.kernels import mla_decode_reference
 from kvwall.model.attention import flashinfer_version, prebuild_flashinfer_mla
 from kvwall.model.geometry import GLM5, MLAGeometry
-from kvwall.peers.sglang_patch import (BLOCKER, PATCHES, UPSTREAM_VERSION, VARIANTS, patch_text,
+from kvwall.peers.sglang_patch import (BLOCKER, PATCHES, UPSTREAM_VERSION, VARIANTS, graph_plan, patch_text,
                                        upstream_source)
 from kvwall.peers.sglang_patch.harness import (REFERENCE_ATTENTION, DecodeRun, SGLangDecodeInputs,
                                                make_decode_inputs, run_decode)
@@ -39,6 +39,10 @@ __all__ = ["EXPERIMENTS", "run_sglang_patch_check", "check_variant", "TOLERANCE"
 #: BF16 tolerance of a patched output vs the unpatched one (elementwise: |a - b| <= atol + rtol * |b|).
 TOLERANCE = {"rtol": 1.6e-2, "atol": 1e-2}
 GEOMETRY = GLM5.with_tensor_parallel(4)
+#: What the fused patch calls inside SGLang's backend (the diff's text imports it there): imported here, not only
+#: named, so that it, the dispatcher and the kernels it runs are in this experiment's provenance (issue 22: the
+#: dispatcher's choice decides which path the fused rows ran).
+FUSED_CALLS = graph_plan.__name__
 
 
 def _sha(text: str) -> str:
