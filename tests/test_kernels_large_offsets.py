@@ -4,7 +4,8 @@
 starts 2.19G values in: a kernel that picks 32-bit offsets by ``numel()`` wraps around and reads outside the
 pool (a crash in the interpreter). The 2.2 GB storage is allocated but only its first and last rows are
 written, so the machine's memory is barely touched; the kernels run in Triton's interpreter on CPU, and on a GPU
-(``gpu``-marked, skipped elsewhere) the fused decode runs on each of its paths ("triton", "wgmma" on an H100 / H200).
+(``gpu``-marked, skipped elsewhere) the fused decode runs on each of its paths ("triton"; "wgmma" and "wgmma_tokens"
+on an H100 / H200).
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def test_mla_decode_past_2_31_on_a_strided_view(cpu_pool):
 def _gpu_for(path: str) -> str:
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU")
-    if path == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma path needs an H100 / H200 (sm_90a code)")
+    if path != "triton" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the {path} path needs an H100 / H200 (sm_90a code)")
     return "cuda"
 
 

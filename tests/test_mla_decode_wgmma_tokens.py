@@ -1,5 +1,6 @@
 """The tokens-on-M wgmma kernel (:mod:`kvwall.kernels.mla_decode.wgmma_tokens`, ``mla_decode_wgmma_tokens.cu``):
-16 or 32 heads per CTA as wgmma's N, a tile's 64 tokens as M (issue 22; not yet chosen by the dispatcher).
+16 or 32 heads per CTA as wgmma's N, a tile's 64 tokens as M (issue 22; the dispatcher's "wgmma_tokens" path:
+tests/test_mla_dispatch.py covers its choice and the contracts every path keeps).
 
 On any machine with nvcc: ptxas compiles both instantiations for sm_90a with no spills, no stack and no serialized
 wgmma; a host program linked with the source prints the ``Params`` size and each instantiation's shape, which must
