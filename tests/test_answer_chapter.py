@@ -2,10 +2,12 @@
 table is the front page's (the same rows from the same recorded results)."""
 
 import json
+import shutil
 
 import pytest
 
 from conftest import BOOK, run_chapter
+from kvwall.kernels.mla_decode import wgmma, wgmma_tokens
 from kvwall.model.paths import PATH_INFO
 import kvwall.experiments  # noqa: F401  (registers the row schemas)
 from kvwall.notebook import decision
@@ -25,6 +27,14 @@ def test_chapter_6_on_cpu(tmp_path):
     assert v["model_held_out"] > 50 and v["model_median_abs_err"] < 0.15
     assert "full_pool_cast_fa2" in v["sm120_paths"] and not any("fa3" in p or "flashmla" in p for p in v["sm120_paths"])
     assert v["sm120_cast_ms"]["per-SM rate"] < v["sm120_cast_ms"]["fraction of peak"]
+    # The offline check's wgmma builds (nvcc for sm_90a): the heads-on-M kernel and each tokens-on-M instantiation,
+    # each with its registers, no spill, no stack, within an H100 / H200 block's shared memory.
+    if shutil.which("nvcc"):
+        built = v["wgmma_builds"]
+        assert set(built) == {f"wgmma:{wgmma.HEADS_PER_CTA}"} | {f"wgmma_tokens:{hn}" for hn in (16, 32)}
+        assert all(b["regs"] and b["spills"] == 0 and b["stack_bytes"] == 0 and b["fits"] for b in built.values()), built
+        assert built["wgmma_tokens:32"]["shared_bytes"] == wgmma_tokens.smem_bytes(32)
+        assert v["arch_fits"]["fused split (tokens-on-M wgmma, CUDA C++), 32 heads per CTA:sm_90a"] is True
     assert {u["experiment"] for u in rec["recorded_used"]} >= {"decode_step_paths", "path_sweep", "sglang_patch_check",
                                                               "fused_decode_bench", "fused_decode_validation",
                                                               "doors_checks", "doors_sm90"}

@@ -4,8 +4,10 @@ sm_120, held against each architecture's limits, must agree with what the launch
 (and chapter 6) says runs where. Compiled with the GPU machines' Triton (requirements-triton-gpu.txt, installed by
 `make setup` apart from the environment's own): registers and spills differ between Triton versions.
 
-The fused kernel's wgmma path (mla_decode_wgmma.cu) is compiled by nvcc for its only target, sm_90a: it must compile,
-never spill nor keep a stack frame, and fit an H100 / H200 block's shared memory."""
+The fused kernel's two wgmma paths are compiled by nvcc for their only target, sm_90a -- the wgmma path
+(mla_decode_wgmma.cu, one row) and the tokens-on-M wgmma path (mla_decode_wgmma_tokens.cu, one row per shipped
+instantiation: 16 and 32 heads per CTA): each must compile, never spill nor keep a stack frame, and fit an H100 / H200
+block's shared memory; chapter 6's table and text show them."""
 
 import shutil
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 
 from kvwall.kernels.mla_decode import kernel as mla
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
+from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 from kvwall.model.cost import FUSED_MAX_HEADS
 from kvwall.tuning import arch_check_cuda
@@ -22,7 +25,8 @@ from kvwall.tuning.arch_check import (ARCHS, CANDIDATE_HEADS, FUSED, PINNED_TRIT
                                       PinnedTritonMissing, check_architectures, fallback_config, format_rows,
                                       pinned_triton_dir, pinned_triton_requirement, pinned_triton_version,
                                       tmem_columns, tuned_arch, tuned_shapes, wgmma_builds)
-from kvwall.tuning.arch_check_cuda import WGMMA_KERNEL
+from kvwall.notebook import original_gpu_report
+from kvwall.tuning.arch_check_cuda import TOKENS_KERNEL, WGMMA_KERNEL, WGMMA_ROLES
 from kvwall.tuning.fused import candidates
 
 pytestmark = pytest.mark.slow
@@ -206,44 +210,104 @@ def test_fallback_shape_is_the_launchers_own():
 
 
 # ----------------------------------------------------------------------------------------------
-# The fused kernel's wgmma path (nvcc for sm_90a; no Triton involved)
+# The fused kernel's wgmma paths (nvcc for sm_90a; no Triton involved)
 # ----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def wgmma_rows_here():
-    """Its row: nvcc once for sm_90a (cached for the session), ~5-10 s."""
+    """Their rows: nvcc once per source for sm_90a (cached for the session), ~20-30 s."""
     if shutil.which("nvcc") is None:
-        pytest.skip("no nvcc on this machine: the wgmma path (mla_decode_wgmma.cu) was not compiled")
+        pytest.skip("no nvcc on this machine: the wgmma paths (mla_decode_wgmma*.cu) were not compiled")
     return wgmma_builds()
 
 
 def wgmma_problems(rows) -> list[str]:
-    """What fails the wgmma path's check: it did not compile, spills, keeps a stack frame, or its shared memory is
-    past an H100 / H200 block's."""
+    """What fails a wgmma path's check: it did not compile, reports no registers, spills, keeps a stack frame, or
+    its shared memory is past an H100 / H200 block's."""
     bad = []
     for r in rows:
+        where = f"{r['kernel']}, {r['heads_per_cta']} heads per CTA, {r['arch']}"
         if r["error"]:
-            bad.append(f"{r['arch']}: did not compile: {r['error']}")
+            bad.append(f"{where}: did not compile: {r['error']}")
             continue
+        if not r["regs"]:
+            bad.append(f"{where}: no registers reported")
         if r["spills"] or r["stack_bytes"]:
-            bad.append(f"{r['arch']}: {r['spills']} B spilled (stores + loads), {r['stack_bytes']} B stack frame")
-        if not r["fits"]:
-            bad.append(f"{r['arch']}: needs {r['shared_bytes']:,} B of shared memory per block, the architecture "
+            bad.append(f"{where}: {r['spills']} B spilled (stores + loads), {r['stack_bytes']} B stack frame")
+        if not r["fits"] or r["shared_bytes"] > r["shared_limit"]:
+            bad.append(f"{where}: needs {r['shared_bytes']:,} B of shared memory per block, the architecture "
                        f"allows {r['shared_limit']:,} B")
     return bad
 
 
+def test_the_wgmma_rows_are_one_per_shipped_build(wgmma_rows_here):
+    """The heads-on-M kernel's row, then one per instantiation of the tokens-on-M kernel, each named by role (the
+    dispatcher's path) and heads per CTA."""
+    assert [(r["kernel"], r["role"], r["heads_per_cta"]) for r in wgmma_rows_here] == (
+        [(WGMMA_KERNEL, "wgmma", wgmma_path.HEADS_PER_CTA)]
+        + [(TOKENS_KERNEL, "wgmma_tokens", hn) for hn in tokens_path.HEADS_PER_CTA])
+    assert tokens_path.HEADS_PER_CTA == (16, 32)
+    assert {r["role"]: r["kernel"] for r in wgmma_rows_here} == WGMMA_ROLES
+    for r in wgmma_rows_here:
+        assert r["cap"] == 90 and r["arch"].startswith("sm_90a") and r["shipped"] and r["heads"] == 0
+        assert 0 < r["regs"] <= 255 and r["blocks_per_sm_by_regs"] >= 1, r
+
+
 def test_the_wgmma_row_is_sm90a_only_and_compiles_clean(wgmma_rows_here):
-    (row,) = wgmma_rows_here
-    assert row["kernel"] == WGMMA_KERNEL and row["cap"] == 90 and row["arch"].startswith("sm_90a")
+    (row,) = [r for r in wgmma_rows_here if r["role"] == "wgmma"]
+    assert row["kernel"] == WGMMA_KERNEL
     assert row["shared_bytes"] == wgmma_path.SMEM_BYTES and row["threads"] == wgmma_path.THREADS
-    assert row["shipped"] and row["role"] == "wgmma" and 0 < row["regs"] <= 255 and row["blocks_per_sm_by_regs"] >= 1
-    assert not wgmma_problems(wgmma_rows_here), wgmma_problems(wgmma_rows_here)
+    assert not wgmma_problems([row]), wgmma_problems([row])
 
 
-def test_the_wgmma_row_is_in_the_architecture_check(builds, wgmma_rows_here):
-    assert [r for r in builds if r["kernel"] == WGMMA_KERNEL] == wgmma_rows_here
+def test_the_tokens_rows_compile_clean_for_both_instantiations(wgmma_rows_here):
+    """16 and 32 heads per CTA: ptxas's registers at launch (168: setmaxnreg moves them between the warpgroups), no
+    spill, no stack, and the host's shared memory per instantiation (the source's Layout, checked against the
+    compiled library at load) within an H100 / H200 block."""
+    rows = {r["heads_per_cta"]: r for r in wgmma_rows_here if r["role"] == "wgmma_tokens"}
+    assert sorted(rows) == [16, 32]
+    for hn, r in rows.items():
+        assert r["kernel"] == TOKENS_KERNEL and (r["shared_bytes"], r["threads"]) == (
+            tokens_path.smem_bytes(hn), tokens_path.THREADS)
+        assert r["regs"] <= 168 and r["spills"] == 0 and r["stack_bytes"] == 0, r
+        assert r["shared_bytes"] <= r["shared_limit"] == ARCHS[0].shared_per_block and r["fits"], r
+    assert rows[16]["shared_bytes"] < rows[32]["shared_bytes"]
+    assert not wgmma_problems(list(rows.values())), wgmma_problems(list(rows.values()))
+
+
+def test_the_wgmma_rows_are_in_the_architecture_check(builds, wgmma_rows_here):
+    assert [r for r in builds if r["kernel"] in WGMMA_ROLES.values()] == wgmma_rows_here
     assert not [r for r in builds if "mma.sync" in r["kernel"] or r.get("variant") is not None]
+
+
+def test_chapter_6_shows_every_wgmma_build(wgmma_rows_here):
+    """The table has a row per wgmma build, in the sm_90 column (sm_90a: the same GPUs), not built elsewhere; the
+    text counts the builds and names both paths from the rows."""
+    triton_rows = [dict(kernel=FUSED, heads=16, shape="16 heads × 64 tokens", arch=a.name, cap=a.cap, shared_bytes=1024,
+                        shared_limit=a.shared_per_block, regs=128, spills=0, trap_only=False, fits=True, error=None,
+                        triton=GPU_TRITON, role="fallback", shipped=True) for a in ARCHS]
+    table = original_gpu_report.arch_table(triton_rows + wgmma_rows_here, "caption")
+    assert list(table.columns)[1:] == [a.name for a in ARCHS]
+    labels = table.column("kernel")
+    assert labels[1:] == [f"{WGMMA_KERNEL}, 64 heads per CTA", f"{TOKENS_KERNEL}, 16 heads per CTA",
+                          f"{TOKENS_KERNEL}, 32 heads per CTA"]
+    sm90 = table.column(ARCHS[0].name)[1:]
+    assert all(c.startswith("sm_90a: ") and "— yes: " in c for c in sm90), sm90
+    assert all(c == original_gpu_report.NOT_BUILT for a in ARCHS[1:] for c in table.column(a.name)[1:])
+    text, values = original_gpu_report.wgmma_build_text(triton_rows + wgmma_rows_here)
+    assert text.startswith("The wgmma path and the tokens-on-M wgmma path are built with nvcc for `sm_90a` alone")
+    assert "All 3 builds compile with no spill and no stack frame" in text and "`sm_100` and `sm_120`" in text
+    assert set(values) == {"wgmma:64", "wgmma_tokens:16", "wgmma_tokens:32"}
+    assert all(f"{hn} heads per CTA: {values[f'wgmma_tokens:{hn}']['regs']} registers" in text for hn in (16, 32))
+
+
+def test_chapter_6_says_which_wgmma_build_fails(wgmma_rows_here):
+    broken = [dict(wgmma_rows_here[0])] + [dict(wgmma_rows_here[1], spills=8)] + [
+        dict(wgmma_rows_here[2], error="nvcc failed for sm_90a: boom", fits=False)]
+    text, _ = original_gpu_report.wgmma_build_text(broken)
+    assert "1 of 3 builds compile" in text and "**not** the tokens-on-M wgmma path with 16 heads per CTA: 8 B " \
+        "spilled" in text and "32 heads per CTA: nvcc failed for sm_90a: boom" in text
+    assert original_gpu_report.wgmma_build_text([r for r in broken if r["role"] is None]) == ("", {})
 
 
 def _report(*, ok=True, spill=0, stack=0, registers=255) -> wgmma_path.NvccReport:
@@ -260,3 +324,40 @@ def test_the_wgmma_check_fails_on_each_problem(monkeypatch, report, words):
     monkeypatch.setattr(arch_check_cuda, "wgmma_report", lambda: report)
     bad = wgmma_problems(arch_check_cuda.wgmma_rows())
     assert (bad == []) if words is None else (len(bad) == 1 and words in bad[0]), bad
+
+
+def _tokens_report(hn, **kw) -> tokens_path.TokensNvccReport:
+    base = _report(**kw)
+    return tokens_path.TokensNvccReport(**{**base.__dict__, "heads_per_cta": hn})
+
+
+@pytest.mark.parametrize("which,report,words", [
+    (None, None, None), (32, dict(ok=False), "did not compile"), (16, dict(spill=8), "8 B spilled"),
+    (32, dict(stack=16), "16 B stack frame"), (16, dict(registers=None), "no resources"),
+    ("all", "nvcc is not on PATH: install it", "nvcc is not on PATH")],
+    ids=["clean", "fails", "spills", "stack", "unparsed", "no_nvcc"])
+def test_the_tokens_check_fails_on_each_problem_of_each_instantiation(monkeypatch, which, report, words):
+    """A problem of one instantiation fails its row alone; no nvcc fails both."""
+    if which == "all":
+        reports = report
+    else:
+        reports = {hn: _tokens_report(hn, **{"registers": 168, **(report if hn == which else {})})
+                   for hn in tokens_path.HEADS_PER_CTA}
+    monkeypatch.setattr(arch_check_cuda, "tokens_reports", lambda: reports)
+    rows = arch_check_cuda.tokens_rows()
+    assert [r["heads_per_cta"] for r in rows] == list(tokens_path.HEADS_PER_CTA)
+    bad = wgmma_problems(rows)
+    if words is None:
+        assert bad == [] and all(r["regs"] == 168 and r["fits"] for r in rows)
+    elif which == "all":
+        assert len(bad) == 2 and all(words in b for b in bad), bad
+    else:
+        assert len(bad) == 1 and words in bad[0] and f"{which} heads per CTA" in bad[0], bad
+
+
+def test_a_tokens_instantiation_past_the_shared_memory_limit_does_not_fit(monkeypatch):
+    reports = {hn: _tokens_report(hn, registers=168) for hn in tokens_path.HEADS_PER_CTA}
+    monkeypatch.setattr(arch_check_cuda, "tokens_reports", lambda: reports)
+    monkeypatch.setattr(arch_check_cuda, "WGMMA_SHARED_LIMIT", tokens_path.smem_bytes(32) - 1)
+    bad = wgmma_problems(arch_check_cuda.tokens_rows())
+    assert len(bad) == 1 and "32 heads per CTA" in bad[0] and "shared memory" in bad[0], bad

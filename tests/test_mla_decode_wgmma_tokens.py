@@ -81,10 +81,21 @@ def test_the_host_side_agrees_with_the_compiled_shapes(tmp_path):
     shapes = {hn: out[1 + 4 * i:5 + 4 * i] for i, hn in enumerate((16, 32, 64))}
     for hn in HEADS_PER_CTA:
         rc, smem, block_n, threads = shapes[hn]
-        assert rc == 0 and block_n == BLOCK_N and threads == THREADS
-        # two converted float16 tiles, the query block, P^T, the exchanges
-        assert smem == 2 * 9 * 64 * 128 + 10 * hn * 128 + 10 * hn * 4 + 16 <= HOPPER_SHARED_PER_BLOCK
+        # the host's shape (wgmma_tokens.host_shape: the source's Layout formula) is the compiled one
+        assert rc == 0 and (smem, block_n, threads) == wgmma_tokens.host_shape(hn)
+        assert block_n == BLOCK_N and threads == THREADS and smem <= HOPPER_SHARED_PER_BLOCK
     assert shapes[64][0] == -1
+
+
+def test_the_host_shape_knows_only_the_instantiations():
+    """On any machine: each instantiation's host shape fits an H100 / H200 block (384 threads, 64-token tiles);
+    another head count per CTA is no instantiation (the compiled shapes are checked against it above)."""
+    for hn in HEADS_PER_CTA:
+        smem, block_n, threads = wgmma_tokens.host_shape(hn)
+        assert smem <= wgmma_tokens.SHARED_LIMIT == HOPPER_SHARED_PER_BLOCK and (block_n, threads) == (BLOCK_N, THREADS)
+    assert wgmma_tokens.smem_bytes(16) < wgmma_tokens.smem_bytes(32)
+    with pytest.raises(ValueError, match="no instantiation for 64 heads per CTA"):
+        wgmma_tokens.smem_bytes(64)
 
 
 def test_cpu_tensors_are_refused_before_any_launch():

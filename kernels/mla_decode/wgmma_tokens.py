@@ -10,7 +10,9 @@ times it beside the other two paths), and, with no measured table, up to 32 head
 - :func:`plan_mla_decode_wgmma_tokens`: the batch's work list for this kernel (:class:`WgmmaTokensPlan`);
 - :func:`heads_per_cta`: the kernel's N for a head count (16 up to 16 heads, else 32);
 - :func:`nvcc_compile_check_wgmma_tokens`: ptxas's resource report per instantiation, without a GPU;
-- :func:`kernel_shape`: an instantiation's shared memory, tokens a tile and threads, as the library says them.
+- :func:`kernel_shape`: an instantiation's shared memory, tokens a tile and threads, as the library says them;
+  :func:`host_shape` (:func:`smem_bytes`, :data:`THREADS`): the same as the host plans for them, without a build
+  (the library is checked against it at load).
 
 Built as the heads-on-M path is (nvcc, ``sm_90a``, a shared library cached per source version, ``ctypes``).
 ``python -m kvwall.kernels.mla_decode.wgmma_tokens --profile-one HEADS TOKENS``: what the profile experiment runs
@@ -34,13 +36,14 @@ import torch
 
 from kvwall.kernels._common import Fail, fail, sm_count
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, MLADecodePlan, launch_combine, plan_mla_decode
-from kvwall.kernels.mla_decode.wgmma import (ARCH, CUDA_HEADER, DC, NVCC_FLAGS, NvccReport, Params, _cache_dir,
-                                             _checked_inputs, _nvcc, _params, profile_inputs, profile_main,
-                                             whole_wave_items)
+from kvwall.kernels.mla_decode.wgmma import (ARCH, CUDA_HEADER, DC, DR, NVCC_FLAGS, NvccReport, Params,
+                                             _cache_dir, _checked_inputs, _nvcc, _params, profile_inputs,
+                                             profile_main, whole_wave_items)
 
 __all__ = ["mla_decode_fp8_wgmma_tokens", "plan_mla_decode_wgmma_tokens", "WgmmaTokensPlan", "heads_per_cta",
            "load_mla_decode_wgmma_tokens", "nvcc_compile_check_wgmma_tokens", "source_hash", "TOKENS_SOURCE",
-           "HEADS_PER_CTA", "BLOCK_N", "kernel_shape", "TokensNvccReport"]
+           "HEADS_PER_CTA", "BLOCK_N", "THREADS", "CONSUMERS", "PRODUCERS", "SHARED_LIMIT", "smem_bytes", "host_shape",
+           "kernel_shape", "TokensNvccReport"]
 
 _fail: Fail = functools.partial(fail, "mla_decode_fp8_wgmma_tokens")
 
@@ -48,6 +51,33 @@ TOKENS_SOURCE = Path(__file__).with_name("mla_decode_wgmma_tokens.cu")
 #: The kernel's instantiations: heads per CTA (wgmma's N).
 HEADS_PER_CTA = (16, 32)
 BLOCK_N = 64
+#: Warpgroups per CTA of every instantiation (the source's ``consumers<HN>()`` and ``producers<HN>()``).
+CONSUMERS, PRODUCERS = 1, 2
+#: Threads per CTA (the source's ``Layout::NT``): 128 per warpgroup.
+THREADS = 128 * (CONSUMERS + PRODUCERS)
+#: Shared memory an H100 / H200 CTA may opt into (bytes per block).
+SHARED_LIMIT = 232_448
+#: 64-column chunks of a [rows x 576] float16 block (8 latent + 1 rope), 128 bytes a row (the source's NCHUNK).
+_NCHUNK = (DC + DR) // 64
+
+
+def smem_bytes(hn: int) -> int:
+    """Dynamic shared memory per CTA of the instantiation for ``hn`` heads per CTA -- the source's
+    ``Layout<HN, CONSUMERS, PRODUCERS>::SMEM``: two converted [64 x 576] float16 tiles, the query block
+    [hn x 576] and P^T [hn x 64] per consumer (128-byte swizzled rows of 64 float16), then the floats (per-warp
+    maxima and sums, score scales) and a flag."""
+    if hn not in HEADS_PER_CTA:
+        raise ValueError(f"{TOKENS_SOURCE.name} has no instantiation for {hn} heads per CTA; it has "
+                         f"{HEADS_PER_CTA}.")
+    tile, qchunk = _NCHUNK * BLOCK_N * 128, hn * 128
+    floats = CONSUMERS * 4 * hn + 4 * hn + 2 * hn
+    return 2 * tile + _NCHUNK * qchunk + CONSUMERS * qchunk + floats * 4 + 16
+
+
+def host_shape(hn: int) -> tuple[int, int, int]:
+    """(dynamic shared memory bytes, tokens per tile, threads) the host plans the instantiation for ``hn`` heads per
+    CTA with: what :func:`kernel_shape` must report for it (checked at load)."""
+    return smem_bytes(hn), BLOCK_N, THREADS
 
 
 def heads_per_cta(heads: int) -> int:
@@ -75,9 +105,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                            f"mirror {ctypes.sizeof(Params)}: they disagree.")
     for hn in HEADS_PER_CTA:
         smem, block_n, threads = kernel_shape(lib, hn)
-        if block_n != BLOCK_N or smem > 232_448 or threads % 128:
+        if (smem, block_n, threads) != host_shape(hn) or smem > SHARED_LIMIT:
             raise RuntimeError(f"{TOKENS_SOURCE.name}'s shape for {hn} heads per CTA (shared memory {smem} B, "
-                               f"{block_n} tokens a tile, {threads} threads) is not what the host plans for.")
+                               f"{block_n} tokens a tile, {threads} threads) is not what the host plans for "
+                               f"{host_shape(hn)}.")
     return lib
 
 

@@ -1,6 +1,7 @@
 """Chapter 6's "The original's GPU": what each path would give on an RTX PRO 6000 (SM120), predicted by the cost
 model from the H200 sweep and checked against the one SM120 figure we have (the original's cast); and which of our
-kernels compile for which architecture (:mod:`kvwall.tuning.arch_check`, offline)."""
+kernels compile for which architecture (:mod:`kvwall.tuning.arch_check`, offline: Triton's compile of the Triton path
+for each architecture, nvcc's of the wgmma paths for sm_90a)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Any, Sequence
 
 from kvwall.model.cost import GPUS, PATHS, CostModel, GPUSpec, Point, paths_on
 from kvwall.model.original import ORIGINAL
+from kvwall.model.paths import KERNEL_NAMES
 from kvwall.notebook.tables import Table, fmt_range
 
-__all__ = ["rest_without_attention_ms", "original_gpu_rows", "original_gpu_table", "cast_check", "arch_table"]
+__all__ = ["rest_without_attention_ms", "original_gpu_rows", "original_gpu_table", "cast_check", "arch_table",
+           "build_label", "wgmma_build_rows", "wgmma_build_text"]
 
 
 
@@ -61,7 +64,8 @@ def cast_check(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6000"]) 
 
 def _cell(b: dict[str, Any]) -> str:
     if b["error"]:
-        return "not checked (this Triton could not compile it)"
+        return "not checked (this Triton could not compile it)" if b.get("triton") else \
+            f"not checked (not compiled: {b['error'][:80]})"
     used = f"{b['shared_bytes'] / 1024:,.0f} of {b['shared_limit'] / 1024:,.0f} KB shared, {b['regs']} regs"
     if b["trap_only"]:
         return "**no**: a trap-only kernel"
@@ -70,14 +74,80 @@ def _cell(b: dict[str, Any]) -> str:
     return f"yes: {used}" + (f", {b['spills']} B spilled" if b["spills"] else "")
 
 
+def build_label(b: dict[str, Any]) -> str:
+    """A build row's kernel in words: the kernel, its head count (a Triton shape's) or heads per CTA (a wgmma
+    instantiation's)."""
+    return (b["kernel"] + (f", {b['heads']} heads" if b["heads"] else "")
+            + (f", {b['heads_per_cta']} heads per CTA" if b.get("heads_per_cta") else ""))
+
+
+#: What a kernel built for one architecture only says in the other architectures' columns.
+NOT_BUILT = "not built (sm_90a only: the Triton path runs here)"
+
+
 def arch_table(builds: Sequence[dict[str, Any]], caption: str) -> Table:
-    """The offline compiles as one row per kernel (and head count), one column per architecture: the launch shape
-    the launcher picks there, whether it would launch, and the shared memory (against the per-block limit),
-    registers and spills the compiler reports."""
-    archs = list(dict.fromkeys(b["arch"] for b in builds))
-    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    """The offline compiles as one row per kernel (and head count, or heads per CTA), one column per
+    architecture (compute capability): the launch shape the launcher picks there, whether it would launch, and the
+    shared memory (against the per-block limit), registers and spills the compiler reports. A wgmma path's rows
+    (sm_90a, the same GPUs as sm_90) sit in the sm_90 column, named as their target; elsewhere they are not built."""
+    archs: dict[int, str] = {}
     for b in builds:
-        what = b["kernel"] + (f", {b['heads']} heads" if b["heads"] else "")
-        row = rows.setdefault((b["kernel"], b["heads"]), {"what": what})
-        row[b["arch"]] = (f"{b['shape']} — " if b["shape"] else "") + _cell(b)
-    return Table(list(rows.values()), {"kernel": "what", **{a: a for a in archs}}, caption)
+        archs.setdefault(b["cap"], b["arch"])
+    rows: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for b in builds:
+        row = rows.setdefault((b["kernel"], b["heads"], b.get("heads_per_cta") or 0), {"what": build_label(b)})
+        target = b["arch"].split(":")[0]
+        named = f"{target}: " if target != archs[b["cap"]].split(":")[0] else ""
+        row[archs[b["cap"]]] = named + (f"{b['shape']} — " if b["shape"] else "") + _cell(b)
+    for row in rows.values():
+        if any(v.startswith("sm_90a: ") for k, v in row.items() if k != "what"):
+            for name in archs.values():
+                row.setdefault(name, NOT_BUILT)
+    return Table(list(rows.values()), {"kernel": "what", **{a: a for a in archs.values()}}, caption)
+
+
+def wgmma_build_rows(builds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ours' wgmma paths (``role`` the dispatcher's name of a wgmma path), in the dispatcher's order."""
+    order = [k for k in KERNEL_NAMES if k != "triton"]
+    return sorted((b for b in builds if b.get("role") in order), key=lambda b: (order.index(b["role"]),
+                                                                              b.get("heads_per_cta") or 0))
+
+
+def wgmma_build_text(builds: Sequence[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """What the compile says of ours' wgmma paths (registers, shared memory, spills and stack per build; on which
+    architectures the Triton path runs instead), and the values it quotes: ``{"role:heads_per_cta": {regs,
+    spills, stack_bytes, shared_bytes, fits}}``. Empty where the builds have no wgmma row."""
+    rows = wgmma_build_rows(builds)
+    if not rows:
+        return "", {}
+    values = {f"{b['role']}:{b.get('heads_per_cta')}": {k: b.get(k) for k in ("regs", "spills", "stack_bytes",
+                                                                              "shared_bytes", "fits")}
+              for b in rows}
+    others = sorted({b["arch"].split(":")[0] for b in builds if b["cap"] != 90})
+    paths = list(dict.fromkeys(b["role"] for b in rows))
+    said = " and ".join(f"the {KERNEL_NAMES[p]}" for p in paths)
+    text = (f"{said[0].upper() + said[1:]} {'are' if len(paths) > 1 else 'is'} built with nvcc for `sm_90a` alone "
+            "(H100, H200: wgmma needs that target, whose code runs on compute capability 9.0 only)"
+            + (f"; on {' and '.join(f'`{a}`' for a in others)} the dispatcher runs the Triton path" if others else "")
+            + ". ")
+    failed = [b for b in rows if b["error"]]
+    if len(failed) == len(rows):
+        return text + f"Here nvcc did not compile them: {failed[0]['error'][:200]}", values
+    parts = []
+    for p in paths:
+        each = [f"{b['heads_per_cta']} heads per CTA: " + ("not compiled" if b["error"] else
+                f"{b['regs']} registers, {b['shared_bytes'] / 1024:,.0f} KB of shared memory")
+                for b in rows if b["role"] == p]
+        parts.append(f"the {KERNEL_NAMES[p]} ({'; '.join(each)})")
+    bad = [b for b in rows if b["error"] or b["spills"] or b["stack_bytes"] or not b["fits"]]
+    limit = f"an H100 / H200 block's {rows[0]['shared_limit'] / 1024:,.0f} KB of shared memory"
+    if not bad:
+        verdict = f"All {len(rows)} builds compile with no spill and no stack frame, within {limit}."
+    else:
+        why = [f"the {KERNEL_NAMES[b['role']]} with {b['heads_per_cta']} heads per CTA: "
+               + (b["error"][:120] if b["error"] else
+                  f"{b['spills']} B spilled, {b['stack_bytes']} B of stack, {b['shared_bytes']:,} B of shared memory")
+               for b in bad]
+        verdict = (f"{len(rows) - len(bad)} of {len(rows)} builds compile with no spill and no stack frame within "
+                   f"{limit}; **not** {'; '.join(why)}.")
+    return text + "ptxas reports, per build, " + "; ".join(parts) + ". " + verdict, values

@@ -1,6 +1,6 @@
 """Our fused kernel compiled for GPUs we do not have: Triton's offline compile (no GPU needed, Triton's bundled ptxas)
 of every launch shape of the Triton path we ship or try, for sm_90, sm_100 and sm_120, held against each
-architecture's limits; and nvcc's compile of the wgmma path for its only target, sm_90a.
+architecture's limits; and nvcc's compile of the two wgmma paths for their only target, sm_90a.
 
 Run with ``python -m kvwall.tuning.arch_check`` (a table of every row); chapter 6 calls :func:`check_architectures`.
 
@@ -37,8 +37,10 @@ PTX; there, and wherever an allocation's count is not an immediate, the count is
 ``metadata.tmem_size`` (the columns it laid out: with Triton 3.6, 544 for a 64-head x 64-token tile, 528 for
 64 x 32), or None where this Triton has no such field.
 
-The wgmma path (``mla_decode_wgmma.cu``) is compiled by nvcc for sm_90a (:func:`wgmma_builds`, ``wgmma=True``): one
-row, :mod:`kvwall.tuning.arch_check_cuda`.
+The wgmma paths are compiled by nvcc for sm_90a (:func:`wgmma_builds`, ``wgmma=True``;
+:mod:`kvwall.tuning.arch_check_cuda`): the wgmma path (``mla_decode_wgmma.cu``, heads on M), one row, role
+``"wgmma"``; the tokens-on-M wgmma path (``mla_decode_wgmma_tokens.cu``), one row per instantiation (16 and 32 heads
+per CTA), role ``"wgmma_tokens"``.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ from kvwall.measure.failures import error_text
 from kvwall.model.cost import GPUS
 from kvwall.model.geometry import GLM5
 from kvwall.results.paths import PROJECT_ROOT
-from kvwall.tuning.arch_check_cuda import wgmma_rows
+from kvwall.tuning.arch_check_cuda import tokens_rows, wgmma_rows
 from kvwall.tuning.fused import candidates
 
 __all__ = ["ARCHS", "ArchLimits", "KernelBuild", "ROLES", "CANDIDATE_HEADS", "PINNED_TRITON_ENV", "PinnedTritonMissing",
@@ -295,9 +297,10 @@ def cuda_twin_builds() -> list[dict[str, Any]]:
 
 
 def wgmma_builds() -> list[dict[str, Any]]:
-    """The fused kernel's wgmma path compiled by nvcc for sm_90a, its only target: one row
-    (:func:`kvwall.tuning.arch_check_cuda.wgmma_rows`)."""
-    return wgmma_rows(ARCHS[0].regs_per_sm)
+    """The fused kernel's wgmma paths compiled by nvcc for sm_90a, their only target: the wgmma path's row, then the
+    tokens-on-M wgmma path's, one per instantiation (:func:`kvwall.tuning.arch_check_cuda.wgmma_rows`,
+    :func:`~kvwall.tuning.arch_check_cuda.tokens_rows`)."""
+    return wgmma_rows(ARCHS[0].regs_per_sm) + tokens_rows(ARCHS[0].regs_per_sm)
 
 
 def _compile_all(pairs: Iterable[tuple[MLADecodeConfig, int]]) -> None:
@@ -380,7 +383,7 @@ def _check_pinned(version: str, heads: tuple[int, ...], cast_kernels: bool, ever
     folder = pinned_triton_dir()
     argv = [sys.executable, "-m", "kvwall.tuning.arch_check", "--here", "--json", "--heads", *map(str, heads)]
     argv += ([] if every_shape else ["--fallback-only"]) + ([] if cast_kernels else ["--no-cast-kernels"])
-    argv += ["--no-wgmma"]  # nvcc's row needs no Triton: check_architectures adds it in this process
+    argv += ["--no-wgmma"]  # nvcc's rows need no Triton: check_architectures adds them in this process
     path = os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run(argv, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True,
                           timeout=3600)
@@ -401,7 +404,7 @@ def check_architectures(heads: tuple[int, ...] = (16, 32, 64, 128), *, cast_kern
     """Every head count's fallback launch shape of the fused kernel -- the one the launcher picks on each
     architecture -- compiled for every architecture of :data:`ARCHS`; with ``every_shape``, the tuned and
     candidate shapes too (:func:`check_every_shape`); with ``cast_kernels``, chapter 4's Triton gather_cast and
-    (where nvcc is) its CUDA twin; with ``wgmma``, the fused kernel's wgmma path on sm_90a (:func:`wgmma_builds`).
+    (where nvcc is) its CUDA twin; with ``wgmma``, the fused kernel's wgmma paths on sm_90a (:func:`wgmma_builds`).
     One dict per (kernel, shape, architecture), with the ``triton`` version it was compiled with (None for the CUDA
     C++ rows).
 
@@ -438,7 +441,8 @@ def _num(x: Any) -> str:
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """The rows as a plain-text table: role, architecture, heads, shape, shared / limit, registers, spills, tensor
     memory, fits (and why not)."""
-    head = (f"{'kernel':<24}{'role':<10}{'arch':<8}{'heads':>5}  {'shape':<68}{'shared / limit B':>20}{'regs':>6}"
+    kw = max([24] + [len(r["kernel"]) + 1 for r in rows])
+    head = (f"{'kernel':<{kw}}{'role':<14}{'arch':<8}{'heads':>5}  {'shape':<68}{'shared / limit B':>20}{'regs':>6}"
             f"{'spills':>8}{'tmem':>6}  fits")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -454,7 +458,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
                 why.append(f"tensor memory > {r.get('tmem_limit', 0)} columns")
         verdict = "yes" if r["fits"] else "NO" + (f" ({', '.join(why)})" if why else "")
         shipped = "  [shipped]" if r.get("shipped") and r.get("role") else ""
-        lines.append(f"{r['kernel']:<24}{r.get('role') or '-':<10}{r['arch'].split(':')[0]:<8}{r['heads'] or '':>5}  "
+        lines.append(f"{r['kernel']:<{kw}}{r.get('role') or '-':<14}{r['arch'].split(':')[0]:<8}{r['heads'] or '':>5}  "
                      f"{r['shape'][:67]:<68}{_num(r['shared_bytes']) + ' / ' + _num(r['shared_limit']):>20}"
                      f"{_num(r['regs']):>6}{_num(r['spills']):>8}{_num(r.get('tmem_columns')):>6}  {verdict}{shipped}")
     return "\n".join(lines)
@@ -465,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, nargs="+", default=[16, 32, 64, 128], help="fallback head counts")
     parser.add_argument("--fallback-only", action="store_true", help="only the launcher's fallback shapes")
     parser.add_argument("--no-cast-kernels", action="store_true", help="leave out chapter 4's cast kernels")
-    parser.add_argument("--no-wgmma", action="store_true", help="leave out the fused kernel's wgmma path (nvcc)")
+    parser.add_argument("--no-wgmma", action="store_true", help="leave out the fused kernel's wgmma paths (nvcc)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON (one line), not as a table")
     parser.add_argument("--current-triton", action="store_true",
                         help="where the GPU machines' Triton is not installed, compile with this environment's own")
