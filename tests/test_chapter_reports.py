@@ -186,6 +186,14 @@ def test_validation_table_per_path_and_the_rule():
     assert table.rows[1]["passed"] == "2 / 2" and table.rows[1]["ratio"] == "0.80–1.00×"
     assert table.rows[3]["what"].startswith("FlashMLA dense BF16") and table.rows[4]["ratio"] == "15.0–15.0×"
     assert [r["passed"] for r in table.rows[-3:]] == ["1 / 2", "1 / 1", "not run"]
+    # memcheck's row says the paths it ran (a row recorded without them ran the Triton path alone)
+    assert table.rows[-1]["what"] == "`compute-sanitizer --tool memcheck` on the Triton path"
+    every = result("fused_decode_validation", [*validation.rows[:-1], {
+        "section": "sanitizer", "passed": True, "summary": "ERROR SUMMARY: 0 errors",
+        "paths": ["triton", "wgmma", "wgmma_tokens"]}])
+    assert fused_report.validation_table(every, "caption").rows[-1] == {
+        "what": "`compute-sanitizer --tool memcheck` on the Triton path, the wgmma path and the tokens-on-M wgmma path",
+        "passed": "clean"}
     assert not fused_report.validation_passed(validation)  # a contract failed
     text, values = fused_report.validation_rule_text(validation)
     assert values == {"ours_ratio_max": 0.85, "triton_ratio_max": 1.0, "wgmma_ratio_max": 0.9}

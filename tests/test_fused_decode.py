@@ -521,6 +521,22 @@ def test_memcheck_row_without_the_tool(monkeypatch):
     assert row["ran"] is False and row["passed"] is None and "not found" in row["summary"]
 
 
+def test_the_validation_runs_memcheck_on_every_path_the_device_runs(monkeypatch):
+    """The sanitizer row runs the program with --paths naming the kernel paths that run on the device (on a CPU the
+    Triton path; on an H100 / H200 all three) and says which."""
+    from kvwall.kernels.mla_decode import sanitize
+
+    calls = []
+    monkeypatch.setattr(validation, "memcheck_row",
+                        lambda module, timeout_s, args=(): calls.append((module, timeout_s, list(args))) or
+                        {"section": "sanitizer", "passed": True})
+    assert validation.sanitizer_row(CPU, 30) == {"section": "sanitizer", "passed": True, "paths": ["triton"]}
+    monkeypatch.setattr(sanitize.wgmma_path, "wgmma_refusal", lambda device: None)  # as on an H100 / H200
+    assert validation.sanitizer_row(CPU, 30)["paths"] == ["triton", "wgmma", "wgmma_tokens"]
+    assert calls == [("kvwall.kernels.mla_decode.sanitize", 30, ["--paths", "triton"]),
+                     ("kvwall.kernels.mla_decode.sanitize", 30, ["--paths", "triton", "wgmma", "wgmma_tokens"])]
+
+
 def test_flashmla_page_table_and_a_missing_wheel(monkeypatch):
     gen = torch.Generator().manual_seed(1)
     table, seqlens = flashmla.random_page_table([1, 64, 65, 0], 10, gen, CPU)

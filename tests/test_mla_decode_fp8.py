@@ -316,6 +316,71 @@ def test_sanitizer_program_reports_each_case(capsys):
     assert {c.name for c in SANITIZED_CASES} >= {"h1 all empty", "h3 contiguous spare"}
 
 
+def test_sanitizer_program_runs_the_triton_path_alone_off_hopper_saying_why(capsys):
+    """Off an H100 / H200 (here: the CPU) no --paths runs the Triton path's cases and says why the wgmma paths are
+    left out; a case named alone runs its own path."""
+    device, paths, names = sanitize.parse_args(["--device", "cpu"])
+    assert device.type == "cpu" and paths == ["triton"] and names == [c.name for c in SANITIZED_CASES]
+    out = capsys.readouterr().out
+    assert "wgmma: not run on cpu: tensors are on cpu; the wgmma path needs an H100 / H200" in out
+    assert "wgmma_tokens: not run on cpu:" in out
+    assert sanitize.parse_args(["--device", "cpu", "--cases", "h1 all empty"])[1:] == (["triton"], ["h1 all empty"])
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--paths", "wgmma"], "--paths wgmma: it cannot run on cpu (tensors are on cpu; the wgmma path needs an H100"),
+    (["--paths", "triton", "wgmma_tokens"], "--paths wgmma_tokens: it cannot run on cpu"),
+    (["--cases", "wgmma_tokens h32 paged64"], "--paths wgmma_tokens: it cannot run on cpu"),
+    (["--paths", "triton", "--cases", "wgmma h64 pool_view"], "--cases 'wgmma h64 pool_view': not a case of --paths "
+                                                              "triton"),
+    (["--paths", "cuda_graphs"], "invalid choice: 'cuda_graphs'")], ids=["wgmma", "tokens", "tokens_case",
+                                                                         "stray_case", "unknown"])
+def test_sanitizer_program_refuses_a_wgmma_path_off_hopper_in_words(capsys, argv, words):
+    with pytest.raises(SystemExit) as info:
+        sanitize.main(["--device", "cpu", *argv])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and words in err and "Traceback" not in err, err
+    if "cannot run" in words:
+        assert "The paths that run here: --paths triton" in err
+
+
+def test_sanitizer_program_builds_each_wgmma_paths_checks(monkeypatch, capsys):
+    """As on an H100 / H200 (the refusal lifted): no --paths runs every path -- the wgmma path at 64 heads, the
+    tokens-on-M path at 16 and 32 -- each case (odd lengths, an empty request, one token; page 1 and page 64) and an
+    unchecked out-of-range call per heads and page size, each check bound to its own path's call."""
+    monkeypatch.setattr(sanitize.wgmma_path, "wgmma_refusal", lambda device: None)
+    device, paths, names = sanitize.parse_args(["--device", "cpu"])
+    assert paths == list(sanitize.PATHS) == ["triton", "wgmma", "wgmma_tokens"] and "not run" not in capsys.readouterr().out
+    want_heads = {"wgmma": {64}, "wgmma_tokens": {16, 32}}
+    for path, heads in want_heads.items():
+        cases = sanitize.path_cases(path)
+        assert {c.heads for c in cases} == heads and all(c.num_splits is None for c in cases)
+        for h in heads:
+            mine = [c for c in cases if c.heads == h]
+            assert {c.page_size for c in mine} == {1, 64}, (path, h)
+            assert all(0 in c.lens and 1 in c.lens and any(n % 2 and n > 1 for n in c.lens) for c in mine), mine
+            assert any(n % 64 for c in mine if c.page_size == 64 for n in c.lens)  # a partial last page
+    built = sanitize.checks(device, names, paths)
+    got = [n for n, _ in built]
+    assert got[:len(SANITIZED_CASES)] == [c.name for c in SANITIZED_CASES] and len(got) == len(set(got))
+    assert {n for n in got if n.startswith("wgmma h64")} == {
+        "wgmma h64 pool_view", "wgmma h64 paged64", "wgmma h64 unchecked out-of-range -> NaN rows (pool_view)",
+        "wgmma h64 unchecked out-of-range -> NaN rows (paged64)"}
+    assert {n.split()[1] for n in got if n.startswith("wgmma_tokens ")} == {"h16", "h32"}
+    assert sum("unchecked" in n for n in got if n.startswith("wgmma_tokens ")) == 4
+    # each check calls its own path's kernel, which (on the CPU) refuses before any launch, under its own name
+    monkeypatch.undo()
+    by_name = dict(built)
+    for name, call in (("wgmma h64 pool_view", "mla_decode_fp8_wgmma"),
+                       ("wgmma h64 unchecked out-of-range -> NaN rows (paged64)", "mla_decode_fp8_wgmma"),
+                       ("wgmma_tokens h32 contiguous", "mla_decode_fp8_wgmma_tokens"),
+                       ("wgmma_tokens h16 unchecked out-of-range -> NaN rows (paged64)", "mla_decode_fp8_wgmma_tokens")):
+        with pytest.raises(ValueError, match=rf"^{call}: the wgmma path cannot run here: tensors are on cpu"):
+            by_name[name]()
+    with pytest.raises(ValueError, match="plans its own splits"):
+        sanitize._fn("wgmma_tokens")(None, num_splits=3)
+
+
 @pytest.mark.parametrize("argv,words", [(["--device", "tpu"], "--device tpu: not a device these kernels run on")]
                          + ([] if torch.cuda.is_available() else [([], "--device cuda: this machine has no CUDA GPU")]))
 def test_sanitizer_programs_refuse_a_device_in_words(capsys, argv, words):

@@ -8,8 +8,9 @@ be what the host plans for (64 tokens a tile, 384 threads, shared memory within 
 machine: CPU tensors are refused before any launch, under this call's name; plans hold whole 64-token tiles and
 count 16- or 32-head blocks. On an H100 / H200
 (``gpu``-marked, skipped elsewhere): the case table against float64 (odd head counts, empty and one-token requests,
-pages of 64, every scale), a sharp softmax, NaN confined to a request with an out-of-range index, and a CUDA-graph
-replay bitwise equal to the eager call.
+pages of 64, every scale), a sharp softmax, NaN confined to a request with an out-of-range index, a CUDA-graph
+replay bitwise equal to the eager call, and the sanitizer program's checks of both wgmma paths, plain and under
+``compute-sanitizer --tool memcheck`` (where it is installed).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import pytest
 import torch
 from conftest import on_hopper
 
-from kvwall.kernels.mla_decode import wgmma, wgmma_tokens
-from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, SM_SCALE, check_case, validation_cases
+from kvwall.kernels.mla_decode import sanitize, wgmma, wgmma_tokens
+from kvwall.kernels.mla_decode.cases import (SANITIZED_CASES, SM_SCALE, WGMMA_SANITIZED_CASES, check_case,
+                                             validation_cases)
 from kvwall.kernels.mla_decode.plan import TO_THE_END
 from kvwall.kernels.mla_decode.reference import make_mla_inputs, reference64
 from kvwall.kernels.mla_decode.wgmma_tokens import (BLOCK_N, HEADS_PER_CTA, WgmmaTokensPlan, heads_per_cta,
@@ -193,3 +195,24 @@ def test_a_graph_replay_equals_the_eager_call(gpu):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@on_hopper
+def test_the_sanitizer_program_checks_both_wgmma_paths(gpu, capsys):
+    """What memcheck runs (kvwall.kernels.mla_decode.sanitize, --paths wgmma wgmma_tokens), without it: every case
+    of both paths right and the unchecked calls' NaN rows where they belong."""
+    assert sanitize.main(["--paths", "wgmma", "wgmma_tokens"]) == 0
+    out = capsys.readouterr().out
+    assert "wrong results: none" in out
+    assert all(c.name in out for cases in WGMMA_SANITIZED_CASES.values() for c in cases)
+    assert "wgmma_tokens h32 unchecked out-of-range -> NaN rows (paged64)" in out
+
+
+@on_hopper
+def test_memcheck_finds_no_error_on_either_wgmma_path(gpu):
+    from kvwall.measure.sanitizer import memcheck_row
+
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer is not on PATH")
+    row = memcheck_row(sanitize.__name__, 600, ["--paths", "wgmma", "wgmma_tokens"])
+    assert row["passed"], row["summary"] + "\n" + row["output_tail"]

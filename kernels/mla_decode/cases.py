@@ -19,7 +19,8 @@ import torch
 from kvwall.kernels.mla_decode.reference import (MLAInputs, make_mla_inputs, nonempty_requests, reference64)
 
 __all__ = ["DecodeCase", "validation_cases", "CaseInputs", "make_case_inputs", "check_case",
-           "LAYOUTS", "SCALES", "PAGED_SCALES", "SPLITS", "SM_SCALE", "SMALL_CASES", "SANITIZED_CASES"]
+           "LAYOUTS", "SCALES", "PAGED_SCALES", "SPLITS", "SM_SCALE", "SMALL_CASES", "SANITIZED_CASES",
+           "WGMMA_SANITIZED_CASES"]
 
 #: GLM-5's softmax scale: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim).
 SM_SCALE = 1.0 / math.sqrt(192 + 64)
@@ -105,6 +106,26 @@ SANITIZED_CASES: tuple[DecodeCase, ...] = (
     DecodeCase("h16 paged64", 16, (1, 0, 63, 64, 65, 200), "paged", 1.5, 0.75, "int32", 3, 5, 64),
     DecodeCase("h1 all empty", 1, (0, 0), "pool_view", 1.0, 1.0, "int32", None, 6),
 )
+
+#: What ``compute-sanitizer`` runs on each wgmma path (the dispatcher's name -> its cases), at the heads per CTA it
+#: is built for -- the wgmma path's 64, the tokens-on-M wgmma path's 16 and 32: odd lengths, one token and an empty
+#: request in each batch, page 1 (every page-1 layout) and page 64 with a partial last page (and a request of whole
+#: pages), into NaN-poisoned outputs (:func:`check_case`). The wgmma paths plan their own splits (``num_splits``
+#: None). Run with ``pool_slots=2000``.
+WGMMA_SANITIZED_CASES: dict[str, tuple[DecodeCase, ...]] = {
+    "wgmma": (
+        DecodeCase("wgmma h64 pool_view", 64, (0, 1, 65, 300), "pool_view", 0.37, 0.74, "int32", None, 11),
+        DecodeCase("wgmma h64 paged64", 64, (1, 0, 63, 64, 65, 200), "paged", 1.5, 0.75, "int64", None, 12, 64),
+    ),
+    "wgmma_tokens": (
+        DecodeCase("wgmma_tokens h16 pool_view_3d", 16, (0, 1, 65, 300), "pool_view_3d", 2.5, 0.625, "int64", None,
+                   13),
+        DecodeCase("wgmma_tokens h16 paged64", 16, (1, 0, 63, 64, 65, 200), "paged", 1.5, 0.75, "int32", None, 14,
+                   64),
+        DecodeCase("wgmma_tokens h32 contiguous", 32, (7, 0, 129, 1), "contiguous", 1.0, 1.0, "int32", None, 15),
+        DecodeCase("wgmma_tokens h32 paged64", 32, (0, 200, 65, 1, 128), "paged", 1.5, 0.75, "int64", None, 16, 64),
+    ),
+}
 
 
 def check_case(fn: MLAFn, case: DecodeCase, device: torch.device | str, pool_slots: int, *, tol: float = 1e-2,

@@ -351,7 +351,8 @@ def validation_table(result: Result, caption: str) -> Table:
             rows.append({"what": what, "passed": f"{sum(bool(r['passed']) for r in sel)} / {len(sel)}"})
     if "sanitizer" in sections:
         san = result.table("sanitizer")[0]
-        rows.append({"what": "`compute-sanitizer --tool memcheck`",
+        ran = san.get("paths", ["triton"])  # a row without paths was recorded when the program ran the Triton path only
+        rows.append({"what": f"`compute-sanitizer --tool memcheck` on {paths_said(ran)}",
                      "passed": {True: "clean", False: "FAILED", None: "not run"}[san["passed"]]})
     return Table(rows, {"check": "what", "passed": "passed", "worst error vs float64": ("err", scientific),
                         "error / the BF16 path's": ("ratio", plain)}, caption)

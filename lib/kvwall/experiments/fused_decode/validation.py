@@ -14,7 +14,8 @@ and the FP8 peers are compared too (against ours): FlashInfer's native FP8 MLA (
 imports, FlashMLA dense BF16 (every case) and dense FP8 (cases with unit scales), on the same rows laid out in
 pages of 64. Beside the cases, :mod:`.contracts`: every path's contracts (one function, parametrized over the
 paths: NaN isolation, graph replay, refusals, misaligned rows), the Triton path's bad inputs and CUDA-graph replays,
-and ``compute-sanitizer --tool memcheck`` over ``python -m kvwall.kernels.mla_decode.sanitize``.
+and ``compute-sanitizer --tool memcheck`` over ``python -m kvwall.kernels.mla_decode.sanitize`` on every kernel path
+that runs on the device (``--paths``; on the H200 the Triton path and both wgmma paths: :func:`sanitizer_row`).
 
 Device time at full scale: **174 s** measured on the H200 (2026-12-01, a trial run of the code before the
 tokens-on-M path, not recorded): FlashInfer's prebuild ~27 s, the first case ~70 s (first builds), the other 26 cases
@@ -50,7 +51,7 @@ from kvwall.experiments.fused_decode.contracts import (CONTRACT_PATHS, error_row
                                                       path_refusal)
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "run_fused_decode_validation"]
+__all__ = ["EXPERIMENTS", "run_fused_decode_validation", "sanitizer_row"]
 
 DC = GLM5.kv_lora_rank
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
@@ -286,6 +287,13 @@ def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: b
         return rows + [prow]
 
 
+def sanitizer_row(device: torch.device, timeout_s: int) -> dict[str, Any]:
+    """``compute-sanitizer --tool memcheck`` over the sanitizer program (:mod:`kvwall.kernels.mla_decode.sanitize`)
+    on every kernel path that runs on ``device`` (its ``--paths``), as one row that names them (``paths``)."""
+    paths = sanitized_program.runnable_paths(device)
+    return {**memcheck_row(sanitized_program.__name__, timeout_s, ["--paths", *paths]), "paths": paths}
+
+
 def run_fused_decode_validation(device: torch.device, *, heads: list[int], length_sets: list[list[int]],
                                 paged_length_sets: list[list[int]], page_size: int, pool_slots: int, peers: bool,
                                 graph: bool, sanitizer: bool, paths: list[str] = list(CONTRACT_PATHS),
@@ -322,7 +330,7 @@ def run_fused_decode_validation(device: torch.device, *, heads: list[int], lengt
             rows += graph_rows(device, h, seed=seed + h, planned=True)
             release_memory(device)
     if on_gpu and sanitizer:
-        rows.append(memcheck_row(sanitized_program.__name__, sanitizer_timeout_s))
+        rows.append(sanitizer_row(device, sanitizer_timeout_s))
     setup["seconds_total"] = round(time.perf_counter() - t0, 1)
     params = dict(heads=list(heads), length_sets=[list(x) for x in length_sets],
                   paged_length_sets=[list(x) for x in paged_length_sets], page_size=page_size, pool_slots=pool_slots,
