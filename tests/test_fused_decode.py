@@ -20,7 +20,7 @@ from kvwall.experiments.fused_decode import bench, contracts, paths, strategies,
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.results import collect_provenance, Result, validate_rows
 from kvwall.kernels import mla_decode_fp8
-from kvwall.kernels.mla_decode import dispatch
+from kvwall.kernels.mla_decode import dispatch, wgmma_tokens
 from kvwall.kernels.mla_decode.cases import validation_cases
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 from kvwall.measure import sanitizer, timing
@@ -66,6 +66,10 @@ def test_registered_and_listed(capsys):
     assert bench_exp.full["strategies"] == [s for s in STRATEGIES if s not in strategies.FORCED_PATHS]
     assert bench_exp.full["cast_backend"] == "fa3"  # every FlashInfer BF16 path on fa3 (Hopper), fa2 where it refuses
     assert val.full["paths"] == ["triton", "wgmma", "wgmma_tokens", "ours"]
+    # the full validation reaches both tokens-on-M instantiations (32 heads: DeepSeek at TP 4) and the heads-on-M
+    # path's full and double head blocks; the small (CPU) scale stays at 1, 3 and 16 heads
+    assert val.full["heads"] == [16, 32, 64, 128] and val.small["heads"] == [1, 3, 16]
+    assert {wgmma_tokens.heads_per_cta(h) for h in val.full["heads"]} == set(wgmma_tokens.HEADS_PER_CTA)
     fdp = EXPERIMENTS["fused_decode_paths"]
     assert fdp.full["heads"] == [16, 32, 64, 128] and fdp.full["floor_contexts"] == [64]
     assert fdp.full["page_sizes"] == [1, 64] and fdp.after_record is paths.write_path_table

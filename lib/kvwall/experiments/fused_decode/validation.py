@@ -17,10 +17,14 @@ paths: NaN isolation, graph replay, refusals, misaligned rows), the Triton path'
 and ``compute-sanitizer --tool memcheck`` over ``python -m kvwall.kernels.mla_decode.sanitize`` on every kernel path
 that runs on the device (``--paths``; on the H200 the Triton path and both wgmma paths: :func:`sanitizer_row`).
 
+The full scale's head counts are 16, 32, 64 and 128 per GPU: 32 is DeepSeek's at tensor parallelism 4 and the
+tokens-on-M path's second instantiation (32 heads per CTA), which 16 heads never reach; 9 cases per head count.
+
 Device time at full scale: **174 s** measured on the H200 (2026-12-01, a trial run of the code before the
-tokens-on-M path, not recorded): FlashInfer's prebuild ~27 s, the first case ~70 s (first builds), the other 26 cases
-x 3 paths with the peers ~40 s, contracts, errors and graphs ~14 s, memcheck 23 s. The fourth path (its build, 27
-cases, its contracts) adds an estimated ~25 s.
+tokens-on-M path, with heads 16, 64 and 128, not recorded): FlashInfer's prebuild ~27 s, the first case ~70 s (first
+builds), the other 26 cases x 3 paths with the peers ~40 s, contracts, errors and graphs ~14 s, memcheck 23 s (the
+Triton path). Estimated on top, not measured: the fourth path (its build, its cases, its contracts) ~25 s, the 9
+cases of 32 heads x 4 paths with the peers ~20 s, memcheck over both wgmma paths ~20 s: ~240 s in all.
 """
 
 from __future__ import annotations
@@ -341,7 +345,7 @@ def run_fused_decode_validation(device: torch.device, *, heads: list[int], lengt
 
 EXPERIMENTS: list[Experiment] = [
     Experiment("fused_decode_validation", run_fused_decode_validation,
-               full=dict(heads=[16, 64, 128],
+               full=dict(heads=[16, 32, 64, 128],
                          length_sets=[[1], [7], [4097], [32_768], [131_072], [0, 1, 777, 4096, 33, 20_000, 130, 5],
                                       [65, 0, 129, 2], [0, 0]],
                          paged_length_sets=[[1, 0, 4097, 30_000, 64, 65]], page_size=64, pool_slots=495_000,
