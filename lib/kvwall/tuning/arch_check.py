@@ -37,10 +37,8 @@ PTX; there, and wherever an allocation's count is not an immediate, the count is
 ``metadata.tmem_size`` (the columns it laid out: with Triton 3.6, 544 for a 64-head x 64-token tile, 528 for
 64 x 32), or None where this Triton has no such field.
 
-The wgmma paths are compiled by nvcc for sm_90a (:func:`wgmma_builds`, ``wgmma=True``;
-:mod:`kvwall.tuning.arch_check_cuda`): the wgmma path (``mla_decode_wgmma.cu``, heads on M), one row, role
-``"wgmma"``; the tokens-on-M wgmma path (``mla_decode_wgmma_tokens.cu``), one row per instantiation (16 and 32 heads
-per CTA), role ``"wgmma_tokens"``.
+The wgmma paths are compiled by nvcc for sm_90a (:func:`wgmma_builds`, ``wgmma=True``): role ``"wgmma"``, one row;
+``"wgmma_tokens"``, one row per instantiation (16 and 32 heads per CTA): :mod:`kvwall.tuning.arch_check_cuda`.
 """
 
 from __future__ import annotations
@@ -298,8 +296,7 @@ def cuda_twin_builds() -> list[dict[str, Any]]:
 
 def wgmma_builds() -> list[dict[str, Any]]:
     """The fused kernel's wgmma paths compiled by nvcc for sm_90a, their only target: the wgmma path's row, then the
-    tokens-on-M wgmma path's, one per instantiation (:func:`kvwall.tuning.arch_check_cuda.wgmma_rows`,
-    :func:`~kvwall.tuning.arch_check_cuda.tokens_rows`)."""
+    tokens-on-M path's, one per instantiation (:mod:`kvwall.tuning.arch_check_cuda`)."""
     return wgmma_rows(ARCHS[0].regs_per_sm) + tokens_rows(ARCHS[0].regs_per_sm)
 
 
