@@ -22,7 +22,6 @@ Run it with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` so that every tensor is its own
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import sys
 from typing import Callable, Sequence
