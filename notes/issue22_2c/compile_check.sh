@@ -10,11 +10,12 @@ cuo=$(command -v cuobjdump || true)
 declare -A V=(
   [x1c2p]=""
   [2c1p]="-DKVWALL_CONSUMERS16=2 -DKVWALL_PRODUCERS16=1"
+  [2c1p_slots]="-DKVWALL_CONSUMERS16=2 -DKVWALL_PRODUCERS16=1 -DKVWALL_SLOTS2=1"
   [2c2p]="-DKVWALL_CONSUMERS16=2 -DKVWALL_PRODUCERS16=2"
   [2c2p_r136]="-DKVWALL_CONSUMERS16=2 -DKVWALL_PRODUCERS16=2 -DKVWALL_RC16=136"
   [2c2p_pf2]="-DKVWALL_CONSUMERS16=2 -DKVWALL_PRODUCERS16=2 -DKVWALL_PF16=2"
 )
-names=${*:-x1c2p 2c1p 2c2p 2c2p_r136 2c2p_pf2}
+names=${*:-x1c2p 2c1p 2c1p_slots 2c2p 2c2p_r136 2c2p_pf2}
 for n in $names; do
   nice nvcc -O3 -std=c++17 ${V[$n]} -I"$root/kernels/mla_decode" -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
     -cubin -o "$out/$n.cubin" "$here/mla_decode_wgmma_tokens_2c.cu" > "$out/$n.log" 2>&1

@@ -3,8 +3,11 @@
 // notes/issue22_2c/wt2c_run.py with -D switches. Without -D flags it builds the shipped schedule (one consumer, two
 // producers) for both instantiations; the 32-head instantiation is always the shipped schedule.
 //
-//   -DKVWALL_CONSUMERS16=2 -DKVWALL_PRODUCERS16=1   "2c1p": 384 threads; two consumers + ONE producer that keeps TWO
-//        tiles of FP8 rows in registers (two slots). setmaxnreg 152 / 152 / 200 (= 3 x 168, the launch's 504).
+//   -DKVWALL_CONSUMERS16=2 -DKVWALL_PRODUCERS16=1   "2c1p": 384 threads; two consumers + ONE producer warpgroup that
+//        keeps TWO tiles of FP8 rows in registers: its warp pairs 0-1 / 2-3 own buffer 0 / 1 (tiles of that parity,
+//        4 rows a thread; K_READY / K_FREE count 128 + 64 = 192). setmaxnreg 152 / 152 / 200 (= 3 x 168, the 504
+//        the launch holds). + -DKVWALL_SLOTS2=1: every producer thread holds both tiles instead (two register
+//        slots); ptxas gives all its loads one scoreboard, so converting one slot waits for the other's loads.
 //   -DKVWALL_CONSUMERS16=2 -DKVWALL_PRODUCERS16=2   "2c2p": 512 threads; two pipelines (consumer c + producer c own
 //        buffer c and tiles c, c + 2, ...). Every warpgroup fits the launch's 128 registers (ptxas: 0 spills), so
 //        no setmaxnreg by default; -DKVWALL_RC16=136 gives 136 / 136 / 120 / 120 (= 4 x 128).
@@ -30,9 +33,9 @@
 // is merged into consumer 0's through shared memory at the end (larger maximum, both rescaled), and consumer 0 writes.
 // NP producer warpgroups gather the tiles' FP8 rows into registers (16-byte loads) and convert them into the two
 // tile buffers (buffer = tile % 2). NP = 2: producer p owns buffer p and tiles p, p + 2, ... (one tile of loads in
-// flight each). NP = 1 with NC = 2: the producer converts every tile and keeps two tiles of loads in flight in two
-// register slots (slot = tile % 2). Named barriers: K_READY[b] (the producer of buffer b arrives, its consumer waits:
-// b holds the next tile), K_FREE[b] (the consumer of buffer b arrives, the producer waits), 256 threads each;
+// flight each). NP = 1 with NC = 2: the producer warpgroup's warp pairs play the two producers (see "2c1p").
+// Named barriers: K_READY[b] (the producer of buffer b arrives, its consumer waits: b holds the next tile),
+// K_FREE[b] (the consumer of buffer b arrives, the producer waits), 256 threads each (192 for 2c1p's warp pairs);
 // CMAX0 + c and CP0 + c synchronize consumer c's four warps (128 threads).
 #include "mla_decode_common.cuh"
 
@@ -119,7 +122,8 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+template <int N = 256>
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(N) : "memory"); }
 template <int N>
 __device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
@@ -168,7 +172,17 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
   static_assert(NC == 1 || NC == 2, "one or two consumers");
   static_assert(NP == 1 || NP == 2, "one or two producers");
   // Two consumers: consumer c owns buffer c = tile % 2, so a producer's tiles must keep to its buffer(s).
-  constexpr bool TWO_SLOTS = NC == 2 && NP == 1;  // one producer, two tiles of loads in flight in registers
+  // NC = 2, NP = 1: the producer warpgroup keeps two tiles of loads in flight. SPLIT (default): its warp pairs 0-1
+  // and 2-3 are two producers of 64 threads (pair s: buffer s, tiles s, s + 2, ...; 4 rows a thread), so each warp
+  // holds ONE tile of loads. TWO_SLOTS (-DKVWALL_SLOTS2): every thread holds two tiles (slots), which ptxas
+  // compiles with one scoreboard for both slots' loads: converting a tile waits for the other slot's loads too.
+#ifndef KVWALL_SLOTS2
+#define KVWALL_SLOTS2 0
+#endif
+  constexpr bool TWO_SLOTS = NC == 2 && NP == 1 && KVWALL_SLOTS2;
+  constexpr bool SPLIT = NC == 2 && NP == 1 && !KVWALL_SLOTS2;
+  constexpr int KN = SPLIT ? 192 : 256;        // threads on K_READY / K_FREE: a consumer + its producer
+  constexpr int PSTEP = SPLIT ? 2 : NP;        // tiles between a producer's tiles
   constexpr int NV = HN / 2;   // accumulator floats per thread of one m64nHN product
   constexpr int NCOL = HN / 4; // distinct head columns per thread: 8 j + 2 c + {0, 1}, j < HN / 8
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -197,11 +211,15 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
 
   // ---- The producers' gather and conversion (the heads-on-M kernel's producer), on a register slot.
   int bad = 0;
-  const int pw = wgi - NC, t = tid & 127, lr = t >> 2, lq = t & 3;  // producer pw's thread t
-  auto fetch_index = [&](int tile, int (&entry_lo)[ROWS], int (&entry_hi)[ROWS]) {
+  // Producer pw's thread t gathers rows lr + (64 / R) rr (rr < R: 2 rows, or 4 for a SPLIT pair's 64 threads); the
+  // lanes of a quad share a row (16-byte pieces lq + 4 k).
+  const int pw = wgi - NC, t = tid & 127, lr = (SPLIT ? (t & 63) : t) >> 2, lq = t & 3;
+  const int prod = SPLIT ? warp >> 1 : pw;  // the producer (buffer) this thread's warp works for
+  auto fetch_index = [&](int tile, auto& entry_lo, auto& entry_hi) {
+    constexpr int R = sizeof(entry_lo) / sizeof(entry_lo[0]);
 #pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
+    for (int rr = 0; rr < R; ++rr) {
+      const long long tok = lo + (long long)tile * BN + lr + (BN / R) * rr;
       entry_lo[rr] = entry_hi[rr] = 0;
       if (tile < ntiles && tok < hi) {
         const int tt = (int)tok;
@@ -214,11 +232,11 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
       }
     }
   };
-  auto load_tile = [&](int tile, uint4 (&raw)[ROWS][PIECES], const int (&entry_lo)[ROWS],
-                       const int (&entry_hi)[ROWS]) {  // after fetch_index(tile, ...)
+  auto load_tile = [&](int tile, auto& raw, const auto& entry_lo, const auto& entry_hi) {  // after fetch_index(tile)
+    constexpr int R = sizeof(entry_lo) / sizeof(entry_lo[0]);
 #pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
+    for (int rr = 0; rr < R; ++rr) {
+      const long long tok = lo + (long long)tile * BN + lr + (BN / R) * rr;
       const bool live = tile < ntiles && tok < hi;
       long long e = p.indices64 ? (long long)(((unsigned long long)(unsigned)entry_hi[rr] << 32) | (unsigned)entry_lo[rr])
                                 : (long long)entry_lo[rr];
@@ -239,11 +257,12 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
 #endif
     }
   };
-  auto convert_tile = [&](int buf, const uint4 (&raw)[ROWS][PIECES]) {
+  auto convert_tile = [&](int buf, const auto& raw) {
+    constexpr int R = sizeof(raw) / sizeof(raw[0]);
     uint8_t* dst = smem + K_OFF + buf * TILE;
 #pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const int row = lr + 32 * rr;
+    for (int rr = 0; rr < R; ++rr) {
+      const int row = lr + (BN / R) * rr;
 #pragma unroll
       for (int k = 0; k < PIECES; ++k) {
         uint32_t f[8];
@@ -262,7 +281,7 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
       }
     }
     fence_async_smem();
-    bar_arrive(buf ? K_READY1 : K_READY0);
+    bar_arrive<KN>(buf ? K_READY1 : K_READY0);
   };
 
   // ---- Queries -> float16, each head scaled by 2^e (largest |q| in [2^12, 2^15)), into the swizzled Q block
@@ -347,11 +366,12 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
 #define KVWALL_PF16 0
 #endif
   constexpr int PF = HN == 16 ? KVWALL_PF16 : 0;
-  int pf_lo[ROWS], pf_hi[ROWS];
+  constexpr int PROWS = SPLIT ? 2 * ROWS : ROWS;  // rows a producer thread gathers per tile
+  int pf_lo[PROWS], pf_hi[PROWS];
   auto prefetch_tile = [&](int tile) {  // after fetch_index(tile, pf_lo, pf_hi): a row's quad covers its 576 bytes
 #pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
+    for (int rr = 0; rr < PROWS; ++rr) {
+      const long long tok = lo + (long long)tile * BN + lr + (BN / PROWS) * rr;
       if (!(tile < ntiles && tok < hi)) continue;
       const long long e = p.indices64 ? (long long)(((unsigned long long)(unsigned)pf_hi[rr] << 32) | (unsigned)pf_lo[rr])
                                       : (long long)pf_lo[rr];
@@ -364,20 +384,20 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
       if (lq == 1) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + DC - 1) : "memory");
     }
   };
-  auto produce_one_slot = [&](uint4 (&raw)[ROWS][PIECES], int (&entry_lo)[ROWS], int (&entry_hi)[ROWS]) {
-    if constexpr (PF > 0) fetch_index(pw + NP * (1 + PF), pf_lo, pf_hi);
-    for (int tl = pw; tl < ntiles; tl += NP) {
+  auto produce_one_slot = [&](auto& raw, auto& entry_lo, auto& entry_hi) {  // producer `prod`: tiles prod + k PSTEP
+    if constexpr (PF > 0) fetch_index(prod + PSTEP * (1 + PF), pf_lo, pf_hi);
+    for (int tl = prod; tl < ntiles; tl += PSTEP) {
       const int buf = tl & 1;
-      if (tl >= 2) bar_sync(buf ? K_FREE1 : K_FREE0, 256);  // the consumer is done with tile tl - 2 in buffer buf
+      if (tl >= 2) bar_sync(buf ? K_FREE1 : K_FREE0, KN);  // the consumer is done with tile tl - 2 in buffer buf
       TR(7);
-      convert_tile(buf, raw);                                 // raw holds tile tl
+      convert_tile(buf, raw);                                // raw holds tile tl
       TR(8);
-      if (tl + NP < ntiles) {
-        load_tile(tl + NP, raw, entry_lo, entry_hi);
-        fetch_index(tl + 2 * NP, entry_lo, entry_hi);
+      if (tl + PSTEP < ntiles) {
+        load_tile(tl + PSTEP, raw, entry_lo, entry_hi);
+        fetch_index(tl + 2 * PSTEP, entry_lo, entry_hi);
         if constexpr (PF > 0) {
-          prefetch_tile(tl + NP * (1 + PF));
-          fetch_index(tl + NP * (2 + PF), pf_lo, pf_hi);
+          prefetch_tile(tl + PSTEP * (1 + PF));
+          fetch_index(tl + PSTEP * (2 + PF), pf_lo, pf_hi);
         }
         TR(9);
       }
@@ -413,7 +433,7 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
     const int t0 = 16 * warp + g;  // this thread's token rows: t0 and t0 + 8
     for (int it = wgi; it < ntiles; it += NC) {
       const uint32_t kbuf = base + K_OFF + (it & 1) * TILE;
-      bar_sync((it & 1) ? K_READY1 : K_READY0, 256);
+      bar_sync((it & 1) ? K_READY1 : K_READY0, KN);
       TR(1);
       float sn[NV], sr[NV];
       const uint64_t ka0 = gmma_desc(kbuf, 16, 1024);
@@ -526,7 +546,7 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
       TR(5);
 #pragma unroll
       for (int b = 0; b < 8; ++b) pin(o[b]);
-      if (it + 2 < ntiles) bar_arrive((it & 1) ? K_FREE1 : K_FREE0);
+      if (it + 2 < ntiles) bar_arrive<KN>((it & 1) ? K_FREE1 : K_FREE0);
       TR(6);
     }
     __syncthreads();  // (2) every tile consumed; the producers' `bad` is in shared memory
@@ -678,11 +698,12 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
           }
         }
       } else {
-        uint4 raw[ROWS][PIECES];
-        int entry_lo[ROWS], entry_hi[ROWS];
-        fetch_index(pw, entry_lo, entry_hi);
-        load_tile(pw, raw, entry_lo, entry_hi);
-        fetch_index(pw + NP, entry_lo, entry_hi);
+        // One slot per producer: 2c2p's producer warpgroups, or SPLIT's warp pairs (4 rows a thread).
+        uint4 raw[PROWS][PIECES];
+        int entry_lo[PROWS], entry_hi[PROWS];
+        fetch_index(prod, entry_lo, entry_hi);
+        load_tile(prod, raw, entry_lo, entry_hi);
+        fetch_index(prod + PSTEP, entry_lo, entry_hi);
         __syncthreads();  // (1)
         produce_one_slot(raw, entry_lo, entry_hi);
       }

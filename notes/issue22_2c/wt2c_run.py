@@ -39,7 +39,8 @@ TWO = ["-DKVWALL_CONSUMERS16=2"]
 #: Variants checked and timed (name -> nvcc -D flags). "x1c2p": the exploration file's default, the shipped
 #: schedule (its PTX equals the shipped one up to virtual register names): a same-source control.
 VARIANTS = {
-    "2c1p": TWO + ["-DKVWALL_PRODUCERS16=1"],                        # setmaxnreg 152 / 152 / 200
+    "2c1p": TWO + ["-DKVWALL_PRODUCERS16=1"],                        # setmaxnreg 152 / 152 / 200, warp pairs
+    "2c1p_slots": TWO + ["-DKVWALL_PRODUCERS16=1", "-DKVWALL_SLOTS2=1"],  # the same, two register slots a thread
     "2c2p": TWO + ["-DKVWALL_PRODUCERS16=2"],                        # 4 x 128, no setmaxnreg
     "2c2p_pf2": TWO + ["-DKVWALL_PRODUCERS16=2", "-DKVWALL_PF16=2"],   # + L2 prefetch 2 own tiles ahead
     "2c2p_r136": TWO + ["-DKVWALL_PRODUCERS16=2", "-DKVWALL_RC16=136"],  # 136 / 136 / 120 / 120
@@ -50,7 +51,8 @@ CORE = ("shipped", "2c1p", "2c2p", "2c2p_pf2", "shipped_again")
 #: Timed only, after their base passed the checks (their outputs are wrong by design).
 ABLATIONS = {"2c1p_noload": ("2c1p", ["-DKVWALL_ABLATE_LOADS"]), "2c2p_noload": ("2c2p", ["-DKVWALL_ABLATE_LOADS"])}
 #: Per-phase cycle traces: the shipped schedule (same source) and the two-consumer ones.
-TRACES = {"x1c2p_tr": ("x1c2p", []), "2c1p_tr": ("2c1p", []), "2c2p_tr": ("2c2p", [])}
+TRACES = {"x1c2p_tr": ("x1c2p", []), "2c1p_tr": ("2c1p", []), "2c2p_tr": ("2c2p", []),
+          "2c1p_slots_tr": ("2c1p_slots", [])}
 POINTS = [(16, 131072, 1), (16, 32768, 8), (16, 32768, 32), (16, 131072, 32), (16, 4096, 1), (16, 64, 1)]
 EXTRA_POINTS = [(16, 131072, 1), (16, 131072, 32)]
 TRACE_POINTS = [(16, 131072, 32), (16, 131072, 1)]
@@ -516,7 +518,7 @@ def child_trace(arg: str) -> None:
             lib.kvwall_mla_tokens_trace(buf)
             v = list(buf)
             nc = 2 if name.startswith("2c") else 1
-            np_ = 1 if name.startswith("2c1p") else 2
+            np_ = 1 if name.startswith("2c1p_slots") else 2  # 2c1p: two warp pairs, pair 0's first warp traces
             per = {}
             for wg in range(4):
                 row = v[16 * wg:16 * wg + 16]
