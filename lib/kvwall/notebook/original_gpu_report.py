@@ -150,4 +150,6 @@ def wgmma_build_text(builds: Sequence[dict[str, Any]]) -> tuple[str, dict[str, A
                for b in bad]
         verdict = (f"{len(rows) - len(bad)} of {len(rows)} builds compile with no spill and no stack frame within "
                    f"{limit}; **not** {'; '.join(why)}.")
-    return text + "ptxas reports, per build, " + "; ".join(parts) + ". " + verdict, values
+    traded = (f" The {KERNEL_NAMES['wgmma_tokens']}'s count is a thread's at launch: `setmaxnreg` then gives its "
+              "consumer warpgroup more and its producers fewer." if "wgmma_tokens" in paths else "")
+    return text + "ptxas reports, per build, " + "; ".join(parts) + "." + traded + " " + verdict, values
