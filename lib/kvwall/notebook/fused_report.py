@@ -60,7 +60,7 @@ def paths_intro(paths: Result | None) -> str:
     timed, counted), and naming any path of the library the recording predates."""
     listed = recorded_paths(paths)
     about = [PATH_ABOUT[k] for k in listed]
-    said = about[0] if len(about) == 1 else ", ".join(about[:-1]) + " and " + about[-1]
+    said = about[0] if len(about) == 1 else "; ".join(about[:-1]) + "; and " + about[-1]  # the items hold commas
     text = (f"Behind it are {_COUNT.get(len(listed), f'{len(listed)} paths')}: {said}. The dispatcher picks one per "
             "call.")
     newer = [k for k in KERNEL_NAMES if k not in listed]
@@ -75,6 +75,8 @@ def paths_said(paths: Iterable[str]) -> str:
     tokens-on-M wgmma path"``: ours' paths (dispatcher names) as the prose says them, in the dispatcher's order."""
     said = [f"the {KERNEL_NAMES[k]}" for k in KERNEL_NAMES if k in set(paths)]
     return said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1] if said else "no path"
+
+
 #: Hopper (SM90) per multiprocessor: dense 16-bit tensor-core FLOP per cycle (wgmma m64n64k16 in 32 cycles),
 #: shared-memory bytes per cycle, shared memory and registers.
 TENSOR_FLOP_PER_CYCLE, SMEM_BYTES_PER_CYCLE = 4096, 128
