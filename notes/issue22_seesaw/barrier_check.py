@@ -17,8 +17,13 @@ from __future__ import annotations
 import random
 import sys
 
-QB, READY0, READY1, FREE0, FREE1, SMD0, SMD1, END, SDONE = 1, 2, 3, 4, 5, 6, 7, 8, 9
-COUNT = {QB: 256, READY0: 256, READY1: 256, FREE0: 384, FREE1: 384, SMD0: 256, SMD1: 256, END: 384, SDONE: 256}
+QB, READY0, READY1, FREE0, FREE1, SMD0, SMD1, END, SDONE, SDEAD0 = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+COUNT = {QB: 256, READY0: 256, READY1: 256, FREE0: 384, FREE1: 384, SMD0: 256, SMD1: 256, END: 384, SDONE: 256,
+         SDEAD0: 128}
+# SDEAD0 is consumer 0's own four warps (one party here: it always completes at once). What it orders -- every warp
+# of consumer 0 past its S_i wgmma wait before any warp's stmatrix of P_i over the rope rows -- lies inside a party,
+# below this model's grain (a warpgroup is one party); it is in the phase counts so that the model's barrier list
+# stays the source's.
 ROLES = ("c0", "c1", "p")
 
 
@@ -34,7 +39,7 @@ def producer(n):
     yield ("sync_end", END)
 
 
-def consumer(C, n, order):
+def consumer(C, n, order, wg_sync=True):
     ready = READY1 if C else READY0
     free_own, free_oth = (FREE1, FREE0) if C else (FREE0, FREE1)
     smd_own, smd_oth = (SMD1, SMD0) if C else (SMD0, SMD1)
@@ -47,6 +52,8 @@ def consumer(C, n, order):
 
     def softmax(i):
         yield ("ev", ("read_m", 1 - C, i - 1))          # m_{i-1} from slot 1 - C (init for i = 0)
+        if C == 0 and wg_sync:
+            yield ("sync", SDEAD0)                      # all four warps past S_i's wait (KVWALL_SS_WG_SYNC)
         yield ("ev", ("write_P", C, i))                 # stmatrix P_i into chunk 8 of buffer C
         yield ("ev", ("write_m", C, i))                 # m_i, alpha_i into slot C
         yield ("arrive", smd_own)
@@ -216,7 +223,7 @@ def main() -> int:
             ready = (n + 1) // 2, n // 2
             expect = {READY0: ready[0], READY1: ready[1], SMD0: ready[0], SMD1: ready[1],
                       FREE0: max(0, (n - 2 + 1) // 2), FREE1: max(0, (n - 2) // 2), QB: 1, END: 1,
-                      SDONE: n // 2 if order else 0}
+                      SDONE: n // 2 if order else 0, SDEAD0: (n + 1) // 2}
             if phases != expect:
                 print(f"FAIL n={n} order={order}: phases {phases} != {expect}")
                 return 1

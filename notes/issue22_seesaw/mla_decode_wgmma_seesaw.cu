@@ -32,6 +32,13 @@
 //   END 8: all 384 (bar.red.or): the producer's out-of-range flag, and each consumer's row sums, before the write.
 //   SDONE 9 (KVWALL_SS_ORDER = 1 only): consumer 1 arrives (128) when S_{i+1} is done, consumer 0 syncs (128) before
 //     P_i V_i; once per odd tile (consumer 0 syncs iff tile i + 1 exists).
+//   SDEAD0 10 (KVWALL_SS_WG_SYNC = 1, the default): consumer 0's own four warps (128, bar.sync), once per own tile,
+//     before its stmatrix of P_i. Warp w's P rows overwrite K rope rows (tokens) 16 w .. 16 w + 15, which EVERY
+//     warp's S_i wgmma reads as B; each warp's wgmma.wait_group returns on its own (PTX: the groups "committed by
+//     the executing threads"), and whether one warp's return implies the other three warps' reads are done is not
+//     stated (a wgmma-group is "per warpgroup"; CUTLASS's cluster pipelines assume so). One bar.sync makes it
+//     certain. Consumer 1 needs none: its SMD0 bar.sync (count 256 = consumer 0's 128 arrivals + all four of its
+//     own warps) already sits between its scores and its stmatrix.
 #include <type_traits>
 
 #include "../../kernels/mla_decode/mla_decode_common.cuh"
@@ -76,7 +83,13 @@ static_assert(SMEM <= 232448, "shared memory per block");
 #ifndef KVWALL_SS_ORDER
 #define KVWALL_SS_ORDER 0
 #endif
-enum Barrier { QB = 1, READY0 = 2, READY1 = 3, FREE0 = 4, FREE1 = 5, SMD0 = 6, SMD1 = 7, END = 8, SDONE = 9 };
+// 1 (default): barrier SDEAD0 (above); 0: without it (relies on the four warps' wgmma completing together).
+#ifndef KVWALL_SS_WG_SYNC
+#define KVWALL_SS_WG_SYNC 1
+#endif
+enum Barrier {
+  QB = 1, READY0 = 2, READY1 = 3, FREE0 = 4, FREE1 = 5, SMD0 = 6, SMD1 = 7, END = 8, SDONE = 9, SDEAD0 = 10
+};
 
 // ---- KVWALL_TRACE (diagnostic build): lane 0 of each warpgroup's first warp sums clock64() deltas per phase in
 // shared memory; each CTA adds them to g_trace[warpgroup][phase] (slot 14 counts CTAs, 15 tiles).
@@ -560,6 +573,8 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_seesaw_kernel(const Params p)
       }
       // P into chunk 8 of this buffer (the rope columns: the scores, their only reader, are done) by stmatrix, in
       // the fragment order the other consumer's ldmatrix reads back; the reference and the factor beside it.
+      // "Done" for all four warps of this warpgroup, not just this one (SDEAD0; consumer 1 has passed SMD0's sync).
+      if constexpr (C == 0 && KVWALL_SS_WG_SYNC) bar_sync<128>(SDEAD0);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) stsm_x4(base + OWN + 8 * CHUNK + pm_off(ks), pr[ks]);
       if (c4 == 0) {
