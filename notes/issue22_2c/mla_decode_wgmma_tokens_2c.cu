@@ -91,6 +91,9 @@ struct Budget {
   static constexpr int RC = (HN == 16 && KVWALL_RC16 > 0) ? KVWALL_RC16 : RC_DEFAULT;
   static constexpr int RP_LEFT = ((NW * LAUNCH - NC * RC) / NP) / 8 * 8;
   static constexpr int RP = RP_LEFT > 256 ? 256 : RP_LEFT;
+  // Whether the kernel executes setmaxnreg at all (NC = 1: REBALANCE; NC = 2: only where a value differs from the
+  // launch's), so that the host checks an increase only where there is one.
+  static constexpr bool SETS = NC == 1 ? REBALANCE : (RC != LAUNCH || RP != LAUNCH);
   static_assert(!REBALANCE || (RC % 8 == 0 && RC >= 24 && RC <= 256 && RP >= 24 && RP <= 256 &&
                                NC * RC + NP * RP <= NW * LAUNCH), "setmaxnreg budget beyond the launch's");
 };
@@ -735,8 +738,9 @@ static int launch_tokens(const kvwall_mla::Params* p, int head_blocks, int items
 }
 
 // Exploration: the setmaxnreg plan of the instantiation for `heads_per_cta` and the registers per thread its kernel
-// launches with: out = {consumers, producers, LAUNCH (65,536 / threads, to a multiple of 8), RC, RP, numRegs (from
-// cudaFuncGetAttributes: what the launch really allocates), threads}. The host refuses a plan whose increases the
+// launches with: out = {consumers, producers, LAUNCH (65,536 / threads, to a multiple of 8), RC, RP (both 0 where the
+// kernel runs no setmaxnreg), numRegs (from cudaFuncGetAttributes: what the launch really allocates; -1 without a
+// GPU, the other entries are filled all the same), threads}. The host refuses a plan whose increases the
 // launch cannot cover (NC x RC + NP x RP > warpgroups x numRegs): setmaxnreg.inc would wait forever.
 template <int HN>
 static int budget_of(int* out) {
@@ -745,7 +749,7 @@ static int budget_of(int* out) {
   using RB = Budget<HN, NC, NP>;
   cudaFuncAttributes attr;
   cudaError_t err = cudaFuncGetAttributes(&attr, mla_wgmma_tokens_kernel<HN, NC, NP>);
-  out[0] = NC; out[1] = NP; out[2] = RB::LAUNCH; out[3] = RB::REBALANCE ? RB::RC : 0; out[4] = RB::REBALANCE ? RB::RP : 0;
+  out[0] = NC; out[1] = NP; out[2] = RB::LAUNCH; out[3] = RB::SETS ? RB::RC : 0; out[4] = RB::SETS ? RB::RP : 0;
   out[5] = err == cudaSuccess ? attr.numRegs : -1;
   out[6] = Layout<HN, NC, NP>::NT;
   return (int)err;
