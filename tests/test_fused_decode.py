@@ -200,8 +200,11 @@ def test_path_table_with_the_tokens_on_m_path(tmp_path):
                       [32, 4096, 1, "wgmma", 17.0, 15.0, None],
                       [128, 32768, 32, "wgmma", 751.0, 223.0, 400.0]]
     target = tmp_path / "paths.json"
+    assert dispatch._read_table(target) == {}  # read (no file yet) and cached, as a choice before the recording does
     paths.write_path_table(result, target)
     table = json.loads(target.read_text())
+    # record runs the experiments after this one in the same process: they read the table just written
+    assert dispatch._read_table(target) == table
     for h, c, b, want, *_ in points:
         assert dispatch.decide_path(h, b, c, gpu="NVIDIA H200", capability=(9, 0), refusal=None,
                                     table=table)[0] == want

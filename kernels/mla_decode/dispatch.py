@@ -43,7 +43,8 @@ from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode
 
 __all__ = ["PATHS_FILE", "KernelPath", "KERNEL_PATHS", "TOKENS_MAX_HEADS", "choose_path", "decide_path",
-           "table_entry", "measured_choice", "path_point", "path_of_plan", "plan_mla_decode_auto", "mla_decode"]
+           "table_entry", "measured_choice", "path_point", "path_of_plan", "plan_mla_decode_auto", "mla_decode",
+           "reload_table"]
 
 _fail = functools.partial(fail, "mla_decode")
 #: The measured table (GPU model -> its crossovers), derived from the recorded ``fused_decode_paths`` result.
@@ -102,6 +103,12 @@ def _read_table(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return table if isinstance(table, dict) else {}
+
+
+def reload_table() -> None:
+    """Forget the tables read so far: the next :func:`choose_path` reads ``paths.json`` (or its ``table_file``) again
+    (after ``fused_decode_paths`` rewrote it, in the process that recorded it)."""
+    _read_table.cache_clear()
 
 
 def table_entry(table: dict, gpu: str, capability: tuple[int, int] | None) -> tuple[str, dict] | None:

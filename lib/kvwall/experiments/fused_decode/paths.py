@@ -164,7 +164,8 @@ def path_table(result: Result, page_size: int = 1) -> dict[str, Any]:
 
 def write_path_table(result: Result, path: Path = PATHS_FILE) -> list[Path]:
     """Merge ``result``'s entry into ``path`` (other GPUs' entries stay); returns ``[path]`` (what
-    :attr:`Experiment.after_record` returns: the files it wrote)."""
+    :attr:`Experiment.after_record` returns: the files it wrote). The dispatcher's cached read of the table is
+    dropped, so the experiments ``record`` runs after this one in the same process choose by the new table."""
     try:
         table = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -173,6 +174,7 @@ def write_path_table(result: Result, path: Path = PATHS_FILE) -> list[Path]:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(table, indent=1) + "\n")
     tmp.replace(path)
+    dispatch.reload_table()
     return [path]
 
 
