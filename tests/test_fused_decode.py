@@ -426,7 +426,8 @@ def test_bench_tiny_on_gpu():
     ours = [r for r in rows if r["strategy"] in ("ours", "ours_page64")]
     for r in ours:
         assert "error" not in r and r["timing"] == "cuda_graph", r
-        assert 0 < r["pct_roofline"] <= 110 and r["host_us"] > 0 and r["kernel_path"] in ("triton", "wgmma")
+        # any of ours' paths: on an H100 / H200 with a paths.json that times the tokens-on-M path, 16 heads may run it
+        assert 0 < r["pct_roofline"] <= 110 and r["host_us"] > 0 and r["kernel_path"] in dispatch.KERNEL_PATHS
     for r in rows:
         if r["strategy"] in ("full_cast_bf16", "gather_cast_bf16", "flashinfer_bf16_precast") and "error" not in r:
             assert r["rel_diff_vs_ours"] < 2e-2, r  # the same attention, up to BF16 roundings
