@@ -214,5 +214,7 @@ def test_memcheck_finds_no_error_on_either_wgmma_path(gpu):
 
     if shutil.which("compute-sanitizer") is None:
         pytest.skip("compute-sanitizer is not on PATH")
-    row = memcheck_row(sanitize.__name__, 600, ["--paths", "wgmma", "wgmma_tokens"])
+    # fused_decode_validation's bound (300 s, all three paths): a device call runs 600 s at most, and no recording has
+    # run memcheck over a wgmma kernel yet -- a hang must not take the rest of the call with it
+    row = memcheck_row(sanitize.__name__, 300, ["--paths", "wgmma", "wgmma_tokens"])
     assert row["passed"], row["summary"] + "\n" + row["output_tail"]
