@@ -36,8 +36,9 @@ TOKENS_KERNEL = "fused split (tokens-on-M wgmma, CUDA C++)"
 WGMMA_ROLES = {"wgmma": WGMMA_KERNEL, "wgmma_tokens": TOKENS_KERNEL}
 #: Their only architecture, as the rows name architectures.
 WGMMA_ARCH_NAME = "sm_90a: H100, H200"
-#: Shared memory an H100 / H200 CTA may opt into (bytes per block).
-WGMMA_SHARED_LIMIT = 232_448
+#: Shared memory an H100 / H200 CTA may opt into (bytes per block): the limit the tokens-on-M host checks its
+#: builds against.
+WGMMA_SHARED_LIMIT = tokens_path.SHARED_LIMIT
 
 
 @functools.cache
