@@ -391,18 +391,22 @@ def test_ncu_summary_and_text_per_path():
                "dram_read_bytes": 90.0, "l2_bytes": 250.0, "flops": 10**9, "duration_ns": 1e4,
                "dynamic_smem_bytes": 2048.0, "registers_per_thread": 255.0, "achieved_occupancy_pct": 12.4,
                "issue_active_pct": 26.0, "theoretical_occupancy_pct": 12.5, "dram_pct_of_peak": 25.0,
-               "stall_wait": 0.9, "stall_barrier": 1.8, "stall_mio_throttle": 0.5}
-    ncu = result("fused_decode_profile", [{**profile, "path": "triton", "stall_barrier": 0.1}, profile,
+               "stall_wait": 0.9, "stall_barrier": 1.8, "stall_mio_throttle": 0.5, "tensor_pipe_pct": 41.0}
+    ncu = result("fused_decode_profile", [{**profile, "path": "triton", "stall_barrier": 0.1,
+                                           "tensor_pipe_pct": None}, profile,
                                           {"section": "profile", "heads": 128, "tokens": 131072, "path": "wgmma",
                                            "min_bytes": 1, "error": "ncu failed"}])
     summary = fused_lab_report.ncu_summary(ncu)
     assert summary.column("path, heads, tokens (batch 1)") == ["Triton path, 16 h, 128K", "wgmma path, 16 h, 128K"]
     assert summary.column("largest stall (warps per issue)") == ["wait (0.9)", "barrier (1.8)"]
+    assert summary.column("tensor pipe busy %") == ["—", "41"]
     full = fused_lab_report.ncu_table(ncu)
     assert full.column("HBM read / minimum") == ["0.90×", "0.90×"] and full.column("L2 / minimum")[0] == "2.5×"
     assert [r["reason"] for r in fused_lab_report.stall_table(ncu).rows] == ["wait", "mio throttle", "barrier"]
     assert "HBM at **25 %** of its peak" in fused_lab_report.ncu_brief(ncu)
+    assert "the tensor pipe busy in **41 %**" in fused_lab_report.ncu_brief(ncu)
     text, values = fused_lab_report.ncu_text(ncu)
+    assert "busy, the tensor pipe busy 41 % of the time (stalls" in text
     assert "the wgmma path, 16 h, 128K reads HBM at 25 % of its peak" in text and set(values) == {"triton_16h",
                                                                                                    "wgmma_16h"}
     assert "profiled no launch" in fused_lab_report.ncu_text(result("fused_decode_profile", [ncu.rows[2]]))[0]

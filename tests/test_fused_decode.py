@@ -474,11 +474,39 @@ def test_parse_ncu_csv_reads_base_unit_metrics_and_rejects_empty_output():
                       row.format(name="dram__bytes_read.sum", unit="byte", value="68,983,040"),
                       row.format(name="launch__registers_per_thread", unit="register/thread", value="254"),
                       row.format(name="some__other.metric", unit="", value="1"),
+                      row.format(name="sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", unit="%",
+                                 value="31.5"),
                       row.format(name="sm__inst_executed.sum", unit="inst", value="n/a")])
     got = parse_ncu_csv(text)
-    assert got == {"dram_read_bytes": 68_983_040.0, "registers_per_thread": 254.0}
+    assert got == {"dram_read_bytes": 68_983_040.0, "registers_per_thread": 254.0, "tensor_pipe_pct": 31.5}
     with pytest.raises(ValueError, match="no Nsight Compute metric rows"):
         parse_ncu_csv("==PROF== Connected\n==ERROR== no kernels were profiled")
+
+
+def test_profile_kernel_drops_a_metric_this_ncu_does_not_know_and_names_it(tmp_path, monkeypatch):
+    """A fake ncu that knows every metric but the wgmma stall: the first run fails on that name, the second, without
+    it, returns the rest; the row names what was dropped. A failure that is not about a metric name still raises."""
+    import kvwall.measure.ncu as ncu_mod
+
+    head = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/usr/bin/env python3\n"
+                    "import sys\n"
+                    "metrics = sys.argv[sys.argv.index('--metrics') + 1].split(',')\n"
+                    "if 'smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio' in metrics:\n"
+                    "    print('==ERROR== Failed to find metric smsp__average_warps_issue_stalled_gmma_per_issue_active"
+                    ".ratio', file=sys.stderr); sys.exit(1)\n"
+                    "if 'boom' in sys.argv: print('==ERROR== the application crashed'); sys.exit(1)\n"
+                    f"print({head!r})\n"
+                    "for i, m in enumerate(metrics): print(f'\"0\",\"k\",\"{m}\",\"\",\"{i + 1}\"')\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(ncu_mod, "ncu_path", lambda: str(fake))
+    got = ncu_mod.profile_kernel("m", [], kernel_regex="k", launch_skip=0, timeout_s=30)
+    assert got["ncu_missing"] == ["stall_gmma"] and "stall_gmma" not in got
+    assert got["tensor_pipe_pct"] > 0 and got["duration_ns"] == 1.0
+    assert set(ncu_mod.NCU_METRICS.values()) <= set(got)
+    with pytest.raises(ValueError, match="no Nsight Compute metric rows"):
+        ncu_mod.profile_kernel("m", ["boom"], kernel_regex="k", launch_skip=0, timeout_s=30)
 
 
 def test_tuning_candidates_cover_the_roads_not_taken():

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Sequence
 
-__all__ = ["NCU_METRICS", "parse_ncu_csv", "profile_kernel", "ncu_path"]
+__all__ = ["NCU_METRICS", "NCU_OPTIONAL_METRICS", "parse_ncu_csv", "profile_kernel", "ncu_path", "unknown_metrics"]
 
 #: Nsight Compute metrics read for a kernel (ncu's name -> the name in the recorded rows).
 NCU_METRICS = {
@@ -37,6 +37,20 @@ NCU_METRICS = {
                  "math_pipe_throttle", "not_selected", "dispatch_stall", "no_instruction")},
 }
 
+#: Metrics asked for too where this ncu knows them: the tensor pipe (on Hopper ``sm__pipe_tensor_cycles_active``
+#: counts wgmma and mma.sync; the ``sm__ops_path_tensor_*`` counters do not count wgmma), the wgmma instructions, the
+#: shared-memory wavefronts of loads and stores (wgmma's operand reads from shared memory are not in them) and their
+#: bank conflicts, and the stall on wgmma completion. A name the installed ncu does not know is dropped and the run
+#: repeated without it (:func:`profile_kernel`), so a renamed counter costs its column, not the profile.
+NCU_OPTIONAL_METRICS = {
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed": "tensor_pipe_pct",
+    "sm__inst_executed_pipe_tensor_op_gmma.sum": "wgmma_instructions",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed": "shared_lsu_pct",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "shared_bank_conflicts",
+    "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio": "stall_gmma",
+}
+_ALL_METRICS = {**NCU_METRICS, **NCU_OPTIONAL_METRICS}
+
 
 def ncu_path() -> str | None:
     """Where ``ncu`` is on PATH (None when Nsight Compute is not installed)."""
@@ -45,15 +59,15 @@ def ncu_path() -> str | None:
 
 def parse_ncu_csv(text: str) -> dict[str, float]:
     """``ncu --csv --print-units base`` output (one kernel) -> {our name: value}. Raises ValueError if no metric
-    row of :data:`NCU_METRICS` is found (the output's tail is in the message)."""
+    row of :data:`NCU_METRICS` or :data:`NCU_OPTIONAL_METRICS` is found (the output's tail is in the message)."""
     lines = [line for line in text.splitlines() if line.startswith('"')]
     out: dict[str, float] = {}
     for rec in csv.DictReader(io.StringIO("\n".join(lines))):
         name = rec.get("Metric Name")
-        if name in NCU_METRICS:
+        if name in _ALL_METRICS:
             value = (rec.get("Metric Value") or "").replace(",", "")
             try:
-                out[NCU_METRICS[name]] = float(value)
+                out[_ALL_METRICS[name]] = float(value)
             except ValueError:
                 continue
     if not out:
@@ -61,16 +75,39 @@ def parse_ncu_csv(text: str) -> dict[str, float]:
     return out
 
 
+def unknown_metrics(text: str, asked: Sequence[str]) -> list[str]:
+    """The names of ``asked`` that an ncu run's output says it does not know (``==ERROR== Failed to find metric``)."""
+    errors = [line for line in text.splitlines() if "ERROR" in line and "metric" in line.lower()]
+    return [m for m in asked if any(m in line or m.split(".")[0] in line for line in errors)]
+
+
 def profile_kernel(module: str, args: Sequence[str], *, kernel_regex: str, launch_skip: int, timeout_s: int,
-                   launch_count: int = 1) -> dict[str, float]:
-    """Run ``python -m module *args`` under ``ncu`` and read :data:`NCU_METRICS` of the launches of the kernels
-    matching ``kernel_regex`` (after skipping ``launch_skip`` of them). Raises FileNotFoundError without ncu,
-    subprocess.TimeoutExpired past ``timeout_s``, ValueError when no metric came back."""
+                   launch_count: int = 1) -> dict[str, float | list[str]]:
+    """Run ``python -m module *args`` under ``ncu`` and read :data:`NCU_METRICS` and :data:`NCU_OPTIONAL_METRICS` of
+    the launches of the kernels matching ``kernel_regex`` (after skipping ``launch_skip`` of them). An optional metric
+    this ncu does not know is dropped and the run repeated without it; the names dropped are in ``ncu_missing``.
+    Raises FileNotFoundError without ncu, subprocess.TimeoutExpired past ``timeout_s``, ValueError when no metric
+    came back."""
     ncu = ncu_path()
     if ncu is None:
         raise FileNotFoundError("ncu (Nsight Compute) is not installed here: put it on PATH to profile kernels.")
-    cmd = [ncu, "--csv", "--print-units", "base", "--kernel-name", f"regex:{kernel_regex}",
-           "--launch-skip", str(launch_skip), "--launch-count", str(launch_count), "--metrics", ",".join(NCU_METRICS),
-           sys.executable, "-m", module, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
-    return parse_ncu_csv(proc.stdout)
+
+    def run(metrics: Sequence[str]) -> str:
+        cmd = [ncu, "--csv", "--print-units", "base", "--kernel-name", f"regex:{kernel_regex}",
+               "--launch-skip", str(launch_skip), "--launch-count", str(launch_count), "--metrics", ",".join(metrics),
+               sys.executable, "-m", module, *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
+        return proc.stdout + "\n" + proc.stderr
+
+    optional = list(NCU_OPTIONAL_METRICS)
+    text = run([*NCU_METRICS, *optional])
+    try:
+        return parse_ncu_csv(text)
+    except ValueError:
+        missing = unknown_metrics(text, optional) or optional  # unnamed: retry with the required set only
+        if not any("ERROR" in line and "metric" in line.lower() for line in text.splitlines()):
+            raise
+    out: dict[str, float | list[str]] = dict(parse_ncu_csv(run([*NCU_METRICS, *(m for m in optional
+                                                                                  if m not in missing)])))
+    out["ncu_missing"] = [NCU_OPTIONAL_METRICS[m] for m in missing]
+    return out

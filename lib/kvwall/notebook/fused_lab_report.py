@@ -224,15 +224,16 @@ def _ncu_point(r: Mapping[str, Any]) -> str:
 
 
 def ncu_summary(profile: Result) -> Table:
-    """The chapter's view of Nsight Compute: per path and point, HBM's share of its peak, achieved occupancy,
-    issue slots busy and the largest stall reason."""
+    """The chapter's view of Nsight Compute: per path and point, HBM's share of its peak, the tensor pipe's busy
+    share, achieved occupancy, issue slots busy and the largest stall reason."""
     rows = []
     for r in ncu_rows(profile):
         top = _stalls(r)[0] if _stalls(r) else None
-        rows.append({"point": _ncu_point(r), "dram": r.get("dram_pct_of_peak"), "occ": r.get("achieved_occupancy_pct"),
-                     "issue": r.get("issue_active_pct"),
+        rows.append({"point": _ncu_point(r), "dram": r.get("dram_pct_of_peak"), "tensor": r.get("tensor_pipe_pct"),
+                     "occ": r.get("achieved_occupancy_pct"), "issue": r.get("issue_active_pct"),
                      "stall": f"{top[6:].replace('_', ' ')} ({r[top]:.1f})" if top else "—"})
     return Table(rows, {"path, heads, tokens (batch 1)": "point", "HBM % of peak": ("dram", number(0)),
+                        "tensor pipe busy %": ("tensor", number(0)),
                         "occupancy %": ("occ", number(1)), "issue slots busy %": ("issue", number(0)),
                         "largest stall (warps per issue)": "stall"},
                  profile.caption() + " One launch of each path's split kernel; ncu locks clocks to base.")
@@ -248,9 +249,14 @@ def ncu_table(profile: Result) -> Table:
             for r in ncu_rows(profile)]
     return Table(rows, {"point": "point", "µs under ncu": ("us", number(1)), "HBM read / minimum": ("dram", times(2)),
                         "HBM GB/s": ("gbps", number(0)), "L2 / minimum": ("l2", times(1)),
+                        "tensor pipe busy %": ("tensor_pipe_pct", number(0)),
+                        "wgmma instructions": ("wgmma_instructions", number(0)),
+                        "shared-memory load/store wavefronts % of peak": ("shared_lsu_pct", number(0)),
                         "registers": ("registers_per_thread", number(0)), "smem KB": ("smem_kb", number(0)),
                         "occupancy % (theory / achieved)": ("occ", plain)},
-                 profile.caption() + " Minimum: kvwall.model.roofline.kv_read_bytes (580 B per token).")
+                 profile.caption() + " Minimum: kvwall.model.roofline.kv_read_bytes (580 B per token). Tensor pipe: "
+                 "sm__pipe_tensor_cycles_active over elapsed cycles (wgmma and mma.sync); the shared-memory column "
+                 "counts loads and stores, not wgmma's operand reads.")
 
 
 def stall_table(profile: Result) -> Table:
@@ -275,9 +281,11 @@ def ncu_brief(profile: Result) -> str:
             if xs else "—"
 
     which = " and ".join(f"the {KERNEL_NAMES[k]}" for k in KERNEL_NAMES if any(r["path"] == k for r in prof))
+    tensor = (f", the tensor pipe busy in **{rng('tensor_pipe_pct')}**"
+              if any(r.get("tensor_pipe_pct") is not None for r in prof) else "")
     return (f"Over the {len(prof)} profiled launches ({which}): HBM at **{rng('dram_pct_of_peak')}** of its peak, "
             f"**{rng('achieved_occupancy_pct')}** of a multiprocessor's warps resident, issue slots busy in "
-            f"**{rng('issue_active_pct')}** of cycles.")
+            f"**{rng('issue_active_pct')}** of cycles{tensor}.")
 
 
 def ncu_text(profile: Result) -> tuple[str, dict[str, Any]]:
@@ -289,11 +297,13 @@ def ncu_text(profile: Result) -> tuple[str, dict[str, Any]]:
     parts, values = [], {}
     for r in prof:
         top = ", ".join(f"{k[6:].replace('_', ' ')}" for k in _stalls(r)[:2])
+        tensor = (f", the tensor pipe busy {r['tensor_pipe_pct']:.0f} % of the time"
+                  if r.get("tensor_pipe_pct") is not None else "")
         parts.append(f"the {_ncu_point(r)} reads HBM at {r['dram_pct_of_peak']:.0f} % of its peak with "
                      f"{r['achieved_occupancy_pct']:.1f} % occupancy and {r['issue_active_pct']:.0f} % of issue slots "
-                     f"busy (stalls mostly {top})")
+                     f"busy{tensor} (stalls mostly {top})")
         values[f"{r['path']}_{r['heads']}h"] = {k: r.get(k) for k in ("dram_pct_of_peak", "achieved_occupancy_pct",
-                                                                      "issue_active_pct")}
+                                                                      "issue_active_pct", "tensor_pipe_pct")}
     text = "Under Nsight Compute, " + "; ".join(parts) + "."
     return text, values
 

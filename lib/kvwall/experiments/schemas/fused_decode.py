@@ -230,6 +230,12 @@ class FusedDecodeProfileNcu(Row):
     stall_short_scoreboard: float | None = None
     stall_wait: float | None = None
     issue_active_pct: float | None = None
+    tensor_pipe_pct: float | None = None
+    wgmma_instructions: float | None = None
+    shared_lsu_pct: float | None = None
+    shared_bank_conflicts: float | None = None
+    stall_gmma: float | None = None
+    ncu_missing: list[str] | None = None
     flops: int | None = None
     error: str | None = None
 
