@@ -485,6 +485,27 @@ def test_tuned_entry_is_the_nearest_one(tmp_path):
     assert tuned_entry(16, 4096, "GPU Y", path=table) is None
 
 
+def test_combine_shape_takes_whole_rows_when_there_are_many_to_merge():
+    """The H200's measured crossover (132 SMs): 16 heads x 7 requests (112 rows) stay at 32 columns, every chunk in
+    one step; 16 x 26 (416) and 128 x 19 take whole 512-wide rows, at most 16 chunks a step; a config's own fields
+    win."""
+    from kvwall.kernels.mla_decode.kernel import combine_shape
+
+    cfg = MLADecodeConfig(block_h=64, block_n=64)
+    assert cfg.combine_block_d == 0
+    assert combine_shape(cfg, heads=16, kv_lora_rank=512, combined=7, max_chunks=42, sms=132) == (32, 64, 4)
+    assert combine_shape(cfg, heads=16, kv_lora_rank=512, combined=1, max_chunks=128, sms=132) == (32, 128, 4)
+    assert combine_shape(cfg, heads=16, kv_lora_rank=512, combined=1, max_chunks=300, sms=132) == (32, 512, 8)
+    assert combine_shape(cfg, heads=16, kv_lora_rank=512, combined=26, max_chunks=27, sms=132) == (512, 16, 8)
+    assert combine_shape(cfg, heads=128, kv_lora_rank=512, combined=29, max_chunks=6, sms=132) == (512, 8, 4)
+    assert combine_shape(cfg, heads=128, kv_lora_rank=512, combined=3, max_chunks=3, sms=132) == (512, 4, 4)
+    assert combine_shape(cfg, heads=128, kv_lora_rank=512, combined=3, max_chunks=3, sms=1000) == (32, 4, 4)
+    own = dataclasses.replace(cfg, combine_block_d=128, combine_block_s=8, combine_warps=2)
+    assert combine_shape(own, heads=128, kv_lora_rank=512, combined=29, max_chunks=6, sms=132) == (128, 8, 2)
+    assert combine_shape(dataclasses.replace(cfg, combine_block_d=1024), heads=16, kv_lora_rank=512, combined=1,
+                         max_chunks=2, sms=132)[0] == 512
+
+
 def test_every_tuned_entry_is_a_shape_the_kernel_has():
     """The shipped table's entries name only the launch options the kernel keeps (the retired ones -- FP8 scores,
     the bit-move conversion, tokens as M, a cache hint for the first tile read -- are gone); the fallback shapes

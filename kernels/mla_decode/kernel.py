@@ -93,7 +93,7 @@ __all__ = ["mla_decode_fp8", "plan_mla_decode", "MLADecodePlan", "MLADecodeConfi
            "default_num_splits", "programs_wanted", "blocks_per_sm", "tuned_entry", "fallback_config",
            "fallback_shapes", "FALLBACK_SHAPES", "split_constexprs", "kernel_signature", "compile_offline",
            "split_resources", "SplitResources", "is_trap_only", "cubin_resources", "TUNED_CONFIG_FILE", "LAST_COMPILED",
-           "validate_call", "parse_scale", "launch_combine"]
+           "validate_call", "parse_scale", "launch_combine", "combine_shape", "COMBINE_WIDE_ROWS_PER_SM"]
 
 _plan_fail: Fail = functools.partial(fail, "plan_mla_decode")
 
@@ -548,9 +548,8 @@ class MLADecodeConfig:
     """Launch shape of the split kernel (``block_h`` heads x ``block_n`` tokens per step, its warps and
     software-pipeline stages; ``cache_v``: the load hint of the tile's second read, for ``p @ ckv`` -- ``""``, the
     first read's, makes the two one load; ``pairs``: the tile read as 16-bit pairs of FP8 values) and of the combine
-    (``combine_block_d`` latent columns per program; ``combine_block_s`` splits per step and ``combine_warps``,
-    0 = sized from the split count: all splits in one step up to 512, so the combine is one wide read, not a
-    latency-bound loop)."""
+    (``combine_block_d`` latent columns per program; ``combine_block_s`` splits per step and ``combine_warps``;
+    0 = sized from the work by :func:`combine_shape`)."""
 
     block_h: int
     block_n: int
@@ -558,7 +557,7 @@ class MLADecodeConfig:
     num_stages: int = 2
     cache_v: str = ".ca"
     pairs: bool = False
-    combine_block_d: int = 32
+    combine_block_d: int = 0
     combine_block_s: int = 0
     combine_warps: int = 0
 
@@ -998,6 +997,28 @@ def validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_
     return ckv, kpe, page_size, max_len
 
 
+#: (request, head) rows to merge per multiprocessor from which a combine program takes a whole 512-wide row: below
+#: it, 32 columns a program keep the multiprocessors busy. Measured on the H200 after the wgmma paths (2026-12-01,
+#: ``kernels/mla_decode/NOTES.md``, "The combine"): with 416 and more rows (16 heads x 26 requests up to 128 heads x
+#: 29) whole rows were 1.3-3.8x faster; with 16 and 112 rows 32 columns were 1.4-2.7x faster.
+COMBINE_WIDE_ROWS_PER_SM = 2
+
+
+def combine_shape(config: MLADecodeConfig, *, heads: int, kv_lora_rank: int, combined: int, max_chunks: int,
+                  sms: int) -> tuple[int, int, int]:
+    """The combine kernel's ``(BLOCK_D, BLOCK_S, warps)`` for ``combined`` requests of up to ``max_chunks`` chunks:
+    the config's fields where set (non-zero); else whole rows (``BLOCK_D = kv_lora_rank``, up to 16 chunks a step,
+    8 warps from 16 on) when there are at least :data:`COMBINE_WIDE_ROWS_PER_SM` (request, head) rows per
+    multiprocessor, otherwise 32 columns with every chunk in one step (up to 512; 8 warps from 8,192 values)."""
+    rows = combined * heads
+    wide = rows >= COMBINE_WIDE_ROWS_PER_SM * sms
+    block_d = min(config.combine_block_d or (kv_lora_rank if wide else 32), kv_lora_rank)
+    chunks = triton.next_power_of_2(max(1, max_chunks))
+    block_s = config.combine_block_s or (min(chunks, 16) if wide else min(chunks, 512))
+    warps = config.combine_warps or ((8 if block_s >= 16 else 4) if wide else (8 if block_s * block_d >= 8192 else 4))
+    return block_d, block_s, warps
+
+
 def launch_combine(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | None) -> None:
     """The combine kernel for a planned call whose split kernel has written ``plan``'s partials: merges the chunks of
     every request with more than one into ``out`` (and ``lse`` where given); nothing to do when no request was cut.
@@ -1007,9 +1028,9 @@ def launch_combine(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | N
         return
     cfg, heads, dc = plan.config, plan.heads, plan.kv_lora_rank
     interpreted = out.device.type == "cpu"
-    block_d = min(cfg.combine_block_d, dc)
-    block_s = cfg.combine_block_s or min(triton.next_power_of_2(plan.work_list.max_chunks), 512)
-    warps = cfg.combine_warps or (8 if block_s * block_d >= 8192 else 4)
+    block_d, block_s, warps = combine_shape(cfg, heads=heads, kv_lora_rank=dc, combined=combined,
+                                            max_chunks=plan.work_list.max_chunks,
+                                            sms=1 if interpreted else sm_count(out.device))
     handle = _kernel("combine", interpreted)[(combined, heads, dc // block_d)](
         plan.part_o, plan.part_lse, out, lse if lse is not None else plan.part_lse, heads, 0, out.stride(0),
         out.stride(1), plan.combine_requests, plan.part_indptr, DC=dc, BLOCK_D=block_d, BLOCK_S=block_s,
@@ -1125,9 +1146,8 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     if not interpreted:
         LAST_COMPILED["split"] = handle
     if combined:
-        block_d = min(cfg.combine_block_d, dc)
-        block_s = cfg.combine_block_s or min(triton.next_power_of_2(most_splits), 512)
-        warps = cfg.combine_warps or (8 if block_s * block_d >= 8192 else 4)
+        block_d, block_s, warps = combine_shape(cfg, heads=heads, kv_lora_rank=dc, combined=combined,
+                                                max_chunks=most_splits, sms=1 if interpreted else sm_count(out.device))
         creq, pptr = (plan.combine_requests, plan.part_indptr) if worklist else (kv_indptr, kv_indptr)
         handle = _kernel("combine", interpreted)[(combined, heads, dc // block_d)](
             part_o, part_lse, out, lse_arg, heads, num_splits, out.stride(0), out.stride(1), creq, pptr,
