@@ -410,6 +410,7 @@ def test_ncu_summary_and_text_per_path():
     assert "the wgmma path, 16 h, 128K reads HBM at 25 % of its peak" in text and set(values) == {"triton_16h",
                                                                                                    "wgmma_16h"}
     assert "profiled no launch" in fused_lab_report.ncu_text(result("fused_decode_profile", [ncu.rows[2]]))[0]
+    assert "launches (the Triton path and the wgmma path):" in fused_lab_report.ncu_brief(ncu)
 
 
 def test_the_phase_table_holds_each_warpgroup_against_the_tile_floors():

@@ -280,7 +280,8 @@ def ncu_brief(profile: Result) -> str:
         return (f"{min(xs):.0f}" if round(min(xs)) == round(max(xs)) else f"{min(xs):.0f}–{max(xs):.0f}") + unit \
             if xs else "—"
 
-    which = " and ".join(f"the {KERNEL_NAMES[k]}" for k in KERNEL_NAMES if any(r["path"] == k for r in prof))
+    names = [f"the {KERNEL_NAMES[k]}" for k in KERNEL_NAMES if any(r["path"] == k for r in prof)]
+    which = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     tensor = (f", the tensor pipe busy in **{rng('tensor_pipe_pct')}**"
               if any(r.get("tensor_pipe_pct") is not None for r in prof) else "")
     return (f"Over the {len(prof)} profiled launches ({which}): HBM at **{rng('dram_pct_of_peak')}** of its peak, "
