@@ -250,13 +250,12 @@ def ncu_table(profile: Result) -> Table:
     return Table(rows, {"point": "point", "µs under ncu": ("us", number(1)), "HBM read / minimum": ("dram", times(2)),
                         "HBM GB/s": ("gbps", number(0)), "L2 / minimum": ("l2", times(1)),
                         "tensor pipe busy %": ("tensor_pipe_pct", number(0)),
-                        "wgmma instructions": ("wgmma_instructions", number(0)),
-                        "shared-memory load/store wavefronts % of peak": ("shared_lsu_pct", number(0)),
+                        "shared ld/st % of peak": ("shared_lsu_pct", number(0)),
                         "registers": ("registers_per_thread", number(0)), "smem KB": ("smem_kb", number(0)),
                         "occupancy % (theory / achieved)": ("occ", plain)},
                  profile.caption() + " Minimum: kvwall.model.roofline.kv_read_bytes (580 B per token). Tensor pipe: "
-                 "sm__pipe_tensor_cycles_active over elapsed cycles (wgmma and mma.sync); the shared-memory column "
-                 "counts loads and stores, not wgmma's operand reads.")
+                 "sm__pipe_tensor_cycles_active over elapsed cycles (wgmma and mma.sync); shared ld/st: the "
+                 "shared-memory load and store wavefronts, not wgmma's operand reads.")
 
 
 def stall_table(profile: Result) -> Table:
