@@ -11,9 +11,8 @@
   warpgroup, the cycles per tile of each phase between two ``clock64`` marks, and each CTA's fixed phases
   (:func:`kvwall.kernels.mla_decode.wgmma.trace_wgmma_phases`, the ``KVWALL_TRACE`` build), beside both builds' µs.
 
-Device time at full scale: **43 s** measured on the H200 (2026-12-01, a trial run of the code before the tokens-on-M
-path, not recorded): 4 ncu runs and 5 traced points; the tokens-on-M path's two ncu runs (16 and 32 heads) add an
-estimated ~15 s. Its kernel has no phase trace build (the trace marks were exploration switches, ``NOTES.md``).
+Device time at full scale: **73 s** on the H200 (the 2026-12-01 recording at ba26777): 6 ncu runs and 5 traced
+points. The tokens-on-M kernel has no phase trace build (the trace marks were exploration switches, ``NOTES.md``).
 """
 
 from __future__ import annotations
