@@ -1,5 +1,6 @@
 # Exploration: ncu (the profile experiment's metric set) on ours (page 64) and FlashMLA at chapter 5's batch points;
-# raw CSV per run in $OUT/ncu_peers/. All kernels of the 4th call are profiled (launch-skip = 3 calls' kernels).
+# raw CSV per run in $OUT/ncu_peers/ (one archive at the end). The first 6 matching kernel launches of the 4 calls are
+# profiled (split, combine, ...: each a few times); ncu_peers_summary.py keeps the last launch of each kernel.
 mkdir -p $OUT/ncu_peers
 M=$(python3 -c "from kvwall.measure.ncu import NCU_METRICS as a, NCU_OPTIONAL_METRICS as b; print(','.join([*a, *b]))")
 for spec in "ours_page64 16 131072 32" "flashmla_dense_fp8 16 131072 32" "ours_page64 16 32768 8" "flashmla_dense_fp8 16 32768 8" \
