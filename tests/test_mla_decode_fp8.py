@@ -508,17 +508,16 @@ def test_combine_shape_takes_whole_rows_when_there_are_many_to_merge():
 
 def test_every_tuned_entry_is_a_shape_the_kernel_has():
     """The shipped table's entries name only the launch options the kernel keeps (the retired ones -- FP8 scores,
-    the bit-move conversion, tokens as M, a cache hint for the first tile read -- are gone); the fallback shapes
-    too."""
+    the bit-move conversion, tokens as M, a cache hint for the first tile read, a second tile read with its own
+    hint -- are gone)."""
     table = json.loads(TUNED_CONFIG_FILE.read_text())
     kept = {f.name for f in dataclasses.fields(MLADecodeConfig)}
-    assert kept == {"block_h", "block_n", "num_warps", "num_stages", "cache_v", "pairs", "combine_block_d",
+    assert kept == {"block_h", "block_n", "num_warps", "num_stages", "pairs", "combine_block_d",
                     "combine_block_s", "combine_warps"}
     entries = [e for gpu in table.values() for h, by_ctx in gpu.items() if h.isdigit() for e in by_ctx.values()]
     assert entries and all(MLADecodeConfig(**e["config"]) for e in entries)
-    assert {MLADecodeConfig(**e["config"]).cache_v for e in entries} == {"", ".ca"}  # both hints are selected
     assert {MLADecodeConfig(**e["config"]).pairs for e in entries} == {True, False}  # both token loops are
-    assert all(cfg.cache_v in ("", ".ca") for shapes in FALLBACK_SHAPES.values() for cfg in shapes)
+    assert all(isinstance(cfg, MLADecodeConfig) for shapes in FALLBACK_SHAPES.values() for cfg in shapes)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -539,9 +538,9 @@ def test_case_table_on_gpu(c):
 @on_gpu
 @pytest.mark.parametrize("c", SANITIZED_CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("variant", [
-    dict(), dict(block_n=128, num_warps=8, num_stages=2, block_h=16), dict(cache_v=""), dict(block_n=32, num_stages=3),
-    dict(pairs=True), dict(pairs=False, cache_v=".ca")],
-    ids=["tuned", "bn128", "one_load", "bn32", "pairs", "no_pairs"])
+    dict(), dict(block_n=128, num_warps=8, num_stages=2, block_h=16), dict(block_n=32, num_stages=3),
+    dict(pairs=True), dict(pairs=False)],
+    ids=["tuned", "bn128", "bn32", "pairs", "no_pairs"])
 def test_launch_variants_on_gpu(c, variant):
     cfg = dataclasses.replace(default_config(c.heads, DC, torch.device("cuda"), max(c.lens)), **variant)
     row = check_case(mla_decode_fp8, c, "cuda", 2_000, config=cfg)

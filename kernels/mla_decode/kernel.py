@@ -27,8 +27,8 @@ Design (chapter 5 gives the reason for each choice and the measurements):
   and as V; ``p`` rounded to float16 for the second dot, as flash attention does). The 512-wide latent goes in
   four 128-wide chunks with four accumulators. ``pairs=True`` (the 16-head shapes) reads the tile as 16-bit
   elements, each a pair of neighbouring FP8 columns converted by one ``cvt``, the dots split into even and odd
-  columns (no one-byte shared-memory loads). ``cache_v`` is the second dot's load hint; with ``""`` (the first
-  read's) the compiler merges the two loads into one. Each chunk writes a normalized float32 partial ``[H, 512]``
+  columns (no one-byte shared-memory loads). The second dot reads the tile with the first one's load, which the
+  compiler merges into one: one copy of the tile in shared memory serves both dots. Each chunk writes a normalized float32 partial ``[H, 512]``
   and its base-2 LSE, or, when it is its request's only chunk, the BF16 output directly.
 - **Queries** go to float16 scaled per head by a power of two that puts the largest |q| in [2^12, 2^15) (no
   overflow, no lost bits), the scale folded back into the logit scale.
@@ -195,7 +195,7 @@ def _q_half_impl(row_ptr, off, WIDTH: tl.constexpr, hmask, qmul, ON_GPU: tl.cons
 
 
 def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe,
-                     qn_row, qp_row, hmask, qmul, row_c, row_k, CACHE_V: tl.constexpr,
+                     qn_row, qp_row, hmask, qmul, row_c, row_k,
                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr,
                      PAGE: tl.constexpr, ON_GPU: tl.constexpr):
     """The token loop with the tile read as 16-bit pairs of FP8 values: every latent chunk splits into its even
@@ -269,16 +269,16 @@ def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, st
             pv = p.to(tl.float16)
         else:
             pv = p
-        ve, vo = _fp8_pairs(tl.load(row + 0 * HC, cache_modifier=CACHE_V), ON_GPU)
+        ve, vo = _fp8_pairs(tl.load(row + 0 * HC), ON_GPU)
         e0 = _dot(pv, ve, e0 * alpha[:, None], ON_GPU)
         o0 = _dot(pv, vo, o0 * alpha[:, None], ON_GPU)
-        ve, vo = _fp8_pairs(tl.load(row + 1 * HC, cache_modifier=CACHE_V), ON_GPU)
+        ve, vo = _fp8_pairs(tl.load(row + 1 * HC), ON_GPU)
         e1 = _dot(pv, ve, e1 * alpha[:, None], ON_GPU)
         o1 = _dot(pv, vo, o1 * alpha[:, None], ON_GPU)
-        ve, vo = _fp8_pairs(tl.load(row + 2 * HC, cache_modifier=CACHE_V), ON_GPU)
+        ve, vo = _fp8_pairs(tl.load(row + 2 * HC), ON_GPU)
         e2 = _dot(pv, ve, e2 * alpha[:, None], ON_GPU)
         o2 = _dot(pv, vo, o2 * alpha[:, None], ON_GPU)
-        ve, vo = _fp8_pairs(tl.load(row + 3 * HC, cache_modifier=CACHE_V), ON_GPU)
+        ve, vo = _fp8_pairs(tl.load(row + 3 * HC), ON_GPU)
         e3 = _dot(pv, ve, e3 * alpha[:, None], ON_GPU)
         o3 = _dot(pv, vo, o3 * alpha[:, None], ON_GPU)
         m_i = m_new
@@ -318,7 +318,7 @@ def _mla_split_kernel(
     stride_o_b, stride_o_h,
     DC: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
-    ON_GPU: tl.constexpr, KV_MUL: tl.constexpr, CACHE_V: tl.constexpr, WORKLIST: tl.constexpr,
+    ON_GPU: tl.constexpr, KV_MUL: tl.constexpr, WORKLIST: tl.constexpr,
     PAIRS: tl.constexpr,
 ):
     hb = tl.program_id(0)  # head blocks vary fastest: programs sharing a split run together and share it in L2
@@ -387,16 +387,16 @@ def _mla_split_kernel(
 
     # Per tile of BLOCK_N tokens: scores [heads, tokens] = q_nope @ ckv^T + q_pe @ kpe^T, online softmax, and
     # out [heads, 512] += p @ ckv -- the latent serves as K and as V. The 512-wide latent goes in four
-    # 128-wide chunks (four dots each way, four accumulators): whole-tile operands would spill. The tile is read
-    # twice: for the scores and again for p @ ckv (load hint CACHE_V, an L1/L2 hit): one use per load lets Triton's
-    # pipeliner stream each into shared memory with cp.async; the HBM traffic stays one read. With CACHE_V = ""
-    # the two loads are the same and the compiler merges them: one copy of the tile in shared memory, both dots.
+    # 128-wide chunks (four dots each way, four accumulators): whole-tile operands would spill. The tile is loaded
+    # for the scores and again, the same load, for p @ ckv: the compiler merges the two, so Triton's pipeliner
+    # streams one copy of the tile into shared memory with cp.async and both dots read it. (A second load with its
+    # own cache hint, `.ca`, streamed two copies: twice the shared memory, and never faster in the H200 screen.)
     if PAIRS:
         # The tile read as 16-bit pairs of FP8 values (even and odd latent columns apart): 16-bit loads from
         # shared memory and one conversion per pair, where FP8 elements cost a byte load each.
         m_i, l_i, acc0, acc1, acc2, acc3, bad_seen = _pairs_loop(
             ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe, qn_row, qp_row, hmask,
-            qmul, row_c, row_k, CACHE_V, BLOCK_H, BLOCK_N, DCH, DR, PAGE, ON_GPU)
+            qmul, row_c, row_k, BLOCK_H, BLOCK_N, DCH, DR, PAGE, ON_GPU)
     else:
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         bad_seen = tl.full([BLOCK_N], 0, tl.int32)  # per tile column: did an index fall outside the cache?
@@ -442,13 +442,13 @@ def _mla_split_kernel(
                 pv = p.to(tl.float16)  # rounded to the operand type, as flash attention does
             else:
                 pv = p  # float32 p: the interpreter checks everything but the GPU's float16 rounding of p
-            acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH, cache_modifier=CACHE_V), ON_GPU),
+            acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH), ON_GPU),
                         acc0 * alpha[:, None], ON_GPU)
-            acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH, cache_modifier=CACHE_V), ON_GPU),
+            acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH), ON_GPU),
                         acc1 * alpha[:, None], ON_GPU)
-            acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH, cache_modifier=CACHE_V), ON_GPU),
+            acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH), ON_GPU),
                         acc2 * alpha[:, None], ON_GPU)
-            acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH, cache_modifier=CACHE_V), ON_GPU),
+            acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH), ON_GPU),
                         acc3 * alpha[:, None], ON_GPU)
             m_i = m_new
 
@@ -546,8 +546,7 @@ def _kernel(name: str, interpreted: bool):
 @dataclass(frozen=True)
 class MLADecodeConfig:
     """Launch shape of the split kernel (``block_h`` heads x ``block_n`` tokens per step, its warps and
-    software-pipeline stages; ``cache_v``: the load hint of the tile's second read, for ``p @ ckv`` -- ``""``, the
-    first read's, makes the two one load; ``pairs``: the tile read as 16-bit pairs of FP8 values) and of the combine
+    software-pipeline stages; ``pairs``: the tile read as 16-bit pairs of FP8 values) and of the combine
     (``combine_block_d`` latent columns per program; ``combine_block_s`` splits per step and ``combine_warps``;
     0 = sized from the work by :func:`combine_shape`)."""
 
@@ -555,7 +554,6 @@ class MLADecodeConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
-    cache_v: str = ".ca"
     pairs: bool = False
     combine_block_d: int = 0
     combine_block_s: int = 0
@@ -598,9 +596,9 @@ def _entry_for(heads: int, max_len: int | None, device: torch.device) -> dict | 
 #: tensor-memory columns.
 FALLBACK_SHAPES: dict[str, tuple[MLADecodeConfig, ...]] = {
     "up to 16 heads": (MLADecodeConfig(16, 64, 4, 3, pairs=True), MLADecodeConfig(16, 64, 4, 2),
-                       MLADecodeConfig(16, 64, 4, 1, cache_v="")),
-    "more than 16 heads": (MLADecodeConfig(64, 32, 8, 3, cache_v=""), MLADecodeConfig(32, 64, 8, 3, cache_v=""),
-                           MLADecodeConfig(32, 32, 8, 2, cache_v=""), MLADecodeConfig(16, 64, 4, 1, cache_v="")),
+                       MLADecodeConfig(16, 64, 4, 1)),
+    "more than 16 heads": (MLADecodeConfig(64, 32, 8, 3), MLADecodeConfig(32, 64, 8, 3),
+                           MLADecodeConfig(32, 32, 8, 2), MLADecodeConfig(16, 64, 4, 1)),
 }
 
 
@@ -614,7 +612,7 @@ def split_constexprs(cfg: MLADecodeConfig, *, dc: int = 512, dr: int = 64, page:
     """The split kernel's compile-time parameters for a launch with ``cfg`` (what the launcher passes)."""
     return dict(DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page,
                 SCALE_FROM_PTR=scale_from_ptr, DIRECT=direct and not worklist, WRITE_LSE=write_lse, ON_GPU=on_gpu,
-                KV_MUL=1.0 if on_gpu else 256.0, CACHE_V=cfg.cache_v, WORKLIST=worklist, PAIRS=cfg.pairs)
+                KV_MUL=1.0 if on_gpu else 256.0, WORKLIST=worklist, PAIRS=cfg.pairs)
 
 
 _POINTER_TYPES = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "out_ptr": "*bf16", "ckv_ptr": "*fp8e4nv",

@@ -44,10 +44,11 @@ def launch_shape(row: Mapping[str, Any]) -> str:
     extra = [w for k, w in (("cfg_s_fp8", "FP8 scores"), ("cfg_tokens_m", "tokens as M")) if row.get(k)]
     if row.get("cfg_convert") not in (None, "cvt"):
         extra.append(f"{row['cfg_convert']} conversion")
+    if row.get("cfg_cache_v") not in (None, row.get("cfg_cache_k", "")):
+        extra.insert(0, "two loads")  # a second load of the tile for p @ kv, with its own cache hint (retired)
     tile = "16-bit pairs" if row.get("cfg_pairs") else "FP8 bytes"
-    loads = "one load" if row.get("cfg_cache_v") == row.get("cfg_cache_k", "") else "two loads"
     return ", ".join([f"{row['cfg_block_h']}×{row['cfg_block_n']}", f"{row['cfg_num_warps']} warps",
-                      f"{row['cfg_num_stages']} stages", tile, loads, *extra])
+                      f"{row['cfg_num_stages']} stages", tile, *extra])
 
 
 def _share(row: Mapping[str, Any]) -> float | None:
@@ -125,8 +126,8 @@ def spill_rule_table(tuning: Result) -> Table:
 
 
 def pairs_lesson(tuning: Result, heads: int = 16) -> tuple[str, dict[str, float]]:
-    """What reading the tile as 16-bit pairs bought at ``heads``: the winner against its twin that reads FP8 bytes,
-    and against its twin with a second load of the tile; Markdown and the numbers."""
+    """What reading the tile as 16-bit pairs bought at ``heads``: the winner against its twin that reads FP8 bytes;
+    Markdown and the numbers."""
     timed = [r for r in tuning.table("screen") if r["heads"] == heads and r.get("us")]
     if not timed:
         return "", {}
@@ -144,11 +145,6 @@ def pairs_lesson(tuning: Result, heads: int = 16) -> tuple[str, dict[str, float]
         lines.append(f"- the same shape reading FP8 bytes (a shared-memory load per byte): **{b['us']:.1f} µs** "
                      f"({b['us'] / best['us']:.2f}×), {b['regs']} registers")
         values["bytes_us"] = b["us"]
-    other_v = ".ca" if best.get("cfg_cache_v") == "" else ""
-    if (b := twin(cache_v=other_v)):
-        what = "a second load of the tile for `p @ kv`" if other_v else "one tile load feeding both dots"
-        lines.append(f"- {what}: **{b['us']:.1f} µs** ({b['us'] / best['us']:.2f}×), {b['regs']} registers, "
-                     f"{b['shared_bytes'] / 1024:.0f} KB")
     return "\n".join(lines), values
 
 

@@ -223,10 +223,6 @@ def _build(kernel: str, rep: _Report, limits: ArchLimits, *, heads: int, shape: 
                        tmem_limit=limits.tmem_columns, triton=triton.__version__, **extra)
 
 
-#: How :func:`_shape_text` names a launch-shape field that differs from its default.
-_FIELD_TEXT = {"cache_v": "V {}"}
-
-
 def _shape_text(cfg: MLADecodeConfig) -> str:
     """``cfg`` in words: heads x tokens, warps, stages, then every other split-kernel field not at its default."""
     text = f"{cfg.block_h} heads × {cfg.block_n} tokens, {cfg.num_warps} warps, {cfg.num_stages} stages"
@@ -235,10 +231,7 @@ def _shape_text(cfg: MLADecodeConfig) -> str:
         value = getattr(cfg, f.name)
         if f.name in ("num_warps", "num_stages") or f.name.startswith("combine_") or value == getattr(default, f.name):
             continue
-        if value is True and f.name not in _FIELD_TEXT:
-            text += f", {f.name}"
-        else:
-            text += ", " + _FIELD_TEXT.get(f.name, f.name + " {}").format(value if value != "" else "no hint")
+        text += f", {f.name}" if value is True else f", {f.name} {value}"
     return text
 
 

@@ -1,7 +1,7 @@
 """Tune the fused FP8 MLA decode kernel on the GPU at hand: ``python -m kvwall.tuning.fused``.
 
 One run, one GPU. Every candidate launch shape of the Triton path (:mod:`kvwall.kernels.mla_decode.kernel`: heads
-and tokens per program step, warps, software-pipeline stages, the second tile read's cache hint, 16-bit pairs) is first
+and tokens per program step, warps, software-pipeline stages, 16-bit pairs) is first
 checked against a float32 reference on a mixed-length batch, then timed at batch 1, 128K tokens of a 495K-slot
 FP8 pool for 16, 64 and 128 heads, inside CUDA graphs (so no host launch overhead), with a 256 MB buffer
 zeroed before every call so the pool rows are not left in L2. The best few per head count are then timed
@@ -60,19 +60,12 @@ def candidates(heads: int) -> list[MLADecodeConfig]:
                                                                  (128, 8, 2))]
         # the tile as 16-bit pairs of FP8 values (no byte loads from shared memory, one cvt per pair)
         out += [MLADecodeConfig(16, bn, w, st, pairs=True)
-                for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 2), (32, 4, 3), (128, 8, 2))]
-        # ... loaded once for both dots (one copy of the tile in shared memory: 58 KB instead of 90 KB at 64 tokens)
-        out += [MLADecodeConfig(16, bn, w, st, pairs=True, cache_v="")
-                for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 3), (32, 4, 3))]
-        out += [MLADecodeConfig(16, 64, 4, 2, cache_v="")]
+                for bn, w, st in ((64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3), (32, 4, 2), (32, 4, 3), (128, 8, 2))]
     else:
-        out += [MLADecodeConfig(64, 64, 8, 2, cache_v=cv) for cv in (".ca", "")]
-        out += [MLADecodeConfig(64, 64, 8, 3, cache_v=""), MLADecodeConfig(32, 64, 4, 3),
-                MLADecodeConfig(64, 32, 8, 3, cache_v=""), MLADecodeConfig(64, 32, 8, 2, cache_v=".ca"),
-                MLADecodeConfig(32, 64, 8, 2, cache_v=""), MLADecodeConfig(32, 64, 8, 3, cache_v=""),
-                MLADecodeConfig(32, 64, 8, 3, cache_v="", pairs=True),
-                MLADecodeConfig(64, 64, 8, 3, cache_v="", pairs=True),
-                MLADecodeConfig(32, 64, 4, 2, cache_v="", pairs=True)]
+        out += [MLADecodeConfig(64, 64, 8, 2), MLADecodeConfig(64, 64, 8, 3), MLADecodeConfig(32, 64, 4, 3),
+                MLADecodeConfig(64, 32, 8, 3), MLADecodeConfig(64, 32, 8, 2), MLADecodeConfig(32, 64, 8, 2),
+                MLADecodeConfig(32, 64, 8, 3), MLADecodeConfig(32, 64, 8, 3, pairs=True),
+                MLADecodeConfig(64, 64, 8, 3, pairs=True), MLADecodeConfig(32, 64, 4, 2, pairs=True)]
     return list(dict.fromkeys(out))
 
 
@@ -121,7 +114,7 @@ def loop_instruction_mix(heads: int = 16, tokens: int = 131072, config: MLADecod
             counts[op] += 1
             byte_loads += m.group(0).strip().startswith("ld.shared") and m.group(2).endswith(".b8")
     shape = (f"{config.block_h} heads x {config.block_n} tokens, {config.num_warps} warps, {config.num_stages} stages"
-             + (", pairs" if config.pairs else "") + (", one load" if config.cache_v == "" else ""))
+             + (", pairs" if config.pairs else ""))
     return {"counts": counts, "total": sum(counts.values()), "byte_loads": byte_loads, "shape": shape,
             "triton": triton.__version__}
 

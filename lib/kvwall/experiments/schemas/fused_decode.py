@@ -34,7 +34,6 @@ class _LaunchShape(Row):
     cfg_block_n: int
     cfg_num_warps: int
     cfg_num_stages: int
-    cfg_cache_v: str
     cfg_combine_block_d: int
     cfg_combine_block_s: int
     cfg_combine_warps: int
