@@ -23,8 +23,8 @@ float64 output rounded to BF16, the smallest error a BF16 output can have.
 Every path runs once per case (nothing is timed here: ``fused_decode_bench`` times them). FlashMLA's dense FP8
 decode quantizes the query as SGLang's ``flashmla`` backend does (static, the cache's scale: 1 here;
 :func:`kvwall.peers.flashmla.quantize_query_static`); SGLang's Triton MLA is run with its own split policy.
-Device time at full scale: 239 s on the H200 (2026-12-01, 70 cases x 9 paths; the setup row's ``seconds_total``);
-with the tokens-on-M wgmma path (10 paths) an estimated ~265 s.
+Device time at full scale: 324-376 s on the H200 (2026-12-01 and 2026-12-02, 70 cases x 10 paths; the setup row's
+``seconds_total``).
 """
 
 from __future__ import annotations
