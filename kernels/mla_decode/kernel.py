@@ -28,8 +28,9 @@ Design (chapter 5 gives the reason for each choice and the measurements):
   four 128-wide chunks with four accumulators. ``pairs=True`` (the 16-head shapes) reads the tile as 16-bit
   elements, each a pair of neighbouring FP8 columns converted by one ``cvt``, the dots split into even and odd
   columns (no one-byte shared-memory loads). The second dot reads the tile with the first one's load, which the
-  compiler merges into one: one copy of the tile in shared memory serves both dots. Each chunk writes a normalized float32 partial ``[H, 512]``
-  and its base-2 LSE, or, when it is its request's only chunk, the BF16 output directly.
+  compiler merges into one: one copy of the tile in shared memory serves both dots. Each chunk writes a
+  normalized float32 partial ``[H, 512]`` and its base-2 LSE, or, when it is its request's only chunk, the BF16
+  output directly.
 - **Queries** go to float16 scaled per head by a power of two that puts the largest |q| in [2^12, 2^15) (no
   overflow, no lost bits), the scale folded back into the logit scale.
 - **Combine kernel**, grid ``(requests with more than one chunk, H, 512 / combine_block_d)``: merges each
@@ -390,7 +391,7 @@ def _mla_split_kernel(
     # 128-wide chunks (four dots each way, four accumulators): whole-tile operands would spill. The tile is loaded
     # for the scores and again, the same load, for p @ ckv: the compiler merges the two, so Triton's pipeliner
     # streams one copy of the tile into shared memory with cp.async and both dots read it. (A second load with its
-    # own cache hint, `.ca`, streamed two copies: twice the shared memory, and never faster in the H200 screen.)
+    # own cache hint, `.ca`, streamed two copies, twice the shared memory; retired 2026-12-02, see NOTES.md.)
     if PAIRS:
         # The tile read as 16-bit pairs of FP8 values (even and odd latent columns apart): 16-bit loads from
         # shared memory and one conversion per pair, where FP8 elements cost a byte load each.
