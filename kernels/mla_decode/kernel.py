@@ -998,8 +998,9 @@ def validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_
 
 #: (request, head) rows to merge per multiprocessor from which a combine program takes a whole 512-wide row: below
 #: it, 32 columns a program keep the multiprocessors busy. Measured on the H200 after the wgmma paths (2026-12-01,
-#: ``kernels/mla_decode/NOTES.md``, "The combine"): with 416 and more rows (16 heads x 26 requests up to 128 heads x
-#: 29) whole rows were 1.3-3.8x faster; with 16 and 112 rows 32 columns were 1.4-2.7x faster.
+#: ``notes/issue22_combine/README.md``; ``kernels/mla_decode/NOTES.md``, generations 7 and 8): with 416 and more
+#: rows (16 heads x 26 requests up to 128 heads x 29) whole rows were 1.3-3.8x faster; with 16 and 112 rows 32
+#: columns were 1.4-2.7x faster.
 COMBINE_WIDE_ROWS_PER_SM = 2
 
 

@@ -11,7 +11,7 @@
   warpgroup, the cycles per tile of each phase between two ``clock64`` marks, and each CTA's fixed phases
   (:func:`kvwall.kernels.mla_decode.wgmma.trace_wgmma_phases`, the ``KVWALL_TRACE`` build), beside both builds' µs.
 
-Device time at full scale: **73 s** on the H200 (the 2026-12-01 recording at ba26777): 6 ncu runs and 5 traced
+Device time at full scale: **62-73 s** on the H200 (the recordings at ba26777 and a67e272): 6 ncu runs and 5 traced
 points. The tokens-on-M kernel has no phase trace build (the trace marks were exploration switches, ``NOTES.md``).
 """
 
