@@ -1,0 +1,61 @@
+"""Row schema of ``dsa_decode``: SGLang's DSA decode path (the indexer, its top-k, FlashMLA's sparse FP8 decode)
+beside the dense paths at chapter 5's points."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from kvwall.experiments.schemas.base import Row
+from kvwall.experiments.schemas.fused_decode import FusedDecodeBenchBench
+
+__all__ = ["DSADecodeRow"]
+
+
+class DSADecodeSetup(Row):
+    section: Literal["setup"]
+    device: str
+    gpu: str | None = None
+    sms: int | None = None
+    copy_gbps: float | None = None
+    flash_mla: dict[str, Any] | None = None
+    quantizer: str
+    quantizer_bytes_match: bool | None = None
+    index_heads: int
+    topk: int
+    us_means: str
+    index_dot: str | None = None
+    seconds_total: float | None = None
+
+
+class DSADecodePart(Row):
+    """One part of the DSA decode of a layer at one point (``part``: ``indexer_logits``, ``topk``,
+    ``sparse_decode``, or ``layer``, the three back to back), its time, the bytes it must read and its accuracy."""
+
+    section: Literal["dsa"]
+    part: Literal["indexer_logits", "topk", "sparse_decode", "layer"]
+    heads: int
+    padded_heads: int
+    context: int
+    batch: int
+    tokens: int
+    selected: int
+    floor_bytes: int
+    us: float | None
+    timing: str
+    host_us: float | None = None
+    floor_us: float | None = None
+    rel_err_f64: float | None = None
+    rel_err_vs_bf16: float | None = None
+    logits_rel_err_f64: float | None = None
+    topk_recall: float | None = None
+    error: str | None = None
+
+
+class DSADenseRow(FusedDecodeBenchBench):
+    """A dense path at the same point, timed exactly as chapter 5's benchmark times it."""
+
+
+#: One row of ``dsa_decode``, by its section.
+DSADecodeRow = Annotated[DSADecodeSetup | DSADecodePart | DSADenseRow, Field(discriminator="section")]
