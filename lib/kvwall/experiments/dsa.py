@@ -11,7 +11,10 @@ from the same BF16 keys -- and the same pages of 64:
 - ``topk``: the top 2,048 of each request turned into pool slots (``torch.topk``, a stand-in for SGLang's kernel);
 - ``sparse_decode``: FlashMLA's sparse FP8 decode over those 2,048 tokens, query heads padded to 64 as SGLang pads
   them (:class:`kvwall.peers.dsa.FlashMLASparseDecode`), checked against float64 attention over the same tokens, on
-  the values the rows hold (``rel_err_f64``) and on the BF16 keys they were made from (``rel_err_vs_bf16``);
+  the values the rows hold (``rel_err_f64``) and on the BF16 keys they were made from (``rel_err_vs_bf16``); at
+  batches up to 8, what storing the keys alone costs the output (float64 attention on the stored values against
+  float64 on the BF16 keys): the DSA rows over the selected tokens (``storage_rel_err``), the plain e4m3 rows the
+  dense paths read over every token (``dense_storage_rel_err``);
 - ``layer``: the three back to back, one call;
 - the dense paths (``ours`` on pages of 64, FlashMLA dense FP8 and BF16) exactly as ``fused_decode_bench`` times them
   (:func:`kvwall.experiments.fused_decode.bench.bench_point_rows`): every token of every request.
@@ -105,7 +108,7 @@ def _reference(pt: BenchPoint, values: Callable[[torch.Tensor], torch.Tensor], i
                                 compute_dtype=torch.float64)
 
 
-def _dsa_rows(pt: BenchPoint, v32: torch.Tensor, keys: torch.Tensor, index_cache: torch.Tensor,
+def _dsa_rows(pt: BenchPoint, v32: torch.Tensor, keys: torch.Tensor, fp8_rows: torch.Tensor, index_cache: torch.Tensor,
               layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor], device: torch.device, flush: Callable[[], Any],
               *, index_heads: int, topk: int, copy_gbps: float, reps: int, rounds: int, host_calls: int,
               check_indexer: bool) -> list[dict[str, Any]]:
@@ -167,6 +170,21 @@ def _dsa_rows(pt: BenchPoint, v32: torch.Tensor, keys: torch.Tensor, index_cache
     except Exception as exc:  # noqa: BLE001
         for part in ("sparse_decode", "layer"):
             rows[part].update(error=error_text(exc, 600), traceback_tail=traceback_tail())
+    if check_indexer:  # what storing the keys costs the attention output, before any kernel: float64 on both sides
+        try:
+            flat = v32.view(-1, V32_ROW_BYTES)
+            truth_sel = _reference(pt, lambda slots: keys[slots].float(), indices)
+            rows["sparse_decode"]["storage_rel_err"] = finite_or_none(relative_error(
+                _reference(pt, lambda slots: dequantize_v32(flat[slots]), indices), truth_sel))
+            every = [layout[2][a:b] for a, b in zip([0, *torch.tensor(pt.lens).cumsum(0).tolist()[:-1]],
+                                                     torch.tensor(pt.lens).cumsum(0).tolist())]
+            all_tokens = torch.stack([torch.nn.functional.pad(e.to(torch.int32), (0, max(pt.lens) - len(e)), value=-1)
+                                      for e in every]).unsqueeze(1)
+            rows["sparse_decode"]["dense_storage_rel_err"] = finite_or_none(relative_error(
+                _reference(pt, lambda slots: fp8_rows[slots].float(), all_tokens),
+                _reference(pt, lambda slots: keys[slots].float(), all_tokens)))
+        except Exception as exc:  # noqa: BLE001
+            rows["sparse_decode"]["storage_error"] = error_text(exc, 600)
     for part, fn in calls.items():
         try:
             us, how, why = time_call(fn, flush, device, reps, rounds)
@@ -214,7 +232,7 @@ def run_dsa_decode(device: torch.device, *, heads: list[int], contexts: list[int
                 pt = make_point(h, context, batch, pool_slots=pages * PAGE_SIZE, max_total=max_total_tokens,
                                 gen=gen, seed=seed, device=device)
                 layout = paged_layout(pt, fp8_pool)
-                rows += _dsa_rows(pt, v32, keys, index_cache, layout, device, scratch.zero_, index_heads=index_heads,
+                rows += _dsa_rows(pt, v32, keys, fp8_pool.view(-1, GLM5.kv_dim), index_cache, layout, device, scratch.zero_, index_heads=index_heads,
                                   topk=topk, copy_gbps=copy_gbps, reps=reps, rounds=rounds, host_calls=host_calls,
                                   check_indexer=batch <= CHECK_INDEXER_UP_TO)
                 rows += bench_point_rows(pt, fp8_pool, device, list(dense), scratch.zero_, copy_gbps=copy_gbps,

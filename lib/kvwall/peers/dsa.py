@@ -24,12 +24,12 @@ What SGLang does, read from its 0.5.23 wheel (:mod:`kvwall.peers.sglang_dsa` che
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from kvwall.peers.flashmla import PAGE_SIZE, load_flash_mla
 
@@ -109,7 +109,6 @@ def quantize_index_keys(keys: torch.Tensor, page_size: int = PAGE_SIZE) -> torch
     return out
 
 
-@triton.jit
 def _index_logits_kernel(q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, table_stride, out_stride,
                          HEADS: tl.constexpr, DIM: tl.constexpr, PAGE: tl.constexpr, DOT_DTYPE: tl.constexpr):
     b = tl.program_id(0)
@@ -128,10 +127,22 @@ def _index_logits_kernel(q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, 
         s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)))
         s = tl.maximum(s, 0.0) * scale[None, :]
         w = tl.load(w_ptr + b * HEADS + h)
-        logit = tl.sum(s * w[:, None], axis=0)
+        logit = tl.reduce(s * w[:, None], 0, tl.standard._sum_combine)  # tl.sum is a jit function the in-process interpreter cannot call
         tl.store(out_ptr + b * out_stride + pos, tl.where(pos < n, logit, float("-inf")))
     else:
         tl.store(out_ptr + b * out_stride + pos, tl.full([PAGE], float("-inf"), tl.float32))
+
+
+_INDEX_LOGITS: dict[bool, Any] = {}
+
+
+def _index_logits_launcher(interpreted: bool) -> Any:
+    """The kernel compiled for CUDA tensors, or run by Triton's interpreter for CPU tensors (whatever
+    ``TRITON_INTERPRET`` said when Triton was imported)."""
+    if interpreted not in _INDEX_LOGITS:
+        _INDEX_LOGITS[interpreted] = (InterpretedFunction(_index_logits_kernel) if interpreted
+                                      else triton.jit(_index_logits_kernel))
+    return _INDEX_LOGITS[interpreted]
 
 
 def index_logits(q_fp8: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
@@ -151,12 +162,13 @@ def index_logits(q_fp8: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor
     if out.shape != (b, block_table.shape[1] * PAGE_SIZE) or out.dtype != torch.float32:
         raise ValueError(f"out must be [B, max pages * {PAGE_SIZE}] float32 = {(b, block_table.shape[1] * PAGE_SIZE)}; "
                          f"got {tuple(out.shape)} {out.dtype}.")
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1" or q_fp8.device.type != "cuda"
+    interpreted = q_fp8.device.type != "cuda"
+    kernel = _index_logits_launcher(interpreted)
     grid = (b, block_table.shape[1])
     choices = ["float32"] if interpreted else ([INDEX_DOT["gpu"]] if "gpu" in INDEX_DOT else ["fp8", "bf16"])
     for i, choice in enumerate(choices):
         try:
-            _index_logits_kernel[grid](q_fp8.view(torch.uint8), weights, cache, block_table, lens, out,
+            kernel[grid](q_fp8.view(torch.uint8), weights, cache, block_table, lens, out,
                                        block_table.stride(0), out.stride(0), HEADS=heads, DIM=dim, PAGE=PAGE_SIZE,
                                        DOT_DTYPE=_DOT_DTYPES[choice])
         except Exception:  # noqa: BLE001 - a Triton that cannot compile the FP8 dot takes BF16 products (exact FP8 values)

@@ -30,13 +30,14 @@ from kvwall.model.attention import flashinfer_version, prebuild_flashinfer_mla
 from kvwall.model.decode_step import PHASES, STANDIN_LABEL, DecodeStepModel, RestOfLayerStandIn
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
-from kvwall.model.paths import PATH_INFO, STEP_PATHS, bf16_backend_for, build_step_path, kv_bytes_per_token
-from kvwall.model.pool import DecodeBatch, TokenPool, make_decode_batch
+from kvwall.model.paths import PATH_INFO, STEP_PATHS, CacheViews, bf16_backend_for, build_step_path, kv_bytes_per_token
+from kvwall.model.pool import DecodeBatch, TokenPool, make_decode_batch, mixed_lengths
 from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode, random_page_table
 from kvwall.results import Result, collect_provenance
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "run_decode_step_paths", "flashmla_step_path", "PagedViews", "FlashMLAStepDecode"]
+__all__ = ["EXPERIMENTS", "run_decode_step_paths", "run_decode_step_batches", "batch_lengths", "BATCH_PATHS",
+           "flashmla_step_path", "PagedViews", "FlashMLAStepDecode"]
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 DC = GLM5.kv_lora_rank
@@ -94,8 +95,14 @@ def flashmla_step_path(path: str, pool: TokenPool, batch: DecodeBatch, *, seed: 
 
 
 
+#: The strategies that hand the attention views of the cache (no copy): their KV phase launches no kernel.
+NO_KV_WORK = (CacheViews, PagedViews)
+
+
 def _graph_phase_ms(model: DecodeStepModel, device: torch.device, replays: int) -> dict[str, float]:
-    """Each phase's ``layers`` calls captured in a CUDA graph of their own: device ms per step, by phase."""
+    """Each phase's ``layers`` calls captured in a CUDA graph of their own: device ms per step, by phase. A strategy
+    of :data:`NO_KV_WORK` launches nothing in its KV phase: that phase is 0 ms, not captured (an empty graph, which
+    torch warns about, and whose replay would time the replay call, not KV work)."""
     pool, layers = model.pool, model.pool.num_layers
     ckv, kpe = model.strategy.prepare_kv(pool, 0, model.q_dtype)
     bodies: dict[str, Callable[[], object]] = {
@@ -104,7 +111,10 @@ def _graph_phase_ms(model: DecodeStepModel, device: torch.device, replays: int) 
         PHASES[2]: lambda: [model.attention(model.q_nope, model.q_pe, ckv, kpe) for _ in range(layers)],
         STANDIN_LABEL: lambda: [model.rest_of_layer() for _ in range(layers)],
     }
-    return {phase: graph_ms([body], device, warmup=1, replays=replays) for phase, body in bodies.items()}
+    if isinstance(model.strategy, NO_KV_WORK):
+        bodies.pop(PHASES[1])
+    timed = {phase: graph_ms([body], device, warmup=1, replays=replays) for phase, body in bodies.items()}
+    return {PHASES[1]: 0.0, **timed}
 
 
 def _eager_phase_ms(model: DecodeStepModel, steps: int) -> tuple[float, dict[str, float]]:
@@ -211,6 +221,40 @@ def run_decode_step_paths(device: torch.device, *, pool_tokens: int, layers: int
 
 
 
+#: The paths the answer names (chapter 6's decision), timed on the whole step at every batch.
+BATCH_PATHS = ["full_pool_cast", "gather_cast", "ours", "bf16_cache", "flashmla_fp8", "flashmla_bf16"]
+
+
+def batch_lengths(batch: int, context: int, max_tokens: int, *, seed: int) -> list[int]:
+    """Batch 1: one request of ``context`` tokens (the book's headline step); larger batches: mixed lengths
+    (:func:`kvwall.model.pool.mixed_lengths`) summing to ``min(batch * context, max_tokens)``."""
+    if batch == 1:
+        return [int(context)]
+    return mixed_lengths(min(batch * context, max_tokens), batch, seed=seed + batch)
+
+
+def run_decode_step_batches(device: torch.device, *, pool_tokens: int, layers: int, tensor_parallel: int,
+                            batches: list[int], context: int, max_tokens: int, paths: list[str], steps: int,
+                            bf16_backend: str = "auto", seed: int = 0) -> Result:
+    """:func:`run_decode_step_paths` at each of ``batches`` (lengths from :func:`batch_lengths`): every row says its
+    ``batch`` and ``tokens``. The rest of the layer is the original's batch-1 stand-in at every batch (the MoE and
+    projections of a real batch cost more: the stand-in is labelled so wherever it is shown)."""
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for b in batches:
+        lens = batch_lengths(b, context, max_tokens, seed=seed)
+        part = run_decode_step_paths(device, pool_tokens=pool_tokens, layers=layers, tensor_parallel=tensor_parallel,
+                                     context_lens=lens, paths=paths, steps=steps, bf16_backend=bf16_backend,
+                                     seed=seed)
+        rows += [{**r, "batch": b, "tokens": sum(lens)} for r in part.rows]
+        release_memory(device)
+    rows[0]["seconds_total"] = round(time.perf_counter() - t0, 1)
+    params = dict(pool_tokens=pool_tokens, layers=layers, tensor_parallel=tensor_parallel, batches=list(batches),
+                  context=context, max_tokens=max_tokens, paths=list(paths), steps=steps, bf16_backend=bf16_backend,
+                  seed=seed)
+    return Result("decode_step_batches", params, rows, collect_provenance(device, __name__))
+
+
 EXPERIMENTS: list[Experiment] = [
     Experiment("decode_step_paths", run_decode_step_paths,
                full=dict(pool_tokens=495_000, layers=78, tensor_parallel=4, context_lens=[8192],
@@ -219,5 +263,13 @@ EXPERIMENTS: list[Experiment] = [
                           paths=[p for p in STEP_PATHS if not PATH_INFO[p].gpu_only], steps=3, bf16_backend="auto",
                           seed=0),
                about="chapter 1's decode step with every path past the wall (CUDA-graph replayed), same pool",
+               requires=("cuda", "flashinfer")),
+    Experiment("decode_step_batches", run_decode_step_batches,
+               full=dict(pool_tokens=495_000, layers=78, tensor_parallel=4, batches=[1, 8, 32, 64], context=8192,
+                         max_tokens=400_000, paths=list(BATCH_PATHS), steps=5, bf16_backend="auto", seed=0),
+               small=dict(pool_tokens=20_000, layers=2, tensor_parallel=4, batches=[1, 2], context=512,
+                          max_tokens=1024, paths=[p for p in BATCH_PATHS if not PATH_INFO[p].gpu_only], steps=1,
+                          bf16_backend="auto", seed=0),
+               about="the whole decode step at batch 1-64 with every path the answer names (CUDA-graph replayed)",
                requires=("cuda", "flashinfer")),
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvwall.experiments.schemas.accuracy import FP8AccuracyRow
-from kvwall.experiments.schemas.answer import DecodeStepPathsRow, PathSweepRow
+from kvwall.experiments.schemas.answer import DecodeStepBatchesRow, DecodeStepPathsRow, PathSweepRow
 from kvwall.experiments.schemas.decode_profile import AttentionSweepRow, CastKernelsRow, CastSweepRow, DecodeProfileRow
 from kvwall.experiments.schemas.dsa import DSADecodeRow
 from kvwall.experiments.schemas.doors import DoorsChecksRow, DoorsSm90Row
@@ -46,6 +46,7 @@ ROW_SCHEMAS: dict[str, Any] = {
     "fp8_accuracy": FP8AccuracyRow,
     "decode_step_paths": DecodeStepPathsRow,
     "path_sweep": PathSweepRow,
+    "decode_step_batches": DecodeStepBatchesRow,
     "sglang_patch_check": SGLangPatchCheckRow,
     "dsa_decode": DSADecodeRow,
 }

@@ -9,7 +9,7 @@ from pydantic import Field
 from kvwall.experiments.schemas.base import Row
 from kvwall.experiments.schemas.fused_decode import KernelPath
 
-__all__ = ["DecodeStepPathsRow", "PathSweepRow"]
+__all__ = ["DecodeStepPathsRow", "DecodeStepBatchesRow", "PathSweepRow"]
 
 
 class DecodeStepPathsSetup(Row):
@@ -59,6 +59,19 @@ class DecodeStepPath(Row):
 
 #: One row of ``decode_step_paths``, by its section.
 DecodeStepPathsRow = Annotated[DecodeStepPathsSetup | DecodeStepPath, Field(discriminator="section")]
+
+
+class DecodeStepBatchesSetup(DecodeStepPathsSetup):
+    batch: int
+
+
+class DecodeStepBatchesPath(DecodeStepPath):
+    batch: int
+    tokens: int
+
+
+#: One row of ``decode_step_batches``: the step's rows at one batch, each saying its batch.
+DecodeStepBatchesRow = Annotated[DecodeStepBatchesSetup | DecodeStepBatchesPath, Field(discriminator="section")]
 
 
 class PathSweepCeilings(Row):

@@ -48,6 +48,8 @@ class DSADecodePart(Row):
     floor_us: float | None = None
     rel_err_f64: float | None = None
     rel_err_vs_bf16: float | None = None
+    storage_rel_err: float | None = None
+    dense_storage_rel_err: float | None = None
     logits_rel_err_f64: float | None = None
     topk_recall: float | None = None
     error: str | None = None
