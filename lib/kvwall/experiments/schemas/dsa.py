@@ -10,7 +10,7 @@ from pydantic import Field
 from kvwall.experiments.schemas.base import Row
 from kvwall.experiments.schemas.fused_decode import FusedDecodeBenchBench
 
-__all__ = ["DSADecodeRow"]
+__all__ = ["DSADecodeRow", "DSAForcedDenseRow"]
 
 
 class DSADecodeSetup(Row):
@@ -61,3 +61,41 @@ class DSADenseRow(FusedDecodeBenchBench):
 
 #: One row of ``dsa_decode``, by its section.
 DSADecodeRow = Annotated[DSADecodeSetup | DSADecodePart | DSADenseRow, Field(discriminator="section")]
+
+
+class DSAForcedCitation(Row):
+    section: Literal["citations"]
+    fact: str
+    value: str
+    lines: list[str]
+    ok: bool
+
+
+class DSAForcedDense(Row):
+    section: Literal["forced_dense"]
+    sglang: str
+    torch_version: str
+    tokens: int
+    heads: int
+    dsa_pool_class: str
+    dsa_row_bytes: int
+    dsa_row_bytes_trtllm: int
+    key_buffer_dtype: str
+    key_buffer_last_dim: int
+    dense_latent_rel_err: float
+    dense_rope_nan_tokens: float
+    dense_rope_rel_err_finite: float
+    dense_output_rel_err: float
+    dense_output_rel_err_nan_zeroed: float
+    dsa_dequant_rel_err: float
+    mla_pool_row_bytes: int
+    mla_pool_rel_err: float
+    mla_pool_output_rel_err: float
+    set_kv_buffer_error: str
+    sglang_files_checked: int
+    standins: dict[str, str]
+    seconds_total: float
+
+
+#: One row of ``dsa_forced_dense``, by its section.
+DSAForcedDenseRow = Annotated[DSAForcedCitation | DSAForcedDense, Field(discriminator="section")]
