@@ -72,28 +72,20 @@ class DSAForcedCitation(Row):
 
 
 class DSAForcedDense(Row):
+    """:class:`kvwall.peers.sglang_dsa.ForcedDenseResult`'s fields (those the chapters read typed here; the rest kept
+    as recorded)."""
+
     section: Literal["forced_dense"]
     sglang: str
     torch_version: str
-    tokens: int
-    heads: int
-    dsa_pool_class: str
     dsa_row_bytes: int
     dsa_row_bytes_trtllm: int
-    key_buffer_dtype: str
     key_buffer_last_dim: int
     dense_latent_rel_err: float
     dense_rope_nan_tokens: float
-    dense_rope_rel_err_finite: float
     dense_output_rel_err: float
-    dense_output_rel_err_nan_zeroed: float
-    dsa_dequant_rel_err: float
-    mla_pool_row_bytes: int
-    mla_pool_rel_err: float
     mla_pool_output_rel_err: float
     set_kv_buffer_error: str
-    sglang_files_checked: int
-    standins: dict[str, str]
     seconds_total: float
 
 
