@@ -18,10 +18,16 @@ CHAPTERS = sorted(p for p in BOOK.glob("[0-9][0-9]_*.md"))
 
 
 def run_chapter(path: Path, out_dir: Path, **parameters) -> dict:
-    """Execute a MyST chapter with papermill (as CI and readers do) and return its execution record."""
+    """Execute a MyST chapter with papermill (as CI and readers do) and return its execution record, after checking
+    what its outputs show a reader (tests/rendered_checks.py: no unformatted placeholder, ratio columns that say
+    their direction, no long table inline, CPU-live figures titled as such)."""
     from kvwall.notebook.execute import execute_chapter
+    from rendered_checks import notebook_problems
 
-    return execute_chapter(path, out_dir, **parameters)
+    record = execute_chapter(path, out_dir, **parameters)
+    problems = notebook_problems(Path(out_dir) / f"{Path(path).stem}.ipynb")
+    assert not problems, "what the executed chapter shows a reader is wrong:\n" + "\n".join(problems)
+    return record
 
 
 @pytest.fixture(scope="session")

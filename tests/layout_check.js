@@ -80,7 +80,13 @@
                visible: r.right <= view.right + SLACK && r.left >= view.left - SLACK };
     });
     const col = rect(column);
-    return { index, width: t.width, column_width: col.width, right: t.right, column_right: col.right,
+    // Height as drawn: 0 inside a closed <details> (Chromium still lays such content out when asked for its box);
+    // a table in a box that scrolls vertically counts as that box.
+    const oy = scroller ? getComputedStyle(scroller).overflowY : "";
+    const folded = !!table.closest("details:not([open])");
+    const height = folded ? 0 : (oy === "auto" || oy === "scroll") ? Math.min(t.height, rect(scroller).height) : t.height;
+    return { index, width: t.width, height, folded, rows: table.querySelectorAll("tbody tr").length,
+             column_width: col.width, right: t.right, column_right: col.right,
              scrolls: !!scroller, scroller_right: scroller ? view.right : null,
              clipped: t.right > col.right + SLACK && !(scroller && view.right <= col.right + SLACK),
              headers, caption: ((table.parentElement && table.parentElement.nextElementSibling

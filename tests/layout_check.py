@@ -18,6 +18,11 @@ from typing import Any
 SCRIPT = Path(__file__).with_name("layout_check.js")
 #: The window the book is checked at (the issue's screenshots): 1300 × 900.
 WINDOW = (1300, 900)
+#: The tallest a table may be drawn, in px (four screens): a longer one is folded (``Table.markdown`` puts a table of
+#: more than ``MAX_INLINE_ROWS`` rows in a closed ``<details>``) or scrolls in a box of its own. Chapter 3's 72-row
+#: replay table, inline, ran its page about 10,000 px long; its tallest table left inline (26 rows of source lines)
+#: is about 2,700 px.
+MAX_TABLE_PX = 4 * WINDOW[1]
 
 
 def chromium() -> str | None:
@@ -73,7 +78,8 @@ def screenshot(page: Path, browser: str, shot: Path, *, window: tuple[int, int] 
 
 def problems(report: dict[str, Any], *, visible_headers: dict[str, str] | None = None) -> list[str]:
     """What a reader would see wrong on the page: each overlap, each text box outside its figure, heatmap text
-    under 11 px, each table wider than the content column that does not scroll inside it. ``visible_headers``:
+    under 11 px, each table wider than the content column that does not scroll inside it, each table drawn taller
+    than :data:`MAX_TABLE_PX`. ``visible_headers``:
     ``{header text: why}`` for columns that must be in view without scrolling."""
     out = []
     for f in report["figures"]:
@@ -86,6 +92,9 @@ def problems(report: dict[str, Any], *, visible_headers: dict[str, str] | None =
         name = f"table {t['index'] + 1} ({', '.join(h['text'] for h in t['headers'][:4])[:60]})"
         if t["clipped"]:
             out.append(f"{name}: {t['width']:.0f} px wide in a {t['column_width']:.0f} px column, and nothing scrolls it")
+        if t.get("height", 0) > MAX_TABLE_PX:
+            out.append(f"{name}: {t['height']:.0f} px tall ({t.get('rows', '?')} rows) inline, over {MAX_TABLE_PX} px: "
+                       "fold it (a summary in view, the full table in <details>)")
         for header, why in (visible_headers or {}).items():
             for h in t["headers"]:
                 if h["text"] == header and not h["visible"]:

@@ -71,6 +71,25 @@ def test_checker_flags_overlaps_clipped_text_and_wide_tables(browser, tmp_path):
     assert any("column 5" in p and "out of view" in p for p in found), found
 
 
+def test_checker_flags_a_long_table_inline_and_passes_it_folded(browser, tmp_path):
+    """Chapter 3's 72-row table ran the page about 10,000 px long: a table taller than MAX_TABLE_PX is flagged, the
+    same table folded by Table.markdown (a closed <details>) is not."""
+    import markdown_it
+
+    from kvwall.notebook.tables import MAX_INLINE_ROWS, Table
+
+    rows = [{"family": "SM90", "path": f"path {i}", "answer": "ValueError: refused " * 16} for i in range(72)]
+    table = Table(rows, {k: k for k in rows[0]}, "caption")
+    render = markdown_it.MarkdownIt("commonmark", {"html": True}).enable("table").render
+    inline = render(table.markdown().replace("<details>", "").replace("</details>", "")
+                    .replace(f"<summary>The full table: {len(rows)} rows (click to open)</summary>", ""))
+    found = problems(check_page(_page(tmp_path, [], inline), browser))
+    assert any("px tall (72 rows) inline" in p for p in found), found
+    assert len(rows) > MAX_INLINE_ROWS and "<details>" in table.markdown()
+    folded = problems(check_page(_page(tmp_path, [], render(table.markdown())), browser))
+    assert not [p for p in folded if "tall" in p], folded
+
+
 def test_checker_passes_the_books_figures_and_a_scrolling_table(browser, tmp_path):
     caption = ["Recorded on NVIDIA H200 (SM90), 2026-11-30, torch 2.11.0, triton 3.6.0, FlashInfer 0.6.18.post1, "
                "commit 0123456789ab, full scale; the fingerprint of the code it depends on matches.",

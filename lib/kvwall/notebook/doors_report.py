@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from kvwall.model.geometry import GLM5
+from kvwall.notebook.tables import Table
 from kvwall.peers.flashinfer.doors import DoorCase
 from kvwall.peers.flashinfer.replay import replay_cases
 
 __all__ = ["MISSING_DOWNLOAD", "is_missing_download", "gpu_call_rows", "calls_for_matrix", "note_missing_downloads",
-           "outcome_label", "xqa_padded_replays", "attribution_text", "xqa_text", "dsa_text"]
+           "outcome_label", "replay_summary_table", "xqa_padded_replays", "attribution_text", "xqa_text", "dsa_text"]
 
 #: Messages FlashInfer gives when a trtllm-gen artifact (cubin, checksums, header) could not be loaded or fetched:
 #: ``jit/attention/modules.py`` asserts on an empty ``get_artifact`` result, ``jit/cubin_loader.py`` raises under
@@ -31,6 +32,22 @@ def is_missing_download(row: Mapping[str, Any]) -> bool:
 
 def outcome_label(row: Mapping[str, Any]) -> str:
     return "cubin not available (download failed offline)" if is_missing_download(row) else row["outcome"]
+
+
+def replay_summary_table(replays: Sequence[Mapping[str, Any]], caption: str) -> Table:
+    """The replays counted, one row per path and one column per GPU family: how many of the path's calls (head
+    counts, page sizes, query dtypes) reached the kernel module, of how many replayed; the calls themselves are the
+    full table."""
+    families = list(dict.fromkeys(r["family"] for r in replays))
+    rows = []
+    for door in dict.fromkeys(r["door"] for r in replays):
+        row: dict[str, Any] = {"door": door}
+        for family in families:
+            sel = [r for r in replays if r["door"] == door and r["family"] == family]
+            reached = sum(1 for r in sel if r["outcome"] == "kernel_reached")
+            row[family] = f"{reached} of {len(sel)} reach the kernel" if sel else "—"
+        rows.append(row)
+    return Table(rows, {"path": "door", **{f: f for f in families}}, caption)
 
 
 def gpu_call_rows(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.paths import KERNEL_NAMES
-from kvwall.notebook import plots
+from kvwall.notebook import accuracy_regimes, plots
 from kvwall.notebook.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
@@ -214,8 +214,9 @@ def lead(grid: Grid) -> Lead:
     fp8_cache_wins = [p for p in pts if all(grid.us(OURS, p) <= u for s in same_inputs if (u := grid.us(s, p)))]
     values["ours_fastest_fp8_cache_bf16_query"] = len(fp8_cache_wins)
     table = Table(rows, {"path": "path", "reads": "reads", "faster than ours at (points)": "faster",
-                         "its speed / ours": ("speed", plain), "worst error vs float64": ("err", scientific)},
-                  grid.caption + " Speed = ours' µs over the path's at the same point (above 1× it is faster); "
+                         "ours' µs / its µs (>1: it is faster)": ("speed", plain),
+                         "worst error vs float64": ("err", scientific)},
+                  grid.caption + " Ours' µs over the path's at the same point (above 1×, the path is faster); "
                   "FlashInfer: at each point the fastest of its FP8 fa2, FP8 fa3 and BF16 (on a BF16 copy of the "
                   "pool) kernels, and that one's error.")
     fm8, fm8_n = values[f"{FM_FP8}_faster_than_ours"], values[f"{FM_FP8}_points"]
@@ -237,10 +238,21 @@ def lead(grid: Grid) -> Lead:
              f"{sg_n}. Among the ways to decode from the FP8 cache with a BF16 query (ours, FlashInfer's native FP8, "
              f"the casts before FlashInfer BF16), ours is the fastest at **{len(fp8_cache_wins)} of {n}**.")
     if err_x:
-        text += (f" FlashMLA FP8 buys its speed with accuracy: it quantizes the query to FP8, and its error against "
-                 f"float64 is **{min(err_x):.0f}–{max(err_x):.0f}×** ours at every point; FlashMLA BF16 needs a BF16 "
-                 "cache, twice the bytes per token.")
+        text += (f" FlashMLA FP8 buys its speed with accuracy: it quantizes the query to FP8, and on this grid's "
+                 f"{_regime_said(grid)} its error against float64 is **{min(err_x):.0f}–{max(err_x):.0f}×** ours at "
+                 "every point; FlashMLA BF16 needs a BF16 cache, twice the bytes per token.")
     return Lead(text, table, values)
+
+
+def _regime_said(grid: Grid) -> str:
+    """The grid's input regime, named, with the logits' spread and the output's norm drawn here (chapter 5b's table
+    of regimes has every other one)."""
+    found = next((m for m in accuracy_regimes.fp8_query_multipliers(None, grid.result) if m.strategy == FM_FP8), None)
+    if found is None or found.logit_spread is None or found.output_norm is None:
+        return f"inputs ({accuracy_regimes.RANDOM_INPUTS})"
+    lo, hi = (f"{v:.2f}" for v in found.logit_spread)
+    return (f"inputs ({accuracy_regimes.RANDOM_INPUTS}: logits spread {lo if lo == hi else f'{lo}–{hi}'}, attention "
+            f"near uniform, the output {found.output_norm[1]:.0%} of a value's norm or less)")
 
 
 def lead_figure(grid: Grid) -> go.Figure:
@@ -277,9 +289,10 @@ def lead_figure(grid: Grid) -> go.Figure:
              min(ratios) * 0.8 <= t <= max(ratios) * 1.25]
     fig.update_yaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks],
                      range=[math.log10(min(ratios) * 0.8), math.log10(max(ratios) * 1.25)] if ratios else None)
-    fig.update_yaxes(title_text="speed vs FlashMLA BF16", col=1)
-    fig.update_layout(title="Speed relative to FlashMLA BF16 (dashed), per point")
-    caption = (grid.caption + " Above 1×: faster than FlashMLA BF16. Ticks: batch, under it the context (K tokens) "
+    fig.update_yaxes(title_text="FlashMLA BF16 µs / its µs", col=1)
+    fig.update_layout(title="FlashMLA BF16's time / each path's time, per point (>1: the path is faster)")
+    caption = (grid.caption + " y: FlashMLA BF16's µs over the path's; above 1× (dashed) the path is faster. "
+               "Ticks: batch, under it the context (K tokens) "
                "(batches > 1: mixed lengths, a quarter of batch × context tokens in all). CUDA graphs, L2 flushed; "
                "ours on page-size-1 slots, FlashMLA on 64-token pages of the same pool.")
     fig = plots.with_caption(fig, caption, height=300 * nrows + 80, legend="top")
@@ -420,12 +433,14 @@ def what_to_run(grid: Grid) -> Table:
                          "vs": geomean(grid.us(FM_BF16, p) / grid.us(OURS, p) for p in pts if grid.us(FM_BF16, p)),
                          "fp8": geomean(grid.us(FM_BF16, p) / grid.us(FM_FP8, p) for p in pts
                                         if grid.us(FM_BF16, p) and grid.us(FM_FP8, p))})
-    fp8_header = (f"FlashMLA FP8 ({err_x:.0f}× our error) vs FlashMLA BF16" if err_x
-                  else "FlashMLA FP8 vs FlashMLA BF16")
+    fp8_header = ("FlashMLA BF16 µs / FlashMLA FP8's µs (>1: FP8 faster" +
+                  (f"; {err_x:.0f}× our error on {accuracy_regimes.RANDOM_INPUTS})" if err_x else ")"))
     return Table(rows, {"heads per GPU": "heads", "batch": "batch", "fastest BF16-accurate kernel": ("fastest", plain),
-                        "ours vs FlashMLA BF16": ("vs", times(2)), fp8_header: ("fp8", times(2))},
-                 grid.caption + " Geometric means over the grid's points (contexts 4K, 32K, 128K); above 1× is "
-                                "faster than FlashMLA BF16. BF16-accurate: every kernel that keeps the query in BF16.")
+                        "FlashMLA BF16 µs / ours' µs (>1: ours faster)": ("vs", times(2)),
+                        fp8_header: ("fp8", times(2))},
+                 grid.caption + " Geometric means over the grid's points (contexts 4K, 32K, 128K) of FlashMLA BF16's "
+                                "time over the kernel's: above 1×, the kernel is faster than FlashMLA BF16. "
+                                "BF16-accurate: every kernel that keeps the query in BF16.")
 
 
 def flashmla_fp8_error(validation: Result | None) -> tuple[float | None, float | None]:

@@ -121,7 +121,7 @@ def spill_rule_table(tuning: Result) -> Table:
                      "x": clean["us"] / f["us"] if clean and f.get("us") else None})
     return Table(rows, {"heads": "heads", "fastest candidate": "fastest", "µs": ("f_us", number(1)),
                         "its spills": "f_spills", "fastest without spills, µs": ("c_us", number(1)),
-                        "cost of the rule": ("x", times(2))},
+                        "cost of the rule: µs without spills / fastest µs": ("x", times(2))},
                  tuning.caption() + " Batch 1, the screening point; spills: Triton's n_spills.")
 
 
@@ -371,7 +371,7 @@ def page_table(bench: Grid, paths: Grid | None = None) -> Table:
         rows.append(r)
     cols = {"heads": "heads", "ours: page 1 / page 64": "ours"}
     if paths:
-        cols.update({KERNEL_NAMES[k]: k for k in timed_paths(paths)})
+        cols.update({f"{KERNEL_NAMES[k]}: page 1 / page 64": k for k in timed_paths(paths)})
     return Table(rows, cols, bench.caption + (" Paths forced: " + paths.caption if paths else "")
                  + " Range over each head count's points; below 1× page 1 is the faster.")
 

@@ -139,7 +139,7 @@ def bytes_by_path(context: int = 131072, *, pool_tokens: int = ORIGINAL.pool_tok
              ("ours: attention straight from FP8", ours)]
     rows = [{"path": p, "mb": b / 1e6, "x": b / ours} for p, b in paths]
     return Table(rows, {f"per layer, one {context // 1024}K-token request": "path", "MB moved": ("mb", number(1)),
-                        "× ours": ("x", times(1))},
+                        "MB / ours' MB": ("x", times(1))},
                  f"Computed (kvwall.model.roofline): {pool_tokens:,}-slot pool, {geometry.kv_dim} values per token, "
                  "1 B (FP8) / 2 B (BF16) each, 4 B of index per token.")
 

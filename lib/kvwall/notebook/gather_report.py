@@ -174,7 +174,8 @@ def targets(result: Result, sizes: tuple[int, ...] = (4096, 32768, 131072, 52428
             rows.append({"n": n, "impl": impl, "us": r["ms"] * 1e3, "gbps": r["gbps"], "of_copy": r["of_copy"],
                          "vs_torch": torch_ms / r["ms"], "batch": _at(result, impl, n, batch_layout)["of_copy"]})
     table = Table(rows, {"n": ("n", number(0)), "implementation": "impl", "µs": ("us", number(1)),
-                         "GB/s": ("gbps", number(0)), "of copy": ("of_copy", percent), "× PyTorch": ("vs_torch", times(1)),
+                         "GB/s": ("gbps", number(0)), "of copy": ("of_copy", percent),
+                         "PyTorch µs / this µs": ("vs_torch", times(1)),
                          f"of copy, {batch_layout}": ("batch", percent)},
                   result.caption() + f" Copy ceiling {copy:,.0f} GB/s.")
     best = kernels[0]

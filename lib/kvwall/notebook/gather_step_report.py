@@ -15,7 +15,8 @@ from kvwall.notebook import plots
 from kvwall.notebook.tables import Table, number, percent, scientific, times
 from kvwall.results import Result
 
-__all__ = ["KV_PHASE_NAMES", "live_profile_params", "strategies_table", "host_bound", "host_bound_text", "stall_story", "profile_columns", "step_figure", "gain_rows",
+__all__ = ["KV_PHASE_NAMES", "live_profile_params", "strategies_table", "host_bound", "host_bound_text", "eager_text",
+           "capacity_for", "stall_story", "profile_columns", "step_figure", "gain_rows",
            "gain_table", "live_gain_table", "CapacityGain", "capacity_gain", "summary_text", "reported_gain_readings",
            "original_gain_text"]
 
@@ -181,7 +182,7 @@ def gain_table(result: Result) -> Table:
     """Each strategy's step and time saved against the whole-pool cast, as a graph and by phase clock."""
     return Table(gain_rows(result),
                  {"KV strategy": "name", "graph step ms": ("graph_step_ms", _ms),
-                  "time saved (graph)": ("graph_time_saved", percent), "speed-up (graph)": ("graph_speedup", times(2)),
+                  "time saved (graph)": ("graph_time_saved", percent), "speed-up (graph): before / after": ("graph_speedup", times(2)),
                   "phase-clock step ms": ("step_ms", _ms), "time saved (phase clock)": ("time_saved", percent),
                   "attention rel. err": ("rel_err_vs_float64", scientific)},
                  result.caption() + f" For comparison: {reported_gain_readings()}.")
@@ -192,7 +193,7 @@ def live_gain_table(result: Result, caption: str) -> Table:
     return Table(gain_rows(result),
                  {"KV strategy": "name", "step ms (phase clock)": ("step_ms", _ms),
                   "unmarked ms": ("unmarked_step_ms", _ms), "time saved": ("time_saved", percent),
-                  "speed-up": ("speedup", times(2)), "attention rel. err": ("rel_err_vs_float64", scientific)},
+                  "speed-up: before / after": ("speedup", times(2)), "attention rel. err": ("rel_err_vs_float64", scientific)},
                  caption)
 
 
@@ -240,16 +241,40 @@ def capacity_gain(result: Result) -> CapacityGain:
     return CapacityGain(figure, _capacity_text(rows), rows)
 
 
+def capacity_for(rows: list[dict[str, Any]], saved: float) -> tuple[float, dict[str, Any], dict[str, Any]] | None:
+    """The capacity at which the step saves ``saved``: linear between the two neighbouring measured capacities whose
+    savings bracket it (the per-layer time, and so the step, grows linearly with the capacity), with those two rows;
+    None when no neighbouring pair brackets it."""
+    pts = sorted(rows, key=lambda r: r["capacity"])
+    for a, b in zip(pts, pts[1:]):
+        if a["time_saved"] != b["time_saved"] and min(a["time_saved"], b["time_saved"]) <= saved <= max(
+                a["time_saved"], b["time_saved"]):
+            t = (a["time_saved"] - saved) / (a["time_saved"] - b["time_saved"])
+            return a["capacity"] + t * (b["capacity"] - a["capacity"]), a, b
+    return None
+
+
+def _capacity_reading(torch_rows: list[dict[str, Any]], reading: str, saved: float) -> str:
+    found = capacity_for(torch_rows, saved)
+    if found is None:
+        near = min(torch_rows, key=lambda r: abs(r["time_saved"] - saved))
+        return (f"read {reading}, the original's figure ({saved:.1%} saved) lies outside the measured range: the "
+                f"nearest capacity, **{near['capacity']:,}** rows, saves **{near['time_saved']:.0%}**")
+    capacity, a, b = found
+    return (f"read {reading}, the original's figure ({saved:.1%} saved) lies between the measured capacities "
+            f"{a['capacity']:,} ({a['time_saved']:.0%} saved) and {b['capacity']:,} ({b['time_saved']:.0%}): a "
+            f"capacity of about **{round(capacity, -3):,.0f}** rows saves it")
+
+
 def _capacity_text(rows: list[dict[str, Any]]) -> str:
     torch_rows = [r for r in rows if r["strategy"] == "index_then_cast_capacity"]
     readings = {"as time saved": ORIGINAL.gain_as_time_saved["time_saved"],
                 "as a speed-up": ORIGINAL.gain_as_speedup["time_saved"]}
-    closest = {k: min(torch_rows, key=lambda r, v=v: abs(r["time_saved"] - v)) for k, v in readings.items()}
     text = ("PyTorch's two-kernel gather-then-cast over a graph-sized capacity costs in proportion to the capacity, "
             "not the request: "
-            + "; ".join(f"read {k}, the original's figure ({readings[k]:.1%} saved) is closest to a capacity of "
-                        f"**{r['capacity']:,}** rows, which saves **{r['time_saved']:.0%}**" for k, r in closest.items())
-            + ". This is an interpolation around a modelled rest of the step, an explanation that fits, not a "
+            + "; ".join(_capacity_reading(torch_rows, k, v) for k, v in readings.items())
+            + ". Between two measured capacities the step is interpolated linearly, as the cost grows in proportion "
+              "to the capacity; around a modelled rest of the step, this is an explanation that fits, not a "
               "reconstruction of the original's code.")
     fused = [r for r in rows if r["strategy"] == "gather_cast_capacity"]
     if not fused:
@@ -270,6 +295,26 @@ def _capacity_text(rows: list[dict[str, Any]]) -> str:
     return text
 
 
+def eager_text(profile: Result) -> str | None:
+    """Whether an eager (not graph-replayed) step of the recording waited for the host, from its host enqueue and
+    graph step times (:func:`host_bound`) and the phase-clocked steps that ran long; None without graph steps."""
+    strategies = [s for s in profile.table("strategies") if s.get("graph_step_ms") is not None]
+    if not strategies:
+        return None
+    bound = host_bound(profile)
+    by_name = {s["strategy"]: s for s in strategies}
+    marked = [r for r in profile.rows if r["section"] == "marked_steps" and r["strategy"] in by_name]
+    slow = [r for r in marked if r["step_ms"] > SLOW_STEP * by_name[r["strategy"]]["graph_step_ms"]]
+    stalls = (f" {len(slow)} of {len(marked)} phase-clocked steps still ran more than "
+              f"{SLOW_STEP - 1:.0%} over their graph step, when this shared machine's host slowed down (above)." if slow else "")
+    if not bound:
+        share = max(s["host_enqueue_ms"] / s["graph_step_ms"] for s in strategies)
+        return (f"Timed eagerly, no strategy of this recording is host-bound: the host enqueues a step in at most "
+                f"{share:.0%} of its device time, so the GPU need not wait for it." + stalls)
+    return (f"Timed eagerly, {len(bound)} of {len(strategies)} strategies are host-bound (their host enqueue outlasts "
+            "their device work): " + ", ".join(s["name"] for s in bound) + "." + stalls)
+
+
 def summary_text(profile: Result, gather_of_copy_131k: float) -> str | None:
     """The chapter's closing numbers (recorded, CUDA graphs); None where the run has no graph steps."""
     s = _by_strategy(profile)
@@ -280,4 +325,5 @@ def summary_text(profile: Result, gather_of_copy_131k: float) -> str | None:
             f"ms, PyTorch's gather-then-cast over the real length {s['index_then_cast']['graph_step_ms']:.1f} ms, the "
             f"fused kernel {fused['graph_step_ms']:.1f} ms, of which its {fused['layers']} launches take "
             f"{fused['graph_kv_ms_per_step']:.2f} ms ({fused['graph_kv_ms_per_step'] * 1e3 / fused['layers']:.1f} µs a "
-            f"layer); the kernel itself moves a 131K-row gather at {gather_of_copy_131k:.0%} of the copy bandwidth.")
+            f"layer); the kernel itself moves a 131K-row gather at {gather_of_copy_131k:.0%} of the copy bandwidth. "
+            + (eager_text(profile) or ""))

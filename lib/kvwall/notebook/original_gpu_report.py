@@ -13,7 +13,7 @@ from kvwall.model.paths import KERNEL_NAMES
 from kvwall.notebook.tables import Table, fmt_range
 
 __all__ = ["rest_without_attention_ms", "original_gpu_rows", "original_gpu_table", "cast_check", "arch_table",
-           "build_label", "wgmma_build_rows", "wgmma_build_text"]
+           "build_label", "arch_limits_text", "wgmma_build_rows", "wgmma_build_text"]
 
 
 
@@ -104,6 +104,21 @@ def arch_table(builds: Sequence[dict[str, Any]], caption: str) -> Table:
             for name in archs.values():
                 row.setdefault(name, NOT_BUILT)
     return Table(list(rows.values()), {"kernel": "what", **{a: a for a in archs.values()}}, caption)
+
+
+def arch_limits_text(builds: Sequence[dict[str, Any]]) -> str:
+    """The limits :func:`arch_table` holds each build against, and what the builds spilled, computed from the rows:
+    a spill slows a kernel but does not stop it, so it is reported, never assumed absent."""
+    spilled = [b for b in builds if not b["error"] and b.get("spills")]
+    limits = ("Limits: shared memory per block; tensor memory (SM100's 512 columns, whose overflow shows as a kernel "
+              "that only traps). ")
+    if not spilled:
+        compiled = sum(1 for b in builds if not b["error"])
+        return limits + f"Spills: none (all {compiled} compiled builds)."
+    return limits + (f"Spills (they slow a kernel, they do not stop it): {len(spilled)} of "
+                     f"{sum(1 for b in builds if not b['error'])} compiled builds, "
+                     + "; ".join(f"{build_label(b)} on `{b['arch'].split(':')[0]}`: {b['spills']} B"
+                                 for b in spilled) + ".")
 
 
 def wgmma_build_rows(builds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -149,7 +149,7 @@ def real_timing_table(result: Result, caption: str) -> Table:
             for r in real_timing_rows(result)]
     cols: dict[str, Any] = {"variant": "variant", "batch × tokens": "what", "layers": "layers",
                             "ms per step (median)": ("ms_per_step", number(3)), "min–max": "span",
-                            "speed-up vs unpatched": ("speedup_vs_unpatched", times(1))}
+                            "speed-up: unpatched ms / this ms": ("speedup_vs_unpatched", times(1))}
     if any(r["err"] for r in rows):
         cols["error"] = "err"
     return Table(rows, cols, caption)

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from kvwall.model.decode_step import PHASES, STANDIN_LABEL
 
-__all__ = ["with_caption", "arrange", "step_breakdown", "layer_timeline", "bar", "lines", "PHASE_NAMES"]
+__all__ = ["CPU_LIVE_CAPTION", "CPU_LIVE_TITLE", "with_caption", "arrange", "step_breakdown", "layer_timeline", "bar", "lines", "PHASE_NAMES"]
 
 #: Reader-facing names of the decode-step phases.
 PHASE_NAMES = {
@@ -38,6 +38,11 @@ _LINE = 1.3  # line height, in font sizes
 _PAD = 8  # px between two text blocks
 #: The title starts under plotly's mode bar (zoom, pan, download: about 25 px high at the figure's top right).
 _TITLE_TOP = 32
+#: How the provenance line of a number measured live on a CPU starts (``ChapterRun.live_caption`` in CPU mode) ...
+CPU_LIVE_CAPTION = "Measured live on this machine: CPU"
+#: ... and what the title of a figure carrying such a line says first, so that nobody reads its bars (small scale,
+#: Triton kernels interpreted) as GPU results.
+CPU_LIVE_TITLE = "Live on this CPU, small scale: not GPU numbers"
 
 
 def _lines(text: str) -> int:
@@ -110,7 +115,8 @@ def _legend_rows(names: Sequence[str], width_px: int) -> int:
     return rows
 
 
-def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, legend: str = "top") -> go.Figure:
+def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, legend: str = "top",
+            measured: bool = True) -> go.Figure:
     """Lay out a figure's text so that nothing overlaps and nothing is clipped at the book's column width.
 
     Top to bottom, in pixels of the figure: the title (wrapped, under plotly's mode bar), the legend when
@@ -119,9 +125,18 @@ def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, 
     (wrapped, a fixed distance under the axis title). ``legend="right"`` puts a vertical legend beside the plot,
     from its top; ``"none"`` hides it. Category tick labels are wrapped and kept horizontal, so their height is known: the bottom margin is
     computed from it, not guessed. ``height`` is the plot's own height before the text is added.
+
+    A figure of measurements (``measured``, the default) whose caption says it was measured live on a CPU
+    (:data:`CPU_LIVE_CAPTION`) gets :data:`CPU_LIVE_TITLE` at the head of its title; ``measured=False`` (a figure of
+    checks, not of times or rates) is left as it is, and says so in ``layout.meta``.
     """
-    caption_text = _wrap("<br>".join([caption] if isinstance(caption, str) else list(caption)), CAPTION_CHARS)
+    caption_lines = [caption] if isinstance(caption, str) else list(caption)
+    caption_text = _wrap("<br>".join(caption_lines), CAPTION_CHARS)
     title = fig.layout.title.text or ""
+    if not measured:
+        fig.update_layout(meta={**(fig.layout.meta or {}), "measured": False})
+    elif any(CPU_LIVE_CAPTION in line for line in caption_lines) and CPU_LIVE_TITLE not in title:
+        title = f"<b>{CPU_LIVE_TITLE}</b>" + (f" — {title}" if title else "")
     title = _wrap(title, TITLE_CHARS) if title else ""
     title_h = round(_lines(title) * TITLE_FONT * _LINE) if title else 0
     caption_h = round(_lines(caption_text) * CAPTION_FONT * _LINE) + 4
@@ -182,10 +197,11 @@ def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, 
     return fig
 
 
-def with_caption(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, legend: str = "top") -> go.Figure:
+def with_caption(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, legend: str = "top",
+                 measured: bool = True) -> go.Figure:
     """Put the provenance line(s) under the plot, inside the figure (so it travels with it), and lay out the
     figure's text so that title, legend, axis titles and caption never overlap (see :func:`arrange`)."""
-    return arrange(fig, caption, height=height, legend=legend)
+    return arrange(fig, caption, height=height, legend=legend, measured=measured)
 
 
 def step_breakdown(columns: Mapping[str, Mapping[str, float]], title: str, caption: Sequence[str], *,

@@ -52,7 +52,7 @@ def bytes_text(context: int, pool_tokens: int = ORIGINAL.pool_tokens, geometry: 
         f"written = **{cast['total'] / 1e6:,.1f} MB per layer** (the original reported about "
         f"{ORIGINAL.cast_mb_per_layer:.0f} MB), **{cast['total'] * geometry.num_layers / 1e9:,.1f} GB per step** over "
         f"{geometry.num_layers} layers (the book counts memory in decimal units, as the original does: 1 MB = 10⁶ "
-        "bytes, 1 GB = 10⁹). Attention over an {context:,}-token request reads {attention / 1e6:,.1f} MB of "
+        f"bytes, 1 GB = 10⁹). Attention over one {context:,}-token request reads {attention / 1e6:,.1f} MB of "
         f"BF16 per layer: the cast moves **{cast['total'] / attention:,.0f}×** the bytes attention needs.")
 
 

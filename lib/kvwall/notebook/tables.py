@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Column", "Table", "CHECK_COLUMNS", "markdown_table", "show_table", "show_markdown", "number", "percent", "times",
+__all__ = ["Column", "Table", "CHECK_COLUMNS", "MAX_INLINE_ROWS", "markdown_table", "show_table", "show_markdown", "number", "percent", "times",
            "scientific", "ms_as_us", "plain", "fmt_range", "breakable", "dtype"]
 
 Formatter = Callable[[Any], str]
@@ -20,6 +20,8 @@ Formatter = Callable[[Any], str]
 Column = str | tuple[str, Formatter]
 #: What a formatter prints for a missing value (None).
 MISSING = "—"
+#: The most rows a table shows inline; a longer one is folded (:meth:`Table.markdown`): show a summary beside it.
+MAX_INLINE_ROWS = 30
 #: The columns of every pass/fail summary of a validation run: rows with ``what``, ``passed`` and ``detail``.
 CHECK_COLUMNS: dict[str, Column] = {"check": "what", "passed": "passed", "detail": "detail"}
 
@@ -115,7 +117,13 @@ class Table:
     caption: str
 
     def markdown(self) -> str:
-        return markdown_table(self.rows, self.columns) + f"\n\n*{self.caption}*"
+        """The table and its caption; a table of more than :data:`MAX_INLINE_ROWS` rows is folded into a closed
+        ``<details>`` block (its caption stays in view), so that it does not run a page thousands of pixels long."""
+        table = markdown_table(self.rows, self.columns)
+        if len(self.rows) > MAX_INLINE_ROWS:
+            table = (f"<details><summary>The full table: {len(self.rows)} rows (click to open)</summary>\n\n{table}"
+                     "\n\n</details>")
+        return table + f"\n\n*{self.caption}*"
 
     def column(self, header: str) -> list[str]:
         """The formatted cells of one column, as the reader sees them."""

@@ -83,7 +83,7 @@ class TilePhases:
         table = Table(out, {"point": "point", "wg 0 cycles per tile": ("wg0", number(0)), "wg 1": ("wg1", number(0)),
                             "wg 0's scores": ("scores", number(0)), "wg 1's conversion and loads": ("convert", number(0)),
                             "slower wg / tensor floor": ("vs_tensor", times(2)),
-                            "/ shared-memory floor": ("vs_smem", times(2)),
+                            "slower wg / shared-memory floor": ("vs_smem", times(2)),
                             "clock reads' cost": ("cost", lambda v: "—" if v is None else f"{v:+.0%}")},
                       self.caption() + f" Floors per tile: tensor {floors['tensor']:,.0f} cycles (scores "
                                        f"{floors['scores']:,.0f}), shared memory {floors['smem_bytes'] / 1024:.0f} KB "
