@@ -69,8 +69,7 @@ def rows(evidence):
 
 
 def _with(ev: decision.Evidence, **changes) -> decision.Evidence:
-    return decision.Evidence(**{**{k: getattr(ev, k) for k in ("step", "sweep", "bench", "validation",
-                                                                "doors_checks", "doors_sm90", "fit")}, **changes})
+    return decision.Evidence(**{**{k: getattr(ev, k) for k in (*decision._FIELDS, "fit")}, **changes})
 
 
 def _scaled(result: Result, pick, factor: float, field: str) -> Result:
@@ -86,53 +85,95 @@ def _scaled(result: Result, pick, factor: float, field: str) -> Result:
 def test_front_page_and_chapter_6_show_the_same_rows_and_the_same_do_this(evidence, rows):
     front = decision.decision_table(rows, "c", compact=True)
     ch6 = decision.decision_table(rows, "c")
-    assert front.column("your setup") == ch6.column("your setup")
-    assert front.column("do this") == ch6.column("do this")
-    assert [r.key for r in rows] == ["sm120", "sm90-no-patch", "sm90-patch-one", "sm90-patch-batch", "sm100"]
+    for column in ("your setup", "run (SGLang 0.5.23)", "do this", "decode step", "accuracy"):
+        assert front.column(column) == ch6.column(column)
+    assert [r.key for r in rows] == ["dsa-sm90", "dsa-sm90-spec", "dsa-sm100", "dsa-sm120", "dense-sm90-no-patch",
+                                     "dense-sm90-patch", "dense-sm90-spec", "dense-sm100", "dense-sm120"]
     # Both pages compute them with the same calls, from the same recorded results.
     index, chapter = (ROOT / "book" / "index.md").read_text(), (ROOT / "book" / "06_the_answer.md").read_text()
     for src in (index, chapter):
         assert "decision.decide(" in src and "decision.decision_table(" in src and "decision.Evidence.load(" in src
     assert "compact=True" in index
-    # No typed advice left on the front page: the old bullets are gone.
-    assert "removes the cast" not in index and "- **Hopper" not in index
+
+
+def test_the_readme_shows_the_same_answer(evidence, rows):
+    """The README's answer is the decision table as `python -m kvwall answer` prints it, between its markers."""
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index(decision.README_START), readme.index(decision.README_END)
+    assert readme[start + len(decision.README_START):end].strip() == decision.readme_answer(evidence).strip()
 
 
 def test_every_row_names_where_its_numbers_come_from(evidence, rows):
     caption = decision.decision_caption(evidence, rows)
     for r in rows:
-        assert r.sources and set(r.sources) <= set(decision.SOURCES)
+        assert set(r.sources) <= set(decision.SOURCES)
         for name in r.sources:
             assert name in caption, f"{r.key}: {name} is quoted but not in the provenance line"
+        assert r.evidence in (decision.MEASURED, decision.COMPOSED, decision.PREDICTED, decision.NOT_MEASURED)
+        if r.evidence != decision.NOT_MEASURED:
+            assert r.sources, f"{r.key}: a figure with no recorded source"
     assert "predictions" in caption
 
 
+def test_every_command_is_one_sglang_0_5_23_accepts(rows):
+    from kvwall.peers.sglang_flags import check_command
+
+    assert decision.commands(rows)
+    for command in decision.commands(rows):
+        assert check_command(command) == [], command
+    assert check_command("--attention-backend flashinfer_mla")  # the flag the book used to print: rejected
+
+
 def test_no_retired_names_in_the_answer(rows):
-    text = " ".join(f"{r.do} {r.figure} {r.because}" for r in rows)
-    for banned in ("fused_fp8", "fused kernel", "mma.sync", "generation", "issue 12", "target 6"):
+    text = " ".join(f"{r.do} {r.step} {r.because} {r.command}" for r in rows)
+    for banned in ("fused_fp8", "fused kernel", "mma.sync", "generation", "issue 12", "target 6", "flashinfer_mla"):
         assert banned not in text
 
 
 # ---------------------------------------------------------------------------------------------------------
-# SM120 and SM100 agree with chapter 3's matrix
+# DSA models: SGLang's own backend, never a forced dense one
 # ---------------------------------------------------------------------------------------------------------
 
-def test_sm120_row_starts_with_sglangs_dsa_default(evidence, rows):
-    sm120 = next(r for r in rows if r.key == "sm120")
+def test_dsa_rows_never_force_a_dense_backend(evidence, rows):
+    for r in rows:
+        if r.key.startswith("dsa"):
+            assert "--attention-backend" not in r.command and "unset" in r.do
+    sm90 = next(r for r in rows if r.key == "dsa-sm90")
+    assert sm90.command == "--kv-cache-dtype fp8_e4m3"  # on SM90 an unset cache dtype is BF16 for a DSA model
+    if evidence.dsa_forced is not None:
+        f = next(x for x in evidence.dsa_forced.rows if x["section"] == "forced_dense")
+        assert f["dense_output_rel_err"] != f["dense_output_rel_err"]  # NaN: the recorded finding the rows state
+        assert "NaN" in sm90.because and "AssertionError" in sm90.because
+        assert "dsa_forced_dense" in sm90.sources
+
+
+def test_dsa_step_is_composed_from_the_recorded_parts(evidence, rows):
+    from kvwall.notebook import dsa_report
+
+    sm90 = next(r for r in rows if r.key == "dsa-sm90")
+    if evidence.dsa is None or dsa_report.dsa_step(evidence.step, evidence.dsa) is None:
+        assert sm90.evidence == decision.NOT_MEASURED
+        return
+    composed = dsa_report.dsa_step(evidence.step, evidence.dsa)
+    assert sm90.evidence == decision.COMPOSED and sm90.step == f"{composed.step_ms:.1f} ms"
+    ours = next(r for r in evidence.step.rows if r.get("path") == "ours")
+    assert composed.step_ms == pytest.approx(ours["write_kv_ms"] + ours["rest_ms"] + composed.attention_ms)
+
+
+def test_dsa_sm120_row_agrees_with_chapter_3(evidence, rows):
+    sm120 = next(r for r in rows if r.key == "dsa-sm120")
     cells = decision.door_cells(evidence.doors_checks, evidence.doors_sm90)
     sparse = decision.open_doors(cells, "SM120", dense=False)
-    assert sparse, "chapter 3's matrix has the SM120 sparse MLA kernel open for GLM-5"
-    assert sm120.do.startswith("GLM-5: **drop `--attention-backend flashinfer_mla`**")
-    assert "`dsa`" in sm120.do and "flashinfer_sparse_mla" in sm120.do
-    assert "ours" in sm120.do and "gather_cast" in sm120.do
-    assert sparse[0]["status"] in sm120.because and "predicted" in sm120.because
-    # With the sparse door refused, the advice is no longer to drop the backend.
-    refused = [dict(c, status="refused") if c["door"] == decision.SPARSE_DOOR else c for c in cells]
-    assert "drop" not in decision._sm120(evidence, refused).do
+    assert sparse and sparse[0]["status"] in sm120.because
+    assert "flashinfer_sparse_mla" in sm120.do and "compiled offline for sm_120a" in sm120.because
 
+
+# ---------------------------------------------------------------------------------------------------------
+# SM100 agrees with chapter 3's matrix
+# ---------------------------------------------------------------------------------------------------------
 
 def test_sm100_row_agrees_with_the_door_matrix(evidence, rows):
-    sm100 = next(r for r in rows if r.key == "sm100")
+    sm100 = next(r for r in rows if r.key == "dense-sm100")
     cells = decision.door_cells(evidence.doors_checks, evidence.doors_sm90)
     sm100_cells = {c["door"]: c for c in cells if c["family"] == "SM100"}
     for door, c in sm100_cells.items():
@@ -151,52 +192,45 @@ def test_sm100_row_agrees_with_the_door_matrix(evidence, rows):
 # Every "do this" follows its numbers
 # ---------------------------------------------------------------------------------------------------------
 
-def test_batch_row_follows_the_sweep(evidence, rows):
-    batch = next(r for r in rows if r.key == "sm90-patch-batch")
-    cmp = decision.batch_comparison(evidence.sweep, "ours", "gather_cast", min_batch=decision.BIG_BATCH)
-    assert cmp["batches"] and min(cmp["batches"]) >= decision.BIG_BATCH
-    if not cmp["slower_at"]:
-        assert batch.do.startswith("Our `fused` patch")
-    # Make ours four times slower in batches: the row must now recommend gather_cast.
-    slow = _scaled(evidence.sweep, lambda r: r.get("path") == "ours" and r.get("axis") == "batch", 4.0, "us")
-    flipped = decision._sm90_patch_batch(_with(evidence, sweep=slow))
-    assert flipped.do.startswith("The `gather_cast` patch")
-
-
-def test_one_request_row_follows_the_step(evidence, rows):
-    one = next(r for r in rows if r.key == "sm90-patch-one")
-    s = {r["path"]: r for r in answer_report.step_rows(evidence.step)}
-    best = min(("ours", "gather_cast"), key=lambda p: s[p]["step_ms"])
-    assert one.do.startswith(decision._cap(decision.PATCH_NAMES[best]))
-    assert f"{s['full_pool_cast']['step_ms']:.1f}" in one.figure
-    other = "gather_cast" if best == "ours" else "ours"
-    flip = _scaled(evidence.step, lambda r: r.get("path") == best, 1.5, "step_ms")
-    assert decision._sm90_patch_one(_with(evidence, step=flip)).do.startswith(
-        decision._cap(decision.PATCH_NAMES[other]))
+def test_patch_row_follows_the_steps_at_every_batch(evidence, rows):
+    patch = next(r for r in rows if r.key == "dense-sm90-patch")
+    ours, gc = decision.step_at(evidence, "ours"), decision.step_at(evidence, "gather_cast")
+    assert set(ours) == set(gc) and len(ours) >= 1
+    if all(ours[b] <= gc[b] for b in ours):
+        assert patch.do.startswith("Our `fused` patch")
+    # Make ours slower than gather_cast at the largest batch: the row must name gather_cast there.
+    big = max(ours)
+    if big > 1 and evidence.step_batches is not None:
+        slow = _scaled(evidence.step_batches, lambda r: r.get("path") == "ours" and r.get("batch") == big,
+                       gc[big] / ours[big] * 1.5, "step_ms")
+        flipped = decision._dense_sm90_patch(_with(evidence, step_batches=slow))
+        assert f"at batch {big}" in flipped.do and "gather_cast" in flipped.do
+    # Make ours slower everywhere: the row recommends gather_cast.
+    slow1 = _scaled(evidence.step, lambda r: r.get("path") == "ours", 10.0, "step_ms")
+    slow_all = _scaled(evidence.step_batches, lambda r: r.get("path") == "ours", 10.0, "step_ms") \
+        if evidence.step_batches is not None else None
+    assert decision._dense_sm90_patch(_with(evidence, step=slow1, step_batches=slow_all)).do.startswith(
+        "The `gather_cast` patch")
 
 
 def test_hopper_patch_rows_do_not_credit_flashinfer_with_removing_the_cast(evidence, rows):
-    """SGLang 0.5.23 casts the whole pool in flashinfer_mla with any FlashInfer: said once, in the caption both pages
-    show, and in chapter 6's reasons; never "FlashInfer 0.6.14 removes the cast"."""
+    """SGLang 0.5.23 casts the whole pool in its FlashInfer MLA backend with any FlashInfer: said once, in the
+    caption both pages show; never "FlashInfer 0.6.14 removes the cast"."""
     assert decision.PATCH_NOTE in decision.decision_caption(evidence, rows)
     assert "any FlashInfer" in decision.PATCH_NOTE and "#35322" in decision.PATCH_NOTE
     assert decision.PATCH_NOTE_SHORT in decision.decision_caption(evidence, rows, compact=True)
     for r in rows:
-        assert "removes the cast" not in f"{r.do} {r.figure} {r.because}"
+        assert "removes the cast" not in f"{r.do} {r.step} {r.because}"
 
 
-def test_no_patch_row_quotes_flashmla_fp8_speed_and_error(evidence, rows):
-    row = next(r for r in rows if r.key == "sm90-no-patch")
-    s = {r["path"]: r for r in answer_report.step_rows(evidence.step)}
-    if "flashmla_fp8" not in s:
-        assert row.do.startswith("No faster path")
-        return
-    assert "--attention-backend flashmla --page-size 64" in row.do and "FP8" in row.do
-    assert f"{s['flashmla_fp8']['step_ms']:.1f}" in row.figure
-    err_fp8, err_ours, where = decision.flashmla_fp8_error(evidence)
-    if err_fp8:
-        assert f"{err_fp8:.1e}" in row.because and where in row.sources
-        assert "not measured" in row.because  # the accuracy caveat: attention-level only
+def test_no_patch_row_quotes_flashmla_fp8_speed_and_accuracy_per_regime(evidence, rows):
+    row = next(r for r in rows if r.key == "dense-sm90-no-patch")
+    fm = decision.step_at(evidence, "flashmla_fp8")
+    assert "--attention-backend flashmla --page-size 64" in row.command and "FP8" in row.do
+    assert f"{fm[1]:.1f}" in row.step and row.evidence == decision.MEASURED
+    if evidence.accuracy is not None:
+        assert "'gaussian, spread" in row.accuracy and "ours' error" in row.accuracy  # a regime named
+    assert "not measured" in row.because  # the accuracy caveat: attention-level only
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -334,7 +334,21 @@ def _parser() -> argparse.ArgumentParser:
     cst.add_argument("--heads", type=int, help="your model's attention heads, all GPUs (overrides the preset's)")
     cst.add_argument("--rule", choices=list(_RULES), default="both",
                      help="how the H200's fitted rates transfer to other GPUs: both (a range) or one rule")
+    ans = sub.add_parser("answer", help="print the book's answer (the front page's table) as Markdown")
+    ans.add_argument("--readme", action="store_true", help="write it into README.md between its markers instead")
     return parser
+
+
+def _answer(readme: bool) -> int:
+    from kvwall.notebook import decision  # pylint: disable=import-outside-toplevel
+
+    if not readme:
+        print(decision.readme_answer())
+        return 0
+    path = Path(__file__).resolve().parents[2] / "README.md"
+    changed = decision.write_readme_answer(path)
+    print(f"{path}: {'answer rewritten' if changed else 'already current'}")
+    return 0
 
 
 def _run(argv: list[str] | None) -> int:
@@ -357,6 +371,8 @@ def _run(argv: list[str] | None) -> int:
         return _execute(args.chapter, args.out, _parameter_values(args.param, parser))
     if args.command == "cost":
         return _cost(args)
+    if args.command == "answer":
+        return _answer(args.readme)
     if args.command == "migrate-digests":
         return _migrate(args.dir, args.files)
     return _check(args.dir)

@@ -14,17 +14,17 @@ from the same BF16 keys -- and the same pages of 64:
   the values the rows hold (``rel_err_f64``) and on the BF16 keys they were made from (``rel_err_vs_bf16``); at
   batches up to 8, what storing the keys alone costs the output (float64 attention on the stored values against
   float64 on the BF16 keys): the DSA rows over the selected tokens (``storage_rel_err``), the plain e4m3 rows the
-  dense paths read over every token (``dense_storage_rel_err``);
+  dense paths read over the same tokens (``plain_storage_rel_err``) and over every token (``dense_storage_rel_err``);
 - ``layer``: the three back to back, one call;
 - the dense paths (``ours`` on pages of 64, FlashMLA dense FP8 and BF16) exactly as ``fused_decode_bench`` times them
   (:func:`kvwall.experiments.fused_decode.bench.bench_point_rows`): every token of every request.
 
 Each part's floor is the bytes it must read at the copy bandwidth measured in the same run. Batch 1 is one request of
-``context`` tokens; larger batches are chapter 5's mixed lengths. On a CPU (small scale) the indexer runs in Triton's
+``context`` tokens; larger batches are chapter 5's mixed lengths (summing to ``context * batch / 4``). On a CPU (small scale) the indexer runs in Triton's
 interpreter and FlashMLA's rows say they need an SM90 GPU.
 
-Device time at full scale: about 150 s on the H200 (estimate before the first recording; the recording's
-``seconds_total`` says what it took).
+Device time at full scale: 30 s on the H200 for 3 contexts (2026-12-03); the 4 contexts of ``full`` (8,192 tokens
+added: the decode step's request) about 40 s. The recording's ``seconds_total`` says what it took.
 """
 
 from __future__ import annotations
@@ -176,6 +176,8 @@ def _dsa_rows(pt: BenchPoint, v32: torch.Tensor, keys: torch.Tensor, fp8_rows: t
             truth_sel = _reference(pt, lambda slots: keys[slots].float(), indices)
             rows["sparse_decode"]["storage_rel_err"] = finite_or_none(relative_error(
                 _reference(pt, lambda slots: dequantize_v32(flat[slots]), indices), truth_sel))
+            rows["sparse_decode"]["plain_storage_rel_err"] = finite_or_none(relative_error(
+                _reference(pt, lambda slots: fp8_rows[slots].float(), indices), truth_sel))
             every = [layout[2][a:b] for a, b in zip([0, *torch.tensor(pt.lens).cumsum(0).tolist()[:-1]],
                                                      torch.tensor(pt.lens).cumsum(0).tolist())]
             all_tokens = torch.stack([torch.nn.functional.pad(e.to(torch.int32), (0, max(pt.lens) - len(e)), value=-1)
@@ -250,7 +252,7 @@ def run_dsa_decode(device: torch.device, *, heads: list[int], contexts: list[int
 
 EXPERIMENTS: list[Experiment] = [
     Experiment("dsa_decode", run_dsa_decode,
-               full=dict(heads=[16, 64], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64],
+               full=dict(heads=[16, 64], contexts=[4096, 8192, 32_768, 131_072], batches=[1, 8, 32, 64],
                          pool_slots=495_000, max_total_tokens=2_000_000, index_heads=32, topk=TOPK,
                          dense=list(DENSE), reps=10, rounds=3, host_calls=20, flush_mb=256, seed=0),
                small=dict(heads=[16], contexts=[3000], batches=[1, 2], pool_slots=8192, max_total_tokens=8192,

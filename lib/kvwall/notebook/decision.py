@@ -1,49 +1,61 @@
-"""The book's answer, computed: what to run, per GPU family, SGLang / FlashInfer version and batch.
+"""The book's answer, computed: what to run, per model kind (DSA or dense MLA), GPU family and speculative decoding.
 
-:func:`decide` turns the recorded results into :class:`Decision` rows; the front page (``book/index.md``) and chapter
-6's "What to do" show the same rows (:func:`decision_table`). Every "do this" cell is chosen from numbers:
+:func:`decide` turns the recorded results into :class:`Decision` rows; the front page (``book/index.md``), chapter 6's
+"What to do" and the README show the same rows (:func:`decision_table`). Each row says the SGLang 0.5.23 command
+(every flag and value checked against its source: :mod:`kvwall.peers.sglang_flags`), the decode step it gives and how
+that figure was obtained (measured, composed from measured parts, predicted, or not measured), its accuracy class and
+where the numbers come from:
 
-- **SM90** (measured on the H200): the decode step (``decode_step_paths``) and the sweep (``path_sweep``) say which
-  path is faster at one request and at batches; chapter 5's benchmark (``fused_decode_bench``) and validation
-  (``fused_decode_validation``) give FlashMLA FP8's speed over the grid and its error;
-- **accuracy**: every row's path on sharp and long attention (``fp8_accuracy``, :mod:`kvwall.notebook.accuracy_report`):
-  the "accuracy" column, and whether FlashMLA FP8 is advised without a caveat;
-- **SM100 / SM120**: chapter 3's door matrix (``doors_checks`` + ``doors_sm90``, folded by
-  :func:`kvwall.peers.flashinfer.doors.door_matrix` exactly as chapter 3 does) says which FlashInfer path takes
-  GLM-5's FP8 cache there; the cost model fitted on the sweep predicts our paths there (a prediction, labelled).
-
-What SGLang 0.5.23 does with each backend was read from its wheel (chapter 3, :func:`kvwall.notebook.doors_report.
-dsa_text`; chapter 6's patch): those facts are constants here, each named where it is used.
+- **DSA models** (GLM-5, DeepSeek-V3.2): SGLang's own ``dsa`` backend, measured on the H200 (``dsa_decode``) and
+  composed into the decode step (:func:`kvwall.notebook.dsa_report.dsa_step`); what a forced dense backend does to the
+  DSA pool (``dsa_forced_dense``, SGLang's own pools on a CPU); SGLang's defaults per GPU read from its source
+  (:data:`kvwall.peers.sglang_dsa.DSA_DEFAULTS`);
+- **dense MLA models** (DeepSeek-V3/R1, Kimi-K2): the decode step at batch 1 and 64 (``decode_step_batches``) and the
+  sweep (``path_sweep``) say which path is faster; chapter 5's benchmark and validation give FlashMLA FP8's error;
+  chapter 5b (``fp8_accuracy``) and :mod:`kvwall.notebook.accuracy_regimes` its multiplier per input regime;
+- **SM100 / SM120**: chapter 3's door matrix (``doors_checks`` + ``doors_sm90``) says which FlashInfer path takes the
+  FP8 cache there; the cost model fitted on the sweep predicts our paths there (a prediction, labelled).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from kvwall.model.cost import GPUS
+from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
-from kvwall.notebook import accuracy_report, fused_bench_report
+from kvwall.notebook import accuracy_report, dsa_report, fused_bench_report
+from kvwall.notebook.accuracy_regimes import RANDOM_INPUTS, fp8_query_multipliers
 from kvwall.notebook.answer_report import SweepFit, fit_sweep, headline_point, step_rows, sweep_rows
 from kvwall.notebook.doors_report import calls_for_matrix
-from kvwall.notebook.original_gpu_report import original_gpu_rows
+from kvwall.notebook.original_gpu_report import original_gpu_rows, rest_without_attention_ms
 from kvwall.notebook.tables import Table
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY, door_matrix
+from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 from kvwall.results import Result, ResultMissingError, load_result
 
 __all__ = ["Evidence", "Decision", "decide", "decision_table", "decision_caption", "door_cells", "open_doors",
-           "flashmla_fp8_error", "batch_comparison", "SOURCES",
+           "flashmla_fp8_error", "batch_comparison", "step_at", "commands", "readme_answer", "write_readme_answer",
+           "README_START", "README_END", "SOURCES", "MODELS",
            "PATCH_NOTE", "PATCH_NOTE_SHORT"]
 
-#: The recorded results the decision reads (all of them GPU recordings but ``doors_checks``, a CPU replay).
+#: The recorded results the decision reads (GPU recordings but ``doors_checks`` and ``dsa_forced_dense``, CPU runs).
 SOURCES = ("decode_step_paths", "path_sweep", "fused_decode_bench", "fused_decode_validation", "doors_checks",
-           "doors_sm90", "fp8_accuracy")
+           "doors_sm90", "fp8_accuracy", "dsa_decode", "dsa_forced_dense", "decode_step_batches")
+_FIELDS = ("step", "sweep", "bench", "validation", "doors_checks", "doors_sm90", "accuracy", "dsa", "dsa_forced",
+           "step_batches")
 #: The batch regime the "batches" rows speak for: mixed batches of at least this many requests.
 BIG_BATCH = 16
-#: SGLang 0.5.23's backend for a FlashInfer door (its ``attention_registry.py``; chapter 3).
-SGLANG_BACKEND = {"fa2": "flashinfer_mla", "fa3": "flashinfer_mla", "trtllm-gen": "trtllm_mla"}
-#: Dense doors: every door of the matrix but the DSA (sparse) kernel.
+#: SGLang 0.5.23's ``--attention-backend`` value for a FlashInfer door (``attention_registry.py``: ``flashinfer``
+#: builds the FlashInfer MLA backend for an MLA model; ``flashinfer_mla`` is not a value it accepts).
+SGLANG_BACKEND = {"fa2": "flashinfer", "fa3": "flashinfer", "trtllm-gen": "trtllm_mla"}
+#: The door of the matrix that is the DSA (sparse) kernel.
 SPARSE_DOOR = "sm120-sparse"
+#: The two kinds of MLA model the answer forks on.
+MODELS = {"dsa": "DSA (GLM-5, DeepSeek-V3.2)", "dense": "dense MLA (DeepSeek-V3/R1, Kimi-K2)"}
+FP8_CACHE = "--kv-cache-dtype fp8_e4m3"
 
 
 def _link(doc: str, text: str) -> str:
@@ -53,7 +65,7 @@ def _link(doc: str, text: str) -> str:
 
 CH3, CH4, CH5, CH6 = (_link("03_the_other_doors", "ch. 3"), _link("04_gather_then_cast", "ch. 4"),
                       _link("05_fused_fp8_decode", "ch. 5"), _link("06_the_answer", "ch. 6"))
-CH5B = _link("05b_fp8_accuracy", "accuracy")
+CH5B = _link("05b_fp8_accuracy", "ch. 5b")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -62,8 +74,8 @@ CH5B = _link("05b_fp8_accuracy", "accuracy")
 
 @dataclass
 class Evidence:
-    """The recorded results the decision reads (``bench``, ``validation`` and the doors may be missing: the rows
-    that need them say so), and the cost model fitted on the sweep."""
+    """The recorded results the decision reads (all but ``step`` and ``sweep`` may be missing: the rows that need
+    them say so), and the cost model fitted on the sweep."""
 
     step: Result
     sweep: Result
@@ -72,6 +84,9 @@ class Evidence:
     doors_checks: Result | None = None
     doors_sm90: Result | None = None
     accuracy: Result | None = None
+    dsa: Result | None = None
+    dsa_forced: Result | None = None
+    step_batches: Result | None = None
     fit: SweepFit | None = None
 
     def __post_init__(self) -> None:
@@ -92,12 +107,10 @@ class Evidence:
                     raise
                 return None
         get = loader or default
-        fields = ("step", "sweep", "bench", "validation", "doors_checks", "doors_sm90", "accuracy")
-        return cls(*(known[f] if f in known else get(n) for f, n in zip(fields, SOURCES)), fit=fit)
+        return cls(*(known[f] if f in known else get(n) for f, n in zip(_FIELDS, SOURCES)), fit=fit)
 
     def results(self) -> list[Result]:
-        return [r for r in (self.step, self.sweep, self.bench, self.validation, self.doors_checks, self.doors_sm90,
-                            self.accuracy) if r is not None]
+        return [r for r in (getattr(self, f) for f in _FIELDS) if r is not None]
 
 
 def door_cells(checks: Result | None, sm90: Result | None) -> list[dict[str, Any]]:
@@ -123,8 +136,7 @@ def _refused(cells: Sequence[dict[str, Any]], family: str) -> list[str]:
 def flashmla_fp8_error(ev: Evidence) -> tuple[float | None, float | None, str]:
     """FlashMLA dense FP8's worst relative error against float64 and ours' worst, and where they come from:
     ``fused_decode_bench`` (every output of the grid checked against float64 first) where it has both, else
-    ``fused_decode_validation`` (its case table: ours' rows, or, in a recording made before ours was validated as
-    such, the rows it has)."""
+    ``fused_decode_validation``. Both on chapter 5's random Gaussian inputs (:data:`RANDOM_INPUTS`)."""
     if ev.bench is not None:
         rows = [r for r in ev.bench.rows if r.get("section") == "bench" and r.get("rel_err_f64") is not None]
         fp8 = [r["rel_err_f64"] for r in rows if r["strategy"] == "flashmla_dense_fp8"]
@@ -166,8 +178,23 @@ def batch_comparison(sweep: Result, a: str, b: str, *, min_batch: int = 2) -> di
             "a_us": {n: us[a][n] for n in batches}, "b_us": {n: us[b][n] for n in batches}}
 
 
-def _fmt_batches(batches: Sequence[int]) -> str:
-    return f"{batches[0]}–{batches[-1]}" if len(batches) > 1 else str(batches[0])
+def step_at(ev: Evidence, path: str) -> dict[int, float]:
+    """``{batch: step ms}`` of ``path``: batch 1 from ``decode_step_paths`` (the headline step), larger batches from
+    ``decode_step_batches`` where it was recorded."""
+    out = {1: r["step_ms"] for r in step_rows(ev.step) if r["path"] == path}
+    if ev.step_batches is not None:
+        out.update({r["batch"]: r["step_ms"] for r in ev.step_batches.rows
+                    if r.get("section") == "path" and r.get("path") == path and r.get("step_ms") and r["batch"] > 1})
+    return out
+
+
+def _steps(ev: Evidence, path: str) -> str:
+    """``"22.7 ms (batch 1) … 29.8 ms (batch 64)"``: the step at the smallest and largest batch recorded."""
+    s = step_at(ev, path)
+    if not s:
+        return "not measured"
+    lo, hi = min(s), max(s)
+    return f"{s[lo]:.1f} ms" + (f" (batch {lo}) … {s[hi]:.1f} ms (batch {hi})" if hi != lo else "")
 
 
 def _span(values: Sequence[float], d: int = 0) -> str:
@@ -175,193 +202,262 @@ def _span(values: Sequence[float], d: int = 0) -> str:
     return f"{lo:.{d}f}" if round(lo, d) == round(hi, d) else f"{lo:.{d}f}–{hi:.{d}f}"
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The decision
-# ---------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Decision:
-    """One row of the answer: a setup (GPU family, software, batch), what to do (``do``, short: the front page and
-    chapter 6 show the same words), the figure that says so in a few words (``figure``, the front page) and in full
-    (``because``, chapter 6), the recorded results the numbers come from and the chapters that show them."""
-
-    key: str
-    gpu: str
-    software: str
-    batch: str
-    do: str
-    figure: str
-    because: str
-    sources: tuple[str, ...]
-    chapters: str
-    accuracy: str = "not measured"
-
-    @property
-    def setup(self) -> str:
-        return ", ".join([f"**{self.gpu}**", *(x for x in (self.software, self.batch) if x)])
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "setup": self.setup}
-
-
 def _cap(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _sm120(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
-    sparse = open_doors(cells, "SM120", dense=False)
-    dense = open_doors(cells, "SM120", dense=True)
-    p = headline_point(ev.step)
-    pred = {r["path"]: r for r in original_gpu_rows(ev.fit.model, p)}
-    cast = pred["full_pool_cast_fa2"]
-    patches = sorted(((name, pred[path]) for name, path in (("ours", "ours"), ("gather_cast", "gather_cast_fa2"))
-                      if path in pred), key=lambda r: r[1]["step_lo"])
-    patch_names = {"ours": "our `fused` patch (ours, Triton path)", "gather_cast": "`gather_cast`"}
-    dense_do = " or ".join(patch_names[n] for n, _ in patches)
-    if sparse:
-        do = ("GLM-5: **drop `--attention-backend flashinfer_mla`**: the default `dsa` backend "
-              f"(`flashinfer_sparse_mla`) reads FP8. Dense: {dense_do}.")
-    else:
-        do = f"{_cap(dense_do)}: no FlashInfer path takes the FP8 cache here."
-    steps = "; ".join(f"{r['step_lo']:.0f}–{r['step_hi']:.0f} ms {n}" for n, r in patches)
-    first = patches[0]
-    figure = (f"dense, predicted: {first[1]['step_lo']:.0f}–{first[1]['step_hi']:.0f} ms ({first[0]}) vs "
-              f"{ORIGINAL.step_ms:g} ms")
-    door_says = "Chapter 3's matrix, SM120: " + (
-        f"the sparse (DSA) MLA kernel **{sparse[0]['status']}** ({sparse[0]['conditions']}); " if sparse else
-        "the sparse kernel refused; ")
-    door_says += ("no dense FlashInfer path takes the FP8 cache" if not dense else
-                  "dense: " + ", ".join(DOOR_BY_KEY[c["door"]].label for c in dense))
-    because = (f"{door_says}. SGLang 0.5.23 picks the `dsa` backend for GLM-5 (a DSA model) unless "
-               "`--attention-backend` overrides it (read from its wheel, ch. 3). The dense paths, predicted by the "
-               f"cost model at the original's geometry: {cast['step_lo']:.0f}–{cast['step_hi']:.0f} ms with the "
-               f"whole-pool cast (the original measured {ORIGINAL.step_ms:g} ms) → {steps}.")
-    accuracy = _accuracy(ev, ["triton", "ours"], "dense, ours' Triton path: ")
-    if sparse:
-        accuracy = "DSA: not measured here; " + accuracy
-    return Decision("sm120", "SM120 (RTX PRO 6000)", "", "", do, figure, because,
-                    ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths", *_acc_source(ev)),
-                    f"{CH3}, {CH6}", accuracy)
+# ---------------------------------------------------------------------------------------------------------
+# The decision
+# ---------------------------------------------------------------------------------------------------------
+
+#: How a row's step figure was obtained.
+MEASURED, COMPOSED, PREDICTED, NOT_MEASURED = ("measured (H200)", "composed from measured parts (H200)",
+                                               "predicted (cost model)", "not measured")
 
 
-def _sm90_no_patch(ev: Evidence) -> Decision:
-    s = {r["path"]: r for r in step_rows(ev.step)}
-    cast, fm = s["full_pool_cast"], s.get("flashmla_fp8")
-    err_fp8, err_ours, err_from = flashmla_fp8_error(ev)
-    us = _bench_us(ev.bench)
-    pts16 = sorted({(h, c, b) for (_, h, c, b) in us if h == 16})
-    wins = [pt for pt in pts16 if ("flashmla_dense_fp8", *pt) in us
-            and us[("flashmla_dense_fp8", *pt)] == min(v for (_, *q), v in us.items() if tuple(q) == pt)]
-    sources = ("decode_step_paths",) + (("fused_decode_bench",) if us else ()) + ((err_from,) if err_from else ())
-    key, gpu, sw, batch = "sm90-no-patch", "SM90 (H100, H200)", "no patch", ""
-    if fm is None or fm["step_ms"] >= cast["step_ms"]:
-        return Decision(key, gpu, sw, batch, "No faster path without a patch was measured.",
-                        f"step {cast['step_ms']:.1f} ms with the cast", f"Step with the whole-pool cast "
-                        f"{cast['step_ms']:.1f} ms (H200); FlashMLA FP8 not recorded in the step.", sources,
-                        f"{CH5}, {CH6}")
-    do = ("`--attention-backend flashmla --page-size 64`: FlashMLA FP8, the fastest no-patch path on an FP8 cache "
-          "(FP8 query).")
-    acc = accuracy_report.path_summary(ev.accuracy, "flashmla_dense_fp8") if ev.accuracy is not None else None
-    if acc and acc["failing_profiles"]:
-        do = ("`--attention-backend flashmla --page-size 64` (FlashMLA FP8, the fastest no-patch path) only if the "
-              f"model was evaluated with its FP8 query: BF16-accurate on {acc['keeps']} of {acc['cases']} attention "
-              f"cases ({CH5B}). Otherwise a BF16 cache, or a patch.")
-    figure = f"{cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms a step"
-    because = f"Step {cast['step_ms']:.1f} → {fm['step_ms']:.1f} ms on the H200"
-    if pts16:
-        because += (f"; the fastest of every path at {len(wins)} of {len(pts16)} 16-head points of chapter 5's grid")
-    if err_fp8 and err_ours:
-        figure += f", {err_fp8 / err_ours:.0f}× ours' error"
-        where = "chapter 5's grid" if err_from == "fused_decode_bench" else "chapter 5's validation"
-        on_step = (f"; on this step {fm['rel_err_vs_float64']:.1e} against {s['ours']['rel_err_vs_float64']:.1e}"
-                   if fm.get("rel_err_vs_float64") and s.get("ours", {}).get("rel_err_vs_float64") else "")
-        because += (f". Its attention output's worst error against float64 over {where} is {err_fp8:.1e} against "
-                    f"ours' {err_ours:.1e} ({err_fp8 / err_ours:.0f}×){on_step}. That is measured here on the "
-                    "attention alone; what it does to a model's long-context answers is not measured in this book")
-    bf16 = [f"{s[p]['step_ms']:.1f} ms ({n})" for p, n in (("bf16_cache", "FlashInfer"), ("flashmla_bf16", "FlashMLA"))
-            if p in s]
-    if bf16:
-        because += (". Without a patch, the other way past the cast is a BF16 cache (half the tokens in the same "
-                    f"memory): {' / '.join(bf16)} a step")
-    because += (". GLM-5 without an explicit backend runs SGLang's `dsa` default (FlashMLA's sparse FP8 kernel), not "
-                "measured here.")
-    verdict = accuracy_report.fp8_verdict(ev.accuracy)
-    if verdict:
-        because += f" On sharp and long attention ({CH5B}): {verdict}"
-    return Decision(key, gpu, sw, batch, do, figure, because, sources + _acc_source(ev), f"{CH5}, {CH5B}, {CH6}",
-                    _accuracy(ev, ["flashmla_dense_fp8"]))
+@dataclass(frozen=True)
+class Decision:
+    """One row of the answer: the setup (model kind, GPU family, speculative decoding, batch), the SGLang 0.5.23
+    flags to run (``command``; '' where nothing needs setting), what to do in a few words (``do``), the decode step it
+    gives (``step``) and how that was obtained (``evidence``), its accuracy class, the full reason (``because``, chapter
+    6), the recorded results the numbers come from and the chapters that show them."""
 
+    key: str
+    model: str
+    gpu: str
+    spec: str
+    command: str
+    do: str
+    step: str
+    evidence: str
+    because: str
+    sources: tuple[str, ...]
+    chapters: str
+    accuracy: str = "not measured"
+    batch: str = ""
 
-#: The ``fp8_accuracy`` strategy whose arithmetic a step path runs.
-ACCURACY_OF = {"ours": "ours", "gather_cast": "gather_cast_bf16"}
+    @property
+    def setup(self) -> str:
+        return ", ".join([f"**{self.model}**", self.gpu, *(x for x in (self.spec, self.batch) if x)])
+
+    def as_dict(self) -> dict[str, Any]:
+        step = self.step if self.evidence == NOT_MEASURED else f"{self.step}; {self.evidence}"
+        return {**asdict(self), "setup": self.setup, "run": f"`{self.command}`" if self.command else "nothing to set",
+                "step_cell": step}
 
 
 def _acc_source(ev: Evidence) -> tuple[str, ...]:
     return ("fp8_accuracy",) if ev.accuracy is not None else ()
 
 
-def _accuracy(ev: Evidence, strategies: Sequence[str], prefix: str = "") -> str:
-    return prefix + accuracy_report.accuracy_cell(ev.accuracy, strategies)  # the first of strategies recorded
+def _default(sm: str, model: str = "GLM-5") -> Any:
+    """SGLang 0.5.23's DSA default for an FP8 cache on ``sm`` (read from its source)."""
+    return next(d for d in DSA_DEFAULTS if d.sm == sm and d.kv_cache_dtype == "fp8_e4m3" and model in d.model)
 
 
-#: What SGLang 0.5.23's flashinfer_mla backend does with an FP8 cache, whatever the FlashInfer (read from its wheel).
-PATCH_SOFTWARE = "patched"
-PATCH_NOTE = ("Its `flashinfer_mla` casts the whole pool with any FlashInfer, 0.6.14+ (FP8 MLA on SM90) included: "
-              "PR #35322, which would call that, is open.")
-PATCH_NOTE_SHORT = "its `flashinfer_mla` casts the whole pool with any FlashInfer (PR #35322 open)."
+def _forced(ev: Evidence) -> str:
+    """What forcing a dense backend does to a DSA model's FP8 pool, in a few words (from ``dsa_forced_dense``)."""
+    if ev.dsa_forced is None:
+        return "a forced dense backend reads the DSA pool's scaled rows as plain ones (read from source, not run)"
+    f = dsa_report.forced_dense(ev.dsa_forced)
+    return (f"forcing `--attention-backend flashinfer` makes SGLang read the {f['dsa_row_bytes']}-byte DSA rows as "
+            f"plain ones: NaN output, no error (SGLang's own pools, {CH6}); `flashmla` or `triton` stop with an "
+            "AssertionError")
+
+
+def _dsa_sm90(ev: Evidence) -> Decision:
+    d = _default("SM90")
+    key, gpu = "dsa-sm90", "SM90 (H100, H200)"
+    sources = tuple(s for s, r in (("dsa_decode", ev.dsa), ("decode_step_paths", ev.step),
+                                   ("dsa_forced_dense", ev.dsa_forced)) if r is not None)
+    do = (f"Leave `--attention-backend` unset: SGLang picks `dsa` (decode `{d.decode}`: FlashMLA's sparse FP8 kernel "
+          "over the 2,048 tokens the indexer picks, BF16 query). On SM90 ask for the FP8 cache. Never force a dense "
+          "backend on this model.")
+    if ev.dsa is None:
+        return Decision(key, MODELS["dsa"], gpu, "no speculative decoding", FP8_CACHE, do, "not measured",
+                        NOT_MEASURED, _cap(_forced(ev)) + ".", sources, CH6)
+    composed = dsa_report.dsa_step(ev.step, ev.dsa)
+    acc = dsa_report.accuracy(ev.dsa)
+    pts = dsa_report.points(ev.dsa)
+    big = max((p for p in pts if p["heads"] == 16 and p.get("dsa")), key=lambda p: (p["batch"], p["context"]))
+    if composed is not None:
+        step, how = f"{composed.step_ms:.1f} ms", COMPOSED
+        because = (f"{composed.step_ms:.1f} ms a step at one request of {composed.context:,} tokens: the step's own "
+                   f"write and rest-of-layer phases plus {composed.attention_ms:.2f} ms of DSA attention over "
+                   f"{GLM5.num_layers} layers (FlashMLA's sparse decode + the indexer's scores, measured), against "
+                   f"{step_at(ev, 'ours')[1]:.1f} ms for ours and {step_at(ev, 'flashmla_fp8').get(1, float('nan')):.1f}"
+                   f" ms for FlashMLA dense FP8 over every token. Not in it: the top-k (SGLang's kernel not run; "
+                   f"torch.topk would add {composed.topk_ms:.1f} ms). ")
+    else:
+        step, how, because = "not composed", NOT_MEASURED, "dsa_decode has no point at the step's request. "
+    because += (f"Per layer at batch {big['batch']} and {big['context'] // 1024}K tokens a request: {big['dsa']:.0f} "
+                f"µs against ours' {big['ours_page64']:.0f} µs and FlashMLA dense FP8's "
+                f"{big['flashmla_dense_fp8']:.0f} µs ({CH6}). Do not force a dense backend: {_forced(ev)}; and dense "
+                "attention over every token is not the model GLM-5 was trained to be (it attends to 2,048).")
+    accuracy = (f"BF16 query: {acc.sparse[1]:.1e} vs float64 ({acc.sparse[1] / acc.ours[1]:.1f}× ours', "
+                f"{RANDOM_INPUTS}); the model's own sparse attention")
+    return Decision(key, MODELS["dsa"], gpu, "no speculative decoding", FP8_CACHE, do, step, how, because, sources,
+                    CH6, accuracy)
+
+
+def _dsa_sm90_spec(ev: Evidence) -> Decision:
+    d = _default("SM90")
+    return Decision(
+        "dsa-sm90-spec", MODELS["dsa"], "SM90 (H100, H200)", "MTP (EAGLE)",
+        f"{FP8_CACHE} --speculative-algorithm EAGLE",
+        f"Leave `--attention-backend` unset: the same `dsa` backend, SGLang's target-verify runs through it (decode `{d.decode}`, each draft token a "
+        "query row). GLM-5's MTP layer is SGLang's `EAGLE` (its `NEXTN` alias; `MTP` is not a value it accepts).",
+        "not measured", NOT_MEASURED,
+        "Read from SGLang 0.5.23's source (`dsa_backend.py`'s target-verify branches; `speculative_hook.py`), not run "
+        "here. Forcing a dense backend for speculative decoding is wrong for the same reason as without it: "
+        + _forced(ev) + ".", tuple(s for s, r in (("dsa_forced_dense", ev.dsa_forced),) if r is not None), CH6,
+        "as without speculative decoding (the same kernel; not measured with draft tokens)")
+
+
+def _dsa_other(ev: Evidence, cells: Sequence[dict[str, Any]], sm: str) -> Decision:
+    glm, ds = _default(sm, "GLM-5"), _default(sm, "DeepSeek-V3.2")
+    gpu = {"SM100": "SM100 (B200)", "SM120": "SM120 (RTX PRO 6000)"}[sm]
+    decode = (f"`{glm.decode}`" if glm.decode == ds.decode else
+              f"`{glm.decode}` for GLM-5, `{ds.decode}` for DeepSeek-V3.2")
+    rows = f"{glm.pool_row_bytes}-byte" if glm.pool_row_bytes == ds.pool_row_bytes else \
+        f"{glm.pool_row_bytes}-byte (GLM-5) / {ds.pool_row_bytes}-byte (DeepSeek-V3.2)"
+    do = (f"Leave `--attention-backend` unset: SGLang picks `dsa` (decode {decode}, {rows} FP8 rows). An unset "
+          "cache dtype is already FP8 on this GPU.")
+    command = ""
+    sources: tuple[str, ...] = ("dsa_forced_dense",) if ev.dsa_forced is not None else ()
+    step, how, because = "not measured", NOT_MEASURED, f"SGLang 0.5.23's defaults, read from its source. "
+    if sm == "SM120":
+        sparse = open_doors(cells, "SM120", dense=False)
+        built = _sparse_build(ev)
+        because += (("Chapter 3: FlashInfer's SM120 sparse (DSA) MLA kernel is "
+                     f"{sparse[0]['status']} ({sparse[0]['conditions']})" if sparse else
+                     "Chapter 3: FlashInfer's SM120 sparse kernel refused") + (
+                    f"; its module compiled offline for sm_120a with nvcc {built['nvcc']} in {built['seconds']} s. "
+                    if built else ". "))
+        pred = _dsa_sm120_prediction(ev)
+        if pred is not None:
+            step, how = f"{pred[0]:.0f}–{pred[1]:.0f} ms", PREDICTED
+            because += (f"Predicted step {pred[0]:.0f}–{pred[1]:.0f} ms: the original's step without its cast and "
+                        "attention, plus every layer's DSA attention measured on the H200 and carried over by the two "
+                        "transfer rules (assuming FlashInfer's SM120 kernel as efficient as FlashMLA's on Hopper). ")
+            sources += ("dsa_decode", "path_sweep", "doors_checks")
+        because += ("The original's configuration -- `--attention-backend flashinfer` with an FP8 cache on GLM-5 -- "
+                    "gets the same DSA pool here (read from source): " + _forced(ev) + ".")
+    else:
+        because += "No SM100 GPU here: not measured, not predicted (the `trtllm` kernels are not modelled)."
+    return Decision(f"dsa-{sm.lower()}", MODELS["dsa"], gpu, "with or without MTP", command, do, step, how,
+                    because, sources, f"{CH3}, {CH6}", "not measured")
+
+
+def _sparse_build(ev: Evidence) -> dict[str, Any] | None:
+    if ev.doors_checks is None:
+        return None
+    return next((r for r in ev.doors_checks.rows if r.get("section") == "builds"
+                 and r.get("build") == "sparse_mla_sm120" and r.get("status") == "compiled"), None)
+
+
+def _dsa_sm120_prediction(ev: Evidence) -> tuple[float, float] | None:
+    """The DSA step on the original's GPU: its rest without cast and attention (predicted) plus every layer's DSA
+    attention measured on the H200 at the headline point, scaled by the two transfer rules."""
+    if ev.dsa is None:
+        return None
+    composed = dsa_report.dsa_step(ev.step, ev.dsa)
+    if composed is None:
+        return None
+    p = headline_point(ev.step)
+    h200, rtx = GPUS["h200"], GPUS["rtx-pro-6000"]
+    rest_lo, rest_hi = rest_without_attention_ms(ev.fit.model, p, rtx)
+    per_layer = composed.attention_ms / p.geometry.num_layers
+    scaled = (per_layer * h200.sms / rtx.sms, per_layer * h200.hbm_gbps / rtx.hbm_gbps)
+    return rest_lo + p.geometry.num_layers * min(scaled), rest_hi + p.geometry.num_layers * max(scaled)
+
+
+def _fp8_accuracy_cell(ev: Evidence) -> str:
+    """FlashMLA dense FP8's error multiplier over ours', per regime, lowest and highest (accuracy_regimes)."""
+    rows = [m for m in fp8_query_multipliers(ev.accuracy, ev.bench, computed=False)
+            if m.strategy == "flashmla_dense_fp8"]
+    if not rows:
+        return "FP8 query: not measured"
+    lo, hi = min(rows, key=lambda m: m.over_ours[0]), max(rows, key=lambda m: m.over_ours[1])
+    return (f"FP8 query: {lo.over_ours[0]:.1f}× ours' error ('{lo.regime}') to {hi.over_ours[1]:.0f}× "
+            f"('{hi.regime}'), {CH5B}")
+
+
+def _dense_sm90_no_patch(ev: Evidence) -> Decision:
+    fm = step_at(ev, "flashmla_fp8")
+    key, gpu = "dense-sm90-no-patch", "SM90 (H100, H200)"
+    sources = ("decode_step_paths",) + (("decode_step_batches",) if ev.step_batches else ()) + _acc_source(ev) + (
+        ("fused_decode_bench",) if ev.bench else ())
+    if not fm:
+        return Decision(key, MODELS["dense"], gpu, "no speculative decoding, no patch",
+                        f"--attention-backend flashmla --page-size 64 {FP8_CACHE}", "FlashMLA FP8 (not measured).",
+                        "not measured", NOT_MEASURED, "FlashMLA FP8 not recorded in the step.", sources, CH6)
+    acc = accuracy_report.path_summary(ev.accuracy, "flashmla_dense_fp8") if ev.accuracy is not None else None
+    do = "FlashMLA FP8, the fastest path without a patch (FP8 query)"
+    do += (": only if the model was evaluated with an FP8 query; else a BF16 cache "
+           "(`--attention-backend flashmla --page-size 64`, twice the memory) or our patch."
+           if acc and acc["failing_profiles"] else ".")
+    because = (f"Step with the whole-pool cast {_steps(ev, 'full_pool_cast')}; with FlashMLA FP8 {_steps(ev, 'flashmla_fp8')}; "
+               f"with a BF16 cache and FlashMLA BF16 {_steps(ev, 'flashmla_bf16')} (half the tokens in the same "
+               "memory). Its error is measured on attention alone; what it does to a model's answers is not measured "
+               "in this book. SGLang issue #35291 ships this command as its workaround.")
+    return Decision(key, MODELS["dense"], gpu, "no speculative decoding, no patch",
+                    f"--attention-backend flashmla --page-size 64 {FP8_CACHE}", do, _steps(ev, "flashmla_fp8"),
+                    MEASURED, because, sources, f"{CH5}, {CH5B}, {CH6}", _fp8_accuracy_cell(ev))
+
+
 #: The patches by the step path they run (the `fused` patch calls ours with its per-step plan).
 PATCH_NAMES = {"ours": "our `fused` patch (ours)", "gather_cast": "the `gather_cast` patch"}
+#: What SGLang 0.5.23's FlashInfer MLA backend does with an FP8 cache, whatever the FlashInfer (read from its wheel).
+PATCH_NOTE = ("Its FlashInfer MLA backend (`--attention-backend flashinfer`) casts the whole pool with any FlashInfer, "
+              "0.6.14+ (FP8 MLA on SM90) included: PR #35322, which would call that, is open.")
+PATCH_NOTE_SHORT = "its FlashInfer MLA backend casts the whole pool with any FlashInfer (PR #35322 open)."
 
 
-def _sm90_patch_one(ev: Evidence) -> Decision:
-    s = {r["path"]: r for r in step_rows(ev.step)}
-    cands = sorted((s[p] for p in ("ours", "gather_cast") if p in s), key=lambda r: r["step_ms"])
-    best, rest = cands[0], cands[1:]
-    do = _cap(PATCH_NAMES[best["path"]]) + (f"; {PATCH_NAMES[rest[0]['path']]}: "
-                                            f"+{rest[0]['step_ms'] - best['step_ms']:.1f} ms." if rest else ".")
-    figure = f"{s['full_pool_cast']['step_ms']:.1f} → " + " / ".join(
-        f"{r['step_ms']:.1f}" for r in cands) + " ms a step"
-    because = (f"Step {s['full_pool_cast']['step_ms']:.1f} ms with the cast → " + ", ".join(
-        f"{r['step_ms']:.1f} ms ({r['path']})" for r in cands) + " on the H200, one request of "
-        f"{ev.step.params['context_lens'][0]:,} tokens.")
-    if "flashinfer_fp8" in s:
-        because += (" FlashInfer's FP8 MLA, which SGLang PR #35322 would call: "
-                    f"{s['flashinfer_fp8']['step_ms']:.1f} ms "
-                    "on this step.")
-    return Decision("sm90-patch-one", "SM90", PATCH_SOFTWARE, "1 request", do, figure,
-                    because, ("decode_step_paths", *_acc_source(ev)), f"{CH4}, {CH5}, {CH6}",
-                    _accuracy(ev, [ACCURACY_OF[best["path"]]]))
-
-
-def _sm90_patch_batch(ev: Evidence) -> Decision:
+def _dense_sm90_patch(ev: Evidence) -> Decision:
+    ours, gc = step_at(ev, "ours"), step_at(ev, "gather_cast")
     cmp = batch_comparison(ev.sweep, "ours", "gather_cast", min_batch=BIG_BATCH)
-    fm = batch_comparison(ev.sweep, "ours", "flashmla_bf16", min_batch=BIG_BATCH)
-    bs = cmp["batches"]
-    key, gpu, batch = "sm90-patch-batch", "SM90", f"batch ≥ {BIG_BATCH}"
-    if not bs:
-        return Decision(key, gpu, PATCH_SOFTWARE, batch, "Not measured.", "—", "The sweep has no batch this large.",
-                        ("path_sweep",), CH6)
-    if not cmp["slower_at"]:
-        do = f"{_cap(PATCH_NAMES['ours'])}, {cmp['ratio_lo']:.1f}–{cmp['ratio_hi']:.1f}× faster than `gather_cast`"
-    elif len(cmp["slower_at"]) == len(bs):
-        do = f"{_cap(PATCH_NAMES['gather_cast'])}: faster than ours at every batch measured"
+    both = sorted(set(ours) & set(gc))
+    slower = [b for b in both if ours[b] > gc[b]]
+    if not slower:
+        do = f"{_cap(PATCH_NAMES['ours'])} on the FP8 cache; `gather_cast` is slower at every batch measured."
+        best = "ours"
+    elif len(slower) == len(both):
+        do, best = f"{_cap(PATCH_NAMES['gather_cast'])}: faster than ours at every batch measured.", "gather_cast"
     else:
-        do = (f"{_cap(PATCH_NAMES['ours'])} up to batch {max(n for n in bs if n not in cmp['slower_at'])}, "
-              f"{PATCH_NAMES['gather_cast']} at batch {_fmt_batches(cmp['slower_at'])}")
-    bf16_faster = bool(fm["batches"]) and len(fm["slower_at"]) == len(fm["batches"])
-    do += "; FlashMLA BF16 faster at 2× the memory." if bf16_faster else "."
-    figure = f"{_span(list(cmp['a_us'].values()))} vs {_span(list(cmp['b_us'].values()))} µs a layer"
-    because = (f"µs per layer at batch {_fmt_batches(bs)} (mixed lengths, H200 sweep): ours "
-               f"{_span(list(cmp['a_us'].values()))}, gather_cast {_span(list(cmp['b_us'].values()))}")
-    if fm["batches"]:
-        because += f", FlashMLA BF16 {_span(list(fm['b_us'].values()))}"
-    because += ". More heads per GPU: the table below."
-    best = "gather_cast" if len(cmp["slower_at"]) == len(bs) else "ours"
-    return Decision(key, gpu, PATCH_SOFTWARE, batch, do, figure, because, ("path_sweep", *_acc_source(ev)),
-                    f"{CH5}, {CH6}", _accuracy(ev, [ACCURACY_OF[best]]))
+        do, best = (f"{_cap(PATCH_NAMES['ours'])}; {PATCH_NAMES['gather_cast']} at batch "
+                    f"{', '.join(map(str, slower))}.", "ours")
+    because = (f"Step on the H200: ours {_steps(ev, 'ours')}, gather_cast {_steps(ev, 'gather_cast')}, the whole-pool "
+               f"cast {_steps(ev, 'full_pool_cast')}, FlashMLA BF16 on a BF16 cache {_steps(ev, 'flashmla_bf16')}. ")
+    if cmp["batches"]:
+        because += (f"One layer at batch {cmp['batches'][0]}–{cmp['batches'][-1]} (mixed lengths, the sweep): ours "
+                    f"{_span(list(cmp['a_us'].values()))} µs, gather_cast {_span(list(cmp['b_us'].values()))} µs. ")
+    because += (f"Apply `fused.diff` to SGLang 0.5.23 ({CH6}). What its check in SGLang's own modules ran, and how "
+                "fresh that check is, is under \"A patch for SGLang\". Not for a DSA model: its pool's rows are not "
+                "the rows this backend reads.")
+    acc = accuracy_report.accuracy_cell(ev.accuracy, ["ours" if best == "ours" else "gather_cast_bf16"])
+    sources = ("decode_step_paths",) + (("decode_step_batches",) if ev.step_batches else ()) + ("path_sweep",) + \
+        _acc_source(ev)
+    return Decision("dense-sm90-patch", MODELS["dense"], "SM90 (H100, H200)", "no speculative decoding, patched",
+                    f"--attention-backend flashinfer {FP8_CACHE}", do, _steps(ev, best), MEASURED, because, sources,
+                    f"{CH4}, {CH5}, {CH6}", "BF16 query: " + acc)
 
 
-def _sm100(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
+def _dense_sm90_spec(ev: Evidence) -> Decision:
+    return Decision(
+        "dense-sm90-spec", MODELS["dense"], "SM90 (H100, H200)", "MTP / EAGLE, patched",
+        f"--attention-backend flashinfer {FP8_CACHE} --speculative-algorithm EAGLE",
+        "Our `fused` patch: decode runs ours; target-verify and draft-extend go through `gather_cast` + FlashInfer "
+        "BF16 over a compact copy of the rows they read.",
+        "not measured", NOT_MEASURED,
+        "With speculative decoding, target-verify is the decode step (2–8 query tokens a request). The patch removes "
+        "its whole-pool cast but verifies through chapter 4's gather-cast into a compact BF16 buffer, which under CUDA "
+        "graphs is sized for what the captured graphs can reference; ours does not yet take several query tokens a "
+        "request. Not timed here in a server.", ("decode_step_paths",), f"{CH4}, {CH6}",
+        "BF16 query (verify: gather_cast + FlashInfer BF16)")
+
+
+def _dense_sm100(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
     dense = open_doors(cells, "SM100", dense=True)
     refused = _refused(cells, "SM100")
     gpu = GPUS["b200"]
@@ -369,31 +465,64 @@ def _sm100(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
     layers = p.geometry.num_layers
     kv = {path: [layers * v / 1e3 for v in ev.fit.model.layer_range_us(path, p, gpu)]
           for path in ("ours", "gather_cast_fa2", "full_pool_cast_fa2")}
+    backends = sorted({SGLANG_BACKEND.get(c["door"], c["door"]) for c in dense})
     if dense:
-        do = (" or ".join(f"`--attention-backend {SGLANG_BACKEND.get(c['door'], c['door'])}`" for c in dense)
-              + f" ({dense[0]['status']} by FlashInfer's checks, not run here), or our patch.")
+        command = f"--attention-backend {backends[0]} {FP8_CACHE}"
+        do = (" or ".join(f"`--attention-backend {b}`" for b in backends)
+              + f" ({dense[0]['status']} by FlashInfer's checks, not run here), or our patch (ours' Triton path).")
         where = "; ".join(f"{DOOR_BY_KEY[c['door']].label} {c['status']} ({c['conditions']})" for c in dense)
     else:
-        do = "A patch (ours, Triton path, or gather_cast): no FlashInfer path takes the FP8 cache here."
+        command = f"--attention-backend flashinfer {FP8_CACHE}"
+        do = "A patch (ours' Triton path, or gather_cast): no FlashInfer path takes the FP8 cache here."
         where = "no dense path open"
-    figure = (f"KV work, predicted: {kv['ours'][0]:.1f}–{kv['ours'][1]:.1f} vs "
-              f"{kv['full_pool_cast_fa2'][0]:.0f}–{kv['full_pool_cast_fa2'][1]:.0f} ms a step")
     because = (f"Chapter 3's matrix, SM100: {where}; refused: {', '.join(refused)}. Predicted by the cost model "
                f"(B200 datasheet, GLM-5 step geometry), KV work a step: "
                f"{kv['full_pool_cast_fa2'][0]:.1f}–{kv['full_pool_cast_fa2'][1]:.1f} ms with the whole-pool cast, "
                f"{kv['ours'][0]:.1f}–{kv['ours'][1]:.1f} ms ours (Triton path), "
                f"{kv['gather_cast_fa2'][0]:.1f}–{kv['gather_cast_fa2'][1]:.1f} ms gather_cast.")
-    return Decision("sm100", "SM100 (B200)", "", "", do, figure, because,
+    return Decision("dense-sm100", MODELS["dense"], "SM100 (B200)", "with or without MTP", command, do,
+                    f"KV work {kv['ours'][0]:.1f}–{kv['ours'][1]:.1f} ms (ours)", PREDICTED, because,
                     ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths", *_acc_source(ev)),
                     f"{CH3}, {CH6}", ("FlashInfer's path: not measured here; " if dense else "")
-                    + _accuracy(ev, ["triton", "ours"], "ours' Triton path: "))
+                    + "ours' Triton path: " + accuracy_report.accuracy_cell(ev.accuracy, ["triton", "ours"]))
+
+
+def _dense_sm120(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
+    dense = open_doors(cells, "SM120", dense=True)
+    p = headline_point(ev.step)
+    pred = {r["path"]: r for r in original_gpu_rows(ev.fit.model, p)}
+    cast = pred["full_pool_cast_fa2"]
+    patches = sorted(((name, pred[path]) for name, path in (("ours", "ours"), ("gather_cast", "gather_cast_fa2"))
+                      if path in pred), key=lambda r: r[1]["step_lo"])
+    names = {"ours": "our `fused` patch (ours' Triton path)", "gather_cast": "`gather_cast`"}
+    do = " or ".join(names[n] for n, _ in patches) + ": " + (
+        "no dense FlashInfer path takes the FP8 cache here." if not dense else
+        "FlashInfer: " + ", ".join(DOOR_BY_KEY[c["door"]].label for c in dense) + ".")
+    first = patches[0]
+    steps = "; ".join(f"{r['step_lo']:.0f}–{r['step_hi']:.0f} ms {n}" for n, r in patches)
+    because = (f"The cost model at the original's geometry: {cast['step_lo']:.0f}–{cast['step_hi']:.0f} ms with the "
+               f"whole-pool cast (the original measured {ORIGINAL.step_ms:g} ms) → {steps}. Ours' Triton path "
+               f"compiles for sm_120 with a launch shape that fits its shared memory ({CH6}).")
+    return Decision("dense-sm120", MODELS["dense"], "SM120 (RTX PRO 6000)", "no speculative decoding, patched",
+                    f"--attention-backend flashinfer {FP8_CACHE}", _cap(do),
+                    f"{first[1]['step_lo']:.0f}–{first[1]['step_hi']:.0f} ms ({first[0]}) vs {ORIGINAL.step_ms:g} ms",
+                    PREDICTED, because, ("doors_checks", "doors_sm90", "path_sweep", "decode_step_paths",
+                                         *_acc_source(ev)), f"{CH3}, {CH6}",
+                    "ours' Triton path: " + accuracy_report.accuracy_cell(ev.accuracy, ["triton", "ours"]))
 
 
 def decide(ev: Evidence) -> list[Decision]:
-    """The answer's rows, the original's GPU first: SM120, then SM90 without and with a patch (one request,
-    batches), then SM100."""
+    """The answer's rows: DSA models first (the book's own GLM-5: SM90 without and with MTP, SM100, SM120), then dense
+    MLA models (SM90 without a patch, patched, with speculative decoding; SM100; SM120)."""
     cells = door_cells(ev.doors_checks, ev.doors_sm90)
-    return [_sm120(ev, cells), _sm90_no_patch(ev), _sm90_patch_one(ev), _sm90_patch_batch(ev), _sm100(ev, cells)]
+    return [_dsa_sm90(ev), _dsa_sm90_spec(ev), _dsa_other(ev, cells, "SM100"), _dsa_other(ev, cells, "SM120"),
+            _dense_sm90_no_patch(ev), _dense_sm90_patch(ev), _dense_sm90_spec(ev), _dense_sm100(ev, cells),
+            _dense_sm120(ev, cells)]
+
+
+def commands(rows: Sequence[Decision]) -> list[str]:
+    """Every SGLang command line the rows print (what ``tests/test_sglang_dsa.py`` checks against 0.5.23)."""
+    return [r.command for r in rows if r.command]
 
 
 def _recorded_where(prov: Any) -> str:
@@ -414,11 +543,12 @@ def decision_caption(ev: Evidence, rows: Sequence[Decision], *, compact: bool = 
             groups.setdefault(key, []).append(res.experiment)
     stale = sorted(res.experiment for res in ev.results() if res.experiment in used and res.stale)
     if compact:
-        text = (f"SGLang 0.5.23, GLM-5, 16 heads/GPU; {PATCH_NOTE_SHORT} SM120, SM100: predicted by the cost model. "
-                "Recorded on ")
+        text = (f"SGLang 0.5.23 (flags read from its source), GLM-5 geometry, 16 heads/GPU, 78 layers; "
+                f"{PATCH_NOTE_SHORT} SM100, SM120: predictions. Recorded on ")
     else:
-        text = (f"SGLang 0.5.23, GLM-5 at 16 heads per GPU. {PATCH_NOTE} SM120 and SM100: the cost model's "
-                "predictions from the H200 sweep, not measurements. Recorded on ")
+        text = (f"SGLang 0.5.23: every flag and value read from its source and checked by the tests. GLM-5's geometry "
+                f"(16 heads per GPU, 78 layers, a 495,000-token pool) for every row. {PATCH_NOTE} SM120 and SM100: the "
+                "cost model's predictions from the H200's measurements, not measurements. Recorded on ")
     text += "; ".join(f"{k} ({', '.join(v)})" for k, v in groups.items()) + "."
     if stale:
         text += f" STALE: {', '.join(stale)} (the code changed since the recording; re-record with `make record`)."
@@ -426,11 +556,36 @@ def decision_caption(ev: Evidence, rows: Sequence[Decision], *, compact: bool = 
 
 
 def decision_table(rows: Sequence[Decision], caption: str, *, compact: bool = False) -> Table:
-    """The rows as a table: the front page's (``compact``: the short figure) or chapter 6's (the full reason and
-    the chapters that show it). Both have the same setups and the same "do this"."""
-    columns: dict[str, Any] = {"your setup": "setup", "do this": "do"}
-    if compact:
-        columns.update({"why": "figure", "accuracy": "accuracy"})
-    else:
-        columns.update({"because": "because", "accuracy": "accuracy", "shown in": "chapters"})
+    """The rows as a table: the front page's (``compact``) or chapter 6's (with the full reason and the chapters
+    that show it). Both have the same setups, the same commands and the same "do this"."""
+    columns: dict[str, Any] = {"your setup": "setup", "run (SGLang 0.5.23)": "run", "do this": "do",
+                               "decode step": "step_cell", "accuracy": "accuracy"}
+    if not compact:
+        columns.update({"because": "because", "shown in": "chapters"})
     return Table([r.as_dict() for r in rows], columns, caption)
+
+
+#: The README's answer sits between these markers (``python -m kvwall answer --readme`` writes it; a test compares).
+README_START = "<!-- kvwall answer: written by `python -m kvwall answer --readme` from the recorded results -->"
+README_END = "<!-- end of kvwall answer -->"
+
+
+def readme_answer(ev: Evidence | None = None) -> str:
+    """The front page's table as Markdown for the README, its chapter links pointing into ``book/``."""
+    ev = ev or Evidence.load()
+    rows = decide(ev)
+    text = decision_table(rows, decision_caption(ev, rows, compact=True), compact=True).markdown()
+    return re.sub(r"\]\(([0-9a-z_]+\.md)\)", r"](book/\1)", text)
+
+
+def write_readme_answer(path: Any, ev: Evidence | None = None) -> bool:
+    """Put :func:`readme_answer` between the markers of the README at ``path``; True when the file changed."""
+    from pathlib import Path  # pylint: disable=import-outside-toplevel
+
+    p = Path(path)
+    text = p.read_text()
+    start, end = text.index(README_START) + len(README_START), text.index(README_END)
+    new = text[:start] + "\n\n" + readme_answer(ev).strip() + "\n\n" + text[end:]
+    if new != text:
+        p.write_text(new)
+    return new != text

@@ -49,6 +49,7 @@ class DSADecodePart(Row):
     rel_err_f64: float | None = None
     rel_err_vs_bf16: float | None = None
     storage_rel_err: float | None = None
+    plain_storage_rel_err: float | None = None
     dense_storage_rel_err: float | None = None
     logits_rel_err_f64: float | None = None
     topk_recall: float | None = None
