@@ -21,38 +21,32 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from kvwall.model.cost import GPUS
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
-from kvwall.notebook import accuracy_report, dsa_report, fused_bench_report
+from kvwall.notebook import accuracy_report, dsa_report
 from kvwall.notebook.accuracy_regimes import RANDOM_INPUTS, fp8_query_multipliers
-from kvwall.notebook.answer_report import SweepFit, fit_sweep, headline_point, step_rows, sweep_rows
-from kvwall.notebook.doors_report import calls_for_matrix
+from kvwall.notebook.answer_report import headline_point
+from kvwall.notebook.evidence import (_FIELDS, SOURCES, SPARSE_DOOR, Evidence, batch_comparison, bench_us,
+                                     door_cells, flashmla_fp8_error, open_doors, refused_doors, span, step_at,
+                                     steps_text)
 from kvwall.notebook.original_gpu_report import original_gpu_rows, rest_without_attention_ms
 from kvwall.notebook.tables import Table
-from kvwall.peers.flashinfer.doors import DOOR_BY_KEY, door_matrix
+from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
-from kvwall.results import Result, ResultMissingError, load_result
 
-__all__ = ["Evidence", "Decision", "decide", "decision_table", "decision_caption", "door_cells", "open_doors",
+__all__ = ["Evidence", "Decision", "bench_us", "SPARSE_DOOR", "_FIELDS", "decide", "decision_table", "decision_caption", "door_cells", "open_doors",
            "flashmla_fp8_error", "batch_comparison", "step_at", "commands", "readme_answer", "write_readme_answer",
            "README_START", "README_END", "SOURCES", "MODELS",
            "PATCH_NOTE", "PATCH_NOTE_SHORT"]
 
-#: The recorded results the decision reads (GPU recordings but ``doors_checks`` and ``dsa_forced_dense``, CPU runs).
-SOURCES = ("decode_step_paths", "path_sweep", "fused_decode_bench", "fused_decode_validation", "doors_checks",
-           "doors_sm90", "fp8_accuracy", "dsa_decode", "dsa_forced_dense", "decode_step_batches")
-_FIELDS = ("step", "sweep", "bench", "validation", "doors_checks", "doors_sm90", "accuracy", "dsa", "dsa_forced",
-           "step_batches")
 #: The batch regime the "batches" rows speak for: mixed batches of at least this many requests.
 BIG_BATCH = 16
 #: SGLang 0.5.23's ``--attention-backend`` value for a FlashInfer door (``attention_registry.py``: ``flashinfer``
 #: builds the FlashInfer MLA backend for an MLA model; ``flashinfer_mla`` is not a value it accepts).
 SGLANG_BACKEND = {"fa2": "flashinfer", "fa3": "flashinfer", "trtllm-gen": "trtllm_mla"}
-#: The door of the matrix that is the DSA (sparse) kernel.
-SPARSE_DOOR = "sm120-sparse"
 #: The two kinds of MLA model the answer forks on.
 MODELS = {"dsa": "DSA (GLM-5, DeepSeek-V3.2)", "dense": "dense MLA (DeepSeek-V3/R1, Kimi-K2)"}
 FP8_CACHE = "--kv-cache-dtype fp8_e4m3"
@@ -66,140 +60,6 @@ def _link(doc: str, text: str) -> str:
 CH3, CH4, CH5, CH6 = (_link("03_the_other_doors", "ch. 3"), _link("04_gather_then_cast", "ch. 4"),
                       _link("05_fused_fp8_decode", "ch. 5"), _link("06_the_answer", "ch. 6"))
 CH5B = _link("05b_fp8_accuracy", "ch. 5b")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The evidence
-# ---------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Evidence:
-    """The recorded results the decision reads (all but ``step`` and ``sweep`` may be missing: the rows that need
-    them say so), and the cost model fitted on the sweep."""
-
-    step: Result
-    sweep: Result
-    bench: Result | None = None
-    validation: Result | None = None
-    doors_checks: Result | None = None
-    doors_sm90: Result | None = None
-    accuracy: Result | None = None
-    dsa: Result | None = None
-    dsa_forced: Result | None = None
-    step_batches: Result | None = None
-    fit: SweepFit | None = None
-
-    def __post_init__(self) -> None:
-        if self.fit is None:
-            self.fit = fit_sweep(self.sweep)
-
-    @classmethod
-    def load(cls, loader: Callable[[str], Result | None] | None = None, fit: SweepFit | None = None,
-             **known: Result | None) -> "Evidence":
-        """Every result of :data:`SOURCES` through ``loader`` (a chapter's ``recorded_or_none``; default: the
-        recorded files, a missing optional one as None); ``known``: results already loaded, by field name
-        (``step=``, ``sweep=``)."""
-        def default(name: str) -> Result | None:
-            try:
-                return load_result(name)
-            except ResultMissingError:
-                if name in ("decode_step_paths", "path_sweep"):
-                    raise
-                return None
-        get = loader or default
-        return cls(*(known[f] if f in known else get(n) for f, n in zip(_FIELDS, SOURCES)), fit=fit)
-
-    def results(self) -> list[Result]:
-        return [r for r in (getattr(self, f) for f in _FIELDS) if r is not None]
-
-
-def door_cells(checks: Result | None, sm90: Result | None) -> list[dict[str, Any]]:
-    """Chapter 3's matrix from its recorded evidence: the release's cited lines and replayed checks
-    (``doors_checks``) and the H200's calls (``doors_sm90``, missing downloads set aside as chapter 3 does)."""
-    if checks is None:
-        return []
-    calls = calls_for_matrix(sm90.table("calls")) if sm90 is not None else []
-    return door_matrix(checks.table("citations"), checks.table("replays"), calls)
-
-
-def open_doors(cells: Sequence[dict[str, Any]], family: str, *, dense: bool | None = None) -> list[dict[str, Any]]:
-    """The cells of ``family`` that are not refused (``dense``: True only dense doors, False only the sparse one)."""
-    return [c for c in cells if c["family"] == family and c["status"] != "refused"
-            and (dense is None or (c["door"] != SPARSE_DOOR) == dense)]
-
-
-def _refused(cells: Sequence[dict[str, Any]], family: str) -> list[str]:
-    return [DOOR_BY_KEY[c["door"]].label.split(" (")[0] for c in cells
-            if c["family"] == family and c["status"] == "refused" and c["door"] != SPARSE_DOOR]
-
-
-def flashmla_fp8_error(ev: Evidence) -> tuple[float | None, float | None, str]:
-    """FlashMLA dense FP8's worst relative error against float64 and ours' worst, and where they come from:
-    ``fused_decode_bench`` (every output of the grid checked against float64 first) where it has both, else
-    ``fused_decode_validation``. Both on chapter 5's random Gaussian inputs (:data:`RANDOM_INPUTS`)."""
-    if ev.bench is not None:
-        rows = [r for r in ev.bench.rows if r.get("section") == "bench" and r.get("rel_err_f64") is not None]
-        fp8 = [r["rel_err_f64"] for r in rows if r["strategy"] == "flashmla_dense_fp8"]
-        ours = [r["rel_err_f64"] for r in rows if r["strategy"] in ("ours", "ours_page64")]
-        if fp8 and ours:
-            return max(fp8), max(ours), "fused_decode_bench"
-    fp8, ours = fused_bench_report.flashmla_fp8_error(ev.validation)  # chapter 5's reading of the case table
-    if fp8 is not None and ours is not None:
-        return fp8, ours, "fused_decode_validation"
-    return None, None, ""
-
-
-def _bench_us(bench: Result | None) -> dict[tuple[str, int, int, int], float]:
-    """``(strategy, heads, context, batch) -> µs`` of every timed row of ``fused_decode_bench``."""
-    if bench is None:
-        return {}
-    return {(r["strategy"], r["heads"], r["context"], r["batch"]): r["us"] for r in bench.rows
-            if r.get("section") == "bench" and r.get("us")}
-
-
-def _sweep_batch(sweep: Result, heads: int = 16) -> dict[str, dict[int, float]]:
-    """The sweep's batch axis: ``path -> {batch: µs per layer}``."""
-    out: dict[str, dict[int, float]] = {}
-    for r in sweep_rows(sweep):
-        if r["axis"] == "batch" and r["heads"] == heads and r.get("us"):
-            out.setdefault(r["path"], {})[r["batch"]] = r["us"]
-    return out
-
-
-def batch_comparison(sweep: Result, a: str, b: str, *, min_batch: int = 2) -> dict[str, Any]:
-    """``a`` against ``b`` on the sweep's batch axis (16 heads, mixed lengths) from ``min_batch`` requests up:
-    the batches, where ``a`` is slower, and the range of ``b / a``."""
-    us = _sweep_batch(sweep)
-    batches = sorted(set(us.get(a, {})) & set(us.get(b, {})))
-    batches = [n for n in batches if n >= min_batch]
-    ratios = [us[b][n] / us[a][n] for n in batches]
-    return {"batches": batches, "slower_at": [n for n in batches if us[a][n] > us[b][n]],
-            "ratio_lo": min(ratios, default=None), "ratio_hi": max(ratios, default=None),
-            "a_us": {n: us[a][n] for n in batches}, "b_us": {n: us[b][n] for n in batches}}
-
-
-def step_at(ev: Evidence, path: str) -> dict[int, float]:
-    """``{batch: step ms}`` of ``path``: batch 1 from ``decode_step_paths`` (the headline step), larger batches from
-    ``decode_step_batches`` where it was recorded."""
-    out = {1: r["step_ms"] for r in step_rows(ev.step) if r["path"] == path}
-    if ev.step_batches is not None:
-        out.update({r["batch"]: r["step_ms"] for r in ev.step_batches.rows
-                    if r.get("section") == "path" and r.get("path") == path and r.get("step_ms") and r["batch"] > 1})
-    return out
-
-
-def _steps(ev: Evidence, path: str) -> str:
-    """``"22.7 ms (batch 1) … 29.8 ms (batch 64)"``: the step at the smallest and largest batch recorded."""
-    s = step_at(ev, path)
-    if not s:
-        return "not measured"
-    lo, hi = min(s), max(s)
-    return f"{s[lo]:.1f} ms" + (f" (batch {lo}) … {s[hi]:.1f} ms (batch {hi})" if hi != lo else "")
-
-
-def _span(values: Sequence[float], d: int = 0) -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:.{d}f}" if round(lo, d) == round(hi, d) else f"{lo:.{d}f}–{hi:.{d}f}"
 
 
 def _cap(text: str) -> str:
@@ -397,12 +257,12 @@ def _dense_sm90_no_patch(ev: Evidence) -> Decision:
     do += (": only if the model was evaluated with an FP8 query; else a BF16 cache "
            "(`--attention-backend flashmla --page-size 64`, twice the memory) or our patch."
            if acc and acc["failing_profiles"] else ".")
-    because = (f"Step with the whole-pool cast {_steps(ev, 'full_pool_cast')}; with FlashMLA FP8 {_steps(ev, 'flashmla_fp8')}; "
-               f"with a BF16 cache and FlashMLA BF16 {_steps(ev, 'flashmla_bf16')} (half the tokens in the same "
+    because = (f"Step with the whole-pool cast {steps_text(ev, 'full_pool_cast')}; with FlashMLA FP8 {steps_text(ev, 'flashmla_fp8')}; "
+               f"with a BF16 cache and FlashMLA BF16 {steps_text(ev, 'flashmla_bf16')} (half the tokens in the same "
                "memory). Its error is measured on attention alone; what it does to a model's answers is not measured "
                "in this book. SGLang issue #35291 ships this command as its workaround.")
     return Decision(key, MODELS["dense"], gpu, "no speculative decoding, no patch",
-                    f"--attention-backend flashmla --page-size 64 {FP8_CACHE}", do, _steps(ev, "flashmla_fp8"),
+                    f"--attention-backend flashmla --page-size 64 {FP8_CACHE}", do, steps_text(ev, "flashmla_fp8"),
                     MEASURED, because, sources, f"{CH5}, {CH5B}, {CH6}", _fp8_accuracy_cell(ev))
 
 
@@ -427,11 +287,11 @@ def _dense_sm90_patch(ev: Evidence) -> Decision:
     else:
         do, best = (f"{_cap(PATCH_NAMES['ours'])}; {PATCH_NAMES['gather_cast']} at batch "
                     f"{', '.join(map(str, slower))}.", "ours")
-    because = (f"Step on the H200: ours {_steps(ev, 'ours')}, gather_cast {_steps(ev, 'gather_cast')}, the whole-pool "
-               f"cast {_steps(ev, 'full_pool_cast')}, FlashMLA BF16 on a BF16 cache {_steps(ev, 'flashmla_bf16')}. ")
+    because = (f"Step on the H200: ours {steps_text(ev, 'ours')}, gather_cast {steps_text(ev, 'gather_cast')}, the whole-pool "
+               f"cast {steps_text(ev, 'full_pool_cast')}, FlashMLA BF16 on a BF16 cache {steps_text(ev, 'flashmla_bf16')}. ")
     if cmp["batches"]:
         because += (f"One layer at batch {cmp['batches'][0]}–{cmp['batches'][-1]} (mixed lengths, the sweep): ours "
-                    f"{_span(list(cmp['a_us'].values()))} µs, gather_cast {_span(list(cmp['b_us'].values()))} µs. ")
+                    f"{span(list(cmp['a_us'].values()))} µs, gather_cast {span(list(cmp['b_us'].values()))} µs. ")
     because += (f"Apply `fused.diff` to SGLang 0.5.23 ({CH6}). What its check in SGLang's own modules ran, and how "
                 "fresh that check is, is under \"A patch for SGLang\". Not for a DSA model: its pool's rows are not "
                 "the rows this backend reads.")
@@ -439,7 +299,7 @@ def _dense_sm90_patch(ev: Evidence) -> Decision:
     sources = ("decode_step_paths",) + (("decode_step_batches",) if ev.step_batches else ()) + ("path_sweep",) + \
         _acc_source(ev)
     return Decision("dense-sm90-patch", MODELS["dense"], "SM90 (H100, H200)", "no speculative decoding, patched",
-                    f"--attention-backend flashinfer {FP8_CACHE}", do, _steps(ev, best), MEASURED, because, sources,
+                    f"--attention-backend flashinfer {FP8_CACHE}", do, steps_text(ev, best), MEASURED, because, sources,
                     f"{CH4}, {CH5}, {CH6}", "BF16 query: " + acc)
 
 
@@ -459,7 +319,7 @@ def _dense_sm90_spec(ev: Evidence) -> Decision:
 
 def _dense_sm100(ev: Evidence, cells: Sequence[dict[str, Any]]) -> Decision:
     dense = open_doors(cells, "SM100", dense=True)
-    refused = _refused(cells, "SM100")
+    refused = refused_doors(cells, "SM100")
     gpu = GPUS["b200"]
     p = headline_point(ev.step)
     layers = p.geometry.num_layers

@@ -13,9 +13,10 @@ from plotly.subplots import make_subplots
 from kvwall.model.geometry import GLM5
 from kvwall.notebook.plots import arrange
 from kvwall.notebook.tables import Table, number, scientific
+from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 from kvwall.results import Result
 
-__all__ = ["DSA_LABEL", "DENSE", "points", "dsa_table", "dsa_figure", "accuracy", "accuracy_text", "forced_dense",
+__all__ = ["DSA_LABEL", "DENSE", "defaults_table", "citations_table", "dsa_step_text", "points", "dsa_table", "dsa_figure", "accuracy", "accuracy_text", "forced_dense",
            "forced_dense_text", "DSAStep", "dsa_step", "speed_text"]
 
 #: The DSA path, as SGLang 0.5.23 runs it on Hopper with an FP8 cache.
@@ -228,3 +229,67 @@ def dsa_step(step: Result, dsa: Result) -> DSAStep | None:
     attention = layers * pt["dsa"] / 1e3
     return DSAStep(ours["write_kv_ms"] + ours["rest_ms"] + attention, attention, layers * (pt.get("topk") or 0) / 1e3,
                    lens[0], setup["heads_per_gpu"], len(lens))
+
+
+#: The facts of :data:`kvwall.peers.sglang_dsa.FACTS` in a reader's words, in the order the chapter tells them.
+FACT_WORDS = {
+    "attention_backend_choices": "`--attention-backend` takes `flashinfer`, `flashmla`, `dsa`, ... (not `flashinfer_mla`)",
+    "flashinfer_is_flashinfer_mla_for_mla_models": "`flashinfer` builds the FlashInfer MLA backend for an MLA model",
+    "dsa_backend_flags": "`--dsa-decode-backend` and `--dsa-prefill-backend` name the DSA kernels",
+    "kv_cache_dtype_choices": "`--kv-cache-dtype` takes `fp8_e4m3` (not `fp8`)",
+    "speculative_algorithm": "`--speculative-algorithm` takes `EAGLE` (alias `NEXTN`), not `MTP`",
+    "dsa_model_detection": "a DSA model is recognised",
+    "dsa_backend_only_when_unforced": "`dsa` is chosen only when no backend is forced",
+    "unset_kv_dtype": "an unset cache dtype is FP8 on SM100 and SM120, BF16 on SM90",
+    "dsa_split_defaults": "the DSA decode and prefill kernels per GPU (the table above)",
+    "flashmla_kv_head_padding": "FlashMLA's sparse decode pads the query heads to 64 or 128",
+    "dsa_page_size": "pages of 64 tokens",
+    "dsa_pool_class": "the DSA pool, whatever the attention backend",
+    "dsa_fp8_row": "its FP8 row: 656 bytes, or 576 when `trtllm` is a DSA backend",
+    "indexer_row": "the indexer's own cache: 132 bytes a token a layer",
+    "forced_dense_allowed": "forcing a dense backend is not refused",
+    "dsa_resolution_ignores_forced_backend": "a forced backend still gets the DSA pool's layout",
+    "indexer_skipped_on_dense": "with a dense backend the indexer is skipped: every token is attended",
+    "absorbed_backends_write_mla": "flashinfer and fa3 write the scaled rows",
+    "key_buffer_on_dsa_pool": "and read the pool as 656 e4m3 columns",
+    "flashinfer_dense_read": "FlashInfer's backend casts them and splits them as 512 + rest",
+    "fa3_dense_read": "so does fa3's",
+    "flashmla_triton_write_raises": "flashmla and triton assert at the first cache write",
+    "dense_prefill_is_dsa_aware": "prefill dequantizes the DSA rows itself (only decode misreads)",
+}
+
+
+def defaults_table(forced: Result) -> Table:
+    """SGLang 0.5.23's DSA kernels per GPU and cache dtype when no DSA backend is named (read from its source)."""
+    rows = [{"gpu": d.sm, "kv": d.kv_cache_dtype, "model": d.model, "decode": f"`{d.decode}`",
+             "prefill": f"`{d.prefill}`", "bytes": d.pool_row_bytes} for d in DSA_DEFAULTS]
+    return Table(rows, {"GPU": "gpu", "cache dtype": "kv", "model": "model", "decode": "decode", "prefill": "prefill",
+                        "pool bytes a token a layer": "bytes"},
+                 "SGLang 0.5.23's `dsa` backend with no DSA backend named (`_dsa_split_backend_resolution`), read from "
+                 "its wheel; the cited lines are below. " + forced.caption())
+
+
+def citations_table(forced: Result) -> Table:
+    """Each fact the chapter states about SGLang, with the wheel's lines it rests on, checked."""
+    rows = [{"fact": FACT_WORDS.get(r["fact"], r["fact"]), "where": ", ".join(x.removeprefix("sglang/srt/")
+                                                                              for x in r["lines"]),
+             "ok": "found" if r["ok"] else "NOT FOUND"} for r in forced.rows if r["section"] == "citations"]
+    return Table(rows, {"what SGLang 0.5.23 does": "fact", "its lines (under sglang/srt/)": "where",
+                        "checked": "ok"},
+                 "Every line was matched against the pinned wheel (sha256-checked) when this was recorded, and is again "
+                 "by the tests. " + forced.caption())
+
+
+def dsa_step_text(composed: DSAStep, step: Result) -> str:
+    """The composed DSA step beside the dense paths' recorded steps at the same request."""
+    s = {r["path"]: r["step_ms"] for r in step.rows if r.get("section") == "path" and r.get("step_ms")}
+    return (f"**{composed.step_ms:.1f} ms** a step at one request of {composed.context:,} tokens, {composed.heads} "
+            f"heads per GPU: {composed.attention_ms:.2f} ms of it the DSA attention of {GLM5.num_layers} layers "
+            f"(FlashMLA's sparse decode and the indexer's scores), the rest the step's own KV write and the stand-in "
+            f"for the rest of each layer. On the dense paths the same step takes {s.get('ours', float('nan')):.1f} ms "
+            f"with ours, {s.get('flashmla_fp8', float('nan')):.1f} ms with FlashMLA dense FP8 and "
+            f"{s.get('full_pool_cast', float('nan')):.1f} ms with the whole-pool cast. Not in the DSA figure: the "
+            f"top-k, whose SGLang kernel was not run here (torch.topk, its stand-in, would add "
+            f"{composed.topk_ms:.1f} ms). At one request of this length the DSA's fixed cost matters more than the "
+            "tokens it skips; at long contexts and batches (the table above) it reads a fraction of what dense "
+            "attention reads.")

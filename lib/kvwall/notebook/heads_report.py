@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvwall.notebook.decision import Evidence, _bench_us, flashmla_fp8_error
+from kvwall.notebook.evidence import Evidence, bench_us, flashmla_fp8_error
 from kvwall.notebook.tables import Table
 
 __all__ = ["ACCURATE_FP8", "kernel_rows", "kernel_table", "kernel_text"]
@@ -19,7 +19,7 @@ def kernel_rows(ev: Evidence) -> list[dict[str, Any]]:
     """Per heads and batch regime of chapter 5's grid (context 32K, or the grid's middle one): the faster
     BF16-accurate path on the FP8 cache (ours or gather_cast), FlashMLA BF16 (a BF16 cache: twice the memory) and
     FlashMLA FP8 (FP8 query), µs per layer."""
-    us = _bench_us(ev.bench)
+    us = bench_us(ev.bench)
     if not us:
         return []
     ctxs = sorted({c for (_, _, c, _) in us})
