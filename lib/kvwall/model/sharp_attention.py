@@ -1,7 +1,7 @@
 """Decode inputs whose attention looks like a model's: a chosen softmax sharpness, sink tokens, needles -- and value
 channels that read off, exactly, the weights a kernel gave them.
 
-The Gaussian inputs of chapter 5 give logits with a spread of about 1: a flat softmax in which no weight is small
+The Gaussian inputs of chapter 5 give logits with a spread of about 0.5: a flat softmax in which no weight is small
 next to the largest. A model's attention is sharper: a few "sink" tokens (the first of the context) hold most of
 the mass (Xiao et al., *Efficient Streaming Language Models with Attention Sinks*, 2023), and retrieval means one or
 a few "needle" tokens a margin above everything else. What an FP8 softmax or an FP8 query loses is exactly there:
@@ -83,7 +83,7 @@ class Profile:
         return self.sinks + self.needles
 
 
-#: The sharpness sweep, flattest first: Gaussian logits of spread 1 (chapter 5's inputs), 3 and 10; four sinks
+#: The sharpness sweep, flattest first: Gaussian logits of spread 1 (a little sharper than chapter 5's inputs, whose spread is about 0.5), 3 and 10; four sinks
 #: holding 90 % and 99 % of the attention over a spread-1 tail; retrieval amid sinks -- one needle 4 above the
 #: tail's largest logit, and eight needles 2 above it (one request's needles compete with each other).
 PROFILES: tuple[Profile, ...] = (

@@ -48,7 +48,8 @@ def kernel_table(ev: Evidence) -> Table | None:
         r["bf16_x"] = f"{r['fm_bf16'] / r['best_us']:.2f}×" if r["fm_bf16"] else "—"
         r["fp8_x"] = f"{r['fm_fp8'] / r['best_us']:.2f}×" if r["fm_fp8"] else "—"
     err_fp8, err_ours, _ = flashmla_fp8_error(ev)
-    err = f" FlashMLA FP8's error against float64 is {err_fp8 / err_ours:.0f}× ours'." if err_fp8 and err_ours else ""
+    err = (f" FlashMLA FP8's error against float64 is {err_fp8 / err_ours:.0f}× ours' on random Gaussian q and latent "
+           "(chapter 5's regime; chapter 5b gives it per regime)." if err_fp8 and err_ours else "")
     return Table(rows, {"heads, batch": "point", "fastest accurate on FP8": "best",
                         "µs": ("best_us", lambda v: f"{v:.0f}"),
                         "other accurate µs": ("other_us", lambda v: f"{v:.0f}" if v else "—"),

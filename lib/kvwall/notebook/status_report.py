@@ -8,12 +8,13 @@ brings its own). Recorded GPU runs used the GPU machine's torch and Triton, whic
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kvwall.notebook.tables import Table, number
-from kvwall.results import AWAITING_FILE, PROJECT_ROOT, awaiting_rerecord, load_result
+from kvwall.results import AWAITING_FILE, PROJECT_ROOT, Result, awaiting_rerecord, load_result
 
 __all__ = ["executions_table", "pins", "recorded_runs", "versions_table", "runs_table", "versions_text", "build_time_text"]
 
@@ -128,3 +129,24 @@ def build_time_text(records: Sequence[Mapping[str, Any]]) -> str:
             f"{slowest['chapter']}, {slowest['duration_s']:,.0f} s), on {slowest['device']}; `make book` adds the "
             "Sphinx build and, on a machine that has never installed them, the FlashInfer releases chapters 2 and 3 "
             "install (the README lists measured times).")
+
+
+def gpu_mode_table(result: Result) -> Table:
+    """Each chapter as ``chapters_gpu_mode`` ran it in GPU mode on a GPU: exit status, seconds, and whether the
+    chapter's source changed since (its sha256 then against the file now)."""
+    book = PROJECT_ROOT / "book"
+    rows = []
+    for r in result.rows:
+        if r["section"] != "chapter":
+            continue
+        path = book / r["chapter"]
+        now = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        rows.append({"chapter": r["chapter"].removesuffix(".md"), "params": r["params"] or "(prose: none)",
+                     "rc": "—" if r["rc"] is None else str(r["rc"]), "seconds": r["seconds"],
+                     "ok": ("ran" if r["rc"] == 0 else (r.get("error") or "failed").splitlines()[-1][:120]),
+                     "same": "yes" if now == r["source_sha256"] else "edited since"})
+    return Table(rows, {"chapter": "chapter", "parameters": "params", "exit status": "rc",
+                        "seconds": ("seconds", number(0)), "outcome": "ok", "source as run": "same"},
+                 "Every chapter executed headless (`python -m kvwall execute book/<chapter> -p mode=gpu`) on the GPU, "
+                 "at full scale, live, one after another. 'edited since': the chapter's source is not the one that "
+                 "ran. " + result.caption())

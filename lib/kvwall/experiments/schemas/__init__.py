@@ -14,7 +14,7 @@ from typing import Any
 from kvwall.experiments.schemas.accuracy import FP8AccuracyRow
 from kvwall.experiments.schemas.answer import DecodeStepBatchesRow, DecodeStepPathsRow, PathSweepRow
 from kvwall.experiments.schemas.decode_profile import AttentionSweepRow, CastKernelsRow, CastSweepRow, DecodeProfileRow
-from kvwall.experiments.schemas.dsa import DSADecodeRow, DSAForcedDenseRow
+from kvwall.experiments.schemas.dsa import ChaptersGpuModeRow, DSADecodeRow, DSAForcedDenseRow
 from kvwall.experiments.schemas.doors import DoorsChecksRow, DoorsSm90Row
 from kvwall.experiments.schemas.fused_decode import (
     FusedDecodeBenchRow, FusedDecodePathsRow, FusedDecodeProfileRow, FusedDecodeTuningRow, FusedDecodeValidationRow,
@@ -50,4 +50,5 @@ ROW_SCHEMAS: dict[str, Any] = {
     "sglang_patch_check": SGLangPatchCheckRow,
     "dsa_decode": DSADecodeRow,
     "dsa_forced_dense": DSAForcedDenseRow,
+    "chapters_gpu_mode": ChaptersGpuModeRow,
 }

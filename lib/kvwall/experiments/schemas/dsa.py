@@ -10,7 +10,7 @@ from pydantic import Field
 from kvwall.experiments.schemas.base import Row
 from kvwall.experiments.schemas.fused_decode import FusedDecodeBenchBench
 
-__all__ = ["DSADecodeRow", "DSAForcedDenseRow"]
+__all__ = ["DSADecodeRow", "DSAForcedDenseRow", "ChaptersGpuModeRow"]
 
 
 class DSADecodeSetup(Row):
@@ -92,3 +92,27 @@ class DSAForcedDense(Row):
 
 #: One row of ``dsa_forced_dense``, by its section.
 DSAForcedDenseRow = Annotated[DSAForcedCitation | DSAForcedDense, Field(discriminator="section")]
+
+
+class ChaptersGpuSetup(Row):
+    section: Literal["setup"]
+    gpu: str
+    budget_s: int
+    timeout_s: int
+    chapters: list[str]
+    seconds_total: float | None = None
+
+
+class ChaptersGpuChapter(Row):
+    section: Literal["chapter"]
+    chapter: str
+    source_sha256: str
+    params: str
+    rc: int | None
+    seconds: float | None
+    duration_s: float | None = None
+    error: str | None = None
+
+
+#: One row of ``chapters_gpu_mode``.
+ChaptersGpuModeRow = Annotated[ChaptersGpuSetup | ChaptersGpuChapter, Field(discriminator="section")]
