@@ -51,4 +51,5 @@ ROW_SCHEMAS: dict[str, Any] = {
     "dsa_decode": DSADecodeRow,
     "dsa_forced_dense": DSAForcedDenseRow,
     "chapters_gpu_mode": ChaptersGpuModeRow,
+    "chapters_gpu_mode_rest": ChaptersGpuModeRow,
 }
