@@ -196,7 +196,7 @@ def _dsa_other(ev: Evidence, cells: Sequence[dict[str, Any]], sm: str) -> Decisi
                     if built else ". "))
         pred = _dsa_sm120_prediction(ev)
         if pred is not None:
-            step, how = f"{pred[0]:.0f}–{pred[1]:.0f} ms", PREDICTED
+            step, how = f"{pred[0]:.0f}–{pred[1]:.0f} ms (GLM-5)", PREDICTED
             because += (f"Predicted step {pred[0]:.0f}–{pred[1]:.0f} ms: the original's step without its cast and "
                         "attention, plus every layer's DSA attention measured on the H200 and carried over by the two "
                         "transfer rules (assuming FlashInfer's SM120 kernel as efficient as FlashMLA's on Hopper). ")
@@ -205,8 +205,10 @@ def _dsa_other(ev: Evidence, cells: Sequence[dict[str, Any]], sm: str) -> Decisi
                     "gets the same DSA pool here (read from source): " + _forced(ev) + ".")
     else:
         because += "No SM100 GPU here: not measured, not predicted (the `trtllm` kernels are not modelled)."
+    accuracy = ("GLM-5: BF16 query (FlashInfer's SM120 sparse kernel takes one, by its checks); not measured"
+                if sm == "SM120" else "not measured")
     return Decision(f"dsa-{sm.lower()}", MODELS["dsa"], gpu, "with or without MTP", command, do, step, how,
-                    because, sources, f"{CH3}, {CH6}", "not measured")
+                    because, sources, f"{CH3}, {CH6}", accuracy)
 
 
 def _sparse_build(ev: Evidence) -> dict[str, Any] | None:
