@@ -121,8 +121,8 @@ def _forced(ev: Evidence) -> str:
         return "a forced dense backend reads the DSA pool's scaled rows as plain ones (read from source, not run)"
     f = dsa_report.forced_dense(ev.dsa_forced)
     return (f"forcing `--attention-backend flashinfer` makes SGLang read the {f['dsa_row_bytes']}-byte DSA rows as "
-            f"plain ones: NaN output, no error (SGLang's own pools, {CH6}); `flashmla` or `triton` stop with an "
-            "AssertionError")
+            f"plain ones: NaN in what it attends over, no error (SGLang's own pools, {CH6}); `flashmla` or `triton` "
+            "stop with an AssertionError")
 
 
 def _dsa_sm90(ev: Evidence) -> Decision:

@@ -195,8 +195,9 @@ def forced_dense_text(result: Result) -> str:
             f"backend does not change it. The dense FlashInfer backend (`--attention-backend flashinfer`) casts those "
             f"rows as if they were plain {f['dsa_row_bytes_trtllm']}-value rows: the latent comes back "
             f"{f['dense_latent_rel_err']:.0f}× off in relative error (its per-tile scales are never applied), "
-            f"{f['dense_rope_nan_tokens']:.0%} of tokens read a NaN in their rotary values, and attention over them "
-            f"returns NaN, with no error raised. `--attention-backend flashmla` or `triton` stop at the first cache "
+            f"{f['dense_rope_nan_tokens']:.0%} of tokens read a NaN in their rotary values, and attention over exactly "
+            f"what the backend hands FlashInfer is NaN (a reference decode on those values; FlashInfer's kernel itself "
+            f"was not run on them), with no error raised anywhere on the way. `--attention-backend flashmla` or `triton` stop at the first cache "
             f"write instead ({f['set_kv_buffer_error'].split(':')[0]}). The same keys in a plain MLA pool read back "
             f"to an output {f['mla_pool_output_rel_err']:.1e} from float64's.")
 
