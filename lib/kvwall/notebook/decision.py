@@ -418,13 +418,15 @@ def decision_caption(ev: Evidence, rows: Sequence[Decision], *, compact: bool = 
 
 
 def decision_table(rows: Sequence[Decision], caption: str, *, compact: bool = False) -> Table:
-    """The rows as a table: the front page's (``compact``) or chapter 6's (with the full reason and the chapters
-    that show it). Both have the same setups, the same commands and the same "do this"."""
-    columns: dict[str, Any] = {"your setup": "setup", "run (SGLang 0.5.23)": "run", "do this": "do",
-                               "decode step": "step_cell", "accuracy": "accuracy"}
-    if not compact:
-        columns.update({"because": "because", "shown in": "chapters"})
-    return Table([r.as_dict() for r in rows], columns, caption)
+    """The rows as a table: the answer (``compact``: what the front page, chapter 6 and the README show), or each
+    row's full reason and the chapters that show it (folded: a few rows of long text), for chapter 6 under the
+    answer. Both have the same setups."""
+    if compact:
+        return Table([r.as_dict() for r in rows], {"your setup": "setup", "run (SGLang 0.5.23)": "run",
+                                                   "do this": "do", "decode step": "step_cell",
+                                                   "accuracy": "accuracy"}, caption)
+    return Table([r.as_dict() for r in rows], {"your setup": "setup", "because": "because", "shown in": "chapters"},
+                 caption, fold="Why each row says what it says, with its figures")
 
 
 #: The README's answer sits between these markers (``python -m kvwall answer --readme`` writes it; a test compares).

@@ -61,22 +61,20 @@ def points(result: Result) -> list[dict[str, Any]]:
 
 def dsa_table(result: Result, heads: int = 16) -> Table:
     """µs per layer at each context and batch, ``heads`` query heads per GPU: the DSA parts and the dense paths."""
-    rows = [p for p in points(result) if p["heads"] == heads]
+    rows = [{**p, "ctx": f"{p['context'] // 1024}K"} for p in points(result) if p["heads"] == heads]
     us = number(1)
-    return Table(rows, {"batch": "batch", "context": ("context", number(0)), "tokens": ("tokens", number(0)),
-                        "DSA: sparse decode µs": ("sparse_decode", us), "DSA: indexer scores µs": ("indexer_logits", us),
-                        "DSA: top-k µs (torch.topk stand-in)": ("topk", us),
-                        "ours µs (every token)": ("ours_page64", us),
-                        "FlashMLA FP8 µs (every token)": ("flashmla_dense_fp8", us),
-                        "FlashMLA BF16 µs (every token)": ("flashmla_dense_bf16", us),
-                        "ours µs / DSA µs (decode + indexer; >1: DSA faster)": (
-                            "ours_over_dsa", lambda v: "—" if v is None else f"{v:.2f}×")},
+    return Table(rows, {"batch": "batch", "context": "ctx", "DSA decode": ("sparse_decode", us),
+                        "DSA indexer": ("indexer_logits", us), "DSA top-k (stand-in)": ("topk", us),
+                        "ours": ("ours_page64", us), "FlashMLA FP8": ("flashmla_dense_fp8", us),
+                        "FlashMLA BF16": ("flashmla_dense_bf16", us),
+                        "ours / DSA (>1: DSA faster)": ("ours_over_dsa", lambda v: "—" if v is None else f"{v:.2f}×")},
                  f"µs per layer, {heads} query heads per GPU (FlashMLA's sparse kernel runs them padded to "
                  f"{rows[0]['padded_heads'] if rows else '?'}), CUDA graphs, L2 flushed. Batch 1: one request of the "
-                 "context; larger batches: mixed lengths summing to context × batch / 4 (chapter 5's grid). The DSA "
-                 "reads 2,048 tokens a request (fewer when the request is shorter); the dense paths read every token. "
-                 "Indexer scores: a Triton stand-in for DeepGEMM's fp8_paged_mqa_logits (the same bytes and FP8 "
-                 "products); top-k: torch.topk, a stand-in for SGLang's kernel, left out of the ratio. "
+                 "context; larger batches: mixed lengths summing to context × batch / 4 (chapter 5's grid). DSA "
+                 "decode: FlashMLA's sparse FP8 kernel over 2,048 tokens a request (fewer when the request is shorter); "
+                 "ours and FlashMLA dense read every token. DSA indexer: its scores of every token, a Triton stand-in "
+                 "for DeepGEMM's fp8_paged_mqa_logits (the same bytes and FP8 products); top-k: torch.topk, a stand-in "
+                 "for SGLang's kernel, left out of ours / DSA (which is ours' µs over decode + indexer µs). "
                  + result.caption())
 
 
@@ -85,10 +83,10 @@ def dsa_figure(result: Result, heads: int = 16, title: str = "") -> go.Figure:
     against ours and FlashMLA dense."""
     pts = [p for p in points(result) if p["heads"] == heads]
     batches = sorted({p["batch"] for p in pts})
-    fig = make_subplots(rows=1, cols=len(batches), shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=[f"batch {b}" for b in batches])
-    series = {"dsa": DSA_LABEL + " (decode + indexer)", "sparse": "DSA: the sparse decode alone",
-              **{k: v for k, v in DENSE.items()}}
+    fig = make_subplots(rows=1, cols=len(batches), shared_yaxes=True, horizontal_spacing=0.03)
+    series = {"dsa": "DSA: decode + indexer (2,048 tokens)", "sparse": "DSA: decode alone",
+              "ours_page64": "ours (every token)", "flashmla_dense_fp8": "FlashMLA FP8 (every token)",
+              "flashmla_dense_bf16": "FlashMLA BF16 (every token)"}
     for i, b in enumerate(batches, start=1):
         sel = sorted((p for p in pts if p["batch"] == b), key=lambda p: p["context"])
         for key, name in series.items():
@@ -98,8 +96,8 @@ def dsa_figure(result: Result, heads: int = 16, title: str = "") -> go.Figure:
             fig.add_trace(go.Scatter(x=xs, y=ys, name=name, legendgroup=key, showlegend=i == 1, mode="lines+markers",
                                      line=dict(color=_COLORS[key], dash="dot" if key == "sparse" else "solid")),
                           row=1, col=i)
-        fig.update_xaxes(type="log", title_text="tokens a request" if i == 1 else None, row=1, col=i,
-                         tickvals=[4096, 32_768, 131_072], ticktext=["4K", "32K", "128K"])
+        fig.update_xaxes(type="log", title_text=f"batch {b}: tokens a request" if i == 1 else f"batch {b}", row=1,
+                         col=i, tickvals=[4096, 32_768, 131_072], ticktext=["4K", "32K", "128K"])
     fig.update_yaxes(type="log", title_text="µs per layer", row=1, col=1)
     fig.update_layout(title=title or f"GLM-5's DSA decode against dense attention, {heads} heads per GPU")
     return arrange(fig, [result.caption(), "Top-k (torch.topk stand-in) left out; the table has it."], height=480)

@@ -103,7 +103,8 @@ def runs_table(runs: Sequence[Mapping[str, Any]]) -> Table:
                         "stale": "stale", "used by": "chapters"},
                  "Recorded runs the chapters loaded, once per file (each file in book/results/); a stale file's code "
                  f"changed since it was recorded (its chapter shows the warning and the files); {AWAITING_FILE} says "
-                 "why a stale one was not re-recorded yet.")
+                 "why a stale one was not re-recorded yet.",
+                 fold=f"{len(rows)} recorded runs, {sum(1 for r in rows if r['stale'] not in ('', 'no'))} of them stale")
 
 
 def versions_text(runs: Sequence[Mapping[str, Any]]) -> str:

@@ -115,14 +115,17 @@ class Table:
     rows: Sequence[Mapping[str, Any]]
     columns: Mapping[str, Column]
     caption: str
+    #: Fold the table whatever its length, under this summary line ('' folds only a long table).
+    fold: str = ""
 
     def markdown(self) -> str:
-        """The table and its caption; a table of more than :data:`MAX_INLINE_ROWS` rows is folded into a closed
-        ``<details>`` block (its caption stays in view), so that it does not run a page thousands of pixels long."""
+        """The table and its caption; a table of more than :data:`MAX_INLINE_ROWS` rows, or one with :attr:`fold`
+        (a few rows of long text), is folded into a closed ``<details>`` block (its caption stays in view), so that it
+        does not run a page thousands of pixels long."""
         table = markdown_table(self.rows, self.columns)
-        if len(self.rows) > MAX_INLINE_ROWS:
-            table = (f"<details><summary>The full table: {len(self.rows)} rows (click to open)</summary>\n\n{table}"
-                     "\n\n</details>")
+        if self.fold or len(self.rows) > MAX_INLINE_ROWS:
+            summary = self.fold or f"The full table: {len(self.rows)} rows"
+            table = f"<details><summary>{summary} (click to open)</summary>\n\n{table}\n\n</details>"
         return table + f"\n\n*{self.caption}*"
 
     def column(self, header: str) -> list[str]:
