@@ -197,7 +197,7 @@ def test_patch_row_follows_the_steps_at_every_batch(evidence, rows):
     ours, gc = decision.step_at(evidence, "ours"), decision.step_at(evidence, "gather_cast")
     assert set(ours) == set(gc) and len(ours) >= 1
     if all(ours[b] <= gc[b] for b in ours):
-        assert patch.do.startswith("Our `fused` patch")
+        assert patch.do.startswith("Apply `fused.diff`: our `fused` patch")
     # Make ours slower than gather_cast at the largest batch: the row must name gather_cast there.
     big = max(ours)
     if big > 1 and evidence.step_batches is not None:

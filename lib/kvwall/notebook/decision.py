@@ -130,9 +130,8 @@ def _dsa_sm90(ev: Evidence) -> Decision:
     key, gpu = "dsa-sm90", "SM90 (H100, H200)"
     sources = tuple(s for s, r in (("dsa_decode", ev.dsa), ("decode_step_paths", ev.step),
                                    ("dsa_forced_dense", ev.dsa_forced)) if r is not None)
-    do = (f"Leave `--attention-backend` unset: SGLang picks `dsa` (decode `{d.decode}`: FlashMLA's sparse FP8 kernel "
-          "over the 2,048 tokens the indexer picks, BF16 query). On SM90 ask for the FP8 cache. Never force a dense "
-          "backend on this model.")
+    do = (f"Leave `--attention-backend` unset: SGLang picks `dsa` (decode `{d.decode}`: FlashMLA's sparse FP8 "
+          "kernel, BF16 query). On SM90 ask for the FP8 cache. Never force a dense backend.")
     if ev.dsa is None:
         return Decision(key, MODELS["dsa"], gpu, "no speculative decoding", FP8_CACHE, do, "not measured",
                         NOT_MEASURED, _cap(_forced(ev)) + ".", sources, CH6)
@@ -165,8 +164,8 @@ def _dsa_sm90_spec(ev: Evidence) -> Decision:
     return Decision(
         "dsa-sm90-spec", MODELS["dsa"], "SM90 (H100, H200)", "MTP (EAGLE)",
         f"{FP8_CACHE} --speculative-algorithm EAGLE",
-        f"Leave `--attention-backend` unset: the same `dsa` backend, SGLang's target-verify runs through it (decode `{d.decode}`, each draft token a "
-        "query row). GLM-5's MTP layer is SGLang's `EAGLE` (its `NEXTN` alias; `MTP` is not a value it accepts).",
+        f"Leave `--attention-backend` unset: target-verify runs in `dsa` too (`{d.decode}`). GLM-5's MTP is "
+        "SGLang's `EAGLE` (`MTP` is rejected).",
         "not measured", NOT_MEASURED,
         "Read from SGLang 0.5.23's source (`dsa_backend.py`'s target-verify branches; `speculative_hook.py`), not run "
         "here. Forcing a dense backend for speculative decoding is wrong for the same reason as without it: "
@@ -181,8 +180,7 @@ def _dsa_other(ev: Evidence, cells: Sequence[dict[str, Any]], sm: str) -> Decisi
               f"`{glm.decode}` for GLM-5, `{ds.decode}` for DeepSeek-V3.2")
     rows = f"{glm.pool_row_bytes}-byte" if glm.pool_row_bytes == ds.pool_row_bytes else \
         f"{glm.pool_row_bytes}-byte (GLM-5) / {ds.pool_row_bytes}-byte (DeepSeek-V3.2)"
-    do = (f"Leave `--attention-backend` unset: SGLang picks `dsa` (decode {decode}, {rows} FP8 rows). An unset "
-          "cache dtype is already FP8 on this GPU.")
+    do = f"Leave `--attention-backend` unset: SGLang picks `dsa` (decode {decode}); the cache is FP8 by default here."
     command = ""
     sources: tuple[str, ...] = ("dsa_forced_dense",) if ev.dsa_forced is not None else ()
     step, how, because = "not measured", NOT_MEASURED, f"SGLang 0.5.23's defaults, read from its source. "
@@ -255,10 +253,9 @@ def _dense_sm90_no_patch(ev: Evidence) -> Decision:
                         f"--attention-backend flashmla --page-size 64 {FP8_CACHE}", "FlashMLA FP8 (not measured).",
                         "not measured", NOT_MEASURED, "FlashMLA FP8 not recorded in the step.", sources, CH6)
     acc = accuracy_report.path_summary(ev.accuracy, "flashmla_dense_fp8") if ev.accuracy is not None else None
-    do = "FlashMLA FP8, the fastest path without a patch (FP8 query)"
-    do += (": only if the model was evaluated with an FP8 query; else a BF16 cache "
-           "(`--attention-backend flashmla --page-size 64`, twice the memory) or our patch."
-           if acc and acc["failing_profiles"] else ".")
+    do = "FlashMLA FP8: the fastest without a patch, with an FP8 query"
+    do += ("; only if the model was evaluated so. Else a BF16 cache (no `--kv-cache-dtype`, twice the memory) or "
+           "our patch." if acc and acc["failing_profiles"] else ".")
     because = (f"Step with the whole-pool cast {steps_text(ev, 'full_pool_cast')}; with FlashMLA FP8 {steps_text(ev, 'flashmla_fp8')}; "
                f"with a BF16 cache and FlashMLA BF16 {steps_text(ev, 'flashmla_bf16')} (half the tokens in the same "
                "memory). Its error is measured on attention alone; what it does to a model's answers is not measured "
@@ -282,7 +279,7 @@ def _dense_sm90_patch(ev: Evidence) -> Decision:
     both = sorted(set(ours) & set(gc))
     slower = [b for b in both if ours[b] > gc[b]]
     if not slower:
-        do = f"{_cap(PATCH_NAMES['ours'])} on the FP8 cache; `gather_cast` is slower at every batch measured."
+        do = f"Apply `fused.diff`: {PATCH_NAMES['ours']} on the FP8 cache (`gather_cast` slower at every batch)."
         best = "ours"
     elif len(slower) == len(both):
         do, best = f"{_cap(PATCH_NAMES['gather_cast'])}: faster than ours at every batch measured.", "gather_cast"
