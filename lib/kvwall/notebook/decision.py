@@ -183,7 +183,8 @@ def _dsa_other(ev: Evidence, cells: Sequence[dict[str, Any]], sm: str) -> Decisi
     do = f"Leave `--attention-backend` unset: SGLang picks `dsa` (decode {decode}); the cache is FP8 by default here."
     command = ""
     sources: tuple[str, ...] = ("dsa_forced_dense",) if ev.dsa_forced is not None else ()
-    step, how, because = "not measured", NOT_MEASURED, f"SGLang 0.5.23's defaults, read from its source. "
+    step, how = "not measured", NOT_MEASURED
+    because = f"SGLang 0.5.23's defaults, read from its source: decode {decode}, {rows} FP8 rows. "
     if sm == "SM120":
         sparse = open_doors(cells, "SM120", dense=False)
         built = _sparse_build(ev)
