@@ -8,6 +8,7 @@ read with the old names mapped to the new ones, so the tests run on either side 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import shutil
@@ -69,7 +70,7 @@ def rows(evidence):
 
 
 def _with(ev: decision.Evidence, **changes) -> decision.Evidence:
-    return decision.Evidence(**{**{k: getattr(ev, k) for k in (*decision._FIELDS, "fit")}, **changes})
+    return dataclasses.replace(ev, **changes)
 
 
 def _scaled(result: Result, pick, factor: float, field: str) -> Result:

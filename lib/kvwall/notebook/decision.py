@@ -29,16 +29,15 @@ from kvwall.model.original import ORIGINAL
 from kvwall.notebook import accuracy_report, dsa_report
 from kvwall.notebook.accuracy_regimes import RANDOM_INPUTS, fp8_query_multipliers
 from kvwall.notebook.answer_report import headline_point
-from kvwall.notebook.evidence import (_FIELDS, SOURCES, SPARSE_DOOR, Evidence, batch_comparison, bench_us,
-                                     door_cells, flashmla_fp8_error, open_doors, refused_doors, span, step_at,
-                                     steps_text)
+from kvwall.notebook.evidence import (SOURCES, SPARSE_DOOR, Evidence, batch_comparison, door_cells, open_doors,
+                                     refused_doors, span, step_at, steps_text)
 from kvwall.notebook.original_gpu_report import original_gpu_rows, rest_without_attention_ms
 from kvwall.notebook.tables import Table
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 
-__all__ = ["Evidence", "Decision", "bench_us", "SPARSE_DOOR", "_FIELDS", "decide", "decision_table", "decision_caption", "door_cells", "open_doors",
-           "flashmla_fp8_error", "batch_comparison", "step_at", "commands", "readme_answer", "write_readme_answer",
+__all__ = ["Evidence", "Decision", "SPARSE_DOOR", "decide", "decision_table", "decision_caption", "door_cells", "open_doors",
+           "batch_comparison", "step_at", "commands", "readme_answer", "write_readme_answer",
            "README_START", "README_END", "SOURCES", "MODELS",
            "PATCH_NOTE", "PATCH_NOTE_SHORT"]
 

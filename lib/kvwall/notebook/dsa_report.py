@@ -4,6 +4,7 @@ and the DSA decode step composed from measured parts (``decode_step_paths`` + ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,10 +153,10 @@ def accuracy_text(result: Result) -> str:
             f"where FlashMLA dense FP8, which quantizes the query, is {_r(a.flashmla_fp8)}. Before any kernel runs, "
             f"storing the keys in FP8 moves the output from the BF16 keys' (float64 attention on both sides): "
             f"{_r(a.storage_dsa)} with SGLang's scaled DSA rows"
-            + (f" and {_r(a.storage_plain)} with plain e4m3 rows, over the same 2,048 tokens"
-               if a.storage_plain[0] == a.storage_plain[0] else "")
-            + f"; {_r(a.storage_plain_all)} with plain e4m3 rows over every token. The indexer stand-in's scores are {scientific(a.logits)} from float64's and its top "
-            f"2,048 hold {a.recall:.0%} of float64's.")
+            + ("" if math.isnan(a.storage_plain[0]) else
+               f" and {_r(a.storage_plain)} with plain e4m3 rows, over the same 2,048 tokens")
+            + f"; {_r(a.storage_plain_all)} with plain e4m3 rows over every token. The indexer stand-in's scores are "
+            f"{scientific(a.logits)} from float64's and its top 2,048 hold {a.recall:.0%} of float64's.")
 
 
 def speed_text(result: Result, heads: int = 16) -> str:
