@@ -630,7 +630,7 @@ def test_checked_call_refuses_graph_capture():
 # The plan: a balanced work list, reused across calls (layers), correct for requests that grew
 # ----------------------------------------------------------------------------------------------
 
-from kvwall.kernels.mla_decode.kernel import plan_mla_decode  # noqa: E402
+from kvwall.kernels.mla_decode.kernel import plan_mla_decode_triton  # noqa: E402
 from kvwall.kernels.mla_decode.plan import TO_THE_END, build_work_list  # noqa: E402
 
 
@@ -674,7 +674,7 @@ def _plan_case(lens, heads=16, **kw):
 @pytest.mark.parametrize("lens,programs", [([700, 0, 5, 129], 24), ([1000], 40), ([3, 64, 65], 2)])
 def test_explicit_plan_matches_float64_and_is_reused(lens, programs):
     inp, keep = _plan_case(lens)
-    plan = plan_mla_decode(inp.kv_indptr, heads=16, device="cpu", programs=programs)
+    plan = plan_mla_decode_triton(inp.kv_indptr, heads=16, device="cpu", programs=programs)
     assert plan.items >= min(programs, sum(-(-n // 64) for n in lens)) - len(lens)
     want = reference64(inp, keep, 1.0, 1.0, SM_SCALE)
     for _ in range(2):  # two "layers" on one plan
@@ -688,7 +688,7 @@ def test_plan_made_for_shorter_requests_stays_correct():
     lens = [300, 90]
     inp, keep = _plan_case(lens)
     old = torch.tensor([0, 100, 120], dtype=torch.int32)  # the plan of an earlier step: 100 and 20 tokens
-    plan = plan_mla_decode(old, heads=16, device="cpu")
+    plan = plan_mla_decode_triton(old, heads=16, device="cpu")
     got, _ = run(inp, plan=plan, check_range=False)
     assert relative_error(got[keep], reference64(inp, keep, 1.0, 1.0, SM_SCALE)) <= CPU_TOL
 
@@ -696,7 +696,7 @@ def test_plan_made_for_shorter_requests_stays_correct():
 def test_paged_plan_matches_float64():
     lens = [1, 0, 63, 64, 65, 200]
     inp, keep = _plan_case(lens, layout="paged", page_size=16)
-    plan = plan_mla_decode(inp.kv_indptr, inp.kv_len, heads=16, page_size=16, device="cpu")
+    plan = plan_mla_decode_triton(inp.kv_indptr, inp.kv_len, heads=16, page_size=16, device="cpu")
     got, _ = run(inp, plan=plan)
     assert relative_error(got[keep], reference64(inp, keep, 1.0, 1.0, SM_SCALE)) <= CPU_TOL
 
@@ -709,16 +709,16 @@ def test_plan_mismatch_is_refused_before_launch(change, match):
     heads = change.pop("heads", 16)
     if "page_size" in change:
         with pytest.raises(ValueError, match=match):
-            plan_mla_decode(inp.kv_indptr, heads=16, device="cpu", **change)
+            plan_mla_decode_triton(inp.kv_indptr, heads=16, device="cpu", **change)
         return
-    plan = plan_mla_decode(inp.kv_indptr, heads=heads, device="cpu")
+    plan = plan_mla_decode_triton(inp.kv_indptr, heads=heads, device="cpu")
     with pytest.raises(ValueError, match=match):
         run(inp, plan=plan, **change)
 
 
 def test_plan_refuses_a_bad_indptr():
     with pytest.raises(ValueError, match="never decrease"):
-        plan_mla_decode(torch.tensor([0, 5, 3], dtype=torch.int32), heads=16, device="cpu")
+        plan_mla_decode_triton(torch.tensor([0, 5, 3], dtype=torch.int32), heads=16, device="cpu")
 
 
 @pytest.mark.parametrize("change,kind,words", [
@@ -734,11 +734,11 @@ def test_plan_refuses_a_bad_indptr():
     (dict(programs=8, device="cuda"), RuntimeError, "device cuda: .* pass device='cpu'"),
 ]))
 def test_plan_refuses_bad_arguments_in_words(change, kind, words):
-    """Issue 24, finding 5: plan_mla_decode's bad arguments are sentences naming the argument, not raw errors."""
+    """Issue 24, finding 5: plan_mla_decode_triton's bad arguments are sentences naming the argument, not raw errors."""
     args = dict(kv_indptr=torch.tensor([0, 5, 9], dtype=torch.int32), heads=16, device="cpu")
     args.update(change)
-    with pytest.raises(kind, match=f"^plan_mla_decode: {words}"):
-        plan_mla_decode(args.pop("kv_indptr"), **args)
+    with pytest.raises(kind, match=f"^plan_mla_decode_triton: {words}"):
+        plan_mla_decode_triton(args.pop("kv_indptr"), **args)
 
 
 @on_gpu
@@ -749,7 +749,7 @@ def test_planned_call_replays_in_a_cuda_graph_as_requests_grow():
     idx_buf = torch.zeros(cap, dtype=torch.int32, device="cuda")
     idx_buf[:sum(lens)] = inp.kv_indices[:sum(lens)]
     ptr_buf = inp.kv_indptr.clone()
-    plan = plan_mla_decode(ptr_buf, heads=16)
+    plan = plan_mla_decode_triton(ptr_buf, heads=16)
     out = torch.empty(len(lens), 16, DC, dtype=BF16, device="cuda")
 
     def call():

@@ -1,11 +1,12 @@
 """Fused FP8 MLA decode (chapter 5): attention straight from the FP8 pool, never materializing BF16.
 
-What a user calls -- "ours" -- is :mod:`.dispatch`: ``mla_decode`` with the per-step plan of
-``plan_mla_decode_auto``; ``choose_path`` picks one of three paths and says why (from ``paths.json``, the measured
-crossovers per GPU model, else those of a GPU of the same compute capability, else by capability and shape):
+What a user calls -- "ours" -- is :mod:`.dispatch` (exported as ``kvwall.kernels.plan_mla_decode`` and
+``kvwall.kernels.mla_decode``): a plan per decode step, a call per layer; the plan picks one of three paths and says
+why (``choose_path``: from ``paths.json`` (:mod:`.path_table`), the measured crossovers per GPU model, else those of a
+GPU of the same compute capability, else by capability and shape):
 
 - the **Triton path** (``"triton"``), :mod:`.kernel`: the split-KV and combine kernels, their launcher
-  (``mla_decode_fp8``) and its per-step plan (``plan_mla_decode``: a balanced work list reused by every layer), the
+  (``mla_decode_fp8``) and its per-step plan (``plan_mla_decode_triton``: a balanced work list reused by every layer), the
   tuned launch shapes' lookup (``tuned_entry``, ``tuned.json``, written by ``python -m kvwall.tuning.fused --write``)
   and the fallback shapes filtered by what the device fits (``fallback_config``). Portable: every GPU Triton
   supports (SM100 and SM120 included) and the CPU interpreter;

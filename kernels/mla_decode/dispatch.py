@@ -1,148 +1,78 @@
-"""Which path runs a fused FP8 MLA decode call -- what a user calls ("ours"): :func:`mla_decode` with the per-step
-plan of :func:`plan_mla_decode_auto`. The paths (:data:`KERNEL_PATHS`):
+"""Ours, the call a user makes: :func:`plan_mla_decode` once per decode step, :func:`mla_decode` once per layer --
+FlashInfer's plan/run shape, because SGLang's ``flashinfer_mla`` backend (and vLLM's FlashInfer MLA backend) already
+plan once per step and run once per layer: an engine swaps call for call. (FlashMLA's ``get_mla_metadata`` /
+``flash_mla_with_kvcache`` would ask the engine for FlashMLA's tile-scheduler metadata instead.)
 
-- ``"triton"``: the Triton kernel (:mod:`.kernel`), portable: every GPU Triton supports (SM100 and SM120 included)
-  and the CPU interpreter;
-- ``"wgmma"``: the heads-on-M warpgroup-MMA kernel (:mod:`.wgmma`, 64 heads per CTA as wgmma's M), Hopper only
-  (sm_90a: H100 / H200);
+::
+
+    plan = plan_mla_decode(kv_indptr, kv_indices, heads=16, sm_scale=1 / 576 ** 0.5, lengths=seq_lens_cpu)
+    out = mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, plan, ckv_scale=k_scale, kpe_scale=k_scale)
+
+**The plan** validates the step once (dtypes, devices, the page table, the lengths), chooses the path and its launch
+shape, and cuts the work list; it keeps ``kv_indptr`` / ``kv_indices`` / ``kv_len`` by reference, as FlashInfer's plan
+keeps its buffers. With ``lengths`` (host token counts: SGLang has ``seq_lens_cpu``) it reads nothing from the device;
+without, it reads the lengths once. ``graph_max_len``: a plan for a CUDA graph, whose buffers keep their size and
+address; :meth:`DecodePlan.refill` re-cuts it in place for each replay's lengths.
+
+**The call** checks shapes, dtypes and devices only -- no host read, no synchronization: CUDA-graph capturable --
+and launches the plan's path with the plan's launch shape.
+
+**Multi-token queries** (``q_len`` 2..8: MTP / EAGLE target-verify and draft-extend): ``q_nope`` is ``[batch x
+q_len, heads, 512]`` (a request's tokens consecutive, SGLang's layout) and token ``j`` of a request of ``n`` tokens
+sees its first ``n - (q_len - 1 - j)`` (causal over the draft). Every path runs them folded, as FlashMLA folds
+``s_q`` into its rows: the call views ``q`` as ``[batch, q_len x heads, 512]`` (free for SGLang's layout) and the
+split kernels mask row ``r`` at its token ``j = r // heads``; the KV is read once for all of a request's tokens.
+
+**The paths** (:data:`KERNEL_PATHS`), reachable by name for tests and benchmarks (``path=`` forces one):
+
+- ``"triton"``: the Triton kernel (:mod:`.kernel`: ``mla_decode_fp8``, ``plan_mla_decode_triton``), portable: every
+  GPU Triton supports (SM100 and SM120 included) and the CPU interpreter;
+- ``"wgmma"``: the heads-on-M warpgroup-MMA kernel (:mod:`.wgmma`, 64 rows per CTA as wgmma's M), Hopper only;
 - ``"wgmma_tokens"``: the tokens-on-M warpgroup-MMA kernel (:mod:`.wgmma_tokens`, a tile's 64 tokens as M and 16 or
-  32 heads per CTA as N: no head padding at few heads), Hopper only, with the wgmma path's refusals.
+  32 rows per CTA as N), Hopper only.
 
 :func:`choose_path` decides, in this order:
 
 1. where the wgmma paths cannot run -- not a GPU of compute capability 9.0, latent / rope widths other than
-   512 / 64, cache rows not 16-byte aligned (both wgmma paths refuse the same calls) -- the Triton path;
-2. else by the measured table ``paths.json``: the entry of this GPU model, else an entry measured on a GPU of the same
-   compute capability (an H100 uses the H200's crossovers); at the measured point nearest to the call (heads,
-   batch, longest request, in log scale), the fastest of the paths timed there;
-3. with no entry for this GPU or its capability: the tokens-on-M wgmma path up to :data:`TOKENS_MAX_HEADS` heads (on
-   the H200 it was faster than the heads-on-M path at every 16- and 32-head point measured, ``NOTES.md``
-   generation 6), the wgmma path above.
-
-``paths.json``: ``{gpu name: {"by", "recorded", "capability": [major, minor], "points": [[heads, context, batch,
-path, triton_us, wgmma_us, wgmma_tokens_us], ...]}}`` (``path``: the fastest at that point; a time None where that
-path was not timed; a point of six elements, the format before the tokens-on-M path, is read as one whose
-``wgmma_tokens_us`` was not timed), derived from the recorded ``fused_decode_paths`` result; :func:`path_point` makes
-a point.
+   512 / 64, cache rows not 16-byte aligned, or their library cannot be built here (no nvcc, a failed build: one
+   warning) -- the Triton path;
+2. else by the measured table ``paths.json`` (:mod:`.path_table`): the entry of this GPU model, else one measured on
+   a GPU of the same compute capability; at the measured point nearest to the call (rows = q_len x heads, batch,
+   longest request, in log scale), the fastest of the paths timed there;
+3. with no entry for this GPU or its capability: the tokens-on-M wgmma path up to ``path_table.TOKENS_MAX_HEADS`` rows,
+   the wgmma path above.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
-import math
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Sequence
 
 import torch
 
-from kvwall.kernels._args import check_batch_shapes, require_tensors
 from kvwall.kernels._common import fail, gpu_name
+from kvwall.kernels.mla_decode import hopper
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
-from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode
+from kvwall.kernels.mla_decode.kernel import (INDEX_DTYPES, KV_DTYPE, Q_DTYPE, MLADecodeConfig, MLADecodePlan,
+                                              device_ints, launch_planned, parse_scale, plan_mla_decode_triton,
+                                              _as_rows)
+from kvwall.kernels.mla_decode.path_table import (KERNEL_PATHS, PATHS_FILE, SAID, KernelPath,
+                                                  decide_path, read_table)
+from kvwall.kernels.mla_decode.plan import WorkList, build_work_list
 
-__all__ = ["PATHS_FILE", "KernelPath", "KERNEL_PATHS", "TOKENS_MAX_HEADS", "choose_path", "decide_path",
-           "table_entry", "measured_choice", "path_point", "path_of_plan", "plan_mla_decode_auto", "mla_decode",
-           "reload_table"]
+__all__ = ["plan_mla_decode", "mla_decode", "DecodePlan", "choose_path", "KernelPath", "KERNEL_PATHS", "MAX_Q_LEN"]
 
+_plan_fail = functools.partial(fail, "plan_mla_decode")
 _fail = functools.partial(fail, "mla_decode")
-#: The measured table (GPU model -> its crossovers), derived from the recorded ``fused_decode_paths`` result.
-PATHS_FILE = Path(__file__).with_name("paths.json")
-KernelPath = Literal["triton", "wgmma", "wgmma_tokens"]
-KERNEL_PATHS: tuple[KernelPath, ...] = get_args(KernelPath)
-#: Where each path's time sits in a point ``[heads, context, batch, path, triton_us, wgmma_us, wgmma_tokens_us]``.
-_US_AT: dict[KernelPath, int] = {"triton": 4, "wgmma": 5, "wgmma_tokens": 6}
-#: The paths that run on the Hopper kernels (sm_90a), with the same refusals (:func:`wgmma_path.wgmma_refusal`,
-#: :func:`wgmma_path.rows_refusal`).
+#: The paths that run on the Hopper kernels (sm_90a), with the same refusals.
 _HOPPER_PATHS: tuple[KernelPath, ...] = ("wgmma", "wgmma_tokens")
-#: With no measured table: the tokens-on-M wgmma path up to this many heads (its instantiations: 16 and 32 heads per
-#: CTA), the heads-on-M wgmma path above.
-TOKENS_MAX_HEADS = 32
-#: How the dispatcher's reasons name each path.
-_SAID: dict[KernelPath, str] = {"triton": "Triton", "wgmma": "wgmma", "wgmma_tokens": "tokens-on-M wgmma"}
-
-
-def path_point(heads: int, context: int, batch: int, triton_us: float, wgmma_us: float | None,
-               wgmma_tokens_us: float | None = None) -> list:
-    """A ``paths.json`` point: ``[heads, context, batch, path, triton_us, wgmma_us, wgmma_tokens_us]``, ``path`` the
-    fastest of the timed paths (a tie goes to the earlier of :data:`KERNEL_PATHS`: the Triton path first), times
-    rounded to 0.01 µs (None: not timed)."""
-    times = [round(triton_us, 2), *(None if us is None else round(us, 2) for us in (wgmma_us, wgmma_tokens_us))]
-    timed = {p: times[i - 4] for p, i in _US_AT.items() if times[i - 4] is not None}
-    path = min(timed, key=lambda p: (timed[p], KERNEL_PATHS.index(p)))
-    return [heads, context, batch, path, *times]
-
-
-def _us(point: list, path: KernelPath) -> float | None:
-    """``path``'s time at ``point`` (None: not timed; a six-element point has no tokens-on-M time)."""
-    i = _US_AT[path]
-    return point[i] if i < len(point) else None
-
-
-def measured_choice(entry: dict, heads: int, batch: int, max_len: int) -> tuple[KernelPath, list] | None:
-    """The faster path at the point of ``entry`` (one GPU's table) nearest to (heads, batch, max_len) in log scale,
-    and that point; None for an entry without points."""
-    points = entry.get("points") or []
-    if not points:
-        return None
-
-    def distance(p: list) -> float:
-        return (abs(math.log2(p[0] / max(heads, 1))) + abs(math.log2(p[2] / max(batch, 1)))
-                + abs(math.log2(p[1] / max(max_len, 1))))
-
-    best = min(points, key=distance)
-    timed = {p: us for p in KERNEL_PATHS if (us := _us(best, p)) is not None}
-    return min(timed, key=lambda p: (timed[p], KERNEL_PATHS.index(p))), best
-
-
-@functools.cache
-def _read_table(path: Path) -> dict:
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return table if isinstance(table, dict) else {}
-
-
-def reload_table() -> None:
-    """Forget the tables read so far: the next :func:`choose_path` reads ``paths.json`` (or its ``table_file``) again
-    (after ``fused_decode_paths`` rewrote it, in the process that recorded it)."""
-    _read_table.cache_clear()
-
-
-def table_entry(table: dict, gpu: str, capability: tuple[int, int] | None) -> tuple[str, dict] | None:
-    """``(measured GPU, its entry)``: the entry for ``gpu`` itself, else the first entry measured on a GPU of the same
-    ``capability`` (an entry's ``"capability": [major, minor]``); None where neither exists."""
-    if isinstance(table.get(gpu), dict):
-        return gpu, table[gpu]
-    if capability is not None:
-        for name, entry in table.items():
-            if isinstance(entry, dict) and tuple(entry.get("capability") or ()) == tuple(capability):
-                return name, entry
-    return None
-
-
-def decide_path(heads: int, batch: int, max_len: int, *, gpu: str, capability: tuple[int, int] | None,
-                refusal: str | None, table: dict) -> tuple[KernelPath, str]:
-    """:func:`choose_path`'s rule without a device: ``gpu`` / ``capability`` the GPU's model and compute capability,
-    ``refusal`` why the wgmma paths cannot run this call (None: they can; both refuse the same calls), ``table`` the
-    whole ``paths.json``."""
-    if refusal:
-        return "triton", f"Triton: the wgmma paths cannot run this call ({refusal})"
-    found = table_entry(table, gpu, capability)
-    choice = measured_choice(found[1], heads, batch, max_len) if found else None
-    if choice is None:
-        path: KernelPath = "wgmma_tokens" if heads <= TOKENS_MAX_HEADS else "wgmma"
-        return path, (f"{_SAID[path]}: no measured table for {gpu} nor for its compute capability "
-                      f"{'.'.join(map(str, capability or ()))}, so the capability rule: where the wgmma paths can run "
-                      f"(sm_90a, latent 512 / rope 64, 16-byte aligned rows), the tokens-on-M wgmma path up to "
-                      f"{TOKENS_MAX_HEADS} heads, the wgmma path above ({heads} heads)")
-    path, point = choice
-    times = ", ".join(f"{p} {us:.1f} µs" for p in KERNEL_PATHS if (us := _us(point, p)) is not None)
-    where = found[0] if found[0] == gpu else f"{found[0]} (the same compute capability as this {gpu})"
-    return path, (f"{_SAID[path]}: measured {times} at the nearest point "
-                  f"({point[0]} heads, {point[1]} tokens, batch {point[2]}) on {where}")
+#: The most query tokens a request may bring (speculative decoding's draft tokens + 1).
+MAX_Q_LEN = 8
 
 
 def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, ckv_cache: torch.Tensor | None = None,
@@ -158,74 +88,292 @@ def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, c
     on_gpu = device.type == "cuda"
     return decide_path(heads, batch, max_len, gpu=gpu_name(device) if on_gpu else str(device),
                        capability=torch.cuda.get_device_capability(device) if on_gpu else None, refusal=refusal,
-                       table=_read_table(table_file or PATHS_FILE))
+                       table=read_table(table_file or PATHS_FILE))
 
 
-def _lengths(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None, page_size: int) -> tuple[int, int]:
-    ptr = kv_indptr.tolist()
-    lens = kv_len.tolist() if kv_len is not None else [b - a for a, b in zip(ptr, ptr[1:])]
-    return len(ptr) - 1, max(lens or [0]) * (1 if kv_len is not None else page_size)
+
+_WARNED: set[str] = set()
 
 
-def _check_path(who: str, path: str) -> None:
+def _usable(path: KernelPath, why: str, device: torch.device) -> tuple[KernelPath, str]:
+    """``(path, why)``, or the Triton path where the chosen Hopper path's library cannot be built or loaded here (no
+    nvcc, a failed build): said once per process in a warning, and in the plan's ``why``."""
+    if path not in _HOPPER_PATHS or device.type != "cuda":
+        return path, why
+    refusal = hopper.build_refusal(path)
+    if refusal is None:
+        return path, why
+    if path not in _WARNED:
+        _WARNED.add(path)
+        warnings.warn(f"kvwall: the {SAID[path]} path cannot be built here ({refusal}); ours runs the Triton path "
+                      "instead (slower on Hopper, the same results).", RuntimeWarning, stacklevel=3)
+    return "triton", f"Triton: {why.split(':')[0]} was chosen but cannot be built here ({refusal})"
+
+
+@dataclass(frozen=True, eq=False)
+class DecodePlan:
+    """One decode step's plan (:func:`plan_mla_decode`): what every layer's :func:`mla_decode` call runs.
+
+    ``path`` / ``why``: the path chosen and the reason (the dispatcher's rule, or ``"forced"``); ``launch``: its
+    launch shape in words; ``work``: the path's work list and partial buffers (cut for ``q_len x heads`` rows a
+    request); ``kv_indptr`` / ``kv_indices`` / ``kv_len``: the step's page table, by reference; ``lengths``: the
+    host lengths it was cut for (a graph plan: the latest :meth:`refill`)."""
+
+    path: KernelPath
+    why: str
+    launch: str
+    batch: int
+    heads: int
+    q_len: int
+    page_size: int
+    kv_lora_rank: int
+    rope_dim: int
+    sm_scale: float
+    device: torch.device
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_len: torch.Tensor | None
+    work: MLADecodePlan
+    lengths: tuple[int, ...]
+    graph_capacity: int | None = None
+
+    @property
+    def rows(self) -> int:
+        """Query rows a request brings: ``q_len x heads`` (its query tokens folded into the heads)."""
+        return self.q_len * self.heads
+
+    def refill(self, lengths: Sequence[int]) -> None:
+        """A graph plan's work list re-cut for ``lengths`` (one per request; SGLang's padded requests give theirs)
+        into the plan's buffers, in place: host arithmetic and two small host-to-device copies, no synchronization.
+        Outside graph capture, before the replay."""
+        if self.graph_capacity is None:
+            raise ValueError("DecodePlan.refill: only a graph plan (plan_mla_decode(..., graph_max_len=...)) is "
+                             "refilled; make a new plan for an eager step.")
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != self.batch:
+            raise ValueError(f"DecodePlan.refill: {len(lengths)} lengths for a plan of batch {self.batch}.")
+        _check_lengths(lengths, self.q_len, ValueError, "DecodePlan.refill")
+        items, ptr = _graph_items(lengths, self.work.config.block_n, self.graph_capacity - self.batch,
+                                  self.graph_capacity)
+        self.work.work.copy_(device_ints(items, self.device), non_blocking=True)
+        self.work.part_indptr.copy_(device_ints(ptr, self.device), non_blocking=True)
+        object.__setattr__(self, "lengths", tuple(lengths))
+
+
+def _check_lengths(lengths: Sequence[int], q_len: int, kind: type[Exception], who: str) -> None:
+    for i, n in enumerate(lengths):
+        if 0 < n < q_len:  # (an empty request -- a graph batch's padding -- writes zeros and lse -inf)
+            raise kind(f"{who}: request {i} holds {n} tokens, fewer than its q_len={q_len} query tokens (the draft "
+                       "tokens are in the cache before their verify).")
+
+
+def _graph_items(lengths: list[int], block_n: int, items_wanted: int, capacity: int) -> tuple[list, list[int]]:
+    """A graph plan's work list for ``lengths``: the eager rule's items (:func:`build_work_list`), every request
+    merged by the combine through its own partial rows (so the combine's grid is the batch, whatever the lengths),
+    unused items empty (first token = end token = 0) writing a spare partial row no request reads."""
+    wl = build_work_list(lengths, block_n=block_n, items_wanted=items_wanted)
+    if len(wl.items) > capacity:  # every request adds at most one rounding chunk: items_wanted + batch bounds it
+        raise AssertionError(f"DecodePlan: {len(wl.items)} items exceed the capacity {capacity}.")
+    chunks: list[list[int]] = [[] for _ in lengths]
+    for b, lo, _, _ in wl.items:
+        chunks[b].append(lo)
+    ptr = [0]
+    for per in chunks:
+        ptr.append(ptr[-1] + len(per))
+    row_of = {(b, lo): ptr[b] + k for b, per in enumerate(chunks) for k, lo in enumerate(sorted(per))}
+    items = [(b, lo, hi, row_of[(b, lo)]) for b, lo, hi, _ in wl.items]
+    items += [(0, 0, 0, ptr[-1])] * (capacity - len(items))
+    return items, ptr
+
+
+def _host_lengths(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_len: torch.Tensor | None, page_size: int,
+                  units: int | None) -> list[int]:
+    """Tokens per request, read from the device once (one synchronization), checked: ``kv_indptr`` starts at 0, never
+    decreases and stays within ``kv_indices``; ``kv_len`` fits each request's pages; with ``units`` (slots or pages in
+    the cache) every index the page table uses lies in ``0 .. units - 1`` (its minimum and maximum ride along)."""
+    parts = [kv_indptr.to(torch.int64)] + ([kv_len.to(torch.int64)] if kv_len is not None else [])
+    if units is not None and kv_indices.numel():
+        used = torch.arange(kv_indices.numel(), device=kv_indices.device) < kv_indptr[-1]
+        picked = torch.where(used, kv_indices.to(torch.int64), 0)
+        parts.append(torch.stack([picked.min(), picked.max()]))
+    values = torch.cat(parts).tolist()
+    n = kv_indptr.numel()
+    ptr = values[:n]
+    if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])) or ptr[-1] > kv_indices.numel():
+        _plan_fail(ValueError, f"kv_indptr must start at 0, never decrease and end within kv_indices "
+                   f"({kv_indices.numel()} entries); got {ptr[:6]}{'...' if n > 6 else ''} ending at {ptr[-1]}.")
+    if units is not None and kv_indices.numel() and ptr[-1]:
+        lo, hi = values[-2:]
+        if lo < 0 or hi >= units:
+            _plan_fail(IndexError, f"kv_indices reach outside the cache: min {lo}, max {hi}; it has {units} "
+                       f"{'slots' if page_size == 1 else 'pages'}.")
+    if kv_len is None:
+        return [b - a for a, b in zip(ptr, ptr[1:])]
+    lens = values[n:2 * n - 1]
+    for i, (t, a, b) in enumerate(zip(lens, ptr, ptr[1:])):
+        if t < 0 or t > (b - a) * page_size:
+            _plan_fail(ValueError, f"kv_len[{i}] = {t} does not fit request {i}'s {b - a} pages of {page_size} tokens.")
+    return lens
+
+
+def _describe(work: MLADecodePlan, path: KernelPath) -> str:
+    if path == "triton":
+        c = work.config
+        return (f"Triton: {c.block_h} rows x {c.block_n} tokens a program, {c.num_warps} warps, {c.num_stages} stages"
+                f"{', FP8 pairs' if c.pairs else ''}; {work.items} items")
+    per_cta = wgmma_path.HEADS_PER_CTA if path == "wgmma" else tokens_path.heads_per_cta(work.heads)
+    return f"{SAID[path]}: {per_cta} rows a CTA, 64 tokens a tile; {work.items} items"
+
+
+def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads: int, sm_scale: float,
+                    kv_len: torch.Tensor | None = None, q_len: int = 1, page_size: int = 1,
+                    lengths: Sequence[int] | None = None, path: str = "auto",
+                    ckv_cache: torch.Tensor | None = None, kpe_cache: torch.Tensor | None = None,
+                    graph_max_len: int | None = None, config: MLADecodeConfig | None = None,
+                    kv_lora_rank: int = 512, rope_dim: int = 64) -> DecodePlan:
+    """The plan of one decode step (see the module docstring): ``kv_indptr`` / ``kv_indices`` (and ``kv_len`` for
+    ``page_size > 1``: then they count pages) on the device the step runs on; ``heads`` query heads per token,
+    ``q_len`` query tokens per request, ``sm_scale`` the softmax scale; ``lengths`` the host token counts (no device
+    read); ``path`` ``"auto"`` or one of :data:`KERNEL_PATHS` (forced); ``ckv_cache`` / ``kpe_cache`` (optional) let
+    the dispatcher check the Hopper paths' row alignment; ``graph_max_len``: a plan for a CUDA graph of this batch
+    whose requests hold at most that many tokens (refilled per replay); ``config``: the Triton path's launch shape,
+    with ``path="triton"`` only. Every check runs here, once, before any launch."""
+    named = {"kv_indptr": kv_indptr, "kv_indices": kv_indices, **({"kv_len": kv_len} if kv_len is not None else {})}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            _plan_fail(TypeError, f"{name} must be a tensor, got {type(t).__name__}.")
+        if t.dtype not in INDEX_DTYPES or t.dim() != 1 or not t.is_contiguous():
+            _plan_fail(TypeError, f"{name} must be a contiguous 1-D int32 or int64 tensor; got {t.dtype} of shape "
+                       f"{tuple(t.shape)}.")
+    device = kv_indptr.device
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if len({t.device for t in named.values()}) != 1:
+        _plan_fail(ValueError, f"kv_indptr, kv_indices and kv_len must be on one device; got "
+                   f"{sorted(str(t.device) for t in named.values())}.")
+    for name, value in (("heads", heads), ("q_len", q_len), ("page_size", page_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            _plan_fail(ValueError, f"{name} must be a positive int, got {value!r}.")
+    if q_len > MAX_Q_LEN:
+        _plan_fail(ValueError, f"q_len={q_len}: ours takes 1..{MAX_Q_LEN} query tokens a request (decode and "
+                   "speculative verify); a prefill goes to a prefill kernel.")
+    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not sm_scale == sm_scale:
+        _plan_fail(TypeError, f"sm_scale must be a finite Python number, got {sm_scale!r}.")
     if path != "auto" and path not in KERNEL_PATHS:
-        raise ValueError(f"{who}: path must be 'auto' or one of {', '.join(map(repr, KERNEL_PATHS))}, got {path!r}.")
-
-
-def path_of_plan(plan: MLADecodePlan) -> KernelPath:
-    """The path a plan was made for: a :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` the wgmma path's, a
-    :class:`~kvwall.kernels.mla_decode.wgmma_tokens.WgmmaTokensPlan` the tokens-on-M path's, any other the Triton
-    path's."""
-    if isinstance(plan, tokens_path.WgmmaTokensPlan):
-        return "wgmma_tokens"
-    return "wgmma" if isinstance(plan, wgmma_path.WgmmaPlan) else "triton"
-
-
-def plan_mla_decode_auto(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
-                         page_size: int = 1, device: torch.device | None = None, path: str = "auto",
-                         ckv_cache: torch.Tensor | None = None,
-                         kpe_cache: torch.Tensor | None = None) -> MLADecodePlan:
-    """The plan (once per decode step) of the path :func:`choose_path` picks (``path="auto"``) or of ``path``: a
-    :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` for the wgmma path, a
-    :class:`~kvwall.kernels.mla_decode.wgmma_tokens.WgmmaTokensPlan` for the tokens-on-M wgmma path, else an
-    :class:`~kvwall.kernels.mla_decode.kernel.MLADecodePlan` (the Triton path)."""
-    _check_path("plan_mla_decode_auto", path)
-    device = torch.device(device) if device is not None else kv_indptr.device
+        _plan_fail(ValueError, f"path must be 'auto' or one of {', '.join(map(repr, KERNEL_PATHS))}, got {path!r}.")
+    if config is not None and path != "triton":
+        _plan_fail(ValueError, "config is the Triton path's launch shape: pass it with path='triton'.")
+    if (page_size > 1) != (kv_len is not None):
+        _plan_fail(ValueError, "kv_len goes with paged caches (page_size > 1), and a paged cache needs it.")
+    batch = kv_indptr.numel() - 1
+    if batch < 1:
+        _plan_fail(ValueError, "kv_indptr must have batch + 1 >= 2 entries.")
+    if lengths is not None:
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != batch:
+            _plan_fail(ValueError, f"lengths has {len(lengths)} entries; kv_indptr says batch = {batch}.")
+    else:
+        units = None
+        if isinstance(ckv_cache, torch.Tensor):  # the cache's slots (pages): indices are checked against them
+            units = ckv_cache.shape[0] if ckv_cache.dim() == 3 and page_size > 1 else ckv_cache.numel() // max(
+                ckv_cache.shape[-1], 1)
+        lengths = _host_lengths(kv_indptr, kv_indices, kv_len, page_size, units)
+    _check_lengths(lengths, q_len, ValueError, "plan_mla_decode")
+    rows = q_len * heads
+    cut_for = [graph_max_len] * batch if graph_max_len else lengths
     if path == "auto":
-        batch, max_len = _lengths(kv_indptr, kv_len, page_size)
-        path = choose_path(heads, batch, max_len, device, ckv_cache=ckv_cache, kpe_cache=kpe_cache)[0]
-    if path == "wgmma":
-        return wgmma_path.plan_mla_decode_wgmma(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
-    if path == "wgmma_tokens":
-        return tokens_path.plan_mla_decode_wgmma_tokens(kv_indptr, kv_len, heads=heads, page_size=page_size,
-                                                        device=device)
-    return plan_mla_decode(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device)
+        chosen, why = choose_path(rows, batch, max(cut_for), device, ckv_cache=ckv_cache, kpe_cache=kpe_cache,
+                                  dims=(kv_lora_rank, rope_dim))
+        chosen, why = _usable(chosen, why, device)
+    else:
+        chosen, why = path, f"{SAID[path]}: forced (path={path!r})"  # type: ignore[index]
+    indptr_host = torch.tensor([0] + [sum(cut_for[:i + 1]) for i in range(batch)], dtype=torch.int64)
+    if chosen == "wgmma":
+        work = wgmma_path.plan_mla_decode_wgmma(indptr_host, heads=rows, device=device)
+    elif chosen == "wgmma_tokens":
+        work = tokens_path.plan_mla_decode_wgmma_tokens(indptr_host, heads=rows, device=device)
+    else:
+        work = plan_mla_decode_triton(indptr_host, heads=rows, kv_lora_rank=kv_lora_rank, device=device,
+                                      config=config)
+    capacity = None
+    if graph_max_len:
+        capacity = work.items + batch
+        items, ptr = _graph_items(lengths, work.config.block_n, work.items, capacity)
+        shape = WorkList(items=((0, 0, 0, capacity),) * capacity, combine=tuple(range(batch)),
+                         part_indptr=tuple(range(batch + 1)), chunk_tokens=work.config.block_n,
+                         max_chunks=capacity, lengths=(0,) * batch)
+        work = dataclasses.replace(
+            work, page_size=page_size, work_list=shape, work=device_ints(items, device),
+            combine_requests=device_ints(list(range(batch)), device), part_indptr=device_ints(ptr, device),
+            part_o=torch.empty(capacity + 1, rows, kv_lora_rank, dtype=torch.float32, device=device),
+            part_lse=torch.empty(capacity + 1, rows, dtype=torch.float32, device=device))
+    elif work.page_size != page_size:  # cut above from token counts; the kernels read pages of page_size
+        work = dataclasses.replace(work, page_size=page_size)
+    return DecodePlan(chosen, why, _describe(work, chosen), batch, heads, q_len, page_size, kv_lora_rank, rope_dim,
+                      float(sm_scale), device, kv_indptr, kv_indices, kv_len, work, tuple(lengths), capacity)
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
-               kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *, path: str = "auto",
-               plan: MLADecodePlan | None = None, **kwargs):
-    """:func:`~kvwall.kernels.mla_decode_fp8`'s contract on the path of ``plan`` (:func:`path_of_plan`: a
-    :class:`~kvwall.kernels.mla_decode.wgmma.WgmmaPlan` runs the wgmma path, a
-    :class:`~kvwall.kernels.mla_decode.wgmma_tokens.WgmmaTokensPlan` the tokens-on-M wgmma path, any other plan the
-    Triton path), else on ``path`` (``"auto"``: :func:`choose_path`). ``kwargs``: the chosen path's keywords."""
-    check_batch_shapes({"q_nope": q_nope, "q_pe": q_pe}, 3, _fail, layout="[batch, heads, dim]")
-    require_tensors({"ckv_cache": ckv_cache, "kpe_cache": kpe_cache, "kv_indptr": kv_indptr,
-                     "kv_indices": kv_indices}, _fail)
-    _check_path("mla_decode", path)
-    if plan is not None:
-        chosen: KernelPath = path_of_plan(plan)
-        if path not in ("auto", chosen):
-            raise ValueError(f"mla_decode: the plan is for the {chosen} path, but path={path!r}.")
-    elif path == "auto":
-        batch, heads, dc = q_nope.shape
-        max_len = -(-kv_indices.numel() * max(1, ckv_cache.shape[-2] if ckv_cache.dim() == 3 else 1) // batch)
-        chosen = choose_path(heads, batch, max_len, q_nope.device, ckv_cache=ckv_cache, kpe_cache=kpe_cache,
-                             dims=(dc, q_pe.shape[-1]))[0]
-        if chosen in _HOPPER_PATHS and kwargs.get("check_range") is False:
-            chosen = "triton"  # an unchecked wgmma call needs a plan (made outside graph capture); Triton does not
+               plan: DecodePlan, *, ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
+               out: torch.Tensor | None = None, return_lse: bool = False):
+    """Ours: MLA decode attention straight from the FP8 cache on ``plan``'s path (module docstring). ``q_nope``
+    ``[batch x q_len, heads, 512]`` and ``q_pe`` ``[..., 64]`` BF16; ``ckv_cache`` / ``kpe_cache`` FP8 e4m3,
+    ``[slots, D]``, ``[slots, 1, D]`` (views of one SGLang ``[slots, 1, 576]`` pool) or ``[pages, page_size, D]``;
+    the scales Python numbers or one-element float32 tensors on the device (read in the kernel). Returns ``out``
+    ``[batch x q_len, heads, 512]`` BF16 (and the natural-log LSE ``[batch x q_len, heads]`` with ``return_lse``).
+    Checks shapes, dtypes and devices; nothing is read back from the device (CUDA-graph capturable)."""
+    if not isinstance(plan, DecodePlan):
+        _fail(TypeError, f"plan must come from plan_mla_decode, got {type(plan).__name__}.")
+    tokens, heads, dc, dr = plan.batch * plan.q_len, plan.heads, plan.kv_lora_rank, plan.rope_dim
+    for name, t, dtype, shape in (("q_nope", q_nope, Q_DTYPE, (tokens, heads, dc)),
+                                  ("q_pe", q_pe, Q_DTYPE, (tokens, heads, dr))):
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or t.device != plan.device \
+                or t.stride(-1) != 1:
+            _fail(ValueError, f"{name} must be a {dtype} tensor of shape {shape} (batch x q_len, heads, dim) on "
+                  f"{plan.device} with a contiguous last dim, as planned; got {_said(t)}.")
+    for name, t in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+        if not isinstance(t, torch.Tensor) or t.dtype != KV_DTYPE or t.device != plan.device:
+            _fail(TypeError, f"{name} must be an FP8 e4m3 tensor ({KV_DTYPE}, the FP8 cache) on {plan.device}; got "
+                  f"{_said(t)}.")
+    ckv, page = _as_rows("ckv_cache", ckv_cache)
+    kpe, kpe_page = _as_rows("kpe_cache", kpe_cache)
+    if page != plan.page_size or kpe_page != page or ckv.shape[-1] != dc or kpe.shape[-1] != dr \
+            or ckv.shape[0] != kpe.shape[0]:
+        _fail(ValueError, f"the caches ({tuple(ckv_cache.shape)}, {tuple(kpe_cache.shape)}) do not match the plan: "
+              f"page size {plan.page_size}, widths {dc} and {dr}, as many slots in both.")
+    scales = (parse_scale("ckv_scale", ckv_scale, plan.device), parse_scale("kpe_scale", kpe_scale, plan.device))
+    if out is None:
+        out = torch.empty(tokens, heads, dc, dtype=Q_DTYPE, device=plan.device)
+    elif not isinstance(out, torch.Tensor) or out.dtype != Q_DTYPE or tuple(out.shape) != (tokens, heads, dc) \
+            or out.device != plan.device or out.stride(-1) != 1:
+        _fail(ValueError, f"out must be a {Q_DTYPE} tensor of shape {(tokens, heads, dc)} on {plan.device} with a "
+              f"contiguous last dim; got {_said(out)}.")
+    lse = torch.empty(tokens, heads, dtype=torch.float32, device=plan.device) if return_lse else None
+    qn, qp, o = _fold(q_nope, plan), _fold(q_pe, plan), _fold(out, plan)
+    lse_rows = lse.view(plan.batch, plan.rows) if lse is not None else None
+    if plan.path == "triton":
+        launch_planned(plan.work, plan.work.config, qn, qp, ckv, kpe, plan.kv_indptr, plan.kv_indices, plan.kv_len,
+                       scales[0], scales[1], plan.sm_scale, o, lse_rows, q_len=plan.q_len)
     else:
-        chosen = path  # type: ignore[assignment]
-    fn = {"wgmma": wgmma_path.mla_decode_fp8_wgmma, "wgmma_tokens": tokens_path.mla_decode_fp8_wgmma_tokens,
-          "triton": mla_decode_fp8}[chosen]
-    return fn(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, plan=plan, **kwargs)
+        hopper.launch_planned(plan.path, plan.work, qn, qp, ckv, kpe, plan.kv_indptr, plan.kv_indices, plan.kv_len,
+                              scales, plan.sm_scale, plan.q_len, heads, o, lse_rows,
+                              torch.cuda.current_stream(plan.device).cuda_stream)
+    if o.data_ptr() != out.data_ptr():  # out could not be folded in place (rows not evenly spaced): copy back
+        out.copy_(o.view(tokens, heads, dc))
+    return (out, lse) if return_lse else out
+
+
+def _fold(t: torch.Tensor, plan: DecodePlan) -> torch.Tensor:
+    """``[batch x q_len, heads, D]`` as ``[batch, q_len x heads, D]``: a view where the token stride is ``heads`` x
+    the head stride (SGLang's layout; always at ``q_len`` 1), else a copy."""
+    if plan.q_len == 1:
+        return t
+    if t.stride(0) == t.shape[1] * t.stride(1):
+        return t.as_strided((plan.batch, plan.rows, t.shape[2]), (plan.q_len * t.stride(0), t.stride(1), 1))
+    return t.contiguous().view(plan.batch, plan.rows, t.shape[2])
+
+
+def _said(t: object) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{t.dtype} {tuple(t.shape)} on {t.device} strides {t.stride()}"

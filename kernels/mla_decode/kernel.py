@@ -12,7 +12,7 @@ is base 2: multiply ours by ``1/ln 2``). A request with no tokens gets ``out = 0
 
 Design (chapter 5 gives the reason for each choice and the measurements):
 
-- **Plan** (:func:`plan_mla_decode`, once per decode step, reused by every layer): the batch as a work list of
+- **Plan** (:func:`plan_mla_decode_triton`, once per decode step, reused by every layer): the batch as a work list of
   (request, token chunk) items of about equal size, longest first (:mod:`kvwall.kernels.mla_decode.plan`), with
   the float32 partial buffers; a planned call launches grid ``(head_blocks, items)`` and never synchronizes (CUDA-
   graph capturable). A request's last chunk runs to its length at run time, so a plan made for shorter requests
@@ -79,6 +79,7 @@ import dataclasses
 from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import triton
@@ -90,13 +91,13 @@ from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, 
                                     gpu_name, keep_fp8_nan, read_tuned_table, refuse_graph_capture,
                                     round_bf16_by_bits, sm_count)
 
-__all__ = ["mla_decode_fp8", "plan_mla_decode", "MLADecodePlan", "MLADecodeConfig", "default_config",
+__all__ = ["mla_decode_fp8", "plan_mla_decode_triton", "plan_mla_decode", "launch_planned", "device_ints", "MLADecodePlan", "MLADecodeConfig", "default_config",
            "default_num_splits", "programs_wanted", "blocks_per_sm", "tuned_entry", "fallback_config",
            "fallback_shapes", "FALLBACK_SHAPES", "split_constexprs", "kernel_signature", "compile_offline",
            "split_resources", "SplitResources", "is_trap_only", "cubin_resources", "TUNED_CONFIG_FILE", "LAST_COMPILED",
            "validate_call", "parse_scale", "launch_combine", "combine_shape", "COMBINE_WIDE_ROWS_PER_SM"]
 
-_plan_fail: Fail = functools.partial(fail, "plan_mla_decode")
+_plan_fail: Fail = functools.partial(fail, "plan_mla_decode_triton")
 
 Q_DTYPE = torch.bfloat16
 KV_DTYPE = torch.float8_e4m3fn
@@ -196,9 +197,9 @@ def _q_half_impl(row_ptr, off, WIDTH: tl.constexpr, hmask, qmul, ON_GPU: tl.cons
 
 
 def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe,
-                     qn_row, qp_row, hmask, qmul, row_c, row_k,
+                     qn_row, qp_row, hmask, qmul, row_c, row_k, row_end,
                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr,
-                     PAGE: tl.constexpr, ON_GPU: tl.constexpr):
+                     PAGE: tl.constexpr, ON_GPU: tl.constexpr, CAUSAL: tl.constexpr):
     """The token loop with the tile read as 16-bit pairs of FP8 values: every latent chunk splits into its even
     and odd columns (:func:`_fp8_pairs`), the queries likewise (once, here), so the scores are
     ``sum_c q_even_c . ckv_even_c + q_odd_c . ckv_odd_c`` and the output's even and odd columns accumulate
@@ -262,9 +263,15 @@ def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, st
         logits = s_c * row_c[:, None] + s_r * row_k[:, None]
         bad_seen = bad_seen | bad.to(tl.int32)
         logits = tl.where(live[None, :], logits, float("-inf"))
+        if CAUSAL:  # a row that has seen no token yet keeps max -inf; its offsets are taken from 0 (p = 0)
+            logits = tl.where(n[None, :] < row_end[:, None], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(logits, 1, tl.standard._elementwise_max))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(logits - m_new[:, None])
+        if CAUSAL:
+            m_off = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_off = m_new
+        alpha = tl.exp2(m_i - m_off)
+        p = tl.exp2(logits - m_off[:, None])
         l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
         if ON_GPU:
             pv = p.to(tl.float16)
@@ -313,6 +320,7 @@ def _mla_split_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
     work_ptr,  # WORKLIST: the plan's items, int32 [items, 4] rows (request, first token, end token, partial row)
     H, num_splits,
+    q_len, heads_per_token,  # CAUSAL: H = q_len x heads_per_token rows a request, row r is query token r // heads_per_token
     num_indices,  # len(kv_indices): kv_indptr entries are clamped to it (unchecked calls read nothing past it)
     num_units,  # slots (PAGE == 1) or pages in the cache: an index outside 0..num_units-1 makes the request NaN
     stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_ckv, stride_kpe,
@@ -320,7 +328,7 @@ def _mla_split_kernel(
     DC: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
     ON_GPU: tl.constexpr, KV_MUL: tl.constexpr, WORKLIST: tl.constexpr,
-    PAIRS: tl.constexpr,
+    PAIRS: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     hb = tl.program_id(0)  # head blocks vary fastest: programs sharing a split run together and share it in L2
     if WORKLIST:  # one item of the plan: a request and a chunk of its tokens
@@ -355,6 +363,11 @@ def _mla_split_kernel(
         per_split = ((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         lo = s * per_split
         hi = tl.minimum(lo + per_split, length)
+
+    if CAUSAL:  # query token j of the request (row r: j = r // heads_per_token) sees its first length - (q_len - 1 - j)
+        row_end = length - (q_len - 1 - heads // heads_per_token)
+    else:
+        row_end = tl.full([BLOCK_H], 0, tl.int32) + length
 
     if SCALE_FROM_PTR:
         ckv_scale = tl.load(ckv_scale_ptr).to(tl.float32)
@@ -397,7 +410,7 @@ def _mla_split_kernel(
         # shared memory and one conversion per pair, where FP8 elements cost a byte load each.
         m_i, l_i, acc0, acc1, acc2, acc3, bad_seen = _pairs_loop(
             ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe, qn_row, qp_row, hmask,
-            qmul, row_c, row_k, BLOCK_H, BLOCK_N, DCH, DR, PAGE, ON_GPU)
+            qmul, row_c, row_k, row_end, BLOCK_H, BLOCK_N, DCH, DR, PAGE, ON_GPU, CAUSAL)
     else:
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         bad_seen = tl.full([BLOCK_N], 0, tl.int32)  # per tile column: did an index fall outside the cache?
@@ -434,10 +447,17 @@ def _mla_split_kernel(
             logits = tl.where(live[None, :], logits, float("-inf"))
             # Reductions through tl.reduce with the standard combine functions: tl.max / tl.sum are jit functions,
             # which a kernel built with InterpretedFunction (no TRITON_INTERPRET) cannot call; tl.reduce it patches.
-            # m_new is finite: every tile holds at least one live token.
+            # m_new is finite: every tile holds at least one live token -- except, with the causal mask over a
+            # request's draft tokens, for a row that sees none of this tile (its max stays -inf: offsets from 0).
+            if CAUSAL:
+                logits = tl.where(n[None, :] < row_end[:, None], logits, float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(logits, 1, tl.standard._elementwise_max))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(logits - m_new[:, None])
+            if CAUSAL:  # a row that has seen no token yet keeps max -inf; its offsets are taken from 0 (p = 0)
+                m_off = tl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                m_off = m_new
+            alpha = tl.exp2(m_i - m_off)
+            p = tl.exp2(logits - m_off[:, None])
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             if ON_GPU:
                 pv = p.to(tl.float16)  # rounded to the operand type, as flash attention does
@@ -609,11 +629,11 @@ def fallback_shapes(heads: int) -> tuple[MLADecodeConfig, ...]:
 
 def split_constexprs(cfg: MLADecodeConfig, *, dc: int = 512, dr: int = 64, page: int = 1, worklist: bool = True,
                      direct: bool = False, write_lse: bool = False, scale_from_ptr: bool = False,
-                     on_gpu: bool = True) -> dict:
+                     on_gpu: bool = True, causal: bool = False) -> dict:
     """The split kernel's compile-time parameters for a launch with ``cfg`` (what the launcher passes)."""
     return dict(DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page,
                 SCALE_FROM_PTR=scale_from_ptr, DIRECT=direct and not worklist, WRITE_LSE=write_lse, ON_GPU=on_gpu,
-                KV_MUL=1.0 if on_gpu else 256.0, WORKLIST=worklist, PAIRS=cfg.pairs)
+                KV_MUL=1.0 if on_gpu else 256.0, WORKLIST=worklist, PAIRS=cfg.pairs, CAUSAL=causal)
 
 
 _POINTER_TYPES = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "out_ptr": "*bf16", "ckv_ptr": "*fp8e4nv",
@@ -801,7 +821,15 @@ class MLADecodePlan:
         return len(self.work_list.items)
 
 
-def plan_mla_decode(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
+def device_ints(values: Sequence, device: torch.device) -> torch.Tensor:
+    """``values`` as an int32 tensor on ``device``, copied from pinned host memory without waiting (a copy from
+    pageable memory would wait for the work already queued on the stream: a plan made while the previous step runs
+    must not stall the host). The caching host allocator keeps the pinned block until the copy is done."""
+    t = torch.tensor(values, dtype=torch.int32)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+def plan_mla_decode_triton(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
                     kv_lora_rank: int = 512, page_size: int = 1, device: torch.device | None = None,
                     config: MLADecodeConfig | None = None, programs: int | None = None,
                     min_chunk: int | None = None) -> MLADecodePlan:
@@ -849,13 +877,16 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None,
         wanted = programs or programs_wanted(heads, max_len, device, cfg)
         wl = build_work_list(lengths, block_n=cfg.block_n, items_wanted=max(1, triton.cdiv(wanted, head_blocks)),
                              min_chunk=min_chunk)
-    i32 = dict(dtype=torch.int32, device=device)
     rows = max(wl.partial_rows, 1)
     return MLADecodePlan(batch, heads, kv_lora_rank, page_size, device, cfg, wl,
-                         torch.tensor(wl.items, **i32).reshape(-1, 4), torch.tensor(list(wl.combine) or [0], **i32),
-                         torch.tensor(wl.part_indptr, **i32),
+                         device_ints(wl.items, device).reshape(-1, 4), device_ints(list(wl.combine) or [0], device),
+                         device_ints(wl.part_indptr, device),
                          torch.empty(rows, heads, kv_lora_rank, dtype=torch.float32, device=device),
                          torch.empty(rows, heads, dtype=torch.float32, device=device))
+
+
+#: The name before the front door (issue 34); removed once every caller says plan_mla_decode_triton.
+plan_mla_decode = plan_mla_decode_triton
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1048,7 +1079,7 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
                    ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
                    out: torch.Tensor | None = None, return_lse: bool = False, kv_len: torch.Tensor | None = None,
                    num_splits: int | None = None, check_range: bool = True, config: MLADecodeConfig | None = None,
-                   plan: MLADecodePlan | None = None):
+                   plan: MLADecodePlan | None = None, q_len: int = 1):
     """MLA decode attention straight from an FP8 latent cache; returns ``out`` ``[B, H, Dc]`` BF16 (and the
     natural-log LSE ``[B, H]`` float32 with ``return_lse``). See the module docstring for the semantics.
 
@@ -1065,7 +1096,13 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     chunks of about equal size, so a mixed batch is balanced -- with its partial buffers; no host synchronization
     (with ``check_range=False``, CUDA-graph capturable), and a plan made for shorter requests stays correct (a
     request's last chunk runs to its length at run time). Without a plan a checked call plans for itself; an
-    unchecked one, or one given ``num_splits``, splits every request into the same number of parts.
+    unchecked one, or one given ``num_splits``, splits every request into the same number of parts. The plan's
+    launch shape (``plan.config``) is used unless ``config`` is given.
+
+    ``q_len`` (with a plan): each request's ``q_len`` query tokens folded into the heads -- ``q_nope`` ``[B, q_len x
+    heads, Dc]``, row ``r`` query token ``r // heads`` -- with the causal mask over them: token ``j`` sees the first
+    ``length - (q_len - 1 - j)`` tokens (MTP / EAGLE target-verify). The front door (:func:`kvwall.kernels.mla_decode`)
+    folds SGLang's ``[B x q_len, heads, Dc]`` for its caller.
     """
     ckv, kpe, page_size, max_len = validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
                                              out, check_range, kv_len)
@@ -1086,7 +1123,7 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
                            "kpe_scale": k_t}, _fail)
     if max_len is None:  # unchecked call: lengths unknown on the host; size by the index buffer
         max_len = triton.cdiv(kv_indices.numel() * page_size, batch)
-    cfg = config or default_config(heads, dc, device, max_len)
+    cfg = config or (plan.config if isinstance(plan, MLADecodePlan) else default_config(heads, dc, device, max_len))
     if cfg.block_h < 16 or cfg.block_h & (cfg.block_h - 1) or cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
         _fail(ValueError, f"config {cfg}: block_h and block_n must be powers of two >= 16.")
     if cfg.pairs and (ckv.stride(0) % 2 or kpe.stride(0) % 2 or ckv.data_ptr() % 2 or kpe.data_ptr() % 2):
@@ -1102,58 +1139,94 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
             _fail(ValueError, f"the plan was made for (batch, heads, kv_lora_rank, page_size, device) = {have}; this "
                   f"call has {want}.")
     elif num_splits is None and check_range:
-        plan = plan_mla_decode(kv_indptr, kv_len, heads=heads, kv_lora_rank=dc, page_size=page_size, device=device,
+        plan = plan_mla_decode_triton(kv_indptr, kv_len, heads=heads, kv_lora_rank=dc, page_size=page_size, device=device,
                                config=cfg)
     elif num_splits is None:
         num_splits = default_num_splits(batch, heads, max_len, device, cfg)
     if plan is None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         _fail(ValueError, f"num_splits must be a positive int, got {num_splits!r}.")
-    num_indices = kv_indices.numel()
-    if num_indices == 0:  # a valid pointer for the (never executed) index loads
-        kv_indices = torch.zeros(1, dtype=torch.int32, device=device)
     if out is None:
         out = torch.empty(batch, heads, dc, dtype=Q_DTYPE, device=device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if return_lse else None
+    if plan is not None:
+        launch_planned(plan, cfg, q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, kv_len, (c_t, c_v), (k_t, k_v),
+                       sm_scale, out, lse, q_len=q_len)
+        return (out, lse) if return_lse else out
+    if q_len != 1:
+        _fail(ValueError, f"q_len={q_len} needs a plan (plan_mla_decode_triton(..., q_len=...)).")
+    num_indices = kv_indices.numel()
+    if num_indices == 0:  # a valid pointer for the (never executed) index loads
+        kv_indices = torch.zeros(1, dtype=torch.int32, device=device)
     interpreted = device.type == "cpu"
-    worklist = plan is not None
-    if worklist:
-        direct = False
-        part_o, part_lse, work = plan.part_o, plan.part_lse, plan.work
-        grid = (triton.cdiv(heads, cfg.block_h), plan.items, 1)
-        num_splits, most_splits, combined = 0, plan.work_list.max_chunks, len(plan.work_list.combine)
+    direct = num_splits == 1
+    if direct:
+        part_o = part_lse = out  # unused
     else:
-        direct = num_splits == 1
-        if direct:
-            part_o = part_lse = out  # unused
-        else:
-            part_o = torch.empty(batch, num_splits, heads, dc, dtype=torch.float32, device=device)
-            part_lse = torch.empty(batch, num_splits, heads, dtype=torch.float32, device=device)
-        work = kv_indptr  # unused
-        grid = (triton.cdiv(heads, cfg.block_h), num_splits, batch)
-        most_splits, combined = num_splits, 0 if direct else batch
+        part_o = torch.empty(batch, num_splits, heads, dc, dtype=torch.float32, device=device)
+        part_lse = torch.empty(batch, num_splits, heads, dtype=torch.float32, device=device)
     lse_arg = lse if lse is not None else part_lse
-    handle = _kernel("split", interpreted)[grid](
+    from_ptr = c_t is not None
+    handle = _kernel("split", interpreted)[(triton.cdiv(heads, cfg.block_h), num_splits, batch)](
         q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, kv_len if kv_len is not None else kv_indptr,
         c_t if from_ptr else ckv, k_t if from_ptr else kpe, c_v, k_v, float(sm_scale) * LOG2E,
-        part_o, part_lse, out, lse_arg, work,
-        heads, num_splits, num_indices, ckv.shape[0] // page_size,
+        part_o, part_lse, out, lse_arg, kv_indptr,
+        heads, num_splits, 1, heads, num_indices, ckv.shape[0] // page_size,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), ckv.stride(0), kpe.stride(0),
         out.stride(0), out.stride(1),
-        **split_constexprs(cfg, dc=dc, dr=dr, page=page_size, worklist=worklist, direct=direct,
+        **split_constexprs(cfg, dc=dc, dr=dr, page=page_size, worklist=False, direct=direct,
                            write_lse=return_lse, scale_from_ptr=from_ptr, on_gpu=not interpreted),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not interpreted:
         LAST_COMPILED["split"] = handle
-    if combined:
-        block_d, block_s, warps = combine_shape(cfg, heads=heads, kv_lora_rank=dc, combined=combined,
-                                                max_chunks=most_splits, sms=1 if interpreted else sm_count(out.device))
-        creq, pptr = (plan.combine_requests, plan.part_indptr) if worklist else (kv_indptr, kv_indptr)
-        handle = _kernel("combine", interpreted)[(combined, heads, dc // block_d)](
-            part_o, part_lse, out, lse_arg, heads, num_splits, out.stride(0), out.stride(1), creq, pptr,
+    if not direct:
+        block_d, block_s, warps = combine_shape(cfg, heads=heads, kv_lora_rank=dc, combined=batch,
+                                                max_chunks=num_splits, sms=1 if interpreted else sm_count(out.device))
+        handle = _kernel("combine", interpreted)[(batch, heads, dc // block_d)](
+            part_o, part_lse, out, lse_arg, heads, num_splits, out.stride(0), out.stride(1), kv_indptr, kv_indptr,
             DC=dc, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=return_lse,
-            RNE_BY_BITS=interpreted, WORKLIST=worklist, num_warps=warps,
+            RNE_BY_BITS=interpreted, WORKLIST=False, num_warps=warps,
         )
         if not interpreted:
             LAST_COMPILED["combine"] = handle
     return (out, lse) if return_lse else out
+
+
+def launch_planned(plan: MLADecodePlan, cfg: MLADecodeConfig, q_nope: torch.Tensor, q_pe: torch.Tensor,
+                   ckv: torch.Tensor, kpe: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                   kv_len: torch.Tensor | None, ckv_scale: tuple[torch.Tensor | None, float],
+                   kpe_scale: tuple[torch.Tensor | None, float], sm_scale: float, out: torch.Tensor,
+                   lse: torch.Tensor | None, *, q_len: int = 1) -> None:
+    """The split and combine launches of a planned call, nothing checked (the caller has): ``ckv`` / ``kpe`` the
+    caches' ``[slots, D]`` row views, ``q_nope`` / ``q_pe`` / ``out`` ``[batch, rows, D]`` with ``rows = q_len x
+    heads`` (a request's query tokens folded into the rows, the causal mask over them with ``q_len > 1``), the
+    scales ``(tensor or None, number)`` as :func:`parse_scale` gives them. What :func:`mla_decode_fp8` runs with a
+    plan, and what the front door (:func:`kvwall.kernels.mla_decode`) runs on the Triton path."""
+    (c_t, c_v), (k_t, k_v) = ckv_scale, kpe_scale
+    if (c_t is None) != (k_t is None):  # one mode for both: a tensor for the number
+        if c_t is None:
+            c_t = torch.full((1,), c_v, dtype=torch.float32, device=out.device)
+        else:
+            k_t = torch.full((1,), k_v, dtype=torch.float32, device=out.device)
+    from_ptr = c_t is not None
+    rows, dc = q_nope.shape[1], q_nope.shape[2]
+    num_indices = kv_indices.numel()
+    if num_indices == 0:  # a valid pointer for the (never executed) index loads
+        kv_indices = torch.zeros(1, dtype=torch.int32, device=out.device)
+    interpreted = out.device.type == "cpu"
+    page_size = plan.page_size
+    handle = _kernel("split", interpreted)[(triton.cdiv(rows, cfg.block_h), plan.items, 1)](
+        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, kv_len if kv_len is not None else kv_indptr,
+        c_t if from_ptr else ckv, k_t if from_ptr else kpe, c_v, k_v, float(sm_scale) * LOG2E,
+        plan.part_o, plan.part_lse, out, lse if lse is not None else plan.part_lse, plan.work,
+        rows, 0, q_len, rows // q_len, num_indices, ckv.shape[0] // page_size,
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), ckv.stride(0), kpe.stride(0),
+        out.stride(0), out.stride(1),
+        **split_constexprs(cfg, dc=dc, dr=q_pe.shape[-1], page=page_size, worklist=True,
+                           write_lse=lse is not None, scale_from_ptr=from_ptr, on_gpu=not interpreted,
+                           causal=q_len > 1),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if not interpreted:
+        LAST_COMPILED["split"] = handle
+    launch_combine(plan, out, lse)

@@ -14,7 +14,7 @@ of the split kernel (per head block): ``(request, first token, end token, partia
 - an empty request gets one empty item (it writes zeros and ``lse = -inf``).
 
 ``chunk`` is the total tokens over the items the machine wants at once (``items_wanted``: programs per head
-block that fit the GPU at its occupancy, :func:`kvwall.kernels.mla_decode.kernel.plan_mla_decode`), rounded up to
+block that fit the GPU at its occupancy, :func:`kvwall.kernels.mla_decode.kernel.plan_mla_decode_triton`), rounded up to
 whole tiles, and at least ``min_chunk`` tokens.
 """
 

@@ -21,9 +21,8 @@ Every FlashInfer BF16 path uses the same FlashInfer backend (``bf16_backend``: f
 no path is pinned to a slower kernel than its peers. On a CPU, FlashInfer does not run: the BF16 paths attend with
 the float32 reference (:class:`kvwall.model.attention.ReferenceMLADecode`) and ``ours`` runs in Triton's
 interpreter; ``flashinfer_fp8`` and the FlashMLA paths are GPU-only. ``ours`` is the call a user makes:
-:func:`kvwall.kernels.mla_decode.dispatch.mla_decode` with the step's plan
-(:func:`~kvwall.kernels.mla_decode.dispatch.plan_mla_decode_auto`), on the path the dispatcher picks for the GPU
-and the batch (:func:`choose_kernel`): the Triton path (portable: any GPU Triton supports, and the CPU interpreter),
+:func:`kvwall.kernels.mla_decode` with the step's plan (:func:`kvwall.kernels.plan_mla_decode`), on the path the
+plan picks for the GPU and the batch: the Triton path (portable: any GPU Triton supports, and the CPU interpreter),
 the wgmma path (Hopper, 64 heads per CTA) or the tokens-on-M wgmma path (Hopper, 16 or 32 heads per CTA). FlashMLA
 is a peer's kernel (:mod:`kvwall.peers`, a layer above this one): its two paths are described here and built by
 :mod:`kvwall.experiments.answer.step`.
@@ -37,9 +36,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from kvwall.kernels.mla_decode import dispatch
-from kvwall.kernels.mla_decode.dispatch import KernelPath
-from kvwall.kernels.mla_decode.kernel import MLADecodePlan
+from kvwall.kernels.mla_decode.dispatch import mla_decode, plan_mla_decode
 from kvwall.kernels.mla_decode.reference import split_latent_cache
 from kvwall.model.attention import FlashInferMLADecode, MLADecode, ReferenceMLADecode
 from kvwall.model.geometry import MLAGeometry, dtype_bytes
@@ -47,7 +44,7 @@ from kvwall.model.pool import DecodeBatch, TokenPool
 from kvwall.model.strategies import FullPoolCast, GatherCast, IndexThenCast, KVStrategy, compact_batch
 
 __all__ = ["STEP_PATHS", "PathInfo", "PATH_INFO", "CacheViews", "KERNEL_NAMES", "kernel_that_ran", "kernels_that_ran",
-           "KernelChoice", "choose_kernel", "OursDecode", "FlashInferFP8Decode", "bf16_backend_for",
+           "OursDecode", "FlashInferFP8Decode", "bf16_backend_for",
            "build_step_path", "kv_bytes_per_token"]
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
@@ -122,61 +119,21 @@ def kernels_that_ran(rows: Iterable[Mapping[str, Any]]) -> Counter[str]:
     return Counter(kernel_that_ran(r) for r in rows if r.get("path") == "ours" and not r.get("error"))
 
 
-@dataclass(frozen=True)
-class KernelChoice:
-    """Which path ours runs for a batch, the dispatcher's reason, and that path's plan."""
-
-    path: KernelPath
-    why: str
-    plan: MLADecodePlan
-
-    def call_kwargs(self) -> dict[str, Any]:
-        """Keywords only the chosen path takes: the Triton path's launch shape is its plan's."""
-        return {"config": self.plan.config} if self.path == "triton" else {}
-
-
-def choose_kernel(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int, ckv: torch.Tensor,
-                  kpe: torch.Tensor, device: torch.device, page_size: int = 1, path: str = "auto") -> KernelChoice:
-    """:func:`kvwall.kernels.mla_decode.dispatch.choose_path` for a batch of requests on the FP8 cache views
-    ``ckv``/``kpe`` (page size 1: lengths from ``kv_indptr``; paged: from ``kv_len``), and the plan of the chosen
-    path: made here, once per step, outside any CUDA-graph capture (it reads the lengths on the host). ``path``
-    one of :data:`KERNEL_NAMES` (``"triton"``, ``"wgmma"``, ``"wgmma_tokens"``) forces that path (``why`` then says
-    so)."""
-    ptr = kv_indptr.tolist()
-    lens = kv_len.tolist() if kv_len is not None else [b - a for a, b in zip(ptr, ptr[1:])]
-    if path == "auto":
-        chosen, why = dispatch.choose_path(heads, len(ptr) - 1, max(lens or [0]), device, ckv_cache=ckv,
-                                           kpe_cache=kpe)
-    elif path in KERNEL_NAMES:
-        chosen, why = path, f"{path}: forced"
-    else:
-        raise ValueError(f"choose_kernel: path must be 'auto' or one of {sorted(KERNEL_NAMES)}, got {path!r}.")
-    plan = dispatch.plan_mla_decode_auto(kv_indptr, kv_len, heads=heads, page_size=page_size, device=device,
-                                         path=chosen, ckv_cache=ckv, kpe_cache=kpe)
-    return KernelChoice(chosen, why, plan)
-
-
 class OursDecode:
-    """Ours on a batch: :func:`~kvwall.kernels.mla_decode.dispatch.mla_decode` on the path :func:`choose_kernel`
-    picks for the layer's FP8 cache (layer 0's views: every layer has the same layout). The step's plan is made once
-    here and reused by every layer; the first call is checked (the range check), the rest unchecked (CUDA-graph
-    capturable)."""
+    """Ours on a batch: :func:`kvwall.kernels.mla_decode` with the step's plan (:func:`kvwall.kernels.plan_mla_decode`,
+    made once here (one read of the batch's lengths), on layer 0's FP8 views: every layer has the same layout), reused by
+    every layer -- as a serving engine calls it."""
 
     def __init__(self, geometry: MLAGeometry, batch: DecodeBatch, pool: TokenPool) -> None:
-        self.batch, self.sm_scale = batch, geometry.sm_scale
         heads = geometry.heads_per_gpu
         ckv, kpe = split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank)
-        self.kernel = choose_kernel(batch.kv_indptr, heads=heads, ckv=ckv, kpe=kpe, device=pool.device)
+        self.plan = plan_mla_decode(batch.kv_indptr, batch.kv_indices, heads=heads, sm_scale=geometry.sm_scale,
+                                    ckv_cache=ckv, kpe_cache=kpe)
         self.out = torch.empty(batch.batch_size, heads, geometry.kv_lora_rank, dtype=BF16, device=pool.device)
-        self.name = f"ours, {KERNEL_NAMES[self.kernel.path]} ({self.kernel.plan.items} work items)"
-        self._checked = False
+        self.name = f"ours, {KERNEL_NAMES[self.plan.path]} ({self.plan.work.items} work items)"
 
     def __call__(self, q_nope, q_pe, ckv, kpe):
-        out = dispatch.mla_decode(q_nope, q_pe, ckv, kpe, self.batch.kv_indptr, self.batch.kv_indices, self.sm_scale,
-                                  plan=self.kernel.plan, out=self.out, check_range=not self._checked,
-                                  **self.kernel.call_kwargs())
-        self._checked = True
-        return out
+        return mla_decode(q_nope, q_pe, ckv, kpe, self.plan, out=self.out)
 
 
 class FlashInferFP8Decode(FlashInferMLADecode):
@@ -215,8 +172,8 @@ def build_step_path(path: str, pool: TokenPool, batch: DecodeBatch, *, bf16_back
     attention: MLADecode
     if path == "ours":
         attention = OursDecode(geometry, batch, pool)
-        return strategy, attention, {"attention": attention.name, "backend": attention.kernel.path,
-                                     "kernel_path": attention.kernel.path, "path_why": attention.kernel.why}
+        return strategy, attention, {"attention": attention.name, "backend": attention.plan.path,
+                                     "kernel_path": attention.plan.path, "path_why": attention.plan.why}
     if path == "flashinfer_fp8":
         attention = FlashInferFP8Decode.for_batch(geometry, batch, kv_dtype=FP8, backend="fa3")
         return strategy, attention, {"attention": attention.name, "backend": attention.backend}

@@ -32,7 +32,7 @@ import triton
 
 from kvwall.kernels import mla_decode_reference
 from kvwall.kernels.mla_decode.kernel import (LAST_COMPILED, TUNED_CONFIG_FILE, MLADecodeConfig, compile_offline,
-                                              default_config, mla_decode_fp8, plan_mla_decode, split_constexprs,
+                                              default_config, mla_decode_fp8, plan_mla_decode_triton, split_constexprs,
                                               tuned_entry)
 from kvwall.measure.accuracy import relative_error
 from kvwall.measure.failures import error_text
@@ -143,12 +143,12 @@ class Case:
         self.sm_scale = GLM5.sm_scale
 
     def run(self, config: MLADecodeConfig | None = None, num_splits: int | None = None) -> Callable[[], torch.Tensor]:
-        """The planned call (:func:`plan_mla_decode`) with ``config``; ``num_splits``: chunks per request at batch 1
+        """The planned call (:func:`plan_mla_decode_triton`) with ``config``; ``num_splits``: chunks per request at batch 1
         (programs = that x head blocks), None: the launcher's default."""
         dev = self.q_nope.device
         cfg = config or default_config(self.heads, DC, dev, max(self.lens))
         programs = num_splits * triton.cdiv(self.heads, cfg.block_h) if num_splits else None
-        plan = plan_mla_decode(self.indptr, heads=self.heads, config=cfg, programs=programs)
+        plan = plan_mla_decode_triton(self.indptr, heads=self.heads, config=cfg, programs=programs)
         return lambda: mla_decode_fp8(self.q_nope, self.q_pe, self.ckv, self.kpe, self.indptr, self.idx,
                                       self.sm_scale, out=self.out, check_range=False, config=cfg, plan=plan)
 

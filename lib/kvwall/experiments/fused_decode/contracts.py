@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import torch
@@ -24,15 +23,18 @@ from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_in
 from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
-from kvwall.kernels.mla_decode.kernel import default_config, default_num_splits, mla_decode_fp8, plan_mla_decode
+from kvwall.kernels.mla_decode.dispatch import DecodePlan, mla_decode, plan_mla_decode
+from kvwall.kernels.mla_decode.kernel import (default_config, default_num_splits, mla_decode_fp8,
+                                              plan_mla_decode_triton)
 from kvwall.kernels.mla_decode.reference import make_mla_inputs, nonempty_requests, reference64
 from kvwall.measure.accuracy import bf16_bits, finite_or_none, relative_error, same_bits
 from kvwall.measure.failures import error_text
 from kvwall.measure.timing import synchronize
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import KERNEL_NAMES, choose_kernel
+from kvwall.model.paths import KERNEL_NAMES
 
-__all__ = ["error_rows", "graph_rows", "GRAPH_TRIALS", "CONTRACT_PATHS", "path_contract_rows", "path_refusal"]
+__all__ = ["error_rows", "graph_rows", "GRAPH_TRIALS", "CONTRACT_PATHS", "path_contract_rows", "path_refusal",
+           "ours_call"]
 
 DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
 D = DC + DR
@@ -153,7 +155,7 @@ def graph_rows(device: torch.device, heads: int, *, seed: int, planned: bool = F
     try:
         load(*GRAPH_TRIALS[0])
         if planned:
-            plan = plan_mla_decode(ptr_buf, heads=heads, config=cfg)
+            plan = plan_mla_decode_triton(ptr_buf, heads=heads, config=cfg)
             splits, launch = None, dict(plan=plan)
         else:
             splits = default_num_splits(batch, heads, capacity, device, cfg)
@@ -213,6 +215,27 @@ CONTRACT_PATHS = (*dispatch.KERNEL_PATHS, "ours")
 WGMMA_PATHS = ("wgmma", "wgmma_tokens")
 
 
+def ours_call(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
+              kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *, plan: Any = None,
+              kv_len: torch.Tensor | None = None, check_range: bool = True, path: str = "auto", **run: Any):
+    """Ours -- :func:`~kvwall.kernels.plan_mla_decode` then :func:`~kvwall.kernels.mla_decode` -- in the per-path
+    calls' argument order, so one contract body runs every path: the plan is made here from the call's page table
+    (with the caches: the page table is checked against them) unless one is given; ``run``: the call's keywords.
+    Ours checks the page table when it plans; its call never reads back: ``check_range`` says whether a page table
+    other than the plan's is planned again (checked) or run on the plan's work list (unchecked)."""
+    if isinstance(plan, DecodePlan) and (plan.kv_indices is not kv_indices or plan.kv_indptr is not kv_indptr):
+        # another page table than the plan's: a checked call plans it again (ours checks at plan time), an
+        # unchecked one runs the plan on it (as a graph replays with refilled buffers)
+        plan = None if check_range else dataclasses.replace(plan, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                                                            kv_len=kv_len)
+    if plan is None:
+        paged = ckv_cache.dim() == 3 and ckv_cache.shape[1] > 1
+        plan = plan_mla_decode(kv_indptr, kv_indices, heads=q_nope.shape[1], sm_scale=sm_scale, kv_len=kv_len,
+                               page_size=ckv_cache.shape[1] if paged else 1, path=path, ckv_cache=ckv_cache,
+                               kpe_cache=kpe_cache)
+    return mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, plan, **run)
+
+
 def path_refusal(path: str, device: torch.device) -> str | None:
     """Why ``path`` cannot run on ``device`` (None: it can; both wgmma paths refuse what the wgmma path refuses)."""
     if path not in CONTRACT_PATHS:
@@ -225,16 +248,17 @@ def _planned(path: str, inp, heads: int, device: torch.device) -> tuple[Any, Cal
     del device  # the inputs' own (with its index: a plan is checked against the call's device)
     device = inp.q_nope.device
     if path == "triton":
-        plan = plan_mla_decode(inp.kv_indptr, heads=heads, device=device)
-        return plan, functools.partial(mla_decode_fp8, config=plan.config), None
+        plan = plan_mla_decode_triton(inp.kv_indptr, heads=heads, device=device)
+        return plan, mla_decode_fp8, None
     if path == "wgmma":
         return wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=heads, device=device), \
             wgmma_path.mla_decode_fp8_wgmma, None
     if path == "wgmma_tokens":
         return tokens_path.plan_mla_decode_wgmma_tokens(inp.kv_indptr, heads=heads, device=device), \
             tokens_path.mla_decode_fp8_wgmma_tokens, None
-    choice = choose_kernel(inp.kv_indptr, heads=heads, ckv=inp.ckv_cache, kpe=inp.kpe_cache, device=device)
-    return choice.plan, functools.partial(dispatch.mla_decode, **choice.call_kwargs()), choice.why
+    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=heads, sm_scale=SM_SCALE, ckv_cache=inp.ckv_cache,
+                           kpe_cache=inp.kpe_cache)
+    return plan, ours_call, plan.why
 
 
 def _row(path: str, check: str, ok: bool, detail: str) -> dict[str, Any]:
@@ -327,16 +351,16 @@ def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: lis
                                                      inp.kv_indices, SM_SCALE), "align", "16-byte")
         aligned = call(*args, inp.kv_indices, SM_SCALE, plan=plan)
         if path == "ours":
-            choice = choose_kernel(inp.kv_indptr, heads=heads, ckv=c_odd, kpe=k_odd, device=inp.q_nope.device)
-            got = dispatch.mla_decode(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE,
-                                      plan=choice.plan, **choice.call_kwargs())
+            odd = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=heads, sm_scale=SM_SCALE, ckv_cache=c_odd,
+                                  kpe_cache=k_odd)
+            got = mla_decode(inp.q_nope, inp.q_pe, c_odd, k_odd, odd)
             synchronize(device)
             err = relative_error(got, aligned)
             return _row(path, "cache rows not 16-byte aligned run on the Triton path, as the aligned call",
-                        choice.path == "triton" and err <= 1e-3, f"path {choice.path} ({choice.why}); "
+                        odd.path == "triton" and err <= 1e-3, f"path {odd.path} ({odd.why}); "
                         f"relative difference {err:.2e}")
         got = mla_decode_fp8(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE,
-                             plan=plan, config=plan.config)
+                             plan=plan)
         synchronize(device)
         err = relative_error(got, aligned)
         return _row(path, "cache rows not 16-byte aligned run, as the aligned call", err <= 1e-3,
@@ -351,11 +375,11 @@ def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: lis
             path, "an unchecked call without a plan is refused",
             lambda: call(*args, inp.kv_indices, SM_SCALE, check_range=False), "plan"))
     for other in (p for p in dispatch.KERNEL_PATHS if path in dispatch.KERNEL_PATHS and p != path):
-        # the Triton path through the dispatcher (its plan type is checked there too), the wgmma paths by their call
-        forced = (functools.partial(dispatch.mla_decode, path="triton") if path == "triton" else call)
-        check(f"{other} plan", lambda other=other, forced=forced: _refused(
+        other_plan = {"triton": plan_mla_decode_triton, "wgmma": wgmma_path.plan_mla_decode_wgmma,
+                      "wgmma_tokens": tokens_path.plan_mla_decode_wgmma_tokens}[other]
+        check(f"{other} plan", lambda other=other, other_plan=other_plan: _refused(
             path, f"a plan of the {KERNEL_NAMES[other]} is refused",
-            lambda: forced(*args, inp.kv_indices, SM_SCALE, plan=dispatch.plan_mla_decode_auto(
-                inp.kv_indptr, heads=heads, device=inp.q_nope.device, path=other)), "plan"))
+            lambda: call(*args, inp.kv_indices, SM_SCALE, plan=other_plan(
+                inp.kv_indptr, heads=heads, device=inp.q_nope.device)), "plan"))
     check("misaligned rows", misaligned_rows)
     return rows

@@ -8,9 +8,9 @@ the row's fields (backend, plan ms, work items, the path ours ran, ...). Adding 
 :data:`STRATEGIES` and one build function. ``fused_decode_bench`` times them (chapter 5), ``path_sweep`` and
 ``decode_step_paths`` run them (chapter 6), the reports label them with :attr:`Strategy.label`.
 
-- ``ours``: what a user calls -- :func:`kvwall.kernels.mla_decode.dispatch.mla_decode` with the step's plan
-  (:func:`~kvwall.kernels.mla_decode.dispatch.plan_mla_decode_auto`, made once while building), unchecked, on the
-  path the dispatcher picks (rows: ``kernel_path``, ``path_why``), page size 1;
+- ``ours``: what a user calls -- :func:`kvwall.kernels.mla_decode` with the step's plan
+  (:func:`kvwall.kernels.plan_mla_decode` on the host lengths, made once while building), on the path the plan
+  picks (rows: ``kernel_path``, ``path_why``), page size 1;
 - ``ours_page64``: the same on FlashMLA's layout (pages of 64, the same page table as the FlashMLA rows);
 - ``triton`` / ``wgmma`` / ``wgmma_tokens``: one of ours' paths forced (the Triton path, the wgmma path, the
   tokens-on-M wgmma path; page size 1, or 64 with :attr:`BuildContext.page_size`);
@@ -38,13 +38,13 @@ from typing import Any, Callable, Literal
 import torch
 
 from kvwall.kernels.gather.kernel import gather_cast
-from kvwall.kernels.mla_decode import dispatch
+from kvwall.kernels.mla_decode.dispatch import mla_decode, plan_mla_decode
 from kvwall.kernels.mla_decode.reference import mla_decode_reference
 from kvwall.measure.failures import error_text
 from kvwall.measure.timing import synchronize
 from kvwall.model.attention import FlashInferMLADecode
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import KERNEL_NAMES, choose_kernel
+from kvwall.model.paths import KERNEL_NAMES
 from kvwall.model.pool import mixed_lengths
 from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode, random_page_table
 from kvwall.peers.sglang import SGLangTritonMLA, sglang_max_kv_splits
@@ -192,18 +192,16 @@ def _our_kernel(path: str) -> Build:
             n_pages = [-(-n // PAGE_SIZE) for n in pt.lens]
             indptr = torch.tensor([0, *torch.tensor(n_pages).cumsum(0).tolist()], dtype=torch.int32, device=device)
             indices = torch.cat([table[i, :n] for i, n in enumerate(n_pages)]).contiguous()
-        choice = choose_kernel(indptr, kv_len, heads=pt.heads, ckv=c, kpe=k, device=device, page_size=page,
-                               path=path)
-        plan, kwargs = choice.plan, choice.call_kwargs()
-        info: dict[str, Any] = dict(kernel_path=choice.path, work_items=plan.items,
-                                    chunk_tokens=plan.work_list.chunk_tokens, imbalance=plan.work_list.imbalance())
+        plan = plan_mla_decode(indptr, indices, heads=pt.heads, sm_scale=SM_SCALE, kv_len=kv_len, page_size=page,
+                               lengths=pt.lens, path=path, ckv_cache=c, kpe_cache=k)
+        info: dict[str, Any] = dict(kernel_path=plan.path, work_items=plan.work.items,
+                                    chunk_tokens=plan.work.work_list.chunk_tokens,
+                                    imbalance=plan.work.work_list.imbalance())
         if path == "auto":
-            info["path_why"] = choice.why
-        if "config" in kwargs:
-            info["config"] = dataclasses.asdict(kwargs["config"])
-        paged_kw = {} if kv_len is None else {"kv_len": kv_len}
-        return (lambda: dispatch.mla_decode(pt.q_nope, pt.q_pe, c, k, indptr, indices, SM_SCALE, plan=plan, out=out,
-                                            check_range=False, **paged_kw, **kwargs)), info
+            info["path_why"] = plan.why
+        if plan.path == "triton":
+            info["config"] = dataclasses.asdict(plan.work.config)
+        return (lambda: mla_decode(pt.q_nope, pt.q_pe, c, k, plan, out=out)), info
 
     return build
 

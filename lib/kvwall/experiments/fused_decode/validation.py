@@ -35,12 +35,12 @@ from typing import Any
 
 import torch
 
-from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode import sanitize as sanitized_program
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs, validation_cases
-from kvwall.kernels.mla_decode.kernel import default_config, mla_decode_fp8, plan_mla_decode
+from kvwall.kernels.mla_decode.dispatch import mla_decode, plan_mla_decode
+from kvwall.kernels.mla_decode.kernel import default_config, mla_decode_fp8, plan_mla_decode_triton
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, nonempty_requests, reference64
 from kvwall.measure.accuracy import finite_or_none, relative_error
 from kvwall.measure.failures import error_text, traceback_tail
@@ -48,7 +48,6 @@ from kvwall.measure.sanitizer import memcheck_row
 from kvwall.measure.timing import release_memory, synchronize
 from kvwall.model.attention import FlashInferMLADecode, flashinfer_version, prebuild_flashinfer_mla
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import choose_kernel
 from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode
 from kvwall.results import Result, collect_provenance
 from kvwall.experiments.fused_decode.contracts import (CONTRACT_PATHS, error_rows, graph_rows, path_contract_rows,
@@ -91,7 +90,7 @@ def _defaults_used(case: DecodeCase, inp: CaseInputs, device: torch.device) -> t
     cfg = default_config(case.heads, DC, device, max_len)
     items = None
     if case.num_splits is None:
-        items = plan_mla_decode(inp.kv_indptr, inp.kv_len, heads=case.heads, page_size=case.page_size, device=device,
+        items = plan_mla_decode_triton(inp.kv_indptr, inp.kv_len, heads=case.heads, page_size=case.page_size, device=device,
                                 config=cfg).items
     return case.num_splits, items, dataclasses.asdict(cfg)
 
@@ -211,7 +210,8 @@ def _flashmla_rows(case: DecodeCase, inp: CaseInputs, keep: list[int], want: tor
 
 def _run_path(path: str, case: DecodeCase, inp: CaseInputs, out: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """One checked call of ``path`` on the case into ``out``: the Triton path with the case's forced splits, a
-    wgmma path (it plans for itself), or ours (the dispatcher's plan, then :func:`dispatch.mla_decode`)."""
+    wgmma path (it plans for itself), or ours (:func:`~kvwall.kernels.plan_mla_decode`, then
+    :func:`~kvwall.kernels.mla_decode`)."""
     kw = dict(ckv_scale=case.ckv_scale, kpe_scale=case.kpe_scale, out=out, kv_len=inp.kv_len)
     args = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE)
     if path == "triton":
@@ -220,10 +220,11 @@ def _run_path(path: str, case: DecodeCase, inp: CaseInputs, out: torch.Tensor) -
         return wgmma_path.mla_decode_fp8_wgmma(*args, **kw), {}
     if path == "wgmma_tokens":
         return tokens_path.mla_decode_fp8_wgmma_tokens(*args, **kw), {}
-    choice = choose_kernel(inp.kv_indptr, inp.kv_len, heads=case.heads, ckv=inp.ckv_cache, kpe=inp.kpe_cache,
-                           device=inp.q_nope.device, page_size=case.page_size)
-    got = dispatch.mla_decode(*args, plan=choice.plan, **choice.call_kwargs(), **kw)
-    return got, {"kernel_path": choice.path, "path_why": choice.why, "work_items": choice.plan.items}
+    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=case.heads, sm_scale=SM_SCALE, kv_len=inp.kv_len,
+                           page_size=case.page_size, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache)
+    got = mla_decode(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, plan, ckv_scale=case.ckv_scale,
+                     kpe_scale=case.kpe_scale, out=out)
+    return got, {"kernel_path": plan.path, "path_why": plan.why, "work_items": plan.work.items}
 
 
 def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: bool, paths: list[str]) -> list[dict]:
