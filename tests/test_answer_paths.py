@@ -64,11 +64,12 @@ def test_on_cpu_the_steps_ours_runs_the_triton_path(step_inputs):
     pool, batch = step_inputs
     _, attention, info = build_step_path("ours", pool, batch, bf16_backend="fa2")
     assert info["backend"] == info["kernel_path"] == "triton" and "cannot run" in info["path_why"]
-    assert type(attention.kernel.plan) is MLADecodePlan and "Triton path" in attention.name
+    assert attention.plan.path == "triton" and type(attention.plan.work) is MLADecodePlan
+    assert "Triton path" in attention.name
     q_nope, q_pe = _queries(batch)
     ckv, kpe = split_latent_cache(pool.key_buffer(0), GEOMETRY.kv_lora_rank)
     first = attention(q_nope, q_pe, ckv, kpe).clone()
-    again = attention(q_nope, q_pe, ckv, kpe)  # unchecked, the same plan and launch shape
+    again = attention(q_nope, q_pe, ckv, kpe)  # the same plan and launch shape
     ref = mla_decode_reference(q_nope, q_pe, ckv, kpe, batch.kv_indptr, batch.kv_indices, GEOMETRY.sm_scale,
                                compute_dtype=torch.float64)
     assert torch.equal(first, again)
@@ -76,36 +77,35 @@ def test_on_cpu_the_steps_ours_runs_the_triton_path(step_inputs):
 
 
 @pytest.mark.parametrize("path,plan_type", [("wgmma", WgmmaPlan), ("wgmma_tokens", WgmmaTokensPlan)])
-def test_the_steps_ours_plans_and_calls_the_path_the_dispatcher_chooses(step_inputs, monkeypatch, path, plan_type):
+def test_the_steps_ours_plans_once_and_launches_the_path_the_dispatcher_chooses(step_inputs, monkeypatch, path,
+                                                                               plan_type):
+    """One plan for the step, made outside the calls; every layer's call launches the chosen Hopper path with it
+    (on a CPU the launch itself is replaced: it records what it was given)."""
     pool, batch = step_inputs
     monkeypatch.setattr(dispatch, "choose_path", _choose(path))
+    monkeypatch.setattr(dispatch.wgmma_path, "wgmma_refusal", lambda device: None)
     _, attention, info = build_step_path("ours", pool, batch, bf16_backend="fa2")
-    assert type(attention.kernel.plan) is plan_type
+    assert type(attention.plan.work) is plan_type
     assert info["backend"] == info["kernel_path"] == path and info["path_why"] == f"{path}: chosen by the test"
     assert KERNEL_NAMES[path] in attention.name
-    calls = []
-    monkeypatch.setattr(dispatch, "mla_decode", lambda *args, **kwargs: calls.append(kwargs) or attention.out)
+    launches = []
+    monkeypatch.setattr(dispatch.hopper, "launch_planned", lambda kind, work, *args, **kw: launches.append((kind,
+                                                                                                         work)))
     q_nope, q_pe = _queries(batch)
     ckv, kpe = split_latent_cache(pool.key_buffer(0), GEOMETRY.kv_lora_rank)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
     for _ in range(3):
         attention(q_nope, q_pe, ckv, kpe)
-    # One plan made outside the calls, only the first call checked (the rest CUDA-graph capturable), no Triton
-    # launch shape for the wgmma path.
-    assert [c["check_range"] for c in calls] == [True, False, False]
-    assert all(c["plan"] is attention.kernel.plan and c["out"] is attention.out and "config" not in c for c in calls)
+    assert launches == [(path, attention.plan.work)] * 3
 
 
-@pytest.mark.parametrize("path,call", [("wgmma", "mla_decode_fp8_wgmma"),
-                                       ("wgmma_tokens", "mla_decode_fp8_wgmma_tokens")])
-def test_a_wgmma_plan_reaches_the_wgmma_path(step_inputs, monkeypatch, path, call):
-    """Nothing between the step and the dispatcher falls back to Triton: on a CPU the chosen wgmma path refuses,
-    under its own name."""
+def test_a_forced_hopper_path_is_refused_at_plan_time_where_it_cannot_run(step_inputs):
     pool, batch = step_inputs
-    monkeypatch.setattr(dispatch, "choose_path", _choose(path))
-    _, attention, _ = build_step_path("ours", pool, batch, bf16_backend="fa2")
     ckv, kpe = split_latent_cache(pool.key_buffer(0), GEOMETRY.kv_lora_rank)
-    with pytest.raises(ValueError, match=f"^{call}: the wgmma path cannot run"):
-        attention(*_queries(batch), ckv, kpe)
+    for path in ("wgmma", "wgmma_tokens"):
+        with pytest.raises(ValueError, match="^plan_mla_decode: the .*wgmma path cannot run here: tensors are on cpu"):
+            dispatch.plan_mla_decode(batch.kv_indptr, batch.kv_indices, heads=16, sm_scale=GEOMETRY.sm_scale,
+                                     path=path, ckv_cache=ckv, kpe_cache=kpe)
 
 
 def test_flashmla_on_the_step_is_built_above_the_model_and_needs_a_gpu(step_inputs):
@@ -134,9 +134,10 @@ def test_the_sweeps_ours_runs_the_dispatchers_path_and_keeps_the_triton_path_apa
     pt, pool = sweep_point
     fn, info = sweep.build_sweep_path("ours", pt, pool, sm_count=1)
     assert info["strategy"] == "ours" and info["kernel_path"] == "triton" and "cannot run" in info["path_why"]
-    plan = dispatch.plan_mla_decode_auto(pt.indptr, heads=pt.heads)
+    # the Triton path by name, on the work list ours planned: the same bits
+    triton_plan = dispatch.plan_mla_decode(pt.indptr, pt.idx, heads=pt.heads, sm_scale=GLM5.sm_scale).work
     want = mla_decode_fp8(pt.q_nope, pt.q_pe, pool[:, 0, :GLM5.kv_lora_rank], pool[:, 0, GLM5.kv_lora_rank:],
-                          pt.indptr, pt.idx, GLM5.sm_scale, plan=plan, config=plan.config)
+                          pt.indptr, pt.idx, GLM5.sm_scale, plan=triton_plan)
     assert torch.equal(fn(), want)
     triton_fn, triton_info = sweep.build_sweep_path("triton", pt, pool, sm_count=1)
     assert triton_info["kernel_path"] == "triton" and "path_why" not in triton_info
@@ -148,6 +149,7 @@ def test_the_sweeps_ours_runs_the_dispatchers_path_and_keeps_the_triton_path_apa
 def test_the_sweep_records_the_path_the_dispatcher_chose(sweep_point, monkeypatch):
     pt, pool = sweep_point
     monkeypatch.setattr(dispatch, "choose_path", _choose("wgmma"))
+    monkeypatch.setattr(dispatch.wgmma_path, "wgmma_refusal", lambda device: None)
     _, info = sweep.build_sweep_path("ours", pt, pool, sm_count=1)
     assert info["kernel_path"] == "wgmma" and info["path_why"] == "wgmma: chosen by the test"
 

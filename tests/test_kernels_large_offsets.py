@@ -16,7 +16,7 @@ import torch
 from kvwall.kernels import gather_cast_reference, mla_decode_fp8, mla_decode_reference
 from kvwall.kernels.gather.kernel import largest_pool_offset, launch_gather, plan_gather
 from kvwall.kernels.gather.reference import bits
-from kvwall.kernels.mla_decode.dispatch import KERNEL_PATHS, mla_decode
+from kvwall.kernels.mla_decode.dispatch import KERNEL_PATHS, mla_decode, plan_mla_decode
 
 SLOTS, D, DC = 3_800_000, 576, 512
 FP8 = torch.float8_e4m3fn
@@ -55,7 +55,8 @@ def check_mla(pool: torch.Tensor, path: str = "triton") -> None:
     if path == "triton":
         out = mla_decode_fp8(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, num_splits=2)
     else:
-        out = mla_decode(q_nope, q_pe, ckv, kpe, indptr, idx, 0.1, path=path)
+        plan = plan_mla_decode(indptr, idx, heads=2, sm_scale=0.1, path=path, ckv_cache=ckv, kpe_cache=kpe)
+        out = mla_decode(q_nope, q_pe, ckv, kpe, plan)
     compact = torch.arange(idx.numel(), device=device)
     want = mla_decode_reference(q_nope, q_pe, ckv[idx.long()].double(), kpe[idx.long()].double(), indptr, compact,
                                 0.1, compute_dtype=torch.float64)

@@ -287,6 +287,11 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads:
         chosen, why = _usable(chosen, why, device)
     else:
         chosen, why = path, f"{SAID[path]}: forced (path={path!r})"  # type: ignore[index]
+    if chosen in _HOPPER_PATHS:
+        refusal = wgmma_path.wgmma_refusal(device) or wgmma_path.rows_refusal(
+            (kv_lora_rank, rope_dim), {"ckv_cache": ckv_cache, "kpe_cache": kpe_cache})
+        if refusal:
+            _plan_fail(ValueError, f"the {SAID[chosen]} path cannot run here: {refusal}.")
     indptr_host = torch.tensor([0] + [sum(cut_for[:i + 1]) for i in range(batch)], dtype=torch.int64)
     if chosen == "wgmma":
         work = wgmma_path.plan_mla_decode_wgmma(indptr_host, heads=rows, device=device)

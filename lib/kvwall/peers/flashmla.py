@@ -99,16 +99,18 @@ def quantize_query_static(q: torch.Tensor, scale: torch.Tensor, out: torch.Tenso
 
 
 class FlashMLADecode:
-    """One batch for FlashMLA's dense decode: queries ``q_nope [B, H, 512]`` and ``q_pe [B, H, 64]`` (BF16), a
-    paged cache ``[pages, 64, 1, 576]`` (BF16, or FP8 with ``fp8=True``), its page table and lengths.
+    """One batch for FlashMLA's dense decode: queries ``q_nope [B x q_len, H, 512]`` and ``q_pe [B x q_len, H, 64]``
+    (BF16; ``q_len`` query tokens a request, causal over them: FlashMLA's ``s_q``), a paged cache ``[pages, 64, 1,
+    576]`` (BF16, or FP8 with ``fp8=True``), its page table and lengths.
 
     FP8: every call quantizes the query as SGLang does (:func:`quantize_query_static` with ``k_scale``, the cache's
     per-tensor scale, which is also ``descale_q`` and ``descale_k``), then decodes. Everything else (metadata, the
     first call that fills BF16's scheduler metadata) happens here; calling the object runs one decode (FP8: the
-    quantization and the decode) and returns ``[B, H, 512]`` BF16."""
+    quantization and the decode) and returns ``[B x q_len, H, 512]`` BF16."""
 
     def __init__(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
-                 cache_seqlens: torch.Tensor, sm_scale: float, *, fp8: bool = False, k_scale: float = 1.0) -> None:
+                 cache_seqlens: torch.Tensor, sm_scale: float, *, fp8: bool = False, k_scale: float = 1.0,
+                 q_len: int = 1) -> None:
         loaded = load_flash_mla()
         if "error" in loaded:
             raise RuntimeError(loaded["error"])
@@ -122,7 +124,11 @@ class FlashMLADecode:
         self.version = loaded["version"]
         self.fp8 = fp8
         self.head_dim_v = q_nope.shape[-1]
-        q = torch.cat([q_nope, q_pe], dim=-1).unsqueeze(1).contiguous()  # [B, 1, H, 576]
+        # [B, s_q, H, 576]: q_len query tokens a request (speculative verify), causal over them (FlashMLA's
+        # bottom-right mask: the last query token sees every cached token)
+        q = torch.cat([q_nope, q_pe], dim=-1).view(-1, q_len, q_nope.shape[1], q_nope.shape[2] + q_pe.shape[2])
+        q = q.contiguous()
+        self.causal = q_len > 1
         self.k_cache, self.block_table, self.cache_seqlens, self.sm_scale = k_cache, block_table, cache_seqlens, sm_scale
         interface = importlib.import_module("flash_mla.flash_mla_interface")
         self.meta = interface.FlashMLASchedMeta()
@@ -134,8 +140,8 @@ class FlashMLADecode:
             self.q = torch.empty_like(q, dtype=torch.float8_e4m3fn)
             self.kw = {"is_fp8_kvcache": True, "descale_q": scale, "descale_k": scale}
             heads = q.shape[2]
-            tile_meta, num_splits = module.get_mla_decoding_metadata(cache_seqlens, heads, 1, is_fp8_kvcache=True,
-                                                                     use_legacy=True)
+            tile_meta, num_splits = module.get_mla_decoding_metadata(cache_seqlens, heads * q_len, 1,
+                                                                     is_fp8_kvcache=True, use_legacy=True)
             self.meta.tile_scheduler_metadata, self.meta.num_splits = tile_meta, num_splits
         else:
             self.q = q
@@ -149,5 +155,5 @@ class FlashMLADecode:
         if self.fp8:
             quantize_query_static(self.q_bf16, self.q_scale, self.q)
         out, _ = self._run(self.q, self.k_cache, self.block_table, self.cache_seqlens, self.head_dim_v, self.meta,
-                           softmax_scale=self.sm_scale, use_legacy=True, **self.kw)
-        return out.squeeze(1)
+                           softmax_scale=self.sm_scale, causal=self.causal, use_legacy=True, **self.kw)
+        return out.flatten(0, 1)  # [B x s_q, H, 512]

@@ -20,6 +20,7 @@ from kvwall.experiments.schemas.fused_decode import (
     FusedDecodeBenchRow, FusedDecodePathsRow, FusedDecodeProfileRow, FusedDecodeTuningRow, FusedDecodeValidationRow,
 )
 from kvwall.experiments.schemas.gather_cast import GatherCastBenchRow, GatherCastProfileRow, GatherCastValidationRow
+from kvwall.experiments.schemas.multi_token import MultiTokenDecodeRow
 from kvwall.experiments.schemas.sglang_patch import SGLangPatchCheckRow
 from kvwall.experiments.schemas.wall import WallOnGpuRow, WallTimelineRow
 
@@ -48,6 +49,7 @@ ROW_SCHEMAS: dict[str, Any] = {
     "path_sweep": PathSweepRow,
     "decode_step_batches": DecodeStepBatchesRow,
     "sglang_patch_check": SGLangPatchCheckRow,
+    "multi_token_decode": MultiTokenDecodeRow,
     "dsa_decode": DSADecodeRow,
     "dsa_forced_dense": DSAForcedDenseRow,
     "chapters_gpu_mode": ChaptersGpuModeRow,
