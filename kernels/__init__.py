@@ -21,7 +21,8 @@ sanitizer program beside it:
 from kvwall.kernels.gather.cuda import gather_cast_cuda, nvcc_compile_check
 from kvwall.kernels.gather.kernel import compact_kv_indices, full_cast, gather_cast, plan_gather
 from kvwall.kernels.gather.reference import gather_cast_reference, make_gather_inputs
-from kvwall.kernels.mla_decode.dispatch import DecodePlan, mla_decode, plan_mla_decode
+from kvwall.kernels import mla_decode  # the package, callable as ours (kvwall.kernels.mla_decode's docstring)
+from kvwall.kernels.mla_decode import DecodePlan, plan_mla_decode
 from kvwall.kernels.mla_decode.kernel import mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
 

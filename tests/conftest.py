@@ -42,7 +42,7 @@ def built_book() -> Path:
 
 
 #: Test modules whose CPU tests run the Triton kernels in Triton's interpreter.
-INTERPRETER_MODULES = {"test_gather_cast.py", "test_mla_decode_fp8.py"}
+INTERPRETER_MODULES = {"test_gather_cast.py", "test_mla_decode_fp8.py", "test_ours.py"}
 
 
 def _interpreter_gap() -> str:

@@ -5,7 +5,7 @@
   import-linter cannot see as part of ``kvwall``; the test therefore lints a copy of the package with
   ``kernels/`` placed where Python finds it at run time.
 - No repeated code: pylint's duplicate-code check (6 or more similar lines, imports, docstrings and comments
-  ignored) is clean on ``lib/`` and ``kernels/``.
+  ignored) is clean on ``lib/`` and ``kernels/``; so is a check of the same threshold over the CUDA sources.
 - No module over ~500 lines, unless it is one kernel.
 """
 
@@ -61,7 +61,41 @@ def test_a_higher_layer_import_breaks_the_contract(tmp_path):
     assert proc.returncode != 0 and "kvwall.model.pool -> kvwall.notebook.tables" in proc.stdout, proc.stdout[-3000:]
 
 
+#: Lines a CUDA source may repeat of another's before the repetition counts (pylint's threshold for Python).
+CUDA_MIN_SIMILAR = 6
+
+
+def _cuda_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, the line with comments and spacing dropped) of each non-trivial line of a CUDA source: not
+    blank, not a lone brace or ``#pragma``, not a comment."""
+    kept = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        code = " ".join(line.split("//")[0].split())
+        if code and not code.startswith("#pragma") and code.strip("{}();, ") and not code.startswith("*"):
+            kept.append((number, code))
+    return kept
+
+
+def cuda_repeats(paths: list[Path], least: int = CUDA_MIN_SIMILAR) -> list[str]:
+    """Runs of ``least`` or more consecutive non-trivial lines one CUDA source repeats of another, as
+    ``"a.cu:12 = b.cu:40 (n lines)"``."""
+    seen: dict[tuple[str, ...], tuple[Path, int]] = {}
+    found = []
+    for path in paths:
+        lines = _cuda_lines(path)
+        for i in range(len(lines) - least + 1):
+            window = tuple(code for _, code in lines[i:i + least])
+            first = seen.setdefault(window, (path, lines[i][0]))
+            if first[0] != path:
+                found.append(f"{first[0].name}:{first[1]} = {path.name}:{lines[i][0]} ({least} lines)")
+    return found
+
+
 def test_no_duplicate_code():
+    """pylint's check on the Python; on the CUDA sources (``kernels/**/*.cu``, ``*.cuh``) a line-window check of the
+    same threshold across files (what two kernels share belongs in a header)."""
+    cuda = sorted([*KERNELS.rglob("*.cu"), *KERNELS.rglob("*.cuh")])
+    assert cuda and not cuda_repeats(cuda), cuda_repeats(cuda)[:20]
     proc = subprocess.run(
         [_bin("pylint"), "--disable=all", "--enable=duplicate-code", "--min-similarity-lines=6",
          "--ignore-imports=yes", "--ignore-docstrings=yes", "--ignore-comments=yes", "--score=no",

@@ -1,6 +1,7 @@
 """Provenance from imports: a result goes stale when the code it imports changes, and only then."""
 
 import ast
+import json
 import shutil
 import textwrap
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import torch
 
 from kvwall.results import PROJECT_ROOT, Result, collect_provenance, source_fingerprint
+from kvwall.results import fingerprint
 from kvwall.results.fingerprint import _canonical, import_closure, normalized_code, normalized_cuda
 
 EXPERIMENT = "kvwall.experiments.gather_cast"
@@ -181,3 +183,48 @@ def test_normalized_cuda_drops_comments_and_layout_but_keeps_meaning():
     assert normalized_cuda("#define F (x)\nint z;") != normalized_cuda("#define F(x)\nint z;")
     assert normalized_cuda("#define G(x) \\\n  x + 1\nint z;") == normalized_cuda("#define G(x) x + 1\nint z;")
     assert normalized_cuda("#pragma unroll\nfor (;;) {}") != normalized_cuda("#pragma unroll for (;;) {}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The dispatcher's table: fingerprinted by its choices; the times beside it in no fingerprint
+# ----------------------------------------------------------------------------------------------
+
+#: decode_step_paths / decode_step_batches: they run ours, whose dispatcher reads paths.json.
+STEP = "kvwall.experiments.answer.step"
+CHOICES = "kernels/mla_decode/paths.json"
+SIDECAR = "kernels/mla_decode/paths_measured.json"
+
+
+def test_a_time_in_the_sidecar_keeps_a_result_fresh_and_a_changed_choice_stales_it(tmp_path):
+    root = _copy_tree(tmp_path)
+    before = source_fingerprint(STEP, root)
+    assert CHOICES in before and SIDECAR not in before
+    sidecar = root / SIDECAR
+    measured = json.loads(sidecar.read_text())
+    gpu = next(iter(measured))
+    measured[gpu]["points"][0][3] += 1.5  # a re-timed point, a new caption and date
+    measured[gpu]["recorded"] = "Recorded on NVIDIA H200, 2027-01-01, commit 0000000 (fused_decode_paths.json)."
+    sidecar.write_text(json.dumps(measured, indent=1))
+    assert source_fingerprint(STEP, root) == before
+    table_file = root / CHOICES
+    table = json.loads(table_file.read_text())
+    point = table[gpu]["points"][0]
+    point[3] = "triton" if point[3] != "triton" else "wgmma"  # another path measured fastest at one point
+    table_file.write_text(json.dumps(table, indent=1))
+    after = source_fingerprint(STEP, root)
+    assert set(after) == set(before) and {k for k in after if after[k] != before[k]} == {CHOICES}
+
+
+def test_the_sidecar_is_in_no_experiments_fingerprint():
+    """It is named only outside its folder (by the experiment that writes it and the chapter's report), so no
+    closure module brings it in; the choices are in the fingerprint of the experiments that run ours."""
+    folder = PROJECT_ROOT / "lib/kvwall/experiments"
+    modules = {_module_name(p.relative_to(PROJECT_ROOT).as_posix()) for p in folder.rglob("*.py")}
+    modules = {m for m in modules if not m.startswith(fingerprint.BOOKKEEPING)}
+    assert "kvwall.experiments.fused_decode.paths" in modules and STEP in modules
+    prints = {m: source_fingerprint(m) for m in sorted(modules)}
+    assert not [m for m, sources in prints.items() if SIDECAR in sources]
+    runs_ours = (STEP, "kvwall.experiments.answer.sweep", "kvwall.experiments.fused_decode.bench",
+                 "kvwall.experiments.fused_decode.validation")
+    assert all(CHOICES in prints[m] for m in runs_ours)
+

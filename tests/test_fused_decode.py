@@ -20,7 +20,7 @@ from kvwall.experiments.fused_decode import bench, contracts, paths, strategies,
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.results import collect_provenance, Result, validate_rows
 from kvwall.kernels import mla_decode_fp8
-from kvwall.kernels.mla_decode import dispatch, wgmma_tokens
+from kvwall.kernels.mla_decode import dispatch, path_table, wgmma_tokens
 from kvwall.kernels.mla_decode.cases import validation_cases
 from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
 from kvwall.measure import sanitizer, timing
@@ -137,7 +137,7 @@ def test_strategies_build_on_cpu_where_they_can(monkeypatch):
     for r in (t1, t64):
         assert r["kernel_path"] == "triton" and "path_why" not in r and r["rel_diff_vs_ours"] == 0.0, r
     assert w64["us"] is None and "wgmma path cannot run" in w64["error"]
-    assert k1["us"] is None and "mla_decode_fp8_wgmma_tokens: the wgmma path cannot run" in k1["error"]
+    assert k1["us"] is None and "plan_mla_decode: the tokens-on-M wgmma path cannot run here" in k1["error"]
     assert fm["us"] is None and "not here" in fm["error"]
     validate_rows("fused_decode_bench", rows)
 
@@ -169,15 +169,16 @@ def test_path_table_from_synthetic_rows(tmp_path):
     validate_rows("fused_decode_paths", result.rows)
     table = paths.path_table(result)
     entry = table["NVIDIA H200"]
-    assert entry["capability"] == [9, 0] and entry["page_size"] == 1 and "fused_decode_paths" in entry["by"]
-    assert entry["points"] == [[16, 4096, 1, "wgmma", 15.0, 14.0, None], [16, 131072, 1, "triton", 50.0, 55.0, None],
-                               [64, 64, 1, "triton", 14.0, None, None]]
-    assert paths.path_table(result, page_size=64)["NVIDIA H200"]["points"] == [[16, 4096, 1, "wgmma", 99.0, 1.0,
-                                                                                None]]
-    # record's after_record: merged into the file, other GPUs' entries kept, the written path returned
+    assert entry == {"capability": [9, 0], "page_size": 1, "points": [
+        [16, 4096, 1, "wgmma"], [16, 131072, 1, "triton"], [64, 64, 1, "triton"]]}  # the choices, nothing else
+    times = paths.measured_table(result)["NVIDIA H200"]
+    assert "fused_decode_paths" in times["by"] and times["points"] == [
+        [16, 4096, 1, 15.0, 14.0, None], [16, 131072, 1, 50.0, 55.0, None], [64, 64, 1, 14.0, None, None]]
+    assert paths.path_table(result, page_size=64)["NVIDIA H200"]["points"] == [[16, 4096, 1, "wgmma"]]
+    # record's after_record: merged into the file, other GPUs' entries kept, the written paths returned
     target = tmp_path / "paths.json"
     target.write_text(json.dumps({"Other GPU": {"points": []}}))
-    assert paths.write_path_table(result, target) == [target]
+    assert paths.write_path_table(result, target) == [target, target.with_name("paths_measured.json")]
     written = json.loads(target.read_text())
     assert set(written) == {"Other GPU", "NVIDIA H200"} and written["NVIDIA H200"]["points"] == entry["points"]
 
@@ -196,18 +197,18 @@ def test_path_table_with_the_tokens_on_m_path(tmp_path):
     result = _paths_result(rows, wgmma_tokens=built)
     validate_rows("fused_decode_paths", result.rows)
     points = paths.path_table(result)["NVIDIA H200"]["points"]
-    assert points == [[16, 131072, 32, "wgmma_tokens", 320.0, 314.0, 224.0],
-                      [32, 4096, 1, "wgmma", 17.0, 15.0, None],
-                      [128, 32768, 32, "wgmma", 751.0, 223.0, 400.0]]
+    assert points == [[16, 131072, 32, "wgmma_tokens"], [32, 4096, 1, "wgmma"], [128, 32768, 32, "wgmma"]]
+    assert paths.measured_table(result)["NVIDIA H200"]["points"] == [
+        [16, 131072, 32, 320.0, 314.0, 224.0], [32, 4096, 1, 17.0, 15.0, None], [128, 32768, 32, 751.0, 223.0, 400.0]]
     target = tmp_path / "paths.json"
-    assert dispatch._read_table(target) == {}  # read (no file yet) and cached, as a choice before the recording does
+    assert path_table.read_table(target) == {}  # read (no file yet) and cached, as a choice before the recording does
     paths.write_path_table(result, target)
     table = json.loads(target.read_text())
     # record runs the experiments after this one in the same process: they read the table just written
-    assert dispatch._read_table(target) == table
-    for h, c, b, want, *_ in points:
-        assert dispatch.decide_path(h, b, c, gpu="NVIDIA H200", capability=(9, 0), refusal=None,
-                                    table=table)[0] == want
+    assert path_table.read_table(target) == table
+    for h, c, b, want in points:
+        assert path_table.decide_path(h, b, c, gpu="NVIDIA H200", capability=(9, 0), refusal=None,
+                                      table=table)[0] == want
 
 
 @pytest.mark.parametrize("name", ["fused_decode_paths", "fused_decode_bench", "fused_decode_profile"])

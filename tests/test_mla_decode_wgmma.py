@@ -46,9 +46,10 @@ int main() {
 def test_ptxas_compiles_it_for_sm90a_without_spills_or_stack():
     if NVCC is None:
         pytest.skip("no nvcc on this machine")
-    rep = wgmma.nvcc_compile_check_wgmma()
-    assert rep.ok, rep.log[-2000:]
-    assert rep.registers <= 255 and rep.spill_bytes == 0 and rep.stack_bytes == 0, rep.log[-2000:]
+    for multi in (False, True):  # the decode instantiation (q_len 1) and the multi-token one
+        rep = wgmma.nvcc_compile_check_wgmma(multi=multi)
+        assert rep.ok, rep.log[-2000:]
+        assert rep.registers <= 255 and rep.spill_bytes == 0 and rep.stack_bytes == 0, (multi, rep.log[-2000:])
     assert "serialized" not in rep.log, "ptxas serialized the wgmma instructions:\n" + rep.log[-2000:]
 
 

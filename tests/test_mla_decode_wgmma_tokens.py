@@ -28,7 +28,7 @@ from kvwall.kernels.mla_decode import sanitize, wgmma, wgmma_tokens
 from kvwall.kernels.mla_decode.cases import (SANITIZED_CASES, SM_SCALE, WGMMA_SANITIZED_CASES, check_case,
                                              validation_cases)
 from kvwall.kernels.mla_decode.plan import TO_THE_END
-from kvwall.kernels.mla_decode.reference import make_mla_inputs, reference64
+from kvwall.kernels.mla_decode.reference import make_mla_inputs, mla_decode_reference, reference64
 from kvwall.kernels.mla_decode.wgmma_tokens import (BLOCK_N, HEADS_PER_CTA, WgmmaTokensPlan, heads_per_cta,
                                                     mla_decode_fp8_wgmma_tokens, plan_mla_decode_wgmma_tokens)
 
@@ -58,8 +58,9 @@ def test_ptxas_compiles_both_instantiations_for_sm90a_without_spills_or_stack():
     if NVCC is None:
         pytest.skip("no nvcc on this machine")
     reports = wgmma_tokens.nvcc_compile_check_wgmma_tokens()
-    assert set(reports) == set(HEADS_PER_CTA)
-    for hn, rep in reports.items():
+    multi = wgmma_tokens.nvcc_compile_check_wgmma_tokens(multi=True)  # the multi-token (q_len > 1) instantiations
+    assert set(reports) == set(multi) == set(HEADS_PER_CTA)
+    for hn, rep in [*reports.items(), *multi.items()]:
         assert rep.ok, rep.log[-2000:]
         # 168 registers at launch (384 threads); setmaxnreg then gives the consumer 240 and each producer 128
         assert rep.registers is not None and rep.registers <= 168, (hn, rep.log[-2000:])
@@ -161,6 +162,37 @@ def test_a_sharp_softmax_keeps_the_heads_on_m_paths_error(gpu, heads):
     err = float((mla_decode_fp8_wgmma_tokens(*args).double() - want).norm() / want.norm())
     ref = float((wgmma.mla_decode_fp8_wgmma(*args).double() - want).norm() / want.norm())
     assert err <= 1.01 * ref and err < 3e-3, (err, ref)
+
+
+@on_hopper
+@pytest.mark.parametrize("path,heads,q_len", [("wgmma_tokens", 16, 2), ("wgmma_tokens", 8, 4), ("wgmma", 16, 4),
+                                             ("wgmma", 128, 2)])
+def test_a_multi_token_query_sees_its_causal_prefix_on_hopper(gpu, path, heads, q_len):
+    """The fold on the kernels: token j of a request equals the float64 decode of its first length - (q_len - 1 - j)
+    tokens; a token that sees none gives zeros and -inf, no NaN (one chunk and several)."""
+    call, plan_fn = {"wgmma": (wgmma.mla_decode_fp8_wgmma, wgmma.plan_mla_decode_wgmma),
+                     "wgmma_tokens": (mla_decode_fp8_wgmma_tokens, plan_mla_decode_wgmma_tokens)}[path]
+    gen = torch.Generator(device=gpu).manual_seed(q_len)
+    pool = (torch.randn(50_000, 576, generator=gen, device=gpu) * 0.7).to(torch.float8_e4m3fn)
+    lens = [q_len - 2, 9, 20_000, q_len, 64 + q_len - 1]
+    ptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=gpu)
+    idx = torch.randint(0, 50_000, (sum(lens),), generator=gen, dtype=torch.int32, device=gpu)
+    q = (torch.randn(len(lens), q_len * heads, 576, generator=gen, device=gpu) * 0.5).to(torch.bfloat16)
+    plan = plan_fn(ptr, heads=heads, q_len=q_len)
+    got, lse = call(q[..., :512], q[..., 512:], pool[:, :512], pool[:, 512:], ptr, idx, SM_SCALE, plan=plan,
+                    q_len=q_len, return_lse=True)
+    assert not torch.isnan(got).any() and not torch.isnan(lse).any()
+    for b, n in enumerate(lens):
+        for j in range(q_len):
+            rows, seen = slice(j * heads, (j + 1) * heads), n - (q_len - 1 - j)
+            if seen <= 0:
+                assert (got[b, rows] == 0).all() and (lse[b, rows] == -float("inf")).all(), (b, j)
+                continue
+            want = mla_decode_reference(q[b:b + 1, rows, :512], q[b:b + 1, rows, 512:], pool[:, :512], pool[:, 512:],
+                                        torch.tensor([0, seen], device=gpu), idx[ptr[b]:ptr[b] + seen].long(),
+                                        SM_SCALE, compute_dtype=torch.float64)
+            err = float((got[b:b + 1, rows].double() - want).norm() / want.norm())
+            assert err < 3e-3, (b, j, err)
 
 
 @on_hopper

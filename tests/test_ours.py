@@ -11,9 +11,11 @@ import warnings
 import pytest
 import torch
 
+from conftest import on_hopper
 from kvwall.kernels import DecodePlan, mla_decode, plan_mla_decode
 from kvwall.kernels.mla_decode import dispatch
-from kvwall.kernels.mla_decode.reference import make_mla_inputs, mla_decode_reference
+from kvwall.kernels.mla_decode.reference import make_mla_inputs
+from kvwall.kernels.mla_decode.verify_reference import mla_verify_reference
 
 SM = 1 / 576 ** 0.5
 FP8 = torch.float8_e4m3fn
@@ -32,8 +34,8 @@ def _reference64(inp, qn, qp, q_len: int, scale: float = 1.0) -> tuple[torch.Ten
     ptr, idx, _ = inp.token_batch(keep)
     ckv = inp.tok_ckv.to(torch.float64) * scale
     kpe = inp.tok_kpe.to(torch.float64) * scale
-    return mla_decode_reference(qn.double(), qp.double(), ckv, kpe, ptr, idx, SM, compute_dtype=torch.float64,
-                                return_lse=True, q_len=q_len)
+    return mla_verify_reference(qn.double(), qp.double(), ckv, kpe, ptr, idx, SM, q_len=q_len,
+                                compute_dtype=torch.float64, return_lse=True)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -195,3 +197,60 @@ def test_an_unbuildable_hopper_path_falls_back_to_triton_with_one_warning(monkey
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert dispatch._usable("wgmma_tokens", "tokens-on-M wgmma: measured", cuda)[0] == "triton"
+
+
+# ----------------------------------------------------------------------------------------------
+# On an H100 / H200: every path, q_len 1..8, against float64; a graph plan captured once and replayed
+# ----------------------------------------------------------------------------------------------
+
+def _gpu_inputs(lens, heads, q_len, layout, seed):
+    page = 64 if layout == "paged" else 1
+    inp = make_mla_inputs(lens, heads, seed=seed, layout=layout, page_size=page, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    qn = (torch.randn(len(lens) * q_len, heads, 512, generator=g, device="cuda") * 0.5).to(torch.bfloat16)
+    qp = (torch.randn(len(lens) * q_len, heads, 64, generator=g, device="cuda") * 0.5).to(torch.bfloat16)
+    return inp, qn, qp, page
+
+
+@on_hopper
+@pytest.mark.parametrize("layout", ["pool_view", "paged"])
+@pytest.mark.parametrize("q_len", [1, 2, 4, 8])
+@pytest.mark.parametrize("heads", [16, 32, 128])
+@pytest.mark.parametrize("path", ["triton", "wgmma", "wgmma_tokens"])
+def test_every_path_matches_float64_at_every_q_len_on_the_gpu(path, heads, q_len, layout):
+    lens = [4097, q_len, 300, 1500 + q_len]
+    inp, qn, qp, page = _gpu_inputs(lens, heads, q_len, layout, seed=heads + q_len)
+    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=heads, sm_scale=SM, kv_len=inp.kv_len, q_len=q_len,
+                           page_size=page, path=path, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache)
+    assert plan.path == path
+    out, lse = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, return_lse=True)
+    want, want_lse = _reference64(inp, qn, qp, q_len)
+    assert _rel(out, want) < 4e-3, (path, heads, q_len, layout)
+    assert float((lse.double() - want_lse).abs().max()) < 2e-3
+
+
+@on_hopper
+@pytest.mark.parametrize("path", ["triton", "wgmma", "wgmma_tokens"])
+def test_a_graph_plan_captured_once_replays_new_lengths_on_the_gpu(path):
+    """Captured with the graph's batch at its context limit; refilled with other lengths and replayed, the output
+    agrees with float64 and with an eager plan's (whose work list may merge differently: BF16 rounding apart)."""
+    lens = [3000, 700, 64]
+    inp, qn, qp, _ = _gpu_inputs(lens, 16, 2, "pool_view", seed=21)
+    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM, q_len=2, path=path,
+                           graph_max_len=4096, lengths=[4096] * 3, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache)
+    out = torch.empty(6, 16, 512, dtype=torch.bfloat16, device="cuda")
+    plan.refill(lens)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, out=out)
+    eager_plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM, q_len=2, path=path)
+    graph.replay()
+    want, _ = _reference64(inp, qn, qp, 2)
+    assert _rel(out, want) < 4e-3
+    eager = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, eager_plan)
+    assert _rel(out, eager.double()) < 4e-3

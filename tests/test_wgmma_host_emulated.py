@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import _interpreter_gap
 
-from kvwall.kernels.mla_decode import dispatch, sanitize
+from kvwall.kernels.mla_decode import dispatch, hopper, sanitize
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.cases import WGMMA_SANITIZED_CASES, DecodeCase, check_case
@@ -58,7 +58,7 @@ class EmulatedKernels:
     def kvwall_mla_error_string(code):
         return b"emulated error"
 
-    def _run(self, p: wgmma_path.Params, path: str, hn: int, head_blocks: int, items: int) -> int:
+    def _run(self, p: hopper.Params, path: str, hn: int, head_blocks: int, items: int) -> int:
         s, self.pending = self.pending, None
         assert s is not None, "a launch without the Params the host built"
         self.launches.append(dict(path=path, hn=hn, head_blocks=head_blocks, items=items, heads=p.H))
@@ -76,7 +76,7 @@ class EmulatedKernels:
                                                               kpe.stride(0))
         assert p.num_units == ckv.shape[0] // p.page and bool(p.write_lse) == (lse is not None)
         idx, ptr, kvlen = s["kv_indices"], s["kv_indptr"], s["kv_len"]
-        assert p.indices == idx.data_ptr() and p.indptr == ptr.data_ptr()
+        assert (p.indices == idx.data_ptr() or not idx.numel()) and p.indptr == ptr.data_ptr()
         assert (p.indices64, p.indptr64) == (idx.dtype == torch.int64, ptr.dtype == torch.int64)
         assert kvlen is None or (p.kvlen, p.kvlen64) == (kvlen.data_ptr(), kvlen.dtype == torch.int64)
         for t in (q_nope, q_pe) if p.q_vec else ():  # 16-byte query loads only where rows are 16-byte aligned
@@ -85,6 +85,7 @@ class EmulatedKernels:
         cs, ks = (float(c_t), float(k_t)) if p.scale_from_ptr else (p.ckv_scale_val, p.kpe_scale_val)
         work, ptr, idx = plan.work.tolist(), ptr.tolist(), idx.tolist()
         kvlen = kvlen.tolist() if kvlen is not None else None
+        assert p.q_len * p.heads_per_token == p.H and p.q_len == plan.q_len
         qn, qp = q_nope.double(), q_pe.double()
         for b, item_lo, item_hi, prow in work[:items]:  # item_bounds() of mla_decode_common.cuh
             start = _clamp(ptr[b], 0, p.num_indices)
@@ -96,15 +97,18 @@ class EmulatedKernels:
             bad = any(u < 0 or u >= p.num_units for u in units)
             slots = torch.tensor([(u if 0 <= u < p.num_units else 0) * p.page + t % p.page
                                   for u, t in zip(units, range(lo, hi))], dtype=torch.long)
+            o = torch.zeros(p.H, ckv.shape[1], dtype=torch.float64)
+            lse2 = torch.full((p.H,), -math.inf, dtype=torch.float64)
             if slots.numel():
                 k, r = ckv[slots].double(), kpe[slots].double()
                 scores = (qn[b] @ k.T * cs + qp[b] @ r.T * ks) * p.qk_scale  # base 2
-                m = scores.max(-1).values
-                w = torch.exp2(scores - m[:, None])
-                o, lse2 = (w @ k) * cs / w.sum(-1)[:, None], m + torch.log2(w.sum(-1))
-            else:
-                o = torch.zeros(p.H, ckv.shape[1], dtype=torch.float64)
-                lse2 = torch.full((p.H,), -math.inf, dtype=torch.float64)
+                # row h (token j = h // heads_per_token) sees positions < length - (q_len - 1 - j)
+                limit = length - (p.q_len - 1 - torch.arange(p.H) // p.heads_per_token)
+                scores[torch.arange(lo, hi)[None, :] >= limit[:, None]] = -math.inf
+                seen = scores.max(-1).values > -math.inf  # a row with no token: zeros and -inf
+                m = scores[seen].max(-1).values
+                w = torch.exp2(scores[seen] - m[:, None])
+                o[seen], lse2[seen] = (w @ k) * cs / w.sum(-1)[:, None], m + torch.log2(w.sum(-1))
             if bad:
                 o, lse2 = torch.full_like(o, math.nan), torch.full_like(lse2, math.nan)
             if prow < 0:
@@ -118,20 +122,23 @@ class EmulatedKernels:
 
 @pytest.fixture
 def kernels(monkeypatch) -> EmulatedKernels:
-    """Both wgmma paths' host code on CPU tensors, their launches emulated (as on an H100 / H200 otherwise)."""
+    """Both wgmma paths' host code on CPU tensors, their launches emulated (as on an H100 / H200 otherwise): the
+    fake library stands for both kinds', and each :func:`~kvwall.kernels.mla_decode.hopper.launch_planned` call
+    hands it the tensors the ``Params`` were filled from."""
     lib = EmulatedKernels()
-    monkeypatch.setattr(wgmma_path, "wgmma_refusal", lambda device: None)
-    monkeypatch.setattr(tokens_path, "load_mla_decode_wgmma_tokens", lambda: lib)
-    monkeypatch.setattr(wgmma_path, "load_mla_decode_wgmma", lambda trace=False: lib)
-    built = wgmma_path._params
+    for module in (hopper, wgmma_path):  # the checks' and the dispatcher's / sanitizer's
+        monkeypatch.setattr(module, "wgmma_refusal", lambda device: None)
+    monkeypatch.setattr(hopper, "load_library", lambda kind, trace=False: lib)
+    launch = hopper.launch_planned
 
-    def params(inputs, plan, q_nope, q_pe, kv_indptr, kv_indices, num_indices, kv_len, sm_scale, out, lse):
-        lib.pending = dict(inputs=inputs, plan=plan, q_nope=q_nope, q_pe=q_pe, kv_indptr=kv_indptr,
-                           kv_indices=kv_indices, kv_len=kv_len, out=out, lse=lse)
-        return built(inputs, plan, q_nope, q_pe, kv_indptr, kv_indices, num_indices, kv_len, sm_scale, out, lse)
+    def launch_planned(kind, plan, q_nope, q_pe, ckv_rows, kpe_rows, kv_indptr, kv_indices, kv_len, scales, *rest):
+        out, lse = rest[-3], rest[-2]
+        lib.pending = dict(inputs=types.SimpleNamespace(ckv=ckv_rows, kpe=kpe_rows, scales=scales), plan=plan,
+                           q_nope=q_nope, q_pe=q_pe, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len=kv_len,
+                           out=out, lse=lse)
+        return launch(kind, plan, q_nope, q_pe, ckv_rows, kpe_rows, kv_indptr, kv_indices, kv_len, scales, *rest)
 
-    monkeypatch.setattr(tokens_path, "_params", params)
-    monkeypatch.setattr(wgmma_path, "_params", params)
+    monkeypatch.setattr(hopper, "launch_planned", launch_planned)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
     return lib
 
@@ -161,6 +168,54 @@ def test_the_heads_on_m_path_host_side(kernels):
     case = DecodeCase("h128 paged", 128, (1, 0, 63, 64, 65, 200), "paged", 1.5, 0.75, "int32", None, 12, 64)
     assert check_case(_no_splits(wgmma_path.mla_decode_fp8_wgmma), case, CPU, 2000)["ok"]
     assert [(x["path"], x["hn"], x["head_blocks"]) for x in kernels.launches] == [("wgmma", 64, 2)]
+
+
+@pytest.mark.parametrize("path,heads,q_len", [("wgmma_tokens", 16, 2), ("wgmma_tokens", 3, 4), ("wgmma", 16, 4),
+                                             ("wgmma", 20, 3)])
+def test_a_multi_token_query_sees_its_causal_prefix(kernels, path, heads, q_len):
+    """The fold: ``[batch, q_len * heads, D]`` rows, a plan for them; token j of request b equals a decode of its own
+    over the first length - (q_len - 1 - j) tokens (float64), a token that sees nothing gives zeros -- across one
+    chunk or several (the plan cuts the long request; the combine merges its chunks, a chunk a row cannot see
+    weighed 0). 16 heads x 4 tokens fill one 64-row CTA of the heads-on-M kernel."""
+    from kvwall.kernels.mla_decode.reference import mla_decode_reference
+
+    call, plan_fn = {"wgmma": (wgmma_path.mla_decode_fp8_wgmma, wgmma_path.plan_mla_decode_wgmma),
+                     "wgmma_tokens": (tokens_path.mla_decode_fp8_wgmma_tokens,
+                                      tokens_path.plan_mla_decode_wgmma_tokens)}[path]
+    gen = torch.Generator().manual_seed(q_len)
+    pool = (torch.randn(3000, 576, generator=gen) * 0.7).to(torch.float8_e4m3fn)
+    lens = [q_len - 2, 9, 700, q_len]  # the first: its first token(s) see nothing
+    ptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    idx = torch.randint(0, 3000, (sum(lens),), generator=gen, dtype=torch.int32)
+    q = (torch.randn(len(lens), q_len * heads, 576, generator=gen) * 0.5).to(torch.bfloat16)
+    plan = plan_fn(ptr, heads=heads, q_len=q_len, programs=6)
+    assert plan.heads == q_len * heads and plan.q_len == q_len and plan.work_list.combine  # a request is cut
+    got, lse = call(q[..., :512], q[..., 512:], pool[:, :512], pool[:, 512:], ptr, idx, 0.1, plan=plan, q_len=q_len,
+                    return_lse=True)
+    assert kernels.launches[-1]["heads"] == q_len * heads
+    for b, n in enumerate(lens):
+        for j in range(q_len):
+            rows, seen = slice(j * heads, (j + 1) * heads), n - (q_len - 1 - j)
+            if seen <= 0:
+                assert (got[b, rows] == 0).all() and (lse[b, rows] == -math.inf).all(), (b, j)
+                continue
+            want = mla_decode_reference(q[b:b + 1, rows, :512], q[b:b + 1, rows, 512:], pool[:, :512], pool[:, 512:],
+                                        torch.tensor([0, seen]), idx[ptr[b]:ptr[b] + seen].long(), 0.1,
+                                        compute_dtype=torch.float64)
+            err = float((got[b:b + 1, rows].double() - want).norm() / want.norm())
+            assert err < 1e-2, (b, j, err)
+
+
+def test_a_plan_for_another_q_len_is_refused(kernels):
+    ptr = torch.tensor([0, 5], dtype=torch.int32)
+    q = torch.zeros(1, 32, 576, dtype=torch.bfloat16)
+    pool = torch.zeros(8, 576).to(torch.float8_e4m3fn)
+    plan = tokens_path.plan_mla_decode_wgmma_tokens(ptr, heads=16, q_len=2)
+    with pytest.raises(ValueError, match=r"^mla_decode_fp8_wgmma_tokens: the plan was made for .* q_len\) = "):
+        tokens_path.mla_decode_fp8_wgmma_tokens(q[..., :512], q[..., 512:], pool[:, :512], pool[:, 512:], ptr,
+                                                torch.arange(5, dtype=torch.int32), 0.1, plan=plan, q_len=1)
+    with pytest.raises(ValueError, match="q_len must be an int from 1 to 8"):
+        wgmma_path.plan_mla_decode_wgmma(ptr, heads=16, q_len=9)
 
 
 def test_the_sanitizer_program_checks_both_wgmma_paths(kernels, capsys):
@@ -212,29 +267,32 @@ def test_fused_decode_paths_rows_make_the_table_ours_reads(kernels, monkeypatch,
                                     table=table)[0] == want
 
 
-def test_a_graph_step_plan_of_the_tokens_path_refills_and_runs(kernels):
-    """SGLang's captured-batch plan chosen by the dispatcher (few heads: the tokens-on-M path), refilled in place for
-    new lengths, runs ours with the spare row taking the empty items."""
+def test_a_graph_plan_of_the_tokens_path_refills_and_runs(kernels):
+    """A CUDA-graph plan (ours' front door, ``graph_max_len``) chosen by the dispatcher (few heads: the tokens-on-M
+    path), refilled in place for new lengths, runs ours with the spare row taking the empty items."""
+    from kvwall.kernels import mla_decode, plan_mla_decode
     from kvwall.kernels.mla_decode.reference import mla_decode_reference
-    from kvwall.peers.sglang_patch.graph_plan import GraphStepPlan, ours_decode
 
     gen = torch.Generator().manual_seed(3)
     pool = (torch.randn(3000, 1, 576, generator=gen) * 0.7).to(torch.float8_e4m3fn)
     q = (torch.randn(4, 3, 576, generator=gen) * 0.5).to(torch.bfloat16)
-    gp = GraphStepPlan(4, heads=3, max_len=200, device=CPU)
-    assert gp.path == "wgmma_tokens" and isinstance(gp.plan, tokens_path.WgmmaTokensPlan)
+    ptr_buf = torch.zeros(5, dtype=torch.int32)
+    idx_buf = torch.zeros(800, dtype=torch.int32)
+    plan = plan_mla_decode(ptr_buf, idx_buf, heads=3, sm_scale=0.1, graph_max_len=200, lengths=[200] * 4)
+    assert plan.path == "wgmma_tokens" and isinstance(plan.work, tokens_path.WgmmaTokensPlan)
     for lens in ([5, 130, 1, 17], [200, 0, 1, 150]):
-        gp.refill(lens)
-        ptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-        idx = torch.randint(0, 3000, (sum(lens),), generator=gen, dtype=torch.int32)
-        got = ours_decode(q[..., :512], q[..., 512:], pool[:, :, :512], pool[:, :, 512:], ptr, idx, 0.1, gp.plan)
-        assert kernels.launches[-1]["items"] == gp.capacity
+        plan.refill(lens)
+        ptr_buf.copy_(torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
+        idx_buf[:sum(lens)] = torch.randint(0, 3000, (sum(lens),), generator=gen, dtype=torch.int32)
+        got = mla_decode(q[..., :512], q[..., 512:], pool[:, :, :512], pool[:, :, 512:], plan)
+        assert kernels.launches[-1]["items"] == plan.graph_capacity
         for b, n in enumerate(lens):
             if not n:
                 assert (got[b] == 0).all()
                 continue
             want = mla_decode_reference(q[b:b + 1, :, :512], q[b:b + 1, :, 512:], pool[:, 0, :512],
-                                        pool[:, 0, 512:], torch.tensor([0, n]), idx[ptr[b]:ptr[b + 1]].long(), 0.1,
+                                        pool[:, 0, 512:], torch.tensor([0, n]),
+                                        idx_buf[int(ptr_buf[b]):int(ptr_buf[b + 1])].long(), 0.1,
                                         compute_dtype=torch.float64)
             assert float((got[b:b + 1].double() - want).norm() / want.norm()) < 1e-2, (lens, b)
 
@@ -246,10 +304,10 @@ def test_the_real_library_builds_and_binds_as_on_the_gpu(monkeypatch, tmp_path):
     refused by the library before any CUDA call, and its error string reads back."""
     monkeypatch.setenv("KVWALL_BUILD_CACHE", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    lib = tokens_path.load_mla_decode_wgmma_tokens.__wrapped__()  # not cached: this one is built in tmp_path
-    assert [p.name for p in tmp_path.iterdir()] == [f"kvwall_mla_wgmma_tokens_{tokens_path.source_hash()}.so"]
+    lib = hopper.load_library.__wrapped__("wgmma_tokens")  # not cached: this one is built in tmp_path
+    assert [p.name for p in tmp_path.glob("*.so")] == [f"kvwall_mla_wgmma_tokens_{tokens_path.source_hash()}.so"]
     for hn in tokens_path.HEADS_PER_CTA:
         assert tokens_path.kernel_shape(lib, hn) == tokens_path.host_shape(hn)
-    code = lib.kvwall_mla_wgmma_tokens_split(ctypes.byref(wgmma_path.Params()), 64, 1, 1, None)
+    code = lib.kvwall_mla_wgmma_tokens_split(ctypes.byref(hopper.Params()), 64, 1, 1, None)
     assert code != 0 and lib.kvwall_mla_error_string(code).decode() == "invalid argument"
-    assert lib.kvwall_mla_wgmma_tokens_split(ctypes.byref(wgmma_path.Params()), 16, 1, 0, None) == 0  # no items
+    assert lib.kvwall_mla_wgmma_tokens_split(ctypes.byref(hopper.Params()), 16, 1, 0, None) == 0  # no items

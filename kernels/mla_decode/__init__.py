@@ -24,3 +24,27 @@ dequantized cache ``reference64``); :mod:`.cases` (the validation case table eve
 sanitizer); :mod:`.sanitize` (what ``compute-sanitizer`` runs: ``python -m kvwall.kernels.mla_decode.sanitize``).
 ``NOTES.md``: what each design was predicted to do and did, and the retired mma.sync path and kernel options.
 """
+
+import inspect
+import sys
+import types
+
+from kvwall.kernels.mla_decode.dispatch import DecodePlan, plan_mla_decode
+from kvwall.kernels.mla_decode.dispatch import mla_decode as _ours
+
+__all__ = ["plan_mla_decode", "DecodePlan"]
+
+
+class _Ours(types.ModuleType):
+    """This package, callable as ours: ``from kvwall.kernels import mla_decode`` gives the package and
+    ``mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, plan, ...)`` runs :func:`.dispatch.mla_decode`, while
+    ``import kvwall.kernels.mla_decode.wgmma`` still finds the package's modules (a function of the same name bound in
+    ``kvwall.kernels`` would hide them)."""
+
+    def __call__(self, q_nope, q_pe, ckv_cache, kpe_cache, plan, **run):
+        return _ours(q_nope, q_pe, ckv_cache, kpe_cache, plan, **run)
+
+
+sys.modules[__name__].__class__ = _Ours
+__signature__ = inspect.signature(_ours)
+

@@ -294,9 +294,9 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads:
             _plan_fail(ValueError, f"the {SAID[chosen]} path cannot run here: {refusal}.")
     indptr_host = torch.tensor([0] + [sum(cut_for[:i + 1]) for i in range(batch)], dtype=torch.int64)
     if chosen == "wgmma":
-        work = wgmma_path.plan_mla_decode_wgmma(indptr_host, heads=rows, device=device)
+        work = wgmma_path.plan_mla_decode_wgmma(indptr_host, heads=heads, device=device, q_len=q_len)
     elif chosen == "wgmma_tokens":
-        work = tokens_path.plan_mla_decode_wgmma_tokens(indptr_host, heads=rows, device=device)
+        work = tokens_path.plan_mla_decode_wgmma_tokens(indptr_host, heads=heads, device=device, q_len=q_len)
     else:
         work = plan_mla_decode_triton(indptr_host, heads=rows, kv_lora_rank=kv_lora_rank, device=device,
                                       config=config)
@@ -346,7 +346,12 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor
             or ckv.shape[0] != kpe.shape[0]:
         _fail(ValueError, f"the caches ({tuple(ckv_cache.shape)}, {tuple(kpe_cache.shape)}) do not match the plan: "
               f"page size {plan.page_size}, widths {dc} and {dr}, as many slots in both.")
-    scales = (parse_scale("ckv_scale", ckv_scale, plan.device), parse_scale("kpe_scale", kpe_scale, plan.device))
+    (c_t, c_v), (k_t, k_v) = (parse_scale("ckv_scale", ckv_scale, plan.device),
+                              parse_scale("kpe_scale", kpe_scale, plan.device))
+    if (c_t is None) != (k_t is None):  # one mode for both scales: a tensor (read in the kernel) for the number
+        c_t = c_t if c_t is not None else torch.full((1,), c_v, dtype=torch.float32, device=plan.device)
+        k_t = k_t if k_t is not None else torch.full((1,), k_v, dtype=torch.float32, device=plan.device)
+    scales = ((c_t, c_v), (k_t, k_v))
     if out is None:
         out = torch.empty(tokens, heads, dc, dtype=Q_DTYPE, device=plan.device)
     elif not isinstance(out, torch.Tensor) or out.dtype != Q_DTYPE or tuple(out.shape) != (tokens, heads, dc) \

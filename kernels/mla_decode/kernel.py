@@ -91,7 +91,7 @@ from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, 
                                     gpu_name, keep_fp8_nan, read_tuned_table, refuse_graph_capture,
                                     round_bf16_by_bits, sm_count)
 
-__all__ = ["mla_decode_fp8", "plan_mla_decode_triton", "plan_mla_decode", "launch_planned", "device_ints", "MLADecodePlan", "MLADecodeConfig", "default_config",
+__all__ = ["mla_decode_fp8", "plan_mla_decode_triton", "launch_planned", "device_ints", "MLADecodePlan", "MLADecodeConfig", "default_config",
            "default_num_splits", "programs_wanted", "blocks_per_sm", "tuned_entry", "fallback_config",
            "fallback_shapes", "FALLBACK_SHAPES", "split_constexprs", "kernel_signature", "compile_offline",
            "split_resources", "SplitResources", "is_trap_only", "cubin_resources", "TUNED_CONFIG_FILE", "LAST_COMPILED",
@@ -800,7 +800,7 @@ def default_num_splits(batch: int, heads: int, max_len: int, device: torch.devic
 class MLADecodePlan:
     """A batch's work list on the device (:mod:`kvwall.kernels.mla_decode.plan`), the launch shape it was cut for,
     and the float32 partial buffers of the requests with more than one chunk. Made once per decode step by
-    :func:`plan_mla_decode`; every layer's :func:`mla_decode_fp8` call with ``plan=`` reuses it, and such a call
+    :func:`plan_mla_decode_triton`; every layer's :func:`mla_decode_fp8` call with ``plan=`` reuses it, and such a call
     never synchronizes (CUDA-graph capturable)."""
 
     batch: int
@@ -883,10 +883,6 @@ def plan_mla_decode_triton(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None 
                          device_ints(wl.part_indptr, device),
                          torch.empty(rows, heads, kv_lora_rank, dtype=torch.float32, device=device),
                          torch.empty(rows, heads, dtype=torch.float32, device=device))
-
-
-#: The name before the front door (issue 34); removed once every caller says plan_mla_decode_triton.
-plan_mla_decode = plan_mla_decode_triton
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1092,7 +1088,7 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     an out-of-range index makes its request's output NaN, and nothing outside the buffers is read or written.
     ``config`` overrides the launch shape (:class:`MLADecodeConfig`).
 
-    ``plan`` (:func:`plan_mla_decode`, made once per step): run the plan's work list -- every request cut into
+    ``plan`` (:func:`plan_mla_decode_triton`, made once per step): run the plan's work list -- every request cut into
     chunks of about equal size, so a mixed batch is balanced -- with its partial buffers; no host synchronization
     (with ``check_range=False``, CUDA-graph capturable), and a plan made for shorter requests stays correct (a
     request's last chunk runs to its length at run time). Without a plan a checked call plans for itself; an
@@ -1132,7 +1128,7 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         if num_splits is not None:
             _fail(ValueError, "pass either plan or num_splits: a plan has its own chunks.")
         if type(plan) is not MLADecodePlan:  # a subclass is another path's plan (the wgmma path's WgmmaPlan)
-            _fail(TypeError, f"plan must come from plan_mla_decode (the Triton path), got {type(plan).__name__}.")
+            _fail(TypeError, f"plan must come from plan_mla_decode_triton (the Triton path), got {type(plan).__name__}.")
         want = (batch, heads, dc, page_size, device)
         have = (plan.batch, plan.heads, plan.kv_lora_rank, plan.page_size, plan.device)
         if have != want:

@@ -1,6 +1,7 @@
-// What the fused FP8 MLA decode's CUDA C++ split kernel (mla_decode_wgmma.cu: warpgroup MMA, sm_90a) shares with
-// its host side: the launch parameters (mirrored by kvwall.kernels.mla_decode.wgmma's ctypes structure, whose size
-// the library's kvwall_mla_params_size() checks at load), the item bounds of the plan's work list and small helpers.
+// What the fused FP8 MLA decode's CUDA C++ split kernels (mla_decode_wgmma.cu, mla_decode_wgmma_tokens.cu: warpgroup
+// MMA, sm_90a) share with their host side: the launch parameters (mirrored by kvwall.kernels.mla_decode.hopper's
+// ctypes structure, whose size the library's kvwall_mla_params_size() checks at load), the item bounds of the plan's
+// work list and small helpers. The kernels' shared device code is mla_decode_hopper.cuh.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -35,6 +36,9 @@ struct Params {
   int indptr64, indices64, kvlen64, scale_from_ptr, write_lse;
   int q_vec;    // q_nope / q_pe rows start 16-byte aligned: 16-byte query loads
   int out_vec;  // out rows start 16-byte aligned: 16-byte output stores
+  // Query tokens per request (1: decode; up to 8: MTP / EAGLE verify) and the heads of one token: the H rows of a
+  // request are its q_len tokens' heads, token j = row / heads_per_token (the front door's fold).
+  int q_len, heads_per_token;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -58,10 +62,10 @@ __device__ __forceinline__ long long clampll(long long x, long long lo, long lon
 }
 
 // The tokens one plan item covers, clamped to the buffers exactly as the Triton kernel clamps them: the request's
-// first index `start` in kv_indices and the item's token range [lo, hi).
+// first index `start` in kv_indices, the request's `length` in tokens and the item's token range [lo, hi).
 struct ItemBounds {
   int b, prow;
-  long long start, lo, hi;
+  long long start, length, lo, hi;
 };
 
 __device__ __forceinline__ ItemBounds item_bounds(const Params& p, int item) {
@@ -74,6 +78,7 @@ __device__ __forceinline__ ItemBounds item_bounds(const Params& p, int item) {
   const long long stop = clampll(load_index(p.indptr, r.b + 1, p.indptr64), r.start, p.num_indices);
   long long length = stop - r.start;
   if (p.page != 1) length = clampll(load_index(p.kvlen, r.b, p.kvlen64), 0, (stop - r.start) * (long long)p.page);
+  r.length = length;
   r.lo = clampll(item_lo, 0, length);
   r.hi = clampll(item_hi, r.lo, length);
   return r;

@@ -19,26 +19,27 @@
 // (0 -> 1: warpgroup 0 is done with buffer b), P_READY (0 -> 1: P and the factors are written), P_FREE (1 -> 0:
 // warpgroup 1 has P in registers). Each producer waits for the matching release before it arrives again, so no
 // barrier ever counts two phases' arrivals together.
-#include "mla_decode_common.cuh"
+// A multi-token query (q_len > 1, the front door's fold: H = q_len x heads rows, e.g. 16 heads x 4 draft tokens in
+// one CTA's 64 rows) masks each row at its token's causal limit; the q_len = 1 instantiation is the decode code.
+// What this kernel shares with the tokens-on-M kernel (the tile layout, the gather, the query prologue, barriers,
+// descriptors, the C plumbing) is mla_decode_hopper.cuh.
+#include "mla_decode_hopper.cuh"
 
 namespace kvwall_mla {
 namespace wg {
 
+using namespace hopper;
+
 constexpr int HEADS = 64;                    // heads per CTA: wgmma's M
-constexpr int BN = 64;                       // tokens per tile
 constexpr int NT = 256;                      // two warpgroups
-constexpr int CHUNK = 64 * 128;              // 64 rows x 64 float16 columns, 128-byte swizzled: 8 KB
-constexpr int NCHUNK = D / 64;               // 9 column chunks per row (8 nope + 1 rope)
-constexpr int TILE = NCHUNK * CHUNK;         // 73,728 B: a [64 x 576] float16 tile
 constexpr int Q_OFF = 0;                     // the query block
 constexpr int K_OFF = TILE;                  // two converted KV tiles
 constexpr int P_OFF = 3 * TILE;              // P [64 heads x 64 tokens]
 constexpr int F_OFF = P_OFF + CHUNK;         // per head: rescale factor, row sum, nope and rope score scales
 constexpr int SMEM = F_OFF + 4 * 64 * 4;     // 230,400 B (H100 / H200 allow 232,448 per block)
-constexpr float RESCALE = 8.f;               // lazy rescaling threshold (log2 units): P stays below 256
-constexpr int ROWS = 2;                      // token rows each producer thread gathers per tile (lr, lr + 32)
-constexpr int PIECES = D / 64;               // 16-byte pieces per row per thread (a quad of lanes per row)
-enum Barrier { K_READY0 = 1, K_READY1 = 2, K_FREE0 = 3, K_FREE1 = 4, P_READY = 5, P_FREE = 6 };
+// With the tile barriers (K_READY0/1, K_FREE0/1): P_READY (0 -> 1: P and the factors are written), P_FREE (1 -> 0:
+// warpgroup 1 has P in registers).
+enum PBarrier { P_READY = 5, P_FREE = 6 };
 
 // ---- KVWALL_TRACE (a diagnostic build, never the shipped one): lane 0 of each warpgroup's first warp reads clock64()
 // at every phase boundary and sums the cycles per phase in shared memory; at the end each CTA adds its sums to
@@ -69,40 +70,6 @@ __device__ unsigned long long g_trace[2][16];
 #define TRACE(k)
 #define TRACE_END
 #endif
-
-// Byte offset of 16-byte granule `gran` (8 float16 columns) of row `row` in a 128-byte-swizzled chunk.
-__device__ __forceinline__ uint32_t swz(int row, int gran) { return row * 128 + ((gran ^ (row & 7)) << 4); }
-
-// A wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets.
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Ordinary shared-memory stores that wgmma (the async proxy) reads next: each writing thread fences, then a barrier.
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Named barriers over both warpgroups: `sync` waits for all 256 arrivals, `arrive` counts this thread and goes on.
-__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-// Keeps the compiler from moving reads or writes of accumulators across a wgmma issue or wait.
-template <int N>
-__device__ __forceinline__ void pin(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void pin(uint32_t (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-
-__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 
 // D[64 x N] (+)= A[64 x 16] B[16 x N], float16 in, float32 accumulators in the m64nN register layout (warp w of the
 // warpgroup: rows 16 w + lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) in d[4 j .. 4 j + 3]). B from shared memory
@@ -156,6 +123,8 @@ __device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
 }
 
+// MULTI: a multi-token query (q_len > 1): rows masked at their token's causal limit, rows with no token guarded.
+template <bool MULTI>
 __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   TRACE_DECL
@@ -174,145 +143,23 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
   const int wgi = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int h0 = blockIdx.x * HEADS;
   const ItemBounds ib = item_bounds(p, blockIdx.y);
-  const long long start = ib.start, lo = ib.lo, hi = ib.hi;
-  const float ckv_scale = p.scale_from_ptr ? __ldg(p.ckv_scale_ptr) : p.ckv_scale_val;
-  const float kpe_scale = p.scale_from_ptr ? __ldg(p.kpe_scale_ptr) : p.kpe_scale_val;
-  const int ntiles = (int)((hi - lo + BN - 1) / BN);
-  // Pages of a power-of-two size (the usual 1 and 64) are split by shifts, others by division.
-  const int page_shift = (p.page & (p.page - 1)) == 0 ? __ffs(p.page) - 1 : -1;
+  const long long lo = ib.lo, hi = ib.hi;
+  const float2 scales = kv_scales(p);
+  const float ckv_scale = scales.x;
 
-  // ---- Warpgroup 1's gather (defined here so that the first tile's index and rows are requested before the
+  // ---- Warpgroup 1's gather (constructed here so that the first tile's index and rows are requested before the
   // query prologue, under its loads: they depend only on the item's bounds).
-  int bad = 0;
-  // Thread (row lr, quad lane lq) holds pieces lq + 4k (k < 9) of token rows lr and lr + 32: k < 8 from ckv
-  // (latent columns 64k + 16 lq ..), k = 8 from kpe (rope columns 16 lq ..); piece k lands in column chunk k,
-  // granules 2 lq and 2 lq + 1. Rows past the chunk are zeros (their P is 0, and 0 x garbage may be NaN).
-  const int t = tid - 128, lr = t >> 2, lq = t & 3;
-  uint4 raw[ROWS][PIECES];
-  // Page-table entries of the next tile to load, kept as the loaded words (low, high) until they are used: a
-  // conversion right after the load (to 64 bits) would wait for it there. Loaded by volatile asm, so the loads
-  // stay where they are written, a tile ahead of their use.
-  int entry_lo[ROWS], entry_hi[ROWS];
-  auto fetch_index = [&](int tile) {
-#pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
-      entry_lo[rr] = entry_hi[rr] = 0;
-      if (tile < ntiles && tok < hi) {
-        const int tt = (int)tok;  // token positions are below 2^31
-        const long long i = start + (page_shift >= 0 ? tt >> page_shift : tt / p.page);
-        if (p.indices64)
-          asm volatile("ld.global.nc.v2.s32 {%0, %1}, [%2];\n"
-                       : "=r"(entry_lo[rr]), "=r"(entry_hi[rr]) : "l"(static_cast<const long long*>(p.indices) + i));
-        else
-          asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(entry_lo[rr]) : "l"(static_cast<const int*>(p.indices) + i));
-      }
-    }
-  };
-  auto load_tile = [&](int tile) {  // after fetch_index(tile)
-#pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
-      const bool live = tile < ntiles && tok < hi;
-      long long e = p.indices64 ? (long long)(((unsigned long long)(unsigned)entry_hi[rr] << 32) | (unsigned)entry_lo[rr])
-                                : (long long)entry_lo[rr];
-      if (live && (e < 0 || e >= p.num_units)) {
-        bad = 1;
-        e = 0;
-      }
-      const int in_page = page_shift >= 0 ? (int)tok & (p.page - 1) : (int)tok % p.page;
-      const long long slot = e * p.page + in_page;
-      const uint4* src_c = reinterpret_cast<const uint4*>(p.ckv + slot * p.stride_ckv) + lq;
-      const uint4* src_k = reinterpret_cast<const uint4*>(p.kpe + slot * p.stride_kpe) + lq;
-#pragma unroll
-      for (int k = 0; k < PIECES; ++k)
-        raw[rr][k] = live ? __ldg(k < 8 ? src_c + 4 * k : src_k) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  auto convert_tile = [&](int buf) {
-    uint8_t* dst = smem + K_OFF + buf * TILE;
-#pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const int row = lr + 32 * rr;
-#pragma unroll
-      for (int k = 0; k < PIECES; ++k) {
-        uint32_t f[8];
-        e4m3x4_to_f16x2x2(raw[rr][k].x, f[0], f[1]);
-        e4m3x4_to_f16x2x2(raw[rr][k].y, f[2], f[3]);
-        e4m3x4_to_f16x2x2(raw[rr][k].z, f[4], f[5]);
-        e4m3x4_to_f16x2x2(raw[rr][k].w, f[6], f[7]);
-        uint8_t* chunk = dst + k * CHUNK;
-        *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq)) = make_uint4(f[0], f[1], f[2], f[3]);
-        *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq + 1)) = make_uint4(f[4], f[5], f[6], f[7]);
-      }
-    }
-    fence_async_smem();
-    bar_arrive(buf ? K_READY1 : K_READY0);
-  };
-
+  TileGather gather(p, ib, tid - 128);
+  const int ntiles = gather.ntiles;
   if (wgi == 1) {
-    fetch_index(0);
-    load_tile(0);
-    fetch_index(1);
+    gather.fetch_index(0);
+    gather.load_tile(0);
+    gather.fetch_index(1);
   }
 
-  // ---- Queries -> float16, each head scaled by 2^e (largest |q| in [2^12, 2^15)), into the swizzled Q block:
-  // head r = tid / 4, 8-column groups part + 4k (k < 18). All 256 threads.
-  {
-    const int r = tid >> 2, part = tid & 3, h = h0 + r;
-    const __nv_bfloat16* qn = p.qn + (long long)ib.b * p.stride_qn_b + (long long)h * p.stride_qn_h;
-    const __nv_bfloat16* qp = p.qp + (long long)ib.b * p.stride_qp_b + (long long)h * p.stride_qp_h;
-    constexpr int PER = D / 8 / 4;  // 18 groups of 8 columns per thread
-    uint4 qw[PER];
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const int i0 = (part + 4 * k) * 8;
-      if (h >= p.H) {
-        qw[k] = make_uint4(0, 0, 0, 0);
-      } else if (p.q_vec) {
-        qw[k] = __ldg(reinterpret_cast<const uint4*>(i0 < DC ? qn + i0 : qp + (i0 - DC)));
-      } else {
-        uint32_t w[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const __nv_bfloat16* s = i0 < DC ? qn + i0 + 2 * e : qp + (i0 - DC) + 2 * e;
-          w[e] = (uint32_t)__bfloat16_as_ushort(s[0]) | ((uint32_t)__bfloat16_as_ushort(s[1]) << 16);
-        }
-        qw[k] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    }
-    float amax = 0.f;
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const uint32_t ws[4] = {qw[k].x, qw[k].y, qw[k].z, qw[k].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[e]));
-        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-      }
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const int e2 = query_exponent(amax);
-    const float qmul = ldexpf(1.f, e2);
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const int grp = part + 4 * k;  // columns 8 grp .. 8 grp + 7: chunk grp / 8, granule grp % 8
-      const uint32_t ws[4] = {qw[k].x, qw[k].y, qw[k].z, qw[k].w};
-      uint32_t hw[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[e]));
-        hw[e] = half2_bits(f.x * qmul, f.y * qmul);
-      }
-      *reinterpret_cast<uint4*>(smem + Q_OFF + (grp >> 3) * CHUNK + swz(r, grp & 7)) =
-          make_uint4(hw[0], hw[1], hw[2], hw[3]);
-    }
-    if (part == 0) {
-      row_c[r] = (ckv_scale * p.qk_scale) * ldexpf(1.f, -e2);
-      row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -e2);
-    }
-  }
+  // ---- Queries -> float16 into the swizzled Q block: head r = tid / 4, 8-column groups part + 4k (k < 18). All
+  // 256 threads.
+  query_prologue<4>(p, ib.b, h0 + (tid >> 2), tid >> 2, tid & 3, smem + Q_OFF, CHUNK, scales, row_c, row_k);
   fence_async_smem();
   __syncthreads();
   TRACE(8)
@@ -326,19 +173,19 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
 
   if (wgi == 1) {
     // ================= warpgroup 1: gather and convert the tiles; O[:, 256:512] += P V =================
-    if (ntiles > 0) convert_tile(0);
+    if (ntiles > 0) gather.convert_tile(smem + K_OFF, 0);
     if (ntiles > 1) {
-      load_tile(1);
-      fetch_index(2);
-      convert_tile(1);
+      gather.load_tile(1);
+      gather.fetch_index(2);
+      gather.convert_tile(smem + K_OFF, 1);
     }
     if (ntiles > 2) {
-      load_tile(2);
-      fetch_index(3);
+      gather.load_tile(2);
+      gather.fetch_index(3);
     }
     TRACE(10)
     for (int it = 0; it < ntiles; ++it) {
-      bar_sync(P_READY);  // P of tile it and its rescale factors are in shared memory
+      bar_sync<NT>(P_READY);  // P of tile it and its rescale factors are in shared memory
       TRACE(0)
       const float a0 = s_alpha[r0], a1 = s_alpha[r0 + 8];
       if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
@@ -373,13 +220,13 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
       pin(o);
       TRACE(1)
       if (it + 2 < ntiles) {
-        bar_sync((it & 1) ? K_FREE1 : K_FREE0);  // warpgroup 0 is done with buffer it % 2
+        bar_sync<NT>((it & 1) ? K_FREE1 : K_FREE0);  // warpgroup 0 is done with buffer it % 2
         TRACE(2)
-        convert_tile(it & 1);                    // tile it + 2
+        gather.convert_tile(smem + K_OFF, it & 1);       // tile it + 2
         TRACE(3)
         if (it + 3 < ntiles) {
-          load_tile(it + 3);
-          fetch_index(it + 4);
+          gather.load_tile(it + 3);
+          gather.fetch_index(it + 4);
         }
         TRACE(4)
       }
@@ -388,9 +235,14 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
     // ================= warpgroup 0: scores, softmax, O[:, 0:256] += P V =================
     const uint64_t qa0 = gmma_desc(base + Q_OFF, 16, 1024);
     const float rc0 = row_c[r0], rc1 = row_c[r0 + 8], rk0 = row_k[r0], rk1 = row_k[r0 + 8];
+    int row_seen[2];  // MULTI: the tokens of the chunk rows r0 and r0 + 8 may see (their token's causal limit)
+    if constexpr (MULTI) {
+#pragma unroll
+      for (int row = 0; row < 2; ++row) row_seen[row] = row_tokens(p, ib, h0 + r0 + 8 * row);
+    }
     for (int it = 0; it < ntiles; ++it) {
       const uint32_t kbuf = base + K_OFF + (it & 1) * TILE;
-      bar_sync((it & 1) ? K_READY1 : K_READY0);
+      bar_sync<NT>((it & 1) ? K_READY1 : K_READY0);
       TRACE(0)
       float sn[32], sr[32];
       const uint64_t kb0 = gmma_desc(kbuf, 16, 1024);
@@ -414,8 +266,14 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
       pin(sr);
       TRACE(1)
 
-      // Logits (base 2), masked past the chunk; row maxima over the quad (a quad holds whole rows).
+      // Logits (base 2), masked past the chunk (and, MULTI, past each row's causal limit); row maxima over the quad
+      // (a quad holds whole rows).
       const int live = (int)min((long long)BN, hi - (lo + (long long)it * BN));
+      int live_row[2] = {live, live};
+      if constexpr (MULTI) {
+#pragma unroll
+        for (int row = 0; row < 2; ++row) live_row[row] = min(live, row_seen[row] - it * BN);
+      }
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -423,12 +281,12 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
         for (int e = 0; e < 4; ++e) {
           const int row = e >> 1;
           float x = row ? sn[4 * j + e] * rc1 + sr[4 * j + e] * rk1 : sn[4 * j + e] * rc0 + sr[4 * j + e] * rk0;
-          if (8 * j + 2 * c + (e & 1) >= live) x = -INFINITY;
+          if (8 * j + 2 * c + (e & 1) >= (MULTI ? live_row[row] : live)) x = -INFINITY;
           sn[4 * j + e] = x;
           mx[row] = fmaxf(mx[row], x);
         }
       }
-      float alpha[2];
+      float alpha[2], mb[2];  // mb: the rows' exp2 offsets
 #pragma unroll
       for (int row = 0; row < 2; ++row) {
         mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
@@ -436,7 +294,13 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
         // Lazy rescaling: the reference maximum moves only when the tile's maximum exceeds it by more than
         // 2^RESCALE (P <= 2^RESCALE is exact enough in float16 and in float32 sums).
         const float m = mx[row] > m_i[row] + RESCALE ? mx[row] : m_i[row];
-        alpha[row] = exp2f(m_i[row] - m);
+        if constexpr (MULTI) {  // a row with no token yet keeps m = -inf: offsets of 0 (P = 0), alpha 1
+          mb[row] = exp2_base(m);
+          alpha[row] = m == m_i[row] ? 1.f : exp2f(m_i[row] - mb[row]);
+        } else {
+          mb[row] = m;
+          alpha[row] = exp2f(m_i[row] - m);
+        }
         m_i[row] = m;
         l_i[row] *= alpha[row];
       }
@@ -445,15 +309,15 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
       uint32_t pr[4][4];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float p0 = exp2f(sn[4 * j + 0] - m_i[0]), p1 = exp2f(sn[4 * j + 1] - m_i[0]);
-        const float p2 = exp2f(sn[4 * j + 2] - m_i[1]), p3 = exp2f(sn[4 * j + 3] - m_i[1]);
+        const float p0 = exp2f(sn[4 * j + 0] - mb[0]), p1 = exp2f(sn[4 * j + 1] - mb[0]);
+        const float p2 = exp2f(sn[4 * j + 2] - mb[1]), p3 = exp2f(sn[4 * j + 3] - mb[1]);
         l_i[0] += p0 + p1;
         l_i[1] += p2 + p3;
         pr[j >> 1][(j & 1) * 2 + 0] = half2_bits(p0, p1);
         pr[j >> 1][(j & 1) * 2 + 1] = half2_bits(p2, p3);
       }
       TRACE(2)
-      if (it > 0) bar_sync(P_FREE);  // warpgroup 1's P V of the previous tile has read P
+      if (it > 0) bar_sync<NT>(P_FREE);  // warpgroup 1's P V of the previous tile has read P
       TRACE(3)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {  // tokens 8 j .. 8 j + 7 are granule j of the swizzled P rows
@@ -501,7 +365,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
   }
 
   // ---- Normalize and write; NaN for a chunk that held an out-of-range index.
-  const int any_bad = __syncthreads_or(bad);
+  const int any_bad = __syncthreads_or(gather.bad);
   float norm[2], lse2[2];
 #pragma unroll
   for (int row = 0; row < 2; ++row) {
@@ -541,8 +405,6 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
 
 extern "C" {
 
-int kvwall_mla_params_size() { return (int)sizeof(kvwall_mla::Params); }
-
 // Dynamic shared memory per CTA and heads per CTA of the warpgroup kernel.
 int kvwall_mla_wgmma_shape(int* smem, int* heads, int* block_n, int* threads) {
   *smem = kvwall_mla::wg::SMEM;
@@ -552,13 +414,11 @@ int kvwall_mla_wgmma_shape(int* smem, int* heads, int* block_n, int* threads) {
   return 0;
 }
 
+// The split kernel for `p` (its q_len picks the instantiation: 1, the decode code, or the multi-token one).
 int kvwall_mla_wgmma_split(const kvwall_mla::Params* p, int head_blocks, int items, void* stream) {
-  if (items == 0 || head_blocks == 0) return 0;
-  auto kernel = kvwall_mla::wg::mla_wgmma_split_kernel;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kvwall_mla::wg::SMEM);
-  if (err != cudaSuccess) return (int)err;
-  kernel<<<dim3(head_blocks, items), kvwall_mla::wg::NT, kvwall_mla::wg::SMEM, (cudaStream_t)stream>>>(*p);
-  return (int)cudaGetLastError();
+  using namespace kvwall_mla::wg;
+  return kvwall_mla::hopper::launch(p->q_len > 1 ? mla_wgmma_split_kernel<true> : mla_wgmma_split_kernel<false>,
+                                    head_blocks, items, NT, SMEM, stream, p);
 }
 
 #ifdef KVWALL_TRACE
@@ -572,7 +432,5 @@ int kvwall_mla_trace(unsigned long long* host, int reset) {
   return (int)err;
 }
 #endif
-
-const char* kvwall_mla_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
 
 }  // extern "C"

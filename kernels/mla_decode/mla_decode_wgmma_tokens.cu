@@ -20,22 +20,21 @@
 // The source is written for NC consumer and NP producer warpgroups; only NC = 1, NP = 2 is built (NOTES.md, generation
 // 6, says what the other shapes did). Named barriers: K_READY[b] (producer b arrives, the consumer waits: buffer b
 // holds the next tile), K_FREE[b] (the consumer arrives, producer b waits); CMAX0 and CP0 synchronize the consumer's
-// four warps (128 threads).
-#include "mla_decode_common.cuh"
+// four warps (128 threads). A multi-token query (q_len > 1, the front door's fold: H = q_len x heads rows, the CTA's
+// HN columns) masks each head column at its token's causal limit; the q_len = 1 instantiation is the decode code.
+// What this kernel shares with the heads-on-M kernel (the tile layout, the gather, the query prologue, barriers,
+// descriptors, the C plumbing) is mla_decode_hopper.cuh.
+#include "mla_decode_hopper.cuh"
 
 namespace kvwall_mla {
 namespace wt {
 
-constexpr int BN = 64;                       // tokens per tile: wgmma's M
-constexpr int CHUNK = 64 * 128;              // 64 token rows x 64 float16 columns, 128-byte swizzled: 8 KB
-constexpr int NCHUNK = D / 64;               // 9 column chunks per row (8 nope + 1 rope)
-constexpr int TILE = NCHUNK * CHUNK;         // 73,728 B: a [64 x 576] float16 tile
-constexpr int K_OFF = 0;                     // two converted KV tiles
-constexpr float RESCALE = 8.f;               // lazy rescaling threshold (log2 units): P stays below 256
-constexpr int ROWS = 2;                      // token rows each producer thread gathers per tile (lr, lr + 32)
-constexpr int PIECES = D / 64;               // 16-byte pieces per row per thread (a quad of lanes per row)
-// K_READY / K_FREE pair a producer with the consumer (256 threads); CMAX and CP are the consumer's (128 threads).
-enum Barrier { K_READY0 = 1, K_READY1 = 2, K_FREE0 = 3, K_FREE1 = 4, CMAX0 = 5, CP0 = 7 };
+using namespace hopper;
+
+constexpr int K_OFF = 0;  // two converted KV tiles
+// With the tile barriers (K_READY0/1, K_FREE0/1, a producer and the consumer): CMAX and CP, the consumer's own
+// (128 threads).
+enum ConsumerBarrier { CMAX0 = 5, CP0 = 7 };
 
 // HN heads per CTA (wgmma's N); NC consumer warpgroups, then NP producer warpgroups (built: NC = 1, NP = 2).
 template <int HN, int NC, int NP>
@@ -52,32 +51,6 @@ template <int HN> constexpr int consumers() { return 1; }
 template <int HN> constexpr int producers() { return 2; }
 static_assert(Layout<16, 1, 2>::SMEM <= 232448 && Layout<32, 1, 2>::SMEM <= 232448, "shared memory per block");
 
-
-// Byte offset of 16-byte granule `gran` (8 float16 columns) of row `row` in a 128-byte-swizzled chunk.
-__device__ __forceinline__ uint32_t swz(int row, int gran) { return row * 128 + ((gran ^ (row & 7)) << 4); }
-
-// A wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets.
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-template <int N>
-__device__ __forceinline__ void pin(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 
 // D[64 x HN] (+)= A[64 x 16] B[16 x HN], float16 in, float32 accumulators (warp w of the warpgroup: rows 16 w +
 // lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) in d[4 j .. 4 j + 3]). Both operands from shared memory by
@@ -108,7 +81,9 @@ __device__ __forceinline__ void wgmma_hn(float (&d)[HN / 2], uint64_t a, uint64_
     wgmma_n32<TRANS_A>(d, a, b, accumulate);
 }
 
-template <int HN, int NC, int NP>
+// MULTI: a multi-token query (q_len > 1): head columns masked at their token's causal limit, columns with no token
+// guarded.
+template <int HN, int NC, int NP, bool MULTI>
 __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_kernel(const Params p) {
   using L = Layout<HN, NC, NP>;
   static_assert(NC == 1 && NP == 2, "built for one consumer and two producers");
@@ -129,138 +104,24 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
   const int wgi = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform, so descriptors stay uniform
   const int h0 = blockIdx.x * HN;
   const ItemBounds ib = item_bounds(p, blockIdx.y);
-  const long long start = ib.start, lo = ib.lo, hi = ib.hi;
-  const float ckv_scale = p.scale_from_ptr ? __ldg(p.ckv_scale_ptr) : p.ckv_scale_val;
-  const float kpe_scale = p.scale_from_ptr ? __ldg(p.kpe_scale_ptr) : p.kpe_scale_val;
-  const int ntiles = (int)((hi - lo + BN - 1) / BN);
-  const int page_shift = (p.page & (p.page - 1)) == 0 ? __ffs(p.page) - 1 : -1;
+  const long long lo = ib.lo, hi = ib.hi;
+  const float2 scales = kv_scales(p);
+  const float ckv_scale = scales.x;
 
-  // ---- The producers' gather and conversion (the heads-on-M kernel's producer).
-  int bad = 0;
-  const int pw = wgi - NC, t = tid & 127, lr = t >> 2, lq = t & 3;  // producer pw's thread t
-  uint4 raw[ROWS][PIECES];
-  int entry_lo[ROWS], entry_hi[ROWS];
-  auto fetch_index = [&](int tile) {
-#pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
-      entry_lo[rr] = entry_hi[rr] = 0;
-      if (tile < ntiles && tok < hi) {
-        const int tt = (int)tok;
-        const long long i = start + (page_shift >= 0 ? tt >> page_shift : tt / p.page);
-        if (p.indices64)
-          asm volatile("ld.global.nc.v2.s32 {%0, %1}, [%2];\n"
-                       : "=r"(entry_lo[rr]), "=r"(entry_hi[rr]) : "l"(static_cast<const long long*>(p.indices) + i));
-        else
-          asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(entry_lo[rr]) : "l"(static_cast<const int*>(p.indices) + i));
-      }
-    }
-  };
-  auto load_tile = [&](int tile) {  // after fetch_index(tile)
-#pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
-      const bool live = tile < ntiles && tok < hi;
-      long long e = p.indices64 ? (long long)(((unsigned long long)(unsigned)entry_hi[rr] << 32) | (unsigned)entry_lo[rr])
-                                : (long long)entry_lo[rr];
-      if (live && (e < 0 || e >= p.num_units)) {
-        bad = 1;
-        e = 0;
-      }
-      const int in_page = page_shift >= 0 ? (int)tok & (p.page - 1) : (int)tok % p.page;
-      const long long slot = e * p.page + in_page;
-      const uint4* src_c = reinterpret_cast<const uint4*>(p.ckv + slot * p.stride_ckv) + lq;
-      const uint4* src_k = reinterpret_cast<const uint4*>(p.kpe + slot * p.stride_kpe) + lq;
-#pragma unroll
-      for (int k = 0; k < PIECES; ++k)
-        raw[rr][k] = live ? __ldg(k < 8 ? src_c + 4 * k : src_k) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  auto convert_tile = [&](int buf) {
-    uint8_t* dst = smem + K_OFF + buf * TILE;
-#pragma unroll
-    for (int rr = 0; rr < ROWS; ++rr) {
-      const int row = lr + 32 * rr;
-#pragma unroll
-      for (int k = 0; k < PIECES; ++k) {
-        uint32_t f[8];
-        e4m3x4_to_f16x2x2(raw[rr][k].x, f[0], f[1]);
-        e4m3x4_to_f16x2x2(raw[rr][k].y, f[2], f[3]);
-        e4m3x4_to_f16x2x2(raw[rr][k].z, f[4], f[5]);
-        e4m3x4_to_f16x2x2(raw[rr][k].w, f[6], f[7]);
-        uint8_t* chunk = dst + k * CHUNK;
-        *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq)) = make_uint4(f[0], f[1], f[2], f[3]);
-        *reinterpret_cast<uint4*>(chunk + swz(row, 2 * lq + 1)) = make_uint4(f[4], f[5], f[6], f[7]);
-      }
-    }
-    fence_async_smem();
-    bar_arrive(buf ? K_READY1 : K_READY0);
-  };
-
+  // ---- The producers' gather and conversion: producer pw's thread tid % 128.
+  const int pw = wgi - NC;
+  TileGather gather(p, ib, tid & 127);
+  const int ntiles = gather.ntiles;
   if (wgi >= NC) {
-    fetch_index(pw);
-    load_tile(pw);
-    fetch_index(pw + NP);
+    gather.fetch_index(pw);
+    gather.load_tile(pw);
+    gather.fetch_index(pw + NP);
   }
 
-  // ---- Queries -> float16, each head scaled by 2^e (largest |q| in [2^12, 2^15)), into the swizzled Q block
-  // [HN rows x 576]: eight threads per head (tid < 8 HN), 8-column groups part + 8 k (k < 9).
-  if (tid < 8 * HN) {
-    const int r = tid >> 3, part = tid & 7, h = h0 + r;
-    const __nv_bfloat16* qn = p.qn + (long long)ib.b * p.stride_qn_b + (long long)h * p.stride_qn_h;
-    const __nv_bfloat16* qp = p.qp + (long long)ib.b * p.stride_qp_b + (long long)h * p.stride_qp_h;
-    constexpr int PER = D / 8 / 8;  // 9 groups of 8 columns per thread
-    uint4 qw[PER];
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const int i0 = (part + 8 * k) * 8;
-      if (h >= p.H) {
-        qw[k] = make_uint4(0, 0, 0, 0);
-      } else if (p.q_vec) {
-        qw[k] = __ldg(reinterpret_cast<const uint4*>(i0 < DC ? qn + i0 : qp + (i0 - DC)));
-      } else {
-        uint32_t w[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const __nv_bfloat16* s = i0 < DC ? qn + i0 + 2 * e : qp + (i0 - DC) + 2 * e;
-          w[e] = (uint32_t)__bfloat16_as_ushort(s[0]) | ((uint32_t)__bfloat16_as_ushort(s[1]) << 16);
-        }
-        qw[k] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    }
-    float amax = 0.f;
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const uint32_t ws[4] = {qw[k].x, qw[k].y, qw[k].z, qw[k].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[e]));
-        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-      }
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-    const int e2 = query_exponent(amax);
-    const float qmul = ldexpf(1.f, e2);
-#pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const int grp = part + 8 * k;  // columns 8 grp .. 8 grp + 7: chunk grp / 8, granule grp % 8 = part
-      const uint32_t ws[4] = {qw[k].x, qw[k].y, qw[k].z, qw[k].w};
-      uint32_t hw[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[e]));
-        hw[e] = half2_bits(f.x * qmul, f.y * qmul);
-      }
-      *reinterpret_cast<uint4*>(smem + L::Q_OFF + (grp >> 3) * L::QCHUNK + swz(r, grp & 7)) =
-          make_uint4(hw[0], hw[1], hw[2], hw[3]);
-    }
-    if (part == 0) {
-      row_c[r] = (ckv_scale * p.qk_scale) * ldexpf(1.f, -e2);
-      row_k[r] = (kpe_scale * p.qk_scale) * ldexpf(1.f, -e2);
-    }
-  }
+  // ---- Queries -> float16 into the swizzled Q block [HN rows x 576]: eight threads per head (tid < 8 HN),
+  // 8-column groups part + 8 k (k < 9).
+  if (tid < 8 * HN)
+    query_prologue<8>(p, ib.b, h0 + (tid >> 3), tid >> 3, tid & 7, smem + L::Q_OFF, L::QCHUNK, scales, row_c, row_k);
   if (tid == 0) {
     *s_bad = 0;
     s_flag0[0] = s_flag0[1] = -1;
@@ -279,14 +140,14 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
     if constexpr (REBALANCE) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RP) : "memory");
     for (int tl = pw; tl < ntiles; tl += NP) {
       const int buf = tl & 1;
-      if (tl >= 2) bar_sync(buf ? K_FREE1 : K_FREE0, 256);  // the consumer is done with tile tl - 2 in buffer buf
-      convert_tile(buf);                                      // raw holds tile tl
+      if (tl >= 2) bar_sync<256>(buf ? K_FREE1 : K_FREE0);  // the consumer is done with tile tl - 2 in buffer buf
+      gather.convert_tile(smem + K_OFF, buf);                // raw holds tile tl
       if (tl + NP < ntiles) {
-        load_tile(tl + NP);
-        fetch_index(tl + 2 * NP);
+        gather.load_tile(tl + NP);
+        gather.fetch_index(tl + 2 * NP);
       }
     }
-    if (bad) atomicOr(s_bad, 1);
+    if (gather.bad) atomicOr(s_bad, 1);
 #pragma unroll
     for (int k = 0; k < NC; ++k) __syncthreads();  // the consumers' barriers: after their loops, after the merge
     return;
@@ -318,9 +179,14 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
     const uint64_t qb0 = gmma_desc(base + L::Q_OFF, 16, 1024);
     const uint64_t pb0 = gmma_desc(base + L::P_OFF + wgi * L::QCHUNK, 16, 1024);
     const int t0 = 16 * warp + g;  // this thread's token rows: t0 and t0 + 8
+    int col_seen[NCOL];  // MULTI: the tokens of the chunk each head column may see (its token's causal limit)
+    if constexpr (MULTI) {
+#pragma unroll
+      for (int ci = 0; ci < NCOL; ++ci) col_seen[ci] = row_tokens(p, ib, h0 + head_of(ci));
+    }
     for (int it = wgi; it < ntiles; it += NC) {
       const uint32_t kbuf = base + K_OFF + (it & 1) * TILE;
-      bar_sync((it & 1) ? K_READY1 : K_READY0, 256);
+      bar_sync<256>((it & 1) ? K_READY1 : K_READY0);
       float sn[NV], sr[NV];
       const uint64_t ka0 = gmma_desc(kbuf, 16, 1024);
       wg_fence();
@@ -355,7 +221,7 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
       for (int i = 0; i < NV; ++i) {
         const int ci = col_of(i), tok = t0 + ((i & 2) ? 8 : 0);
         float x = sn[i] * rc[ci] + sr[i] * rk[ci];
-        if (tok >= live) x = -INFINITY;
+        if (tok >= live || (MULTI && tok >= col_seen[ci] - it * BN)) x = -INFINITY;
         sn[i] = x;
         over |= x > m_i[ci] + RESCALE;
       }
@@ -365,13 +231,13 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           const int ci = col_of(i), tok = t0 + ((i & 2) ? 8 : 0);
-          const float pv = exp2f(sn[i] - m_i[ci]);
+          const float pv = exp2f(sn[i] - (MULTI ? exp2_base(m_i[ci]) : m_i[ci]));  // MULTI: P = 0 for no token
           sums[ci] += pv;
           *reinterpret_cast<__half*>(smem + L::P_OFF + wgi * L::QCHUNK + swz(head_of(ci), tok >> 3) + 2 * (tok & 7)) =
               __float2half_rn(pv);
         }
         fence_async_smem();
-        bar_sync(CP0 + wgi, 128);
+        bar_sync<128>(CP0 + wgi);
       };
       write_p(lt);
       if (*reinterpret_cast<volatile int*>(s_flag) == it) {
@@ -391,14 +257,15 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
 #pragma unroll
           for (int ci = 0; ci < NCOL; ++ci) s_max[warp * HN + head_of(ci)] = mx[ci];
         }
-        bar_sync(CMAX0 + wgi, 128);
+        bar_sync<128>(CMAX0 + wgi);
         float alpha[NCOL];
 #pragma unroll
         for (int ci = 0; ci < NCOL; ++ci) {
           const int h = head_of(ci);
           const float tm = fmaxf(fmaxf(s_max[h], s_max[HN + h]), fmaxf(s_max[2 * HN + h], s_max[3 * HN + h]));
           const float m = tm > m_i[ci] + RESCALE ? tm : m_i[ci];
-          alpha[ci] = exp2f(m_i[ci] - m);
+          // MULTI: a column with no token yet keeps m = -inf (alpha 1, not exp2(-inf + inf))
+          alpha[ci] = MULTI && m == m_i[ci] ? 1.f : exp2f(m_i[ci] - m);
           m_i[ci] = m;
           l_i[ci] *= alpha[ci];
           lt[ci] = 0.f;
@@ -441,7 +308,7 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
 #pragma unroll
       for (int ci = 0; ci < NCOL; ++ci) s_sum[warp * HN + head_of(ci)] = l_i[ci];
     }
-    bar_sync(CMAX0, 128);
+    bar_sync<128>(CMAX0);
     const int any_bad = *s_bad;
 #pragma unroll
     for (int ci = 0; ci < NCOL; ++ci) {
@@ -479,20 +346,18 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
 }  // namespace wt
 }  // namespace kvwall_mla
 
+// The instantiation for HN heads per CTA, decode (q_len 1) or multi-token, launched for `p`.
 template <int HN>
 static int launch_tokens(const kvwall_mla::Params* p, int head_blocks, int items, void* stream) {
-  constexpr int NC = kvwall_mla::wt::consumers<HN>(), NP = kvwall_mla::wt::producers<HN>();
-  using L = kvwall_mla::wt::Layout<HN, NC, NP>;
-  auto kernel = kvwall_mla::wt::mla_wgmma_tokens_kernel<HN, NC, NP>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::SMEM);
-  if (err != cudaSuccess) return (int)err;
-  kernel<<<dim3(head_blocks, items), L::NT, L::SMEM, (cudaStream_t)stream>>>(*p);
-  return (int)cudaGetLastError();
+  using namespace kvwall_mla::wt;
+  constexpr int NC = consumers<HN>(), NP = producers<HN>();
+  using L = Layout<HN, NC, NP>;
+  return kvwall_mla::hopper::launch(p->q_len > 1 ? mla_wgmma_tokens_kernel<HN, NC, NP, true>
+                                                 : mla_wgmma_tokens_kernel<HN, NC, NP, false>,
+                                    head_blocks, items, L::NT, L::SMEM, stream, p);
 }
 
 extern "C" {
-
-int kvwall_mla_params_size() { return (int)sizeof(kvwall_mla::Params); }
 
 // Dynamic shared memory per CTA, tokens per tile and threads of the instantiation for `heads_per_cta` (16 or 32);
 // -1 for another head count.
@@ -513,12 +378,9 @@ int kvwall_mla_wgmma_tokens_shape(int heads_per_cta, int* smem, int* block_n, in
 
 int kvwall_mla_wgmma_tokens_split(const kvwall_mla::Params* p, int heads_per_cta, int head_blocks, int items,
                                   void* stream) {
-  if (items == 0 || head_blocks == 0) return 0;
   if (heads_per_cta == 16) return launch_tokens<16>(p, head_blocks, items, stream);
   if (heads_per_cta == 32) return launch_tokens<32>(p, head_blocks, items, stream);
   return (int)cudaErrorInvalidValue;
 }
-
-const char* kvwall_mla_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
 
 }  // extern "C"

@@ -88,43 +88,27 @@ def mla_decode_reference(
     *,
     compute_dtype: torch.dtype = torch.float32,
     return_lse: bool = False,
-    q_len: int = 1,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """MLA decode over a paged (page size 1) latent cache.
 
     Shapes: ``q_nope [B, H, Dc]``, ``q_pe [B, H, Dr]``, ``ckv [slots, 1, Dc]`` (or ``[slots, Dc]``),
     ``kpe`` likewise with ``Dr``; returns ``out [B, H, Dc]`` in ``compute_dtype`` and, with
     ``return_lse``, the natural-log log-sum-exp of the scaled logits ``[B, H]``.
-
-    ``q_len > 1`` (speculative decoding's target-verify): ``q_nope`` is ``[B x q_len, H, Dc]``, a request's query
-    tokens consecutive, and token ``j`` of request ``b`` attends to the first ``n_b - (q_len - 1 - j)`` of its
-    ``n_b`` tokens (the causal mask over the draft tokens, which sit at the end of the request); ``out`` likewise.
     """
-    if isinstance(q_len, bool) or not isinstance(q_len, int) or q_len < 1:
-        raise ValueError(f"mla_decode_reference: q_len must be a positive int, got {q_len!r}.")
-    if q_len > 1:
-        if q_nope.shape[0] % q_len:
-            raise ValueError(f"mla_decode_reference: q_nope has {q_nope.shape[0]} rows, not a multiple of q_len={q_len}.")
-        rows = q_nope.shape[0] // q_len
-        _check(q_nope[:rows], q_pe[:rows], ckv, kpe, kv_indptr, kv_indices)
-    else:
-        _check(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices)
+    _check(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices)
     ckv2 = ckv.reshape(-1, ckv.shape[-1])
     kpe2 = kpe.reshape(-1, kpe.shape[-1])
-    tokens, heads, dc = q_nope.shape
-    out = torch.empty(tokens, heads, dc, dtype=compute_dtype, device=q_nope.device)
-    lse = torch.empty(tokens, heads, dtype=compute_dtype, device=q_nope.device)
+    batch, heads, dc = q_nope.shape
+    out = torch.empty(batch, heads, dc, dtype=compute_dtype, device=q_nope.device)
+    lse = torch.empty(batch, heads, dtype=compute_dtype, device=q_nope.device)
     ptr = kv_indptr.tolist()
-    for b in range(len(ptr) - 1):
+    for b in range(batch):
         idx = kv_indices[ptr[b] : ptr[b + 1]].long()
         c = ckv2.index_select(0, idx).to(compute_dtype)  # [n, Dc]
         k = kpe2.index_select(0, idx).to(compute_dtype)  # [n, Dr]
-        for j in range(q_len):
-            t = b * q_len + j
-            seen = max(idx.numel() - (q_len - 1 - j), 0)
-            logits = (q_nope[t].to(compute_dtype) @ c[:seen].T + q_pe[t].to(compute_dtype) @ k[:seen].T) * sm_scale
-            lse[t] = torch.logsumexp(logits, dim=-1)
-            out[t] = torch.softmax(logits, dim=-1) @ c[:seen] if seen else 0.0
+        logits = (q_nope[b].to(compute_dtype) @ c.T + q_pe[b].to(compute_dtype) @ k.T) * sm_scale
+        lse[b] = torch.logsumexp(logits, dim=-1)
+        out[b] = torch.softmax(logits, dim=-1) @ c
     return (out, lse) if return_lse else out
 
 

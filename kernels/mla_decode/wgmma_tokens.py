@@ -14,7 +14,10 @@ times it beside the other two paths), and, with no measured table, up to 32 head
   :func:`host_shape` (:func:`smem_bytes`, :data:`THREADS`): the same as the host plans for them, without a build
   (the library is checked against it at load).
 
-Built as the heads-on-M path is (nvcc, ``sm_90a``, a shared library cached per source version, ``ctypes``).
+Built, bound and launched as the heads-on-M path is, by :mod:`.hopper` (nvcc, ``sm_90a``, a shared library cached
+per build key, ``ctypes``). Multi-token queries: the call takes the folded ``[batch, q_len * heads, D]`` tensors and
+``q_len``; the plan is made with ``q_len=`` for ``q_len * heads`` head columns (masked per column at its token's
+causal limit).
 ``python -m kvwall.kernels.mla_decode.wgmma_tokens --profile-one HEADS TOKENS``: what the profile experiment runs
 under Nsight Compute.
 """
@@ -22,32 +25,21 @@ under Nsight Compute.
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import os
-import re
-import subprocess
-import tempfile
-import time
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
-from kvwall.kernels._common import Fail, fail, sm_count
-from kvwall.kernels.mla_decode.kernel import MLADecodeConfig, MLADecodePlan, launch_combine, plan_mla_decode
-from kvwall.kernels.mla_decode.wgmma import (ARCH, CUDA_HEADER, DC, DR, NVCC_FLAGS, NvccReport, Params,
-                                             _cache_dir, _checked_inputs, _nvcc, _params, profile_inputs,
-                                             profile_main, whole_wave_items)
+from kvwall.kernels.mla_decode import hopper
+from kvwall.kernels.mla_decode.hopper import ARCH, DC, DR, HopperPlan, Params
+from kvwall.kernels.mla_decode.kernel import MLADecodePlan
+from kvwall.kernels.mla_decode.wgmma import NvccReport, profile_main
 
 __all__ = ["mla_decode_fp8_wgmma_tokens", "plan_mla_decode_wgmma_tokens", "WgmmaTokensPlan", "heads_per_cta",
            "load_mla_decode_wgmma_tokens", "nvcc_compile_check_wgmma_tokens", "source_hash", "TOKENS_SOURCE",
            "HEADS_PER_CTA", "BLOCK_N", "THREADS", "CONSUMERS", "PRODUCERS", "SHARED_LIMIT", "smem_bytes", "host_shape",
-           "kernel_shape", "TokensNvccReport"]
+           "kernel_shape", "TokensNvccReport", "check_library"]
 
-_fail: Fail = functools.partial(fail, "mla_decode_fp8_wgmma_tokens")
-
-TOKENS_SOURCE = Path(__file__).with_name("mla_decode_wgmma_tokens.cu")
+TOKENS_SOURCE = hopper.SOURCES["wgmma_tokens"]
 #: The kernel's instantiations: heads per CTA (wgmma's N).
 HEADS_PER_CTA = (16, 32)
 BLOCK_N = 64
@@ -86,30 +78,26 @@ def heads_per_cta(heads: int) -> int:
 
 
 def source_hash() -> str:
-    return hashlib.sha256(TOKENS_SOURCE.read_bytes() + CUDA_HEADER.read_bytes()).hexdigest()[:10]
+    """The build's cache key (:func:`~kvwall.kernels.mla_decode.hopper.build_key`)."""
+    return hopper.build_key("wgmma_tokens", hopper._nvcc(), hopper._flags(False))  # pylint: disable=protected-access
 
 
 @dataclass(frozen=True)
-class WgmmaTokensPlan(MLADecodePlan):
+class WgmmaTokensPlan(HopperPlan):
     """A work list cut for the tokens-on-M kernel (:func:`plan_mla_decode_wgmma_tokens`)."""
 
 
-def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+def check_library(lib: ctypes.CDLL) -> None:
+    """Declare the split entry point and check each instantiation's shape against the host's (at load)."""
     lib.kvwall_mla_wgmma_tokens_split.restype = ctypes.c_int
     lib.kvwall_mla_wgmma_tokens_split.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                                   ctypes.c_void_p]
-    lib.kvwall_mla_error_string.restype = ctypes.c_char_p
-    lib.kvwall_mla_error_string.argtypes = [ctypes.c_int]
-    if lib.kvwall_mla_params_size() != ctypes.sizeof(Params):
-        raise RuntimeError(f"{TOKENS_SOURCE.name}'s Params is {lib.kvwall_mla_params_size()} bytes, the ctypes "
-                           f"mirror {ctypes.sizeof(Params)}: they disagree.")
     for hn in HEADS_PER_CTA:
         smem, block_n, threads = kernel_shape(lib, hn)
         if (smem, block_n, threads) != host_shape(hn) or smem > SHARED_LIMIT:
             raise RuntimeError(f"{TOKENS_SOURCE.name}'s shape for {hn} heads per CTA (shared memory {smem} B, "
                                f"{block_n} tokens a tile, {threads} threads) is not what the host plans for "
                                f"{host_shape(hn)}.")
-    return lib
 
 
 def kernel_shape(lib: ctypes.CDLL, hn: int) -> tuple[int, int, int]:
@@ -120,47 +108,21 @@ def kernel_shape(lib: ctypes.CDLL, hn: int) -> tuple[int, int, int]:
     return shape[0], shape[1], shape[2]
 
 
-@functools.cache
 def load_mla_decode_wgmma_tokens() -> ctypes.CDLL:
-    """Build (once per source version) and load the kernel."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("mla_decode_fp8_wgmma_tokens needs an H100 / H200; on this machine use mla_decode_fp8 "
-                           "(Triton) or nvcc_compile_check_wgmma_tokens() to compile-check the source.")
-    so = _cache_dir() / f"kvwall_mla_wgmma_tokens_{source_hash()}.so"
-    if not so.exists():
-        tmp = so.with_suffix(f".{os.getpid()}.tmp")
-        proc = subprocess.run([_nvcc(), *NVCC_FLAGS, f"-gencode=arch=compute_90a,code={ARCH}", "-shared",
-                               "-Xcompiler", "-fPIC", str(TOKENS_SOURCE), "-o", str(tmp)],
-                              capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"nvcc failed to build {TOKENS_SOURCE.name}:\n{proc.stdout}{proc.stderr}")
-        os.replace(tmp, so)
-    return _bind(ctypes.CDLL(str(so)))
+    """Build (once per build key) and load the kernel."""
+    return hopper.load_library("wgmma_tokens")
 
 
 def plan_mla_decode_wgmma_tokens(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
                                  page_size: int = 1, device: torch.device | None = None, programs: int | None = None,
-                                 waves: int = 1, min_chunk: int | None = None) -> WgmmaTokensPlan:
-    """The batch's work list for 64-token tiles and :func:`heads_per_cta` heads per CTA, one CTA per SM. Default:
-    items sized to fill whole waves (:func:`kvwall.kernels.mla_decode.wgmma.whole_wave_items`); ``programs``: aim
-    at that many CTAs at once instead, times ``waves``."""
-    device = torch.device(device) if device is not None else kv_indptr.device
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    hn = heads_per_cta(heads)
-    head_blocks = -(-heads // hn)
-    if programs is None:
-        if device.type != "cuda" or min_chunk is not None:
-            programs = sm_count(device) if device.type == "cuda" else 1
-        else:  # whole waves of one CTA per SM, at the lengths the step has now
-            ptr = kv_indptr.tolist()
-            paged = page_size != 1 and kv_len is not None
-            lengths = kv_len.tolist() if paged else [b - a for a, b in zip(ptr, ptr[1:])]
-            programs, waves = head_blocks * whole_wave_items(lengths, head_blocks, sm_count(device) * max(1, waves)), 1
-    cfg = MLADecodeConfig(block_h=hn, block_n=BLOCK_N, num_warps=8, num_stages=2)
-    plan = plan_mla_decode(kv_indptr, kv_len, heads=heads, kv_lora_rank=DC, page_size=page_size, device=device,
-                           config=cfg, programs=programs * max(1, waves), min_chunk=min_chunk)
-    return WgmmaTokensPlan(**{f.name: getattr(plan, f.name) for f in fields(plan)})
+                                 waves: int = 1, min_chunk: int | None = None, q_len: int = 1) -> WgmmaTokensPlan:
+    """The batch's work list for 64-token tiles and :func:`heads_per_cta` head columns per CTA (of ``q_len`` x
+    ``heads``: ``q_len`` query tokens of ``heads`` heads), one CTA per SM. Default: items sized to fill whole waves
+    (:func:`kvwall.kernels.mla_decode.hopper.whole_wave_items`); ``programs``: aim at that many CTAs at once
+    instead, times ``waves``."""
+    return hopper.plan_hopper(WgmmaTokensPlan, "plan_mla_decode_wgmma_tokens", kv_indptr, kv_len, heads=heads,
+                              heads_per_cta=heads_per_cta, warps=8, page_size=page_size, device=device,
+                              programs=programs, waves=waves, min_chunk=min_chunk, q_len=q_len)
 
 
 def mla_decode_fp8_wgmma_tokens(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
@@ -168,48 +130,16 @@ def mla_decode_fp8_wgmma_tokens(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_ca
                                 sm_scale: float, *, ckv_scale: float | torch.Tensor = 1.0,
                                 kpe_scale: float | torch.Tensor = 1.0, out: torch.Tensor | None = None,
                                 return_lse: bool = False, kv_len: torch.Tensor | None = None,
-                                check_range: bool = True, plan: MLADecodePlan | None = None):
+                                check_range: bool = True, plan: MLADecodePlan | None = None, q_len: int = 1):
     """:func:`kvwall.kernels.mla_decode_fp8`'s contract on the tokens-on-M kernel and the Triton combine (H100 / H200
     only; latent width 512, rope width 64, 16-byte aligned cache rows). A checked call plans for itself; an
     unchecked one (``check_range=False``, CUDA-graph capture) needs ``plan`` from
-    :func:`plan_mla_decode_wgmma_tokens`."""
-    try:  # the heads-on-M path's checks, every one before any launch, reported under this call's name
-        inputs = _checked_inputs(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out,
-                                 check_range, kv_len, ckv_scale, kpe_scale)
-    except (ValueError, TypeError) as exc:
-        theirs = "mla_decode_fp8_wgmma: "
-        if not str(exc).startswith(theirs):
-            raise
-        raise type(exc)(f"mla_decode_fp8_wgmma_tokens: {str(exc)[len(theirs):]}") from None
-    batch, heads, dc = q_nope.shape
-    device = q_nope.device
-    if plan is None:
-        if not check_range:
-            _fail(ValueError, "an unchecked call (check_range=False) of the tokens-on-M wgmma path needs plan= from "
-                  "plan_mla_decode_wgmma_tokens (made once per step, outside CUDA-graph capture).")
-        plan = plan_mla_decode_wgmma_tokens(kv_indptr, kv_len, heads=heads, page_size=inputs.page_size,
-                                            device=device)
-    if not isinstance(plan, WgmmaTokensPlan):
-        _fail(TypeError, f"plan must come from plan_mla_decode_wgmma_tokens, got {type(plan).__name__}.")
-    want = (batch, heads, dc, inputs.page_size, device)
-    have = (plan.batch, plan.heads, plan.kv_lora_rank, plan.page_size, plan.device)
-    if have != want:
-        _fail(ValueError, f"the plan was made for (batch, heads, kv_lora_rank, page_size, device) = {have}; this "
-              f"call has {want}.")
-    lib = load_mla_decode_wgmma_tokens()
-    num_indices = kv_indices.numel()  # with none, a one-entry tensor stands for the (never executed) index loads
-    indices = kv_indices if num_indices else torch.zeros(1, dtype=torch.int32, device=device)
-    out = out if out is not None else torch.empty(batch, heads, dc, dtype=torch.bfloat16, device=device)
-    lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if return_lse else None
-    params = _params(inputs, plan, q_nope, q_pe, kv_indptr, indices, num_indices, kv_len, sm_scale, out, lse)
-    hn = plan.config.block_h
-    code = lib.kvwall_mla_wgmma_tokens_split(ctypes.byref(params), hn, -(-heads // hn), plan.items,
-                                             torch.cuda.current_stream(device).cuda_stream)
-    if code != 0:
-        raise RuntimeError(f"mla_decode_fp8_wgmma_tokens: launch failed: "
-                           f"{lib.kvwall_mla_error_string(code).decode()} (code {code}).")
-    launch_combine(plan, out, lse)
-    return (out, lse) if return_lse else out
+    :func:`plan_mla_decode_wgmma_tokens`. ``q_len`` > 1: ``q_nope`` / ``q_pe`` (and ``out``) are folded, ``[batch,
+    q_len * heads, D]``."""
+    return hopper.run_checked("wgmma_tokens", WgmmaTokensPlan, plan_mla_decode_wgmma_tokens,
+                              (q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale),
+                              ckv_scale=ckv_scale, kpe_scale=kpe_scale, out=out, return_lse=return_lse, kv_len=kv_len,
+                              check_range=check_range, plan=plan, q_len=q_len)
 
 
 @dataclass(frozen=True)
@@ -225,53 +155,22 @@ class TokensNvccReport(NvccReport):
                 f"{self.stack_bytes} B stack, {self.spill_bytes} B spilled.")
 
 
-_ENTRY = re.compile(r"Compiling entry function '(_ZN10kvwall_mla2wt23mla_wgmma_tokens_kernelILi(\d+)E\w*)'")
-
-
-def nvcc_compile_check_wgmma_tokens(nvcc: str | None = None) -> dict[int, TokensNvccReport]:
+def nvcc_compile_check_wgmma_tokens(nvcc: str | None = None, *, multi: bool = False) -> dict[int, TokensNvccReport]:
     """Compile the source for sm_90a (no GPU needed) and read ptxas's report of each instantiation (heads per CTA
-    -> :class:`TokensNvccReport`)."""
-    nvcc = nvcc or _nvcc()
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        proc = subprocess.run([nvcc, *NVCC_FLAGS, f"-gencode=arch=compute_90a,code={ARCH}", "-Xptxas", "-v", "-c",
-                               str(TOKENS_SOURCE), "-o", str(Path(tmp) / "wt.o")],
-                              capture_output=True, text=True, timeout=600)
-        seconds = time.perf_counter() - t0
-    log = proc.stdout + proc.stderr
-    found: dict[int, dict] = {}
-    current = None
-    for line in log.splitlines():
-        m = _ENTRY.search(line)
-        if m:
-            current = int(m.group(2))
-            found[current] = {"registers": None, "spill_bytes": None, "stack_bytes": None}
-            continue
-        if current is None:
-            continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m:
-            found[current].update(stack_bytes=int(m.group(1)), spill_bytes=int(m.group(2)) + int(m.group(3)))
-        m = re.search(r"Used (\d+) registers", line)
-        if m:
-            found[current]["registers"] = int(m.group(1))
+    -> :class:`TokensNvccReport`): the decode ones (q_len 1), or with ``multi`` the multi-token ones."""
+    ok, seconds, version, log, entries = hopper.ptxas_check("wgmma_tokens", nvcc)
     none = {"registers": None, "spill_bytes": None, "stack_bytes": None}
-    return {hn: TokensNvccReport(proc.returncode == 0 and hn in found, ARCH, seconds, version, log=log,
-                                 heads_per_cta=hn, **found.get(hn, none)) for hn in HEADS_PER_CTA}
-
-
-def _profile_one(heads: int, tokens: int, page_size: int = 64, seed: int = 0) -> None:
-    """What the profile experiment runs under ncu: the wgmma path's inputs
-    (:func:`kvwall.kernels.mla_decode.wgmma.profile_inputs`), this kernel called four times (ncu skips three)."""
-    args, at = profile_inputs(heads, tokens, page_size, seed)
-    plan = plan_mla_decode_wgmma_tokens(args[4], at["kv_len"], heads=heads, page_size=at["page_size"])
-    for _ in range(4):
-        mla_decode_fp8_wgmma_tokens(*args, kv_len=at["kv_len"], check_range=False, plan=plan)
-    torch.cuda.synchronize()
+    reports = {}
+    for hn in HEADS_PER_CTA:
+        entry = (f"_ZN10kvwall_mla2wt23mla_wgmma_tokens_kernelILi{hn}ELi{CONSUMERS}ELi{PRODUCERS}ELb{int(multi)}"
+                 "EEEvNS_6ParamsE")
+        reports[hn] = TokensNvccReport(ok and entry in entries, ARCH, seconds, version, log=log, heads_per_cta=hn,
+                                       **entries.get(entry, none))
+    return reports
 
 
 if __name__ == "__main__":
     import sys
 
-    sys.exit(profile_main("kvwall.kernels.mla_decode.wgmma_tokens", _profile_one, sys.argv[1:]))
+    sys.exit(profile_main("kvwall.kernels.mla_decode.wgmma_tokens", mla_decode_fp8_wgmma_tokens,
+                          plan_mla_decode_wgmma_tokens, sys.argv[1:]))

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kvwall.kernels import mla_decode, plan_mla_decode
-from kvwall.kernels.mla_decode.reference import mla_decode_reference
+from kvwall.kernels.mla_decode.verify_reference import mla_verify_reference
 from kvwall.measure.accuracy import relative_error
 from kvwall.measure.failures import error_text
 from kvwall.measure.timing import host_us_per_call, release_memory, synchronize
@@ -50,8 +50,8 @@ def _reference(qn: torch.Tensor, qp: torch.Tensor, pool: torch.Tensor, table: to
                        for i, n in enumerate(lens)])
     ptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64, device=pool.device)
     rows = pool.view(-1, DC + DR)
-    return mla_decode_reference(qn, qp, rows[:, :DC], rows[:, DC:], ptr, slots, SM_SCALE, compute_dtype=torch.float64,
-                                q_len=q_len)
+    return mla_verify_reference(qn, qp, rows[:, :DC], rows[:, DC:], ptr, slots, SM_SCALE, q_len=q_len,
+                                compute_dtype=torch.float64)
 
 
 def _point_rows(heads: int, context: int, batch: int, q_len: int, pool8: torch.Tensor, pool16: torch.Tensor | None,

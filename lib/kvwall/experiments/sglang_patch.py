@@ -156,6 +156,59 @@ def _git_apply_checks() -> dict[str, int]:
     return out
 
 
+def _real_source(device: torch.device) -> str | None:
+    """Where the real check takes SGLang's files from (see :func:`run_sglang_patch_check`); None: nowhere (the
+    ``real_meta`` row then says why)."""
+    import os  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from kvwall.peers.sglang_source import (SGLangSourceUnavailable, cache_root,  # pylint: disable=import-outside-toplevel
+                                            sglang_source)
+
+    source = os.environ.get("KVWALL_SGLANG_SOURCE")
+    if not source:
+        try:
+            source = str(sglang_source())
+        except SGLangSourceUnavailable as e:
+            print(f"sglang_patch_check: SGLang's real modules not checked: {e}", file=sys.stderr)
+            return None
+    deps = [d for d in os.environ.get("KVWALL_SGLANG_DEPS", "").split(os.pathsep) if d]
+    cached = cache_root() / "sglang-0.5.23-import-deps"
+    if cached.is_dir():
+        deps.append(str(cached))
+    for d in deps:
+        if d not in sys.path:
+            sys.path.append(d)
+    return source
+
+
+def _real_rows(device: torch.device, real: dict[str, Any]) -> list[dict[str, Any]]:
+    """:func:`real_rows` here, or, on a CPU in a process started without ``TRITON_INTERPRET=1`` (Triton decides at
+    import whether it interprets, and SGLang's kernels need it to), in a child Python process that has it."""
+    import json  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    source = _real_source(device)
+    if torch.device(device).type != "cpu" or os.environ.get("TRITON_INTERPRET") == "1" or source is None:
+        return real_rows(device, source=source, **real)
+    code = ("import json, sys, torch\n"
+            "from kvwall.peers.sglang_patch.realrows import real_rows\n"
+            "a = json.loads(sys.argv[1])\n"
+            "sys.path.extend(a['path'])\n"
+            "rows = real_rows(torch.device('cpu'), source=a['source'], log=lambda s: print(s, file=sys.stderr), "
+            "**a['real'])\n"
+            "print('KVWALL_ROWS ' + json.dumps(rows))\n")
+    arg = json.dumps({"source": source, "real": real, "path": [p for p in sys.path if "import-deps" in p]})
+    p = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, check=False,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    line = next((x for x in p.stdout.splitlines() if x.startswith("KVWALL_ROWS ")), None)
+    if line is None:
+        raise RuntimeError(f"the real check's CPU process failed (exit {p.returncode}): {p.stderr[-2000:]}")
+    return json.loads(line[len("KVWALL_ROWS "):])
+
+
 def run_sglang_patch_check(device: torch.device, *, cases: dict[str, dict[str, Any]], pool_slots: int, layers: int,
                            seed: int = 0, geometry: MLAGeometry = GEOMETRY,
                            real: dict[str, Any] | None = None) -> Result:
@@ -163,8 +216,13 @@ def run_sglang_patch_check(device: torch.device, *, cases: dict[str, dict[str, A
     "shared_prefix": k}}``; FlashInfer runs the attention on a CUDA device, the torch reference elsewhere.
 
     ``real``: parameters of the check inside SGLang's real backend modules
-    (:func:`kvwall.peers.sglang_patch.realcheck.real_rows`), run when ``$KVWALL_SGLANG_SOURCE`` names a folder
-    holding SGLang 0.5.23's ``sglang/`` sources (the device run's copy of the wheel); its rows say so when not."""
+    (:func:`kvwall.peers.sglang_patch.realrows.real_rows`), run on SGLang 0.5.23's files from ``$KVWALL_SGLANG_SOURCE``
+    if set, else from the pinned wheel (:func:`kvwall.peers.sglang_source.sglang_source`: the cache, downloaded once
+    where PyPI is reachable, ``$KVWALL_SGLANG_SRC`` offline); its rows say why when neither is there. The packages
+    SGLang's import chain needs beyond the venv are put on ``sys.path`` last where
+    :func:`~kvwall.peers.sglang_source.sglang_import_deps` has them (or ``$KVWALL_SGLANG_DEPS`` names them). On a CPU
+    SGLang's own Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set before SGLang is
+    imported)."""
     flashinfer = device.type == "cuda"
     version = flashinfer_version() if flashinfer else None
     if flashinfer:  # FlashInfer's MLA modules JIT-built in one parallel run, before the first plan() needs one
@@ -182,7 +240,7 @@ def run_sglang_patch_check(device: torch.device, *, cases: dict[str, dict[str, A
                  "patch_sha256": {p: _sha(patch_text(p)) for p in PATCHES}, "flashinfer": version,
                  "import_blocker": BLOCKER, "tolerance": dict(TOLERANCE), "git_apply_check": _git_apply_checks()})
     if real is not None:
-        rows.extend(real_rows(device, **real))
+        rows.extend(_real_rows(device, real))
     params = {"cases": cases, "pool_slots": pool_slots, "layers": layers, "seed": seed, "real": real}
     return Result("sglang_patch_check", params, rows, collect_provenance(device, __name__))
 
@@ -195,7 +253,8 @@ EXPERIMENTS: list[Experiment] = [
                         "mixed": {"lens": [1, 517, 8191, 33, 2049]},
                         "shared_prefix": {"lens": [3001, 2500, 1200], "shared_prefix": 1024}},
               "pool_slots": 131_072, "layers": 3, "seed": 0,
-              "real": {"pool_slots": 495_000, "layers": 6, "context_len": 32_768, "graph_bs": 8, "draft_tokens": 3,
+              "real": {"pool_slots": 495_000, "layers": 6, "context_len": 32_768, "graph_bs": 8, "draft_tokens": [2, 4],
+                       "prefill_extend": [700, 1, 33, 2048, 5, 300, 64, 9],
                        "eager_lens": [4097, 1, 517, 8191, 33, 2049, 16384, 77],
                        "replays": [[1, 2, 3, 4, 5, 6, 7, 8], [17, 900, 1, 4097, 33, 2, 16384, 77],
                                    [3000, 12000, 5, 9000, 1, 1, 16000, 700], [32_000] * 4 + [16_000] * 4],
@@ -204,8 +263,9 @@ EXPERIMENTS: list[Experiment] = [
                          "mixed": {"lens": [1, 13, 40, 7]},
                          "shared_prefix": {"lens": [21, 20], "shared_prefix": 12}},
                "pool_slots": 256, "layers": 2, "seed": 0,
-               "real": {"pool_slots": 512, "layers": 2, "context_len": 64, "graph_bs": 4, "draft_tokens": 3,
+               "real": {"pool_slots": 512, "layers": 2, "context_len": 64, "graph_bs": 4, "draft_tokens": [2, 4],
                         "eager_lens": [5, 17, 1, 30], "replays": [[3, 9, 2, 20], [10, 40, 7, 50]],
+                        "prefill_extend": [3, 1, 12, 6],
                         "timing_lens": [8, 8, 8, 8], "timing_iters": 2, "seed": 0}},
         about="SGLang 0.5.23's flashinfer_mla decode path, unpatched vs the gather_cast and fused patches, run "
               "through the backend's own code (FlashInfer on the GPU): whole-pool casts, planned indices, rows read, "

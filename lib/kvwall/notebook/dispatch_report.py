@@ -2,7 +2,8 @@
 (every path it timed at every point, the fastest), how often each path is the fastest, what the dispatcher picks on
 GPUs other than the one measured, and each path's fixed cost. The paths shown are the ones the recording timed
 (:func:`timed_paths`), not a typed list; every number comes from the run (or, for other GPUs, from
-:func:`kvwall.kernels.mla_decode.dispatch.decide_path` on the shipped ``paths.json``).
+:func:`kvwall.kernels.mla_decode.path_table.decide_path` on the shipped ``paths.json``, beside the times of its
+sidecar ``paths_measured.json``: the dispatcher reads only the choices).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping
 
-from kvwall.kernels.mla_decode import dispatch
+from kvwall.experiments.fused_decode.paths import MEASURED_FILE, measured_times, read_measured
+from kvwall.kernels.mla_decode import path_table
 from kvwall.model.paths import KERNEL_NAMES
 from kvwall.notebook.fused_bench_report import FM_BF16, FM_FP8, Grid, Point, label, point_label
-from kvwall.notebook.tables import Table, number, times
+from kvwall.notebook.tables import Table, number, plain, times
 
 __all__ = ["timed_paths", "dispatcher_table", "dispatcher_text", "OTHER_GPUS", "other_gpus_table", "floor_table",
            "floor_text"]
@@ -31,7 +33,7 @@ def _path_points(paths: Grid, points: list[Point], page_size: int) -> list[tuple
     for p in points:
         us = {k: u for k in timed_paths(paths) if (u := paths.us(k, p, page_size)) is not None}
         if "triton" in us:
-            out.append((p, us, dispatch.path_point(*p, us["triton"], us.get("wgmma"), us.get("wgmma_tokens"))))
+            out.append((p, us, path_table.path_point(*p, us["triton"], us.get("wgmma"), us.get("wgmma_tokens"))))
     return out
 
 
@@ -47,8 +49,9 @@ def dispatcher_table(paths: Grid, page_size: int = 1) -> Table:
     kinds = timed_paths(paths)
     return Table(rows, {"heads, context, batch": "point", **{f"{KERNEL_NAMES[k]} µs": (k, number(1)) for k in kinds},
                         "the dispatcher picks": "pick", "next fastest / the pick": ("x", times(2))},
-                 paths.caption + f" Page size {page_size}; CUDA graphs, L2 flushed. kernels/mla_decode/paths.json is "
-                                 "derived from these rows when the run is recorded.")
+                 paths.caption + f" Page size {page_size}; CUDA graphs, L2 flushed. When the run is recorded, "
+                                 "kernels/mla_decode/paths.json (the pick at each point: all the dispatcher reads) and "
+                                 f"{MEASURED_FILE.name} beside it (these times) are derived from these rows.")
 
 
 def dispatcher_text(paths: Grid, page_size: int = 1) -> tuple[str, dict[str, Any]]:
@@ -74,18 +77,35 @@ OTHER_GPUS: tuple[tuple[str, tuple[int, int], str | None], ...] = (
 )
 
 
+def _times_said(timed: Mapping[str, float] | None) -> str | None:
+    return ", ".join(f"{path_table.SAID[k]} {us:.1f}" for k, us in timed.items()) if timed else None
+
+
 def other_gpus_table(table: Mapping[str, Any] | None = None, heads: int = 16, batch: int = 1,
-                     max_len: int = 131072) -> Table:
-    """What :func:`kvwall.kernels.mla_decode.dispatch.decide_path` picks for one call on GPUs other than the one
-    measured (an H100 reads the H200's crossovers: the same compute capability), from the shipped ``paths.json``."""
-    table = dict(table) if table is not None else dispatch._read_table(dispatch.PATHS_FILE)
+                     max_len: int = 131072, measured: Mapping[str, Any] | None = None) -> Table:
+    """What :func:`kvwall.kernels.mla_decode.path_table.decide_path` picks for one call on GPUs other than the one
+    measured (an H100 reads the H200's crossovers: the same compute capability), from the shipped ``paths.json``; and
+    the times measured at the point it decided by, from the sidecar ``measured`` (default: the shipped
+    ``paths_measured.json`` with the shipped table, none with a ``table`` given)."""
+    if table is None:
+        table = path_table.read_table(path_table.PATHS_FILE)
+        measured = read_measured(MEASURED_FILE) if measured is None else measured
+    measured = measured or {}
     rows = []
     for name, cap, refusal in OTHER_GPUS:
-        path, why = dispatch.decide_path(heads, batch, max_len, gpu=name, capability=cap, refusal=refusal, table=table)
-        rows.append({"gpu": f"{name} ({cap[0]}.{cap[1]})", "path": KERNEL_NAMES[path], "why": why.split(": ", 1)[-1]})
-    return Table(rows, {"GPU (compute capability)": "gpu", "path": "path", "why (the dispatcher's words)": "why"},
-                 f"Computed here by dispatch.decide_path from kernels/mla_decode/paths.json, for one call of {heads} "
-                 f"heads, batch {batch}, {max_len // 1024}K tokens.")
+        path, why = path_table.decide_path(heads, batch, max_len, gpu=name, capability=cap, refusal=refusal,
+                                           table=dict(table))
+        found = None if refusal else path_table.table_entry(dict(table), name, cap)
+        choice = path_table.measured_choice(found[1], heads, batch, max_len) if found else None
+        timed = measured_times(dict(measured), found[0], choice[1]) if found and choice else None
+        rows.append({"gpu": f"{name} ({cap[0]}.{cap[1]})", "path": KERNEL_NAMES[path], "why": why.split(": ", 1)[-1],
+                     "us": _times_said(timed)})
+    cols = {"GPU (compute capability)": "gpu", "path": "path", "why (the dispatcher's words)": "why"}
+    if any(r["us"] for r in rows):
+        cols["µs measured at that point"] = ("us", plain)
+    return Table(rows, cols, f"Computed here by path_table.decide_path from kernels/mla_decode/paths.json, for one "
+                             f"call of {heads} heads, batch {batch}, {max_len // 1024}K tokens; the times from "
+                             f"{MEASURED_FILE.name}, which the dispatcher does not read.")
 
 
 def floor_table(paths: Grid, bench: Grid | None = None) -> Table:

@@ -17,9 +17,10 @@ __all__ = ["Evidence", "SOURCES", "SPARSE_DOOR", "door_cells", "open_doors", "re
 
 #: The recorded results the decision reads (GPU recordings but ``doors_checks`` and ``dsa_forced_dense``, CPU runs).
 SOURCES = ("decode_step_paths", "path_sweep", "fused_decode_bench", "fused_decode_validation", "doors_checks",
-           "doors_sm90", "fp8_accuracy", "dsa_decode", "dsa_forced_dense", "decode_step_batches")
+           "doors_sm90", "fp8_accuracy", "dsa_decode", "dsa_forced_dense", "decode_step_batches",
+           "multi_token_decode")
 _FIELDS = ("step", "sweep", "bench", "validation", "doors_checks", "doors_sm90", "accuracy", "dsa", "dsa_forced",
-           "step_batches")
+           "step_batches", "multi_token")
 #: The door of chapter 3's matrix that is the DSA (sparse) kernel.
 SPARSE_DOOR = "sm120-sparse"
 
@@ -39,6 +40,7 @@ class Evidence:
     dsa: Result | None = None
     dsa_forced: Result | None = None
     step_batches: Result | None = None
+    multi_token: Result | None = None
     fit: SweepFit | None = None
 
     def __post_init__(self) -> None:

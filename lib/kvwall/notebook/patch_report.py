@@ -15,7 +15,8 @@ from kvwall.notebook.tables import Table, number, scientific, times
 from kvwall.results import Result
 
 __all__ = ["patch_check_table", "patch_meta", "patch_run_text", "real_meta", "real_check_rows", "real_timing_rows",
-           "real_check_table", "real_timing_table", "real_run_text", "real_not_run_text", "FORWARD_MODES"]
+           "real_check_table", "real_timing_table", "real_run_text", "real_not_run_text", "FORWARD_MODES",
+           "real_memory_rows", "real_memory_table"]
 
 #: The forward modes whose whole-pool casts the diffs remove (UPSTREAM.md), by the real check's ``mode`` name.
 FORWARD_MODES = {"decode": "decode", "verify": "target-verify", "draft_extend": "draft-extend",
@@ -155,6 +156,31 @@ def real_timing_table(result: Result, caption: str) -> Table:
     return Table(rows, cols, caption)
 
 
+def _identical(info: dict[str, Any]) -> bool:
+    """The unpatched module was the pinned wheel's file (``identical_to_orig``: rows recorded while a copy of it was
+    shipped)."""
+    return bool(info.get("identical_to_wheel", info.get("identical_to_orig")))
+
+
+def real_memory_rows(result: Result) -> list[dict[str, Any]]:
+    """``real_memory``: per variant, the bytes its backend holds per GPU, measured (empty for results recorded before
+    they were, or off a GPU: ``measured`` False)."""
+    return [r for r in _rows(result, "real_memory") if r.get("measured")]
+
+
+def real_memory_table(result: Result, caption: str) -> Table:
+    """What each variant reserves per GPU, measured with ``torch.cuda.memory_allocated``: at set-up (construction +
+    ``init_cuda_graph_state``) and at each capture (metadata buffers, the graph's pool), in MB (10^6 bytes)."""
+    mb = 1e6
+    rows = [{**r, "setup_mb": r["setup_bytes"] / mb,
+             "capture": ", ".join(f"{k} {v / mb:,.1f}" for k, v in r["capture_bytes"].items()) or "—",
+             "total_mb": r["total_bytes"] / mb, "compact": f"{r['compact_rows_reserved']:,}"
+             if r.get("compact_rows_reserved") else "none"}
+            for r in real_memory_rows(result)]
+    return Table(rows, {"variant": "variant", "set-up MB": ("setup_mb", number(1)), "captures, MB": "capture",
+                        "total MB": ("total_mb", number(1)), "compact BF16 rows reserved": "compact"}, caption)
+
+
 def _join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -186,8 +212,8 @@ def real_run_text(result: Result) -> str:
         f"{m['files_checked_against_record']} of them checked against the sha256 the wheel's `RECORD` lists: "
         + (f"{len(mism)} differ ({', '.join(f'`{f}`' for f in mism)})" if mism else "none differs")
         + ". The unpatched backend is SGLang's `flashinfer_mla_backend` module itself"
-        + (" (byte-identical to the shipped copy)" if m["variants"].get("unpatched", {}).get("identical_to_orig")
-           else "")
+        + (" (byte-identical to the pinned wheel's file the diffs are made against)"
+           if _identical(m["variants"].get("unpatched", {})) else "")
         + "; each patch was applied to that file with `git apply --check` and `git apply` ("
         + ", ".join(f"`{v}`: exit codes {i.get('check_rc')} and {i.get('apply_rc')}" for v, i in m["variants"].items()
                     if v != "unpatched") + ") and imported as a module of its own.")

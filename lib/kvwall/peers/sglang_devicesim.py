@@ -5,7 +5,7 @@ distributions are all absent from the GPU machine -- its image's packages (:data
 device notes list them, read there 2026-11-17), the wheels the run carries (``.whl``) and the project itself --
 from ``import``, ``importlib.util.find_spec`` and ``importlib.metadata`` alike, then runs the import stage as
 :func:`kvwall.peers.sglang_patch.realrows.real_rows` does (:func:`~kvwall.peers.sglang_patch.real.import_sglang`
-under :func:`~kvwall.peers.sglang_patch.realcheck.guarded`). A hidden module SGLang imports unguarded gets a
+under :func:`~kvwall.peers.sglang_patch.verdicts.guarded`). A hidden module SGLang imports unguarded gets a
 stand-in there as it would on the machine, and a stand-in that the import needs to behave fails it
 (:class:`~kvwall.peers.sglang_patch.real.StandInUsed`).
 
@@ -144,7 +144,7 @@ def simulate(source: str, *, wheels: str | None = None, deps: Iterable[str] = ()
     # serve torch.compile, which the import never runs
     sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
     from kvwall.peers.sglang_patch.real import import_sglang  # pylint: disable=import-outside-toplevel
-    from kvwall.peers.sglang_patch.realcheck import guarded  # pylint: disable=import-outside-toplevel
+    from kvwall.peers.sglang_patch.verdicts import guarded  # pylint: disable=import-outside-toplevel
 
     t0 = time.perf_counter()
     imp, err = guarded(log, "import sglang", lambda: import_sglang(source))

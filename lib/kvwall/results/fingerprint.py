@@ -14,6 +14,17 @@ positions): comments, docstrings and formatting do not change a fingerprint, a l
 (``*.cu``, ``*.cuh``) are hashed after stripping their comments and the whitespace that does not separate two words
 (:func:`normalized_cuda`): a comment fix or a re-indent leaves a result fresh, an edited statement stales it. Other
 data files (tuned tables, diffs) are hashed by their bytes.
+
+What a data file holds is what its readers depend on, so a table the code reads holds only that: the dispatcher's
+``kernels/mla_decode/paths.json`` holds its choices (the fastest path per measured point), and re-timing every point
+without changing a choice writes the same bytes. The times behind the choices, the run's caption and date live in a
+sidecar, ``kernels/mla_decode/paths_measured.json``, that no code of the kernels reads. It is kept out of every
+fingerprint by the rule for data files, not by an exception (:func:`_kernel_data_files`): a data file counts only
+where a closure module *of its own folder* names it in a string (by name, or by suffix), and the sidecar is named
+only by the experiment that writes it (``kvwall.experiments.fused_decode.paths``, whose ``MEASURED_FILE`` chapter 5's
+report imports). A module of ``kernels/mla_decode/`` that named it -- or a string that is just ``".json"`` there --
+would put it in the fingerprint of every result that runs the dispatcher (``tests/test_fingerprint.py`` checks that
+none does).
 """
 
 from __future__ import annotations
@@ -27,18 +38,16 @@ from typing import Iterable
 
 from kvwall.results.paths import PACKAGE_DIRS, PROJECT_ROOT
 
-__all__ = ["BOOKKEEPING", "CUDA_SUFFIXES", "DATA_SUFFIXES", "import_closure", "normalized_code", "normalized_cuda",
-           "source_fingerprint", "source_hashes"]
+__all__ = ["BOOKKEEPING", "CUDA_SUFFIXES", "DATA_SUFFIXES", "import_closure", "normalized_code",
+           "normalized_cuda", "source_fingerprint", "source_hashes"]
 
 #: Files of a kernel folder that its code reads at run time or compiles (tuned tables, CUDA sources).
-DATA_SUFFIXES = (".json", ".cu", ".cuh", ".diff", ".orig")
+DATA_SUFFIXES = (".json", ".cu", ".cuh", ".diff")
 #: The data files hashed as CUDA C++ (comments and layout whitespace stripped, :func:`normalized_cuda`).
 CUDA_SUFFIXES = (".cu", ".cuh")
 _PROJECT_PACKAGE = "kvwall"
 #: Modules (and their submodules) left out of every closure: they record and describe results.
 BOOKKEEPING = ("kvwall.results", "kvwall.experiments.registry", "kvwall.experiments.schemas")
-
-
 def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 

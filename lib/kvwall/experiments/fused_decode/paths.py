@@ -5,13 +5,20 @@ on pages of 64, at every point of heads {16, 32, 64, 128} x context {4K, 32K, 12
 flushed, :func:`.bench.time_call`), each output checked against float64 first. Its ``build`` row has the GPU, nvcc,
 each wgmma kernel's build and ptxas resources and the ceilings of the run.
 
-From it, :func:`path_table` derives the dispatcher's measured table, ``kernels/mla_decode/paths.json``
-(``{gpu: {"by", "recorded", "capability", "page_size", "points": [[heads, context, batch, path, triton_us,
-wgmma_us, wgmma_tokens_us], ...]}}``, the fastest path at each point, page size 1: the layout ours runs in chapters 5
-and 6), which
-:func:`kvwall.kernels.mla_decode.dispatch.choose_path` reads. ``python -m kvwall record`` writes it right after
-recording this experiment (:attr:`Experiment.after_record`, :func:`write_path_table`), before the experiments that
-run ours.
+From it, :func:`write_path_table` derives two files beside the dispatcher:
+
+- ``kernels/mla_decode/paths.json`` (:func:`path_table`): what
+  :func:`kvwall.kernels.mla_decode.dispatch.choose_path` reads and nothing else -- ``{gpu: {"capability",
+  "page_size", "points": [[heads, context, batch, path], ...]}}``, the fastest path at each point, page size 1 (the
+  layout ours runs in chapters 5 and 6). It is in the fingerprint of every result that ran the dispatcher, and it
+  changes only when a choice does: re-recording this experiment stales them only where a faster path changed.
+- ``kernels/mla_decode/paths_measured.json`` (:data:`MEASURED_FILE`, :func:`measured_table`): the times behind the
+  choices -- ``{gpu: {"by", "recorded", "page_size", "columns", "points": [[heads, context, batch, triton_us,
+  wgmma_us, wgmma_tokens_us], ...]}}`` (µs rounded to 0.01, None: not timed) -- and the run's caption, for chapter 5's
+  report. The dispatcher never reads it, and no module beside it names it, so it is in no result's fingerprint.
+
+``python -m kvwall record`` writes both right after recording this experiment (:attr:`Experiment.after_record`),
+before the experiments that run ours.
 
 Device time at full scale: **80 s** measured on the H200 for two paths (2026-12-01, a trial run of the code before
 the tokens-on-M path, not recorded): 52 points x 2 paths x 2 page sizes = 208 rows (about 0.3 s a row, no host
@@ -29,25 +36,33 @@ from typing import Any
 
 import torch
 
-from kvwall.kernels.mla_decode import dispatch
+from kvwall.kernels.mla_decode import path_table as table_rule
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.measure.timing import copy_bandwidth_gbps, matmul_tflops, release_memory
 from kvwall.model.geometry import GLM5
 from kvwall.peers.flashmla import PAGE_SIZE
 from kvwall.results import PROJECT_ROOT, Result, collect_provenance, load_result
+from kvwall.results.store import write_atomically
 from kvwall.experiments.fused_decode.bench import bench_point_rows
 from kvwall.experiments.fused_decode.strategies import FORCED_PATHS, BuildContext, make_point
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "PATHS_FILE", "run_fused_decode_paths", "path_points", "path_table", "write_path_table",
+__all__ = ["EXPERIMENTS", "PATHS_FILE", "MEASURED_FILE", "MEASURED_COLUMNS", "run_fused_decode_paths", "path_points",
+           "measured_points", "path_table", "measured_table", "read_measured", "measured_times", "write_path_table",
            "points_of"]
 
 D = GLM5.kv_dim
 FP8 = torch.float8_e4m3fn
-#: The dispatcher's measured table (read by :func:`kvwall.kernels.mla_decode.dispatch.choose_path`).
-PATHS_FILE = Path(dispatch.__file__).with_name("paths.json")
-#: What ``paths.json`` entries say made them.
+#: The dispatcher's measured table (read by :func:`kvwall.kernels.mla_decode.dispatch.choose_path`): its choices only.
+PATHS_FILE = table_rule.PATHS_FILE
+#: The times behind ``paths.json``'s choices, for readers other than the dispatcher (chapter 5's report imports this
+#: name). Named here only: a module of ``kernels/mla_decode/`` naming it would put it in the fingerprints of every
+#: result that runs the dispatcher (:mod:`kvwall.results.fingerprint`), and a re-timing would stale them.
+MEASURED_FILE = PATHS_FILE.with_name("paths_measured.json")
+#: What a point of :data:`MEASURED_FILE` holds.
+MEASURED_COLUMNS = ("heads", "context", "batch", *(f"{p}_us" for p in table_rule.KERNEL_PATHS))
+#: What ``paths_measured.json`` entries say made them.
 WRITTEN_BY = "fused_decode_paths (python -m kvwall record fused_decode_paths)"
 
 
@@ -140,57 +155,110 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
 # The dispatcher's table
 # ---------------------------------------------------------------------------------------------------------
 
-def path_points(result: Result, page_size: int = 1) -> list[list[Any]]:
-    """``[heads, context, batch, path, triton_us, wgmma_us, wgmma_tokens_us]`` per point where the Triton path was
-    timed on ``page_size`` (a wgmma path's time None where it was not: a recording made before the tokens-on-M path
-    has none of its times); ``path`` is the fastest (:func:`kvwall.kernels.mla_decode.dispatch.path_point`)."""
+def _timed(result: Result, page_size: int) -> dict[tuple[int, int, int], dict[str, float]]:
+    """``{(heads, context, batch): {path: µs}}`` of the bench rows timed on ``page_size``, where the Triton path was
+    timed (a wgmma path missing where it was not: a recording made before the tokens-on-M path has none of its
+    times)."""
     by_point: dict[tuple[int, int, int], dict[str, float]] = {}
     for row in result.rows:
         if (row.get("section") == "bench" and row.get("us") and row.get("page_size") == page_size
                 and row.get("strategy") in FORCED_PATHS):
             by_point.setdefault((row["heads"], row["context"], row["batch"]), {})[row["strategy"]] = row["us"]
-    return [dispatch.path_point(h, ctx, b, us["triton"], us.get("wgmma"), us.get("wgmma_tokens"))
-            for (h, ctx, b), us in sorted(by_point.items()) if "triton" in us]
+    return {point: us for point, us in sorted(by_point.items()) if "triton" in us}
+
+
+def path_points(result: Result, page_size: int = 1) -> list[list[Any]]:
+    """``[heads, context, batch, path]`` per point where the Triton path was timed on ``page_size``: ``path`` the
+    fastest (:func:`kvwall.kernels.mla_decode.path_table.path_point`). What ``paths.json`` holds."""
+    return [table_rule.path_point(h, c, b, *(us.get(p) for p in table_rule.KERNEL_PATHS))
+            for (h, c, b), us in _timed(result, page_size).items()]
+
+
+def measured_points(result: Result, page_size: int = 1) -> list[list[Any]]:
+    """``[heads, context, batch, triton_us, wgmma_us, wgmma_tokens_us]`` (:data:`MEASURED_COLUMNS`) at the points of
+    :func:`path_points`, µs rounded to 0.01 as the choice compared them; None: not timed."""
+    return [[h, c, b, *(None if (t := us.get(p)) is None else round(t, 2) for p in table_rule.KERNEL_PATHS)]
+            for (h, c, b), us in _timed(result, page_size).items()]
 
 
 def path_table(result: Result, page_size: int = 1) -> dict[str, Any]:
-    """One GPU's entry of ``paths.json`` from a ``fused_decode_paths`` result: ``{gpu: {"by", "recorded",
-    "capability", "page_size", "points"}}`` (points of :func:`path_points`, page size 1 by default: ours' layout in
-    chapters 5 and 6; the page-64 rows pick the same path at every point of the 2026-11-30 recording but one)."""
+    """One GPU's entry of ``paths.json`` from a ``fused_decode_paths`` result: ``{gpu: {"capability", "page_size",
+    "points"}}`` (points of :func:`path_points`, page size 1 by default: ours' layout in chapters 5 and 6; the page-64
+    rows pick the same path at every point of the 2026-11-30 recording but one). Only what the dispatcher reads."""
     build = next(r for r in result.rows if r.get("section") == "build")
-    return {build["gpu"]: {"by": WRITTEN_BY, "recorded": result.caption(), "capability": list(build["capability"]),
-                           "page_size": page_size, "points": path_points(result, page_size)}}
+    return {build["gpu"]: {"capability": list(build["capability"]), "page_size": page_size,
+                           "points": path_points(result, page_size)}}
 
 
-def write_path_table(result: Result, path: Path = PATHS_FILE) -> list[Path]:
-    """Merge ``result``'s entry into ``path`` (other GPUs' entries stay); returns ``[path]`` (what
-    :attr:`Experiment.after_record` returns: the files it wrote). The dispatcher's cached read of the table is
-    dropped, so the experiments ``record`` runs after this one in the same process choose by the new table."""
+def measured_table(result: Result, page_size: int = 1) -> dict[str, Any]:
+    """One GPU's entry of :data:`MEASURED_FILE`: ``{gpu: {"by", "recorded", "page_size", "columns", "points"}}``
+    (points of :func:`measured_points`; ``recorded``: the result's caption)."""
+    build = next(r for r in result.rows if r.get("section") == "build")
+    return {build["gpu"]: {"by": WRITTEN_BY, "recorded": result.caption(), "page_size": page_size,
+                           "columns": list(MEASURED_COLUMNS), "points": measured_points(result, page_size)}}
+
+
+def read_measured(path: Path = MEASURED_FILE) -> dict[str, Any]:
+    """The sidecar's entries (``{}`` where there is none or it is not a JSON object)."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def measured_times(measured: dict[str, Any], gpu: str, point: list) -> dict[str, float] | None:
+    """``{path: µs}`` timed at ``point`` (its heads, context, batch) in ``gpu``'s entry of the sidecar ``measured``
+    (paths not timed there left out); None where the sidecar has no such point."""
+    entry = measured.get(gpu)
+    if not isinstance(entry, dict):
+        return None
+    columns = entry.get("columns") or list(MEASURED_COLUMNS)
+    for p in entry.get("points") or []:
+        if p[:3] == list(point[:3]):
+            row = dict(zip(columns, p))
+            return {k: us for k in table_rule.KERNEL_PATHS if (us := row.get(f"{k}_us")) is not None}
+    return None
+
+
+def _merged(path: Path, entry: dict[str, Any]) -> dict[str, Any]:
     try:
         table = json.loads(path.read_text())
     except (OSError, ValueError):
         table = {}
-    table.update(path_table(result))
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(table, indent=1) + "\n")
-    tmp.replace(path)
-    dispatch.reload_table()
-    return [path]
+    if not isinstance(table, dict):
+        table = {}
+    table.update(entry)
+    return table
+
+
+def write_path_table(result: Result, path: Path = PATHS_FILE) -> list[Path]:
+    """Merge ``result``'s entries into ``path`` (the choices, :func:`path_table`) and into the sidecar beside it
+    (:data:`MEASURED_FILE`'s name, :func:`measured_table`); other GPUs' entries stay. Each file is replaced whole (a
+    reader sees the old or the new one), the sidecar first. Returns ``[path, sidecar]`` (what
+    :attr:`Experiment.after_record` returns: the files it wrote). The dispatcher's cached read of the table is
+    dropped, so the experiments ``record`` runs after this one in the same process choose by the new table."""
+    sidecar = path.with_name(MEASURED_FILE.name)
+    write_atomically(sidecar, table_rule.table_text(_merged(sidecar, measured_table(result))))
+    write_atomically(path, table_rule.table_text(_merged(path, path_table(result))))
+    table_rule.reload_table()
+    return [path, sidecar]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvwall.experiments.fused_decode.paths",
                                      description="the dispatcher's table from the recorded fused_decode_paths")
-    parser.add_argument("--write", action="store_true", help=f"write {PATHS_FILE.name} from the recorded result")
+    parser.add_argument("--write", action="store_true",
+                        help=f"write {PATHS_FILE.name} and {MEASURED_FILE.name} from the recorded result")
     args = parser.parse_args(argv)
     result = load_result("fused_decode_paths")
     if args.write:
         print(f"wrote {', '.join(map(str, write_path_table(result)))}")
         return 0
-    for gpu, entry in path_table(result).items():
+    for gpu, entry in measured_table(result).items():
         print(gpu, entry["recorded"])
-        for p in entry["points"]:
-            print("  ", p)
+        for choice, times in zip(path_table(result)[gpu]["points"], entry["points"]):
+            print("  ", choice, times[3:])
     return 0
 
 

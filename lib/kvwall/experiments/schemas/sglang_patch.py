@@ -121,6 +121,26 @@ class SGLangRealCheck(Row):
     bit_identical_vs_unpatched: bool | None = None
 
 
+class SGLangRealMemory(Row):
+    """What a variant's backend holds per GPU, measured with ``torch.cuda.memory_allocated`` (None off a GPU:
+    ``measured`` False): ``setup_bytes`` around its construction + ``init_cuda_graph_state`` (where a compact BF16
+    buffer is reserved), ``capture_bytes`` per captured graph (``decode``, ``verify_<n>``: the capture-time
+    metadata's buffers -- ours' graph plans, a compact buffer reserved lazily -- and the graph's private pool, the
+    forward's outputs and any temporaries the graph holds), ``compact_rows_reserved`` (0: none)."""
+
+    section: Literal["real_memory"]
+    variant: str
+    measured: bool
+    setup_bytes: int | None
+    capture_bytes: dict[str, int]
+    compact_rows_reserved: int | None
+    total_bytes: int | None
+    graph_bs: int
+    context_len: int
+    pool_slots: int
+    layers: int
+
+
 class SGLangRealTiming(Row):
     """The decode step of every layer inside a captured CUDA graph, replayed ``iters`` times (CUDA events): median,
     min, max ms per replay; the unpatched median over this variant's."""
@@ -137,7 +157,11 @@ class SGLangRealTiming(Row):
     iters: int
     speedup_vs_unpatched: float | None
     error: str | None
+    us_per_layer: float | None = None  # ms_per_step / layers, in µs
+    kernel_us_per_layer: float | None = None  # fused: ours alone in a CUDA graph, same plan and inputs
+    kernel_path: str | None = None
+    kernel_error: str | None = None
 
 
 SGLangPatchCheckRow = Annotated[Union[SGLangPatchCheck, SGLangPatchMeta, SGLangRealMeta, SGLangRealCheck,
-                                      SGLangRealTiming], Field(discriminator="section")]
+                                      SGLangRealTiming, SGLangRealMemory], Field(discriminator="section")]

@@ -5,12 +5,16 @@ stack).
 
 - ``gather_cast.diff``: wherever the BF16 MLA wrapper is planned, it is planned over a compact BF16 buffer with
   indices ``0..n-1``; each layer gathers+casts only the rows the step references (:mod:`.compact`).
-- ``fused.diff``: the same, and decode runs ours (:func:`kvwall.kernels.mla_decode.dispatch.mla_decode`) straight on
-  the FP8 pool with one plan per step; under CUDA graphs a graph-stable plan per captured batch size
-  (:mod:`.graph_plan`).
+- ``fused.diff``: decode, target-verify and draft-extend run ours (:func:`kvwall.kernels.mla_decode`, through
+  :mod:`.graph_plan`) straight on the FP8 pool, one plan per step; under CUDA graphs a graph plan per captured
+  (batch size, query tokens), refilled before each replay. No BF16 copy of the pool is reserved; prefill with a
+  cached prefix gathers its rows per call, as ``gather_cast.diff`` does eagerly.
 
 ``UPSTREAM.md`` in this folder says what each changes, how CUDA graphs are handled and what remains.
-``flashinfer_mla_backend.py.orig`` is the upstream file, byte for byte (``UPSTREAM.md``: source, version, licence).
+The upstream file is not shipped: :func:`upstream_source` takes it from the pinned SGLang wheel
+(:func:`kvwall.peers.sglang_source.sglang_source`: downloaded once from PyPI, sha256-checked, cached) and checks its
+own sha256 (:data:`UPSTREAM_SHA256`); offline with an empty cache it raises
+:class:`~kvwall.peers.sglang_source.SGLangSourceUnavailable`, saying what to do.
 :func:`apply_patch` applies a diff in pure Python and refuses any hunk whose lines differ from the file's;
 :func:`load_patched_backend` executes the (un)patched source as a module, with the stand-ins of
 :mod:`kvwall.peers.sglang_patch.stubs` for its sglang imports.
@@ -28,7 +32,8 @@ import torch
 
 from kvwall.peers.sglang_patch.stubs import BLOCKER, StubSettings, device_torch, stub_modules
 
-__all__ = ["PATCHES", "VARIANTS", "UPSTREAM_PATH", "UPSTREAM_VERSION", "BLOCKER", "PatchError", "upstream_source",
+__all__ = ["PATCHES", "VARIANTS", "UPSTREAM_PATH", "UPSTREAM_VERSION", "UPSTREAM_SHA256", "WHEEL_PATH", "BLOCKER",
+           "PatchError", "upstream_source", "upstream_file",
            "patch_text", "apply_patch", "apply_diff", "patched_source", "load_patched_backend"]
 
 #: The patches, by name (``<name>.diff`` in this package).
@@ -38,6 +43,10 @@ VARIANTS = ("unpatched",) + PATCHES
 #: The patched file's path in SGLang's repository (the diffs' ``a/`` and ``b/`` names).
 UPSTREAM_PATH = "python/sglang/srt/layers/attention/flashinfer_mla_backend.py"
 UPSTREAM_VERSION = "sglang 0.5.23 (PyPI wheel)"
+#: The file inside the wheel.
+WHEEL_PATH = "sglang/srt/layers/attention/flashinfer_mla_backend.py"
+#: sha256 of that file as the wheel ships it (1445 lines); the diffs are made against exactly these bytes.
+UPSTREAM_SHA256 = "85ba5db394df47f12e8edc69282954b9f000b37c519194f56418424ee718bf2e"
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -50,9 +59,34 @@ def _read(name: str) -> str:
     return resources.files(__name__).joinpath(name).read_bytes().decode("utf-8")
 
 
+def upstream_file():
+    """The path of SGLang 0.5.23's ``flashinfer_mla_backend.py`` in the unpacked pinned wheel
+    (:func:`kvwall.peers.sglang_source.sglang_source`), its sha256 checked against :data:`UPSTREAM_SHA256`.
+    Raises :class:`~kvwall.peers.sglang_source.SGLangSourceUnavailable` (offline, empty cache) or
+    :class:`PatchError` (a file that differs)."""
+    import hashlib  # pylint: disable=import-outside-toplevel
+
+    from kvwall.peers.sglang_source import sglang_source  # pylint: disable=import-outside-toplevel
+
+    path = sglang_source() / WHEEL_PATH
+    if not path.is_file():
+        raise PatchError(f"{path} is missing from the unpacked SGLang wheel.")
+    got = hashlib.sha256(path.read_bytes()).hexdigest()
+    if got != UPSTREAM_SHA256:
+        raise PatchError(f"{path} has sha256 {got}, expected {UPSTREAM_SHA256} (SGLang 0.5.23's file): the diffs are "
+                         "made against that file only.")
+    return path
+
+
+_UPSTREAM: list[str] = []
+
+
 def upstream_source() -> str:
-    """SGLang 0.5.23's ``flashinfer_mla_backend.py``, exactly as the wheel ships it."""
-    return _read("flashinfer_mla_backend.py.orig")
+    """SGLang 0.5.23's ``flashinfer_mla_backend.py``, exactly as the pinned wheel ships it (:func:`upstream_file`;
+    read once per process)."""
+    if not _UPSTREAM:
+        _UPSTREAM.append(upstream_file().read_bytes().decode("utf-8"))
+    return _UPSTREAM[0]
 
 
 def patch_text(name: str) -> str:

@@ -4,8 +4,9 @@ DCP buffer), and what ``gather_cast.diff`` gives it in decode too. The wrapper i
 each layer gathers+casts the ``n`` referenced rows (:func:`kvwall.kernels.gather.kernel.launch_gather`) instead of
 casting the whole pool.
 
-- **Eager steps** (no CUDA graph): the step's ``kv_indices`` are read in place and the gather writes a buffer of the
-  step's own ``n`` rows, made for the step (the original cast made a pool-sized one per layer).
+- **Eager steps** (no CUDA graph, and SGLang's piecewise / breakable prefill graphs, which run attention eagerly
+  between their captured segments): the step's ``kv_indices`` are read in place and the gather writes a transient
+  buffer of the step's own ``n`` rows, allocated per call (the original cast made a pool-sized one per layer).
 - **CUDA graphs**: :meth:`CompactKV.reserve` (from ``init_cuda_graph_state``, where SGLang's backends allocate what
   captured graphs use, before any capture) makes, once, a buffer of ``capacity`` rows -- the most rows the captured
   graphs can reference: ``min(pool rows, max batch x context limit + max tokens)`` -- its slot list and a device
@@ -96,6 +97,10 @@ class CompactKV:
     def kv(self, pool: torch.Tensor) -> torch.Tensor:
         """One layer's compact BF16 rows ``[rows, 1, dim]`` from its FP8 buffer ``pool`` (``[slots, 1, dim]``)."""
         slots, count, out = self.step
+        if count is None and pool.is_cuda and torch.cuda.is_current_stream_capturing():
+            # an eager step's rows (their number fixed now) captured into a graph would be replayed for other steps
+            raise RuntimeError("CompactKV: an eager step's gather is being captured into a CUDA graph; plan it with "
+                               "graph=True (SGLang's piecewise/breakable prefill graphs run attention eagerly).")
         if self.gather is None:  # host checks only (no sync): also under capture
             self.gather = plan_gather(pool, slots, count, out=out, check_range=False)
         return launch_gather(self.gather, pool=pool)

@@ -19,8 +19,9 @@ anything needs it to behave (an attribute, a call, iteration, truth, conversion)
 then fails the import there, plainly, instead of running on a fake (carry its wheel).
 
 :func:`load_variant` gives the backend module of one variant: ``unpatched`` is SGLang's module itself (checked byte
-for byte against ``flashinfer_mla_backend.py.orig``); a patch is applied with ``git apply --check`` then ``git apply``
-to a copy of ``.orig`` in a temporary folder and that file is imported as a module of its own.
+for byte against the pinned wheel's file, :func:`kvwall.peers.sglang_patch.upstream_source`); a patch is applied
+with ``git apply --check`` then ``git apply`` to a copy of that file in a temporary folder and that file is imported
+as a module of its own.
 """
 
 from __future__ import annotations
@@ -351,16 +352,17 @@ def _wheel_record(root: str) -> dict[str, str]:
 
 
 def git_apply(diff_name: str, workdir: str) -> dict[str, Any]:
-    """Copy ``.orig`` to ``workdir/python/sglang/srt/layers/attention/flashinfer_mla_backend.py``, then ``git apply
-    --check`` and ``git apply`` the package's ``<diff_name>.diff`` there. Returns the patched file's path and both
-    commands' exit codes and output."""
-    from kvwall.peers.sglang_patch import UPSTREAM_PATH  # pylint: disable=import-outside-toplevel
+    """Copy the pinned wheel's file (:func:`kvwall.peers.sglang_patch.upstream_source`) to
+    ``workdir/python/sglang/srt/layers/attention/flashinfer_mla_backend.py``, then ``git apply --check`` and ``git
+    apply`` the package's ``<diff_name>.diff`` there. Returns the patched file's path and both commands' exit codes
+    and output."""
+    from kvwall.peers.sglang_patch import UPSTREAM_PATH, upstream_source  # pylint: disable=import-outside-toplevel
 
     pkg = resources.files("kvwall.peers.sglang_patch")
     target = os.path.join(workdir, UPSTREAM_PATH)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target, "wb") as fh:
-        fh.write(pkg.joinpath("flashinfer_mla_backend.py.orig").read_bytes())
+        fh.write(upstream_source().encode("utf-8"))
     diff = os.path.join(workdir, f"{diff_name}.diff")
     with open(diff, "wb") as fh:
         fh.write(pkg.joinpath(f"{diff_name}.diff").read_bytes())
@@ -379,11 +381,11 @@ def load_variant(variant: str, imported: dict[str, Any]) -> tuple[types.ModuleTy
     from kvwall.peers.sglang_patch import upstream_source  # pylint: disable=import-outside-toplevel
 
     real = imported["modules"]["backend"]
-    orig_sha = _sha(upstream_source().encode("utf-8"))
+    wheel_sha = _sha(upstream_source().encode("utf-8"))
     if variant == "unpatched":
         sha = _sha(open(real.__file__, "rb").read())
         return real, {"source": os.path.relpath(real.__file__, imported["root"]), "sha256": sha,
-                      "identical_to_orig": sha == orig_sha}
+                      "identical_to_wheel": sha == wheel_sha}
     work = tempfile.mkdtemp(prefix=f"kvwall_sglang_{variant}_")
     info = git_apply(variant, work)
     if info.get("apply_rc", 1):
@@ -393,6 +395,6 @@ def load_variant(variant: str, imported: dict[str, Any]) -> tuple[types.ModuleTy
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
-    info.update(source=f"git apply {variant}.diff onto .orig", sha256=_sha(open(info["path"], "rb").read()),
-                identical_to_orig=False)
+    info.update(source=f"git apply {variant}.diff onto the pinned wheel's file", sha256=_sha(open(info["path"], "rb").read()),
+                identical_to_wheel=False)
     return module, info

@@ -31,7 +31,6 @@ buffer semantics: ``use_cuda_graph`` buffers, ``plan`` fills them, ``_cached_mod
 from __future__ import annotations
 
 import time
-import traceback
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -41,11 +40,11 @@ from kvwall.kernels import mla_decode_reference
 from kvwall.peers.sglang_patch.harness import WholePoolCastCounter
 from kvwall.peers.sglang_patch.real import load_variant
 from kvwall.peers.sglang_patch.stubs import device_torch
+from kvwall.peers.sglang_patch.verdicts import TOL
 
-__all__ = ["RealCheck", "CpuMLAWrapper", "TOL", "compare", "guarded", "cast_problems", "casts_per_step"]
+__all__ = ["RealCheck", "CpuMLAWrapper", "TOL"]
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
-TOL = {"rtol": 1.6e-2, "atol": 1e-2}
 
 
 class _CpuModule:
@@ -155,6 +154,7 @@ class RealCheck:
         self.setup_s = time.perf_counter() - t0
         self.modules: dict[str, Any] = {}
         self.backends: dict[str, Any] = {}
+        self.memory: dict[str, dict[str, Any]] = {}  # variant -> measured bytes (GPU only)
         self.variant_info: dict[str, Any] = {}
 
     # -- construction ------------------------------------------------------------------------------------------
@@ -196,12 +196,26 @@ class RealCheck:
             self.modules[variant], self.variant_info[variant] = mod, info
         return self.modules[variant]
 
+    def _allocated(self) -> int | None:
+        if not self.cuda:
+            return None
+        torch.cuda.synchronize(self.dev)
+        return int(torch.cuda.memory_allocated(self.dev))
+
     def backend(self, variant: str, *, graph_state: bool):
+        """The variant's backend (one eager, one with CUDA-graph state). On a GPU, the bytes the graph-state one's
+        construction and ``init_cuda_graph_state`` left allocated are measured (``self.memory[variant]``)."""
         key = (variant, graph_state)
         if key not in self.backends:
+            before = self._allocated()
             be = self.module(variant).FlashInferMLAAttnBackend(self.runner(), skip_prefill=False)
             if graph_state:
                 be.init_cuda_graph_state(self.max_bs, self.max_bs * 8)
+                after = self._allocated()
+                mem = self.memory.setdefault(variant, {"setup_bytes": None, "capture_bytes": {}})
+                mem["setup_bytes"] = None if before is None else after - before
+                kv = getattr(be, "kvwall_kv", None)
+                mem["compact_rows_reserved"] = int(getattr(kv, "capacity", 0) or 0) if kv is not None else None
             self.backends[key] = be
         return self.backends[key]
 
@@ -225,11 +239,34 @@ class RealCheck:
         return SimpleNamespace(layer_id=i, tp_q_head_num=self.heads, tp_k_head_num=1, tp_v_head_num=1,
                                head_dim=self.dim, v_head_dim=self.rank, scaling=self.sm_scale, logit_cap=0.0)
 
-    def batch(self, lens: list[int], *, verify: int = 0) -> SimpleNamespace:
+    def batch(self, lens: list[int], *, verify: int = 0, mode: str | None = None,
+              extend: list[int] | None = None) -> SimpleNamespace:
+        """The ``ForwardBatch`` fields the backend reads. ``mode``: ``decode``, ``verify`` (``verify`` draft tokens
+        a request after its ``lens`` tokens), ``draft_extend`` (SGLang's DRAFT_EXTEND_V2: ``verify`` tokens a
+        request, uniform, after ``lens`` prefix tokens; ``seq_lens`` include them) or ``prefill`` (EXTEND with a
+        cached prefix: ``extend[b]`` new tokens after ``lens[b]`` prefix tokens)."""
+        mode = mode or ("verify" if verify else "decode")
         bs = len(lens)
+        fm = self.ForwardMode
+        if mode in ("draft_extend", "prefill"):
+            new = [verify] * bs if mode == "draft_extend" else list(extend or [])
+            total = [n + e for n, e in zip(lens, new)]
+            seq = torch.tensor(total, dtype=torch.int64, device=self.dev)
+            fb = SimpleNamespace(
+                forward_mode=fm.DRAFT_EXTEND_V2 if mode == "draft_extend" else fm.EXTEND, batch_size=bs,
+                seq_lens=seq, seq_lens_cpu=seq.cpu(), seq_lens_sum=int(sum(total)),
+                req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int64, device=self.dev),
+                positions=torch.zeros(sum(new), dtype=torch.int64, device=self.dev),
+                kv_loc_plan=None, spec_info=None, out_cache_loc=None, attn_dcp_metadata=None,
+                attn_attend_prefix_cache=None,
+                extend_prefix_lens=torch.tensor(lens, dtype=torch.int32, device=self.dev),
+                extend_prefix_lens_cpu=list(lens), extend_seq_lens_cpu=list(new))
+            if mode == "draft_extend":  # what the backend reads of SGLang's EagleDraftExtendInput
+                fb.spec_info = SimpleNamespace(num_tokens_per_req=verify)
+            return fb
         seq = torch.tensor(lens, dtype=torch.int64, device=self.dev)
         fb = SimpleNamespace(
-            forward_mode=self.ForwardMode.TARGET_VERIFY if verify else self.ForwardMode.DECODE, batch_size=bs,
+            forward_mode=fm.TARGET_VERIFY if verify else fm.DECODE, batch_size=bs,
             seq_lens=seq, seq_lens_cpu=seq.cpu(), seq_lens_sum=int(sum(lens)),
             req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int64, device=self.dev),
             positions=torch.zeros(bs * max(verify, 1), dtype=torch.int64, device=self.dev),
@@ -257,11 +294,14 @@ class RealCheck:
             seq_lens_cpu=torch.tensor(lens, dtype=torch.int64))
 
     # -- reference ---------------------------------------------------------------------------------------------
-    def reference(self, lens: list[int], qs: list[torch.Tensor], ndt: int = 0) -> list[torch.Tensor]:
-        """float64 attention over the dequantized pool: decode (every position) or verify (causal over the drafts)."""
-        q_per = max(ndt, 1)
-        kv_lens = [n + ndt for n in lens]
-        qo = torch.tensor([0] + [q_per * (b + 1) for b in range(len(lens))])
+    def reference(self, lens: list[int], qs: list[torch.Tensor], ndt: int = 0,
+                  extend: list[int] | None = None) -> list[torch.Tensor]:
+        """float64 attention over the dequantized pool: decode (every position), verify / draft-extend (``ndt``
+        tokens a request, causal over them) or prefill (``extend[b]`` tokens after ``lens[b]``, causal)."""
+        q_lens = list(extend) if extend is not None else [max(ndt, 1)] * len(lens)
+        kv_lens = [n + (e if extend is not None else ndt) for n, e in zip(lens, q_lens)]
+        ndt = ndt or (1 if extend is not None else 0)  # causal whenever a request has several query tokens
+        qo = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist())
         kv = torch.tensor([0] + list(torch.tensor(kv_lens).cumsum(0).tolist()))
         idx = torch.cat([self.req_pool.req_to_token[1 + b, :n].long() for b, n in enumerate(kv_lens)])
         outs = []
@@ -279,15 +319,16 @@ class RealCheck:
         outs = []
         for i, q in enumerate(qs):
             flat = q.reshape(q.shape[0], -1)
-            if ndt:
+            if ndt or not fb.forward_mode.is_decode_or_idle():
                 outs.append(be.forward_extend(flat, None, None, self.layer(i), fb, save_kv_cache=False))
             else:
                 outs.append(be.forward_decode(flat, None, None, self.layer(i), fb, save_kv_cache=False))
         return outs
 
-    def eager(self, variant: str, lens: list[int], qs: list[torch.Tensor], ndt: int) -> dict[str, Any]:
+    def eager(self, variant: str, lens: list[int], qs: list[torch.Tensor], ndt: int, *, mode: str | None = None,
+              extend: list[int] | None = None) -> dict[str, Any]:
         be = self.backend(variant, graph_state=False)
-        fb = self.batch(lens, verify=ndt)
+        fb = self.batch(lens, verify=ndt, mode=mode, extend=extend)
         counter = WholePoolCastCounter(self.pool_numel)
         with counter:
             be.init_forward_metadata(fb)
@@ -304,6 +345,7 @@ class RealCheck:
         fb = self.batch([fill] * bs, verify=ndt)
         qs = [torch.zeros(bs * max(ndt, 1), self.heads, self.dim, dtype=BF16, device=self.dev)
               for _ in range(self.layers)]
+        before = self._allocated()  # after the model's query buffers: what follows is the backend's
         warm = WholePoolCastCounter(self.pool_numel)
         with warm:
             be.init_forward_metadata_out_graph(fb, in_capture=True)
@@ -318,6 +360,8 @@ class RealCheck:
                     outs = self._forward(be, fb, qs, ndt)
             captured = held.count
         self._sync()
+        if before is not None:  # what this capture left allocated: its metadata's buffers and the graph's pool
+            self.memory[variant]["capture_bytes"][f"verify_{ndt}" if ndt else "decode"] = self._allocated() - before
         return {"backend": be, "graph": graph, "qs": qs, "outs": outs, "warmup_casts": warm.count,
                 "capture_casts": captured, "bs": bs, "ndt": ndt, "variant": variant}
 
@@ -350,77 +394,46 @@ class RealCheck:
             b.record()
         torch.cuda.synchronize()
         ms = sorted(a.elapsed_time(b) for a, b in ev)
-        return {"ms_per_step": ms[len(ms) // 2], "ms_min": ms[0], "ms_max": ms[-1], "iters": iters}
+        res = {"ms_per_step": ms[len(ms) // 2], "ms_min": ms[0], "ms_max": ms[-1], "iters": iters,
+               "us_per_layer": ms[len(ms) // 2] * 1000 / self.layers}
+        if cap["variant"] == "fused":
+            res.update(self.time_kernel_alone(cap, iters))
+        return res
+
+    def time_kernel_alone(self, cap: dict[str, Any], iters: int) -> dict[str, Any]:
+        """Ours alone, every layer, in a CUDA graph, on what the captured backend's layers read (the same plan, the
+        same query buffers, the same pool layers): median µs a layer, and the path the plan runs."""
+        from kvwall.peers.sglang_patch.graph_plan import ours, plan_path  # pylint: disable=import-outside-toplevel
+
+        be = cap["backend"]
+        plan = next((p for w, p in be.kvwall_steps.items() if w is be.decode_cuda_graph_metadata.get(cap["bs"])),
+                    None)
+        if plan is None:
+            return {"kernel_error": "no plan of ours for the captured decode wrapper"}
+        outs = [torch.empty(q.shape[0], self.heads, self.rank, dtype=BF16, device=self.dev) for q in cap["qs"]]
+
+        def run():
+            for i, q in enumerate(cap["qs"]):
+                k = self.pool.get_key_buffer(i)
+                ours(q[..., : self.rank], q[..., self.rank:], k[:, :, : self.rank], k[:, :, self.rank:], plan,
+                     out=outs[i])
+
+        run()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        for _ in range(3):
+            graph.replay()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for a, b in ev:
+            a.record()
+            graph.replay()
+            b.record()
+        torch.cuda.synchronize()
+        ms = sorted(a.elapsed_time(b) for a, b in ev)
+        return {"kernel_us_per_layer": ms[len(ms) // 2] * 1000 / self.layers, "kernel_path": plan_path(plan)}
 
     def _sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.dev)
-
-
-def casts_per_step(*, eager: int | None = None, captured: int | None = None,
-                   replay: int | None = None) -> int | None:
-    """Whole-pool casts one step makes: an eager step's; a graph step's, the captured ones (replayed every step) plus
-    those at replay outside the graph; without a CUDA graph (CPU), those of the forward run at replay."""
-    if eager is not None:
-        return eager
-    if replay is None:
-        return None
-    return replay + (captured or 0)
-
-
-def cast_problems(variant: str, layers: int, *, eager: int | None = None, warmup: int | None = None,
-                  captured: int | None = None, replay: int | None = None, graph: bool = False) -> list[str]:
-    """What is wrong with a row's whole-pool casts, in words (empty: nothing). The unpatched backend casts the whole
-    pool once per layer wherever it runs a forward; a patch never does. An eager row: ``eager`` (metadata + forward).
-    A graph row: ``warmup`` (capture-time metadata + warm-up forward), ``captured`` (what the graph holds) and
-    ``replay`` (at replay, what torch's dispatcher sees: the metadata call outside the graph; on a CPU, ``graph``
-    False and ``captured`` None, also the forward, run there without capture)."""
-    want = layers if variant == "unpatched" else 0
-    why = f"one per layer of {layers}" if want else "a patch makes none"
-    problems: list[str] = []
-
-    def check(n: int | None, what: str, expect: int, reason: str) -> None:
-        if n is not None and n != expect:
-            problems.append(f"{what}: {n} whole-pool casts, expected {expect} ({reason})")
-
-    if eager is not None:
-        check(eager, "the eager step", want, why)
-        return problems
-    check(warmup, "the warm-up forward before capture", want, why)
-    if graph:
-        if captured is None:
-            problems.append("the captured graph's casts were not counted")
-        check(captured, "the captured graph, replayed every step", want, why)
-        check(replay, "the replay, outside the graph (its metadata)", 0, "metadata never casts the pool")
-    else:
-        if captured is not None:
-            problems.append(f"{captured} captured casts counted, but no CUDA graph was captured")
-        check(replay, "the forward at replay (no CUDA graph: run without capture)", want, why)
-    return problems
-
-
-def compare(outs: list[torch.Tensor], base: list[torch.Tensor] | None, ref: list[torch.Tensor]) -> dict[str, Any]:
-    """Errors of ``outs`` vs the unpatched outputs ``base`` and the float64 reference ``ref`` (all layers)."""
-    o = torch.cat([x.float().reshape(-1) for x in outs]).double()
-    r = torch.cat([x.reshape(-1) for x in ref]).double().to(o.device)
-    res = {"finite": bool(torch.isfinite(o).all()), "max_abs_err_vs_f64": float((o - r).abs().max()),
-           "rel_err_vs_f64": float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r)),
-           "within_tol_vs_f64": bool(torch.allclose(o, r, **TOL))}
-    if base is not None:
-        u = torch.cat([x.float().reshape(-1) for x in base]).double()
-        res.update(max_abs_diff_vs_unpatched=float((o - u).abs().max()),
-                   rel_err_vs_unpatched=float(torch.linalg.vector_norm(o - u) / torch.linalg.vector_norm(u)),
-                   within_tol_vs_unpatched=bool(torch.allclose(o, u, **TOL)),
-                   bit_identical_vs_unpatched=bool(torch.equal(o, u)))
-    return res
-
-
-def guarded(log: Callable[[str], None], what: str, fn: Callable[[], Any]) -> tuple[Any, str | None]:
-    """``fn()``, or its error (logged with its traceback): a stage that fails leaves the others running."""
-    try:
-        return fn(), None
-    except Exception as e:  # pylint: disable=broad-except  # reported in the result rows, never swallowed silently
-        tb = traceback.format_exc()
-        log(f"!! {what} failed: {type(e).__name__}: {e}\n{tb}")
-        return None, f"{type(e).__name__}: {e}"[:400]
-

@@ -6,7 +6,8 @@ from typing import Any, Callable
 
 import torch
 
-from kvwall.peers.sglang_patch.realcheck import RealCheck, cast_problems, casts_per_step, compare, guarded
+from kvwall.peers.sglang_patch.realcheck import RealCheck
+from kvwall.peers.sglang_patch.verdicts import cast_problems, casts_per_step, compare, guarded
 
 __all__ = ["real_rows", "VARIANTS", "MINIMAL"]
 
@@ -24,7 +25,7 @@ MINIMAL = ("ModelRunner: SimpleNamespace(model_config, device, req_to_token_pool
 
 
 def _expect(variant: str, cmp: dict[str, Any], casts: list[str]) -> list[str]:
-    """A row's problems: ``casts`` (:func:`~kvwall.peers.sglang_patch.realcheck.cast_problems`'s), then its output's."""
+    """A row's problems: ``casts`` (:func:`~kvwall.peers.sglang_patch.verdicts.cast_problems`'s), then its output's."""
     problems = list(casts)
     if not cmp.get("finite", False):
         problems.append("non-finite output")
@@ -36,13 +37,21 @@ def _expect(variant: str, cmp: dict[str, Any], casts: list[str]) -> list[str]:
 
 
 def real_rows(device: torch.device, *, pool_slots: int, layers: int, context_len: int, graph_bs: int,
-              draft_tokens: int, eager_lens: list[int], replays: list[list[int]], timing_lens: list[int],
-              timing_iters: int, seed: int = 0, source: str | None = None,
+              draft_tokens: int | list[int], eager_lens: list[int], replays: list[list[int]], timing_lens: list[int],
+              timing_iters: int, seed: int = 0, source: str | None = None, prefill_extend: list[int] | None = None,
               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """The rows of the check inside SGLang's real modules (module docstring): ``real_meta`` (what was imported,
     stand-ins, variants), ``real_check`` per (mode, phase, variant), ``real_timing`` per variant. Every stage that
     fails says so in its row (``error``) and the others run on. ``source``: the SGLang source folder (default
-    ``$KVWALL_SGLANG_SOURCE``); without one, a single ``real_meta`` row saying it was not run."""
+    ``$KVWALL_SGLANG_SOURCE``); without one, a single ``real_meta`` row saying it was not run.
+
+    Modes: ``decode`` and ``verify`` (each of ``draft_tokens``: target-verify with that many draft tokens a request)
+    eager and captured; ``draft_extend`` (SGLang's DRAFT_EXTEND_V2, the first of ``draft_tokens`` tokens a request,
+    uniform) and, with ``prefill_extend``, ``prefill`` (EXTEND with a cached prefix of ``eager_lens`` tokens and
+    ``prefill_extend`` new ones: not uniform, so every patch gathers the referenced rows per call) eager only, as
+    SGLang 0.5.23 runs them with this backend (its draft-extend graph runner does not take ``flashinfer_mla``).
+    ``real_memory``: per variant, the bytes measured on a GPU (``torch.cuda.memory_allocated``) around the backend's
+    construction + ``init_cuda_graph_state`` and around each capture."""
     import os  # pylint: disable=import-outside-toplevel
 
     from kvwall.peers.sglang_patch.real import import_sglang  # pylint: disable=import-outside-toplevel
@@ -83,7 +92,7 @@ def real_rows(device: torch.device, *, pool_slots: int, layers: int, context_len
         """One row; ``cap``: the capture a graph row replayed (None: an eager row)."""
         graph = cap is not None and cap.get("graph") is not None
         row = {"section": "real_check", "mode": mode, "phase": phase, "variant": v, "batch": len(lens),
-               "lens": list(lens), "tokens": int(sum(lens)), "draft_tokens": draft_tokens if mode == "verify" else 0,
+               "lens": list(lens), "tokens": int(sum(lens)), "draft_tokens": ndt_of.get(mode, 0),
                "layers": layers, "pool_slots": pool_slots, "whole_pool_casts": None,
                "warmup_casts": cap["warmup_casts"] if cap else None,
                "capture_casts": cap["capture_casts"] if cap else None, "replay_casts": None,
@@ -107,17 +116,29 @@ def real_rows(device: torch.device, *, pool_slots: int, layers: int, context_len
             f"f64={row.get('rel_err_vs_f64')} unp={row.get('max_abs_diff_vs_unpatched')}")
         rows.append(row)
 
-    for mode, ndt in (("decode", 0), ("verify", draft_tokens)):
+    drafts = [draft_tokens] if isinstance(draft_tokens, int) else list(draft_tokens)
+    ndt_of: dict[str, int] = {"draft_extend": drafts[0]}
+    modes: list[tuple[str, int, bool]] = [("decode", 0, True)] + [(_verify(n, drafts), n, True) for n in drafts]
+    modes.append(("draft_extend", drafts[0], False))
+    if prefill_extend:
+        modes.append(("prefill", 0, False))
+    for mode, ndt, graphs in modes:
+        ndt_of[mode] = ndt
         # eager
-        rc.fill_requests(eager_lens, extra=ndt)
-        qs = rc.queries(len(eager_lens) * max(ndt, 1))
-        ref, err = guarded(log, f"reference {mode}/eager", lambda: rc.reference(eager_lens, qs, ndt))
+        extend = list(prefill_extend) if mode == "prefill" else None
+        rc.fill_requests(eager_lens, extra=ndt) if extend is None else _fill(rc, eager_lens, extend)
+        qs = rc.queries(len(eager_lens) * max(ndt, 1) if extend is None else sum(extend))
+        ref, err = guarded(log, f"reference {mode}/eager", lambda: rc.reference(eager_lens, qs, ndt, extend))
         base = None
+        kind = mode if mode in ("draft_extend", "prefill") else None
         for v in VARIANTS:
-            res, err = guarded(log, f"{mode}/eager/{v}", lambda v=v: rc.eager(v, eager_lens, qs, ndt))
+            res, err = guarded(log, f"{mode}/eager/{v}", lambda v=v: rc.eager(v, eager_lens, qs, ndt, mode=kind,
+                                                                                extend=extend))
             if v == "unpatched" and res is not None:
                 base = res["outputs"]
             check(mode, "eager", v, eager_lens, res, err, None if v == "unpatched" else base, ref)
+        if not graphs:
+            continue
         # graphs: capture once per variant, replays with growing requests
         caps = {}
         for v in VARIANTS:
@@ -147,7 +168,8 @@ def real_rows(device: torch.device, *, pool_slots: int, layers: int, context_len
                 t, err = guarded(log, f"timing {v}", lambda v=v: rc.time_graph(caps[v], timing_lens, qs, timing_iters))
                 row = {"section": "real_timing", "variant": v, "batch": len(timing_lens), "lens": list(timing_lens),
                        "layers": layers, "pool_slots": pool_slots, "ms_per_step": None, "ms_min": None,
-                       "ms_max": None, "iters": 0, "speedup_vs_unpatched": None, "error": err}
+                       "ms_max": None, "iters": 0, "speedup_vs_unpatched": None, "error": err,
+                       "us_per_layer": None, "kernel_us_per_layer": None, "kernel_path": None}
                 row.update(t or {})
                 if v == "unpatched":
                     base_ms = row["ms_per_step"]
@@ -162,4 +184,24 @@ def real_rows(device: torch.device, *, pool_slots: int, layers: int, context_len
         if rc.cuda:
             torch.cuda.empty_cache()
     meta["standin_calls"] = sorted(set(finder.calls))[:50]
+    for v in VARIANTS:
+        mem = getattr(rc, "memory", {}).get(v, {})
+        cap = mem.get("capture_bytes") or {}
+        setup = mem.get("setup_bytes")
+        rows.append({"section": "real_memory", "variant": v, "measured": setup is not None, "setup_bytes": setup,
+                     "capture_bytes": dict(cap), "compact_rows_reserved": mem.get("compact_rows_reserved"),
+                     "total_bytes": None if setup is None else setup + sum(cap.values()),
+                     "graph_bs": graph_bs, "context_len": context_len, "pool_slots": pool_slots, "layers": layers})
     return rows
+
+
+def _verify(n: int, drafts: list[int]) -> str:
+    """The mode name of target-verify with ``n`` draft tokens: ``verify`` when only one count is checked (the rows
+    recorded before several were), else ``verify_<n>``."""
+    return "verify" if len(drafts) == 1 else f"verify_{n}"
+
+
+def _fill(rc: RealCheck, prefix: list[int], extend: list[int]) -> None:
+    """Request rows for a prefill with a cached prefix: ``prefix[b] + extend[b]`` slots a request."""
+    total = [p + e for p, e in zip(prefix, extend)]
+    rc.fill_requests(total)
