@@ -254,3 +254,20 @@ def test_a_graph_plan_captured_once_replays_new_lengths_on_the_gpu(path):
     assert _rel(out, want) < 4e-3
     eager = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, eager_plan)
     assert _rel(out, eager.double()) < 4e-3
+
+
+@on_hopper
+@pytest.mark.parametrize("path", ["triton", "wgmma_tokens"])
+def test_the_combines_direct_launch_gives_the_jits_bits(path):
+    """The first launch of a combine compilation goes through Triton's JIT, the next ones call the compiled kernel
+    directly: the same bits, for a plan that cuts every request into chunks."""
+    from kvwall.kernels.mla_decode import kernel
+
+    inp, qn, qp, _ = _gpu_inputs([8000, 3000], 16, 2, "pool_view", seed=31)
+    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM, q_len=2, path=path)
+    assert plan.work.work_list.combine
+    kernel._COMBINE_COMPILED.clear()
+    first = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, return_lse=True)
+    assert kernel._COMBINE_COMPILED  # kept for the direct launch
+    second = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, return_lse=True)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])

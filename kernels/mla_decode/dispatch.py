@@ -367,10 +367,20 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor
     else:
         hopper.launch_planned(plan.path, plan.work, qn, qp, ckv, kpe, plan.kv_indptr, plan.kv_indices, plan.kv_len,
                               scales, plan.sm_scale, plan.q_len, heads, o, lse_rows,
-                              torch.cuda.current_stream(plan.device).cuda_stream)
+                              _stream(plan.device))
     if o.data_ptr() != out.data_ptr():  # out could not be folded in place (rows not evenly spaced): copy back
         out.copy_(o.view(tokens, heads, dc))
     return (out, lse) if return_lse else out
+
+
+#: The current CUDA stream's handle without torch.cuda.current_stream's Python wrapper (a few µs a call).
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(device: torch.device) -> int:
+    if _RAW_STREAM is not None and device.type == "cuda":
+        return _RAW_STREAM(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _fold(t: torch.Tensor, plan: DecodePlan) -> torch.Tensor:

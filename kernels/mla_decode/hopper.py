@@ -40,7 +40,7 @@ import torch
 from kvwall.kernels._common import Fail, check_output, fail, sm_count
 from kvwall.kernels.mla_decode.kernel import (LOG2E, MLADecodeConfig, MLADecodePlan, launch_combine, parse_scale,
                                               plan_mla_decode_triton, validate_call)
-from kvwall.kernels.mla_decode.plan import build_work_list
+from kvwall.kernels.mla_decode.plan import work_list_size
 
 __all__ = ["Kind", "KINDS", "SOURCES", "NVCC_FLAGS", "ARCH", "DC", "DR", "Params", "find_nvcc", "build_key",
            "build_library", "build_refusal", "load_library", "ptxas_check", "wgmma_refusal", "rows_refusal",
@@ -324,9 +324,9 @@ def whole_wave_items(lengths: list[int], head_blocks: int, slots: int, max_waves
         limit = max(1, k * slots // head_blocks)
         want = limit
         while want >= 1:
-            wl = build_work_list(lengths, block_n=64, items_wanted=want)
-            if len(wl.items) <= limit:
-                cost = k * (wl.chunk_tokens + ITEM_OVERHEAD_TOKENS)
+            items, chunk = work_list_size(lengths, block_n=64, items_wanted=want)
+            if items <= limit:
+                cost = k * (chunk + ITEM_OVERHEAD_TOKENS)
                 if best is None or cost < best[0]:
                     best = (cost, want)
                 break

@@ -79,7 +79,7 @@ import dataclasses
 from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import triton
@@ -1046,10 +1046,26 @@ def combine_shape(config: MLADecodeConfig, *, heads: int, kv_lora_rank: int, com
     return block_d, block_s, warps
 
 
+def _int_class(v: int) -> tuple[bool, bool, bool]:
+    """What Triton specializes an int argument on (== 1, divisible by 16, fits 32 bits), and then some."""
+    return v == 1, v % 16 == 0, -2**31 <= v < 2**31
+
+
+#: Compiled combine kernels by everything their compilation depended on (:func:`launch_combine`'s fast launch).
+_COMBINE_COMPILED: dict[tuple, Any] = {}
+#: The launch hooks the fast launch passes on, as Triton's JIT does (Triton 3.4 on: ``triton.knobs``).
+_FAST_LAUNCH = hasattr(triton, "knobs") and hasattr(getattr(triton.knobs, "runtime", None), "launch_enter_hook")
+
+
 def launch_combine(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | None) -> None:
     """The combine kernel for a planned call whose split kernel has written ``plan``'s partials: merges the chunks of
     every request with more than one into ``out`` (and ``lse`` where given); nothing to do when no request was cut.
-    The wgmma path's split kernel writes the same partials and calls this."""
+    The wgmma path's split kernel writes the same partials and calls this.
+
+    On a GPU the first launch of each compilation goes through Triton's JIT; the later ones call the compiled kernel
+    directly (what the JIT's launch does after its cache lookup), keyed by every value the JIT specializes on (each
+    pointer's 16-byte alignment, each int's class) and the constexprs: Triton's per-launch argument binding cost
+    more host time than the rest of ours' call (issue 34)."""
     combined = len(plan.work_list.combine)
     if not combined:
         return
@@ -1058,12 +1074,30 @@ def launch_combine(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | N
     block_d, block_s, warps = combine_shape(cfg, heads=heads, kv_lora_rank=dc, combined=combined,
                                             max_chunks=plan.work_list.max_chunks,
                                             sms=1 if interpreted else sm_count(out.device))
-    handle = _kernel("combine", interpreted)[(combined, heads, dc // block_d)](
-        plan.part_o, plan.part_lse, out, lse if lse is not None else plan.part_lse, heads, 0, out.stride(0),
-        out.stride(1), plan.combine_requests, plan.part_indptr, DC=dc, BLOCK_D=block_d, BLOCK_S=block_s,
-        WRITE_LSE=lse is not None, RNE_BY_BITS=interpreted, WORKLIST=True, num_warps=warps)
-    if not interpreted:
+    grid = (combined, heads, dc // block_d)
+    lse_arg = lse if lse is not None else plan.part_lse
+    args = (plan.part_o, plan.part_lse, out, lse_arg, heads, 0, out.stride(0), out.stride(1), plan.combine_requests,
+            plan.part_indptr)
+    constexprs = dict(DC=dc, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=lse is not None, RNE_BY_BITS=interpreted,
+                      WORKLIST=True)
+    if interpreted:
+        _kernel("combine", True)[grid](*args, **constexprs, num_warps=warps)
+        return
+    key = (out.device.index, warps, *constexprs.values(), *(a.data_ptr() % 16 == 0 for a in args[:4]),
+           *(_int_class(v) for v in args[4:8]), args[8].data_ptr() % 16 == 0, args[9].data_ptr() % 16 == 0)
+    handle = _COMBINE_COMPILED.get(key)
+    if handle is None:
+        handle = _kernel("combine", False)[grid](*args, **constexprs, num_warps=warps)
+        if _FAST_LAUNCH and all(hasattr(handle, a) for a in ("run", "function", "packed_metadata",
+                                                              "launch_metadata")):
+            _COMBINE_COMPILED[key] = handle  # (another Triton's compiled kernel: every launch through the JIT)
         LAST_COMPILED["combine"] = handle
+        return
+    stream = torch._C._cuda_getCurrentRawStream(out.device.index)  # torch.cuda.current_stream's, without its wrapper
+    full = (*args, *constexprs.values())
+    handle.run(*grid, stream, handle.function, handle.packed_metadata, handle.launch_metadata(grid, stream, *full),
+               triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook, *full)
+    LAST_COMPILED["combine"] = handle
 
 
 # ----------------------------------------------------------------------------------------------

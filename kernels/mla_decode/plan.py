@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["TO_THE_END", "WorkList", "build_work_list"]
+__all__ = ["TO_THE_END", "WorkList", "build_work_list", "work_list_size"]
 
 #: The end token of a request's last chunk: "to whatever length the request has when the kernel runs".
 TO_THE_END = 2**31 - 1
@@ -96,3 +96,17 @@ def build_work_list(lengths: Sequence[int], *, block_n: int, items_wanted: int, 
     size = {i: min(hi, lengths[b]) - lo for i, (b, lo, hi, _) in enumerate(items)}
     order = sorted(range(len(items)), key=lambda i: -size[i])  # longest first; stable among equals
     return WorkList(tuple(items[i] for i in order), combine, tuple(part_indptr), chunk, max(chunks_of), lengths)
+
+
+def work_list_size(lengths: Sequence[int], *, block_n: int, items_wanted: int) -> tuple[int, int]:
+    """``(items, chunk tokens)`` of :func:`build_work_list` for these arguments, by its arithmetic alone (no items
+    built, nothing sorted): what a planner trying many ``items_wanted`` needs to compare them."""
+    total = sum(lengths)
+    chunk = max(_cdiv(max(_cdiv(total, items_wanted), 1), block_n) * block_n, block_n)
+    items = 0
+    for n in lengths:
+        k = max(1, _cdiv(n, chunk))
+        per = _cdiv(_cdiv(n, k), block_n) * block_n if n else 0
+        items += max(1, _cdiv(n, per)) if per else 1
+    return items, chunk
+
