@@ -100,8 +100,8 @@ def verify_text(result: Result) -> str:
 
 
 def host_rows(bench: Result, multi: Result | None = None) -> list[dict[str, Any]]:
-    """Host µs per eager planned call of each strategy at each of chapter 5's points (its ``host_us``), and ours'
-    plan µs where ``multi_token_decode`` planned the same heads (median over its points at q_len 1)."""
+    """Host µs per eager planned call of each strategy at each of chapter 5's points (its ``host_us``), FlashInfer's
+    ``plan()`` µs, and ours' plan µs where ``multi_token_decode`` planned the same point (at q_len 1)."""
     out: dict[tuple, dict[str, Any]] = {}
     for r in bench.rows:
         if r.get("section") != "bench" or r.get("strategy") not in HOST_STRATEGIES or r.get("host_us") is None:
@@ -113,14 +113,11 @@ def host_rows(bench: Result, multi: Result | None = None) -> list[dict[str, Any]
             row["ours_device_us"] = r.get("us")
         if r["strategy"].startswith("flashinfer") and r.get("plan_ms") is not None:
             row["flashinfer_plan_us"] = r["plan_ms"] * 1e3
-    if multi is not None:
-        plans: dict[int, list[float]] = {}
+    if multi is not None:  # ours' plan where multi_token_decode planned the same point (q_len 1, host lengths)
         for r in multi.rows:
-            if r.get("section") == "point" and r.get("path") == "ours" and r.get("plan_us") and r["q_len"] == 1:
-                plans.setdefault(r["heads"], []).append(r["plan_us"])
-        for row in out.values():
-            if row["heads"] in plans:
-                row["ours_plan_us"] = median(plans[row["heads"]])
+            key = (r.get("heads"), r.get("context"), r.get("batch"))
+            if r.get("section") == "point" and r.get("path") == "ours" and r.get("q_len") == 1 and key in out:
+                out[key]["ours_plan_us"] = r.get("plan_us")
     return [out[k] for k in sorted(out)]
 
 
@@ -132,8 +129,8 @@ def host_table(bench: Result, multi: Result | None = None) -> Table:
     return Table(host_rows(bench, multi), cols,
                  "Host µs per eager call, plan made beforehand (calls only enqueued, after a warm-up): what the CPU "
                  "pays per layer where a step is not captured in a CUDA graph. Ours' plan: plan_mla_decode with host "
-                 "lengths (no device read), median over multi_token_decode's points at q_len 1; FlashInfer's: its "
-                 "plan(). " + bench.caption() + (" " + multi.caption() if multi is not None else ""))
+                 "lengths (no device read), best of 5, timed by multi_token_decode at its points (q_len 1; blank "
+                 "elsewhere); FlashInfer's: its plan(), once per point. " + bench.caption() + (" " + multi.caption() if multi is not None else ""))
 
 
 def host_text(bench: Result, multi: Result | None = None) -> str:
@@ -147,6 +144,8 @@ def host_text(bench: Result, multi: Result | None = None) -> str:
             + (f"; FlashInfer's planned run {min(fi):.0f}–{max(fi):.0f}" if fi else "")
             + (f"; FlashMLA BF16's {min(mla):.0f}–{max(mla):.0f}" if mla else "") + ".")
     plans = [r["ours_plan_us"] for r in rows if r.get("ours_plan_us")]
+    fi_plans = [r["flashinfer_plan_us"] for r in rows if r.get("flashinfer_plan_us")]
     if plans:
-        text += f" Ours' plan of a step takes {min(plans):.0f}–{max(plans):.0f} µs with host lengths (no device read)."
+        text += (f" Ours' plan of a step takes {min(plans):.0f}–{max(plans):.0f} µs with host lengths (no device read)"
+                 + (f"; FlashInfer's plan() {min(fi_plans):.0f}–{max(fi_plans):.0f} µs" if fi_plans else "") + ".")
     return text

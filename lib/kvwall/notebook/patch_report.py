@@ -14,7 +14,7 @@ from kvwall.model.geometry import GLM5
 from kvwall.notebook.tables import Table, number, scientific, times
 from kvwall.results import Result
 
-__all__ = ["patch_check_table", "patch_meta", "patch_run_text", "real_meta", "real_check_rows", "real_timing_rows",
+__all__ = ["real_memory_text", "patch_check_table", "patch_meta", "patch_run_text", "real_meta", "real_check_rows", "real_timing_rows",
            "real_check_table", "real_timing_table", "real_run_text", "real_not_run_text", "FORWARD_MODES",
            "real_memory_rows", "real_memory_table"]
 
@@ -179,6 +179,23 @@ def real_memory_table(result: Result, caption: str) -> Table:
             for r in real_memory_rows(result)]
     return Table(rows, {"variant": "variant", "set-up MB": ("setup_mb", number(1)), "captures, MB": "capture",
                         "total MB": ("total_mb", number(1)), "compact BF16 rows reserved": "compact"}, caption)
+
+
+def real_memory_text(result: Result) -> str:
+    """What each patch reserves beyond the unpatched backend, from the measured ``real_memory`` rows, and at what
+    configuration (empty where they were not measured)."""
+    rows = {r["variant"]: r for r in real_memory_rows(result)}
+    base = rows.get("unpatched")
+    if not base:
+        return ""
+    mb = 1e6
+    parts = [f"`{v}` {(r['total_bytes'] - base['total_bytes']) / mb:+,.1f} MB"
+             + (f" ({r['compact_rows_reserved']:,} compact BF16 rows)" if r.get("compact_rows_reserved") else "")
+             for v, r in rows.items() if v != "unpatched"]
+    return (f"Measured inside SGLang's modules (`torch.cuda.memory_allocated` around the backend's set-up and its "
+            f"CUDA-graph captures; {base['layers']} layers, a pool of {base['pool_slots']:,} slots, graphs of batch "
+            f"{base['graph_bs']} at a {base['context_len']:,}-token context limit), each patch holds beyond the "
+            f"unpatched backend's {base['total_bytes'] / mb:,.1f} MB: " + ", ".join(parts) + ".")
 
 
 def _join(items: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""Chapter 5's experiments: ours (:func:`kvwall.kernels.mla_decode.dispatch.mla_decode`) and its paths -- the
+"""Chapter 5's experiments: ours (:func:`kvwall.kernels.mla_decode`, planned by :func:`kvwall.kernels.plan_mla_decode`) and its paths -- the
 Triton path, the wgmma path and the tokens-on-M wgmma path -- tuned, timed, checked and profiled, one module each, in
 recording order (each reads what the one before it wrote):
 
