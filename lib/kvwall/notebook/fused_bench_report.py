@@ -228,14 +228,17 @@ def lead(grid: Grid) -> Lead:
                   fm_fp8_err_over_ours_min=min(err_x) if err_x else None)
     text = (f"Over the **{n} points** of the grid, ours is faster than FlashMLA's FP8 kernel at "
             f"**{fm8_n - fm8} of {fm8_n}** and than FlashMLA's BF16 kernel at **{fm16_n - fm16} of {fm16_n}**; "
-            f"it is the fastest of the five at **{len(fastest)}**, FlashMLA FP8 at **{len(fm8_fastest)}**.")
+            f"it is the fastest of the kernels timed at **{len(fastest)}**, FlashMLA FP8 at **{len(fm8_fastest)}**.")
     if worst is not None:
         text += (f" It loses most at {point_label(worst)}, where FlashMLA FP8 is "
                  f"**{grid.us(OURS, worst) / grid.us(FM_FP8, worst):.1f}×** faster.")
     fi, fi_n = values["flashinfer_faster_than_ours"], values["flashinfer_points"]
     sg, sg_n = values[f"{SGLANG}_faster_than_ours"], values[f"{SGLANG}_points"]
-    text += (f" FlashInfer's best is faster than ours at {fi} of {fi_n} points, SGLang's Triton kernel at {sg} of "
-             f"{sg_n}. Among the ways to decode from the FP8 cache with a BF16 query (ours, FlashInfer's native FP8, "
+    failed = next((r["error"] for r in grid.by.values() if r["strategy"] == SGLANG and r.get("error")), None)
+    sglang = (f"SGLang's Triton kernel at {sg} of {sg_n}" if sg_n or not failed else
+              f"SGLang's Triton kernel did not run in this recording ({failed.split(':')[0]}: "
+              f"{failed.split(': ', 1)[-1][:90]})")
+    text += (f" FlashInfer's best is faster than ours at {fi} of {fi_n} points, {sglang}. Among the ways to decode from the FP8 cache with a BF16 query (ours, FlashInfer's native FP8, "
              f"the casts before FlashInfer BF16), ours is the fastest at **{len(fp8_cache_wins)} of {n}**.")
     if err_x:
         text += (f" FlashMLA FP8 buys its speed with accuracy: it quantizes the query to FP8, and on this grid's "

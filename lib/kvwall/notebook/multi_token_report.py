@@ -8,6 +8,7 @@ from statistics import median
 from typing import Any
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from kvwall.notebook.plots import arrange
 from kvwall.notebook.tables import Table, number, scientific, times
@@ -59,21 +60,31 @@ def verify_table(result: Result) -> Table:
 
 def verify_figure(result: Result, title: str = "A verify of q_len tokens, in decode steps (recorded, H200)"
                   ) -> go.Figure:
-    """Ours' and FlashMLA's µs at each q_len over their own µs at q_len 1, per (heads, context, batch)."""
+    """One panel per head count: ours' µs (solid) and FlashMLA BF16's (dotted) at each q_len over their own µs at
+    q_len 1, one colour per (context, batch)."""
     rows = verify_rows(result)
-    fig = go.Figure()
-    points = sorted({(r["heads"], r["context"], r["batch"]) for r in rows})
-    for path, dash in (("ours", "solid"), ("flashmla_dense_bf16", "dot")):
-        for h, c, b in points:
-            mine = [r for r in rows if (r["heads"], r["context"], r["batch"]) == (h, c, b) and r.get(path)]
-            one = next((r[path] for r in mine if r["q_len"] == 1), None)
-            if not one or path == "flashmla_dense_bf16" and h != 16:
-                continue
-            fig.add_trace(go.Scatter(x=[r["q_len"] for r in mine], y=[r[path] / one for r in mine], mode="lines+markers",
-                                     line=dict(dash=dash), name=f"{PEER_NAMES[path]}, {h} heads, {c // 1024}K × {b}"))
-    fig.update_layout(title=title, xaxis_title="query tokens a request (q_len)", yaxis_title="µs / µs at q_len 1",
-                      xaxis=dict(type="log", tickvals=[1, 2, 4, 8]))
-    return arrange(fig, [result.caption(), "Dotted: FlashMLA BF16 at 16 heads, for comparison."], height=520)
+    heads = sorted({r["heads"] for r in rows})
+    shapes = sorted({(r["context"], r["batch"]) for r in rows})
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+    fig = make_subplots(rows=1, cols=len(heads), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[f"{h} heads" for h in heads])
+    for col, h in enumerate(heads, start=1):
+        for i, (c, b) in enumerate(shapes):
+            for path, dash in (("ours", "solid"), ("flashmla_dense_bf16", "dot")):
+                mine = sorted((r for r in rows if (r["heads"], r["context"], r["batch"]) == (h, c, b) and r.get(path)),
+                              key=lambda r: r["q_len"])
+                one = next((r[path] for r in mine if r["q_len"] == 1), None)
+                if not one:
+                    continue
+                fig.add_trace(go.Scatter(
+                    x=[r["q_len"] for r in mine], y=[r[path] / one for r in mine], mode="lines+markers",
+                    line=dict(dash=dash, color=colors[i % len(colors)]), legendgroup=f"{path}{c}{b}",
+                    showlegend=col == 1, name=f"{PEER_NAMES[path]}, {c // 1024}K × {b}"), row=1, col=col)
+        fig.update_xaxes(type="log", tickvals=[1, 2, 4, 8], title_text="q_len", row=1, col=col)
+    fig.update_yaxes(title_text="µs / µs at q_len 1", row=1, col=1)
+    fig.update_layout(title=title)
+    return arrange(fig, [result.caption(), "Solid: ours; dotted: FlashMLA BF16 (s_q = q_len) on the same requests. "
+                         "1 means a verify costs one decode step."], height=560)
 
 
 def verify_text(result: Result) -> str:

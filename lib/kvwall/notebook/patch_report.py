@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvwall.model.geometry import GLM5
+from kvwall.peers.sglang_source import SGLangSourceUnavailable, sglang_source
 from kvwall.notebook.tables import Table, number, scientific, times
 from kvwall.results import Result
 
@@ -142,7 +143,7 @@ def real_check_table(result: Result, caption: str) -> Table:
 
 def real_timing_table(result: Result, caption: str) -> Table:
     """``real_timing``: each variant's decode step (every layer) replayed in a CUDA graph: median, min–max, speed-up
-    over unpatched."""
+    over unpatched; for the fused patch, its µs a layer beside ours alone on the same plan and inputs, in a graph."""
     rows = [{**r, "span": "—" if r.get("ms_min") is None else f"{r['ms_min']:.3f}–{r['ms_max']:.3f}",
              "what": f"{r['batch']} × {r['lens'][0]:,}" if len(set(r["lens"])) == 1 else
              f"{r['batch']} req., {sum(r['lens']):,} tok.",
@@ -151,6 +152,9 @@ def real_timing_table(result: Result, caption: str) -> Table:
     cols: dict[str, Any] = {"variant": "variant", "batch × tokens": "what", "layers": "layers",
                             "ms per step (median)": ("ms_per_step", number(3)), "min–max": "span",
                             "speed-up: unpatched ms / this ms": ("speedup_vs_unpatched", times(1))}
+    if any(r.get("kernel_us_per_layer") for r in rows):  # ours inside SGLang's backend against ours alone
+        cols |= {"µs a layer": ("us_per_layer", number(1)),
+                 "ours alone, µs a layer": ("kernel_us_per_layer", number(1)), "ours' path": "kernel_path"}
     if any(r["err"] for r in rows):
         cols["error"] = "err"
     return Table(rows, cols, caption)
@@ -179,6 +183,25 @@ def real_memory_table(result: Result, caption: str) -> Table:
             for r in real_memory_rows(result)]
     return Table(rows, {"variant": "variant", "set-up MB": ("setup_mb", number(1)), "captures, MB": "capture",
                         "total MB": ("total_mb", number(1)), "compact BF16 rows reserved": "compact"}, caption)
+
+
+def sglang_pins(names: tuple[str, ...] = ("torch", "flashinfer_python")) -> dict[str, str]:
+    """The versions SGLang 0.5.23 pins for ``names``, read from its wheel's ``METADATA`` (``Requires-Dist: torch==...``);
+    empty where the wheel cannot be had (offline, empty cache)."""
+    try:
+        root = sglang_source()
+    except SGLangSourceUnavailable:
+        return {}
+    meta = next(root.glob("sglang-*.dist-info/METADATA"), None)
+    if meta is None:
+        return {}
+    pins = {}
+    for line in meta.read_text().splitlines():
+        name, _, pin = line.removeprefix("Requires-Dist: ").partition("==")
+        name = name.split("[")[0].strip()
+        if line.startswith("Requires-Dist: ") and name in names and pin:
+            pins[name] = pin.split(";")[0].strip()
+    return pins
 
 
 def real_memory_text(result: Result) -> str:
@@ -234,6 +257,14 @@ def real_run_text(result: Result) -> str:
         + "; each patch was applied to that file with `git apply --check` and `git apply` ("
         + ", ".join(f"`{v}`: exit codes {i.get('check_rc')} and {i.get('apply_rc')}" for v, i in m["variants"].items()
                     if v != "unpatched") + ") and imported as a module of its own.")
+    pins = sglang_pins()
+    prov = result.provenance
+    bullets.append(f"**Versions.** This run: torch {prov.torch}, FlashInfer {prov.flashinfer}, Triton {prov.triton}. "
+                   + (f"SGLang 0.5.23 pins torch=={pins['torch']} and flashinfer-python=={pins['flashinfer_python']} "
+                      "(its wheel's METADATA): the check ran SGLang's Python modules on other versions of both, and "
+                      "FlashInfer's kernels for the unpatched path are those of this run's FlashInfer."
+                      if {"torch", "flashinfer_python"} <= set(pins) else
+                      "SGLang 0.5.23's pins were not read here (its wheel could not be had)."))
     standins = m.get("standins") or {}
     calls = m.get("standin_calls") or []
     text = ("**Stand-ins** only for the modules that cannot import on that machine, where SGLang imports them "
@@ -367,7 +398,7 @@ def real_not_run_text(result: Result) -> str:
         return ("**Not run:** SGLang's real modules (see above), a server, model weights; what ran is the check with "
                 "stand-ins below.")
     layers = sorted({r["layers"] for r in rows})
-    modes = {r["mode"] for r in rows}
+    modes = {r["mode"].split("_")[0] if r["mode"].startswith("verify_") else r["mode"] for r in rows}
     left = [w for k, w in FORWARD_MODES.items() if k not in modes]
     writes = next((e.partition(": ")[2] for e in m.get("minimal_objects") or [] if e.startswith("KV writes")), "")
     return ("**Not run:** no SGLang server, scheduler or `ModelRunner` (the minimal objects above stood for them); no "
