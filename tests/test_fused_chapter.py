@@ -32,7 +32,7 @@ def test_chapter_5_on_cpu(tmp_path):
     assert rec["mode"] == "cpu" and rec["scale"] == "small"
     assert rec["duration_s"] < 180, "chapter 5 must run in 3 minutes on a 2-core CPU"
     assert v["live_validation_passed"] is True
-    assert {u["experiment"] for u in rec["recorded_used"]} == CHAPTER5_RESULTS
+    assert {u["experiment"] for u in rec["recorded_used"]} == CHAPTER5_RESULTS | {"multi_token_decode"}
     awaiting = awaiting_rerecord()  # stale, listed with the reason, shown with the STALE warning
     assert not any(u["stale"] and u["experiment"] not in awaiting for u in rec["recorded_used"])
     # The lead: every count recomputed from the benchmark's rows.

@@ -48,7 +48,7 @@ def verify_rows(result: Result) -> list[dict[str, Any]]:
 def verify_table(result: Result) -> Table:
     return Table(verify_rows(result), {
         "heads": "heads", "context": ("context", number(0)), "batch": "batch", "q_len": "q_len",
-        "ours µs": ("ours", number(1)), "ours' path": "kernel_path", "× ours at q_len 1": ("ours_vs_q1", times(2)),
+        "ours µs": ("ours", number(1)), "ours' path": "kernel_path", "ours / ours at q_len 1": ("ours_vs_q1", times(2)),
         "FlashMLA BF16 µs": ("flashmla_dense_bf16", number(1)), "FlashMLA FP8 µs": ("flashmla_dense_fp8", number(1)),
         "FlashMLA BF16 / ours": ("ours_vs_bf16", times(2)), "ours' error": ("ours_err", scientific),
         "FlashMLA FP8's error": ("flashmla_dense_fp8_err", scientific)},
