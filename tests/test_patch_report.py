@@ -52,7 +52,10 @@ def test_the_run_text_states_what_the_rows_hold(recorded):
     not_run = pr.real_not_run_text(recorded)
     assert "no SGLang server" in not_run and "no model weights" in not_run
     assert f"{layers} layers, not GLM-5's 78" in not_run
-    assert "draft-extend" in not_run  # driven: decode and verify only
+    driven = {"verify" if r["mode"].startswith("verify") else r["mode"] for r in rows}
+    for mode, words in pr.FORWARD_MODES.items():  # a mode the diffs change is named as not run exactly when it was not
+        if mode != "decode":
+            assert (words in not_run) == (mode not in driven), (mode, not_run)
 
 
 def test_the_tables_hold_every_row(recorded):
@@ -96,15 +99,15 @@ def test_a_failing_row_shows_as_failing(recorded):
     # a patched graph row that casts the pool, and is judged so
     bad = copy.deepcopy(rows)
     row = next(r for r in bad if r["section"] == "real_check" and r["variant"] == "fused"
-               and r["phase"] == "replay 2" and r["mode"] == "verify")
+               and r["phase"] == "replay 2" and r["mode"] == "verify_2")
     row.update(whole_pool_casts=6, ok=False, problems=["the captured graph, replayed every step: 6 whole-pool casts, "
                                                        "expected 0 (a patch makes none)"])
     res = _with_rows(recorded, bad)
     text = pr.real_run_text(res)
     assert f"{n - 1} of {n} rows passed" in text
-    assert "1 patched rows cast the whole pool: verify/replay 2/fused 6" in text
+    assert "1 patched rows cast the whole pool: verify_2/replay 2/fused 6" in text
     assert "Every patched row" not in text
-    assert re.search(r"\*\*Failed:\*\* verify/replay 2/fused: the captured graph, replayed every step: 6", text)
+    assert re.search(r"\*\*Failed:\*\* verify_2/replay 2/fused: the captured graph, replayed every step: 6", text)
     md = _render(pr.real_check_table(res, "c"))
     assert md.count("**no**") == 1 and "expected 0 (a patch makes none)" in md
 

@@ -285,14 +285,17 @@ def real_run_text(result: Result) -> str:
                         + "; ".join(_minimal(e) for e in objects) + "." if objects else "")
                        + "".join(f" {e.partition(': ')[0]}: {e.partition(': ')[2]}." for e in others))
     if rows:
-        modes = list(dict.fromkeys(r["mode"] for r in rows))
-        drafts = sorted({r["draft_tokens"] for r in rows if r["mode"] == "verify"})
+        modes = list(dict.fromkeys("verify" if r["mode"].startswith("verify") else r["mode"] for r in rows))
+        drafts = sorted({r["draft_tokens"] for r in rows if r["mode"].startswith("verify") and r.get("draft_tokens")})
         replays = [r for r in rows if r["variant"] == rows[0]["variant"] and r["mode"] == modes[0]
                    and str(r["phase"]).startswith("replay")]
         eager = next((r for r in rows if r["phase"] == "eager"), None)
         said = {"decode": "decode (`forward_decode`)",
                 "verify": "target-verify (`forward_extend` with SGLang's `EagleVerifyInput`, "
-                          f"{'/'.join(map(str, drafts))} draft tokens per request)"}
+                          f"{'/'.join(map(str, drafts))} draft tokens per request)",
+                "draft_extend": "draft-extend (`forward_extend`, eagerly: SGLang 0.5.23 captures no draft-extend "
+                                "graph for this backend)",
+                "prefill": "paged prefill with a cached prefix (`forward_extend`, eagerly)"}
         graph = ("as SGLang's CUDA-graph runner does it: `init_cuda_graph_state`, the capture-time metadata, a "
                  "warm-up forward, the capture of every layer's forward in one CUDA graph, then "
                  f"{len(replays)} replays, each after `init_forward_metadata_out_graph` with longer requests ("
@@ -301,7 +304,7 @@ def real_run_text(result: Result) -> str:
             graph += "; without a GPU the graph phases ran their metadata calls and the forward without capture"
         phases = ([f"eager (`init_forward_metadata`, {eager['tokens']:,} tokens)"] if eager else []) + [graph]
         bullets.append(
-            f"**Driven** on {where}: " + " and ".join(said.get(x, x) for x in modes)
+            f"**Driven** on {where}: " + _join([said.get(x, x) for x in modes])
             + f", {rows[0]['layers']} layers over one real `MLATokenToKVPool` of {rows[0]['pool_slots']:,} FP8 slots "
             f"(with SGLang's `ReqToTokenPool` and `KVIndexTranslator`), batch {rows[0]['batch']}: "
             + ", and ".join(phases)
