@@ -78,8 +78,10 @@ def verify_figure(result: Result, title: str = "A verify of q_len tokens, in dec
                     continue
                 fig.add_trace(go.Scatter(
                     x=[r["q_len"] for r in mine], y=[r[path] / one for r in mine], mode="lines+markers",
-                    line=dict(dash=dash, color=colors[i % len(colors)]), legendgroup=f"{path}{c}{b}",
-                    showlegend=col == 1, name=f"{PEER_NAMES[path]}, {c // 1024}K × {b}"), row=1, col=col)
+                    line=dict(dash=dash, color=colors[i % len(colors)]), legendgroup=f"{c}{b}",
+                    showlegend=col == 1 and path == "ours", name=f"{c // 1024}K tokens × {b}",
+                    hovertemplate=f"{PEER_NAMES[path]}, {h} heads, {c // 1024}K × {b}, q_len %{{x}}: "
+                                  "%{y:.2f}× its q_len-1 µs<extra></extra>"), row=1, col=col)
         fig.update_xaxes(type="log", tickvals=[1, 2, 4, 8], title_text="q_len", row=1, col=col)
     fig.update_yaxes(title_text="µs / µs at q_len 1", row=1, col=1)
     fig.update_layout(title=title)
