@@ -66,8 +66,7 @@ def verify_figure(result: Result, title: str = "A verify of q_len tokens, in dec
     heads = sorted({r["heads"] for r in rows})
     shapes = sorted({(r["context"], r["batch"]) for r in rows})
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
-    fig = make_subplots(rows=1, cols=len(heads), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[f"{h} heads" for h in heads])
+    fig = make_subplots(rows=1, cols=len(heads), shared_yaxes=True, horizontal_spacing=0.04)
     for col, h in enumerate(heads, start=1):
         for i, (c, b) in enumerate(shapes):
             for path, dash in (("ours", "solid"), ("flashmla_dense_bf16", "dot")):
@@ -81,8 +80,8 @@ def verify_figure(result: Result, title: str = "A verify of q_len tokens, in dec
                     line=dict(dash=dash, color=colors[i % len(colors)]), legendgroup=f"{c}{b}",
                     showlegend=col == 1 and path == "ours", name=f"{c // 1024}K tokens × {b}",
                     hovertemplate=f"{PEER_NAMES[path]}, {h} heads, {c // 1024}K × {b}, q_len %{{x}}: "
-                                  "%{y:.2f}× its q_len-1 µs<extra></extra>"), row=1, col=col)
-        fig.update_xaxes(type="log", tickvals=[1, 2, 4, 8], title_text="q_len", row=1, col=col)
+                                  f"%{{y:.2f}}× its q_len-1 µs<extra></extra>"), row=1, col=col)
+        fig.update_xaxes(type="log", tickvals=[1, 2, 4, 8], title_text=f"q_len, {h} heads", row=1, col=col)
     fig.update_yaxes(title_text="µs / µs at q_len 1", row=1, col=1)
     fig.update_layout(title=title)
     return arrange(fig, [result.caption(), "Solid: ours; dotted: FlashMLA BF16 (s_q = q_len) on the same requests. "
