@@ -403,27 +403,6 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
 }  // namespace wg
 }  // namespace kvwall_mla
 
-#include "mla_decode_wgmma_pair.cuh"
-
-namespace kvwall_mla {
-namespace wg {
-// 1: a launch with an even number of head blocks and q_len 1 runs the cluster-pair kernel (mla_decode_wgmma_pair.cuh);
-// 0: the one-CTA kernel above everywhere (kvwall_mla_wgmma_set_pair: the tests check both).
-static int g_pair = 2;  // the Exchange mode of mla_decode_wgmma_pair.cuh (0: the one-CTA kernel)
-// Why a launch does not run the pair kernel (a short reason), or null when it does.
-inline const char* pair_refusal(const Params* p, int head_blocks) {
-#ifdef KVWALL_TRACE
-  return "the KVWALL_TRACE build traces the one-CTA kernel";
-#else
-  if (!g_pair) return "turned off (kvwall_mla_wgmma_set_pair)";
-  if (p->q_len != 1) return "a multi-token query (q_len > 1)";
-  if (head_blocks % 2) return "an odd number of 64-row head blocks";
-  return nullptr;
-#endif
-}
-}  // namespace wg
-}  // namespace kvwall_mla
-
 extern "C" {
 
 // Dynamic shared memory per CTA and heads per CTA of the warpgroup kernel.
@@ -438,31 +417,9 @@ int kvwall_mla_wgmma_shape(int* smem, int* heads, int* block_n, int* threads) {
 // The split kernel for `p` (its q_len picks the instantiation: 1, the decode code, or the multi-token one).
 int kvwall_mla_wgmma_split(const kvwall_mla::Params* p, int head_blocks, int items, void* stream) {
   using namespace kvwall_mla::wg;
-  if (!pair_refusal(p, head_blocks)) {
-    switch (g_pair) {
-      case kvwall_mla::pair::ST_ASYNC: return kvwall_mla::pair::launch_pair<kvwall_mla::pair::ST_ASYNC>(head_blocks, items, stream, p);
-      case kvwall_mla::pair::NONE: return kvwall_mla::pair::launch_pair<kvwall_mla::pair::NONE>(head_blocks, items, stream, p);
-      default: return kvwall_mla::pair::launch_pair<kvwall_mla::pair::BULK>(head_blocks, items, stream, p);
-    }
-  }
   return kvwall_mla::hopper::launch(p->q_len > 1 ? mla_wgmma_split_kernel<true> : mla_wgmma_split_kernel<false>,
                                     head_blocks, items, NT, SMEM, stream, p);
 }
-
-// Turn the cluster-pair kernel on (1) or off (0); returns the previous setting.
-int kvwall_mla_wgmma_set_pair(int on) {
-  const int old = kvwall_mla::wg::g_pair;
-  kvwall_mla::wg::g_pair = on;
-  return old;
-}
-
-// Whether a launch of `p` over `head_blocks` runs the pair kernel (1) or not (0).
-int kvwall_mla_wgmma_uses_pair(const kvwall_mla::Params* p, int head_blocks) {
-  return kvwall_mla::wg::pair_refusal(p, head_blocks) ? 0 : 1;
-}
-
-// Clusters of two pair-kernel CTAs that fit on the current device at once, or a negative CUDA error code.
-int kvwall_mla_wgmma_pair_slots() { return kvwall_mla::pair::max_active_pairs(); }
 
 #ifdef KVWALL_TRACE
 // The diagnostic build's phase sums (2 x 16 counters) into `host`; zeroed after reading when `reset`.

@@ -68,26 +68,9 @@ def check_library(lib: ctypes.CDLL) -> None:
     if tuple(shape) != (SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS):
         raise RuntimeError(f"{WGMMA_SOURCE.name}'s shape {tuple(shape)} differs from the host's "
                            f"{(SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS)}.")
-    for name, argtypes in (("kvwall_mla_wgmma_set_pair", [ctypes.c_int]),
-                           ("kvwall_mla_wgmma_uses_pair", [ctypes.POINTER(Params), ctypes.c_int]),
-                           ("kvwall_mla_wgmma_pair_slots", [])):
-        getattr(lib, name).restype = ctypes.c_int
-        getattr(lib, name).argtypes = argtypes
     if hasattr(lib, "kvwall_mla_trace"):
         lib.kvwall_mla_trace.restype = ctypes.c_int
         lib.kvwall_mla_trace.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
-
-
-@contextlib.contextmanager
-def one_cta_kernel():
-    """Within it, the wgmma path runs its one-CTA kernel at every head count: the cluster-pair kernel
-    (``mla_decode_wgmma_pair.cuh``, even numbers of 64-row head blocks at q_len 1) is off."""
-    lib = load_mla_decode_wgmma()
-    old = lib.kvwall_mla_wgmma_set_pair(0)
-    try:
-        yield
-    finally:
-        lib.kvwall_mla_wgmma_set_pair(old)
 
 
 def load_mla_decode_wgmma(trace: bool = False) -> ctypes.CDLL:
