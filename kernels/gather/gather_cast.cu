@@ -73,7 +73,10 @@ __global__ void __launch_bounds__(kThreads) gather_cast_kernel(
   uint32_t rows = capacity_rows;
   if (indptr_end != nullptr) {
     int64_t end = indptr_64 ? *static_cast<const int64_t*>(indptr_end) : *static_cast<const int32_t*>(indptr_end);
-    int64_t real = end < 0 ? 0 : end * static_cast<int64_t>(page_size);
+    // Clamped to the capacity in pages BEFORE the multiply: an end near 2^57 times a page of 64 would wrap.
+    const int64_t cap_pages = (static_cast<int64_t>(capacity_rows) + page_size - 1) / page_size;
+    const int64_t pages = end < 0 ? 0 : (end < cap_pages ? end : cap_pages);
+    const int64_t real = pages * static_cast<int64_t>(page_size);
     if (real < rows) rows = static_cast<uint32_t>(real);
   }
   const uint32_t total = rows * chunks_per_row;  // the launcher keeps capacity chunks < 2^31
