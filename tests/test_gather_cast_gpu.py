@@ -82,3 +82,20 @@ def test_cuda_twin_offsets_past_2_31_on_a_strided_view(gpu_wide_pool):
 
 def test_mla_decode_offsets_past_2_31_on_a_strided_view(gpu_wide_pool):
     check_mla(gpu_wide_pool)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("end", [2**57, 2**61, 2**63 - 1, 2**31 - 1])
+def test_an_unchecked_indptr_end_past_the_capacity_is_clamped_on_gpu(impl, end):
+    """Unchecked, a paged pool's int64 ``kv_indptr`` end far past the capacity is clamped to it (not wrapped by the
+    multiply by the page size): every row of the page table is written, as the docstring says."""
+    g = torch.Generator().manual_seed(4)
+    raw = torch.randint(0, 256, (4, 64, 16), generator=g, dtype=torch.uint8)
+    raw[(raw & 0x7F) == 0x7F] = 0  # no FP8 NaN: the comparison below is of finite values
+    pool = raw.view(torch.float8_e4m3fn).cuda()
+    idx = torch.tensor([2, 0, 3], dtype=torch.int64, device="cuda")
+    ptr = torch.tensor([0, end], dtype=torch.int64, device="cuda")
+    fn = gather_cast if impl == "triton" else gather_cast_cuda
+    out = fn(pool, idx, ptr, check_range=False)
+    want = pool[idx].to(torch.bfloat16)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
