@@ -125,7 +125,7 @@ def test_stale_result_is_shown_with_a_visible_warning(tmp_path, monkeypatch):
     first = next(iter(data["provenance"]["sources"]))
     data["provenance"]["sources"][first] = "0" * 16  # as if the source changed since the run
     # ... recorded so (the digest covers the provenance: an edit alone would be refused, not stale)
-    data["provenance"]["digest"] = content_digest(data["params"], data["rows"], data["provenance"])
+    data["provenance"]["digest"] = content_digest(data)
     (tmp_path / "cast_sweep.json").write_text(json.dumps(data))
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))

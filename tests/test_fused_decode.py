@@ -170,11 +170,12 @@ def test_path_table_from_synthetic_rows(tmp_path):
     table = paths.path_table(result)
     entry = table["NVIDIA H200"]
     assert entry == {"capability": [9, 0], "page_size": 1, "points": [
-        [16, 4096, 1, "wgmma"], [16, 131072, 1, "triton"], [64, 64, 1, "triton"]]}  # the choices, nothing else
+        [16, 4096, 1, "wgmma", 4096, 4096], [16, 131072, 1, "triton", 131072, 131072],
+        [64, 64, 1, "triton", 64, 64]]}  # the choices and the shapes they key, nothing else
     times = paths.measured_table(result)["NVIDIA H200"]
     assert "fused_decode_paths" in times["by"] and times["points"] == [
         [16, 4096, 1, 15.0, 14.0, None], [16, 131072, 1, 50.0, 55.0, None], [64, 64, 1, 14.0, None, None]]
-    assert paths.path_table(result, page_size=64)["NVIDIA H200"]["points"] == [[16, 4096, 1, "wgmma"]]
+    assert paths.path_table(result, page_size=64)["NVIDIA H200"]["points"] == [[16, 4096, 1, "wgmma", 4096, 4096]]
     # record's after_record: merged into the file, other GPUs' entries kept, the written paths returned
     target = tmp_path / "paths.json"
     target.write_text(json.dumps({"Other GPU": {"points": []}}))
@@ -197,7 +198,8 @@ def test_path_table_with_the_tokens_on_m_path(tmp_path):
     result = _paths_result(rows, wgmma_tokens=built)
     validate_rows("fused_decode_paths", result.rows)
     points = paths.path_table(result)["NVIDIA H200"]["points"]
-    assert points == [[16, 131072, 32, "wgmma_tokens"], [32, 4096, 1, "wgmma"], [128, 32768, 32, "wgmma"]]
+    assert points == [[16, 131072, 32, "wgmma_tokens", 4194304, 131072], [32, 4096, 1, "wgmma", 4096, 4096],
+                      [128, 32768, 32, "wgmma", 1048576, 32768]]
     assert paths.measured_table(result)["NVIDIA H200"]["points"] == [
         [16, 131072, 32, 320.0, 314.0, 224.0], [32, 4096, 1, 17.0, 15.0, None], [128, 32768, 32, 751.0, 223.0, 400.0]]
     target = tmp_path / "paths.json"
@@ -206,8 +208,8 @@ def test_path_table_with_the_tokens_on_m_path(tmp_path):
     table = json.loads(target.read_text())
     # record runs the experiments after this one in the same process: they read the table just written
     assert path_table.read_table(target) == table
-    for h, c, b, want in points:
-        assert path_table.decide_path(h, b, c, gpu="NVIDIA H200", capability=(9, 0), refusal=None,
+    for h, c, b, want, n, m in points:
+        assert path_table.decide_path(h, b, m, tokens=n, gpu="NVIDIA H200", capability=(9, 0), refusal=None,
                                       table=table)[0] == want
 
 

@@ -3,27 +3,33 @@ its measured table (kernels/mla_decode/paths.json), and the contracts every path
 parametrized over the paths ("triton", "wgmma", "wgmma_tokens"), skipped with a reason where a path cannot run here.
 
 The rule (choose_path / decide_path): the Triton path where the wgmma paths cannot run (not compute capability 9.0,
-other widths, misaligned rows); else the measured entry of this GPU, else one of the same compute capability, the
-fastest path timed at the nearest point; with no entry, the tokens-on-M wgmma path up to 32 heads, the wgmma path
-above. A table point is [heads, context, batch, path] (kernels.mla_decode.path_table); the times behind it are in the
-sidecar paths_measured.json, which the dispatcher does not read.
+other widths, misaligned rows); else the measured entry of this GPU, else one of the same compute capability: among
+its points of the call's head count, the point of the call's shape (batch, tokens, longest request), else the nearest
+in batch and tokens; with no entry, no point of that head count or a refused (malformed) table, the tokens-on-M wgmma
+path up to 32 heads, the wgmma path above -- never the nearest point of another head count. A table point is
+[heads, context, batch, path, tokens, max_len] (kernels.mla_decode.path_table); the times behind it are in the
+sidecar paths_measured.json, which the dispatcher does not read. tests/test_dispatch_rule.py holds the rule to the
+recorded run.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import pytest
 import torch
 
 from kvwall.kernels.mla_decode import dispatch
+from kvwall.kernels.mla_decode import path_table
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.cases import SM_SCALE
 from kvwall.kernels.mla_decode.dispatch import choose_path, mla_decode, plan_mla_decode
-from kvwall.kernels.mla_decode.path_table import (KERNEL_PATHS, PATHS_FILE, decide_path, fastest, measured_choice,
-                                                  path_point, table_entry, table_text)
+from kvwall.kernels.mla_decode.path_table import (KERNEL_PATHS, PATHS_FILE, POINT_COLUMNS, decide_path, fastest,
+                                                  measured_choice, path_point, read_table, reload_table,
+                                                  table_entry, table_problem, table_refusal, table_text)
 from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode_triton
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
 
@@ -32,30 +38,45 @@ FP8 = torch.float8_e4m3fn
 H200 = "NVIDIA H200"
 H100 = "NVIDIA H100 80GB HBM3"
 TABLE = {H200: {"capability": [9, 0], "page_size": 1, "points": [
-    path_point(16, 4096, 1, 15.0, 18.0), path_point(16, 131072, 64, 620.0, 570.0),
-    path_point(128, 32768, 32, 700.0, 220.0)]}}
-#: A table with the tokens-on-M path: fastest at 16 heads, slower at 128 heads, not timed at one point; and one point
-#: as tables before the split wrote it (its times after the path: read alike, by its path).
+    path_point(16, 4096, 1, 15.0, 18.0), path_point(16, 131072, 64, 620.0, 570.0, tokens=2_000_000, max_len=120_000),
+    path_point(128, 32768, 32, 700.0, 220.0, tokens=262_144, max_len=30_000)]}}
+#: A table with the tokens-on-M path: fastest at 16 heads, slower at 128 heads, not timed at one point, a mixed
+#: batch of 64 heads where the heads-on-M path wins; and one point as tables before points carried their shape wrote
+#: it (times after the path: read as batch requests of context tokens).
 TABLE3 = {H200: {"capability": [9, 0], "page_size": 1, "points": [
-    path_point(16, 4096, 1, 15.0, 18.0, 12.0), path_point(16, 131072, 32, 320.0, 314.0, 224.0),
+    path_point(16, 4096, 1, 15.0, 18.0, 12.0), path_point(16, 131072, 32, 320.0, 314.0, 224.0, tokens=1_048_576,
+                                                          max_len=87_000),
     path_point(32, 131072, 1, 89.0, 57.0, None), path_point(128, 32768, 32, 700.0, 220.0, 400.0),
-    [64, 32768, 8, "wgmma", 98.25, 54.45]]}}
+    path_point(64, 32768, 8, 98.0, 76.3, 90.7, tokens=65_536, max_len=23_878),
+    [64, 4096, 8, "wgmma_tokens", 30.0, 26.0, 21.0]]}}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tables():
+    """Each test reads tables (and warns about them) afresh."""
+    reload_table()
+    yield
+    reload_table()
+
 
 # ----------------------------------------------------------------------------------------------
 # The rule and the table (no GPU needed)
 # ----------------------------------------------------------------------------------------------
 
-def test_a_point_names_the_faster_path():
-    assert path_point(16, 64, 1, 9.876, 8.951) == [16, 64, 1, "wgmma"]
-    assert path_point(16, 131072, 1, 50.11, 53.48) == [16, 131072, 1, "triton"]
-    assert path_point(16, 4096, 1, 15.0, None) == [16, 4096, 1, "triton"]
+def test_a_point_names_the_faster_path_and_its_shape():
+    assert path_point(16, 64, 1, 9.876, 8.951) == [16, 64, 1, "wgmma", 64, 64]
+    assert path_point(16, 131072, 1, 50.11, 53.48) == [16, 131072, 1, "triton", 131072, 131072]
+    assert path_point(16, 4096, 1, 15.0, None) == [16, 4096, 1, "triton", 4096, 4096]
+    assert path_point(64, 4096, 8, 28.9, 26.2, 21.2, tokens=8192, max_len=3013) == [64, 4096, 8, "wgmma_tokens",
+                                                                                    8192, 3013]
+    assert len(POINT_COLUMNS) == 6 and POINT_COLUMNS[3] == "path"
 
 
 def test_a_point_names_the_fastest_of_three_paths():
-    assert path_point(16, 131072, 32, 320.4, 314.01, 224.333) == [16, 131072, 32, "wgmma_tokens"]
+    assert path_point(16, 131072, 32, 320.4, 314.01, 224.333)[3] == "wgmma_tokens"
     assert path_point(128, 32768, 32, 751.4, 222.95, 400.0)[3] == "wgmma"
     assert path_point(16, 131072, 1, 49.82, 54.52, 50.0)[3] == "triton"
-    assert path_point(16, 64, 1, 9.0, None, 8.0) == [16, 64, 1, "wgmma_tokens"]
+    assert path_point(16, 64, 1, 9.0, None, 8.0)[3] == "wgmma_tokens"
     assert path_point(16, 64, 1, 9.0, 9.0, 9.0)[3] == "triton"  # a tie: the earlier path
     assert path_point(16, 64, 1, 9.5, 9.0, 9.0)[3] == "wgmma"
     assert path_point(16, 64, 1, 9.0, 9.004, None)[3] == "triton"  # compared at 0.01 µs, as the sidecar keeps them
@@ -64,51 +85,68 @@ def test_a_point_names_the_fastest_of_three_paths():
         fastest({"triton": None})
 
 
-def test_measured_choice_takes_the_nearest_point_in_log_scale():
-    entry = TABLE[H200]
-    assert measured_choice(entry, 16, 1, 3000) == ("triton", [16, 4096, 1, "triton"])
-    assert measured_choice(entry, 16, 48, 100_000)[0] == "wgmma"
-    assert measured_choice(entry, 100, 40, 40_000)[1][0] == 128
-    assert measured_choice({"points": [path_point(16, 4096, 1, 15.0, None)]}, 16, 1, 4096)[0] == "triton"
-    assert measured_choice({}, 16, 1, 1) is None
-
-
-def test_measured_choice_reads_the_choice_and_old_points():
-    """The dispatcher reads the path each point names, nothing else; a point written before the table was split
-    (times after the path) names it at the same place."""
+def test_a_recorded_shape_is_matched_exactly():
+    """The issue-35 case: 64 heads, batch 8 of mixed lengths -- the point of that shape, whatever is near it."""
     entry = TABLE3[H200]
-    assert measured_choice(entry, 16, 1, 4096)[0] == "wgmma_tokens"
-    assert measured_choice(entry, 16, 32, 131072)[0] == "wgmma_tokens"
+    assert measured_choice(entry, 64, 8, 23_878, 65_536) == ("wgmma", TABLE3[H200]["points"][4])
+    path, why = decide_path(64, 8, 23_878, tokens=65_536, gpu=H200, capability=(9, 0), refusal=None, table=TABLE3)
+    assert path == "wgmma" and why == ("wgmma: measured fastest at this shape (64 heads, batch 8, 65,536 tokens, the "
+                                       "longest 23,878: the grid's 32,768-token mixed batch) on NVIDIA H200")
+    path, why = decide_path(16, 1, 4096, tokens=4096, gpu=H200, capability=(9, 0), refusal=None, table=TABLE3)
+    assert path == "wgmma_tokens" and "at this shape (16 heads, one request of 4,096 tokens)" in why
+    assert "µs" not in why
+
+
+def test_within_a_measured_head_count_the_nearest_point_in_batch_and_tokens():
+    entry = TABLE3[H200]
+    assert measured_choice(entry, 16, 48, 100_000, 1_500_000)[1][:3] == [16, 131072, 32]
+    assert measured_choice(entry, 16, 2, 3000, 5000)[1][:3] == [16, 4096, 1]
+    # tokens decide before the longest request: a batch of 8 with 70K tokens is the 64K-token point, not the 32K one
+    assert measured_choice(entry, 64, 8, 4096, 32_768)[0] == "wgmma_tokens"  # the older point: 8 x 4096 tokens
+    assert measured_choice(entry, 64, 8, 60_000, 70_000)[0] == "wgmma"
+    path, why = decide_path(16, 48, 100_000, tokens=1_500_000, gpu=H200, capability=(9, 0), refusal=None,
+                            table=TABLE3)
+    assert path == "wgmma_tokens" and why.startswith("tokens-on-M wgmma: measured fastest at the nearest point of "
+                                                     "16 heads in batch and tokens (16 heads, batch 32")
+    # without tokens: every request the longest (batch x max_len)
+    assert measured_choice(TABLE[H200], 16, 64, 120_000)[1][:3] == [16, 131072, 64]
+
+
+@pytest.mark.parametrize("heads", [20, 48, 96, 256])
+def test_a_head_count_never_measured_goes_by_the_capability_rule_not_a_neighbour(heads):
+    """20, 48, 96 and 256 heads sit between (or beyond) the measured 16, 32, 64 and 128: no point of another head
+    count decides for them."""
+    assert measured_choice(TABLE3[H200], heads, 8, 32_768) is None
+    path, why = decide_path(heads, 8, 23_878, tokens=65_536, gpu=H200, capability=(9, 0), refusal=None,
+                            table=TABLE3)
+    assert path == ("wgmma_tokens" if heads <= path_table.TOKENS_MAX_HEADS else "wgmma")
+    assert f"{H200} measured no point of {heads} heads (its head counts: 16, 32, 64, 128)" in why
+    assert "so the capability rule" in why and "nearest" not in why
+
+
+def test_older_points_are_read_as_uniform_batches():
+    """A point written before points carried their shape ([heads, context, batch, path, *times]) reads as batch
+    requests of context tokens: its path at that shape."""
+    entry = TABLE3[H200]
+    assert table_problem(TABLE3) is None
+    path, point = measured_choice(entry, 64, 8, 4096, 32_768)
+    assert path == "wgmma_tokens" and point == [64, 4096, 8, "wgmma_tokens", 32_768, 4096]
     assert measured_choice(entry, 32, 1, 131072)[0] == "wgmma"  # the tokens-on-M path not timed there
     assert measured_choice(entry, 128, 32, 32768)[0] == "wgmma"
-    path, point = measured_choice(entry, 64, 8, 32768)
-    assert path == "wgmma" and len(point) == 6
-
-
-def test_the_synthetic_table_decides_with_the_third_path():
-    path, why = decide_path(16, 32, 131072, gpu=H200, capability=(9, 0), refusal=None, table=TABLE3)
-    assert path == "wgmma_tokens" and why == ("tokens-on-M wgmma: measured fastest at the nearest point "
-                                              f"(16 heads, 131072 tokens, batch 32) on {H200}")
-    path, why = decide_path(64, 8, 32768, gpu=H200, capability=(9, 0), refusal=None, table=TABLE3)
-    assert path == "wgmma" and "µs" not in why
-    on_h100 = decide_path(16, 1, 4096, gpu=H100, capability=(9, 0), refusal=None, table=TABLE3)
-    assert on_h100[0] == "wgmma_tokens" and "the same compute capability" in on_h100[1]
-    refusal = "compute capability 10.0: the wgmma path is built for sm_90a (9.0) only"
-    assert decide_path(16, 32, 131072, gpu="NVIDIA B200", capability=(10, 0), refusal=refusal,
-                       table=TABLE3)[0] == "triton"
 
 
 def test_choose_path_reads_a_paths_json_with_the_third_path(tmp_path, monkeypatch):
-    """choose_path on a (pretended) H200 with a paths.json file naming the tokens-on-M path: the file's choice at the
-    nearest point, and the Triton path for misaligned rows whatever the file says."""
+    """choose_path on a (pretended) H200 with a paths.json file naming the tokens-on-M path: the file's choice, and
+    the Triton path for misaligned rows whatever the file says."""
     table_file = tmp_path / "paths.json"
     table_file.write_text(table_text(TABLE3))
     monkeypatch.setattr(dispatch.wgmma_path, "wgmma_refusal", lambda device: None)
     monkeypatch.setattr(dispatch, "gpu_name", lambda device: H200)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cuda = torch.device("cuda", 0)
-    assert choose_path(16, 32, 131072, cuda, table_file=table_file)[0] == "wgmma_tokens"
+    assert choose_path(16, 32, 87_000, cuda, tokens=1_048_576, table_file=table_file)[0] == "wgmma_tokens"
     assert choose_path(128, 32, 32768, cuda, table_file=table_file)[0] == "wgmma"
+    assert choose_path(64, 8, 23_878, cuda, tokens=65_536, table_file=table_file)[0] == "wgmma"
     raw = torch.zeros(256 * 577 + 16, dtype=torch.uint8)
     odd = raw[1:1 + 256 * 577].view(-1, 577).view(FP8)
     path, why = choose_path(16, 32, 131072, cuda, ckv_cache=odd[:, :DC], kpe_cache=odd[:, DC:DC + DR],
@@ -117,13 +155,33 @@ def test_choose_path_reads_a_paths_json_with_the_third_path(tmp_path, monkeypatc
     assert choose_path(16, 1, 4096, cuda, dims=(256, 64), table_file=table_file)[0] == "triton"
 
 
+def test_the_plan_asks_the_dispatcher_with_the_batchs_tokens(monkeypatch):
+    """plan_mla_decode gives choose_path the rows (q_len x heads), the batch, the longest request and the batch's
+    tokens (a graph plan: its capacity, batch x graph_max_len); the plan records the path and the reason."""
+    asked = []
+
+    def spy(heads, batch, max_len, device, **kw):
+        asked.append((heads, batch, max_len, kw["tokens"]))
+        return "triton", "Triton: the spy's reason"
+
+    monkeypatch.setattr(dispatch, "choose_path", spy)
+    inp = make_mla_inputs([7, 65, 30], 16, seed=6, layout="pool_view", pool_slots=512, device="cpu")
+    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM_SCALE, lengths=[7, 65, 30])
+    assert asked[-1] == (16, 3, 65, 102) and plan.path == "triton" and plan.why == "Triton: the spy's reason"
+    plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM_SCALE, lengths=[7, 65, 30], q_len=2)
+    assert asked[-1] == (32, 3, 65, 102)
+    plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM_SCALE, lengths=[7, 65, 30],
+                    graph_max_len=100)
+    assert asked[-1] == (16, 3, 100, 300)
+
+
 def test_the_table_is_looked_up_by_gpu_name():
     path, why = decide_path(16, 1, 4096, gpu=H200, capability=(9, 0), refusal=None, table=TABLE)
-    assert path == "triton" and why == ("Triton: measured fastest at the nearest point (16 heads, 4096 tokens, batch 1) "
-                                        f"on {H200}")
+    assert path == "triton" and why == ("Triton: measured fastest at this shape (16 heads, one request of 4,096 "
+                                        f"tokens) on {H200}")
     assert "same compute capability" not in why
-    path, why = decide_path(128, 32, 32768, gpu=H200, capability=(9, 0), refusal=None, table=TABLE)
-    assert path == "wgmma" and "(128 heads, 32768 tokens, batch 32)" in why
+    path, why = decide_path(128, 32, 30_000, tokens=262_144, gpu=H200, capability=(9, 0), refusal=None, table=TABLE)
+    assert path == "wgmma" and "(128 heads, batch 32, 262,144 tokens, the longest 30,000" in why
 
 
 def test_a_gpu_without_an_entry_uses_the_entry_of_its_compute_capability():
@@ -131,13 +189,14 @@ def test_a_gpu_without_an_entry_uses_the_entry_of_its_compute_capability():
     assert table_entry(TABLE, H100, (9, 0)) == (H200, TABLE[H200])
     assert table_entry(TABLE, H100, (10, 0)) is None and table_entry(TABLE, H100, None) is None
     for point in TABLE[H200]["points"]:
-        on_h100 = decide_path(point[0], point[2], point[1], gpu=H100, capability=(9, 0), refusal=None, table=TABLE)
+        on_h100 = decide_path(point[0], point[2], point[5], tokens=point[4], gpu=H100, capability=(9, 0),
+                              refusal=None, table=TABLE)
         assert on_h100[0] == point[3] and f"on {H200} (the same compute capability as this {H100})" in on_h100[1]
+        assert "at this shape" in on_h100[1]
 
 
 def test_without_a_table_the_capability_rule_decides():
-    """The tokens-on-M wgmma path up to 32 heads (faster than the heads-on-M path at every 16- and 32-head point
-    measured), the wgmma path above."""
+    """The tokens-on-M wgmma path up to 32 heads, the wgmma path above."""
     path, why = decide_path(16, 1, 131072, gpu=H100, capability=(9, 0), refusal=None, table={})
     assert path == "wgmma_tokens" and "no measured table" in why and "capability rule" in why
     assert decide_path(32, 8, 4096, gpu=H100, capability=(9, 0), refusal=None, table={})[0] == "wgmma_tokens"
@@ -147,6 +206,9 @@ def test_without_a_table_the_capability_rule_decides():
     other = {"NVIDIA B200": {**TABLE[H200], "capability": [10, 0]}}
     assert decide_path(16, 1, 131072, gpu=H100, capability=(9, 0), refusal=None, table=other)[0] == "wgmma_tokens"
     assert decide_path(64, 1, 131072, gpu=H100, capability=(9, 0), refusal=None, table=other)[0] == "wgmma"
+    empty = {H200: {"capability": [9, 0], "page_size": 1, "points": []}}
+    path, why = decide_path(64, 1, 4096, gpu=H200, capability=(9, 0), refusal=None, table=empty)
+    assert path == "wgmma" and "measured no point of 64 heads (its head counts: none)" in why
 
 
 def test_where_wgmma_cannot_run_the_triton_path_runs_whatever_the_table_says():
@@ -203,15 +265,128 @@ def test_each_forced_path_plans_its_own_work_list_and_names_it(monkeypatch):
     assert tokens.launch.startswith("tokens-on-M wgmma: 16 rows a CTA")
 
 
-def test_the_shipped_table_holds_only_choices_and_its_sidecar_the_times():
-    """paths.json: per GPU its compute capability, page size and points [heads, context, batch, path], nothing else
-    (so re-timing without a changed choice rewrites the same bytes); the sidecar has the times at the same points, in
-    the same order, and each choice is the fastest of them; the file is as the writer writes it."""
+# ----------------------------------------------------------------------------------------------
+# A malformed table: refused, named, and the dispatch falls back by rule
+# ----------------------------------------------------------------------------------------------
+
+def _entry(**kw) -> dict:
+    return {H200: {"capability": [9, 0], "page_size": 1, "points": [[64, 4096, 8, "wgmma", 8192, 3013]], **kw}}
+
+
+def _point(p) -> dict:
+    return _entry(points=[[16, 4096, 1, "triton", 4096, 4096], p])
+
+
+#: (what the file holds, words the refusal says): every malformed shape a table can take.
+MALFORMED = {
+    "not JSON": ("{\"NVIDIA H200\": {", "not JSON"),
+    "empty file": ("", "not JSON"),
+    "NaN heads": ("{\"NVIDIA H200\": {\"capability\": [9, 0], \"points\": [[NaN, 64, 1, \"triton\", 64, 64]]}}",
+                  "heads nan"),
+    "a list": ([_entry()], "a JSON list, not an object"),
+    "a string": ("\"paths\"", "a JSON str"),
+    "null": (None, "a JSON NoneType"),
+    "GPU entry a list": ({H200: [[16, 64, 1, "triton", 64, 64]]}, f"entry '{H200}' is a list, not an object"),
+    "GPU entry null": ({H200: None}, f"entry '{H200}' is a NoneType"),
+    "GPU entry a string": ({H200: "wgmma"}, "is a str, not an object"),
+    "capability missing": ({H200: {"page_size": 1, "points": []}}, "capability None"),
+    "capability a string": (_entry(capability="9.0"), "capability '9.0'"),
+    "capability short": (_entry(capability=[9]), "capability [9]"),
+    "capability negative": (_entry(capability=[9, -1]), "capability [9, -1]"),
+    "capability of booleans": (_entry(capability=[True, False]), "capability [True, False]"),
+    "page size 0": (_entry(page_size=0), "page_size 0"),
+    "page size a string": (_entry(page_size="64"), "page_size '64'"),
+    "points missing": ({H200: {"capability": [9, 0], "page_size": 1}}, "points missing, not a list"),
+    "points an object": (_entry(points={"16": "wgmma"}), "points dict, not a list"),
+    "points a string": (_entry(points="wgmma"), "points str, not a list"),
+    "a point an object": (_point({"heads": 16}), "point 1 {\"heads\": 16} is a dict"),
+    "a point a number": (_point(16), "point 1 16 is a int"),
+    "heads 0": (_point([0, 4096, 1, "wgmma", 4096, 4096]), "heads 0: not a positive integer"),
+    "heads negative": (_point([-16, 4096, 1, "wgmma", 4096, 4096]), "heads -16"),
+    "heads a float": (_point([16.0, 4096, 1, "wgmma", 4096, 4096]), "heads 16.0"),
+    "heads a boolean": (_point([True, 4096, 1, "wgmma", 4096, 4096]), "heads True"),
+    "a negative context": (_point([16, -4096, 1, "wgmma", 4096, 4096]), "context -4096"),
+    "a string batch": (_point([16, 4096, "8", "wgmma", 8192, 3013]), "batch '8'"),
+    "batch 0": (_point([16, 4096, 0, "wgmma", 8192, 3013]), "batch 0"),
+    "a missing path": (_point([16, 4096, 1, 4096, 4096]), "has 5 fields, not 6"),
+    "an unknown path": (_point([16, 4096, 1, "cutlass", 4096, 4096]), "names the path 'cutlass'"),
+    "a null path": (_point([16, 4096, 1, None, 4096, 4096]), "names the path None"),
+    "a path in the wrong place": (_point(["wgmma", 16, 4096, 1, 4096, 4096]), "heads 'wgmma'"),
+    "too many fields": (_point([16, 4096, 1, "wgmma", 4096, 4096, 7]), "has 7 fields"),
+    "too few fields": (_point([16, 4096, 1]), "has 3 fields"),
+    "an empty point": (_point([]), "has 0 fields"),
+    "tokens 0": (_point([16, 4096, 1, "wgmma", 0, 4096]), "tokens 0"),
+    "tokens a string": (_point([16, 4096, 8, "wgmma", "8192", 3013]), "tokens '8192'"),
+    "fewer tokens than the longest request": (_point([16, 4096, 8, "wgmma", 100, 3013]), "100 tokens in 8 requests"),
+    "more tokens than the batch holds": (_point([16, 4096, 2, "wgmma", 9000, 4096]), "9000 tokens in 2 requests"),
+    "max_len negative": (_point([16, 4096, 1, "wgmma", 4096, -1]), "max_len -1"),
+    "an older point with a bad time": (_point([16, 4096, 1, "wgmma", -3.0, 2.0]), "the time -3.0"),
+    "two points of one shape": (_point([16, 4096, 1, "wgmma", 4096, 4096]), "points 0 and 1 are the same shape"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED), ids=list(MALFORMED))
+def test_a_malformed_table_is_refused_by_name_and_the_dispatch_falls_back_by_rule(case, tmp_path, monkeypatch):
+    content, words = MALFORMED[case]
+    table_file = tmp_path / "paths.json"
+    table_file.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.warns(RuntimeWarning, match="dispatcher's table") as caught:
+        assert read_table(table_file) == {}
+    said = str(caught[0].message)
+    assert str(table_file) in said and words in said and "capability rule" in said, said
+    assert words in table_refusal(table_file)
+    with warnings.catch_warnings():  # once: the next reads and choices say nothing more
+        warnings.simplefilter("error")
+        assert read_table(table_file) == {}
+        monkeypatch.setattr(dispatch.wgmma_path, "wgmma_refusal", lambda device: None)
+        monkeypatch.setattr(dispatch, "gpu_name", lambda device: H200)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        for heads, want in ((16, "wgmma_tokens"), (64, "wgmma")):
+            path, why = choose_path(heads, 8, 3013, torch.device("cuda", 0), tokens=8192, table_file=table_file)
+            assert path == want and f"the measured table {table_file} was refused" in why and words in why, why
+            assert "capability rule" in why
+
+
+@pytest.mark.parametrize("case", [c for c, (content, _) in MALFORMED.items() if not isinstance(content, str)])
+def test_a_malformed_table_given_directly_is_refused_too(case):
+    """decide_path checks a table it is handed (the reports hand it one): no exception, the capability rule, the
+    reason saying why; never a math error on a wrong-shaped point."""
+    content, words = MALFORMED[case]
+    assert words in table_problem(content)
+    with pytest.warns(RuntimeWarning, match="refused the dispatcher's table handed to decide_path"):
+        path, why = decide_path(64, 8, 3013, tokens=8192, gpu=H200, capability=(9, 0), refusal=None, table=content)
+    assert path == "wgmma" and "was refused" in why and words in why
+
+
+def test_a_missing_table_is_no_refusal(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_table(tmp_path / "none.json") == {} and table_refusal(tmp_path / "none.json") is None
+
+
+def test_a_table_is_read_once_and_again_after_a_reload(tmp_path):
+    table_file = tmp_path / "paths.json"
+    table_file.write_text(table_text(TABLE3))
+    first = read_table(table_file)
+    assert first == TABLE3 and read_table(table_file) is first and table_refusal(table_file) is None
+    table_file.write_text("[]")
+    assert read_table(table_file) is first  # cached
+    reload_table()
+    with pytest.warns(RuntimeWarning, match="refused"):
+        assert read_table(table_file) == {}
+
+
+def test_the_shipped_table_is_well_formed_and_holds_only_choices_and_its_sidecar_the_times():
+    """paths.json: per GPU its compute capability, page size and points [heads, context, batch, path, tokens,
+    max_len], nothing else (so re-timing without a changed choice rewrites the same bytes); the sidecar has the times
+    at the same points, in the same order, and each choice is the fastest of them; the file is as the writer writes
+    it."""
     from kvwall.experiments.fused_decode.paths import MEASURED_COLUMNS, MEASURED_FILE
 
     text = PATHS_FILE.read_text()
     table, measured = json.loads(text), json.loads(MEASURED_FILE.read_text())
     assert table and text == table_text(table) and set(measured) == set(table)
+    assert table_problem(table) is None and table_refusal(PATHS_FILE) is None
     for gpu, entry in table.items():
         assert set(entry) == {"capability", "page_size", "points"}, gpu
         assert len(entry["capability"]) == 2 and all(isinstance(x, int) for x in entry["capability"]), gpu
@@ -220,8 +395,8 @@ def test_the_shipped_table_holds_only_choices_and_its_sidecar_the_times():
         assert times["page_size"] == entry["page_size"]
         assert times["columns"] == list(MEASURED_COLUMNS) and len(times["points"]) == len(entry["points"])
         for point, timed in zip(entry["points"], times["points"]):
-            assert len(point) == 4 and point[3] in KERNEL_PATHS and timed[:3] == point[:3]
-            assert path_point(*timed) == point
+            assert len(point) == len(POINT_COLUMNS) and point[3] in KERNEL_PATHS and timed[:3] == point[:3]
+            assert path_point(*timed, tokens=point[4], max_len=point[5]) == point
 
 
 # ----------------------------------------------------------------------------------------------

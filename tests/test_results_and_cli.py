@@ -17,7 +17,6 @@ from kvwall.results import (
     AWAITING_FILE, awaiting_rerecord, PROJECT_ROOT, RESULTS_DIR, Result, ResultFileError, RowSchemaError, collect_provenance, content_digest,
     load_result, recorded_scale, save_result, validate_rows,
 )
-from kvwall.results.migrate import format2_digest, migrate_file
 from kvwall.results.store import SCHEMA
 
 ROWS = [{"section": "sweep", "pool_tokens": 8, "ms": 0.1, "bytes": 1536, "gbps": 15.36},
@@ -34,8 +33,9 @@ def test_save_load_round_trip(tmp_path):
     path = save_result(_tiny_result(), tmp_path)
     back = load_result("cast_sweep", tmp_path)
     assert back.rows == ROWS and back.path == path and back.provenance.scale == "full"
-    assert back.provenance.digest == content_digest(back.params, back.rows, json.loads(path.read_text())["provenance"])
-    assert {"params", "rows", "provenance.gpu", "provenance.scale", "provenance.date"} <= set(back.provenance.digest)
+    assert back.provenance.digest == content_digest(json.loads(path.read_text()))
+    assert {"params", "rows", "schema", "experiment", "provenance.gpu", "provenance.scale", "provenance.sources"} \
+        <= set(back.provenance.digest["parts"])
     assert back.table("sweep")[1]["ms"] == 0.2
     assert not back.stale and "Recorded on" in back.caption()
     assert [p.name for p in tmp_path.iterdir()] == ["cast_sweep.json"]  # no temporary file left behind
@@ -64,9 +64,9 @@ def _old_format(data):
 @pytest.mark.parametrize("edit,words", [
     (_scale_floats, r"differ from what was recorded.*edited by hand\?"),
     (_drop_column, "edited by hand"),
-    (_drop_digest, "no content digest"),
-    (_old_format, "file format 1"),
-    (lambda d: d.update(experiment="other"), "expected 'cast_sweep'"),
+    (_drop_digest, "provenance has no digest"),
+    (_old_format, "field.s. schema differ from what was recorded"),
+    (lambda d: d.update(experiment="other"), "field.s. experiment differ from what was recorded"),
     (lambda d: d.pop("rows"), "field 'rows'"),
     (lambda d: d["provenance"].pop("git_commit"), "provenance"),
     (lambda d: d["provenance"].update(scale="medium"), "scale"),
@@ -110,51 +110,28 @@ def test_an_edited_scale_does_not_lift_the_full_scale_guard(tmp_path):
     assert recorded_scale("cast_sweep", tmp_path) == "small"
 
 
-def _as_format_2(path):
-    """The file as the code before issue 24 wrote it: format 2, one sha256 over params and rows."""
+def test_files_of_an_older_format_are_refused_with_the_advice_to_re_record(tmp_path, capsys):
+    """Issue 37: format 3 sealed each part on its own (splices passed); there is no migration: re-record."""
+    path = save_result(_tiny_result(), tmp_path)
     data = json.loads(path.read_text())
-    data["schema"] = 2
-    data["provenance"]["digest"] = format2_digest(data["params"], data["rows"])
+    data["schema"] = 3
+    data["provenance"]["digest"] = {"params": "0" * 64, "rows": "0" * 64}  # format 3's digest: one hash per part
     path.write_text(json.dumps(data, indent=1) + "\n")
-    return data
-
-
-def test_format_2_files_are_refused_with_the_migration_command(tmp_path):
-    path = save_result(_tiny_result(), tmp_path)
-    _as_format_2(path)
-    with pytest.raises(ResultFileError, match="file format 2.*python -m kvwall migrate-digests") as info:
-        load_result("cast_sweep", tmp_path)
-    assert str(path) in str(info.value)
-
-
-def test_migration_writes_what_save_result_would_have(tmp_path, capsys):
-    path = save_result(_tiny_result(), tmp_path)
-    recorded = path.read_text()
-    _as_format_2(path)
-    assert migrate_file(path) == "migrated" and path.read_text() == recorded
-    assert migrate_file(path) == "current" and path.read_text() == recorded  # reusable: again changes nothing
-    assert load_result("cast_sweep", tmp_path).rows == ROWS
-    assert cli.main(["migrate-digests", "--dir", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.split() == ["current", str(path)]
-
-
-def test_migration_refuses_an_edited_format_2_file_and_leaves_it(tmp_path, capsys):
-    path = save_result(_tiny_result(), tmp_path)
-    data = _as_format_2(path)
-    data["rows"][0]["ms"] = 0.05
-    path.write_text(json.dumps(data))
     before = path.read_text()
-    with pytest.raises(ResultFileError, match="params or rows differ.*not migrated"):
-        migrate_file(path)
-    assert cli.main(["migrate-digests", str(path)]) == 1
-    assert capsys.readouterr().out.startswith(f"REFUSED  {path}") and path.read_text() == before
+    with pytest.raises(ResultFileError, match="file format 3.*Re-record it: `python -m kvwall record cast_sweep`"):
+        load_result("cast_sweep", tmp_path)
+    assert cli.main(["check", "--dir", str(tmp_path)]) == 1
+    assert f"INVALID {path}: written in file format 3" in capsys.readouterr().out and path.read_text() == before
+    with pytest.raises(SystemExit):
+        cli.main(["migrate-digests"])  # gone with kvwall.results.migrate
+    assert "invalid choice: 'migrate-digests'" in capsys.readouterr().err
 
 
 def test_every_committed_result_is_of_this_format():
     for path in sorted(RESULTS_DIR.glob("*.json")):
         data = json.loads(path.read_text())
-        assert data["schema"] == SCHEMA, f"{path}: run `python -m kvwall migrate-digests`"
-        assert migrate_file(path) == "current"
+        assert data["schema"] == SCHEMA, f"{path}: re-record it (`python -m kvwall record {path.stem}`)"
+        assert data["provenance"]["digest"] == content_digest(data), path
 
 
 def test_result_files_get_the_umask_mode(tmp_path):
@@ -182,7 +159,7 @@ def test_rows_that_drift_from_the_schema_are_refused_naming_row_and_field(tmp_pa
     data = json.loads(path.read_text())
     data["rows"][1]["ms"] = "fast"
     del data["rows"][0]["bytes"]
-    data["provenance"]["digest"] = content_digest(data["params"], data["rows"], data["provenance"])
+    data["provenance"]["digest"] = content_digest(data)
     path.write_text(json.dumps(data))
     with pytest.raises(ResultFileError) as info:
         load_result("cast_sweep", tmp_path)

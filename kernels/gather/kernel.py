@@ -56,7 +56,7 @@ import triton.language as tl
 from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
                                     gpu_name, keep_fp8_nan, needs_int64, read_tuned_table, refuse_graph_capture,
                                     round_bf16_by_bits, sm_count)
-from kvwall.kernels._args import scale_number
+from kvwall.kernels._args import MAX_TOKENS, below_float32_normal, scale_number
 
 __all__ = ["gather_cast", "full_cast", "compact_kv_indices", "GatherPlan", "plan_gather", "launch_gather",
            "check_same_layout", "GatherConfig", "gather_config", "chunk_width", "largest_pool_offset",
@@ -87,8 +87,8 @@ def _gather_cast_kernel(
     # capacity costs only what the real rows need.
     NC: tl.constexpr = D // CHUNK
     limit = tl.full((), 0, tl.int64) + capacity_rows
-    if HAS_INDPTR:
-        limit = tl.minimum(limit, tl.maximum(tl.load(indptr_end_ptr).to(tl.int64), 0) * PAGE)
+    if HAS_INDPTR:  # the end clamped to the capacity (in pages) before it is multiplied: 2^57 x 64 would wrap
+        limit = tl.minimum(tl.maximum(tl.load(indptr_end_ptr).to(tl.int64), 0), limit // PAGE) * PAGE
     if not WIDE:
         limit = limit.to(tl.int32)
     if SCALE_MODE == 1:
@@ -149,8 +149,8 @@ def _gather_cast_tiles_kernel(
     # The general-D path (D not a multiple of 16: 1, 33, 70, ...) and the first version's kernel for D = 576:
     # rows in blocks, each row in BLOCK_COLS-column tiles, the last one masked.
     limit = capacity_rows
-    if HAS_INDPTR:
-        limit = tl.minimum(limit, tl.maximum(tl.load(indptr_end_ptr).to(tl.int64), 0) * PAGE)
+    if HAS_INDPTR:  # clamped to the capacity (in pages) before it is multiplied, as above
+        limit = tl.minimum(tl.maximum(tl.load(indptr_end_ptr).to(tl.int64), 0), capacity_rows // PAGE) * PAGE
     if SCALE_MODE == 1:
         scale = scale_value
     elif SCALE_MODE == 2:
@@ -251,9 +251,7 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
     n = kv_indices.numel()
     out_shape = (n, page_size, dim) if pool.dim() == 3 else (n, dim)
     out_given = out is not None
-    if out is None:
-        out = torch.empty(out_shape, dtype=OUT_DTYPE, device=pool.device)
-    else:
+    if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype != OUT_DTYPE:
             _fail(TypeError, f"out has dtype {getattr(out, 'dtype', type(out).__name__)}; it must be {OUT_DTYPE}.")
         if out.device != pool.device:
@@ -287,6 +285,8 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
         scale_tensor = scale.reshape(1)
     elif scale is not None:
         scale_value = scale_number("scale", scale, _fail)
+        if pool.device.type == "cpu" and below_float32_normal(scale_value):  # (the interpreter: see the helper)
+            scale_tensor, scale_value = torch.tensor([scale_value], dtype=torch.float32), None
     if out_given:
         check_output(out, {"pool": pool, "kv_indices": kv_indices, "kv_indptr": kv_indptr, "scale": scale_tensor},
                      _fail)
@@ -295,6 +295,8 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
         n = check_kv_indptr(kv_indptr, kv_indices.numel(), _fail)[-1] if kv_indptr is not None else kv_indices.numel()
         check_indices_in_range(kv_indices[:n], pool.shape[0], "pages" if page_size > 1 else "slots", "the pool",
                                _fail)
+    if out is None:  # allocated once every argument has passed
+        out = torch.empty(out_shape, dtype=OUT_DTYPE, device=pool.device)
     return GatherPlan(pool, kv_indices, out, indptr_end, scale_tensor, scale_value, page_size, dim)
 
 
@@ -494,9 +496,23 @@ def full_cast(pool: torch.Tensor, *, out: torch.Tensor | None = None, block: int
 
 
 def compact_kv_indices(kv_indptr: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    """The page table of the compact buffer :func:`gather_cast` writes: ``0..kv_indptr[-1]-1``."""
+    """The page table of the compact buffer :func:`gather_cast` writes: ``0..kv_indptr[-1]-1``. ``kv_indptr``: a 1-D
+    int32 / int64 tensor of batch + 1 >= 1 entries starting at 0 and never decreasing, ending at most at 2^31 - 1 (the
+    most indices a decode call takes); ``dtype`` torch.int32 or torch.int64. Checked before anything is allocated
+    (reading ``kv_indptr`` is one synchronization, as reading its end always was)."""
+    fail_: Fail = functools.partial(fail, "compact_kv_indices")
     if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.numel() < 1:
         got = f"shape {tuple(kv_indptr.shape)}" if isinstance(kv_indptr, torch.Tensor) else type(kv_indptr).__name__
-        fail("compact_kv_indices", ValueError, "kv_indptr must be a 1-D tensor of batch + 1 >= 1 entries (its last is "
-             f"the rows gather_cast wrote); got {got}.")
-    return torch.arange(int(kv_indptr[-1]), dtype=dtype, device=kv_indptr.device)
+        fail_(ValueError, "kv_indptr must be a 1-D tensor of batch + 1 >= 1 entries (its last is the rows gather_cast "
+              f"wrote); got {got}.")
+    if kv_indptr.dtype not in SUPPORTED_INDEX_DTYPES:
+        fail_(TypeError, f"kv_indptr has dtype {kv_indptr.dtype}; use torch.int32 or torch.int64.")
+    if kv_indptr.device.type not in ("cuda", "cpu"):
+        fail_(ValueError, f"kv_indptr is on {kv_indptr.device}; give it on CUDA or the CPU.")
+    if dtype not in SUPPORTED_INDEX_DTYPES:
+        fail_(TypeError, f"dtype must be torch.int32 or torch.int64 (an index dtype), got {dtype!r}.")
+    ptr = kv_indptr.tolist()
+    if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])) or ptr[-1] > MAX_TOKENS:
+        fail_(ValueError, f"kv_indptr must start at 0, never decrease and end at most at {MAX_TOKENS} (2^31 - 1); "
+              f"got {ptr[:6]}{'...' if len(ptr) > 6 else ''} ending at {ptr[-1]}.")
+    return torch.arange(ptr[-1], dtype=dtype, device=kv_indptr.device)

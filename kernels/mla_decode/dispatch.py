@@ -37,10 +37,11 @@ split kernels mask row ``r`` at its token ``j = r // heads``; the KV is read onc
    512 / 64, cache rows not 16-byte aligned, or their library cannot be built here (no nvcc, a failed build: one
    warning) -- the Triton path;
 2. else by the measured table ``paths.json`` (:mod:`.path_table`): the entry of this GPU model, else one measured on
-   a GPU of the same compute capability; at the measured point nearest to the call (rows = q_len x heads, batch,
-   longest request, in log scale), the fastest of the paths timed there;
-3. with no entry for this GPU or its capability: the tokens-on-M wgmma path up to ``path_table.TOKENS_MAX_HEADS`` rows,
-   the wgmma path above.
+   a GPU of the same compute capability; among its points of the call's row count (rows = q_len x heads), the point
+   of the call's shape (batch, tokens, longest request), else the nearest in batch and tokens (log scale): the
+   fastest of the paths timed there;
+3. with no entry for this GPU or its capability, no point of its row count, or a table refused as malformed (named
+   in a warning, once): the tokens-on-M wgmma path up to ``path_table.TOKENS_MAX_HEADS`` rows, the wgmma path above.
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
-from kvwall.kernels._common import fail, gpu_name
+from kvwall.kernels._args import MAX_HEADS, MAX_PAGE_SIZE, MAX_TOKENS, bounded_int, check_device, sm_scale_number
+from kvwall.kernels._common import check_output, fail, gpu_name
 from kvwall.kernels.mla_decode import hopper
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
@@ -62,7 +65,7 @@ from kvwall.kernels.mla_decode.kernel import (INDEX_DTYPES, KV_DTYPE, Q_DTYPE, M
                                               device_ints, launch_planned, parse_scale, plan_mla_decode_triton,
                                               _as_rows)
 from kvwall.kernels.mla_decode.path_table import (KERNEL_PATHS, PATHS_FILE, SAID, KernelPath,
-                                                  decide_path, read_table)
+                                                  decide_path, read_table, table_refusal)
 from kvwall.kernels.mla_decode.plan import WorkList, build_work_list
 
 __all__ = ["plan_mla_decode", "mla_decode", "DecodePlan", "choose_path", "KernelPath", "KERNEL_PATHS", "MAX_Q_LEN"]
@@ -75,20 +78,22 @@ _HOPPER_PATHS: tuple[KernelPath, ...] = ("wgmma", "wgmma_tokens")
 MAX_Q_LEN = 8
 
 
-def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, ckv_cache: torch.Tensor | None = None,
-                kpe_cache: torch.Tensor | None = None, dims: tuple[int, int] = (512, 64),
-                table_file: Path | None = None) -> tuple[KernelPath, str]:
-    """``(path, why)`` for a call of ``heads`` heads, ``batch`` requests of at most ``max_len`` tokens on ``device``,
-    latent / rope widths ``dims`` (caches given: their row alignment is checked too); the rule is the module
+def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, tokens: int | None = None,
+                ckv_cache: torch.Tensor | None = None, kpe_cache: torch.Tensor | None = None,
+                dims: tuple[int, int] = (512, 64), table_file: Path | None = None) -> tuple[KernelPath, str]:
+    """``(path, why)`` for a call of ``heads`` heads, ``batch`` requests of ``tokens`` tokens together (None: ``batch
+    x max_len``), at most ``max_len`` each, on ``device``, latent / rope widths ``dims`` (caches given: their row
+    alignment is checked too), by the table in ``table_file`` (default ``paths.json``); the rule is the module
     docstring's, ``why`` says which step decided and on what numbers. Both wgmma paths refuse what
     :func:`~kvwall.kernels.mla_decode.wgmma.wgmma_refusal` and :func:`~kvwall.kernels.mla_decode.wgmma.rows_refusal`
     refuse: the tokens-on-M path checks its inputs with the wgmma path's code."""
     refusal = wgmma_path.wgmma_refusal(device) or wgmma_path.rows_refusal(
         dims, {"ckv_cache": ckv_cache, "kpe_cache": kpe_cache})
     on_gpu = device.type == "cuda"
-    return decide_path(heads, batch, max_len, gpu=gpu_name(device) if on_gpu else str(device),
+    source = Path(table_file or PATHS_FILE)
+    return decide_path(heads, batch, max_len, tokens=tokens, gpu=gpu_name(device) if on_gpu else str(device),
                        capability=torch.cuda.get_device_capability(device) if on_gpu else None, refusal=refusal,
-                       table=read_table(table_file or PATHS_FILE))
+                       table=read_table(source), source=source, refused=table_refusal(source))
 
 
 
@@ -245,33 +250,54 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads:
         if t.dtype not in INDEX_DTYPES or t.dim() != 1 or not t.is_contiguous():
             _plan_fail(TypeError, f"{name} must be a contiguous 1-D int32 or int64 tensor; got {t.dtype} of shape "
                        f"{tuple(t.shape)}.")
-    device = kv_indptr.device
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
     if len({t.device for t in named.values()}) != 1:
         _plan_fail(ValueError, f"kv_indptr, kv_indices and kv_len must be on one device; got "
                    f"{sorted(str(t.device) for t in named.values())}.")
+    device = check_device(kv_indptr.device, _plan_fail)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     for name, value in (("heads", heads), ("q_len", q_len), ("page_size", page_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             _plan_fail(ValueError, f"{name} must be a positive int, got {value!r}.")
     if q_len > MAX_Q_LEN:
         _plan_fail(ValueError, f"q_len={q_len}: ours takes 1..{MAX_Q_LEN} query tokens a request (decode and "
                    "speculative verify); a prefill goes to a prefill kernel.")
-    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not sm_scale == sm_scale:
-        _plan_fail(TypeError, f"sm_scale must be a finite Python number, got {sm_scale!r}.")
+    bounded_int("heads", heads, _plan_fail, most=MAX_HEADS)
+    bounded_int("page_size", page_size, _plan_fail, most=MAX_PAGE_SIZE)
+    sm_scale = sm_scale_number(sm_scale, _plan_fail)
+    for name, value, least in (("kv_lora_rank", kv_lora_rank, 64), ("rope_dim", rope_dim, 16)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least or value & (value - 1):
+            _plan_fail(ValueError, f"{name} must be a power of two >= {least} (512 and 64 for DeepSeek/GLM), got "
+                       f"{value!r}.")
+    for name, t in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            _plan_fail(TypeError, f"{name} must be the FP8 cache tensor (or None), got {type(t).__name__}.")
+    if graph_max_len is not None:
+        bounded_int("graph_max_len", graph_max_len, _plan_fail, most=MAX_TOKENS,
+                    hint="the most tokens a request of the graph's batch holds")
     if path != "auto" and path not in KERNEL_PATHS:
         _plan_fail(ValueError, f"path must be 'auto' or one of {', '.join(map(repr, KERNEL_PATHS))}, got {path!r}.")
     if config is not None and path != "triton":
         _plan_fail(ValueError, "config is the Triton path's launch shape: pass it with path='triton'.")
+    if config is not None and not isinstance(config, MLADecodeConfig):
+        _plan_fail(TypeError, f"config must be an MLADecodeConfig (or None), got {type(config).__name__}.")
     if (page_size > 1) != (kv_len is not None):
         _plan_fail(ValueError, "kv_len goes with paged caches (page_size > 1), and a paged cache needs it.")
     batch = kv_indptr.numel() - 1
     if batch < 1:
         _plan_fail(ValueError, "kv_indptr must have batch + 1 >= 2 entries.")
     if lengths is not None:
+        if isinstance(lengths, (str, bytes, torch.Tensor)) or not hasattr(lengths, "__len__"):
+            _plan_fail(ValueError, f"lengths must be a sequence of token counts (ints), got {type(lengths).__name__}.")
+        if any(isinstance(n, (bool, float)) or not isinstance(n, (int, np.integer)) for n in lengths):
+            _plan_fail(TypeError, f"lengths must hold whole numbers (tokens per request), got {list(lengths)[:6]}.")
         lengths = [int(n) for n in lengths]
         if len(lengths) != batch:
             _plan_fail(ValueError, f"lengths has {len(lengths)} entries; kv_indptr says batch = {batch}.")
+        most = min(kv_indices.numel() * page_size, MAX_TOKENS)  # what the page table can hold
+        if any(n < 0 or n > most for n in lengths):
+            _plan_fail(ValueError, f"lengths must be token counts from 0 to {most} (kv_indices' {kv_indices.numel()} "
+                       f"entries x page_size {page_size}); got {lengths[:6]}{'...' if batch > 6 else ''}.")
     else:
         units = None
         if isinstance(ckv_cache, torch.Tensor):  # the cache's slots (pages): indices are checked against them
@@ -279,11 +305,14 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads:
                 ckv_cache.shape[-1], 1)
         lengths = _host_lengths(kv_indptr, kv_indices, kv_len, page_size, units)
     _check_lengths(lengths, q_len, ValueError, "plan_mla_decode")
+    if graph_max_len is not None and max(lengths) > graph_max_len:
+        _plan_fail(ValueError, f"graph_max_len={graph_max_len} is below the longest request's {max(lengths)} tokens; "
+                   "a graph plan is cut for requests of at most graph_max_len tokens.")
     rows = q_len * heads
     cut_for = [graph_max_len] * batch if graph_max_len else lengths
     if path == "auto":
-        chosen, why = choose_path(rows, batch, max(cut_for), device, ckv_cache=ckv_cache, kpe_cache=kpe_cache,
-                                  dims=(kv_lora_rank, rope_dim))
+        chosen, why = choose_path(rows, batch, max(cut_for), device, tokens=sum(cut_for), ckv_cache=ckv_cache,
+                                  kpe_cache=kpe_cache, dims=(kv_lora_rank, rope_dim))
         chosen, why = _usable(chosen, why, device)
     else:
         chosen, why = path, f"{SAID[path]}: forced (path={path!r})"  # type: ignore[index]
@@ -358,6 +387,10 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor
             or out.device != plan.device or out.stride(-1) != 1:
         _fail(ValueError, f"out must be a {Q_DTYPE} tensor of shape {(tokens, heads, dc)} on {plan.device} with a "
               f"contiguous last dim; got {_said(out)}.")
+    else:  # a given out: its own memory (host arithmetic on pointers, no device access)
+        check_output(out, {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache,
+                           "kv_indptr": plan.kv_indptr, "kv_indices": plan.kv_indices, "kv_len": plan.kv_len,
+                           "ckv_scale": c_t, "kpe_scale": k_t}, _fail)
     lse = torch.empty(tokens, heads, dtype=torch.float32, device=plan.device) if return_lse else None
     qn, qp, o = _fold(q_nope, plan), _fold(q_pe, plan), _fold(out, plan)
     lse_rows = lse.view(plan.batch, plan.rows) if lse is not None else None

@@ -37,6 +37,7 @@ from typing import Callable, Iterator, Literal
 
 import torch
 
+from kvwall.kernels._args import MAX_PROGRAMS, bounded_int, check_plan_args
 from kvwall.kernels._common import Fail, check_output, fail, sm_count
 from kvwall.kernels.mla_decode.kernel import (LOG2E, MLADecodeConfig, MLADecodePlan, launch_combine, parse_scale,
                                               plan_mla_decode_triton, validate_call)
@@ -50,8 +51,7 @@ __all__ = ["Kind", "KINDS", "SOURCES", "NVCC_FLAGS", "ARCH", "DC", "DR", "Params
 Kind = Literal["wgmma", "wgmma_tokens"]
 KINDS: tuple[Kind, ...] = ("wgmma", "wgmma_tokens")
 _HERE = Path(__file__).parent
-SOURCES: dict[Kind, Path] = {"wgmma": _HERE / "mla_decode_wgmma.cu",
-                             "wgmma_tokens": _HERE / "mla_decode_wgmma_tokens.cu"}
+SOURCES: dict[Kind, Path] = {"wgmma": _HERE / "mla_decode_wgmma.cu", "wgmma_tokens": _HERE / "mla_decode_wgmma_tokens.cu"}
 #: Each kind's public call (errors are named after it) and its offline compile check.
 _PUBLIC: dict[Kind, tuple[str, str]] = {"wgmma": ("mla_decode_fp8_wgmma", "nvcc_compile_check_wgmma"),
                                         "wgmma_tokens": ("mla_decode_fp8_wgmma_tokens",
@@ -341,11 +341,11 @@ def plan_hopper(cls: type[HopperPlan], public: str, kv_indptr: torch.Tensor, kv_
     """The batch's work list (:func:`kvwall.kernels.mla_decode.kernel.plan_mla_decode_triton`) for 64-token tiles and
     ``heads_per_cta(q_len * heads)`` rows per CTA. Default: items sized to fill whole waves of one CTA per SM
     (:func:`whole_wave_items`); ``programs``: aim at that many CTAs at once instead, times ``waves``."""
-    if isinstance(q_len, bool) or not isinstance(q_len, int) or not 1 <= q_len <= 8:
-        fail(public, ValueError, f"q_len must be an int from 1 to 8 (query tokens per request), got {q_len!r}.")
-    device = torch.device(device) if device is not None else kv_indptr.device
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    fail_: Fail = functools.partial(fail, public)  # every argument checked before a device is touched
+    bounded_int("q_len", q_len, fail_, most=8, hint="query tokens per request")
+    device = check_plan_args(fail_, kv_indptr, kv_len, heads=heads, page_size=page_size, device=device,
+                             programs=programs, min_chunk=min_chunk)
+    bounded_int("waves", waves, fail_, most=MAX_PROGRAMS, hint="waves of CTAs to fill")
     rows = q_len * heads
     hn = heads_per_cta(rows)
     head_blocks = -(-rows // hn)

@@ -86,7 +86,8 @@ import triton
 import triton.language as tl
 
 from kvwall.kernels.mla_decode.plan import WorkList, build_work_list
-from kvwall.kernels._args import FLOAT32_MAX, check_device, positive_int, require_tensors, scale_number
+from kvwall.kernels._args import (FLOAT32_MAX, MAX_GRID_Y, MAX_HEADS, MAX_TOKENS, below_float32_normal, bounded_int,
+                                  check_device, check_plan_args, positive_int, require_tensors, scale_number)
 from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
                                     gpu_name, keep_fp8_nan, read_tuned_table, refuse_graph_capture,
                                     round_bf16_by_bits, sm_count)
@@ -103,6 +104,8 @@ Q_DTYPE = torch.bfloat16
 KV_DTYPE = torch.float8_e4m3fn
 INDEX_DTYPES = (torch.int32, torch.int64)
 LOG2E = 1.4426950408889634
+#: The most query tokens a request may bring (the front door's MAX_Q_LEN): a plan's rows are at most this x MAX_HEADS.
+MAX_Q_LEN = 8
 
 
 def _fp8_as_f16_impl(x8, ON_GPU: tl.constexpr):
@@ -477,7 +480,14 @@ def _mla_split_kernel(
     # of range: then out and LSE are NaN.
     l_i = tl.where(tl.reduce(bad_seen, 0, tl.standard._elementwise_max) > 0, float("nan"), l_i)
     empty = l_i == 0.0
-    norm = tl.where(empty, 0.0, ckv_scale * KV_MUL / tl.where(empty, 1.0, l_i))[:, None]  # [BLOCK_H, 1]
+    if ON_GPU:  # (KV_MUL is 1 here)
+        norm = tl.where(empty, 0.0, ckv_scale * KV_MUL / tl.where(empty, 1.0, l_i))[:, None]  # [BLOCK_H, 1]
+    else:  # the interpreter's 2^8 goes on the accumulators (exact): in the norm, ckv_scale x 2^8 overflows from 1.3e36
+        norm = tl.where(empty, 0.0, ckv_scale / tl.where(empty, 1.0, l_i))[:, None]
+        acc0 = acc0 * KV_MUL
+        acc1 = acc1 * KV_MUL
+        acc2 = acc2 * KV_MUL
+        acc3 = acc3 * KV_MUL
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     if WORKLIST:
         to_out = prow < 0  # the request's only chunk
@@ -837,23 +847,20 @@ def plan_mla_decode_triton(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None 
     (paged caches), read on the host (one synchronization if they are on the GPU). ``programs``: split-kernel
     programs to aim for at once (default :func:`programs_wanted`); ``min_chunk``: fewest tokens a chunk may hold
     (default one tile)."""
-    require_tensors({"kv_indptr": kv_indptr, **({"kv_len": kv_len} if kv_len is not None else {})}, _plan_fail)
-    for name, t in (("kv_indptr", kv_indptr), ("kv_len", kv_len)):
-        if t is not None and (t.dim() != 1 or t.dtype not in INDEX_DTYPES):
-            _plan_fail(ValueError, f"{name} must be a 1-D int32 or int64 tensor; got {t.dtype} of shape "
-                       f"{tuple(t.shape)}.")
-    for name, value in (("heads", heads), ("page_size", page_size), ("programs", programs), ("min_chunk", min_chunk)):
-        if value is not None or name in ("heads", "page_size"):
-            positive_int(name, value, _plan_fail)
+    # heads counts a request's rows here (the front door passes q_len x heads)
+    device = check_plan_args(_plan_fail, kv_indptr, kv_len, heads=heads, page_size=page_size, device=device,
+                             programs=programs, min_chunk=min_chunk, max_heads=MAX_Q_LEN * MAX_HEADS)
     if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int) or kv_lora_rank < 64 \
             or kv_lora_rank & (kv_lora_rank - 1):
         _plan_fail(ValueError, f"kv_lora_rank must be a power of two >= 64 (512 for DeepSeek/GLM), got "
                    f"{kv_lora_rank!r}.")
-    device = check_device(device if device is not None else kv_indptr.device, _plan_fail)
+    if config is not None and not isinstance(config, MLADecodeConfig):
+        _plan_fail(TypeError, f"config must be an MLADecodeConfig (or None for the tuned shape), got "
+                   f"{type(config).__name__}.")
     ptr = [int(x) for x in kv_indptr.tolist()]
-    if len(ptr) < 2 or ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
-        _plan_fail(ValueError, f"kv_indptr must have batch + 1 >= 2 entries, start at 0 and never decrease; got "
-                   f"{ptr[:6]}{'...' if len(ptr) > 6 else ''}.")
+    if len(ptr) < 2 or ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])) or ptr[-1] > MAX_TOKENS:
+        _plan_fail(ValueError, f"kv_indptr must have batch + 1 >= 2 entries, start at 0, never decrease and end at "
+                   f"most at 2^31 - 1; got {ptr[:6]}{'...' if len(ptr) > 6 else ''} ending at {ptr[-1]}.")
     batch = len(ptr) - 1
     if page_size == 1:
         if kv_len is not None:
@@ -864,7 +871,7 @@ def plan_mla_decode_triton(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None 
             _plan_fail(ValueError, f"a paged cache (page_size {page_size}) needs kv_len with batch = {batch} entries.")
         lengths = [int(x) for x in kv_len.tolist()]
         for i, (n, a, b) in enumerate(zip(lengths, ptr, ptr[1:])):
-            if n < 0 or n > (b - a) * page_size:
+            if n < 0 or n > (b - a) * page_size or n > MAX_TOKENS:
                 _plan_fail(ValueError, f"kv_len[{i}] = {n} does not fit request {i}'s {b - a} pages of {page_size} "
                            f"tokens.")
     max_len = max(lengths)
@@ -877,6 +884,9 @@ def plan_mla_decode_triton(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None 
         wanted = programs or programs_wanted(heads, max_len, device, cfg)
         wl = build_work_list(lengths, block_n=cfg.block_n, items_wanted=max(1, triton.cdiv(wanted, head_blocks)),
                              min_chunk=min_chunk)
+    if len(wl.items) > MAX_GRID_Y:
+        _plan_fail(ValueError, f"the work list has {len(wl.items)} items (batch {batch}), more than the {MAX_GRID_Y} a "
+                   "launch's grid holds; split the batch, or ask for fewer programs.")
     rows = max(wl.partial_rows, 1)
     return MLADecodePlan(batch, heads, kv_lora_rank, page_size, device, cfg, wl,
                          device_ints(wl.items, device).reshape(-1, 4), device_ints(list(wl.combine) or [0], device),
@@ -925,7 +935,10 @@ def parse_scale(name: str, scale, device: torch.device) -> tuple[torch.Tensor | 
             _fail(ValueError, f"{name} must be a Python number or a one-element float32 tensor on {device}; got "
                   f"{scale.dtype} {tuple(scale.shape)} on {scale.device}.")
         return scale.reshape(1), 1.0
-    return None, scale_number(name, scale, _fail)
+    value = scale_number(name, scale, _fail)
+    if device.type == "cpu" and below_float32_normal(value):  # the interpreter would take it as a float64
+        return torch.tensor([value], dtype=torch.float32), 1.0
+    return None, value
 
 
 def validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out, check_range, kv_len
@@ -1134,6 +1147,12 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     ``length - (q_len - 1 - j)`` tokens (MTP / EAGLE target-verify). The front door (:func:`kvwall.kernels.mla_decode`)
     folds SGLang's ``[B x q_len, heads, Dc]`` for its caller.
     """
+    if num_splits is not None:
+        bounded_int("num_splits", num_splits, _fail, most=MAX_GRID_Y,
+                    hint="KV splits per request (a launch's grid holds at most 65535; a handful is the useful range)")
+    if config is not None and not isinstance(config, MLADecodeConfig):
+        _fail(TypeError, f"config must be an MLADecodeConfig (or None for the tuned shape), got {type(config).__name__}.")
+    bounded_int("q_len", q_len, _fail, most=MAX_Q_LEN, hint="query tokens per request")
     ckv, kpe, page_size, max_len = validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
                                              out, check_range, kv_len)
     device = q_nope.device

@@ -32,6 +32,11 @@ BF16 = torch.bfloat16
 
 def split_latent_cache(cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Views ``(ckv, kpe)`` of an SGLang-layout cache ``[slots, 1, kv_lora_rank + rope]``."""
+    if not isinstance(cache, torch.Tensor):
+        raise TypeError(f"split_latent_cache: cache must be a torch.Tensor, got {type(cache).__name__}.")
+    if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int) or kv_lora_rank < 1:
+        raise TypeError(f"split_latent_cache: kv_lora_rank must be a positive int (512 for DeepSeek/GLM), got "
+                        f"{kv_lora_rank!r}.")
     if cache.dim() != 3 or cache.shape[-1] <= kv_lora_rank:
         raise ValueError(
             f"cache of shape {tuple(cache.shape)}: expected [slots, page_size, kv_lora_rank + rope] "
@@ -41,6 +46,10 @@ def split_latent_cache(cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Te
 
 
 def _check(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices) -> None:
+    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv", ckv), ("kpe", kpe), ("kv_indptr", kv_indptr),
+                    ("kv_indices", kv_indices)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"mla_decode_reference: {name} must be a torch.Tensor, got {type(t).__name__}.")
     if q_nope.dim() != 3 or q_pe.dim() != 3 or q_nope.shape[:2] != q_pe.shape[:2]:
         raise ValueError(
             f"q_nope {tuple(q_nope.shape)} and q_pe {tuple(q_pe.shape)} must both be [batch, heads, dim] "

@@ -4,16 +4,21 @@
     python -m kvwall record decode_profile        # one experiment, full scale, into book/results/
     python -m kvwall record all                   # what `make record` runs
     python -m kvwall check                        # validate every file in book/results/ (exit 1: stale or refused)
-    python -m kvwall migrate-digests              # upgrade book/results/*.json of format 2 to this format's digest
     python -m kvwall execute book/01_the_86ms_profile.md --out /tmp/run -p mode=gpu
                                                   # run a chapter headless (papermill)
     python -m kvwall cost --gpu all --tp 8        # the cost model's prediction of every path (chapter 6)
 
 ``record`` checks everything before it runs anything: the experiment names, that ``--out`` is a
-writable folder, every experiment's prerequisites, and that no full-scale result would be replaced
-by a small-scale one; it creates ``--out`` only once nothing stops it. ``--force`` records anyway (a
-result then says what its run lacked). ``check`` exits 0 only when every result is valid and fresh (a
-gate for scripts): 1 when any is stale, refused or missing.
+writable folder where each result file can be written, every experiment's prerequisites, and that no
+full-scale result would be replaced by a small-scale one; it creates ``--out`` only once nothing stops
+it. ``--force`` records anyway (a result then says what its run lacked). ``execute`` checks the chapter,
+its parameters and both of its outputs (``<out>/<stem>.ipynb``, ``<out>/execution/<stem>.json``) before
+it runs. Relative paths are taken against the current directory. ``check`` exits 0 only when every
+result is valid and fresh (a gate for scripts): 1 when any is stale, refused or missing.
+
+Exit status: 0 done; 2 refused before anything ran (a usage error, or something in the way: the message
+names the argument and what to do); 1 a run that failed or a ``check`` that found problems; 3 ``record``
+wrote results that are already stale; 130 interrupted; 141 the reader of the output went away (``| head``).
 """
 
 from __future__ import annotations
@@ -37,9 +42,8 @@ from kvwall.experiments import EXPERIMENTS, Experiment, missing_prerequisites, r
 from kvwall.model.cost import GPUS, MODEL_PRESETS, TRANSFER_RULES
 from kvwall.model.original import ORIGINAL
 from kvwall.results import (
-    RESULTS_DIR, ResultFileError, ResultMissingError, load_result, recorded_scale, save_result,
+    RESULTS_DIR, ResultFileError, ResultMissingError, check_writable_target, load_result, recorded_scale, save_result,
 )
-from kvwall.results.migrate import migrate_file
 
 __all__ = ["main"]
 
@@ -52,12 +56,33 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _path(text: str) -> Path:
+    """An argparse type: a path, made absolute against the current directory (so messages say where it is)."""
+    if not text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a path: give a file or folder name")
+    return Path(os.path.abspath(text))
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number (1, 2, ...)")
+    return value
+
+
 def _out_problem(out: Path) -> str | None:
     """Why files cannot be written into the folder ``out`` (None if, as far as can be told, they can), without
     creating anything: ``out`` or its nearest existing parent must be a folder this user may write in."""
     existing = out.absolute()
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
+    try:
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+    except OSError as exc:  # a name too long, say
+        return f"--out {out}: cannot write results there ({exc.strerror or exc}); give a folder you can write in"
     if not existing.is_dir():
         return f"--out {out}: cannot write results there ({existing} is not a folder); give a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -98,22 +123,38 @@ def _record_refusals(experiments: list[Experiment], lacking: dict[str, dict[str,
     return lines
 
 
+def _target_problems(experiments: list[Experiment], out: Path) -> list[str]:
+    """Where a result file could not be written (a folder, pipe or link in its place): not lifted by --force."""
+    problems = []
+    for exp in experiments:
+        try:
+            check_writable_target(out / f"{exp.name}.json")
+        except ResultFileError as exc:
+            problems.append(f"{exc.path}: {exc.problem}; move it out of the way or record into another --out")
+    return problems
+
+
 def _record(experiments: list[Experiment], scale: str, out: Path, force: bool) -> int:
     problem = _out_problem(out)
     if problem:
         return _fail(problem)
     lacking = _missing_by_experiment(experiments)
+    in_the_way = _target_problems(experiments, out)
     refusals = _record_refusals(experiments, lacking, scale, out)
-    if refusals and not force:
-        print("kvwall record: nothing was run:\n" + "\n".join(f"  - {line}" for line in refusals)
-              + "\nRun on a machine that has what is missing (`python -m kvwall list` shows what each experiment "
+    if in_the_way or (refusals and not force):
+        hint = ("\nRun on a machine that has what is missing (`python -m kvwall list` shows what each experiment "
                 "requires), record into another --out, or pass --force to record anyway (results note what "
-                "their run lacked).", file=sys.stderr)
+                "their run lacked)." if refusals else "") + (
+            "\n--force does not lift what is in the way: nothing but a result file is ever replaced." if in_the_way
+            else "")
+        print("kvwall record: nothing was run:\n" + "\n".join(f"  - {line}" for line in in_the_way + refusals)
+              + hint, file=sys.stderr)
         return 2
     problem = _make_out(out)
     if problem:
         return _fail(problem)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"kvwall record: {len(experiments)} experiment(s) at {scale} scale into {out}", file=sys.stderr)
     interactive = sys.stderr.isatty()
     started = time.time()
     saved: list[str] = []
@@ -178,38 +219,48 @@ def _stale_after_recording(saved: list[str], out: Path) -> int:
     return 0
 
 
-def _parameter_values(items: list[str], parser: argparse.ArgumentParser) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for item in items:
-        name, sep, raw = item.partition("=")
-        if not sep or not name.isidentifier():
-            parser.error(f"parameter {item!r} is not NAME=VALUE")
-        try:
-            values[name] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            values[name] = raw
-    return values
+def _parameter(item: str) -> tuple[str, Any]:
+    """An argparse type: ``NAME=VALUE``, VALUE a Python literal where it is one, else the string itself."""
+    name, sep, raw = item.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"{item!r} is not NAME=VALUE (for example -p mode=cpu)")
+    try:
+        return name, ast.literal_eval(raw)
+    except Exception:  # pylint: disable=broad-exception-caught  # not a literal ({[]: 1} raises TypeError): text
+        return name, raw
+
+
+def _parameter_values(items: list[tuple[str, Any]], parser: argparse.ArgumentParser) -> dict[str, Any]:
+    twice = sorted({name for name, _ in items if [n for n, _ in items].count(name) > 1})
+    if twice:
+        parser.error(f"argument -p/--param: {', '.join(twice)} given more than once; give each parameter once")
+    return dict(items)
 
 
 def _execute(chapter: Path, out: Path, values: dict[str, Any]) -> int:
     # Imported here, not at the top: `record` must run on GPU machines that have no Jupyter (papermill,
     # jupytext, nbformat), and only `execute` needs the notebook layer's execution.
     import papermill  # pylint: disable=import-outside-toplevel
-    from kvwall.notebook.execute import ChapterError, execute_chapter  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from kvwall.notebook.execute import ChapterError, ChapterRunError, execute_chapter
 
     problem = _out_problem(out)
     if problem:
         return _fail(f"execute: {problem}")
+    notebook = out / f"{chapter.stem}.ipynb"  # where execute_chapter puts them (out and chapter are absolute)
     try:
         record = execute_chapter(chapter, out, progress_bar=sys.stderr.isatty(), **values)
     except ChapterError as exc:
         return _fail(f"execute: {exc}")
+    except ChapterRunError as exc:
+        print(f"kvwall execute: {exc}", file=sys.stderr)
+        return 1
     except papermill.PapermillExecutionError as exc:
-        notebook = out / f"{chapter.stem}.ipynb"
         print(f"kvwall execute: {chapter.name} stopped in cell {exc.exec_count} (full traceback in {notebook}):\n"
               f"{exc.ename}: {exc.evalue}", file=sys.stderr)
         return 1
-    print(json.dumps({k: record[k] for k in ("chapter", "mode", "device", "scale", "duration_s")}))
+    print(json.dumps({**{k: record.get(k) for k in ("chapter", "mode", "device", "scale", "duration_s")},
+                      "notebook": str(notebook), "record": str(out / "execution" / f"{chapter.stem}.json")}))
     return 0
 
 
@@ -230,7 +281,9 @@ def _cost(args: argparse.Namespace) -> int:
     base = replace(ORIGINAL_STATE, **given)
     problem = base.problem()
     if problem:
-        hint = "; raise --pool or lower --batch / --context" if not base.fits else ""
+        heads = base.heads or MODEL_PRESETS[base.model].num_heads
+        hint = ("; raise --pool or lower --batch / --context" if not base.fits else
+                f"; give a --tp that divides {heads}" if heads % base.tp else "")
         return _fail(f"cost: {problem}{hint}.")
     try:
         sweep = load_result("path_sweep")
@@ -282,24 +335,6 @@ def _check(directory: Path) -> int:
     return 1 if bad else 0
 
 
-def _migrate(directory: Path, files: list[Path]) -> int:
-    """Upgrade result files to this format's digest (:mod:`kvwall.results.migrate`): 1 if any was refused."""
-    if not files and not directory.is_dir():
-        return _fail(f"migrate-digests: {directory} is not a folder of results (the default is {RESULTS_DIR}).")
-    paths = files or sorted(directory.glob("*.json"))
-    refused = 0
-    for path in paths:
-        try:
-            print(f"{migrate_file(path):9s}{path}")
-        except ResultFileError as exc:
-            print(f"REFUSED  {exc}")
-            refused += 1
-    if refused:
-        print(f"kvwall migrate-digests: {refused} of {len(paths)} files not migrated (see above); they are left as "
-              "they were.", file=sys.stderr)
-    return 1 if refused else 0
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kvwall", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -308,30 +343,28 @@ def _parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("record", help="run experiments and write their results (full scale needs a GPU)")
     rec.add_argument("experiments", nargs="+", help=f"'all' or any of: {', '.join(EXPERIMENTS)}")
     rec.add_argument("--scale", choices=("full", "small"), default="full")
-    rec.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the result files")
+    rec.add_argument("--out", type=_path, default=Path(os.path.abspath(RESULTS_DIR)),
+                     help=f"folder for the result files (default: {RESULTS_DIR})")
     rec.add_argument("--force", action="store_true",
                      help="record even where prerequisites are missing or a full-scale result would be replaced")
     chk = sub.add_parser("check", help="validate the recorded results and report stale ones")
     chk.add_argument("--dir", type=Path, default=RESULTS_DIR)
-    mig = sub.add_parser("migrate-digests", help="upgrade result files of format 2 to this format (a digest over "
-                                                 "provenance too); files already current are checked, kept")
-    mig.add_argument("files", nargs="*", type=Path, help="result files (default: every *.json in --dir)")
-    mig.add_argument("--dir", type=Path, default=RESULTS_DIR)
     exe = sub.add_parser("execute", help="run a chapter (book/NN_slug.md) headless with papermill")
-    exe.add_argument("chapter", type=Path)
-    exe.add_argument("--out", type=Path, required=True, help="folder for the executed .ipynb and its record")
-    exe.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+    exe.add_argument("chapter", type=_path)
+    exe.add_argument("--out", type=_path, required=True,
+                     help="folder (outside book/) for the executed <stem>.ipynb and its record, execution/<stem>.json")
+    exe.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", type=_parameter,
                      help="a parameter, VALUE as a Python literal (strings may be bare): -p mode=gpu -p layers=8")
     cst = sub.add_parser("cost", help="predict every path's KV work per decode step (chapter 6's cost model)")
     cst.add_argument("--model", choices=list(MODEL_PRESETS), help="model preset (default: the original's, glm-5)")
     cst.add_argument("--gpu", choices=[*GPUS, "all"], help="GPU, or 'all' (default: the original's, rtx-pro-6000)")
-    cst.add_argument("--tp", type=int, help="tensor parallel degree: heads per GPU = the model's heads / TP "
-                                            "(default: the original's)")
-    cst.add_argument("--context", type=int, help="tokens per request (default: the original's)")
-    cst.add_argument("--batch", type=int, help="requests, each of --context tokens (default: 1)")
-    cst.add_argument("--pool", type=int, help="KV pool tokens (default: the original's)")
-    cst.add_argument("--layers", type=int, help="your model's layers (a user shape: overrides the preset's)")
-    cst.add_argument("--heads", type=int, help="your model's attention heads, all GPUs (overrides the preset's)")
+    cst.add_argument("--tp", type=_positive, help="tensor parallel degree: heads per GPU = the model's heads / TP "
+                                                  "(default: the original's)")
+    cst.add_argument("--context", type=_positive, help="tokens per request (default: the original's)")
+    cst.add_argument("--batch", type=_positive, help="requests, each of --context tokens (default: 1)")
+    cst.add_argument("--pool", type=_positive, help="KV pool tokens (default: the original's)")
+    cst.add_argument("--layers", type=_positive, help="your model's layers (a user shape: overrides the preset's)")
+    cst.add_argument("--heads", type=_positive, help="your model's attention heads, all GPUs (overrides the preset's)")
     cst.add_argument("--rule", choices=list(_RULES), default="both",
                      help="how the H200's fitted rates transfer to other GPUs: both (a range) or one rule")
     ans = sub.add_parser("answer", help="print the book's answer (the front page's table) as Markdown")
@@ -362,6 +395,8 @@ def _run(argv: list[str] | None) -> int:
     if args.command == "record":
         names = list(EXPERIMENTS) if args.experiments == ["all"] else args.experiments
         unknown = [n for n in names if n not in EXPERIMENTS]
+        if "all" in unknown:
+            parser.error("record: give 'all' alone (it is every experiment), or name experiments without it")
         if unknown:
             parser.error(f"unknown experiment(s) {unknown}; choose 'all' or from {list(EXPERIMENTS)}")
         order = list(EXPERIMENTS)  # dependency order: what writes a table runs before what reads it
@@ -373,8 +408,6 @@ def _run(argv: list[str] | None) -> int:
         return _cost(args)
     if args.command == "answer":
         return _answer(args.readme)
-    if args.command == "migrate-digests":
-        return _migrate(args.dir, args.files)
     return _check(args.dir)
 
 
@@ -413,12 +446,20 @@ def main(argv: list[str] | None = None) -> int:
     if sys.stdout is None:  # started with stdout closed (`python -m kvwall list >&-`)
         return _fail("standard output is closed, so there is nowhere to print; run with it open "
                      "(redirect it to a file, or to /dev/null to discard it).")
+    if sys.stderr is None:  # started with stderr closed (`2>&-`): refusals and failures would go unsaid
+        print("kvwall: standard error is closed, so refusals and progress would be lost; run with it open "
+              "(2>/dev/null discards it).")
+        return 2
     stream = sys.stdout
     sys.stdout = _WatchedStdout(stream)  # type: ignore[assignment]
     try:
         status = _run(argv)
         sys.stdout.flush()  # inside the try: a closed pipe shows up here, not in the interpreter's exit
         return status
+    except KeyboardInterrupt:
+        print("\nkvwall: interrupted; what was finished is kept (each result recorded so far; execute's notebook "
+              "up to the cell it reached), nothing else was written.", file=sys.stderr)
+        return 130
     except _StdoutError as error:
         # Point stdout at /dev/null so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())

@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any, Mapping
 
 from kvwall.experiments.fused_decode.paths import MEASURED_FILE, measured_times, read_measured
+from kvwall.experiments.fused_decode.strategies import OURS
 from kvwall.kernels.mla_decode import path_table
 from kvwall.model.paths import KERNEL_NAMES
 from kvwall.notebook.fused_bench_report import FM_BF16, FM_FP8, Grid, Point, label, point_label
@@ -28,12 +29,15 @@ def timed_paths(paths: Grid) -> list[str]:
 
 
 def _path_points(paths: Grid, points: list[Point], page_size: int) -> list[tuple[Point, dict[str, float], list]]:
-    """(point, each timed path's µs, the ``paths.json`` point) where the Triton path was timed."""
+    """(point, each timed path's µs, the ``paths.json`` point: its shape as the Triton row ran it) where the Triton
+    path was timed."""
     out = []
     for p in points:
         us = {k: u for k in timed_paths(paths) if (u := paths.us(k, p, page_size)) is not None}
         if "triton" in us:
-            out.append((p, us, path_table.path_point(*p, us["triton"], us.get("wgmma"), us.get("wgmma_tokens"))))
+            row = paths.row("triton", p, page_size) or {}
+            out.append((p, us, path_table.path_point(*p, us["triton"], us.get("wgmma"), us.get("wgmma_tokens"),
+                                                     tokens=row.get("tokens"), max_len=row.get("len_max"))))
     return out
 
 
@@ -41,17 +45,27 @@ def dispatcher_table(paths: Grid, page_size: int = 1) -> Table:
     """The measured table the dispatcher reads (``paths.json``, derived from this run): every timed path's µs at
     every point of the grid, the fastest, and its lead over the next (page ``page_size``)."""
     rows = []
+    ours = OURS.get(page_size)
     for p, us, point in _path_points(paths, paths.floor_points + paths.points, page_size):
         pick = point[3]
         others = [u for k, u in us.items() if k != pick]
+        ran = paths.row(ours, p, page_size) if ours else None
         rows.append({"point": point_label(p), **us, "pick": KERNEL_NAMES[pick],
-                     "x": min(others) / us[pick] if others else None})
+                     "x": min(others) / us[pick] if others else None,
+                     "ours": ran.get("us") if ran else None,
+                     "ours_path": KERNEL_NAMES.get(ran.get("kernel_path"), ran.get("kernel_path")) if ran else None})
     kinds = timed_paths(paths)
-    return Table(rows, {"heads, context, batch": "point", **{f"{KERNEL_NAMES[k]} µs": (k, number(1)) for k in kinds},
-                        "the dispatcher picks": "pick", "next fastest / the pick": ("x", times(2))},
+    cols = {"heads, context, batch": "point", **{f"{KERNEL_NAMES[k]} µs": (k, number(1)) for k in kinds},
+            "the dispatcher picks": "pick", "next fastest / the pick": ("x", times(2))}
+    said = ""
+    if any(r["ours"] for r in rows):  # the run timed the dispatcher too (recordings from 2026-12-03 on)
+        cols.update({"the dispatcher ran, µs": ("ours", number(1)), "its path": ("ours_path", plain)})
+        said = (" The dispatcher's own rows ran by the table in place when the run started (the one before this "
+                "run's).")
+    return Table(rows, cols,
                  paths.caption + f" Page size {page_size}; CUDA graphs, L2 flushed. When the run is recorded, "
                                  "kernels/mla_decode/paths.json (the pick at each point: all the dispatcher reads) and "
-                                 f"{MEASURED_FILE.name} beside it (these times) are derived from these rows.")
+                                 f"{MEASURED_FILE.name} beside it (these times) are derived from these rows." + said)
 
 
 def dispatcher_text(paths: Grid, page_size: int = 1) -> tuple[str, dict[str, Any]]:
@@ -82,21 +96,24 @@ def _times_said(timed: Mapping[str, float] | None) -> str | None:
 
 
 def other_gpus_table(table: Mapping[str, Any] | None = None, heads: int = 16, batch: int = 1,
-                     max_len: int = 131072, measured: Mapping[str, Any] | None = None) -> Table:
+                     max_len: int = 131072, measured: Mapping[str, Any] | None = None,
+                     tokens: int | None = None) -> Table:
     """What :func:`kvwall.kernels.mla_decode.path_table.decide_path` picks for one call on GPUs other than the one
     measured (an H100 reads the H200's crossovers: the same compute capability), from the shipped ``paths.json``; and
     the times measured at the point it decided by, from the sidecar ``measured`` (default: the shipped
-    ``paths_measured.json`` with the shipped table, none with a ``table`` given)."""
+    ``paths_measured.json`` with the shipped table, none with a ``table`` given). ``tokens``: the batch's tokens
+    (None: every request ``max_len`` long)."""
     if table is None:
         table = path_table.read_table(path_table.PATHS_FILE)
         measured = read_measured(MEASURED_FILE) if measured is None else measured
     measured = measured or {}
     rows = []
+    well_formed = path_table.table_problem(dict(table)) is None  # else decide_path says why, and no point is read
     for name, cap, refusal in OTHER_GPUS:
-        path, why = path_table.decide_path(heads, batch, max_len, gpu=name, capability=cap, refusal=refusal,
-                                           table=dict(table))
-        found = None if refusal else path_table.table_entry(dict(table), name, cap)
-        choice = path_table.measured_choice(found[1], heads, batch, max_len) if found else None
+        path, why = path_table.decide_path(heads, batch, max_len, tokens=tokens, gpu=name, capability=cap,
+                                           refusal=refusal, table=dict(table))
+        found = None if refusal or not well_formed else path_table.table_entry(dict(table), name, cap)
+        choice = path_table.measured_choice(found[1], heads, batch, max_len, tokens) if found else None
         timed = measured_times(dict(measured), found[0], choice[1]) if found and choice else None
         rows.append({"gpu": f"{name} ({cap[0]}.{cap[1]})", "path": KERNEL_NAMES[path], "why": why.split(": ", 1)[-1],
                      "us": _times_said(timed)})
@@ -104,7 +121,9 @@ def other_gpus_table(table: Mapping[str, Any] | None = None, heads: int = 16, ba
     if any(r["us"] for r in rows):
         cols["µs measured at that point"] = ("us", plain)
     return Table(rows, cols, f"Computed here by path_table.decide_path from kernels/mla_decode/paths.json, for one "
-                             f"call of {heads} heads, batch {batch}, {max_len // 1024}K tokens; the times from "
+                             f"call of {heads} heads, batch {batch}, "
+                             + (f"{tokens:,} tokens, the longest {max_len:,}" if tokens else
+                                f"{max_len // 1024}K tokens a request") + "; the times from "
                              f"{MEASURED_FILE.name}, which the dispatcher does not read.")
 
 

@@ -33,6 +33,7 @@ import ast
 import functools
 import hashlib
 import re
+import stat
 from pathlib import Path
 from typing import Iterable
 
@@ -262,19 +263,28 @@ def _hash_file(path: Path, _mtime_ns: int, _size: int) -> str:
     if path.suffix == ".py":
         try:
             data = normalized_code(data).encode()
-        except SyntaxError:
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass  # a file that does not parse is hashed as it is: it differs from any recorded hash
     elif path.suffix in CUDA_SUFFIXES:
-        data = normalized_cuda(data).encode()
+        try:
+            data = normalized_cuda(data).encode()
+        except UnicodeDecodeError:
+            pass  # not text: hashed as it is
     return hashlib.sha256(data).hexdigest()[:16]
 
 
 def _file_hash(path: Path) -> str | None:
+    """The file's hash; None where it is gone, or is not a plain file (a pipe or a device is never read)."""
     try:
-        stat = path.stat()
+        info = path.stat()
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    try:
+        return _hash_file(path, info.st_mtime_ns, info.st_size)
     except OSError:
         return None
-    return _hash_file(path, stat.st_mtime_ns, stat.st_size)
 
 
 def source_hashes(paths: Iterable[str], root: Path = PROJECT_ROOT) -> dict[str, str | None]:

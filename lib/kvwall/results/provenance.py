@@ -6,7 +6,7 @@ import datetime as _dt
 import os
 import platform
 import subprocess
-from typing import Iterable
+from typing import Any, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,8 +24,8 @@ SCALES = ("full", "small")
 class Provenance:
     """``sources``: ``{path: hash}`` of the code the numbers depend on (:mod:`kvwall.results.fingerprint`).
     ``scale``: one of :data:`SCALES`, set by whoever ran the experiment. ``missing``: prerequisites the run
-    lacked (recorded anyway, with ``--force``). ``digest``: ``{part: sha256}`` of params, rows and every other
-    provenance field (:func:`kvwall.results.store.content_digest`), set when the file is written."""
+    lacked (recorded anyway, with ``--force``). ``digest``: ``{"seal": sha256, "parts": {part: sha256}}``, the seal
+    over the whole file but this digest (:func:`kvwall.results.store.content_digest`), set when the file is written."""
 
     date: str
     device: str
@@ -41,7 +41,7 @@ class Provenance:
     sources: dict[str, str] = field(default_factory=dict)
     scale: str | None = None
     missing: list[str] = field(default_factory=list)
-    digest: dict[str, str] | None = None
+    digest: dict[str, Any] | None = None
 
     def short(self) -> str:
         """One caption line: where, when, with what."""

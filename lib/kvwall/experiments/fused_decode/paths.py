@@ -1,29 +1,41 @@
 """``fused_decode_paths`` (GPU): each of ours' paths forced -- the Triton path (``triton``), the wgmma path
-(``wgmma``, Hopper only) and the tokens-on-M wgmma path (``wgmma_tokens``, Hopper only) -- on page-size-1 slots and
-on pages of 64, at every point of heads {16, 32, 64, 128} x context {4K, 32K, 128K} x batch {1, 8, 32, 64} plus a
-64-token context at batch 1 (each path's fixed cost), timed as ``fused_decode_bench`` times (CUDA graphs, L2
-flushed, :func:`.bench.time_call`), each output checked against float64 first. Its ``build`` row has the GPU, nvcc,
-each wgmma kernel's build and ptxas resources and the ceilings of the run.
+(``wgmma``, Hopper only) and the tokens-on-M wgmma path (``wgmma_tokens``, Hopper only) -- and the dispatcher's own
+choice (``ours`` on page-size-1 slots, ``ours_page64`` on pages of 64: ``path="auto"``, the table in place when the
+run starts), on page-size-1 slots and on pages of 64, at every point of heads {16, 32, 64, 128} x context {4K, 32K,
+128K} x batch {1, 8, 32, 64} plus a 64-token context at batch 1 (each path's fixed cost). A point's requests are
+``fused_decode_bench``'s (:func:`~kvwall.experiments.fused_decode.strategies.make_point`, the same code: batch 1 one
+request of ``context`` tokens, larger batches mixed lengths summing to ``context x batch / 4``), timed as
+``fused_decode_bench`` times (CUDA graphs, L2 flushed, :func:`.bench.time_call`), each output checked against float64
+first. Its ``build`` row has the GPU, nvcc, each wgmma kernel's build and ptxas resources, the ceilings of the run and
+the table the dispatcher's rows ran by (``dispatch_table``).
 
 From it, :func:`write_path_table` derives two files beside the dispatcher:
 
 - ``kernels/mla_decode/paths.json`` (:func:`path_table`): what
   :func:`kvwall.kernels.mla_decode.dispatch.choose_path` reads and nothing else -- ``{gpu: {"capability",
-  "page_size", "points": [[heads, context, batch, path], ...]}}``, the fastest path at each point, page size 1 (the
-  layout ours runs in chapters 5 and 6). It is in the fingerprint of every result that ran the dispatcher, and it
-  changes only when a choice does: re-recording this experiment stales them only where a faster path changed.
+  "page_size", "points": [[heads, context, batch, path, tokens, max_len], ...]}}``, the fastest forced path at each
+  point on page size 1 (the layout ours runs in chapters 5 and 6), keyed by the shape a call has when it is planned
+  (heads, batch, the batch's tokens, its longest request: :mod:`kvwall.kernels.mla_decode.path_table`). It is in the
+  fingerprint of every result that ran the dispatcher, and it changes only when a choice does: re-recording this
+  experiment stales them only where a faster path changed. The page-64 rows are not a key of their own: the check
+  below holds the page-1 choice to them.
 - ``kernels/mla_decode/paths_measured.json`` (:data:`MEASURED_FILE`, :func:`measured_table`): the times behind the
   choices -- ``{gpu: {"by", "recorded", "page_size", "columns", "points": [[heads, context, batch, triton_us,
   wgmma_us, wgmma_tokens_us], ...]}}`` (µs rounded to 0.01, None: not timed) -- and the run's caption, for chapter 5's
   report. The dispatcher never reads it, and no module beside it names it, so it is in no result's fingerprint.
 
+:func:`dispatch_check` holds the dispatcher to the run: at every recorded point and page size, the path
+:func:`~kvwall.kernels.mla_decode.path_table.decide_path` picks for the row's shape (heads, batch, tokens, longest
+request) by the shipped table, timed forced in this run, within :data:`DISPATCH_TOLERANCE` (5 %) of the fastest forced
+path there (``tests/test_dispatch_rule.py``).
+
 ``python -m kvwall record`` writes both right after recording this experiment (:attr:`Experiment.after_record`),
 before the experiments that run ours.
 
-Device time at full scale: **80 s** measured on the H200 for two paths (2026-12-01, a trial run of the code before
-the tokens-on-M path, not recorded): 52 points x 2 paths x 2 page sizes = 208 rows (about 0.3 s a row, no host
-timing), the wgmma build and ptxas check and the ceilings ~13 s. With the third path (312 rows, its build and ptxas
-check): **about 105 s** estimated, not yet measured.
+Device time at full scale: **101 s** measured on the H200 for the three forced paths (2026-12-02, the recorded run:
+52 points x 3 paths x 2 page sizes = 312 rows, ~0.28 s a row, the builds, ptxas checks and ceilings ~13 s). With the
+dispatcher's own rows (52 points x 2 page sizes = 104 more, the same cost a row): **about 130 s** estimated, not yet
+measured.
 """
 
 from __future__ import annotations
@@ -44,13 +56,14 @@ from kvwall.model.geometry import GLM5
 from kvwall.peers.flashmla import PAGE_SIZE
 from kvwall.results import PROJECT_ROOT, Result, collect_provenance, load_result
 from kvwall.results.store import write_atomically
-from kvwall.experiments.fused_decode.bench import bench_point_rows
-from kvwall.experiments.fused_decode.strategies import FORCED_PATHS, BuildContext, make_point
+from kvwall.experiments.fused_decode.bench import bench_point_rows, time_call
+from kvwall.experiments.fused_decode.strategies import FORCED_PATHS, OURS, BuildContext, make_point
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "PATHS_FILE", "MEASURED_FILE", "MEASURED_COLUMNS", "run_fused_decode_paths", "path_points",
-           "measured_points", "path_table", "measured_table", "read_measured", "measured_times", "write_path_table",
-           "points_of"]
+__all__ = ["EXPERIMENTS", "PATHS_FILE", "MEASURED_FILE", "MEASURED_COLUMNS", "DISPATCH_TOLERANCE",
+           "run_fused_decode_paths", "paths_rows", "timed_entries", "path_points", "measured_points", "path_table",
+           "measured_table", "read_measured", "measured_times", "write_path_table", "points_of", "check_problem",
+           "dispatch_check"]
 
 D = GLM5.kv_dim
 FP8 = torch.float8_e4m3fn
@@ -64,6 +77,8 @@ MEASURED_FILE = PATHS_FILE.with_name("paths_measured.json")
 MEASURED_COLUMNS = ("heads", "context", "batch", *(f"{p}_us" for p in table_rule.KERNEL_PATHS))
 #: What ``paths_measured.json`` entries say made them.
 WRITTEN_BY = "fused_decode_paths (python -m kvwall record fused_decode_paths)"
+#: How much slower than the fastest forced path the dispatcher's pick may be at a recorded point (issue 35: 5 %).
+DISPATCH_TOLERANCE = 1.05
 
 
 def points_of(heads: list[int], contexts: list[int], batches: list[int],
@@ -115,12 +130,51 @@ def _build_row(device: torch.device, copy_ms: float, copy_gbps: float, tflops: f
             "wgmma_tokens": _tokens_build(why), "seconds_total": None}
 
 
+def timed_entries(paths: list[str], page_sizes: list[int]) -> list[tuple[str, int]]:
+    """What a point times, ``(strategy, page size)``: on each page size the dispatcher's own choice first (``ours``,
+    ``ours_page64``: the forced rows are compared with its output) where the peer table has one, then each path of
+    ``paths`` forced."""
+    return [e for page in page_sizes for e in ([(OURS[page], page)] if page in OURS else []) + [(p, page)
+                                                                                              for p in paths]]
+
+
+def paths_rows(points: list[tuple[int, int, int]], pool: torch.Tensor, device: torch.device,
+               entries: list[tuple[str, int]], flush, *, gen: torch.Generator, pool_slots: int,
+               max_total_tokens: int, copy_gbps: float, bf16_tflops: float, reps: int, rounds: int, seed: int,
+               ctx: BuildContext, timer=time_call) -> list[dict[str, Any]]:
+    """The ``bench`` rows of ``points`` (``(heads, context, batch)``), every one of ``entries`` at each: the point's
+    requests made as ``fused_decode_bench`` makes them (:func:`.strategies.make_point`, queries and slots drawn from
+    ``gen`` after the pool, as the bench draws them), each entry built, checked against float64 and timed by
+    ``timer`` (:func:`.bench.bench_point_rows`)."""
+    rows: list[dict[str, Any]] = []
+    for h, c, b in points:
+        pt = make_point(h, c, b, pool_slots=pool_slots, max_total=max_total_tokens, gen=gen, seed=seed, device=device)
+        rows += bench_point_rows(pt, pool, device, entries, flush, copy_gbps=copy_gbps, bf16_tflops=bf16_tflops,
+                                 reps=reps, rounds=rounds, host_calls=0, ctx=ctx, sglang_split_sweep=[], timer=timer)
+        del pt
+        release_memory(device)
+    return rows
+
+
+def _dispatch_table(gpu: str) -> dict[str, Any]:
+    """The table the dispatcher's rows of this run choose by (the one in place when it starts): its file, the entry
+    it reads for ``gpu`` (or None), the recording that wrote it (the sidecar's caption), why it was refused."""
+    table = table_rule.read_table(PATHS_FILE)
+    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    found = table_rule.table_entry(table, gpu, cap)
+    entry = read_measured().get(found[0]) if found else None
+    return {"file": PATHS_FILE.relative_to(PROJECT_ROOT).as_posix(), "entry": found[0] if found else None,
+            "recorded": entry.get("recorded") if isinstance(entry, dict) else None,
+            "refused": table_rule.table_refusal(PATHS_FILE)}
+
+
 def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: list[int], batches: list[int],
                            floor_contexts: list[int], page_sizes: list[int], pool_slots: int = 495_000,
                            max_total_tokens: int = 2_000_000, reps: int = 10, rounds: int = 3, flush_mb: int = 256,
                            seed: int = 0) -> Result:
-    """See the module docstring. Rows: one ``build``, then ``bench`` rows, one per (point, path, page size), in
-    ``fused_decode_bench``'s row format (``strategy`` one of :data:`.strategies.FORCED_PATHS`, ``page_size``)."""
+    """See the module docstring. Rows: one ``build``, then ``bench`` rows, per point and page size the dispatcher's
+    own (``ours`` / ``ours_page64``) and one per path forced, in ``fused_decode_bench``'s row format (``strategy``
+    ``ours``, ``ours_page64`` or one of :data:`.strategies.FORCED_PATHS`, ``page_size``)."""
     if device.type != "cuda":
         raise RuntimeError("fused_decode_paths times ours' paths on a GPU (CUDA graphs): it needs an NVIDIA GPU. "
                            "On a CPU the chapter shows the recorded run; the dispatcher reads the paths.json written "
@@ -129,24 +183,23 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
     copy_ms, copy_gbps = copy_bandwidth_gbps(device, 1 << 30)
     tflops = matmul_tflops(device)
     build = _build_row(device, copy_ms, copy_gbps, tflops)
-    rows: list[dict[str, Any]] = [build]
+    build["dispatch_table"] = _dispatch_table(build["gpu"])
     paths = [p for p in FORCED_PATHS if p not in build or build[p]["runs"]]  # a wgmma path that cannot run: no rows
-    timed = [(p, page) for page in page_sizes for p in paths]
     ctx = BuildContext(sm_count=build["sms"])
     gen = torch.Generator(device=device).manual_seed(seed)
     pool = (torch.randn(pool_slots, 1, D, generator=gen, device=device) * 0.7).to(FP8)
     scratch = torch.empty(flush_mb << 20, dtype=torch.uint8, device=device)
-    for h, c, b in points_of(heads, contexts, batches, floor_contexts):
-        pt = make_point(h, c, b, pool_slots=pool_slots, max_total=max_total_tokens, gen=gen, seed=seed, device=device)
-        rows += bench_point_rows(pt, pool, device, timed, scratch.zero_, copy_gbps=copy_gbps, bf16_tflops=tflops,
-                                 reps=reps, rounds=rounds, host_calls=0, ctx=ctx, sglang_split_sweep=[])
-        del pt
-        release_memory(device)
+    rows: list[dict[str, Any]] = [build]
+    rows += paths_rows(points_of(heads, contexts, batches, floor_contexts), pool, device,
+                       timed_entries(paths, page_sizes), scratch.zero_, gen=gen, pool_slots=pool_slots,
+                       max_total_tokens=max_total_tokens, copy_gbps=copy_gbps, bf16_tflops=tflops, reps=reps,
+                       rounds=rounds, seed=seed, ctx=ctx)
     build["seconds_total"] = round(time.perf_counter() - t_start, 1)
     params = dict(heads=list(heads), contexts=list(contexts), batches=list(batches),
                   floor_contexts=list(floor_contexts), page_sizes=list(page_sizes), pool_slots=pool_slots,
                   max_total_tokens=max_total_tokens, reps=reps, rounds=rounds, flush_mb=flush_mb, seed=seed)
-    # paths.json is this run's output (after_record), not its input: every path is timed forced.
+    # paths.json is this run's output (after_record); its dispatcher rows read the one in place (build's
+    # dispatch_table), the forced rows none.
     derived = PATHS_FILE.relative_to(PROJECT_ROOT).as_posix()
     return Result("fused_decode_paths", params, rows, collect_provenance(device, __name__, derives=[derived]))
 
@@ -167,10 +220,20 @@ def _timed(result: Result, page_size: int) -> dict[tuple[int, int, int], dict[st
     return {point: us for point, us in sorted(by_point.items()) if "triton" in us}
 
 
+def _shapes(result: Result) -> dict[tuple[int, int, int], tuple[int, int]]:
+    """``{(heads, context, batch): (tokens, longest request)}`` of the run's bench rows (the point's requests: the
+    same for every strategy and page size)."""
+    return {(r["heads"], r["context"], r["batch"]): (r["tokens"], r["len_max"]) for r in result.rows
+            if r.get("section") == "bench"}
+
+
 def path_points(result: Result, page_size: int = 1) -> list[list[Any]]:
-    """``[heads, context, batch, path]`` per point where the Triton path was timed on ``page_size``: ``path`` the
-    fastest (:func:`kvwall.kernels.mla_decode.path_table.path_point`). What ``paths.json`` holds."""
-    return [table_rule.path_point(h, c, b, *(us.get(p) for p in table_rule.KERNEL_PATHS))
+    """``[heads, context, batch, path, tokens, max_len]`` per point where the Triton path was timed on ``page_size``:
+    ``path`` the fastest (:func:`kvwall.kernels.mla_decode.path_table.path_point`), ``tokens`` / ``max_len`` the
+    point's requests as timed. What ``paths.json`` holds."""
+    shapes = _shapes(result)
+    return [table_rule.path_point(h, c, b, *(us.get(p) for p in table_rule.KERNEL_PATHS), tokens=shapes[h, c, b][0],
+                                  max_len=shapes[h, c, b][1])
             for (h, c, b), us in _timed(result, page_size).items()]
 
 
@@ -183,8 +246,9 @@ def measured_points(result: Result, page_size: int = 1) -> list[list[Any]]:
 
 def path_table(result: Result, page_size: int = 1) -> dict[str, Any]:
     """One GPU's entry of ``paths.json`` from a ``fused_decode_paths`` result: ``{gpu: {"capability", "page_size",
-    "points"}}`` (points of :func:`path_points`, page size 1 by default: ours' layout in chapters 5 and 6; the page-64
-    rows pick the same path at every point of the 2026-11-30 recording but one). Only what the dispatcher reads."""
+    "points"}}`` (points of :func:`path_points`, page size 1 by default: ours' layout in chapters 5 and 6; on pages of
+    64 the page-1 choice is within 2 % of the fastest at every point of the 2026-12-02 recording, and
+    :func:`dispatch_check` holds it to 5 %). Only what the dispatcher reads."""
     build = next(r for r in result.rows if r.get("section") == "build")
     return {build["gpu"]: {"capability": list(build["capability"]), "page_size": page_size,
                            "points": path_points(result, page_size)}}
@@ -219,6 +283,66 @@ def measured_times(measured: dict[str, Any], gpu: str, point: list) -> dict[str,
             row = dict(zip(columns, p))
             return {k: us for k in table_rule.KERNEL_PATHS if (us := row.get(f"{k}_us")) is not None}
     return None
+
+
+def check_problem(result: Result) -> str | None:
+    """Why :func:`dispatch_check` cannot hold the dispatcher to ``result`` (None: it can): a run without a ``build``
+    row, without the point's shape in its rows (tokens, longest request), or without a row (timed or failed) of every
+    forced path at every point and page size it ran (a recording made before the tokens-on-M path)."""
+    build = next((r for r in result.rows if r.get("section") == "build"), None)
+    bench = [r for r in result.rows if r.get("section") == "bench"]
+    if build is None or not bench:
+        return "it has no build row or no bench rows"
+    if any(r.get("tokens") is None or r.get("len_max") is None for r in bench):
+        return "its rows do not say each point's tokens and longest request"
+    ran: dict[tuple[int, int, int, int], set[str]] = {}
+    for r in bench:
+        ran.setdefault((r["heads"], r["context"], r["batch"], r["page_size"]), set()).add(r["strategy"])
+    short = [k for k, names in ran.items() if not set(FORCED_PATHS) <= names]
+    if short:
+        return (f"it has no row of every forced path ({', '.join(FORCED_PATHS)}) at {len(short)} of its {len(ran)} "
+                f"points and page sizes (e.g. heads, context, batch, page {short[0]})")
+    return None
+
+
+def dispatch_check(result: Result, table: dict | None = None, source: str | Path | None = None
+                   ) -> list[dict[str, Any]]:
+    """At every (point, page size) of ``result`` (:func:`check_problem` says where it cannot): the path
+    :func:`~kvwall.kernels.mla_decode.path_table.decide_path` picks for the row's shape (its heads, batch, tokens and
+    longest request) on the run's GPU by ``table`` (default: the shipped ``paths.json``, read as the dispatcher reads
+    it), and why; its time forced in this run (None: it failed there); the fastest forced path there and its time;
+    ``ratio`` the pick's time / the fastest (None: the pick was not timed), ``ok`` within :data:`DISPATCH_TOLERANCE`;
+    and, where the run has them, the dispatcher's own row (``ours_path``, ``ours_us``: what it ran by the table in
+    place when the run started)."""
+    build = next(r for r in result.rows if r.get("section") == "build")
+    refusal = None if (build.get("wgmma") or {}).get("runs", True) else (build["wgmma"].get("why") or "not run")
+    refused = None
+    if table is None:
+        source = PATHS_FILE if source is None else source
+        table, refused = table_rule.read_table(Path(source)), table_rule.table_refusal(Path(source))
+    by: dict[tuple[int, int, int, int], dict[str, dict[str, Any]]] = {}
+    for r in result.rows:
+        if r.get("section") == "bench":
+            by.setdefault((r["heads"], r["context"], r["batch"], r["page_size"]), {})[r["strategy"]] = r
+    out = []
+    for (h, c, b, page), rows in sorted(by.items()):
+        any_row = next(iter(rows.values()))
+        tokens, max_len = any_row["tokens"], any_row["len_max"]
+        pick, why = table_rule.decide_path(h, b, max_len, tokens=tokens, gpu=build["gpu"],
+                                           capability=tuple(build["capability"]), refusal=refusal, table=table,
+                                           source=source, refused=refused)
+        forced = {p: rows[p].get("us") or None for p in FORCED_PATHS if p in rows}
+        timed = {p: us for p, us in forced.items() if us is not None}
+        best = table_rule.fastest(timed) if timed else None
+        pick_us = forced.get(pick)
+        ratio = pick_us / timed[best] if pick_us is not None and best else None
+        ours = rows.get(OURS.get(page, ""), {})
+        out.append({"heads": h, "context": c, "batch": b, "page_size": page, "tokens": tokens, "max_len": max_len,
+                    "pick": pick, "why": why, "pick_us": pick_us, "best": best,
+                    "best_us": timed[best] if best else None, "ratio": ratio,
+                    "ok": ratio is not None and ratio <= DISPATCH_TOLERANCE, "ours_path": ours.get("kernel_path"),
+                    "ours_us": ours.get("us")})
+    return out
 
 
 def _merged(path: Path, entry: dict[str, Any]) -> dict[str, Any]:

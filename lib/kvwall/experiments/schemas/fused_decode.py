@@ -347,7 +347,9 @@ FusedDecodeBenchRow = Annotated[FusedDecodeBenchCeilings | FusedDecodeBenchBench
 class FusedDecodePathsBuild(Row):
     """The GPU, nvcc, each wgmma kernel's build and ptxas resources (or why it does not run: ``wgmma.runs`` False,
     ``wgmma.why``; ``wgmma_tokens`` the same for the tokens-on-M kernel, per instantiation in ``per_cta``; absent
-    from recordings made before it), the ceilings of the run, its seconds."""
+    from recordings made before it), the ceilings of the run, its seconds; ``dispatch_table``: the table the run's
+    dispatcher rows (``ours``, ``ours_page64``) chose by -- its file, the entry read (None: none for this GPU), the
+    recording that wrote it, why it was refused (None) -- absent from recordings made before those rows."""
 
     section: Literal["build"]
     gpu: str
@@ -359,6 +361,7 @@ class FusedDecodePathsBuild(Row):
     bf16_tflops: float
     wgmma: dict[str, Any]
     wgmma_tokens: dict[str, Any] | None = None
+    dispatch_table: dict[str, Any] | None = None
     seconds_total: float | None = None
 
 
