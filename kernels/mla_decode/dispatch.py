@@ -294,7 +294,8 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads:
         lengths = [int(n) for n in lengths]
         if len(lengths) != batch:
             _plan_fail(ValueError, f"lengths has {len(lengths)} entries; kv_indptr says batch = {batch}.")
-        most = min(kv_indices.numel() * page_size, MAX_TOKENS)  # what the page table can hold
+        # what the page table can hold (a graph plan's lengths are its capacity: its page table is refilled later)
+        most = MAX_TOKENS if graph_max_len is not None else min(kv_indices.numel() * page_size, MAX_TOKENS)
         if any(n < 0 or n > most for n in lengths):
             _plan_fail(ValueError, f"lengths must be token counts from 0 to {most} (kv_indices' {kv_indices.numel()} "
                        f"entries x page_size {page_size}); got {lengths[:6]}{'...' if batch > 6 else ''}.")
