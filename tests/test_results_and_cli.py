@@ -323,10 +323,12 @@ def test_record_says_what_was_recorded_when_an_experiment_fails(monkeypatch, cap
         return _tiny_result(scale)
 
     monkeypatch.setattr(cli, "run_experiment", run)
-    with pytest.raises(RuntimeError, match="out of memory"):
-        cli.main(["record", "gather_cast_bench", "attention_sweep", "cast_sweep", "--out", str(tmp_path)])
+    assert cli.main(["record", "gather_cast_bench", "attention_sweep", "cast_sweep", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err  # run in dependency order: cast_sweep, attention_sweep, gather_cast_bench
     assert "attention_sweep failed after" in err and "recorded before it: cast_sweep; not run: gather_cast_bench" in err
+    assert "RuntimeError: out of memory (test)" in err and "Traceback" not in err
+    log = Path(err.split("its traceback: ")[1].split(")")[0])
+    assert "out of memory (test)" in log.read_text()
     assert (tmp_path / "cast_sweep.json").is_file()
 
 

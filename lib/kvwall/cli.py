@@ -31,6 +31,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -166,12 +167,14 @@ def _record(experiments: list[Experiment], scale: str, out: Path, force: bool) -
             t0 = time.time()
             try:
                 result = run_experiment(exp.name, device, scale)
-            except Exception:
+            except Exception as exc:  # noqa: BLE001 - said in one line; the traceback goes to a file, named
                 done = ", ".join(e.name for e in experiments[: i - 1]) or "none"
-                tqdm.write(f"kvwall record: {exp.name} failed after {time.time() - t0:.1f} s (traceback below); "
-                           f"recorded before it: {done}; not run: "
-                           f"{', '.join(e.name for e in experiments[i:]) or 'none'}.", file=sys.stderr)
-                raise
+                log = Path(tempfile.gettempdir()) / f"kvwall-record-{exp.name}-{os.getpid()}.txt"
+                log.write_text(traceback.format_exc())
+                tqdm.write(f"kvwall record: {exp.name} failed after {time.time() - t0:.1f} s: "
+                           f"{type(exc).__name__}: {str(exc)[:500]} (its traceback: {log}); recorded before it: "
+                           f"{done}; not run: {', '.join(e.name for e in experiments[i:]) or 'none'}.", file=sys.stderr)
+                return 1
             result.provenance.missing = sorted(lacking.get(exp.name, {}))
             path = save_result(result, out)
             saved.append(result.experiment)
