@@ -1,4 +1,5 @@
-# Two commands do everything on a fresh machine: `make book` and `make test`.
+# Two commands do everything on a fresh machine: `make book` and `make test` (what CI runs). Two more test tiers:
+# `make test-site` (the browser checks of the site `make book` builds) and `make gpu-test` (on an NVIDIA GPU).
 # VENV may point at an existing environment (e.g. VENV=$CONDA_PREFIX after `conda env create`).
 VENV ?= .venv
 # TORCH_INDEX: a wheel index to take torch from first (the publishing workflow, CPU only, sets
@@ -8,11 +9,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvwall-installed
 BOOK_FLAGS := --all -W -n --keep-going
 
-.PHONY: help setup book test lab record clean
+.PHONY: help setup book test test-site gpu-test lab record clean
 
 help:
 	@echo "make book    execute every chapter and build the site into _build/html"
-	@echo "make test    the whole test suite (unit, kernels, every chapter under papermill, book build, browser)"
+	@echo "make test    what CI runs: unit and kernel tests on the CPU, each chapter executed once under papermill,"
+	@echo "             the book built from those runs (Jupyter Book's execution cache); not the GPU or browser tests"
+	@echo "make test-site  make book, then the browser checks of the built site (headless Chromium)"
+	@echo "make gpu-test   on an NVIDIA GPU: the GPU tests (pytest -m gpu)"
 	@echo "make lab     JupyterLab on the book (the .md chapters open as notebooks)"
 	@echo "make record  on a GPU machine: re-measure every experiment at full scale into book/results/"
 
@@ -45,8 +49,17 @@ book: $(STAMP)
 	@echo
 	@echo "The book is built: open file://$(CURDIR)/_build/html/index.html"
 
+# The GPU tests are left out (deselected, not collected as skips); so are the browser checks of the built site.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not gpu and not site"
+
+# The site readers get, built by `make book` (every chapter executed by Jupyter Book), checked in a browser.
+test-site: book
+	KVWALL_SITE=$(CURDIR)/_build/html $(PY) -m pytest -m site
+
+gpu-test: $(STAMP)
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-test: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU machine')"
+	$(PY) -m pytest -m gpu
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=book $(if $(filter 0,$(shell id -u)),--allow-root,)

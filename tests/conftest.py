@@ -1,8 +1,12 @@
-"""Shared fixtures: running a chapter under papermill, building the book once per session."""
+"""Shared fixtures: each chapter executed once per session under papermill (``executed``), and the book built once
+per session from those executed notebooks (``built_book``)."""
 
 from __future__ import annotations
 
+import copy
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,9 +34,253 @@ def run_chapter(path: Path, out_dir: Path, **parameters) -> dict:
     return record
 
 
+#: How the session's one run of a chapter is made where it is not the plain one: chapter 3 runs as on a fresh machine
+#: without network (an empty FlashInfer release cache, pip's index unreachable); it reads and replays the pinned
+#: FlashInfer, so it needs neither (tests/test_doors.py). The book is built from these same runs.
+SESSION_RUNS: dict[str, dict] = {"03_the_other_doors": {"offline": True}}
+
+
+class ChapterRunFailed(AssertionError):
+    """A session run of a chapter failed (in the background process): the error as it was raised there."""
+
+
+def _quiet_worker(log: str) -> None:
+    """The background process: its output (and its kernels') into ``log``, not into a test's captured output."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+
+
+def _run_job(path: str, out: str, offline: bool, parameters: dict) -> tuple[dict | None, str | None]:
+    """One chapter run in the background process: (its execution record, None), or (None, the error, in words)."""
+    import traceback
+
+    try:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            if offline:
+                go_offline(monkeypatch, Path(out) / "empty-cache")
+            return run_chapter(Path(path), Path(out), **parameters), None
+    except Exception as exc:  # noqa: BLE001 - said to every test that reads this run
+        return None, f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()[-6000:]}"
+
+
+def _build_job(root: str, runs: list[tuple[str, str]]) -> tuple[str | None, str | None]:
+    """The book built from the session's runs (``runs``: each chapter and its executed notebook), in the background
+    process: (the built site, None), or (None, what went wrong)."""
+    import traceback
+
+    try:
+        root_dir = Path(root)
+        cache, records = root_dir / "jupyter_cache", root_dir / "execution"
+        records.mkdir(parents=True, exist_ok=True)
+        for chapter, notebook in runs:
+            chapter, notebook = Path(chapter), Path(notebook)
+            record = notebook.parent / "execution" / f"{notebook.stem}.json"
+            if not notebook.is_file() or not record.is_file():
+                return None, f"{chapter.name} did not run to its end in this session: no book was built from it"
+            seed_execution_cache(cache, chapter, notebook)
+            shutil.copy(record, records / record.name)
+        proc = build_book(root_dir, env={"KVWALL_EXECUTION_DIR": str(records)}, execute="cache", cache=cache)
+        log = f"{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+        if proc.returncode != 0:
+            return None, f"the book build failed ({proc.returncode}):\n{log}"
+        reused = proc.stdout.count("Using cached notebook")
+        if reused != len(runs):
+            return None, f"the build took {reused} of {len(runs)} chapters from the session's runs:\n{log}"
+        return str(root_dir / "_build" / "html"), None
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()[-6000:]}"
+
+
+class ExecutedChapters:
+    """Every chapter executed at most once per test session under papermill (``execute_chapter``, as CI and
+    ``python -m kvwall execute`` do), keyed by chapter, parameters and environment; each run's notebook is checked
+    by :func:`run_chapter` (tests/rendered_checks.py) when it is made. Chapter tests read the runs from here, and
+    the session's book (``built_book``) is built from them instead of executing every chapter again.
+
+    ``executed(path)`` is the chapter's session run (``mode="cpu"`` where the chapter takes a mode; chapter 3
+    offline, :data:`SESSION_RUNS`): its execution record, a copy a test may change. A run that failed fails
+    every test that reads it, with the same error, without running again.
+
+    When the session builds the book, :meth:`start` runs every chapter and then the build in one background process
+    while the other tests run (two CPU cores: the tests on one, the chapters on the other), in the order of
+    :func:`kvwall.notebook.execute.chapter_files`; the tests that read them run last (``pytest_collection_modifyitems``).
+    Other runs (other parameters or environment) run in the test process when a test asks."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._runs: dict[tuple, list] = {}  # key -> [record, notebook, error, future or None]
+        self._pool = None
+        self._book = None
+
+    def _key(self, path: Path, offline: bool | None, parameters: dict) -> tuple:
+        from kvwall.notebook.execute import chapter_parameters
+
+        import jupytext
+
+        path = Path(path)
+        if offline is None:
+            offline = SESSION_RUNS.get(path.stem, {}).get("offline", False)
+        if "mode" in chapter_parameters(jupytext.read(path)):
+            parameters = {"mode": "cpu", **parameters}
+        return path.stem, bool(offline), tuple(sorted(parameters.items()))
+
+    def _out(self, key: tuple) -> Path:
+        return self.root / f"{len(self._runs):02d}-{key[0]}"
+
+    def start(self, chapters: list[Path], book: bool) -> None:
+        """Run ``chapters`` (their session runs) and then, with ``book``, the book build, in a background process."""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_worker,
+                                         initargs=(str(self.root / "background.log"),))
+        runs = []
+        for path in chapters:
+            key = self._key(path, None, {})
+            if key not in self._runs:
+                out = self._out(key)
+                future = self._pool.submit(_run_job, str(path), str(out), key[1], dict(key[2]))
+                self._runs[key] = [None, out / f"{key[0]}.ipynb", None, future]
+            runs.append((str(path), str(self._runs[key][1])))
+        if book:
+            self._book = self._pool.submit(_build_job, str(self.root / "book"), runs)
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def book(self) -> Path:
+        """The book built in the background (:meth:`start`, started here if it was not)."""
+        if self._book is None:
+            from kvwall.notebook.execute import chapter_files
+
+            self.start(chapter_files(), book=True)
+        site, error = self._book.result()
+        if error:
+            raise ChapterRunFailed(error)
+        return Path(site)
+
+    def __call__(self, path: Path, *, offline: bool | None = None, **parameters) -> dict:
+        key = self._key(path, offline, parameters)
+        if key not in self._runs:
+            out = self._out(key)
+            record, error = None, None
+            try:
+                with pytest.MonkeyPatch.context() as monkeypatch:
+                    if key[1]:
+                        go_offline(monkeypatch, out / "empty-cache")
+                    record = run_chapter(Path(path), out, **dict(key[2]))
+            except Exception as exc:  # noqa: BLE001 - kept, and raised to every test that reads this run
+                error = exc
+            self._runs[key] = [record, out / f"{key[0]}.ipynb", error, None]
+        run = self._runs[key]
+        if run[3] is not None:  # in the background: wait for it
+            record, text = run[3].result()
+            run[:] = [record, run[1], ChapterRunFailed(f"{key[0]} failed in this session:\n{text}") if text else None,
+                      None]
+        if run[2] is not None:
+            raise run[2]
+        return copy.deepcopy(run[0])
+
+    def notebook(self, path: Path, *, offline: bool | None = None, **parameters) -> Path:
+        """The executed notebook of ``executed(path, ...)`` (running it first if need be)."""
+        self(path, offline=offline, **parameters)
+        return self._runs[self._key(path, offline, parameters)][1]
+
+
+#: The fixtures whose tests read the session's chapter runs: they run after every other test.
+CHAPTER_FIXTURES = {"executed", "built_book"}
+
+
 @pytest.fixture(scope="session")
-def built_book() -> Path:
-    """`make book`, exactly as readers and the publishing workflow run it."""
+def executed(tmp_path_factory) -> ExecutedChapters:
+    """The session's chapter runs (:class:`ExecutedChapters`)."""
+    runs = ExecutedChapters(tmp_path_factory.mktemp("chapters"))
+    yield runs
+    runs.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _chapters_in_background(request):
+    """When this session builds the book, every chapter runs (once) and the book is built in the background from
+    the start, while the tests that do not read them run."""
+    if any("built_book" in item.fixturenames for item in request.session.items):
+        from kvwall.notebook.execute import chapter_files
+
+        request.getfixturevalue("executed").start(chapter_files(), book=True)
+
+
+def seed_execution_cache(cache: Path, chapter: Path, executed_notebook: Path) -> None:
+    """Put ``executed_notebook`` (papermill's run of ``chapter``) into the Jupyter Book execution cache at ``cache``
+    as the executed form of ``chapter``: the notebook exactly as myst-nb reads the MyST file (the cache matches on
+    its code cells and their metadata), each code cell given the outputs the run gave it (papermill's injected
+    parameters cell left out: it sets what the chapter's own parameters cell does on this machine)."""
+    import nbformat
+    import yaml
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+    from myst_nb.core.read import read_myst_markdown_notebook
+    from myst_parser.config.main import MdParserConfig
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    extensions = set(config.get("parse", {}).get("myst_enable_extensions", []))
+    source = read_myst_markdown_notebook(chapter.read_text(), config=MdParserConfig(enable_extensions=extensions),
+                                         add_source_map=True, path=chapter)
+    ran = nbformat.read(executed_notebook, as_version=4)
+    ran_code = [c for c in ran.cells if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])]
+    code = [c for c in source.cells if c.cell_type == "code"]
+    assert [c.source.strip() for c in code] == [c.source.strip() for c in ran_code], (
+        f"{executed_notebook} is not a run of {chapter} as it is now")
+    for cell, run in zip(code, ran_code):
+        cell.outputs, cell.execution_count = run.outputs, run.execution_count
+    for key in ("language_info", "widgets"):
+        if key in ran.metadata:
+            source.metadata[key] = ran.metadata[key]
+    get_cache(str(cache)).cache_notebook_bundle(CacheBundleIn(source, str(chapter)), check_validity=False,
+                                                overwrite=True)
+
+
+def build_book(out: Path, env: dict | None = None, execute: str = "force", cache: Path | None = None,
+               timeout: int = 1200) -> subprocess.CompletedProcess:
+    """``jupyter-book build`` of the book into ``out/_build/html`` with `make book`'s flags and the book's
+    ``_config.yml``, its execution mode replaced by ``execute`` (``cache``: the execution cache at ``cache``)."""
+    import yaml
+
+    makefile = (ROOT / "Makefile").read_text()
+    flags = next(line.split(":=", 1)[1].split() for line in makefile.splitlines() if line.startswith("BOOK_FLAGS"))
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["execute"]["execute_notebooks"] = execute
+    if cache is not None:
+        config["execute"]["cache"] = str(cache)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    command = [str(Path(sys.prefix) / "bin" / "jupyter-book"), "build", str(ROOT), "--config",
+               str(out / "_config.yml"), "--path-output", str(out), *flags]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def built_book(executed) -> Path:
+    """The book, built as `make book` builds it (the same ``jupyter-book build`` flags, warnings as errors, the
+    book's own ``_config.yml``), from the session's runs of the chapters instead of executing each again: every
+    chapter's executed notebook is put in a fresh Jupyter Book execution cache (``execute_notebooks: cache``), its
+    execution record where the reproducibility page reads them; the pages that are not chapters (the front page,
+    the reproducibility page) execute in the build. The build must take every chapter from the cache (`make
+    test-site` builds with `make book` itself: every chapter executed by Jupyter Book)."""
+    return executed.book()
+
+
+@pytest.fixture(scope="session")
+def site() -> Path:
+    """The site the browser checks read (`make test-site`): built by `make book` exactly as readers and the publishing
+    workflow build it, every chapter executed by Jupyter Book. The target runs `make book` first and names its
+    ``_build/html`` in ``KVWALL_SITE``; without it, `make book` runs here."""
+    if os.environ.get("KVWALL_SITE"):
+        html = Path(os.environ["KVWALL_SITE"]).resolve()
+        assert (html / "book" / "index.html").is_file(), f"KVWALL_SITE={html}: no built book there (run `make book`)"
+        return html
     env = {**os.environ, "VENV": str(Path(sys.prefix))}
     proc = subprocess.run(["make", "book", f"VENV={sys.prefix}"], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=1200)
@@ -68,6 +316,35 @@ def pytest_collection_modifyitems(config, items):
             gap = _interpreter_gap() if gap is None else gap
             if gap:
                 item.add_marker(pytest.mark.skip(reason=gap))
+    # The modules that read the session's chapter runs (and its book) run last, whole, the book's last: by then the
+    # background process (_chapters_in_background) has run the chapters while the other tests ran.
+    late = {item.path for item in items if CHAPTER_FIXTURES & set(item.fixturenames)}
+    rank = {path: (1 + any("built_book" in i.fixturenames for i in items if i.path == path)) for path in late}
+    items[:] = sorted(items, key=lambda item: rank.get(item.path, 0))  # stable: each module keeps its order
+
+
+#: A skip for want of a GPU (the reasons the GPU tests give): such a test must be marked ``gpu``, or `make gpu-test`
+#: (``-m gpu``) never runs it.
+GPU_SKIP = re.compile(r"NVIDIA GPU|H100 / H200|sm_90a code")
+_unmarked_gpu: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.skipped and "gpu" not in item.keywords:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if GPU_SKIP.search(reason):
+            _unmarked_gpu.append(f"{item.nodeid}: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _unmarked_gpu:
+        terminalreporter.section("GPU tests without the gpu marker")
+        terminalreporter.line(f"{len(_unmarked_gpu)} tests skipped for want of a GPU are not marked gpu, so `make "
+                              "gpu-test` (pytest -m gpu) does not select them; mark them @pytest.mark.gpu:")
+        for line in _unmarked_gpu:
+            terminalreporter.line(f"  {line}")
 
 
 def static_assert_line(release: str) -> int:

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from conftest import BOOK, run_chapter
+from conftest import BOOK
 from kvwall.kernels.mla_decode import wgmma, wgmma_tokens
 from kvwall.model.paths import PATH_INFO
 import kvwall.experiments  # noqa: F401  (registers the row schemas)
@@ -15,8 +15,8 @@ from kvwall.notebook import decision
 pytestmark = pytest.mark.slow
 
 
-def test_chapter_6_on_cpu(tmp_path):
-    rec = run_chapter(BOOK / "06_the_answer.md", tmp_path, mode="cpu")
+def test_chapter_6_on_cpu(executed):
+    rec = executed(BOOK / "06_the_answer.md")
     v = rec["values"]
     assert rec["mode"] == "cpu" and rec["duration_s"] < 180, "chapter 6 must run in 3 minutes on a 2-core CPU"
     assert v["live_paths"] == [p for p, info in PATH_INFO.items() if not info.gpu_only]

@@ -1,5 +1,7 @@
-"""The site: `make book` builds with warnings as errors, a browser sees the plotly figures draw, and every page
-lays out at a 1300 px window (no clipped table, no overlapping label: tests/layout_check.py)."""
+"""The site: the book builds with warnings as errors and every page shows what it must (`make test`: built from the
+session's chapter runs, conftest.built_book); and, on the site `make book` builds (`make test-site`, marker ``site``:
+every chapter executed by Jupyter Book itself), the same pages again, a browser sees the plotly figures draw, and every
+page lays out at a 1300 px window (no clipped table, no overlapping label: tests/layout_check.py)."""
 
 import os
 import shutil
@@ -14,7 +16,7 @@ from conftest import CHAPTERS
 pytestmark = pytest.mark.slow
 
 
-def test_book_builds_and_lists_every_chapter(built_book):
+def _check_pages(built_book: Path) -> None:
     for chapter in CHAPTERS:
         page = built_book / "book" / f"{chapter.stem}.html"
         assert page.is_file(), f"{page} was not built"
@@ -29,6 +31,15 @@ def test_book_builds_and_lists_every_chapter(built_book):
     assert "book/results/decode_profile.json" in status
 
 
+def test_book_builds_and_lists_every_chapter(built_book):
+    _check_pages(built_book)
+
+
+@pytest.mark.site
+def test_make_book_builds_and_lists_every_chapter(site):
+    _check_pages(site)
+
+
 def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
@@ -37,9 +48,10 @@ def _chromium() -> str:
                 "the browser check of the built figures did not run")
 
 
-def test_plotly_figures_draw_in_headless_chromium(built_book, tmp_path):
+@pytest.mark.site
+def test_plotly_figures_draw_in_headless_chromium(site, tmp_path):
     browser = _chromium()
-    page = built_book / "book" / f"{CHAPTERS[0].stem}.html"
+    page = site / "book" / f"{CHAPTERS[0].stem}.html"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}", "--virtual-time-budget=20000",
@@ -58,7 +70,8 @@ def test_plotly_figures_draw_in_headless_chromium(built_book, tmp_path):
     assert shot.is_file() and shot.stat().st_size > 50_000, "the screenshot is missing or blank"
 
 
-def test_chapter_6_explorer_draws_in_the_built_page(built_book, tmp_path):
+@pytest.mark.site
+def test_chapter_6_explorer_draws_in_the_built_page(site, tmp_path):
     """The interactive cost explorer, in the built site, offline: the state in the URL is drawn with the cost model's
     numbers (fitted on the recorded sweep), and the front page draws the answer figure."""
     import html as html_lib
@@ -74,7 +87,7 @@ def test_chapter_6_explorer_draws_in_the_built_page(built_book, tmp_path):
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}", "--virtual-time-budget=20000",
              "--window-size=1300,2400"]
-    page = built_book / "book" / "06_the_answer.html"
+    page = site / "book" / "06_the_answer.html"
     state = ce.State("deepseek-v3", "rtx-pro-6000", 8, 32768, 8, 495_000)
     url = page.as_uri() + (f"#explorer:model={state.model}&gpu={state.gpu}&tp={state.tp}&context={state.context}"
                            f"&batch={state.batch}&pool={state.pool}")
@@ -87,7 +100,7 @@ def test_chapter_6_explorer_draws_in_the_built_page(built_book, tmp_path):
     assert drawn["key"] == state.key
     assert drawn["values"] == ce.grid_values(ce.explorer_grid(model), state)
     assert "predicted from datasheet ceilings" in drawn["title"]
-    front = built_book / "book" / "index.html"
+    front = site / "book" / "index.html"
     dom = subprocess.run([browser, *flags, "--dump-dom", front.as_uri()], capture_output=True, text=True, timeout=180)
     assert dom.returncode == 0 and 'class="main-svg"' in dom.stdout, "the front page's answer figure did not draw"
     shots = Path(os.environ.get("KVWALL_SCREENSHOT_DIR", tmp_path))
@@ -102,7 +115,8 @@ def _built_pages(built_book: Path) -> list[Path]:
     return [built_book / "book" / "index.html", *pages, built_book / "book" / "reproducibility.html"]
 
 
-def test_every_page_lays_out_at_1300_px(built_book):
+@pytest.mark.site
+def test_every_page_lays_out_at_1300_px(site):
     """At a 1300 × 900 window, on every built page: no table wider than the content column unless it scrolls
     inside it, no two text boxes of a figure (title, legend, axis titles, caption) overlapping, none drawn outside
     its figure, heatmap text of at least 11 px; and chapter 3's matrix shows the original's GPU (SM120) without
@@ -113,7 +127,7 @@ def test_every_page_lays_out_at_1300_px(built_book):
     browser = chromium() or _chromium()
     found, checked = [], 0
     shots = os.environ.get("KVWALL_SCREENSHOT_DIR")
-    for page in _built_pages(built_book):
+    for page in _built_pages(site):
         report = check_page(page, browser)
         checked += len(report["figures"]) + len(report["tables"])
         must_see = {"SM120": "the original's GPU"} if page.stem == "03_the_other_doors" else None

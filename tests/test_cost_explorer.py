@@ -151,7 +151,9 @@ def test_cli_cost_takes_a_users_own_shape(model, capsys):
     gather = next(r for r in ce.cost_rows(model, state) if r.path == "gather_cast")
     assert f"{gather.step_lo_ms:.2f}" in out  # 40 layers x the model's µs per layer, as printed
     assert ce.State("glm-5", "h200", 3, 8192, 1, 495_000, heads=32).problem().startswith("tensor parallel 3")
-    assert cli.main(["cost", "--heads", "0"]) == 2
+    with pytest.raises(SystemExit) as stop:  # refused by argparse, naming the option, before anything runs
+        cli.main(["cost", "--heads", "0"])
+    assert stop.value.code == 2 and "--heads" in capsys.readouterr().err
 
 
 def test_cli_cost_all_gpus_and_one_rule(capsys):

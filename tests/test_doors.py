@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from conftest import BOOK, go_offline, run_chapter
+from conftest import BOOK
 from kvwall.experiments.doors import _reference
 from kvwall.peers.flashinfer.calls import make_inputs
 from kvwall.peers.flashinfer.citations import CHECKS, CheckSpec, cite, cite_all
@@ -23,13 +23,11 @@ slow = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def chapter_record(tmp_path_factory):
+def chapter_record(executed):
     """Chapter 3 under papermill, as on a fresh machine without network (an empty FlashInfer release
-    cache, pip's index unreachable): it reads and replays the pinned FlashInfer, so it needs neither."""
-    run_dir = tmp_path_factory.mktemp("ch3")
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        go_offline(monkeypatch, run_dir / "empty-cache")
-        return run_chapter(BOOK / "03_the_other_doors.md", run_dir)
+    cache, pip's index unreachable): it reads and replays the pinned FlashInfer, so it needs neither.
+    The session's one run of chapter 3 is this one (conftest.SESSION_RUNS), and the book shows it."""
+    return executed(BOOK / "03_the_other_doors.md", offline=True)
 
 
 # ---------------------------------------------------------------- the chapter, under papermill

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import BOOK, run_chapter
+from conftest import BOOK
 from kvwall.experiments import run_experiment
 from kvwall.experiments.accuracy import build_case, path_metrics, unmet_needs
 from kvwall.experiments.fused_decode.strategies import reference_f64
@@ -158,8 +158,8 @@ def test_report_verdicts_and_sentences():
 
 
 @pytest.mark.slow
-def test_chapter_runs_on_cpu(tmp_path):
-    rec = run_chapter(BOOK / "05b_fp8_accuracy.md", tmp_path, mode="cpu")
+def test_chapter_runs_on_cpu(executed):
+    rec = executed(BOOK / "05b_fp8_accuracy.md")
     v = rec["values"]
     assert v["live_cases"] == 2 * len(PROFILES) and v["live_ours_keeps"] == v["live_cases"]
     assert v["predicted_rows"] == 2 * len(PROFILES)

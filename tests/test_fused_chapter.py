@@ -10,7 +10,7 @@ import pytest
 from kvwall.results import awaiting_rerecord
 
 import kvwall.experiments  # noqa: F401 - registers the row schemas load_result validates against
-from conftest import BOOK, run_chapter
+from conftest import BOOK
 from kvwall.experiments.fused_decode.paths import PATHS_FILE, path_points
 from kvwall.kernels.mla_decode.dispatch import KERNEL_PATHS
 from kvwall.results import load_result
@@ -26,8 +26,8 @@ def _us(rows, strategy, point):
     return r["us"] if r and r.get("us") else None
 
 
-def test_chapter_5_on_cpu(tmp_path):
-    rec = run_chapter(BOOK / "05_fused_fp8_decode.md", tmp_path, mode="cpu")
+def test_chapter_5_on_cpu(executed):
+    rec = executed(BOOK / "05_fused_fp8_decode.md")
     v = rec["values"]
     assert rec["mode"] == "cpu" and rec["scale"] == "small"
     assert rec["duration_s"] < 180, "chapter 5 must run in 3 minutes on a 2-core CPU"
@@ -78,11 +78,11 @@ def test_chapter_5_on_cpu(tmp_path):
             assert v[f"{path}_ratio_max"] == max(ratios)
 
 
-def test_chapter_5_lab_page_on_cpu(tmp_path):
+def test_chapter_5_lab_page_on_cpu(executed):
     toc = (BOOK.parent / "_toc.yml").read_text()
     assert "book/05a_fused_decode_lab" in toc, "the lab page must be in the table of contents"
     assert "{doc}`05a_fused_decode_lab`" in (BOOK / "05_fused_fp8_decode.md").read_text(), "chapter 5 must link it"
-    rec = run_chapter(BOOK / "05a_fused_decode_lab.md", tmp_path, mode="cpu")
+    rec = executed(BOOK / "05a_fused_decode_lab.md")
     assert rec["duration_s"] < 180
     assert {u["experiment"] for u in rec["recorded_used"]} == CHAPTER5_RESULTS
     v = rec["values"]

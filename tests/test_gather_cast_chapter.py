@@ -16,8 +16,8 @@ CHAPTER = BOOK / "04_gather_then_cast.md"
 
 
 @pytest.mark.slow
-def test_chapter_4_on_cpu(tmp_path):
-    rec = run_chapter(CHAPTER, tmp_path, mode="cpu")
+def test_chapter_4_on_cpu(executed):
+    rec = executed(CHAPTER)
     v = rec["values"]
     assert rec["mode"] == "cpu" and rec["scale"] == "small"
     assert rec["duration_s"] < 180, "chapter 4 must run in 3 minutes on a 2-core CPU"
@@ -36,11 +36,26 @@ def test_chapter_4_on_cpu(tmp_path):
         assert v["recorded"][key] == present and (name in used) == present
 
 
-@pytest.mark.slow
-def test_chapter_4_smaller_knobs(tmp_path):
-    rec = run_chapter(CHAPTER, tmp_path, mode="cpu", pool_tokens=6000, layers=1, context_len=700)
-    assert rec["knobs"] == {"pool_tokens": 6000, "layers": 1, "context_len": 700}
-    assert rec["values"]["live_validation_all_ok"]
+def test_chapter_4_smaller_knobs_run_its_live_step():
+    """Chapter 4 at a reader's smaller knobs (``-p pool_tokens=6000 -p layers=1 -p context_len=700``, once a whole
+    chapter run): the knobs are the run's, and its live step, called as the chapter calls it, fits them (the
+    capacity clamped to the pool, the sweep cut at it) and runs with every strategy. Its validation does not take the
+    knobs (the session's run checks it); that every parameter reaches start_chapter in the first cell is checked for
+    every chapter in test_chapters.py."""
+    import torch
+
+    from kvwall.experiments import EXPERIMENTS, run_experiment
+    from kvwall.notebook.chapter import start_chapter, step_knobs
+
+    run = start_chapter("04_gather_then_cast", mode="cpu", record=False, defaults=step_knobs("gather_cast_profile"),
+                        pool_tokens=6000, layers=1, context_len=700)
+    assert run.knobs == {"pool_tokens": 6000, "layers": 1, "context_len": 700}
+    params = gather_step_report.live_profile_params(run.knobs, EXPERIMENTS["gather_cast_profile"].small)
+    assert params["capacity"] <= 6000 and all(c <= 6000 for c in params["capacity_sweep"])
+    live = run_experiment("gather_cast_profile", torch.device("cpu"), "small", **params)
+    assert (live.params["pool_tokens"], live.params["layers"], live.params["context_lens"]) == (6000, 1, [700])
+    table = gather_step_report.live_gain_table(live, run.live_caption())
+    assert table.rows and len(live.table("strategies")) == len(table.rows)
 
 
 def _profile(strategies: list[tuple[str, float, float, float]]) -> Result:

@@ -260,10 +260,10 @@ def _check_wall_builds(builds):
 
 
 @pytest.mark.slow
-def test_chapter_2_on_cpu(tmp_path):
+def test_chapter_2_on_cpu(executed):
     if toolchain.find_nvcc() is None:
         pytest.skip("no nvcc: test_chapter_2_without_nvcc covers this machine")
-    rec = run_chapter(BOOK / "02_the_wall.md", tmp_path, mode="cpu")
+    rec = executed(BOOK / "02_the_wall.md")
     v = rec["values"]
     assert rec["mode"] == "cpu"
     assert rec["duration_s"] < 240, "chapter 2 must run in 4 minutes on a CPU"
