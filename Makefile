@@ -40,7 +40,7 @@ $(STAMP): requirements.txt requirements-triton-cpu.txt requirements-triton-gpu.t
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	# JupyterLab: open MyST .md files as notebooks (jupytext) by default, merged into the environment's own
 	# overrides.json (settings it already has keep their values).
-	$(PY) -m kvwall.notebook.lab_settings book/lab-overrides.json $(VENV)
+	$(PY) -m kvwall.reports.lab_settings book/lab-overrides.json $(VENV)
 	touch $(STAMP)
 
 book: $(STAMP)

@@ -25,7 +25,7 @@ def run_chapter(path: Path, out_dir: Path, **parameters) -> dict:
     """Execute a MyST chapter with papermill (as CI and readers do) and return its execution record, after checking
     what its outputs show a reader (tests/rendered_checks.py: no unformatted placeholder, ratio columns that say
     their direction, no long table inline, CPU-live figures titled as such)."""
-    from kvwall.notebook.execute import execute_chapter
+    from kvwall.reports.execute import execute_chapter
     from rendered_checks import notebook_problems
 
     record = execute_chapter(path, out_dir, **parameters)
@@ -104,7 +104,7 @@ class ExecutedChapters:
 
     When the session builds the book, :meth:`start` runs every chapter and then the build in one background process
     while the other tests run (two CPU cores: the tests on one, the chapters on the other), in the order of
-    :func:`kvwall.notebook.execute.chapter_files`; the tests that read them run last (``pytest_collection_modifyitems``).
+    :func:`kvwall.reports.execute.chapter_files`; the tests that read them run last (``pytest_collection_modifyitems``).
     Other runs (other parameters or environment) run in the test process when a test asks."""
 
     def __init__(self, root: Path) -> None:
@@ -114,7 +114,7 @@ class ExecutedChapters:
         self._book = None
 
     def _key(self, path: Path, offline: bool | None, parameters: dict) -> tuple:
-        from kvwall.notebook.execute import chapter_parameters
+        from kvwall.reports.execute import chapter_parameters
 
         import jupytext
 
@@ -153,7 +153,7 @@ class ExecutedChapters:
     def book(self) -> Path:
         """The book built in the background (:meth:`start`, started here if it was not)."""
         if self._book is None:
-            from kvwall.notebook.execute import chapter_files
+            from kvwall.reports.execute import chapter_files
 
             self.start(chapter_files(), book=True)
         site, error = self._book.result()
@@ -206,7 +206,7 @@ def _chapters_in_background(request):
     """When this session builds the book, every chapter runs (once) and the book is built in the background from
     the start, while the tests that do not read them run."""
     if any("built_book" in item.fixturenames for item in request.session.items):
-        from kvwall.notebook.execute import chapter_files
+        from kvwall.reports.execute import chapter_files
 
         request.getfixturevalue("executed").start(chapter_files(), book=True)
 

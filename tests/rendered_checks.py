@@ -12,10 +12,10 @@ The book's conventions, as checked here:
 - **Ratios**: a column whose cells are ratios (``1.50×``, ``0.5–1.2×``), or whose header says "ratio", names its
   direction as ``numerator / denominator`` in the header (``FlashMLA BF16 µs / ours' µs (>1: ours faster)``);
   "vs" never names a ratio's direction ("error vs float64" is a comparison, not a ratio).
-- **Long tables**: at most :data:`kvwall.notebook.tables.MAX_INLINE_ROWS` rows inline; a longer table is in a
+- **Long tables**: at most :data:`kvwall.reports.tables.MAX_INLINE_ROWS` rows inline; a longer table is in a
   ``<details>`` block (``Table.markdown`` folds it) or in a cell whose output is hidden (``hide-output``).
 - **CPU-live figures**: a figure of measurements whose caption says it was measured live on a CPU starts its title
-  with :data:`kvwall.notebook.plots.CPU_LIVE_TITLE` (a figure of checks, ``measured=False``, is exempt).
+  with :data:`kvwall.reports.plots.CPU_LIVE_TITLE` (a figure of checks, ``measured=False``, is exempt).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from kvwall.notebook.plots import CPU_LIVE_CAPTION, CPU_LIVE_TITLE
-from kvwall.notebook.tables import MAX_INLINE_ROWS
+from kvwall.reports.plots import CPU_LIVE_CAPTION, CPU_LIVE_TITLE
+from kvwall.reports.tables import MAX_INLINE_ROWS
 
 #: ``{name}``, ``{name:,}``, ``{a.b}``, ``{x['k']}``, ``{v!r}``: what an f-string without its ``f`` leaves behind.
 PLACEHOLDER = re.compile(r"(?<![\\\w^_}$])\{[A-Za-z_][\w.]*(?:\[[^\]{}]*\])*(?:![rsa])?(?::[^{}\s]*)?\}")

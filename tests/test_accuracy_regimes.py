@@ -12,8 +12,8 @@ import kvwall.experiments  # noqa: F401  (registers every experiment's row schem
 from conftest import BOOK
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.sharp_attention import PROFILES
-from kvwall.notebook import accuracy_regimes, accuracy_report, fused_bench_report
-from kvwall.notebook.accuracy_regimes import RANDOM_INPUTS, REGIME_WORDS, fp8_query_multipliers
+from kvwall.reports import accuracy_regimes, accuracy_report, fused_bench_report
+from kvwall.reports.accuracy_regimes import RANDOM_INPUTS, REGIME_WORDS, fp8_query_multipliers
 from kvwall.results import Provenance, Result, load_result
 
 FP8_QUERY = {s for s, spec in STRATEGIES.items() if spec.query == "fp8"}

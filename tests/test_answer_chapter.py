@@ -10,7 +10,7 @@ from conftest import BOOK
 from kvwall.kernels.mla_decode import wgmma, wgmma_tokens
 from kvwall.model.paths import PATH_INFO
 import kvwall.experiments  # noqa: F401  (registers the row schemas)
-from kvwall.notebook import decision
+from kvwall.reports import decision
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from kvwall.tuning.arch_check import (ARCHS, CANDIDATE_HEADS, FUSED, PINNED_TRIT
                                       PinnedTritonMissing, check_architectures, fallback_config, format_rows,
                                       pinned_triton_dir, pinned_triton_requirement, pinned_triton_version,
                                       tmem_columns, tuned_arch, tuned_shapes, wgmma_builds)
-from kvwall.notebook import original_gpu_report
+from kvwall.reports import original_gpu_report
 from kvwall.tuning.arch_check_cuda import TOKENS_KERNEL, WGMMA_KERNEL, WGMMA_ROLES
 from kvwall.tuning.fused import candidates
 

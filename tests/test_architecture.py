@@ -54,11 +54,11 @@ def test_a_higher_layer_import_breaks_the_contract(tmp_path):
     """The contract can fail: a model module importing the notebook layer is reported as broken."""
     view = _package_view(tmp_path)
     pool = view / "kvwall" / "model" / "pool.py"
-    pool.write_text(pool.read_text() + "\nimport kvwall.notebook.tables  # a layer violation\n")
+    pool.write_text(pool.read_text() + "\nimport kvwall.reports.tables  # a layer violation\n")
     env = {**os.environ, "PYTHONPATH": str(view)}
     proc = subprocess.run([_bin("lint-imports"), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
                           cwd=view, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0 and "kvwall.model.pool -> kvwall.notebook.tables" in proc.stdout, proc.stdout[-3000:]
+    assert proc.returncode != 0 and "kvwall.model.pool -> kvwall.reports.tables" in proc.stdout, proc.stdout[-3000:]
 
 
 #: Lines a CUDA source may repeat of another's before the repetition counts (pylint's threshold for Python).

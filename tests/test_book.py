@@ -79,7 +79,7 @@ def test_chapter_6_explorer_draws_in_the_built_page(site, tmp_path):
     import re
 
     import kvwall.experiments  # noqa: F401 - registers the row schemas
-    from kvwall.notebook import answer_report, cost_explorer as ce
+    from kvwall.reports import answer_report, cost_explorer as ce
     from kvwall.results import load_result
 
     browser = _chromium()

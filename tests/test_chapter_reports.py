@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 import torch
 
-import kvwall.notebook.chapter as chapter_module
+import kvwall.reports.chapter as chapter_module
 from conftest import CHAPTERS
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.roofline import (full_pool_cast_bytes, gather_cast_bytes, kv_read_bytes, roofline_us)
-from kvwall.notebook import (fused_bench_report, fused_lab_report, fused_report, gather_report, gather_step_report,
+from kvwall.reports import (fused_bench_report, fused_lab_report, fused_report, gather_report, gather_step_report,
                             profile_report)
-from kvwall.notebook.chapter import start_chapter
-from kvwall.notebook.source import source_of
-from kvwall.notebook.tables import Table, number, percent, show_table, times
+from kvwall.reports.chapter import start_chapter
+from kvwall.reports.source import source_of
+from kvwall.reports.tables import Table, number, percent, show_table, times
 from kvwall.results import Provenance, Result, ResultFileError, ResultMissingError
 
 
@@ -417,7 +417,7 @@ def test_ncu_summary_and_text_per_path():
 
 def test_the_phase_table_holds_each_warpgroup_against_the_tile_floors():
     from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
-    from kvwall.notebook.tile_phases_report import TilePhases
+    from kvwall.reports.tile_phases_report import TilePhases
 
     per_tile = {"0": dict(zip(TRACE_PHASES[0], (100.0, 2304.0, 700.0, 50.0, 800.0, 600.0))),
                 "1": dict(zip(TRACE_PHASES[1], (150.0, 900.0, 80.0, 1200.0, 1800.0)))}
@@ -632,7 +632,7 @@ def test_accuracy_text_takes_the_worst_checked_output():
 def test_breakable_leaves_inline_code_exactly_as_it_is():
     """A path or a command in a table cell must copy as that path: inline code gets no zero-width spaces (the book's
     CSS wraps it); a long plain word does."""
-    from kvwall.notebook.tables import breakable
+    from kvwall.reports.tables import breakable
 
     assert breakable("`book/results/decode_profile.json` read") == "`book/results/decode_profile.json` read"
     assert "\u200b" in breakable("flashinfer/mla/_core.py:4498 is long")

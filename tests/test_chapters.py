@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import BOOK, CHAPTERS, run_chapter
-from kvwall.notebook.chapter import start_chapter, step_knobs
+from kvwall.reports.chapter import start_chapter, step_knobs
 from kvwall.model.geometry import GLM5
 from kvwall.model.roofline import full_pool_cast_bytes
 from kvwall.model.original import ORIGINAL
@@ -25,7 +25,7 @@ def _code_cells(path):
 
 
 def _chapters_with_parameters():
-    from kvwall.notebook.execute import chapter_files, chapter_parameters
+    from kvwall.reports.execute import chapter_files, chapter_parameters
 
     return [p for p in chapter_files() if chapter_parameters(jupytext.read(p))]
 
@@ -64,7 +64,7 @@ def test_parameters_reach_start_chapter_in_the_first_cell(chapter):
     there, before any work: under papermill the injected parameters are the second cell executed, that call the
     third), and every parameter reaches that call by its own name (``layers=layers``): nothing a reader sets is
     dropped or replaced."""
-    from kvwall.notebook.execute import chapter_parameters
+    from kvwall.reports.execute import chapter_parameters
 
     cells = _code_cells(chapter)
     assert "parameters" in cells[0].metadata.get("tags", []), f"{chapter.name}: the parameters cell must come first"
@@ -195,7 +195,7 @@ def test_corrupt_result_file_stops_the_chapter_naming_the_file(tmp_path, monkeyp
 def test_a_corrupt_result_raises_naming_the_file(tmp_path, monkeypatch, read):
     """What a chapter's own ``chapter.recorded(...)`` / ``chapter.recorded_or_none(...)`` does with each truncated
     file the chapters used to be run on: a ResultFileError naming it, never 'not recorded yet'."""
-    import kvwall.notebook.chapter as chapter_module
+    import kvwall.reports.chapter as chapter_module
     from kvwall.results import ResultFileError, ResultMissingError, load_result as real_load
 
     for _, experiment in CORRUPTIBLE:
@@ -249,7 +249,7 @@ def test_stale_result_is_shown_with_a_visible_warning(tmp_path, monkeypatch):
 
     import IPython.display
 
-    import kvwall.notebook.chapter as chapter_module
+    import kvwall.reports.chapter as chapter_module
     from kvwall.results import content_digest, load_result as real_load
 
     data = json.loads((BOOK / "results" / "cast_sweep.json").read_text())

@@ -23,7 +23,7 @@ import torch
 
 import kvwall.experiments.registry as registry
 from kvwall import cli
-from kvwall.notebook import execute as execute_module
+from kvwall.reports import execute as execute_module
 from kvwall.results import PROJECT_ROOT, Result, collect_provenance, load_result
 
 BOOK = PROJECT_ROOT / "book"

@@ -16,8 +16,8 @@ import pytest
 import kvwall.experiments  # noqa: F401  (registers the row schemas load_result checks)
 from kvwall import cli
 from kvwall.model.cost import GPUS, MODEL_PRESETS, OFF_REFERENCE, PATHS, TRANSFER_RULES, Point, paths_on
-from kvwall.notebook import cost_explorer as ce
-from kvwall.notebook.answer_report import fit_sweep
+from kvwall.reports import cost_explorer as ce
+from kvwall.reports.answer_report import fit_sweep
 from kvwall.results import load_result
 
 SIZE_BOUND = 300_000

@@ -11,7 +11,7 @@ from kvwall.model.cost import (GPUS, PATHS, ComponentFit, CostModel, Point, comp
                                split_train_test, validate)
 from kvwall.model.geometry import GLM5
 from kvwall.model.roofline import decode_flops
-from kvwall.notebook import answer_report, original_gpu_report
+from kvwall.reports import answer_report, original_gpu_report
 from kvwall.results import load_result
 
 TRUE = {  # component -> (c0 µs, GB/s, TFLOP/s or None)

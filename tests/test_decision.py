@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import kvwall.experiments  # noqa: F401  (registers the row schemas)
-from kvwall.notebook import answer_report, decision, heads_report, patch_report
+from kvwall.reports import answer_report, decision, heads_report, patch_report
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
 from kvwall.peers.sglang_patch import upstream_source
 from kvwall.peers.sglang_source import SGLangSourceUnavailable
@@ -151,7 +151,7 @@ def test_dsa_rows_never_force_a_dense_backend(evidence, rows):
 
 
 def test_dsa_step_is_composed_from_the_recorded_parts(evidence, rows):
-    from kvwall.notebook import dsa_report
+    from kvwall.reports import dsa_report
 
     sm90 = next(r for r in rows if r.key == "dsa-sm90")
     if evidence.dsa is None or dsa_report.dsa_step(evidence.step, evidence.dsa) is None:

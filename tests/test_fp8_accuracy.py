@@ -15,7 +15,7 @@ from kvwall.experiments.fused_decode.strategies import reference_f64
 from kvwall.kernels.mla_decode.reference import mla_decode_reference
 from kvwall.model.geometry import GLM5
 from kvwall.model.sharp_attention import (PROBES, PROFILES, Profile, emulate_attention, realized, sharp_request)
-from kvwall.notebook import accuracy_report
+from kvwall.reports import accuracy_report
 from kvwall.results import Provenance, Result, load_result
 
 CPU = torch.device("cpu")

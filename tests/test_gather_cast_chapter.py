@@ -5,7 +5,7 @@ import pytest
 
 import kvwall.experiments  # noqa: F401 - registers the row schemas
 from conftest import BOOK, run_chapter
-from kvwall.notebook import gather_report, gather_step_report
+from kvwall.reports import gather_report, gather_step_report
 from kvwall.results import Provenance, Result, load_result
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
@@ -45,7 +45,7 @@ def test_chapter_4_smaller_knobs_run_its_live_step():
     import torch
 
     from kvwall.experiments import EXPERIMENTS, run_experiment
-    from kvwall.notebook.chapter import start_chapter, step_knobs
+    from kvwall.reports.chapter import start_chapter, step_knobs
 
     run = start_chapter("04_gather_then_cast", mode="cpu", record=False, defaults=step_knobs("gather_cast_profile"),
                         pool_tokens=6000, layers=1, context_len=700)

@@ -14,7 +14,7 @@ import pytest
 from jupytext.config import find_jupytext_configuration_file, load_jupytext_configuration_file
 
 from conftest import BOOK
-from kvwall.notebook.lab_settings import install_overrides, merge_settings
+from kvwall.reports.lab_settings import install_overrides, merge_settings
 
 PAGES = sorted(BOOK.glob("*.md"))
 CONFIG = load_jupytext_configuration_file(find_jupytext_configuration_file(str(BOOK)))

@@ -12,8 +12,8 @@ import plotly.io as pio
 import pytest
 from plotly.offline import get_plotlyjs
 
-from kvwall.notebook import plots
-from kvwall.notebook.tables import markdown_table
+from kvwall.reports import plots
+from kvwall.reports.tables import markdown_table
 from layout_check import check_page, chromium, problems
 
 #: About the width of the book's content column at a 1300 px window.
@@ -76,7 +76,7 @@ def test_checker_flags_a_long_table_inline_and_passes_it_folded(browser, tmp_pat
     same table folded by Table.markdown (a closed <details>) is not."""
     import markdown_it
 
-    from kvwall.notebook.tables import MAX_INLINE_ROWS, Table
+    from kvwall.reports.tables import MAX_INLINE_ROWS, Table
 
     rows = [{"family": "SM90", "path": f"path {i}", "answer": "ValueError: refused " * 16} for i in range(72)]
     table = Table(rows, {k: k for k in rows[0]}, "caption")

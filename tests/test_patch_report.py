@@ -1,4 +1,4 @@
-"""Chapter 6's SGLang patch section (kvwall.notebook.patch_report): every figure it states comes from the rows, a
+"""Chapter 6's SGLang patch section (kvwall.reports.patch_report): every figure it states comes from the rows, a
 failing row shows as failing, and a run that did not get inside SGLang's real modules says so."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import re
 import pytest
 
 import kvwall.experiments  # noqa: F401  (registers the row schemas)
-from kvwall.notebook import patch_report as pr
-from kvwall.notebook.tables import markdown_table
+from kvwall.reports import patch_report as pr
+from kvwall.reports.tables import markdown_table
 from kvwall.results import Result, load_result
 
 

@@ -25,10 +25,10 @@ import torch
 
 import kvwall.experiments  # noqa: F401  (registers the row schemas)
 from conftest import BOOK, ROOT
-from kvwall.notebook import doors_report, fused_bench_report, gather_step_report, heads_report, plots, profile_report
-from kvwall.notebook import original_gpu_report
-from kvwall.notebook.chapter import start_chapter
-from kvwall.notebook.tables import MAX_INLINE_ROWS, Table, times
+from kvwall.reports import doors_report, fused_bench_report, gather_step_report, heads_report, plots, profile_report
+from kvwall.reports import original_gpu_report
+from kvwall.reports.chapter import start_chapter
+from kvwall.reports.tables import MAX_INLINE_ROWS, Table, times
 from kvwall.results import Provenance, Result, ResultMissingError, load_result
 from rendered_checks import (cpu_figure_problems, long_table_problems, markdown_tables, placeholders,
                              ratio_direction_problems)
@@ -55,7 +55,7 @@ _EVIDENCE: list[Any] = []
 
 def evidence():
     """Chapter 6's evidence, from the recorded results (loaded once)."""
-    from kvwall.notebook import decision
+    from kvwall.reports import decision
 
     if not _EVIDENCE:
         _EVIDENCE.append(decision.Evidence.load())
@@ -161,7 +161,7 @@ def test_chapters_5_and_6_divide_flashmla_bf16s_time_by_the_others():
 def test_chapter_6s_kernel_choice_follows_its_table():
     """Under a table where ours is the faster accurate path everywhere, chapter 6 said "runs ours where it wins and
     gather_cast where it does not"; the sentence now says what the rows say, and flips with them."""
-    from kvwall.notebook import decision
+    from kvwall.reports import decision
 
     ev = evidence()
     rows = heads_report.kernel_rows(ev)

@@ -499,7 +499,7 @@ def test_record_fails_when_what_it_wrote_is_already_stale(monkeypatch, capsys, t
 def test_execute_writes_the_notebook_atomically(monkeypatch, tmp_path, fails):
     """Issue 24, finding 12: while a run writes (papermill re-saves after every cell), the notebook at
     <out>/<stem>.ipynb is the previous whole one; the new one replaces it in one rename, failed runs included."""
-    from kvwall.notebook import execute as execute_module
+    from kvwall.reports import execute as execute_module
 
     chapter = PROJECT_ROOT / "book/01_the_86ms_profile.md"
     target = tmp_path / "01_the_86ms_profile.ipynb"

@@ -330,8 +330,8 @@ def test_check_reports_every_bad_file_and_goes_on_without_a_traceback(tmp_path):
 
 def test_chapters_refuse_a_spliced_file_and_a_fifo(recordings, monkeypatch):
     """Chapters load through load_result: a spliced file raises, and a FIFO is not "not recorded yet"."""
-    import kvwall.notebook.chapter as chapter_module
-    from kvwall.notebook.chapter import start_chapter
+    import kvwall.reports.chapter as chapter_module
+    from kvwall.reports.chapter import start_chapter
 
     path, other = recordings
     _edit(_splice_rows_with_hash)(path, other)

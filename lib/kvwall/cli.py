@@ -245,7 +245,7 @@ def _execute(chapter: Path, out: Path, values: dict[str, Any]) -> int:
     # jupytext, nbformat), and only `execute` needs the notebook layer's execution.
     import papermill  # pylint: disable=import-outside-toplevel
     # pylint: disable-next=import-outside-toplevel
-    from kvwall.notebook.execute import ChapterError, ChapterRunError, execute_chapter
+    from kvwall.reports.execute import ChapterError, ChapterRunError, execute_chapter
 
     problem = _out_problem(out)
     if problem:
@@ -274,10 +274,10 @@ _RULES: dict[str, str | None] = {"both": None, **{r.replace(" ", "-"): r for r i
 def _cost(args: argparse.Namespace) -> int:
     # The notebook layer (plotly, IPython) only for this command, as for `execute`.
     # pylint: disable=import-outside-toplevel
-    from kvwall.notebook.answer_report import fit_sweep
-    from kvwall.notebook.tables import fmt_range
-    from kvwall.notebook.original_gpu_report import rest_without_attention_ms
-    from kvwall.notebook.cost_explorer import ORIGINAL_STATE, cost_rows, rates_note
+    from kvwall.reports.answer_report import fit_sweep
+    from kvwall.reports.tables import fmt_range
+    from kvwall.reports.original_gpu_report import rest_without_attention_ms
+    from kvwall.reports.cost_explorer import ORIGINAL_STATE, cost_rows, rates_note
 
     given = {f: getattr(args, f) for f in ("model", "tp", "context", "batch", "pool", "layers", "heads")
              if getattr(args, f) is not None}
@@ -376,7 +376,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _answer(readme: bool) -> int:
-    from kvwall.notebook import decision  # pylint: disable=import-outside-toplevel
+    from kvwall.reports import decision  # pylint: disable=import-outside-toplevel
 
     if not readme:
         print(decision.readme_answer())

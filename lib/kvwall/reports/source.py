@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from kvwall.notebook.tables import show_markdown
+from kvwall.reports.tables import show_markdown
 from kvwall.results import PROJECT_ROOT
 
 __all__ = ["source_of", "show_source"]

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kvwall.notebook.tables import Table, number
+from kvwall.reports.tables import Table, number
 from kvwall.results import AWAITING_FILE, PROJECT_ROOT, Result, awaiting_rerecord, load_result
 
 __all__ = ["executions_table", "pins", "recorded_runs", "versions_table", "runs_table", "versions_text", "build_time_text"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvwall.notebook.evidence import Evidence, bench_us, flashmla_fp8_error
-from kvwall.notebook.tables import Table
+from kvwall.reports.evidence import Evidence, bench_us, flashmla_fp8_error
+from kvwall.reports.tables import Table
 
 __all__ = ["ACCURATE_FP8", "kernel_rows", "kernel_table", "kernel_text"]
 

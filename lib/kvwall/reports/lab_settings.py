@@ -1,6 +1,6 @@
 """Install the book's JupyterLab settings into an environment without clobbering the user's own.
 
-``make setup`` runs ``python -m kvwall.notebook.lab_settings book/lab-overrides.json <env>``: the book's
+``make setup`` runs ``python -m kvwall.reports.lab_settings book/lab-overrides.json <env>``: the book's
 overrides (open ``.md`` files as Jupytext notebooks) are merged into ``<env>/share/jupyter/lab/settings/
 overrides.json``. A setting the environment already has keeps its value (the user's choice wins, and
 the command says which it kept); a file that is not valid JSON is left as it is, with a message.
@@ -61,8 +61,8 @@ def install_overrides(source: Path, env: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvwall.notebook.lab_settings SOURCE ENV``: merge and say what was done."""
-    parser = argparse.ArgumentParser(prog="python -m kvwall.notebook.lab_settings", description=__doc__.split("\n", maxsplit=1)[0])
+    """``python -m kvwall.reports.lab_settings SOURCE ENV``: merge and say what was done."""
+    parser = argparse.ArgumentParser(prog="python -m kvwall.reports.lab_settings", description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("source", type=Path, help="the book's overrides (book/lab-overrides.json)")
     parser.add_argument("env", type=Path, help="the environment's prefix (the venv, or $CONDA_PREFIX)")
     args = parser.parse_args(argv)

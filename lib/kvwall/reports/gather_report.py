@@ -2,7 +2,7 @@
 and the bandwidth benchmark against the copy ceiling.
 
 Bytes come from :mod:`kvwall.model.roofline`. The decode-step analysis (chapter 1's step with each KV
-strategy) is in :mod:`kvwall.notebook.gather_step_report`.
+strategy) is in :mod:`kvwall.reports.gather_step_report`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import plotly.graph_objects as go
 from kvwall.model.geometry import GLM5, MLAGeometry
 from kvwall.model.original import ORIGINAL
 from kvwall.model.roofline import attention_read_bytes, full_pool_cast_bytes, gather_cast_bytes
-from kvwall.notebook import plots
-from kvwall.notebook.gather_step_report import reported_gain_readings
-from kvwall.notebook.tables import CHECK_COLUMNS, Table, ms_as_us, number, percent, times
+from kvwall.reports import plots
+from kvwall.reports.gather_step_report import reported_gain_readings
+from kvwall.reports.tables import CHECK_COLUMNS, Table, ms_as_us, number, percent, times
 from kvwall.results import Result
 
 __all__ = ["Prediction", "predict", "suite_table", "sanitizer_text", "bench_figure", "Targets", "targets",

@@ -7,12 +7,12 @@ that figure was obtained (measured, composed from measured parts, predicted, or 
 where the numbers come from:
 
 - **DSA models** (GLM-5, DeepSeek-V3.2): SGLang's own ``dsa`` backend, measured on the H200 (``dsa_decode``) and
-  composed into the decode step (:func:`kvwall.notebook.dsa_report.dsa_step`); what a forced dense backend does to the
+  composed into the decode step (:func:`kvwall.reports.dsa_report.dsa_step`); what a forced dense backend does to the
   DSA pool (``dsa_forced_dense``, SGLang's own pools on a CPU); SGLang's defaults per GPU read from its source
   (:data:`kvwall.peers.sglang_dsa.DSA_DEFAULTS`);
 - **dense MLA models** (DeepSeek-V3/R1, Kimi-K2): the decode step at batch 1 and 64 (``decode_step_batches``) and the
   sweep (``path_sweep``) say which path is faster; chapter 5's benchmark and validation give FlashMLA FP8's error;
-  chapter 5b (``fp8_accuracy``) and :mod:`kvwall.notebook.accuracy_regimes` its multiplier per input regime;
+  chapter 5b (``fp8_accuracy``) and :mod:`kvwall.reports.accuracy_regimes` its multiplier per input regime;
 - **SM100 / SM120**: chapter 3's door matrix (``doors_checks`` + ``doors_sm90``) says which FlashInfer path takes the
   FP8 cache there; the cost model fitted on the sweep predicts our paths there (a prediction, labelled).
 """
@@ -26,14 +26,14 @@ from typing import Any, Sequence
 from kvwall.model.cost import GPUS
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
-from kvwall.notebook import accuracy_report, dsa_report
-from kvwall.notebook.accuracy_regimes import RANDOM_INPUTS, fp8_query_multipliers
-from kvwall.notebook.answer_report import headline_point
-from kvwall.notebook.multi_token_report import verify_rows
-from kvwall.notebook.evidence import (SOURCES, SPARSE_DOOR, Evidence, batch_comparison, door_cells, open_doors,
+from kvwall.reports import accuracy_report, dsa_report
+from kvwall.reports.accuracy_regimes import RANDOM_INPUTS, fp8_query_multipliers
+from kvwall.reports.answer_report import headline_point
+from kvwall.reports.multi_token_report import verify_rows
+from kvwall.reports.evidence import (SOURCES, SPARSE_DOOR, Evidence, batch_comparison, door_cells, open_doors,
                                      refused_doors, span, step_at, steps_text)
-from kvwall.notebook.original_gpu_report import original_gpu_rows, rest_without_attention_ms
-from kvwall.notebook.tables import Table
+from kvwall.reports.original_gpu_report import original_gpu_rows, rest_without_attention_ms
+from kvwall.reports.tables import Table
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 

@@ -15,8 +15,8 @@ from kvwall.model.cost import PATHS, CostModel, Point, fit_cost_model, split_tra
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.paths import KERNEL_NAMES, kernel_that_ran, kernels_that_ran
-from kvwall.notebook.plots import with_caption
-from kvwall.notebook.tables import Table, number, percent, scientific, times
+from kvwall.reports.plots import with_caption
+from kvwall.reports.tables import Table, number, percent, scientific, times
 from kvwall.results import Result
 
 __all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "memory_table", "step_figure", "sweep_figure",

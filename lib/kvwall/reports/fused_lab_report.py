@@ -19,12 +19,12 @@ import plotly.graph_objects as go
 
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.paths import KERNEL_NAMES
-from kvwall.notebook import plots
-from kvwall.notebook.dispatch_report import (dispatcher_table, dispatcher_text, floor_table, floor_text,
+from kvwall.reports import plots
+from kvwall.reports.dispatch_report import (dispatcher_table, dispatcher_text, floor_table, floor_text,
                                              other_gpus_table, timed_paths)
-from kvwall.notebook.fused_bench_report import (FLASHINFER, FM_BF16, FM_FP8, OURS, OURS_PAGE64, SGLANG, SHORT, Grid,
+from kvwall.reports.fused_bench_report import (FLASHINFER, FM_BF16, FM_FP8, OURS, OURS_PAGE64, SGLANG, SHORT, Grid,
                                                context_label, label, point_label, us_cell)
-from kvwall.notebook.tables import Table, number, percent, plain, scientific, times
+from kvwall.reports.tables import Table, number, percent, plain, scientific, times
 from kvwall.results import Result
 
 __all__ = ["launch_shape", "screen_table", "split_sweep_figure", "winners_table", "spill_rule_table", "pairs_lesson",

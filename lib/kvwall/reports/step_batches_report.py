@@ -7,9 +7,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvwall.notebook.answer_report import STEP_NAMES
-from kvwall.notebook.plots import arrange
-from kvwall.notebook.tables import Table, number
+from kvwall.reports.answer_report import STEP_NAMES
+from kvwall.reports.plots import arrange
+from kvwall.reports.tables import Table, number
 from kvwall.results import Result
 
 __all__ = ["batch_rows", "batch_table", "batch_figure", "batch_text"]

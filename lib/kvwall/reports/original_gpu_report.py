@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from kvwall.model.cost import GPUS, PATHS, CostModel, GPUSpec, Point, paths_on
 from kvwall.model.original import ORIGINAL
 from kvwall.model.paths import KERNEL_NAMES
-from kvwall.notebook.tables import Table, fmt_range
+from kvwall.reports.tables import Table, fmt_range
 
 __all__ = ["rest_without_attention_ms", "original_gpu_rows", "original_gpu_table", "cast_check", "arch_table",
            "build_label", "arch_limits_text", "wgmma_build_rows", "wgmma_build_text"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from kvwall.model.geometry import GLM5
-from kvwall.notebook.tables import Table
+from kvwall.reports.tables import Table
 from kvwall.peers.flashinfer.doors import DoorCase
 from kvwall.peers.flashinfer.replay import replay_cases
 

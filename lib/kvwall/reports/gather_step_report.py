@@ -11,8 +11,8 @@ from typing import Any, Mapping
 import plotly.graph_objects as go
 
 from kvwall.model.original import ORIGINAL
-from kvwall.notebook import plots
-from kvwall.notebook.tables import Table, number, percent, scientific, times
+from kvwall.reports import plots
+from kvwall.reports.tables import Table, number, percent, scientific, times
 from kvwall.results import Result
 
 __all__ = ["KV_PHASE_NAMES", "live_profile_params", "strategies_table", "host_bound", "host_bound_text", "eager_text",
@@ -149,7 +149,7 @@ def stall_story(result: Result) -> str | None:
 
 
 def profile_columns(result: Result, section: str = "breakdown") -> dict[str, dict[str, float]]:
-    """ms per step of each phase, one column per strategy (for :func:`kvwall.notebook.plots.step_breakdown`)."""
+    """ms per step of each phase, one column per strategy (for :func:`kvwall.reports.plots.step_breakdown`)."""
     names = {r["strategy"]: r["name"] for r in result.table("strategies")}
     rows = [r for r in result.rows if r["section"] == section]
     return {names[s].replace(", ", "<br>", 1): {r["phase"]: r["ms_per_step"] for r in rows

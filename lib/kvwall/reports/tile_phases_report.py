@@ -1,6 +1,6 @@
 """Where the wgmma path's cycles go inside a tile: the ``phases`` rows of the recorded ``fused_decode_profile`` result
 (the ``KVWALL_TRACE`` build: per warpgroup, the cycles per tile of each phase between two ``clock64`` marks), held
-against one tile's tensor-core and shared-memory floors (:func:`kvwall.notebook.fused_report.tile_floors`). Every
+against one tile's tensor-core and shared-memory floors (:func:`kvwall.reports.fused_report.tile_floors`). Every
 number comes from the result or from the tile's shape; the sentences are computed from them."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import plotly.graph_objects as go
 
 from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
-from kvwall.notebook.fused_report import tile_floors
-from kvwall.notebook.plots import with_caption
-from kvwall.notebook.tables import Table, number, times
+from kvwall.reports.fused_report import tile_floors
+from kvwall.reports.plots import with_caption
+from kvwall.reports.tables import Table, number, times
 from kvwall.results import Result
 
 __all__ = ["TilePhases", "tile_floors"]

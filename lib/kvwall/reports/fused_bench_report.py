@@ -21,8 +21,8 @@ from plotly.subplots import make_subplots
 
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.paths import KERNEL_NAMES
-from kvwall.notebook import accuracy_regimes, plots
-from kvwall.notebook.tables import Table, number, plain, scientific, times
+from kvwall.reports import accuracy_regimes, plots
+from kvwall.reports.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
 __all__ = ["OURS", "OURS_PAGE64", "FM_BF16", "FM_FP8", "FLASHINFER", "SGLANG", "LEAD_PEERS", "Point", "Grid",

@@ -5,7 +5,7 @@ Every byte and FLOP count comes from :mod:`kvwall.model.roofline` (one byte coun
 page-table index, 580 B per token for GLM-5 at page size 1); the per-tile counts from the kernels' own constants
 (:mod:`kvwall.kernels.mla_decode.wgmma`, :mod:`kvwall.kernels.mla_decode.wgmma_tokens`) and the recorded tuning (the
 Triton path's launch shapes). The grid is
-:mod:`kvwall.notebook.fused_bench_report`, the lab detail :mod:`kvwall.notebook.fused_lab_report`.
+:mod:`kvwall.reports.fused_bench_report`, the lab detail :mod:`kvwall.reports.fused_lab_report`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kvwall.model.geometry import GLM5, MLAGeometry
 from kvwall.model.original import ORIGINAL
 from kvwall.model.paths import KERNEL_NAMES
 from kvwall.model.roofline import decode_flops, full_pool_cast_bytes, gather_cast_bytes, kv_read_bytes, roofline_us
-from kvwall.notebook.tables import Table, number, plain, scientific, times
+from kvwall.reports.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
 __all__ = ["GRID_HEADS", "cost_text", "cost_table", "bytes_by_path", "fp8_to_float16_is_exact",
@@ -333,7 +333,7 @@ def validation_table(result: Result, caption: str) -> Table:
         rows.append({"what": what, "passed": f"{sum(bool(r['passed']) for r in sel)} / {len(sel)}",
                      "err": max(errs, default=None), "ratio": _range([r["ratio"] for r in _inexact(sel)])})
     if "fp8_peers" in sections:
-        from kvwall.notebook.fused_bench_report import label
+        from kvwall.reports.fused_bench_report import label
 
         ran = [r for r in result.table("fp8_peers") if r.get("rel_err") is not None]
         for peer in sorted({r["peer"] for r in ran}):

@@ -15,8 +15,8 @@ from kvwall.experiments.fused_decode.paths import MEASURED_FILE, measured_times,
 from kvwall.experiments.fused_decode.strategies import OURS
 from kvwall.kernels.mla_decode import path_table
 from kvwall.model.paths import KERNEL_NAMES
-from kvwall.notebook.fused_bench_report import FM_BF16, FM_FP8, Grid, Point, label, point_label
-from kvwall.notebook.tables import Table, number, plain, times
+from kvwall.reports.fused_bench_report import FM_BF16, FM_FP8, Grid, Point, label, point_label
+from kvwall.reports.tables import Table, number, plain, times
 
 __all__ = ["timed_paths", "dispatcher_table", "dispatcher_text", "OTHER_GPUS", "other_gpus_table", "floor_table",
            "floor_text"]

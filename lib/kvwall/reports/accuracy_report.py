@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.sharp_attention import PROFILES
-from kvwall.notebook.plots import with_caption
-from kvwall.notebook.tables import Table
+from kvwall.reports.plots import with_caption
+from kvwall.reports.tables import Table
 from kvwall.results import Result
 
 __all__ = ["RULE", "TAIL_KEPT", "TOP_ERR", "BF16_REFERENCES", "FIGURE_PATHS", "verdicts", "path_summary",

@@ -13,8 +13,8 @@ import plotly.graph_objects as go
 from kvwall.model.geometry import GLM5, MLAGeometry
 from kvwall.model.original import ORIGINAL
 from kvwall.model.roofline import attention_read_bytes, full_pool_cast_bytes
-from kvwall.notebook import plots
-from kvwall.notebook.tables import Table, number, percent
+from kvwall.reports import plots
+from kvwall.reports.tables import Table, number, percent
 from kvwall.results import Result
 
 __all__ = ["original_text", "bytes_text", "bytes_figure", "step_shares", "live_text", "ops_table", "recorded_text",

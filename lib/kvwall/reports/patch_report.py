@@ -12,7 +12,7 @@ from typing import Any
 
 from kvwall.model.geometry import GLM5
 from kvwall.peers.sglang_source import SGLangSourceUnavailable, sglang_source
-from kvwall.notebook.tables import Table, number, scientific, times
+from kvwall.reports.tables import Table, number, scientific, times
 from kvwall.results import Result
 
 __all__ = ["real_memory_text", "patch_check_table", "patch_meta", "patch_run_text", "real_meta", "real_check_rows", "real_timing_rows",

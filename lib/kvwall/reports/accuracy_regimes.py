@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.sharp_attention import PROFILES
-from kvwall.notebook.accuracy_report import _label, _order, _rows, _times_span, verdicts
-from kvwall.notebook.tables import Table
+from kvwall.reports.accuracy_report import _label, _order, _rows, _times_span, verdicts
+from kvwall.reports.tables import Table
 from kvwall.results import Result
 
 __all__ = ["RANDOM_INPUTS", "REGIME_WORDS", "SHAPE_MAX_TOKENS", "BF16_REFERENCE_OF", "RegimeMultiplier",

@@ -25,7 +25,7 @@ from kvwall.model.paths import kv_bytes_per_token as paths_kv_bytes
 from kvwall.model.cost import GPUS, MODEL_PRESETS, PATHS, TRANSFER_RULES, CostModel, GPUSpec, Point, paths_on
 from kvwall.model.geometry import MLAGeometry
 from kvwall.model.original import ORIGINAL
-from kvwall.notebook.answer_report import SWEEP_COLORS
+from kvwall.reports.answer_report import SWEEP_COLORS
 
 __all__ = ["TENSOR_PARALLEL", "CONTEXTS", "BATCHES", "POOLS", "State", "ORIGINAL_STATE", "CostRow", "cost_rows",
            "kv_bytes_per_token", "memory_note", "rates_note", "explorer_states", "explorer_grid", "grid_values",

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kvwall.experiments import EXPERIMENTS, run_experiment
-from kvwall.notebook.tables import show_markdown
+from kvwall.reports.tables import show_markdown
 from kvwall.results import PROJECT_ROOT, Result, ResultMissingError, load_result, save_result
 
 __all__ = ["MODES", "ChapterRun", "start_chapter", "step_knobs", "execution_dir", "load_execution_records"]

@@ -10,8 +10,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvwall.notebook.plots import arrange
-from kvwall.notebook.tables import Table, number, scientific, times
+from kvwall.reports.plots import arrange
+from kvwall.reports.tables import Table, number, scientific, times
 from kvwall.results import Result
 
 __all__ = ["verify_rows", "verify_table", "verify_figure", "verify_text", "host_rows", "host_table", "host_text",

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from kvwall.notebook import fused_bench_report
-from kvwall.notebook.answer_report import SweepFit, fit_sweep, step_rows, sweep_rows
-from kvwall.notebook.doors_report import calls_for_matrix
+from kvwall.reports import fused_bench_report
+from kvwall.reports.answer_report import SweepFit, fit_sweep, step_rows, sweep_rows
+from kvwall.reports.doors_report import calls_for_matrix
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY, door_matrix
 from kvwall.results import Result, ResultMissingError, load_result
 

@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvwall.model.geometry import GLM5
-from kvwall.notebook.plots import arrange
-from kvwall.notebook.tables import Table, number, scientific
+from kvwall.reports.plots import arrange
+from kvwall.reports.tables import Table, number, scientific
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 from kvwall.results import Result
 
