@@ -38,9 +38,10 @@ $(STAMP): requirements.txt requirements-triton-cpu.txt requirements-triton-gpu.t
 	# FlashInfer without its heavy declared extras (not needed for MLA): see requirements-flashinfer.txt.
 	$(PY) -m pip install -q --no-deps -r requirements-flashinfer.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
-	# JupyterLab: open MyST .md files as notebooks (jupytext) by default, merged into the environment's own
-	# overrides.json (settings it already has keep their values).
-	$(PY) -m kvwall.reports.lab_settings book/lab-overrides.json $(VENV)
+	# JupyterLab: open MyST .md files as notebooks (jupytext) by default. JupyterLab layers every file of the
+	# environment's settings/overrides.d/ under its own overrides.json, so settings the environment has win.
+	mkdir -p $(VENV)/share/jupyter/lab/settings/overrides.d
+	cp book/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.d/kvwall.json
 	touch $(STAMP)
 
 book: $(STAMP)

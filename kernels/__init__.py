@@ -23,7 +23,7 @@ from kvwall.kernels.gather.kernel import compact_kv_indices, full_cast, gather_c
 from kvwall.kernels.gather.reference import gather_cast_reference, make_gather_inputs
 from kvwall.kernels import mla_decode  # the package, callable as ours (kvwall.kernels.mla_decode's docstring)
 from kvwall.kernels.mla_decode import DecodePlan, plan_mla_decode
-from kvwall.kernels.mla_decode.kernel import mla_decode_fp8
+from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
 
 __all__ = ["gather_cast", "gather_cast_cuda", "full_cast", "plan_gather", "compact_kv_indices", "nvcc_compile_check",

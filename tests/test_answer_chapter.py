@@ -8,7 +8,7 @@ import pytest
 
 from conftest import BOOK
 from kvwall.kernels.mla_decode import wgmma, wgmma_tokens
-from kvwall.model.paths import PATH_INFO
+from kvwall.model.step_paths import PATH_INFO
 import kvwall.experiments  # noqa: F401  (registers the row schemas)
 from kvwall.reports import decision
 

@@ -1,5 +1,5 @@
 """Chapter 6 runs ours -- the dispatcher's path with the step's plan (kvwall.kernels.mla_decode.dispatch) -- on the step
-(kvwall.model.paths) and in the sweep (kvwall.experiments.answer.sweep, built from chapter 5's peer table), says which
+(kvwall.model.step_paths) and in the sweep (kvwall.experiments.answer.sweep, built from chapter 5's peer table), says which
 path ran and why, keeps the forced Triton path apart (the cost model's stand-in off Hopper), and puts FlashMLA on the
 step where it runs (GPU, SM90)."""
 
@@ -14,13 +14,14 @@ from kvwall.experiments import EXPERIMENTS
 from kvwall.experiments.answer import step, sweep
 from kvwall.experiments.fused_decode.strategies import STRATEGIES, make_point
 from kvwall.kernels.mla_decode import dispatch
-from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8
+from kvwall.kernels.mla_decode.plan import MLADecodePlan
+from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
 from kvwall.kernels.mla_decode.wgmma import WgmmaPlan
 from kvwall.kernels.mla_decode.wgmma_tokens import WgmmaTokensPlan
 from kvwall.model.cost import GPUS, OFF_REFERENCE, PATHS, ComponentFit, CostModel, Point, paths_on
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import KERNEL_NAMES, PATH_INFO, STEP_PATHS, build_step_path, kernel_that_ran, kernels_that_ran
+from kvwall.model.step_paths import KERNEL_NAMES, PATH_INFO, STEP_PATHS, build_step_path, kernel_that_ran, kernels_that_ran
 from kvwall.model.pool import TokenPool, make_decode_batch
 from kvwall.results import RowSchemaError, validate_rows
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kvwall.kernels.mla_decode import kernel as mla
+from kvwall.kernels.mla_decode import launch_shape as mla
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
-from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
+from kvwall.kernels.mla_decode.launch_shape import MLADecodeConfig
 from kvwall.model.cost import FUSED_MAX_HEADS
 from kvwall.tuning import arch_check_cuda
 from kvwall.tuning import arch_check

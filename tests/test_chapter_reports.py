@@ -18,7 +18,7 @@ from kvwall.reports import (fused_bench_report, fused_lab_report, fused_report, 
                             profile_report)
 from kvwall.reports.chapter import start_chapter
 from kvwall.reports.source import source_of
-from kvwall.reports.tables import Table, number, percent, show_table, times
+from kvwall.reports.tables import Table, number, percent, times
 from kvwall.results import Provenance, Result, ResultFileError, ResultMissingError
 
 
@@ -38,8 +38,6 @@ def test_formatters_and_missing_values():
     table = Table([{"x": 0.5}, {}], {"share": ("x", percent)}, "caption")
     assert table.column("share") == ["50%", ""]
     assert table.markdown().endswith("*caption*")
-    with pytest.raises(TypeError, match="pass a Table"):
-        show_table([{"x": 1}])
 
 
 def test_recorded_or_none_only_forgives_a_missing_file(monkeypatch, tmp_path):
@@ -65,21 +63,22 @@ def test_recorded_or_none_only_forgives_a_missing_file(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------- chapter 5
 
 
-def test_cost_text_and_table_use_the_one_roofline():
+def test_cost_numbers_and_table_use_the_one_roofline():
     ceilings = {"copy_gbps": 4000.0, "bf16_tflops": 700.0}
-    text = fused_report.cost_text(ceilings)
-    assert f"**{kv_read_bytes(1)} B**" in text and "**580 B**" in text and "**2,176 FLOPs**" in text
-    assert "**175 FLOP/B**" in text  # 700e12 / 4000e9
+    cost = fused_report.cost_numbers(ceilings)
+    assert cost["per_token_bytes"] == kv_read_bytes(1) == 580 and cost["flops"] == 2176
+    assert cost["index_bytes"] == 4 and cost["bf16_per_token_bytes"] == kv_read_bytes(1, kv_dtype=torch.bfloat16)
+    assert cost["ridge"] == pytest.approx(175.0)  # 700e12 / 4000e9
     table = fused_report.cost_table(ceilings, "cap", heads=(16, 128), tokens=131072)
     assert [r["bound"] for r in table.rows] == ["memory", "compute"]
     for row, heads in zip(table.rows, (16, 128)):
         assert row["roof"] == pytest.approx(roofline_us(heads, 131072, 4000.0, 700.0))
     assert "roofline µs" not in fused_report.cost_table(None, "cap").columns
-    assert "ceilings" not in fused_report.cost_text(None)
+    assert fused_report.cost_numbers(None)["ridge"] is None and fused_report.cost_numbers(None)["copy_gbps"] is None
 
 
 def test_bytes_by_path_come_from_the_roofline_module():
-    table = fused_report.bytes_by_path(context=1000, pool_tokens=5000)
+    table = fused_report.bytes_by_path("cap", context=1000, pool_tokens=5000)
     mb = {r["path"].split(" (")[0].split(":")[0]: r["mb"] * 1e6 for r in table.rows}
     bf16 = kv_read_bytes(1000, kv_dtype=torch.bfloat16)
     assert mb["whole-pool cast + BF16 attention"] == pytest.approx(full_pool_cast_bytes(GLM5, 5000)["total"] + bf16)
@@ -123,23 +122,24 @@ def _tuning() -> Any:
 
 def test_the_triton_path_tuning_tables():
     tuning = _tuning()
-    screen = fused_lab_report.screen_table(tuning, 16)
+    screen = fused_lab_report.screen_table(tuning, 16, "cap")
     assert screen.column("µs")[-1] == "out of resources" and screen.column("of roofline")[0] == "36%"
     assert fused_lab_report.launch_shape(tuning.rows[1]) == "16×64, 4 warps, 3 stages, 16-bit pairs"
     # a row recorded with the retired second load (its own cache hint) says so
     assert fused_lab_report.launch_shape({**tuning.rows[3], "cfg_s_fp8": True}) == \
         "16×64, 4 warps, 3 stages, 16-bit pairs, two loads, FP8 scores"
-    text, values = fused_lab_report.pairs_lesson(tuning, 16)
-    assert "**50.0 µs**" in text and "**60.0 µs** (1.20×)" in text and "55.0" not in text
-    assert values == {"winner_us": 50.0, "bytes_us": 60.0}
-    spill = fused_lab_report.spill_rule_table(tuning)
+    pairs = fused_lab_report.pairs_numbers(tuning, 16)
+    assert pairs == {"shape": "16×64, 4 warps, 3 stages, 16-bit pairs", "us": 50.0, "regs": 200, "smem_kb": 56.0,
+                     "bytes_us": 60.0, "bytes_regs": 250}  # the twin reading FP8 bytes; the 55 µs second load is not
+    assert fused_lab_report.pairs_numbers(tuning, 32) == {}
+    spill = fused_lab_report.spill_rule_table(tuning, "cap")
     assert spill.rows == [{"heads": 64, "fastest": "64×64, 8 warps, 3 stages, FP8 bytes", "f_us": 100.0,
                            "f_spills": 10, "c_us": 130.0, "x": 1.3}]
-    assert [t.name for t in fused_lab_report.split_sweep_figure(tuning).data] == ["128K tokens"]
+    assert [t.name for t in fused_lab_report.split_sweep_figure(tuning, "cap").data] == ["128K tokens"]
 
 
 def test_design_table_counts_conversions_and_padding():
-    table = fused_report.design_table(_tuning())
+    table = fused_report.design_table(_tuning(), "cap")
     rows = {r["heads"]: r for r in table.rows}
     # the Triton path: 16 heads -> its 16-head shape; 32, 64, 128 -> the 64-head entry's 32-head block
     assert rows[16]["t_block"] == "16 × 64" and rows[16]["t_conv"] == 1 and rows[16]["t_pad"] == 0
@@ -147,18 +147,20 @@ def test_design_table_counts_conversions_and_padding():
     # the wgmma path: 64 heads per CTA
     assert [rows[h]["w_conv"] for h in (16, 32, 64, 128)] == [1, 1, 1, 2]
     assert [rows[h]["w_pad"] for h in (16, 32, 64, 128)] == [0.75, 0.5, 0.0, 0.0]
-    assert "Triton path: heads × tokens per step" not in fused_report.design_table(None).columns
+    assert "Triton path: heads × tokens per step" not in fused_report.design_table(None, "cap").columns
 
 
-def test_wgmma_text_per_tile_and_resources():
+def test_wgmma_tile_floors_and_build_resources():
     floors = fused_report.tile_floors()
     # 64 heads x 64 tokens x (576 + 512) x 2 FLOP at 4,096 per cycle; 296 KB of shared-memory traffic
     assert floors["tensor"] == 2176 and floors["scores"] == 1152 and floors["smem_bytes"] == 303104
-    build = {"section": "build", "nvcc": "Build cuda_13.0.r13.0/compiler.1", "wgmma": {"runs": True, "arch": "sm_90a", "registers": 255,
-                                                            "spill_bytes": 0, "smem": 230400, "threads": 256}}
-    text = fused_report.wgmma_text(build)
-    assert "nvcc 13.0)" in text and "**2,176 cycles**" in text and "**2,368 cycles**" in text and "**1 CTA per multiprocessor**" in text
-    assert "did not run" in fused_report.wgmma_text({"wgmma": {"runs": False, "why": "no sm_90a"}})
+    assert floors["smem"] == 2368 and floors["flops"] == 2 * 64 * 64 * 1088
+    build = {"section": "build", "nvcc": "Build cuda_13.0.r13.0/compiler.1", "wgmma": {
+        "runs": True, "arch": "sm_90a", "registers": 255, "spill_bytes": 0, "smem": 230400, "threads": 256}}
+    w = fused_report.build_resources(build)["wgmma"]
+    assert (w["nvcc"], w["arch"], w["registers"], w["ctas_per_sm"], w["smem_kb"]) == ("13.0", "sm_90a", 255, 1, 225.0)
+    assert fused_report.build_resources({"wgmma": {"runs": False, "why": "no sm_90a"}})["wgmma"] is None
+    assert fused_report.build_resources(None) == {"wgmma": None, "wgmma_tokens_16": None, "wgmma_tokens_32": None}
 
 
 def _case(path: str, heads: int, ratio: float | None, passed: bool = True, **extra: Any) -> dict[str, Any]:
@@ -197,12 +199,11 @@ def test_validation_table_per_path_and_the_rule():
         "what": "`compute-sanitizer --tool memcheck` on the Triton path, the wgmma path and the tokens-on-M wgmma path",
         "passed": "clean"}
     assert not fused_report.validation_passed(validation)  # a contract failed
-    text, values = fused_report.validation_rule_text(validation)
-    assert values == {"ours_ratio_max": 0.85, "triton_ratio_max": 1.0, "wgmma_ratio_max": 0.9}
-    assert "within the rule's bound of 2×" in text
+    assert fused_report.validation_ratios(validation) == {"ours": (0.85, 0.85), "triton": (0.8, 1.0),
+                                                          "wgmma": (0.9, 0.9)}
     assert fused_bench_report.flashmla_fp8_error(validation) == (3e-2, 1.7e-3)
     assert fused_bench_report.flashmla_fp8_error(None) == (None, None)
-    contracts = fused_lab_report.contracts_table(validation)
+    contracts = fused_lab_report.contracts_table(validation, "cap")
     assert contracts.rows == [{"check": "NaN stays in its request", "triton": "yes", "wgmma": "NO"}]
 
 
@@ -244,7 +245,7 @@ def _grid() -> fused_bench_report.Grid:
 
 def test_the_lead_counts_where_ours_loses():
     grid = _grid()
-    lead = fused_bench_report.lead(grid)
+    lead = fused_bench_report.lead(grid, "cap")
     v = lead.values
     assert v["grid_points"] == 3
     assert v["flashmla_dense_fp8_faster_than_ours"] == 2 and v["ours_faster_than_fm_fp8"] == 1
@@ -252,15 +253,11 @@ def test_the_lead_counts_where_ours_loses():
     assert v["flashinfer_faster_than_ours"] == 1  # FlashInfer BF16, 150 < 200 at 128 heads
     assert v["sglang_triton_fp8_faster_than_ours"] == 0 and v["ours_fastest"] == 1 and v["fm_fp8_fastest"] == 2
     assert v["ours_fastest_fp8_cache_bf16_query"] == 3
-    assert fused_bench_report.grid_text(grid) == (
-        "The grid: **16, 128 heads** per GPU × one request of **4K, 32K, 128K tokens**, or a mixed batch of 8 "
-        "requests holding a quarter of batch × context tokens in all (at most 2,000,000), on random slots of one "
-        "495,000-token FP8 pool: 3 points.")
-    assert v["fm_fp8_err_over_ours_min"] == pytest.approx(2.8e-2 / 1.7e-3)
-    assert "**1 of 3** and than FlashMLA's BF16 kernel at **2 of 3**" in lead.text
-    assert "It loses most at 128 h, 32K, b8, where FlashMLA FP8 is **2.5×** faster" in lead.text
+    assert v["fm_fp8_err_over_ours_min"] == pytest.approx(2.8e-2 / 1.7e-3) == v["fm_fp8_err_over_ours_max"]
+    assert v["worst_point"] == (128, 32768, 8) and v["worst_x"] == 2.5  # ours 200 µs, FlashMLA FP8 80
+    assert v["sglang_error"] is None
     assert lead.table.rows[2]["speed"] == "0.93–2.50×"  # ours / FlashMLA FP8: 14/15 .. 200/80
-    fig = fused_bench_report.lead_figure(grid)
+    fig = fused_bench_report.lead_figure(grid, "cap")
     ours = [t for t in fig.data if t.legendgroup == "ours"]
     assert [list(t.y) for t in ours] == [[24 / 14, 100 / 80], [100 / 200]]  # one panel per head count
     assert "error ≤ 1.7e-03" in ours[0].name
@@ -268,38 +265,38 @@ def test_the_lead_counts_where_ours_loses():
 
 def test_the_grid_by_heads_losses_and_what_to_run():
     grid = _grid()
-    text, values = fused_bench_report.by_heads_text(grid)
+    table, values = fused_bench_report.by_heads(grid, "cap")
     assert values["h16"]["vs_fm_fp8_wins"] == 1 and values["h16"]["paths"] == {"wgmma": 1, "triton": 1}
-    assert values["h128"]["vs_fm_bf16_geomean"] == 0.5 and "**128 heads**" in text
-    losses, groups = fused_bench_report.losses_text(grid)
+    assert values["h128"]["vs_fm_bf16_geomean"] == 0.5 and [r["heads"] for r in table.rows] == [16, 128]
+    assert table.rows[0]["won"] == "4K·1, 128K·8" and table.rows[1]["won"] == ""  # ours beat FlashMLA BF16 there
+    groups = fused_bench_report.loss_groups(grid)
     assert groups["few_heads"]["points"] == 2 and groups["many_heads_batched"]["vs_fm_bf16"] == 0.5
-    assert "many_heads_b1" not in groups and "**128 heads, batches of 8 to 8** (1 points" in losses
-    assert "**16 heads** (2 points; memory-bound)" in losses
-    table = fused_bench_report.what_to_run(grid)
+    assert "many_heads_b1" not in groups and groups["many_heads_batched"]["batches"] == [8]
+    assert groups["few_heads"]["heads"] == [16] and groups["many_heads_batched"]["heads"] == [128]
+    table = fused_bench_report.what_to_run(grid, "cap")
     rows = {(r["heads"], r["batch"]): r for r in table.rows}
     assert rows[(16, "1")]["fastest"] == "ours (1 of 1)" and rows[(16, "1")]["vs"] == pytest.approx(24 / 14)
     assert rows[(128, "8–64")]["fastest"] == "FlashMLA dense BF16 (1 of 1)"
+    assert [r["winner"] for r in table.rows] == ["ours", "ours", "FlashMLA dense BF16"]
     assert "16× our error" in table.markdown()  # 2.8e-2 / 1.7e-3
-    assert "**ours** is the fastest BF16-accurate kernel for 16 heads at batch 1, 16 heads at batch 8–64." in \
-        fused_bench_report.conclusion_text(table)
     assert fused_bench_report.path_counts(grid) == {"wgmma": 2, "triton": 1}
 
 
 def test_the_appendix_tables_of_the_grid():
     grid = _grid()
-    tables = fused_lab_report.bench_tables(grid)
+    tables = fused_lab_report.bench_tables(grid, "cap")
     assert [list(t.columns)[0] for t in tables] == ["16 h: ctx·batch", "128 h: ctx·batch"]
     assert tables[0].column("16 h: ctx·batch") == ["4K·1", "128K·8"]
     assert tables[0].column("ours") == ["14.0", "80.0"] and tables[0].column("full cast") == ["860", "940"]
     assert tables[0].column("FI FP8") == ["35.0", "270"] and tables[1].column("FI FP8") == ["400"]
     assert len(tables[0].columns) <= 10, "the wide table must fit the page"
-    page = fused_lab_report.page_table(grid)
+    page = fused_lab_report.page_table(grid, "cap")
     assert page.rows[0]["ours"] == f"{14 / 14.5:.2f}–{80 / 78:.2f}×"
-    balance = fused_lab_report.balance_table(grid)
+    balance = fused_lab_report.balance_table(grid, "cap")
     assert [r["point"] for r in balance.rows] == ["16 h, 128K, b8", "128 h, 32K, b8"]
     assert balance.rows[0]["b1"] == pytest.approx(14.0 / 4096 * 1e3)  # batch 1 at its longest context, 4K
-    host = fused_lab_report.host_table(grid, heads=16)
-    assert host.rows[0]["s"] == "ours" and host.rows[0][4096] == 100.0 and "host time" in host.caption
+    host = fused_lab_report.host_table(grid, "cap", heads=16)
+    assert host.rows[0]["s"] == "ours" and host.rows[0][4096] == 100.0
 
 
 def _paths() -> fused_bench_report.Grid:
@@ -319,15 +316,14 @@ def _paths() -> fused_bench_report.Grid:
 def test_the_dispatcher_tables():
     paths = _paths()
     assert paths.floor_points == [(16, 64, 1)] and len(paths.points) == 3
-    text, values = fused_lab_report.dispatcher_text(paths)
-    assert values == {"dispatch_points": 3, "dispatch_wgmma": 2, "dispatch_triton": 1}
-    assert "Triton path at **1** (16 h, 128K, b1)" in text
-    table = fused_lab_report.dispatcher_table(paths)
+    counts = fused_lab_report.dispatch_counts(paths)
+    assert counts == {"dispatch_points": 3, "dispatch_wgmma": 2, "dispatch_triton": 1, "triton_at": ["16 h, 128K, b1"]}
+    table = fused_lab_report.dispatcher_table(paths, "cap")
     assert table.column("the dispatcher picks") == ["wgmma path", "wgmma path", "Triton path", "wgmma path"]
-    floor = fused_lab_report.floor_table(paths)
+    floor = fused_lab_report.floor_table(paths, "cap")
     assert floor.rows[0]["triton1"] == 10.0 and floor.rows[0]["wgmma64"] == pytest.approx(9.0 * 0.98)
     table_json = {"NVIDIA H200": {"capability": [9, 0], "points": [[64, 32768, 8, "wgmma", 90.0, 50.0]]}}
-    others = fused_lab_report.other_gpus_table(table_json, heads=64, batch=8, max_len=32768)
+    others = fused_lab_report.other_gpus_table("cap", table_json, heads=64, batch=8, max_len=32768)
     assert [r["path"] for r in others.rows] == ["wgmma path", "Triton path", "Triton path"]
     assert "on NVIDIA H200 (the same compute capability" in others.rows[0]["why"]
 
@@ -348,47 +344,42 @@ def _paths3() -> fused_bench_report.Grid:
 
 def test_the_dispatcher_tables_follow_the_recorded_paths():
     """With the tokens-on-M path timed: a column, a count and a fixed cost of its own; without (the two-path grid),
-    none of them; the chapter's sentence on the paths counts what the recording timed."""
+    none of them; the paths a recording timed are the ones the chapter names."""
     paths = _paths3()
     assert fused_lab_report.timed_paths(paths) == ["triton", "wgmma", "wgmma_tokens"]
-    text, values = fused_lab_report.dispatcher_text(paths)
-    assert values == {"dispatch_points": 3, "dispatch_wgmma_tokens": 2, "dispatch_wgmma": 1, "dispatch_triton": 0}
-    assert text == ("On the 3 measured points the fastest is the tokens-on-M wgmma path at **2**, the wgmma path at "
-                    "**1** and the Triton path at **0**.")
-    table = fused_lab_report.dispatcher_table(paths)
+    assert fused_lab_report.dispatch_counts(paths) == {"dispatch_points": 3, "dispatch_wgmma_tokens": 2,
+                                                       "dispatch_wgmma": 1, "dispatch_triton": 0, "triton_at": []}
+    table = fused_lab_report.dispatcher_table(paths, "cap")
     assert "tokens-on-M wgmma path µs" in table.columns
     assert table.column("the dispatcher picks") == ["tokens-on-M wgmma path"] * 3 + ["wgmma path"]
     assert table.rows[2]["x"] == pytest.approx(314.0 / 224.0) and table.rows[3]["x"] == pytest.approx(60.0 / 40.0)
-    assert fused_lab_report.floor_table(paths).rows[0]["wgmma_tokens1"] == 8.0
-    floor, found = fused_lab_report.floor_text(paths)
-    assert found["wgmma_tokens"] == [8.0, 8.0] and "tokens-on-M wgmma path 8.0–8.0 µs" in floor
+    assert fused_lab_report.floor_table(paths, "cap").rows[0]["wgmma_tokens1"] == 8.0
+    assert fused_lab_report.floor_ranges(paths)["wgmma_tokens"] == (8.0, 8.0)
     two = _paths()
-    assert "tokens-on-M wgmma path µs" not in fused_lab_report.dispatcher_table(two).columns
-    assert not any("tokens" in c for c in fused_lab_report.floor_table(two).columns)
-    intro3, intro2 = fused_report.paths_intro(paths.result), fused_report.paths_intro(two.result)
-    assert intro3.startswith("Behind it are three paths: the **Triton path**") and "library also has" not in intro3
-    assert intro2.startswith("Behind it are two paths: the **Triton path**")
-    assert "The library also has the tokens-on-M wgmma path, which the recorded runs predate" in intro2
-    assert fused_report.paths_intro(None).startswith("Behind it are three paths")
+    assert "tokens-on-M wgmma path µs" not in fused_lab_report.dispatcher_table(two, "cap").columns
+    assert not any("tokens" in c for c in fused_lab_report.floor_table(two, "cap").columns)
+    assert fused_report.recorded_paths(paths.result) == ["triton", "wgmma", "wgmma_tokens"]
+    assert fused_report.recorded_paths(two.result) == ["triton", "wgmma"]
+    assert fused_report.recorded_paths(None) == ["triton", "wgmma", "wgmma_tokens"]
 
 
-def test_tokens_text_per_tile_and_resources():
-    text = fused_report.tokens_text(None)
-    assert "**544 cycles** at 16 heads per CTA and **1,088 cycles** at 32" in text and "2,176" in text
-    assert "predates the tokens-on-M wgmma path" in fused_report.tokens_text({"section": "build", "wgmma": {}})
+def test_tokens_on_m_tile_cycles_and_resources():
+    assert fused_report.tokens_tile_cycles() == {16: 544, 32: 1088}  # against the wgmma path's 2,176
+    assert fused_report.build_resources({"section": "build", "wgmma": {}})["wgmma_tokens_16"] is None  # predates it
     built = {"nvcc": "Build cuda_13.0.r13.0/compiler.1", "wgmma_tokens": {"runs": True, "arch": "sm_90a", "per_cta": {
         "32": {"registers": 168, "spill_bytes": 0, "smem": 189696, "threads": 384},
         "16": {"registers": 168, "spill_bytes": 0, "smem": 168576, "threads": 384}}}}
-    text = fused_report.tokens_text(built)
-    assert "Compiled (sm_90a, nvcc 13.0): 16 heads per CTA: 168 registers" in text and "185.2 KB" in text
-    assert "did not run" in fused_report.tokens_text({"wgmma_tokens": {"runs": False, "why": "no sm_90a"}})
-    rows = {r["heads"]: r for r in fused_report.design_table(None).rows}
+    found = fused_report.build_resources(built)
+    assert found["wgmma_tokens_16"]["registers"] == 168 and found["wgmma_tokens_16"]["nvcc"] == "13.0"
+    assert found["wgmma_tokens_32"]["smem_kb"] == pytest.approx(185.25) and found["wgmma"] is None
+    assert fused_report.build_resources({"wgmma_tokens": {"runs": False, "why": "no sm_90a"}})["wgmma_tokens_32"] is None
+    rows = {r["heads"]: r for r in fused_report.design_table(None, "cap").rows}
     assert [rows[h]["k_conv"] for h in (16, 32, 64, 128)] == [1, 1, 2, 4]
     assert [rows[h]["k_pad"] for h in (16, 32, 64, 128)] == [0.0, 0.0, 0.0, 0.0]
     assert fused_report.paths_said(["wgmma_tokens", "triton"]) == "the Triton path and the tokens-on-M wgmma path"
 
 
-def test_ncu_summary_and_text_per_path():
+def test_ncu_summary_and_ranges_per_path():
     profile = {"section": "profile", "heads": 16, "tokens": 131072, "path": "wgmma", "min_bytes": 100,
                "dram_read_bytes": 90.0, "l2_bytes": 250.0, "flops": 10**9, "duration_ns": 1e4,
                "dynamic_smem_bytes": 2048.0, "registers_per_thread": 255.0, "achieved_occupancy_pct": 12.4,
@@ -398,21 +389,19 @@ def test_ncu_summary_and_text_per_path():
                                            "tensor_pipe_pct": None}, profile,
                                           {"section": "profile", "heads": 128, "tokens": 131072, "path": "wgmma",
                                            "min_bytes": 1, "error": "ncu failed"}])
-    summary = fused_lab_report.ncu_summary(ncu)
+    summary = fused_lab_report.ncu_summary(ncu, "cap")
     assert summary.column("path, heads, tokens (batch 1)") == ["Triton path, 16 h, 128K", "wgmma path, 16 h, 128K"]
     assert summary.column("largest stall (warps per issue)") == ["wait (0.9)", "barrier (1.8)"]
     assert summary.column("tensor pipe busy %") == ["—", "41"]
-    full = fused_lab_report.ncu_table(ncu)
+    full = fused_lab_report.ncu_table(ncu, "cap")
     assert full.column("HBM read / minimum") == ["0.90×", "0.90×"] and full.column("L2 / minimum")[0] == "2.5×"
-    assert [r["reason"] for r in fused_lab_report.stall_table(ncu).rows] == ["wait", "mio throttle", "barrier"]
-    assert "HBM at **25 %** of its peak" in fused_lab_report.ncu_brief(ncu)
-    assert "the tensor pipe busy in **41 %**" in fused_lab_report.ncu_brief(ncu)
-    text, values = fused_lab_report.ncu_text(ncu)
-    assert "busy, the tensor pipe busy 41 % of the time (stalls" in text
-    assert "the wgmma path, 16 h, 128K reads HBM at 25 % of its peak" in text and set(values) == {"triton_16h",
-                                                                                                   "wgmma_16h"}
-    assert "profiled no launch" in fused_lab_report.ncu_text(result("fused_decode_profile", [ncu.rows[2]]))[0]
-    assert "launches (the Triton path and the wgmma path):" in fused_lab_report.ncu_brief(ncu)
+    assert [r["reason"] for r in fused_lab_report.stall_table(ncu, "cap").rows] == ["wait", "mio throttle", "barrier"]
+    spans = fused_lab_report.ncu_ranges(ncu)
+    assert spans["launches"] == 2 and spans["paths"] == ["triton", "wgmma"]
+    assert spans["dram_pct_of_peak"] == (25.0, 25.0) and spans["tensor_pipe_pct"] == (41.0, 41.0)
+    assert spans["achieved_occupancy_pct"] == (12.4, 12.4)
+    failed = fused_lab_report.ncu_ranges(result("fused_decode_profile", [ncu.rows[2]]))
+    assert failed["launches"] == 0 and failed["dram_pct_of_peak"] is None
 
 
 def test_the_phase_table_holds_each_warpgroup_against_the_tile_floors():
@@ -427,17 +416,19 @@ def test_the_phase_table_holds_each_warpgroup_against_the_tile_floors():
             {"section": "phases", "heads": 16, "context": 4096, "batch": 1, "tokens": 4096, "page_size": 64,
              "error": "RuntimeError: no tile"}]
     rep = TilePhases(result("fused_decode_profile", rows))
-    table, text, values = rep.table()
+    table, values = rep.table("cap")
     assert len(table.rows) == 1  # the failed trace is not a point
     row = table.rows[0]
     assert row["wg0"] == 4554 and row["wg1"] == 4130 and row["fixed"] == 12000 and row["tiles"] == 10
     assert row["vs_tensor"] == pytest.approx(4554 / 2176) and table.column("clock reads' cost") == ["+5%"]
-    assert values["phase_scores_over_floor_min"] == 2.0 and "2.0–2.0× their tensor time" in text
+    assert values["phase_scores_over_floor_min"] == values["phase_scores_over_floor_max"] == 2.0
+    assert values["phase_points"] == 1 and values["phase_cycles_min"] == values["phase_cycles_max"] == 4554
     assert values["phase_wait_share_max"] == pytest.approx(230 / 4554)
     assert len(table.columns) <= 8, "the phase table must fit the page"
-    fig = rep.figure()
+    fig = rep.figure("cap")
     stacks = {t.name: list(t.x) for t in fig.data}
     assert stacks["wg 0: scores (36 wgmma)"] == [2304.0, None] and stacks["wg 1: convert the next tile"] == [None, 1200.0]
+    assert TilePhases(result("fused_decode_profile", rows[1:])).table("cap")[1] == {}
 
 
 # ---------------------------------------------------------------------------------------------- chapter 4
@@ -521,8 +512,7 @@ def test_capacity_gain_is_the_before_step_with_the_measured_kv_time():
 def test_the_original_share_is_computed_from_its_times():
     assert ORIGINAL.reported_cast_share == 0.69
     assert ORIGINAL.cast_share_of_step == pytest.approx(64.6 / 86)
-    text = profile_report.original_text()
-    assert "64.6 / 86 = **75.1%**, not 69%" in text
+    assert f"{ORIGINAL.cast_share_of_step:.1%}" == "75.1%"  # what chapter 1 shows beside the reported 69 %
 
 
 def test_gains_and_the_stall_story():
@@ -554,16 +544,17 @@ def test_profile_tables_take_shares_of_the_same_steps():
     live = result("decode_profile", [_step(10.0, 8.0, profiled_ms=16.0), *ops, *_phases(7.0, 3.0)],
                   profile_steps=2)
     # the profiler's times over the profiled steps' own clock, never over the phase-clocked step
-    assert profile_report.ops_table(live, "caption").column("share of step") == ["50%", "6%"]
+    assert [r["share"] for r in profile_report.ranked(live, "ops", 8)] == [0.5, 1 / 16]
+    assert [r["name"] for r in profile_report.ranked(live, "ops", 1)] == ["aten::copy_"]
     shares = profile_report.step_shares(live)
-    assert shares["profiler_share"] == 0.5 and shares["phase_share"] == pytest.approx(0.7)
+    assert shares.profiler_share == 0.5 and shares.profiler_step_ms == 16.0 and shares.copy_ms == 8.0
+    assert shares.phase_share == pytest.approx(0.7) and shares.phase_step_ms == 10.0 and shares.phase_cast_ms == 7.0
+    assert shares.copy_calls == 2.0 and shares.timed_steps == 1 and shares.profiled_steps == 2
     old = result("decode_profile", [_step(10.0, 8.0), *ops, *_phases(7.0, 3.0)])  # recorded before the clock
-    assert "share of step" not in profile_report.ops_table(old, "c").columns
-    assert profile_report.step_shares(old)["profiler_share"] is None
-    side = profile_report.side_by_side(old, live, live_label="live", caption="c")
-    assert side.rows[2] == {"what": "cast share of the step (phase clock)", "orig": "—", "rec": "70%", "live": "70%"}
-    assert side.rows[4]["orig"].startswith(f"{ORIGINAL.cast_share_of_step:.0%} (64.6 / 86")
-    assert side.rows[4]["rec"] == "not in this recording" and side.rows[4]["live"] == "50%"
+    assert [r["share"] for r in profile_report.ranked(old, "ops", 8)] == [None, None]
+    old_shares = profile_report.step_shares(old)
+    assert old_shares.profiler_share is None and old_shares.profiler_step_ms is None
+    assert old_shares.phase_share == pytest.approx(0.7)  # the phase clock needs no profiled steps
 
 
 def test_cast_rate_against_the_copy_and_the_integer_cast():
@@ -573,15 +564,21 @@ def test_cast_rate_against_the_copy_and_the_integer_cast():
     kernels = result("cast_kernels", rows)
     copies, ceiling = profile_report.copy_rows(kernels)
     assert ceiling == 4000.0 and [r["of_copy"] for r in copies] == [0.25, 0.5]
-    text = profile_report.cast_rate_text(kernels)
-    assert "**1,000 GB/s, 25% of a plain copy**" in text and "reaches 50%" in text and "to 50% of what" in text
-    assert profile_report.copies_table(kernels, "Recorded.").caption.endswith("4,000 GB/s (read + write).")
+    rate = profile_report.cast_rate(kernels)
+    assert (rate.cast_gbps, rate.cast_of_copy, rate.integer_of_copy, rate.cast_of_integer) == (1000.0, 0.25, 0.5, 0.5)
+    assert rate.integer_kernel == "unrolled_elementwise_kernel"
+    # the original's rate: its MB per layer over all layers, in its cast time
+    original = ORIGINAL.cast_mb_per_layer * 1e6 * GLM5.num_layers / (ORIGINAL.cast_ms * 1e-3) / 1e9
+    assert rate.original_gbps == pytest.approx(original) and rate.original_over_cast == pytest.approx(original / 1000)
 
 
-def test_sweep_text_compares_the_pool_cast_with_the_longest_request():
+def test_the_sweep_compares_the_pool_cast_with_the_longest_request():
     cast = [{"pool_tokens": 1000, "ms": 0.5}, {"pool_tokens": ORIGINAL.pool_tokens, "ms": 0.8}]
     attention = [{"context_len": 131072, "ms": 0.2}, {"context_len": 1024, "ms": 0.01}]
-    assert "**4.0×** the attention" in profile_report.sweep_text(cast, attention)
+    compared = profile_report.sweep_comparison(cast, attention)
+    assert (compared.pool_tokens, compared.pool_cast_ms) == (ORIGINAL.pool_tokens, 0.8)
+    assert (compared.longest_context, compared.longest_attention_ms) == (131072, 0.2)
+    assert compared.cast_over_attention == pytest.approx(4.0)
 
 
 # ---------------------------------------------------------------------------------------------- source
@@ -598,8 +595,12 @@ def test_source_of_a_kernel_and_helpful_errors(tmp_path):
 
 
 def test_every_source_a_chapter_shows_exists():
+    """Every listing a chapter shows -- ``show_source(path, name)``, or a ``{literalinclude}`` of a ``:pyobject:``
+    (its path relative to book/) -- names a function its file defines."""
     shown = [m for page in CHAPTERS for m in re.findall(r'show_source\("([^"]+)", "([^"]+)"\)', page.read_text())]
-    assert {path for path, _ in shown} >= {"kernels/gather/kernel.py", "kernels/mla_decode/kernel.py"}
+    shown += [(path.removeprefix("../"), name) for page in CHAPTERS for path, name in
+              re.findall(r"```\{literalinclude\} (\S+)\n(?::[a-z-]+:.*\n)*?:pyobject: (\w+)", page.read_text())]
+    assert {path for path, _ in shown} >= {"kernels/mla_decode/work_list.py"}
     for path, name in shown:
         code, _, _ = source_of(path, name)
         assert f"def {name}(" in code
@@ -614,19 +615,16 @@ def test_live_profile_params_fit_the_pool():
                                                   small)["capacity"] == 3000
 
 
-def test_floor_text_ranges_each_kernels_fixed_cost():
+def test_floor_ranges_each_kernels_fixed_cost():
     paths = _paths()
-    text, values = fused_lab_report.floor_text(paths)
-    assert values == {"wgmma": [9.0, 9.0], "triton": [10.0, 10.0]}
-    assert text.startswith("One request of 64 tokens, 16 heads") and "wgmma path 9.0–9.0 µs; Triton path 10.0" in text
+    assert fused_lab_report.floor_ranges(paths) == {"triton": (10.0, 10.0), "wgmma": (9.0, 9.0)}
     assert fused_bench_report.point_label((16, 64, 1)) == "16 h, 64 tokens, b1"
 
 
-def test_accuracy_text_takes_the_worst_checked_output():
-    text, values = fused_bench_report.accuracy_text(_grid(), _paths())
-    assert values["ours_worst_rel_err"] == 1.7e-3 and values["flashmla_dense_fp8_worst_rel_err"] == 2.8e-2
-    assert "triton_worst_rel_err" not in values  # the synthetic paths rows carry no error
-    assert "ours **1.7e-03**" in text and "(6 points)" in text
+def test_worst_errors_take_the_worst_checked_output():
+    worst = fused_bench_report.worst_errors(_grid(), _paths())
+    assert worst == {"ours": 1.7e-3, "flashmla_dense_bf16": 1.7e-3, "flashmla_dense_fp8": 2.8e-2}
+    # the synthetic paths rows carry no error: no path is named
 
 
 def test_breakable_leaves_inline_code_exactly_as_it_is():

@@ -110,7 +110,7 @@ def test_rates_and_memory_notes(model):
         if key != "h200":
             assert ce.rates_note(model, GPUS[key]) == DATASHEET
     note = ce.memory_note("glm-5")
-    # One definition with chapter 6's step table (kvwall.model.paths): 576 values a layer x 78 layers + a 4-byte index.
+    # One definition with chapter 6's step table (kvwall.model.step_paths): 576 values a layer x 78 layers + a 4-byte index.
     assert "FP8 cache 44,932 B, BF16 cache 89,860 B" in note and "holds 495,000 tokens, a BF16 cache 247,511" in note
 
 

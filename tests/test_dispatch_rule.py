@@ -1,6 +1,6 @@
 """The dispatcher held to the recorded run (issue 35, target 4): at every point of the recorded ``fused_decode_paths``
 grid -- each page size it timed -- the path the dispatcher picks for that point's shape (recomputed by
-``path_table.decide_path`` from the row's heads, batch, tokens and longest request, by the shipped ``paths.json``) is
+``path_table.decide_path`` from the row's heads, batch, tokens and longest request, by the shipped ``kernel_paths.json``) is
 within 5 % of the fastest path timed forced at that point in the same run. The check itself
 (``paths.dispatch_check``) is proven on a synthetic run: it passes a right table and fails a pick 6 % off, a pick that
 was not timed, and a table that lost its points to the capability rule. And the experiment's rows at CPU scale: the
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvwall.experiments.fused_decode import paths
+from kvwall.experiments.fused_decode import kernel_paths as paths
 from kvwall.experiments.fused_decode.strategies import FORCED_PATHS, BuildContext
 from kvwall.kernels.mla_decode import path_table
 from kvwall.results import Result, collect_provenance, load_result, validate_rows
@@ -41,13 +41,13 @@ def test_the_dispatcher_is_within_5_percent_of_the_fastest_path_at_every_recorde
     if problem:
         pytest.skip(f"the recorded fused_decode_paths cannot hold the dispatcher to it: {problem}; re-record "
                     f"fused_decode_paths ({RERECORD})")
-    assert path_table.table_refusal(path_table.PATHS_FILE) is None, "the shipped paths.json is refused"
+    assert path_table.table_refusal(path_table.PATHS_FILE) is None, "the shipped kernel_paths.json is refused"
     checked = paths.dispatch_check(result)
     pages = {c["page_size"] for c in checked}
     assert checked and pages == set(result.params.get("page_sizes") or pages)
     bad = failures(checked)
     assert not bad, (f"{len(bad)} of {len(checked)} recorded points: the dispatcher's pick more than "
-                     f"{paths.DISPATCH_TOLERANCE - 1:.0%} off the fastest forced path (re-derive paths.json from the "
+                     f"{paths.DISPATCH_TOLERANCE - 1:.0%} off the fastest forced path (re-derive kernel_paths.json from the "
                      "recording, or re-record fused_decode_paths):\n" + "\n".join(bad))
 
 
@@ -180,7 +180,7 @@ def test_the_paths_experiment_times_the_dispatcher_and_every_forced_path_per_pag
     build = {"section": "build", "gpu": "cpu", "capability": [0, 0], "sms": 2, "nvcc": None, "copy_gbps": 4000.0,
              "copy_ms": 0.5, "bf16_tflops": 800.0, "wgmma": {"runs": False, "why": "tensors are on cpu"},
              "wgmma_tokens": {"runs": False, "why": "tensors are on cpu"},
-             "dispatch_table": {"file": "kernels/mla_decode/paths.json", "entry": None, "recorded": None,
+             "dispatch_table": {"file": "kernels/mla_decode/kernel_paths.json", "entry": None, "recorded": None,
                                 "refused": None}, "seconds_total": 1.0}
     validate_rows("fused_decode_paths", [build] + rows)
     result = Result("fused_decode_paths", {"page_sizes": [1, 64]}, [build] + rows,

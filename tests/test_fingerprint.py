@@ -189,10 +189,10 @@ def test_normalized_cuda_drops_comments_and_layout_but_keeps_meaning():
 # The dispatcher's table: fingerprinted by its choices; the times beside it in no fingerprint
 # ----------------------------------------------------------------------------------------------
 
-#: decode_step_paths / decode_step_batches: they run ours, whose dispatcher reads paths.json.
+#: decode_step_paths / decode_step_batches: they run ours, whose dispatcher reads kernel_paths.json.
 STEP = "kvwall.experiments.answer.step"
-CHOICES = "kernels/mla_decode/paths.json"
-SIDECAR = "kernels/mla_decode/paths_measured.json"
+CHOICES = "kernels/mla_decode/kernel_paths.json"
+SIDECAR = "kernels/mla_decode/kernel_paths_measured.json"
 
 
 def test_a_time_in_the_sidecar_keeps_a_result_fresh_and_a_changed_choice_stales_it(tmp_path):
@@ -221,7 +221,7 @@ def test_the_sidecar_is_in_no_experiments_fingerprint():
     folder = PROJECT_ROOT / "lib/kvwall/experiments"
     modules = {_module_name(p.relative_to(PROJECT_ROOT).as_posix()) for p in folder.rglob("*.py")}
     modules = {m for m in modules if not m.startswith(fingerprint.BOOKKEEPING)}
-    assert "kvwall.experiments.fused_decode.paths" in modules and STEP in modules
+    assert "kvwall.experiments.fused_decode.kernel_paths" in modules and STEP in modules
     prints = {m: source_fingerprint(m) for m in sorted(modules)}
     assert not [m for m, sources in prints.items() if SIDECAR in sources]
     runs_ours = (STEP, "kvwall.experiments.answer.sweep", "kvwall.experiments.fused_decode.bench",

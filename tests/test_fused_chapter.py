@@ -11,7 +11,7 @@ from kvwall.results import awaiting_rerecord
 
 import kvwall.experiments  # noqa: F401 - registers the row schemas load_result validates against
 from conftest import BOOK
-from kvwall.experiments.fused_decode.paths import PATHS_FILE, path_points
+from kvwall.experiments.fused_decode.kernel_paths import PATHS_FILE, path_points
 from kvwall.kernels.mla_decode.dispatch import KERNEL_PATHS
 from kvwall.results import load_result
 
@@ -56,11 +56,11 @@ def test_chapter_5_on_cpu(executed):
         math.log(_us(bench, "flashmla_dense_bf16", p) / _us(bench, "ours", p)) for p in h16) / len(h16)))
     assert v["by_heads"]["h16"]["paths"] == {k: sum(bench[("ours", *p)]["kernel_path"] == k for p in points
                                                     if p[0] == 16) for k in v["by_heads"]["h16"]["paths"]}
-    # The dispatcher: the shipped paths.json is the one derived from the recorded paths run, and the counts match.
+    # The dispatcher: the shipped kernel_paths.json is the one derived from the recorded paths run, and the counts match.
     paths = load_result("fused_decode_paths")
     build = next(r for r in paths.rows if r["section"] == "build")
     shipped = json.loads(PATHS_FILE.read_text())[build["gpu"]]["points"]
-    assert shipped == path_points(paths), "paths.json is not the table derived from fused_decode_paths"
+    assert shipped == path_points(paths), "kernel_paths.json is not the table derived from fused_decode_paths"
     grid_picks = [p for p in shipped if p[1] not in paths.params["floor_contexts"]]
     assert v["dispatch_points"] == len(grid_picks)
     assert v["dispatch_wgmma"] == sum(p[3] == "wgmma" for p in grid_picks)

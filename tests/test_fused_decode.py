@@ -16,13 +16,14 @@ import torch
 from kvwall import cli
 from kvwall.experiments import EXPERIMENTS, run_experiment
 from kvwall.experiments.answer import sweep
-from kvwall.experiments.fused_decode import bench, contracts, paths, strategies, validation
+from kvwall.experiments.fused_decode import bench, contracts, strategies, validation
+from kvwall.experiments.fused_decode import kernel_paths as paths
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.results import collect_provenance, Result, validate_rows
 from kvwall.kernels import mla_decode_fp8
 from kvwall.kernels.mla_decode import dispatch, path_table, wgmma_tokens
 from kvwall.kernels.mla_decode.cases import validation_cases
-from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
+from kvwall.kernels.mla_decode.launch_shape import MLADecodeConfig
 from kvwall.measure import sanitizer, timing
 from kvwall.measure.accuracy import bf16_bits, finite_or_none, relative_error, same_bits
 from kvwall.measure.ncu import parse_ncu_csv
@@ -177,9 +178,9 @@ def test_path_table_from_synthetic_rows(tmp_path):
         [16, 4096, 1, 15.0, 14.0, None], [16, 131072, 1, 50.0, 55.0, None], [64, 64, 1, 14.0, None, None]]
     assert paths.path_table(result, page_size=64)["NVIDIA H200"]["points"] == [[16, 4096, 1, "wgmma", 4096, 4096]]
     # record's after_record: merged into the file, other GPUs' entries kept, the written paths returned
-    target = tmp_path / "paths.json"
+    target = tmp_path / "kernel_paths.json"
     target.write_text(json.dumps({"Other GPU": {"points": []}}))
-    assert paths.write_path_table(result, target) == [target, target.with_name("paths_measured.json")]
+    assert paths.write_path_table(result, target) == [target, target.with_name("kernel_paths_measured.json")]
     written = json.loads(target.read_text())
     assert set(written) == {"Other GPU", "NVIDIA H200"} and written["NVIDIA H200"]["points"] == entry["points"]
 
@@ -202,7 +203,7 @@ def test_path_table_with_the_tokens_on_m_path(tmp_path):
                       [128, 32768, 32, "wgmma", 1048576, 32768]]
     assert paths.measured_table(result)["NVIDIA H200"]["points"] == [
         [16, 131072, 32, 320.0, 314.0, 224.0], [32, 4096, 1, 17.0, 15.0, None], [128, 32768, 32, 751.0, 223.0, 400.0]]
-    target = tmp_path / "paths.json"
+    target = tmp_path / "kernel_paths.json"
     assert path_table.read_table(target) == {}  # read (no file yet) and cached, as a choice before the recording does
     paths.write_path_table(result, target)
     table = json.loads(target.read_text())
@@ -429,7 +430,7 @@ def test_bench_tiny_on_gpu():
     ours = [r for r in rows if r["strategy"] in ("ours", "ours_page64")]
     for r in ours:
         assert "error" not in r and r["timing"] == "cuda_graph", r
-        # any of ours' paths: on an H100 / H200 with a paths.json that times the tokens-on-M path, 16 heads may run it
+        # any of ours' paths: on an H100 / H200 with a kernel_paths.json that times the tokens-on-M path, 16 heads may run it
         assert 0 < r["pct_roofline"] <= 110 and r["host_us"] > 0 and r["kernel_path"] in dispatch.KERNEL_PATHS
     for r in rows:
         if r["strategy"] in ("full_cast_bf16", "gather_cast_bf16", "flashinfer_bf16_precast") and "error" not in r:

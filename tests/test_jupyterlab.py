@@ -1,20 +1,20 @@
 """JupyterLab on the book: saving an unchanged chapter leaves it byte for byte as it was, jupytext reads every
-cell of it, no page carries MyST that JupyterLab shows raw, and `make setup` merges the book's JupyterLab
-settings into an environment's own instead of replacing them."""
+cell of it, no page carries MyST that JupyterLab shows raw, and the JupyterLab settings `make setup` installs open
+the chapters as notebooks without overriding the environment's own settings."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import jupytext
 import pytest
 from jupytext.config import find_jupytext_configuration_file, load_jupytext_configuration_file
 
-from conftest import BOOK
-from kvwall.reports.lab_settings import install_overrides, merge_settings
+from conftest import BOOK, ROOT
 
 PAGES = sorted(BOOK.glob("*.md"))
 CONFIG = load_jupytext_configuration_file(find_jupytext_configuration_file(str(BOOK)))
@@ -69,32 +69,34 @@ def test_jupytext_reads_every_code_cell(path):
 
 @pytest.mark.parametrize("path", PAGES, ids=[p.name for p in PAGES])
 def test_no_directive_options_that_jupyterlab_shows_raw(path):
-    """JupyterLab renders a directive's fence as a code block: an option line (`:class: note`) shows as text."""
+    """JupyterLab renders a directive's fence as a code block: an option line (`:class: note`) shows as text. A
+    `{literalinclude}` is the exception: JupyterLab shows it as the block naming the file and the object to include."""
     text = path.read_text()
-    assert not re.search(r"^```\{(admonition|note|warning|literalinclude)\}[^\n]*\n:\w+:", text, flags=re.M)
-    assert "````" not in text, "jupytext drops everything after a four-backtick fence"
+    assert not re.search(r"^```\{(admonition|note|warning)\}[^\n]*\n:\w+:", text, flags=re.M)
 
 
-def test_merge_keeps_the_users_settings():
-    ours = {"docmanager": {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}}}
-    theirs = {"docmanager": {"defaultViewers": {"markdown": "Markdown Preview"}}, "theme": {"name": "dark"}}
-    merged, kept = merge_settings(ours, theirs)
-    assert merged == {"docmanager": {"defaultViewers": {"markdown": "Markdown Preview", "myst": "Jupytext Notebook"}},
-                      "theme": {"name": "dark"}}
-    assert kept == ["docmanager.defaultViewers.markdown"]
+def _default_viewers(app_settings: Path) -> dict[str, str]:
+    """The default viewers JupyterLab serves for an environment whose settings folder is ``app_settings``."""
+    from jupyterlab_server.settings_utils import get_settings
+
+    schemas = Path(sys.prefix, "share", "jupyter", "lab", "schemas")
+    found, _ = get_settings(str(app_settings), str(schemas), str(app_settings / "user"),
+                            "@jupyterlab/docmanager-extension:plugin")
+    return found["schema"]["properties"]["defaultViewers"]["default"]
 
 
-def test_install_overrides_merges_skips_and_never_clobbers(tmp_path):
-    source = BOOK / "lab-overrides.json"
-    target = tmp_path / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
-    assert "merged" in install_overrides(source, tmp_path)
-    assert json.loads(target.read_text()) == json.loads(source.read_text())
-    assert "already has" in install_overrides(source, tmp_path)
-    target.write_text(json.dumps({"@jupyterlab/apputils-extension:themes": {"theme": "JupyterLab Dark"}}))
-    install_overrides(source, tmp_path)
-    merged = json.loads(target.read_text())
-    assert merged["@jupyterlab/apputils-extension:themes"] == {"theme": "JupyterLab Dark"}
-    assert merged.items() >= json.loads(source.read_text()).items()
-    target.write_text("{ not json")
-    assert "left it unchanged" in install_overrides(source, tmp_path)
-    assert target.read_text() == "{ not json"
+def test_make_setup_installs_the_lab_settings_where_jupyterlab_reads_them(tmp_path):
+    """`make setup` copies book/lab-overrides.json into <env>/share/jupyter/lab/settings/overrides.d/; JupyterLab
+    opens .md files with jupytext's notebook from there, under what the environment's overrides.json sets."""
+    from jupyterlab.commands import get_app_dir
+
+    install = "cp book/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.d/kvwall.json"
+    assert install in (ROOT / "Makefile").read_text()
+    assert Path(get_app_dir()) == Path(sys.prefix, "share", "jupyter", "lab")  # $(VENV) is this environment
+    settings = tmp_path / "settings"
+    (settings / "overrides.d").mkdir(parents=True)
+    shutil.copy(BOOK / "lab-overrides.json", settings / "overrides.d" / "kvwall.json")
+    assert _default_viewers(settings) == {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}
+    (settings / "overrides.json").write_text(json.dumps(
+        {"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Markdown Preview"}}}))
+    assert _default_viewers(settings) == {"markdown": "Markdown Preview", "myst": "Jupytext Notebook"}

@@ -28,7 +28,7 @@ from kvwall.kernels import (compact_kv_indices, full_cast, gather_cast, gather_c
                             split_latent_cache)
 from kvwall.kernels.gather.reference import bits, fp8_bytes
 from kvwall.kernels.mla_decode.hopper import plan_hopper
-from kvwall.kernels.mla_decode.kernel import plan_mla_decode_triton
+from kvwall.kernels.mla_decode.triton_path import plan_mla_decode_triton
 from kvwall.kernels.mla_decode.reference import make_mla_inputs, reference64
 from kvwall.kernels.mla_decode.wgmma import WgmmaPlan, plan_mla_decode_wgmma
 from kvwall.kernels.mla_decode.wgmma_tokens import plan_mla_decode_wgmma_tokens

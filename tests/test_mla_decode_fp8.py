@@ -19,8 +19,8 @@ from kvwall.kernels import mla_decode_fp8
 from kvwall.kernels.mla_decode import sanitize
 from kvwall.kernels.mla_decode.cases import (SANITIZED_CASES, SM_SCALE, SMALL_CASES, DecodeCase, check_case,
                                              validation_cases)
-from kvwall.kernels.mla_decode.kernel import (FALLBACK_SHAPES, TUNED_CONFIG_FILE, MLADecodeConfig, default_config,
-                                              tuned_entry)
+from kvwall.kernels.mla_decode.launch_shape import (FALLBACK_SHAPES, MLADecodeConfig, TUNED_CONFIG_FILE,
+                                                    default_config, tuned_entry)
 from kvwall.kernels.mla_decode.reference import MLAInputs, make_mla_inputs, nonempty_requests, reference64
 from kvwall.measure.accuracy import relative_error
 
@@ -489,7 +489,7 @@ def test_combine_shape_takes_whole_rows_when_there_are_many_to_merge():
     """The H200's measured crossover (132 SMs): 16 heads x 7 requests (112 rows) stay at 32 columns, every chunk in
     one step; 16 x 26 (416) and 128 x 19 take whole 512-wide rows, at most 16 chunks a step; a config's own fields
     win."""
-    from kvwall.kernels.mla_decode.kernel import combine_shape
+    from kvwall.kernels.mla_decode.combine import combine_shape
 
     cfg = MLADecodeConfig(block_h=64, block_n=64)
     assert cfg.combine_block_d == 0
@@ -630,8 +630,8 @@ def test_checked_call_refuses_graph_capture():
 # The plan: a balanced work list, reused across calls (layers), correct for requests that grew
 # ----------------------------------------------------------------------------------------------
 
-from kvwall.kernels.mla_decode.kernel import plan_mla_decode_triton  # noqa: E402
-from kvwall.kernels.mla_decode.plan import TO_THE_END, build_work_list  # noqa: E402
+from kvwall.kernels.mla_decode.triton_path import plan_mla_decode_triton  # noqa: E402
+from kvwall.kernels.mla_decode.work_list import TO_THE_END, build_work_list  # noqa: E402
 
 
 @pytest.mark.parametrize("lens,block_n,wanted", [

@@ -21,7 +21,7 @@ from conftest import on_hopper
 
 from kvwall.kernels.mla_decode import wgmma
 from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, SM_SCALE, check_case, validation_cases
-from kvwall.kernels.mla_decode.plan import TO_THE_END
+from kvwall.kernels.mla_decode.work_list import TO_THE_END
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
 from kvwall.kernels.mla_decode.wgmma import (BLOCK_N, HEADS_PER_CTA, SMEM_BYTES, THREADS, WgmmaPlan,
                                              mla_decode_fp8_wgmma, plan_mla_decode_wgmma)
@@ -168,7 +168,7 @@ def test_whole_wave_items_fill_whole_waves(lens, head_blocks):
     """The work list asked for ``whole_wave_items`` is estimated no slower than asking for one wave's worth of items
     directly (waves x (largest chunk + per-item overhead)): where that overshoots one wave by a few CTAs (each
     request's chunks round up), the second, nearly empty wave is avoided."""
-    from kvwall.kernels.mla_decode.plan import build_work_list
+    from kvwall.kernels.mla_decode.work_list import build_work_list
     slots = 132
 
     def cost(wl):

@@ -27,7 +27,7 @@ from conftest import on_hopper
 from kvwall.kernels.mla_decode import sanitize, wgmma, wgmma_tokens
 from kvwall.kernels.mla_decode.cases import (SANITIZED_CASES, SM_SCALE, WGMMA_SANITIZED_CASES, check_case,
                                              validation_cases)
-from kvwall.kernels.mla_decode.plan import TO_THE_END
+from kvwall.kernels.mla_decode.work_list import TO_THE_END
 from kvwall.kernels.mla_decode.reference import make_mla_inputs, mla_decode_reference, reference64
 from kvwall.kernels.mla_decode.wgmma_tokens import (BLOCK_N, HEADS_PER_CTA, WgmmaTokensPlan, heads_per_cta,
                                                     mla_decode_fp8_wgmma_tokens, plan_mla_decode_wgmma_tokens)

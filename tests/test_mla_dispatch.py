@@ -1,5 +1,5 @@
 """Ours -- the dispatcher between the paths of the fused FP8 MLA decode (kvwall.kernels.mla_decode.dispatch) --
-its measured table (kernels/mla_decode/paths.json), and the contracts every path keeps, each one test body
+its measured table (kernels/mla_decode/kernel_paths.json), and the contracts every path keeps, each one test body
 parametrized over the paths ("triton", "wgmma", "wgmma_tokens"), skipped with a reason where a path cannot run here.
 
 The rule (choose_path / decide_path): the Triton path where the wgmma paths cannot run (not compute capability 9.0,
@@ -8,7 +8,7 @@ its points of the call's head count, the point of the call's shape (batch, token
 in batch and tokens; with no entry, no point of that head count or a refused (malformed) table, the tokens-on-M wgmma
 path up to 32 heads, the wgmma path above -- never the nearest point of another head count. A table point is
 [heads, context, batch, path, tokens, max_len] (kernels.mla_decode.path_table); the times behind it are in the
-sidecar paths_measured.json, which the dispatcher does not read. tests/test_dispatch_rule.py holds the rule to the
+sidecar kernel_paths_measured.json, which the dispatcher does not read. tests/test_dispatch_rule.py holds the rule to the
 recorded run.
 """
 
@@ -30,7 +30,8 @@ from kvwall.kernels.mla_decode.dispatch import choose_path, mla_decode, plan_mla
 from kvwall.kernels.mla_decode.path_table import (KERNEL_PATHS, PATHS_FILE, POINT_COLUMNS, decide_path, fastest,
                                                   measured_choice, path_point, read_table, reload_table,
                                                   table_entry, table_problem, table_refusal, table_text)
-from kvwall.kernels.mla_decode.kernel import MLADecodePlan, mla_decode_fp8, plan_mla_decode_triton
+from kvwall.kernels.mla_decode.plan import MLADecodePlan
+from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8, plan_mla_decode_triton
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
 
 DC, DR = 512, 64
@@ -136,9 +137,9 @@ def test_older_points_are_read_as_uniform_batches():
 
 
 def test_choose_path_reads_a_paths_json_with_the_third_path(tmp_path, monkeypatch):
-    """choose_path on a (pretended) H200 with a paths.json file naming the tokens-on-M path: the file's choice, and
+    """choose_path on a (pretended) H200 with a kernel_paths.json file naming the tokens-on-M path: the file's choice, and
     the Triton path for misaligned rows whatever the file says."""
-    table_file = tmp_path / "paths.json"
+    table_file = tmp_path / "kernel_paths.json"
     table_file.write_text(table_text(TABLE3))
     monkeypatch.setattr(dispatch.wgmma_path, "wgmma_refusal", lambda device: None)
     monkeypatch.setattr(dispatch, "gpu_name", lambda device: H200)
@@ -328,7 +329,7 @@ MALFORMED = {
 @pytest.mark.parametrize("case", list(MALFORMED), ids=list(MALFORMED))
 def test_a_malformed_table_is_refused_by_name_and_the_dispatch_falls_back_by_rule(case, tmp_path, monkeypatch):
     content, words = MALFORMED[case]
-    table_file = tmp_path / "paths.json"
+    table_file = tmp_path / "kernel_paths.json"
     table_file.write_text(content if isinstance(content, str) else json.dumps(content))
     with pytest.warns(RuntimeWarning, match="dispatcher's table") as caught:
         assert read_table(table_file) == {}
@@ -365,7 +366,7 @@ def test_a_missing_table_is_no_refusal(tmp_path):
 
 
 def test_a_table_is_read_once_and_again_after_a_reload(tmp_path):
-    table_file = tmp_path / "paths.json"
+    table_file = tmp_path / "kernel_paths.json"
     table_file.write_text(table_text(TABLE3))
     first = read_table(table_file)
     assert first == TABLE3 and read_table(table_file) is first and table_refusal(table_file) is None
@@ -377,11 +378,11 @@ def test_a_table_is_read_once_and_again_after_a_reload(tmp_path):
 
 
 def test_the_shipped_table_is_well_formed_and_holds_only_choices_and_its_sidecar_the_times():
-    """paths.json: per GPU its compute capability, page size and points [heads, context, batch, path, tokens,
+    """kernel_paths.json: per GPU its compute capability, page size and points [heads, context, batch, path, tokens,
     max_len], nothing else (so re-timing without a changed choice rewrites the same bytes); the sidecar has the times
     at the same points, in the same order, and each choice is the fastest of them; the file is as the writer writes
     it."""
-    from kvwall.experiments.fused_decode.paths import MEASURED_COLUMNS, MEASURED_FILE
+    from kvwall.experiments.fused_decode.kernel_paths import MEASURED_COLUMNS, MEASURED_FILE
 
     text = PATHS_FILE.read_text()
     table, measured = json.loads(text), json.loads(MEASURED_FILE.read_text())
@@ -402,6 +403,11 @@ def test_the_shipped_table_is_well_formed_and_holds_only_choices_and_its_sidecar
 # ----------------------------------------------------------------------------------------------
 # The contracts both paths keep: one body each, parametrized over the paths
 # ----------------------------------------------------------------------------------------------
+
+#: The paths as test parameters: the wgmma paths are sm_90a code, so their cases are marked ``gpu`` (``make gpu-test``
+#: runs them; ``make test`` leaves them out instead of skipping them).
+PATH_PARAMS = [p if p == "triton" else pytest.param(p, marks=pytest.mark.gpu) for p in KERNEL_PATHS]
+
 
 def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -436,7 +442,7 @@ def _plan(inp, page_size: int, path: str, heads: int = 16):
 
 
 @pytest.mark.parametrize("layout", ["pool_view", "paged"])
-@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_an_out_of_range_index_written_after_the_plan_makes_exactly_its_request_nan(path, layout):
     """The plan checked the page table; an index the engine writes into it afterwards (the plan keeps the table by
     reference, as a graph replay reads it) that falls outside the cache makes request 1's rows NaN, and the other
@@ -497,8 +503,8 @@ _PLANNER = {"triton": r"plan_mla_decode_triton \(the Triton path\)", "wgmma": "p
             "wgmma_tokens": "plan_mla_decode_wgmma_tokens,"}
 
 
-@pytest.mark.parametrize("other", KERNEL_PATHS)
-@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("other", PATH_PARAMS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_a_plan_of_another_path_is_refused_by_a_path_called_by_name(path, other):
     """Each path's own call (for tests and benchmarks) refuses another path's work list, before any launch."""
     if other == path:
@@ -510,7 +516,7 @@ def test_a_plan_of_another_path_is_refused_by_a_path_called_by_name(path, other)
         _CALL[path](*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan)
 
 
-@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_an_unchecked_call_by_name_without_a_plan(path):
     """The wgmma paths refuse it (their plan is made once per step, outside graph capture); the Triton path runs its
     uniform launch, the same as the checked call's result."""
@@ -524,7 +530,7 @@ def test_an_unchecked_call_by_name_without_a_plan(path):
     assert torch.equal(out, mla_decode_fp8(*args, inp.kv_indices, SM_SCALE, num_splits=1))
 
 
-@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_misaligned_cache_rows(path):
     """Rows 577 bytes apart starting one byte past a 16-byte boundary: forcing a wgmma path on them is refused at
     plan time (naming the Triton path), the Triton path reads them, and "auto" routes them to the Triton path."""

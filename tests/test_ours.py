@@ -120,8 +120,8 @@ def test_host_lengths_mean_no_device_read(monkeypatch):
 
 
 @pytest.mark.parametrize("change,kind,words", [
-    (dict(q_len=9), ValueError, "q_len=9: ours takes 1..8"),
-    (dict(q_len=0), ValueError, "q_len must be a positive int"),
+    (dict(q_len=9), ValueError, "q_len must be a whole number >= 1, got 9 .and at most 8.; ours takes decode"),
+    (dict(q_len=0), ValueError, "q_len must be a whole number >= 1, got 0"),
     (dict(lengths=[50, 1], q_len=2), ValueError, "request 1 holds 1 tokens, fewer than its q_len=2"),
     (dict(lengths=[50]), ValueError, "lengths has 1 entries"),
     (dict(path="cutlass"), ValueError, "path must be 'auto' or one of"),
@@ -261,13 +261,13 @@ def test_a_graph_plan_captured_once_replays_new_lengths_on_the_gpu(path):
 def test_the_combines_direct_launch_gives_the_jits_bits(path):
     """The first launch of a combine compilation goes through Triton's JIT, the next ones call the compiled kernel
     directly: the same bits, for a plan that cuts every request into chunks."""
-    from kvwall.kernels.mla_decode import kernel
+    from kvwall.kernels.mla_decode import combine
 
     inp, qn, qp, _ = _gpu_inputs([8000, 3000], 16, 2, "pool_view", seed=31)
     plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM, q_len=2, path=path)
     assert plan.work.work_list.combine
-    kernel._COMBINE_COMPILED.clear()
+    combine._COMBINE_COMPILED.clear()
     first = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, return_lse=True)
-    assert kernel._COMBINE_COMPILED  # kept for the direct launch
+    assert combine._COMBINE_COMPILED  # kept for the direct launch
     second = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, return_lse=True)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])

@@ -112,9 +112,16 @@ def test_no_piece_of_an_f_string_lost_its_f():
     assert not {k: v for k, v in found.items() if v}, found
 
 
-def test_chapter_1s_bytes_paragraph_is_formatted():
-    text = profile_report.bytes_text(8192)
-    assert not placeholders(text) and "one 8,192-token request reads" in text
+def test_chapter_1s_bytes_follow_the_roofline():
+    """Chapter 1's bytes paragraph (its Markdown, numbers glued) shows these, in decimal MB and GB."""
+    from kvwall.model.geometry import GLM5
+    from kvwall.model.roofline import attention_read_bytes, full_pool_cast_bytes
+
+    b, cast = profile_report.cast_bytes(8192), full_pool_cast_bytes(GLM5, 495_000)
+    assert (b.read_mb, b.written_mb, b.total_mb) == (cast["read"] / 1e6, cast["written"] / 1e6, cast["total"] / 1e6)
+    assert b.step_gb == pytest.approx(cast["total"] * GLM5.num_layers / 1e9)
+    assert b.attention_mb == attention_read_bytes(GLM5, 8192) / 1e6 == 8192 * 576 * 2 / 1e6
+    assert b.over_attention == pytest.approx(cast["total"] / attention_read_bytes(GLM5, 8192))
 
 
 # ---------------------------------------------------------------------------------------------- ratios
@@ -137,8 +144,8 @@ def test_chapters_5_and_6_divide_flashmla_bf16s_time_by_the_others():
     are now FlashMLA BF16's µs over the other path's (>1: the other is faster), and say so."""
     bench = _recorded("fused_decode_bench")
     grid = fused_bench_report.Grid(bench)
-    advice = fused_bench_report.what_to_run(grid)
-    lead = fused_bench_report.lead(grid).table
+    advice = fused_bench_report.what_to_run(grid, grid.caption)
+    lead = fused_bench_report.lead(grid, grid.caption).table
     for table in (advice, lead):
         assert _table_problems(table) == []
     header = next(h for h in advice.columns if h.startswith("FlashMLA BF16 µs / ours"))
@@ -200,20 +207,17 @@ def test_a_long_table_is_folded_and_its_caption_stays_in_view():
 def test_chapter_3s_replays_are_counted_in_view_and_listed_folded():
     checks = _recorded("doors_checks")
     replays = checks.table("replays")
-    summary = doors_report.replay_summary_table(replays, "c")
-    assert len(summary.rows) <= MAX_INLINE_ROWS < len(replays)
+    counts = doors_report.replay_counts(replays)  # the summary's rows: one per path
+    assert len(counts) <= MAX_INLINE_ROWS < len(replays)
     counted = 0
-    for row in summary.rows:
-        for family, cell in row.items():
-            if family == "door" or cell == "—":
-                continue
-            reached, _, n = cell.removesuffix(" reach the kernel").partition(" of ")
-            sel = [r for r in replays if r["door"] == row["door"] and r["family"] == family]
-            assert int(n) == len(sel) and int(reached) == sum(r["outcome"] == "kernel_reached" for r in sel)
-            counted += len(sel)
+    for door, by_family in counts.items():
+        for family, (reached, n) in by_family.items():
+            sel = [r for r in replays if r["door"] == door and r["family"] == family]
+            assert n == len(sel) > 0 and reached == sum(r["outcome"] == "kernel_reached" for r in sel)
+            counted += n
     assert counted == len(replays)
     chapter = (BOOK / "03_the_other_doors.md").read_text()
-    assert "doors_report.replay_summary_table(" in chapter
+    assert "doors_report.replay_counts(" in chapter
 
 
 # ---------------------------------------------------------------------------------------------- front page
@@ -335,7 +339,7 @@ def test_no_cuda_graph_is_captured_around_a_phase_without_kernels(monkeypatch):
     cache as it is (views, no copy) launches nothing. That phase is now 0 ms and never captured."""
     from kvwall.experiments.answer import step
     from kvwall.model.decode_step import PHASES
-    from kvwall.model.paths import CacheViews
+    from kvwall.model.step_paths import CacheViews
 
     captured: list[str] = []
 

@@ -231,7 +231,8 @@ def test_the_sanitizer_program_checks_both_wgmma_paths(kernels, capsys):
 def test_fused_decode_paths_rows_make_the_table_ours_reads(kernels, monkeypatch, tmp_path):
     """fused_decode_paths' rows for the three paths forced (page 1 and 64, each against float64) and ours, in the
     schemas a recording validates, and the table written from them choosing what they timed."""
-    from kvwall.experiments.fused_decode import bench, paths, strategies
+    from kvwall.experiments.fused_decode import bench, strategies
+    from kvwall.experiments.fused_decode import kernel_paths as paths
     from kvwall.results import Result, collect_provenance, validate_rows
 
     gen = torch.Generator().manual_seed(0)
@@ -257,7 +258,7 @@ def test_fused_decode_paths_rows_make_the_table_ours_reads(kernels, monkeypatch,
              "wgmma_tokens": {"runs": True, "why": None}, "seconds_total": 70.0}
     recorded = [build] + [r for r in rows if r["strategy"] in clock]
     validate_rows("fused_decode_paths", recorded)
-    target = tmp_path / "paths.json"
+    target = tmp_path / "kernel_paths.json"
     paths.write_path_table(Result("fused_decode_paths", {}, recorded, collect_provenance(CPU, paths.__name__)),
                            target)
     table = json.loads(target.read_text())

@@ -28,7 +28,7 @@ Calling conventions (the same for the CUDA C++ twin, :func:`kvwall.kernels.gathe
   BF16 to nearest-even, exactly as ``(row.float() * scale).to(torch.bfloat16)``.
 - ``check_range=True`` validates indices and ``kv_indptr`` on the host *before* the launch (a
   device sync). ``check_range=False`` skips that sync (needed inside graph capture). **Unchecked
-  calls** (the contract :func:`kvwall.kernels.mla_decode.kernel.mla_decode_fp8` shares): the
+  calls** (the contract :func:`kvwall.kernels.mla_decode.triton_path.mla_decode_fp8` shares): the
   kernel never reads outside the pool or ``kv_indices`` and never writes outside ``out``; an
   out-of-range index gives NaN (here: its row of ``out`` is NaN), and a ``kv_indptr`` end past the
   capacity is clamped to it. Bad page tables show up as NaN downstream instead of an exception

@@ -36,7 +36,7 @@ split kernels mask row ``r`` at its token ``j = r // heads``; the KV is read onc
 1. where the wgmma paths cannot run -- not a GPU of compute capability 9.0, latent / rope widths other than
    512 / 64, cache rows not 16-byte aligned, or their library cannot be built here (no nvcc, a failed build: one
    warning) -- the Triton path;
-2. else by the measured table ``paths.json`` (:mod:`.path_table`): the entry of this GPU model, else one measured on
+2. else by the measured table ``kernel_paths.json`` (:mod:`.path_table`): the entry of this GPU model, else one measured on
    a GPU of the same compute capability; among its points of the call's row count (rows = q_len x heads), the point
    of the call's shape (batch, tokens, longest request), else the nearest in batch and tokens (log scale): the
    fastest of the paths timed there;
@@ -61,12 +61,13 @@ from kvwall.kernels._common import check_output, fail, gpu_name
 from kvwall.kernels.mla_decode import hopper
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
-from kvwall.kernels.mla_decode.kernel import (INDEX_DTYPES, KV_DTYPE, Q_DTYPE, MLADecodeConfig, MLADecodePlan,
-                                              device_ints, launch_planned, parse_scale, plan_mla_decode_triton,
-                                              _as_rows)
+from kvwall.kernels.mla_decode.checks import INDEX_DTYPES, KV_DTYPE, Q_DTYPE, as_rows as _as_rows, parse_scale
+from kvwall.kernels.mla_decode.launch_shape import MLADecodeConfig
+from kvwall.kernels.mla_decode.triton_path import launch_planned, plan_mla_decode_triton
+from kvwall.kernels.mla_decode.plan import MLADecodePlan, device_ints
 from kvwall.kernels.mla_decode.path_table import (KERNEL_PATHS, PATHS_FILE, SAID, KernelPath,
                                                   decide_path, read_table, table_refusal)
-from kvwall.kernels.mla_decode.plan import WorkList, build_work_list
+from kvwall.kernels.mla_decode.work_list import WorkList, build_work_list
 
 __all__ = ["plan_mla_decode", "mla_decode", "DecodePlan", "choose_path", "KernelPath", "KERNEL_PATHS", "MAX_Q_LEN"]
 
@@ -83,7 +84,7 @@ def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, t
                 dims: tuple[int, int] = (512, 64), table_file: Path | None = None) -> tuple[KernelPath, str]:
     """``(path, why)`` for a call of ``heads`` heads, ``batch`` requests of ``tokens`` tokens together (None: ``batch
     x max_len``), at most ``max_len`` each, on ``device``, latent / rope widths ``dims`` (caches given: their row
-    alignment is checked too), by the table in ``table_file`` (default ``paths.json``); the rule is the module
+    alignment is checked too), by the table in ``table_file`` (default ``kernel_paths.json``); the rule is the module
     docstring's, ``why`` says which step decided and on what numbers. Both wgmma paths refuse what
     :func:`~kvwall.kernels.mla_decode.wgmma.wgmma_refusal` and :func:`~kvwall.kernels.mla_decode.wgmma.rows_refusal`
     refuse: the tokens-on-M path checks its inputs with the wgmma path's code."""
@@ -253,16 +254,10 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads:
     if len({t.device for t in named.values()}) != 1:
         _plan_fail(ValueError, f"kv_indptr, kv_indices and kv_len must be on one device; got "
                    f"{sorted(str(t.device) for t in named.values())}.")
-    device = check_device(kv_indptr.device, _plan_fail)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    for name, value in (("heads", heads), ("q_len", q_len), ("page_size", page_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            _plan_fail(ValueError, f"{name} must be a positive int, got {value!r}.")
-    if q_len > MAX_Q_LEN:
-        _plan_fail(ValueError, f"q_len={q_len}: ours takes 1..{MAX_Q_LEN} query tokens a request (decode and "
-                   "speculative verify); a prefill goes to a prefill kernel.")
+    device = check_device(kv_indptr.device, _plan_fail)  # a CUDA device with its index
     bounded_int("heads", heads, _plan_fail, most=MAX_HEADS)
+    bounded_int("q_len", q_len, _plan_fail, most=MAX_Q_LEN,
+                hint="ours takes decode and speculative verify; a prefill goes to a prefill kernel")
     bounded_int("page_size", page_size, _plan_fail, most=MAX_PAGE_SIZE)
     sm_scale = sm_scale_number(sm_scale, _plan_fail)
     for name, value, least in (("kv_lora_rank", kv_lora_rank, 64), ("rope_dim", rope_dim, 16)):

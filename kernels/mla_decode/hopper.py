@@ -12,10 +12,8 @@ the tokens-on-M path (:mod:`.wgmma_tokens`, ``mla_decode_wgmma_tokens.cu``) shar
 - the checks and the plan: :func:`wgmma_refusal`, :func:`rows_refusal`, :func:`checked_inputs`; :class:`HopperPlan`,
   :func:`plan_hopper`, :func:`whole_wave_items`.
 
-Multi-token queries (``q_len`` > 1): the path-level calls take the front door's folded tensors, ``q_nope`` / ``q_pe``
-/ ``out`` ``[batch, q_len * heads, D]``, and their plan is made for ``q_len * heads`` rows; the kernels mask row
-``r`` (token ``j = r // heads``) at its causal limit.
-"""
+Multi-token queries (``q_len`` > 1): the calls take ``[batch, q_len * heads, D]`` tensors (the front door folds them),
+the plan has ``q_len * heads`` rows, and the kernels mask row ``r`` (token ``r // heads``) at its causal limit."""
 
 from __future__ import annotations
 
@@ -39,9 +37,12 @@ import torch
 
 from kvwall.kernels._args import MAX_PROGRAMS, bounded_int, check_plan_args
 from kvwall.kernels._common import Fail, check_output, fail, sm_count
-from kvwall.kernels.mla_decode.kernel import (LOG2E, MLADecodeConfig, MLADecodePlan, launch_combine, parse_scale,
-                                              plan_mla_decode_triton, validate_call)
-from kvwall.kernels.mla_decode.plan import work_list_size
+from kvwall.kernels.mla_decode.checks import LOG2E, parse_scale, validate_call
+from kvwall.kernels.mla_decode.combine import launch_combine
+from kvwall.kernels.mla_decode.launch_shape import MLADecodeConfig
+from kvwall.kernels.mla_decode.plan import MLADecodePlan
+from kvwall.kernels.mla_decode.triton_path import plan_mla_decode_triton
+from kvwall.kernels.mla_decode.work_list import work_list_size
 
 __all__ = ["Kind", "KINDS", "SOURCES", "NVCC_FLAGS", "ARCH", "DC", "DR", "Params", "find_nvcc", "build_key",
            "build_library", "build_refusal", "load_library", "ptxas_check", "wgmma_refusal", "rows_refusal",
@@ -338,9 +339,8 @@ def plan_hopper(cls: type[HopperPlan], public: str, kv_indptr: torch.Tensor, kv_
                 heads: int, heads_per_cta: Callable[[int], int], warps: int, page_size: int,
                 device: torch.device | None, programs: int | None, waves: int, min_chunk: int | None,
                 q_len: int) -> HopperPlan:
-    """The batch's work list (:func:`kvwall.kernels.mla_decode.kernel.plan_mla_decode_triton`) for 64-token tiles and
-    ``heads_per_cta(q_len * heads)`` rows per CTA. Default: items sized to fill whole waves of one CTA per SM
-    (:func:`whole_wave_items`); ``programs``: aim at that many CTAs at once instead, times ``waves``."""
+    """The batch's work list (:func:`.triton_path.plan_mla_decode_triton`) for 64-token tiles and ``heads_per_cta(q_len
+    * heads)`` rows per CTA: items filling whole waves of one CTA per SM (:func:`whole_wave_items`), or ``programs``."""
     fail_: Fail = functools.partial(fail, public)  # every argument checked before a device is touched
     bounded_int("q_len", q_len, fail_, most=8, hint="query tokens per request")
     device = check_plan_args(fail_, kv_indptr, kv_len, heads=heads, page_size=page_size, device=device,
@@ -382,7 +382,7 @@ class Inputs:
 
 def checked_inputs(public: str, q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out,
                    check_range, kv_len, ckv_scale, kpe_scale) -> Inputs:
-    """The Triton path's validation (:func:`~kvwall.kernels.mla_decode.kernel.validate_call`) plus what the Hopper
+    """The Triton path's validation (:func:`~kvwall.kernels.mla_decode.checks.validate_call`) plus what the Hopper
     kernels need (an H100 / H200, widths 512 / 64, 16-byte aligned cache rows), each failure raised before any
     launch, named ``public`` (the call's name) where the Hopper checks find it."""
     fail_: Fail = functools.partial(fail, public)

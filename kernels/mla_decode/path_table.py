@@ -1,8 +1,8 @@
-"""The dispatcher's measured table, ``paths.json``: which of ours' paths was fastest where, per GPU model, and the
+"""The dispatcher's measured table, ``kernel_paths.json``: which of ours' paths was fastest where, per GPU model, and the
 rule that reads it (:func:`decide_path`). Derived from the recorded ``fused_decode_paths`` result
-(:func:`kvwall.experiments.fused_decode.paths.write_path_table`).
+(:func:`kvwall.experiments.fused_decode.kernel_paths.write_path_table`).
 
-``paths.json`` holds only what the dispatcher reads: ``{gpu name: {"capability": [major, minor], "page_size": 1,
+``kernel_paths.json`` holds only what the dispatcher reads: ``{gpu name: {"capability": [major, minor], "page_size": 1,
 "points": [[heads, context, batch, path, tokens, max_len], ...]}}`` (:data:`POINT_COLUMNS`), ``path`` the fastest of
 ours' paths timed at that point (:func:`path_point` makes a point from the times). A point is keyed by what a call
 knows when it is planned -- its ``heads`` (query rows a request), ``batch``, ``tokens`` (the batch's tokens) and
@@ -48,7 +48,7 @@ __all__ = ["PATHS_FILE", "KernelPath", "KERNEL_PATHS", "TOKENS_MAX_HEADS", "SAID
            "table_entry", "decide_path", "capability_rule", "table_text"]
 
 #: The measured table (GPU model -> its crossovers), derived from the recorded ``fused_decode_paths`` result.
-PATHS_FILE = Path(__file__).with_name("paths.json")
+PATHS_FILE = Path(__file__).with_name("kernel_paths.json")
 KernelPath = Literal["triton", "wgmma", "wgmma_tokens"]
 KERNEL_PATHS: tuple[KernelPath, ...] = get_args(KernelPath)
 #: With no measured point for the head count: the tokens-on-M wgmma path up to this many heads (its instantiations:
@@ -56,10 +56,10 @@ KERNEL_PATHS: tuple[KernelPath, ...] = get_args(KernelPath)
 TOKENS_MAX_HEADS = 32
 #: How the dispatcher's reasons name each path.
 SAID: dict[KernelPath, str] = {"triton": "Triton", "wgmma": "wgmma", "wgmma_tokens": "tokens-on-M wgmma"}
-#: What a point of ``paths.json`` holds, in order.
+#: What a point of ``kernel_paths.json`` holds, in order.
 POINT_COLUMNS = ("heads", "context", "batch", "path", "tokens", "max_len")
 #: How the tables' fixer is run (said where a table is refused).
-_REDERIVE = "python -m kvwall.experiments.fused_decode.paths --write re-derives it from the recorded run"
+_REDERIVE = "python -m kvwall.experiments.fused_decode.kernel_paths --write re-derives it from the recorded run"
 
 
 def fastest(times: Mapping[KernelPath, float | None]) -> KernelPath:
@@ -74,7 +74,7 @@ def fastest(times: Mapping[KernelPath, float | None]) -> KernelPath:
 def path_point(heads: int, context: int, batch: int, triton_us: float | None, wgmma_us: float | None,
                wgmma_tokens_us: float | None = None, *, tokens: int | None = None,
                max_len: int | None = None) -> list:
-    """A ``paths.json`` point, ``[heads, context, batch, path, tokens, max_len]`` (:data:`POINT_COLUMNS`): ``path``
+    """A ``kernel_paths.json`` point, ``[heads, context, batch, path, tokens, max_len]`` (:data:`POINT_COLUMNS`): ``path``
     the fastest of the timed paths (:func:`fastest`), compared at 0.01 µs (the sidecar's rounding, so the choice can
     be re-derived from it); ``tokens`` / ``max_len`` the batch's tokens and longest request as timed (default:
     ``batch`` requests of ``context`` tokens each)."""
@@ -124,7 +124,7 @@ def _shaped(p: list) -> list:
 
 
 def table_problem(table: object) -> str | None:
-    """What is wrong with ``table`` (a whole ``paths.json`` as read), in words naming the bad entry; None where it is
+    """What is wrong with ``table`` (a whole ``kernel_paths.json`` as read), in words naming the bad entry; None where it is
     well formed: a JSON object of GPU names to objects, each with ``capability`` (two non-negative integers),
     ``page_size`` where given (a positive integer) and ``points`` (a list of :data:`POINT_COLUMNS` lists: positive
     integers, a path of :data:`KERNEL_PATHS`, tokens between the longest request and batch x the longest; or an older
@@ -233,7 +233,7 @@ def table_refusal(path: Path) -> str | None:
 
 
 def reload_table() -> None:
-    """Forget the tables read so far: the next :func:`choose_path` reads ``paths.json`` (or its ``table_file``) again
+    """Forget the tables read so far: the next :func:`choose_path` reads ``kernel_paths.json`` (or its ``table_file``) again
     (after ``fused_decode_paths`` rewrote it, in the process that recorded it)."""
     _load.cache_clear()
     _CHECKED.clear()
@@ -272,7 +272,7 @@ def decide_path(heads: int, batch: int, max_len: int, *, gpu: str, capability: t
     """:func:`choose_path`'s rule without a device (the module docstring): ``heads`` query rows a request, ``batch``
     requests of ``tokens`` tokens together (None: ``batch x max_len``), the longest ``max_len``; ``gpu`` /
     ``capability`` the GPU's model and compute capability, ``refusal`` why the wgmma paths cannot run this call
-    (None: they can; both refuse the same calls), ``table`` the whole ``paths.json`` (checked here unless it came
+    (None: they can; both refuse the same calls), ``table`` the whole ``kernel_paths.json`` (checked here unless it came
     from :func:`read_table`), ``source`` what to call it in a reason (its file), ``refused`` why :func:`read_table`
     refused it. The reason names the step that decided: the point it read and the GPU measured, or why none (not the
     times: they are not in the table)."""
@@ -309,7 +309,7 @@ def decide_path(heads: int, batch: int, max_len: int, *, gpu: str, capability: t
 
 
 def table_text(table: Mapping[str, Mapping]) -> str:
-    """A table's file text (``paths.json`` or its sidecar): an entry's fields one per line, each point on a line of
+    """A table's file text (``kernel_paths.json`` or its sidecar): an entry's fields one per line, each point on a line of
     its own (so a changed choice is a one-line diff), GPUs in the order given."""
     def value(key: str, v: object) -> str:
         if key == "points":

@@ -32,7 +32,7 @@ from kvwall.kernels._common import report_checks, sanitizer_args
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, WGMMA_SANITIZED_CASES, DecodeCase, check_case
-from kvwall.kernels.mla_decode.kernel import mla_decode_fp8
+from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
 
 __all__ = ["POOL_SLOTS", "PATHS", "PROG", "path_cases", "path_refusal", "runnable_paths", "parse_args",

@@ -30,7 +30,7 @@ import torch
 from kvwall.kernels.mla_decode import hopper
 from kvwall.kernels.mla_decode.hopper import (ARCH, DC, DR, ITEM_OVERHEAD_TOKENS, NVCC_FLAGS, HopperPlan, Params,
                                               rows_refusal, wgmma_refusal, whole_wave_items)
-from kvwall.kernels.mla_decode.kernel import MLADecodePlan
+from kvwall.kernels.mla_decode.plan import MLADecodePlan
 
 __all__ = ["mla_decode_fp8_wgmma", "plan_mla_decode_wgmma", "WgmmaPlan", "wgmma_refusal", "rows_refusal",
            "profile_inputs", "profile_main", "check_library",
@@ -139,7 +139,7 @@ def trace_wgmma_phases(call: Callable[[], object]) -> PhaseTrace:
 def plan_mla_decode_wgmma(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
                           page_size: int = 1, device: torch.device | None = None, programs: int | None = None,
                           waves: int = 1, min_chunk: int | None = None, q_len: int = 1) -> WgmmaPlan:
-    """The batch's work list (:func:`kvwall.kernels.mla_decode.kernel.plan_mla_decode_triton`) for 64-token tiles and 64 rows per
+    """The batch's work list (:func:`kvwall.kernels.mla_decode.triton_path.plan_mla_decode_triton`) for 64-token tiles and 64 rows per
     CTA (``q_len`` x ``heads`` rows a request: ``q_len`` query tokens of ``heads`` heads). Default: items sized to
     fill whole waves of one CTA per SM (:func:`whole_wave_items`); ``programs``: aim at that many CTAs at once
     instead, times ``waves``."""

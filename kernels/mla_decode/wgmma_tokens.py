@@ -3,7 +3,7 @@ split kernel -- warpgroup MMA with a tile's 64 tokens as M and 16 or 32 heads as
 64 -- with the same plan, partials, combine, contract and checks as the heads-on-M wgmma path (:mod:`.wgmma`). One
 consumer warpgroup does the math; two producer warpgroups gather and convert alternate tiles (two tiles of loads in
 flight per SM). Validated and timed on the H200 in exploration (``NOTES.md``, generation 6); the dispatcher
-(:mod:`.dispatch`, ``"wgmma_tokens"``) chooses it where ``paths.json`` says it is the fastest (``fused_decode_paths``
+(:mod:`.dispatch`, ``"wgmma_tokens"``) chooses it where ``kernel_paths.json`` says it is the fastest (``fused_decode_paths``
 times it beside the other two paths), and, with no measured table, up to 32 heads.
 
 - :func:`mla_decode_fp8_wgmma_tokens`: the call (checked, or unchecked with a plan: CUDA-graph capturable);
@@ -31,7 +31,7 @@ import torch
 
 from kvwall.kernels.mla_decode import hopper
 from kvwall.kernels.mla_decode.hopper import ARCH, DC, DR, HopperPlan, Params
-from kvwall.kernels.mla_decode.kernel import MLADecodePlan
+from kvwall.kernels.mla_decode.plan import MLADecodePlan
 from kvwall.kernels.mla_decode.wgmma import NvccReport, profile_main
 
 __all__ = ["mla_decode_fp8_wgmma_tokens", "plan_mla_decode_wgmma_tokens", "WgmmaTokensPlan", "heads_per_cta",

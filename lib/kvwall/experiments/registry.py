@@ -1,6 +1,6 @@
 """What an experiment is: a measuring function, its parameters at two scales, what it needs, what it writes.
 
-Besides its result file, an experiment may write files others read (the dispatcher's ``paths.json``):
+Besides its result file, an experiment may write files others read (the dispatcher's ``kernel_paths.json``):
 ``after_record(result)`` writes them right after the result is recorded and returns their paths, so that
 ``python -m kvwall record`` (which calls it) records what depends on them after it, in the same run.
 

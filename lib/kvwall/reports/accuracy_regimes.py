@@ -16,12 +16,11 @@ from typing import Any, Sequence
 
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.sharp_attention import PROFILES
-from kvwall.reports.accuracy_report import _label, _order, _rows, _times_span, verdicts
-from kvwall.reports.tables import Table
+from kvwall.reports.accuracy_report import label, order, verdicts
 from kvwall.results import Result
 
 __all__ = ["RANDOM_INPUTS", "REGIME_WORDS", "SHAPE_MAX_TOKENS", "BF16_REFERENCE_OF", "RegimeMultiplier",
-           "fp8_query_multipliers", "multiplier_table", "multiplier_text"]
+           "fp8_query_multipliers"]
 
 #: Chapter 5's inputs (``fused_decode_bench``'s grid and ``fused_decode_validation``'s case table): queries and
 #: latents drawn independently from Gaussians (:func:`kvwall.kernels.mla_decode.reference.make_mla_inputs`; the
@@ -32,7 +31,7 @@ OURS_PATH, BENCH_BF16 = "ours", "flashmla_dense_bf16"
 #: Words that name a regime: every sentence of chapters 5 and 5b (and of their reports) that cites an FP8-query
 #: error multiplier ("N× ours'", "N× the BF16 reference's") holds one of them (tests/test_accuracy_regimes.py).
 REGIME_WORDS = ("random Gaussian", "Gaussian logits", "gaussian, spread", "spread", "sinks", "needle")
-#: The regime descriptions' output norm is computed live at the sources' one-request contexts up to this many tokens.
+#: The regimes' output norm is computed live at the sources' one-request contexts up to this many tokens.
 SHAPE_MAX_TOKENS = 8192
 #: The BF16 reference each source's multiplier is also taken over.
 BF16_REFERENCE_OF = {"fused_decode_bench": "FlashMLA dense BF16 at the same point",
@@ -46,10 +45,12 @@ class RegimeMultiplier:
     """One FP8-query path's error multiplier on one input regime, from one recorded result: its output's relative
     error against float64 over ours' on the same inputs (``over_ours``, the range over the regime's cases) and over a
     BF16 path's (``over_bf16``, where the result recorded one: ``bf16_reference`` says which); the cases at the ends
-    of ``over_ours``; ``description``: the inputs, in one line (recorded and computed numbers)."""
+    of ``over_ours``; and the regime's inputs, each the least and largest over its cases (None where not known): the
+    logits' spread, the output's norm over a value's (median over heads, drawn here at ``norm_points``, (heads,
+    tokens) pairs), the largest − median logit (``max_gap``), and the query's and (chapter 5's draw) the latent's
+    element RMS."""
 
     regime: str
-    description: str
     strategy: str
     label: str
     source: str
@@ -61,22 +62,10 @@ class RegimeMultiplier:
     highest_case: str
     logit_spread: tuple[float, float] | None = None
     output_norm: tuple[float, float] | None = None
-
-    def cites(self, ref: str = "ours") -> str:
-        """``"16–17× ours' error on random Gaussian q and latent"``: the multiplier with its regime named."""
-        lo, hi = self.over_ours if ref == "ours" else (self.over_bf16 or (math.nan, math.nan))
-        over = "ours' error" if ref == "ours" else "the BF16 error"
-        return f"{_times_span(lo, hi)} {over} on {_quoted(self.regime)}"
-
-
-def _quoted(regime: str) -> str:
-    """A profile's name in quotes (it holds commas); chapter 5's regime as it is."""
-    return regime if regime == RANDOM_INPUTS else f"'{regime}'"
-
-
-def _span(xs: Sequence[float], fmt: str) -> str:
-    lo, hi = f"{min(xs):{fmt}}", f"{max(xs):{fmt}}"
-    return lo if lo == hi else f"{lo}–{hi}"
+    max_gap: tuple[float, float] | None = None
+    query_rms: tuple[float, float] | None = None
+    latent_rms: tuple[float, float] | None = None
+    norm_points: tuple[tuple[int, int], ...] = ()
 
 
 def _fp8_query_strategies(result: Result) -> list[str]:
@@ -134,6 +123,52 @@ def _logits_and_output(q: Any, keys: Any, values: Any, sm_scale: float) -> tuple
             float((out.norm(dim=-1) / value_norm).median()))
 
 
+@functools.lru_cache(maxsize=64)
+def _random_inputs_draw(heads: int, tokens: int, seed: int = 0) -> tuple[float, float, float, float, float]:
+    """Chapter 5's draw of one request (``make_mla_inputs``), in float64: (query element RMS, latent element RMS,
+    logits' spread, largest − median logit, the output's norm over a value's), medians over heads."""
+    import torch
+
+    from kvwall.kernels.mla_decode.reference import make_mla_inputs
+    from kvwall.model.geometry import GLM5
+
+    inp = make_mla_inputs([tokens], heads, seed=seed, pool_slots=tokens)
+    idx = inp.tok_slots[0].long()
+    keys = torch.cat([inp.tok_ckv[idx], inp.tok_kpe[idx]], dim=-1).double()
+    q = torch.cat([inp.q_nope[0], inp.q_pe[0]], dim=-1).double()
+    return (float(q.pow(2).mean().sqrt()), float(keys.pow(2).mean().sqrt()),
+            *_logits_and_output(q, keys, keys[:, :GLM5.kv_lora_rank], GLM5.sm_scale))
+
+
+@functools.lru_cache(maxsize=64)
+def _profile_output_norm(profile: str, heads: int, tokens: int, seed: int = 0) -> float | None:
+    """One request of chapter 5b's ``profile`` (:func:`kvwall.model.sharp_attention.sharp_request`): the output's norm
+    over a value's (the channels the error is measured on, probes left out), median over heads; None: no such
+    profile."""
+    import torch
+
+    from kvwall.model.geometry import GLM5
+    from kvwall.model.sharp_attention import N_PROBES, sharp_request
+
+    prof = next((p for p in PROFILES if p.name == profile), None)
+    if prof is None:
+        return None
+    req = sharp_request(prof, heads, tokens, sm_scale=GLM5.sm_scale, gen=torch.Generator().manual_seed(seed),
+                        device=torch.device("cpu"))
+    q = torch.cat([req.q_nope, req.q_pe], dim=-1).double()
+    keys = req.keys.double()
+    return _logits_and_output(q, keys, keys[:, N_PROBES:GLM5.kv_lora_rank], GLM5.sm_scale)[2]
+
+
+def _logits_and_output(q: Any, keys: Any, values: Any, sm_scale: float) -> tuple[float, float, float]:
+    """(the logits' spread, largest − median logit, ‖output‖ / RMS ‖value‖), medians over heads, float64."""
+    z = (q @ keys.T) * sm_scale
+    out = z.softmax(dim=-1) @ values
+    value_norm = values.pow(2).sum(dim=-1).mean().sqrt()
+    return (float(z.std(dim=-1).median()), float((z.amax(dim=-1) - z.median(dim=-1).values).median()),
+            float((out.norm(dim=-1) / value_norm).median()))
+
+
 def _one_request_points(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
     """The (heads, tokens) of the one-request cases of ``rows`` short enough to draw here (:data:`SHAPE_MAX_TOKENS`)."""
     return sorted({(r["heads"], r["tokens"]) for r in rows if r.get("tokens") and 2 <= r["tokens"] <= SHAPE_MAX_TOKENS
@@ -142,58 +177,35 @@ def _one_request_points(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class _Shape:
-    """A regime's inputs: the one-line description, the logits' spread and the output's norm over a value's."""
+    """A regime's inputs (:class:`RegimeMultiplier`'s last fields)."""
 
-    text: str
-    spread: tuple[float, float] | None = None
+    logit_spread: tuple[float, float] | None = None
     output_norm: tuple[float, float] | None = None
-
-
-def _pct(xs: Sequence[float]) -> str:
-    """A percentage format: one decimal under 10 %, none above."""
-    return ".1%" if max(xs) < 0.1 else ".0%"
+    max_gap: tuple[float, float] | None = None
+    query_rms: tuple[float, float] | None = None
+    latent_rms: tuple[float, float] | None = None
+    norm_points: tuple[tuple[int, int], ...] = ()
 
 
 def _lo_hi(xs: Sequence[float]) -> tuple[float, float] | None:
     return (min(xs), max(xs)) if xs else None
 
 
-def _random_inputs_description(points: list[tuple[int, int]]) -> _Shape:
-    if not points:
-        return _Shape("query and latent elements drawn independently from Gaussians (BF16 query, e4m3 latent)")
-    shapes = [_random_inputs_shape(h, n) for h, n in points]
-    tokens = ", ".join(f"{n:,}" for n in sorted({n for _, n in points}))
-    spread, norm = [s[2] for s in shapes], [s[4] for s in shapes]
-    return _Shape(f"query elements N(0, {_span([s[0] for s in shapes], '.2f')}²) and latent N(0, "
-                  f"{_span([s[1] for s in shapes], '.2f')}²) in e4m3, drawn independently: logits spread "
-                  f"{_span(spread, '.2f')}, largest − median logit {_span([s[3] for s in shapes], '.1f')}, "
-                  f"near-uniform attention; output norm {_span(norm, _pct(norm))} of a value's ({tokens} tokens)",
-                  _lo_hi(spread), _lo_hi(norm))
+def _random_inputs_shape(points: list[tuple[int, int]]) -> _Shape:
+    """Chapter 5's inputs, drawn here at ``points`` (none: nothing known)."""
+    shapes = [_random_inputs_draw(h, n) for h, n in points]
+    q_rms, latent_rms, spread, gap, norm = (_lo_hi([s[i] for s in shapes]) for i in range(5))
+    return _Shape(spread, norm, gap, q_rms, latent_rms, tuple(points))
 
 
-def _profile_description(profile: str, cases: list[dict[str, Any]], computed: bool = True) -> _Shape:
-    prof = next((p for p in PROFILES if p.name == profile), None)
-    parts = []
-    if prof is not None:
-        parts.append(f"tail logits Gaussian of spread {prof.spread:g}")
-        if prof.sinks:
-            parts.append(f"{prof.sinks} sinks hold {prof.sink_mass:.0%}")
-        if prof.needles:
-            parts.append(f"{'a needle' if prof.needles == 1 else f'{prof.needles} needles'} {prof.margin:g} above "
-                         "the tail's largest logit")
-    for key, what, fmt in (("realized_max_gap", "largest − median logit", ".1f"),
-                           ("realized_query_rms", "query RMS", ".2f")):
-        xs = [c[key] for c in cases if c.get(key) is not None]
-        if xs:
-            parts.append(f"{what} {_span(xs, fmt)}")
+def _profile_shape(profile: str, cases: list[dict[str, Any]], computed: bool = True) -> _Shape:
+    """One of chapter 5b's profiles: its recorded cases' realized values, and its output norm drawn here."""
     points = _one_request_points(cases) if computed else []
     norms = [v for v in (_profile_output_norm(profile, h, n) for h, n in points) if v is not None]
-    if norms:
-        heads = "/".join(str(h) for h in sorted({h for h, _ in points}))
-        tokens = ", ".join(f"{n:,}" for n in sorted({n for _, n in points}))
-        parts.append(f"output norm {_span(norms, _pct(norms))} of a value's ({heads} heads, {tokens} tokens)")
-    spread = [c["realized_spread"] for c in cases if c.get("realized_spread") is not None]
-    return _Shape("; ".join(parts) or profile, _lo_hi(spread), _lo_hi(norms))
+    realized = {key: _lo_hi([c[f"realized_{key}"] for c in cases if c.get(f"realized_{key}") is not None])
+                for key in ("spread", "max_gap", "query_rms")}
+    return _Shape(realized["spread"], _lo_hi(norms), realized["max_gap"], realized["query_rms"], None,
+                  tuple(points) if norms else ())
 
 
 def _case_label(heads: int, tokens: int, batch: int) -> str:
@@ -202,18 +214,16 @@ def _case_label(heads: int, tokens: int, batch: int) -> str:
     return f"{heads} heads, " + (f"{n} tokens" if batch == 1 else f"batch of {batch} at {n} context")
 
 
-def _multiplier(regime: str, shape: "_Shape", strategy: str, source: str,
+def _multiplier(regime: str, shape: _Shape, strategy: str, source: str,
                 triples: list[tuple[str, float, float, float | None]]) -> RegimeMultiplier | None:
     """From (case, FP8-query error, ours' error, BF16 reference's error) per case (errors > 0 only)."""
     usable = [(c, e / o, e / b if b else None) for c, e, o, b in triples if e and o]
     if not usable:
         return None
     lo, hi = min(usable, key=lambda t: t[1]), max(usable, key=lambda t: t[1])
-    bf16 = [r for _, _, r in usable if r is not None]
-    return RegimeMultiplier(regime, shape.text, strategy, _label(strategy), source, len(usable), (lo[1], hi[1]),
-                            (min(bf16), max(bf16)) if bf16 else None,
-                            BF16_REFERENCE_OF.get(source) if bf16 else None, lo[0], hi[0], shape.spread,
-                            shape.output_norm)
+    bf16 = _lo_hi([r for _, _, r in usable if r is not None])
+    return RegimeMultiplier(regime, strategy, label(strategy), source, len(usable), (lo[1], hi[1]), bf16,
+                            BF16_REFERENCE_OF.get(source) if bf16 else None, lo[0], hi[0], **shape.__dict__)
 
 
 def _from_bench(bench: Result, computed: bool = True) -> list[RegimeMultiplier]:
@@ -223,13 +233,12 @@ def _from_bench(bench: Result, computed: bool = True) -> list[RegimeMultiplier]:
             and r.get("rel_err_f64") is not None]
     by = {(r["strategy"], r["heads"], r["context"], r["batch"]): r["rel_err_f64"] for r in rows}
     cases = [r for r in rows if r["strategy"] == "ours"]
-    description = _random_inputs_description(_one_request_points(
-        [{**r, "tokens": r["context"]} for r in cases]) if computed else [])
+    shape = _random_inputs_shape(_one_request_points([{**r, "tokens": r["context"]} for r in cases]) if computed else [])
     out = []
     for s in _fp8_query_strategies(bench):
         triples = [(_case_label(h, n, b), by[(s, h, n, b)], by[(OURS_PATH, h, n, b)],
                     by.get((BENCH_BF16, h, n, b))) for (st, h, n, b) in by if st == OURS_PATH and (s, h, n, b) in by]
-        m = _multiplier(RANDOM_INPUTS, description, s, bench.experiment, triples)
+        m = _multiplier(RANDOM_INPUTS, shape, s, bench.experiment, triples)
         if m:
             out.append(m)
     return out
@@ -243,12 +252,12 @@ def _from_validation(validation: Result, computed: bool = True) -> list[RegimeMu
              and r["case"] in cases]
     points = _one_request_points([{"heads": c["heads"], "tokens": sum(c["lens"]), "batch": len(c["lens"])}
                                   for c in cases.values() if c.get("rel_err")])
-    description = _random_inputs_description(points if computed else [])
+    shape = _random_inputs_shape(points if computed else [])
     out = []
     for s in [s for s in STRATEGIES if STRATEGIES[s].query == "fp8" and any(r["peer"] == s for r in peers)]:
         triples = [(_case_label(r["heads"], sum(r["lens"]), len(r["lens"])), r["rel_err"],
                     cases[r["case"]]["rel_err"], cases[r["case"]].get("bf16_rel_err")) for r in peers if r["peer"] == s]
-        m = _multiplier(RANDOM_INPUTS, description, s, validation.experiment, triples)
+        m = _multiplier(RANDOM_INPUTS, shape, s, validation.experiment, triples)
         if m:
             out.append(m)
     return out
@@ -258,15 +267,14 @@ def _from_accuracy(accuracy: Result, computed: bool = True) -> list[RegimeMultip
     """Chapter 5b: one regime per profile, every case where the FP8-query path and ours ran."""
     rows = verdicts(accuracy)
     ours = {r["case"]: r["rel_err"] for r in rows if r["strategy"] == OURS_PATH}
-    cases = _rows(accuracy, "case")
+    cases = [r for r in accuracy.rows if r.get("section") == "case"]
     out = []
-    for prof in sorted({c["profile"] for c in cases}, key=_order):
-        sel = [c for c in cases if c["profile"] == prof]
-        description = _profile_description(prof, sel, computed)
+    for prof in sorted({c["profile"] for c in cases}, key=order):
+        shape = _profile_shape(prof, [c for c in cases if c["profile"] == prof], computed)
         for s in _fp8_query_strategies(accuracy):
             triples = [(_case_label(r["heads"], r["context"], r["batch"]), r["rel_err"], ours.get(r["case"]),
                         r["ref_err"]) for r in rows if r["strategy"] == s and r["profile"] == prof]
-            m = _multiplier(prof, description, s, accuracy.experiment, triples)
+            m = _multiplier(prof, shape, s, accuracy.experiment, triples)
             if m:
                 out.append(m)
     return out
@@ -280,7 +288,7 @@ def fp8_query_multipliers(accuracy: Result | None, bench: Result | None, validat
     ours' error on the same inputs, and over the source's BF16 reference (:data:`BF16_REFERENCE_OF`). A source that
     is None adds no rows. ``computed``: also draw each regime's inputs here (float64 on the CPU, a few seconds; chapter
     5b's profiles at up to :data:`SHAPE_MAX_TOKENS` tokens) for the logits' spread of chapter 5's inputs and every
-    regime's output norm; False: the descriptions hold what the recordings and the profiles' definitions say."""
+    regime's output norm; False: only what the recordings say."""
     out: list[RegimeMultiplier] = []
     if bench is not None:
         out += _from_bench(bench, computed)
@@ -289,38 +297,3 @@ def fp8_query_multipliers(accuracy: Result | None, bench: Result | None, validat
     if accuracy is not None:
         out += _from_accuracy(accuracy, computed)
     return out
-
-
-def multiplier_table(rows: Sequence[RegimeMultiplier], caption: str = "") -> Table:
-    """The FP8-query error multiplier per regime: one line per regime and source (its inputs, its cases), one column
-    per FP8-query path: its error over ours' and, in parentheses, over the source's BF16 reference's."""
-    paths = sorted(dict.fromkeys(m.strategy for m in rows), key=lambda p: p != "flashmla_dense_fp8")
-    lines: list[dict[str, Any]] = []
-    for m in rows:
-        line = next((x for x in lines if x["regime"] == m.regime and x["source"] == m.source), None)
-        if line is None:
-            line = {"regime": m.regime, "inputs": m.description, "cases": m.cases, "source": m.source}
-            lines.append(line)
-        line[m.strategy] = _times_span(*m.over_ours) + (f" ({_times_span(*m.over_bf16)})" if m.over_bf16 else "")
-    for line in lines:
-        for p in paths:
-            line.setdefault(p, "—")
-    refs = "; ".join(f"{src}: {ref}" for src, ref in BF16_REFERENCE_OF.items() if any(m.source == src for m in rows))
-    return Table(lines, {"regime": "regime", "inputs": "inputs", "cases": "cases",
-                         **{_label(p): p for p in paths}, "recorded in": "source"},
-                 "Each path that quantizes the query to e4m3: its output's relative error against float64 over ours' "
-                 "on the same inputs, and (in parentheses) over a BF16 path's; the range over the regime's cases "
-                 f"(head counts, contexts, batches). BF16 path — {refs}. Output norm: the output's norm over a "
-                 "value's (RMS over tokens), median over heads, drawn here with the regime's generator. " + caption)
-
-
-def multiplier_text(rows: Sequence[RegimeMultiplier], strategy: str = "flashmla_dense_fp8") -> str:
-    """``strategy``'s multiplier over ours' error, lowest and highest regime, in one sentence ('' without rows)."""
-    sel = [m for m in rows if m.strategy == strategy]
-    if not sel:
-        return ""
-    lo, hi = min(sel, key=lambda m: m.over_ours[0]), max(sel, key=lambda m: m.over_ours[1])
-    regimes = len({m.regime for m in sel})
-    return (f"Over {regimes} input regimes, {sel[0].label}'s error is {lo.over_ours[0]:.1f}× ours' error at the "
-            f"least (on {_quoted(lo.regime)}, {lo.lowest_case}) and {hi.over_ours[1]:.0f}× at the most (on "
-            f"{_quoted(hi.regime)}, {hi.highest_case}).")

@@ -1,44 +1,93 @@
-"""Chapter 6's analysis: every path on the decode step, the sweep, the cost model fitted and validated on it, the
-original's GPU, and what to do. Chapter 6 calls these and narrates; every number comes from a recorded or live
-result, or from :mod:`kvwall.model.cost` fitted on the recorded sweep."""
+"""Chapter 6's analysis: every path on the decode step, the sweep, the cost model fitted and validated on it, and the
+readings chapter 6 and the front page put into their sentences. Every number comes from a recorded or live result, or
+from :mod:`kvwall.model.cost` fitted on the recorded sweep; the functions return numbers, tables and figures, and the
+chapter writes the sentences, gluing the numbers in (myst-nb).
+
+The chapter's fixed words that are not in its Markdown -- the answer's rows, the paths' names, the tables' columns and
+the figures' labels -- are data, in ``book/answer.yml`` beside the chapter (:data:`WORDS`)."""
 
 from __future__ import annotations
 
 import statistics
+import string
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import plotly.graph_objects as go
+import yaml
 from plotly.subplots import make_subplots
 
 from kvwall.model.cost import PATHS, CostModel, Point, fit_cost_model, split_train_test, validate
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
-from kvwall.model.paths import KERNEL_NAMES, kernel_that_ran, kernels_that_ran
+from kvwall.model.step_paths import kernel_that_ran, kernels_that_ran
+from kvwall.reports import tables
 from kvwall.reports.plots import with_caption
-from kvwall.reports.tables import Table, number, percent, scientific, times
-from kvwall.results import Result
+from kvwall.reports.tables import Table
+from kvwall.results import PROJECT_ROOT, Result
 
-__all__ = ["STEP_NAMES", "SweepFit", "fit_sweep", "step_rows", "step_table", "memory_table", "step_figure", "sweep_figure",
-           "validation_figure", "validation_table", "misses_table", "sweep_samples", "sweep_rows", "headline_point",
-           "lead_text", "memory_text", "sweep_findings", "front_page_figure",
-           "cast_step_name", "fused_kernel_text", "OURS_PATHS", "MB"]
+__all__ = ["WORDS", "Words", "Filler", "fill", "STEP_NAMES", "SWEEP_COLORS", "SweepFit", "fit_sweep", "step_rows", "step_table",
+           "memory_table", "step_figure", "sweep_figure", "validation_figure", "validation_table", "misses_table",
+           "sweep_samples", "sweep_rows", "headline_point", "CastStep", "cast_step", "Lead", "lead", "memory", "Findings",
+           "findings", "kernels_ran", "front_page_figure", "OURS_PATHS", "MB"]
+
+
+class Words(dict):
+    """A mapping read from ``book/answer.yml`` whose keys also read as attributes (``WORDS.paths.ours.name``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self:
+            return self[name]
+        raise AttributeError(name)
+
+
+def _words(value: Any) -> Any:
+    if isinstance(value, dict):
+        return Words({k: _words(v) for k, v in value.items()})
+    return [_words(v) for v in value] if isinstance(value, list) else value
+
+
+#: Chapter 6's words that are data: the answer's rows (:mod:`kvwall.reports.decision`), names, columns and labels.
+WORDS = _words(yaml.safe_load((PROJECT_ROOT / "book" / "answer.yml").read_text(encoding="utf-8")))
+
+
+class Filler(string.Formatter):
+    """Fills a template of ``book/answer.yml``: ``{name}`` is a value, else a piece (a template, or a mapping of
+    templates by ``cases[name]``), filled in turn; ``{name!c}`` capitalises its first letter."""
+
+    def __init__(self, values: Mapping[str, Any], pieces: Mapping[str, Any], cases: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.values, self.pieces, self.cases = values, pieces, cases
+
+    def get_value(self, key: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        return self.values[key] if key in self.values else self.fill(self.pieces[key], self.cases.get(key))
+
+    def convert_field(self, value: Any, conversion: str | None) -> Any:
+        return value[:1].upper() + value[1:] if conversion == "c" else super().convert_field(value, conversion)
+
+    def fill(self, template: Any, case: Any = None) -> Any:
+        """A template (a str, or a mapping from which ``case`` picks one), filled; a list comes back as it is."""
+        template = template[case] if isinstance(template, Mapping) else template
+        return self.format(template) if isinstance(template, str) else template
+
+
+def fill(template: Any, case: Any = None, /, **values: Any) -> Any:
+    """``template`` of :data:`WORDS` (``case`` picking it from a mapping) filled with ``values`` and the shared
+    pieces."""
+    return Filler(values, WORDS.pieces, {}).fill(template, case)
+
+
+def _columns(spec: Mapping[str, Sequence[Any]]) -> dict[str, tables.Column]:
+    """A table's columns from :data:`WORDS`: ``[field]`` or ``[field, formatter, its argument]``."""
+    return {head: (c[0], getattr(tables, c[1])(*c[2:]) if c[2:] else getattr(tables, c[1])) if c[1:] else c[0]
+            for head, c in spec.items()}
+
 
 #: Ours in the sweep: the dispatcher's path, and the Triton path forced.
 OURS_PATHS = ("ours", "triton")
-#: Short names of the step's paths for axes and tables.
-STEP_NAMES = {
-    "full_pool_cast": "whole-pool cast (original)", "index_then_cast": "PyTorch index-then-cast",
-    "gather_cast": "gather_cast (ch. 4)", "ours": "ours (ch. 5)",
-    "flashinfer_fp8": "FlashInfer FP8 (fa3)", "bf16_cache": "BF16 cache (2× memory)",
-    "flashmla_fp8": "FlashMLA FP8 (FP8 query)", "flashmla_bf16": "FlashMLA BF16 (2× memory)",
-}
-#: The sweep paths the figures draw, with a colour each (FlashInfer fa2 twins are in the tables and the model).
-SWEEP_COLORS = {
-    "full_pool_cast": "#d62728", "index_then_cast": "#ff7f0e", "gather_cast": "#2ca02c", "ours": "#9467bd",
-    "flashinfer_fp8": "#8c564b", "bf16_cache": "#1f77b4", "flashmla_bf16": "#17becf", "flashmla_fp8": "#7f7f7f",
-    "triton": "#e377c2",
-}
+#: Short names of the step's paths for axes and tables, and the sweep's paths' colours (in the figures' order).
+STEP_NAMES = {path: w.name for path, w in WORDS.paths.items() if "name" in w}
+SWEEP_COLORS = {path: w.color for path, w in WORDS.paths.items()}
 MISS = 0.20  # a held-out prediction off by more than this is listed, with why
 MB = 1e6  # the book's megabyte: 10^6 bytes (chapter 6's memory section says so)
 
@@ -64,56 +113,41 @@ def step_rows(result: Result) -> list[dict[str, Any]]:
     """One row per path that ran: its step, the original path's step over it, time saved, the KV work per step
     (preparation + attention), and what it costs in memory."""
     paths = [r for r in _rows(result, "path") if r.get("step_ms") is not None]
-    base = next((r for r in paths if r["path"] == "full_pool_cast"), None)
-    fp8_bytes = next((r["kv_bytes_per_token"] for r in paths if r.get("cache_dtype") == "float8_e4m3fn"), None)
-    out = []
-    for r in paths:
-        kv_work = r["kv_ms"] + r["attention_ms"]
-        out.append({**r, "name": STEP_NAMES.get(r["path"], r["path"]), "kv_work_ms": kv_work,
-                    "speedup": base["step_ms"] / r["step_ms"] if base else None,
-                    "time_saved": 1 - r["step_ms"] / base["step_ms"] if base else None,
-                    "tokens_per_fp8_pool": (fp8_bytes / r["kv_bytes_per_token"]) if fp8_bytes else None,
-                    "transient_mb": r["transient_bytes"] / MB if r.get("transient_bytes") is not None else None})
-    return out
+    base = next((r["step_ms"] for r in paths if r["path"] == "full_pool_cast"), None)
+    fp8 = next((r["kv_bytes_per_token"] for r in paths if r.get("cache_dtype") == "float8_e4m3fn"), None)
+    return [dict(r, name=STEP_NAMES.get(r["path"], r["path"]), kv_work_ms=r["kv_ms"] + r["attention_ms"],
+                 speedup=base and base / r["step_ms"], time_saved=base and 1 - r["step_ms"] / base,
+                 tokens_per_fp8_pool=fp8 and fp8 / r["kv_bytes_per_token"],
+                 cache=WORDS.cache_names.get(r.get("cache_dtype"), r.get("cache_dtype")),
+                 transient_mb=None if r.get("transient_bytes") is None else r["transient_bytes"] / MB) for r in paths]
 
 
 def step_table(result: Result, caption: str) -> Table:
     """The step per path: time, against the original path, KV work, accuracy. On a CPU (small scale, Triton kernels
     interpreted) ratios to the original path would compare an interpreter with PyTorch's CPU kernels: left out."""
-    columns = {"path": "name", "step ms": ("step_ms", number(2)), "whole-pool cast step / this step": ("speedup", times(2)),
-               "time saved": ("time_saved", percent), "KV work ms/step": ("kv_work_ms", number(2)),
-               "error vs float64": ("rel_err_vs_float64", scientific), "attention": "backend"}
-    if _setup(result)["device"] == "cpu":
-        for key in ("whole-pool cast step / this step", "time saved"):
-            columns.pop(key)
-    return Table(step_rows(result), columns, caption)
+    cpu = _setup(result)["device"] == "cpu"
+    spec = {head: c for head, c in WORDS.step_table.items() if not (cpu and c[0] in ("speedup", "time_saved"))}
+    return Table(step_rows(result), _columns(spec), caption)
 
 
 def memory_table(result: Result, caption: str) -> Table:
     """What each path costs in memory: KV bytes per token over the model's layers, tokens held in the FP8 pool's
     memory, and the extra peak one step allocates (measured on a GPU)."""
-    return Table(step_rows(result), {
-        "path": "name", "cache": ("cache_dtype", lambda d: {"float8_e4m3fn": "FP8 (e4m3)", "bfloat16": "BF16"}.get(d, d)),
-        "KV bytes/token (78 layers)": ("kv_bytes_per_token", number(0)),
-        "tokens in the same memory / the FP8 cache's": ("tokens_per_fp8_pool", times(2)),
-        "extra peak a step, MB": ("transient_mb", number(1))}, caption)
+    return Table(step_rows(result), _columns(WORDS.memory_table), caption)
 
 
 def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure:
     """Stacked bars, one per path: the step's phases (ms)."""
-    rows = step_rows(result)
+    rows, labels = step_rows(result), WORDS.step_figure
     x = [r["name"] for r in rows]
     fig = go.Figure()
-    for key, name, color in (("write_kv_ms", "write new token's KV", "#8c8c8c"),
-                             ("kv_ms", "KV preparation (cast / gather)", "#d62728"),
-                             ("attention_ms", "MLA decode attention", "#1f77b4"),
-                             ("rest_ms", "rest of layer (stand-in)", "#c7c7c7")):
+    for key, name, color in labels.phases:
         fig.add_bar(name=name, x=x, y=[r[key] for r in rows], marker_color=color,
-                    hovertemplate="%{x}<br>" + name + ": %{y:.2f} ms<extra></extra>")
+                    hovertemplate=labels.hover)
     for name, r in zip(x, rows):
-        fig.add_annotation(x=name, y=r["step_ms"], text=f"{r['step_ms']:.1f} ms", showarrow=False,
+        fig.add_annotation(x=name, y=r["step_ms"], text=fill(labels.bar, ms=r["step_ms"]), showarrow=False,
                            yanchor="bottom", font=dict(size=11))
-    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per decode step",
+    fig.update_layout(barmode="stack", title=title, yaxis_title=labels.y,
                       yaxis_range=[0, max(r["step_ms"] for r in rows) * 1.12])
     return with_caption(fig, caption, height=560)
 
@@ -162,30 +196,22 @@ def validation_table(fit: SweepFit, caption: str) -> Table:
     rows = []
     for path, comp in PATHS.items():
         errs = [abs(r["rel_err"]) for r in fit.held_out if r["path"] == path]
-        if not errs:
-            continue
-        att = fit.model.components[comp.attention]
-        prep = fit.model.components.get(comp.prep)
-        rows.append({"path": path, "held_out": len(errs), "median": statistics.median(errs), "max": max(errs),
-                     "attention": f"{att.gbps:,.0f} GB/s" + (f", {att.tflops:,.0f} TFLOP/s" if att.tflops else "")
-                     + f", {att.c0_us:.1f} µs",
-                     "preparation": "—" if prep is None else f"{prep.gbps:,.0f} GB/s, {prep.c0_us:.1f} µs"})
-    return Table(rows, {"path": "path", "held-out points": "held_out", "median error (abs.)": ("median", percent),
-                        "max error (abs.)": ("max", percent), "attention fitted": "attention",
-                        "preparation fitted": "preparation"}, caption)
+        if errs:
+            att, prep = fit.model.components[comp.attention], fit.model.components.get(comp.prep)
+            rows.append(dict(path=path, held_out=len(errs), median=statistics.median(errs), max=max(errs),
+                             attention=fill(WORDS.fitted.attention, bool(att.tflops), c=att),
+                             preparation=fill(WORDS.fitted.preparation, c=prep) if prep else WORDS.fitted.none))
+    return Table(rows, _columns(WORDS.validation_table), caption)
 
 
 def _why(row: dict[str, Any]) -> str:
     """Why a held-out point misses, from what the model leaves out (the chapter explains each reason)."""
-    if row["path"] in OURS_PATHS and row["batch"] > 1:
-        return "mixed batch: fixed work per chunk"
-    if row["path"] in OURS_PATHS and row["heads"] >= 64:
-        return "many heads: tile and tensor-core rate"
-    if row["batch"] == 1:
-        return "one request: time rises in steps"
-    if row["heads"] >= 64:
-        return "many heads: tile and tensor-core rate"
-    return "outside the bytes-and-FLOPs terms"
+    why, (path, batch, heads) = WORDS.misses, (row["path"], row["batch"], row["heads"])
+    if path in OURS_PATHS and batch > 1:
+        return why.mixed_batch
+    if path in OURS_PATHS and heads >= 64:
+        return why.many_heads
+    return why.one_request if batch == 1 else why.many_heads if heads >= 64 else why.other
 
 
 def misses_table(fit: SweepFit, caption: str) -> Table:
@@ -195,33 +221,26 @@ def misses_table(fit: SweepFit, caption: str) -> Table:
     for r in fit.held_out:
         if abs(r["rel_err"]) > MISS:
             groups.setdefault(_why(r), []).append(r)
-    rows = []
-    for why, misses in groups.items():
-        worst = max(misses, key=lambda r: abs(r["rel_err"]))
-        rows.append({"why": why, "misses": len(misses), "paths": ", ".join(dict.fromkeys(r["path"] for r in misses)),
-                     "worst": f"{worst['path']}, {worst['heads']} heads, batch {worst['batch']}, {worst['tokens']:,} "
-                              f"tokens: measured {worst['measured_us']:.0f} µs, predicted {worst['predicted_us']:.0f} "
-                              f"µs ({worst['rel_err']:+.0%})"})
-    return Table(rows, {"why": "why", "misses": "misses", "paths": "paths", "the worst": "worst"}, caption)
+    rows = [dict(why=why, misses=len(ms), paths=", ".join(dict.fromkeys(r["path"] for r in ms)),
+                 worst=fill(WORDS.misses.worst, w=max(ms, key=lambda r: abs(r["rel_err"])))) for why, ms in groups.items()]
+    return Table(rows, _columns(WORDS.misses_table), caption)
 
 
 def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.Figure:
     """Predicted against measured (held-out points only), log-log, with the ±20 % band."""
-    fig = go.Figure()
-    lo = min(min(r["measured_us"], r["predicted_us"]) for r in fit.held_out) * 0.8
-    hi = max(max(r["measured_us"], r["predicted_us"]) for r in fit.held_out) * 1.25
+    fig, held, labels = go.Figure(), fit.held_out, WORDS.validation_figure
+    times = [t for r in held for t in (r["measured_us"], r["predicted_us"])]
+    lo, hi = min(times) * 0.8, max(times) * 1.25
     for k, dash in ((1.0, "solid"), (1 + MISS, "dot"), (1 - MISS, "dot")):
         fig.add_scatter(x=[lo, hi], y=[lo * k, hi * k], mode="lines", line=dict(color="#999", dash=dash, width=1),
                         showlegend=False, hoverinfo="skip")
-    for path in dict.fromkeys(r["path"] for r in fit.held_out):
-        sel = [r for r in fit.held_out if r["path"] == path]
+    for path in dict.fromkeys(r["path"] for r in held):
+        sel = [r for r in held if r["path"] == path]
         fig.add_scatter(name=path, x=[r["measured_us"] for r in sel], y=[r["predicted_us"] for r in sel],
                         mode="markers", marker=dict(size=8, color=SWEEP_COLORS.get(path.removesuffix("_fa2"))),
                         customdata=[[r["axis"], r["heads"], r["batch"], r["tokens"], r["rel_err"] * 100] for r in sel],
-                        hovertemplate=path + "<br>%{customdata[0]} axis, %{customdata[1]} heads, batch "
-                        "%{customdata[2]}, %{customdata[3]:,} tokens<br>measured %{x:.1f} µs, predicted "
-                        "%{y:.1f} µs (%{customdata[4]:+.0f}%)<extra></extra>")
-    fig.update_layout(title=title, xaxis_title="measured µs per layer (held out)", yaxis_title="predicted µs per layer")
+                        hovertemplate=labels.hover)
+    fig.update_layout(title=title, xaxis_title=labels.x, yaxis_title=labels.y)
     fig.update_xaxes(type="log", dtick=1)
     fig.update_yaxes(type="log", dtick=1)
     return with_caption(fig, caption, height=640)
@@ -229,34 +248,29 @@ def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.F
 
 def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[str]) -> go.Figure:
     """The four axes, measured (markers) and the model (dashed lines), µs per layer, log scales."""
-    axes = (("context", "tokens", "context (batch 1, 16 heads)"), ("pool", "pool_tokens", "pool tokens (8K context)"),
-            ("batch", "batch", "batch (mixed lengths, 16 heads)"), ("heads", "heads", "heads per GPU (batch 1, 32K)"))
     # Each panel says what it varies in its x-axis title (no subplot titles: they would crowd the legend above).
     fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.1, vertical_spacing=0.16)
     samples = sweep_samples(result)
-    for i, (axis, key, _) in enumerate(axes):
-        row, col = i // 2 + 1, i % 2 + 1
+    for i, (axis, key, x_title) in enumerate(WORDS.sweep_figure.axes):
+        row, col, log_x = i // 2 + 1, i % 2 + 1, axis in ("batch", "heads")
         for path, color in SWEEP_COLORS.items():
-            pts = [(p, us) for a, pa, p, us in samples if a == axis and pa == path
-                   and (axis != "heads" or p.batch == 1)]
-            if not pts:
-                continue
-            xs = [getattr(p, key) for p, _ in pts]
-            fig.add_scatter(x=xs, y=[us for _, us in pts], mode="markers", marker=dict(color=color, size=7),
-                            name=path, legendgroup=path, showlegend=i == 0, row=row, col=col,
-                            hovertemplate=path + ": %{y:.1f} µs at %{x:,}<extra></extra>")
-            fig.add_scatter(x=xs, y=[fit.model.layer_us(path, p) for p, _ in pts], mode="lines",
-                            line=dict(color=color, dash="dash", width=1), legendgroup=path, showlegend=False,
-                            row=row, col=col, hoverinfo="skip")
-        fig.update_xaxes(type="log", dtick="D2" if axis in ("batch", "heads") else 1, title_text=axes[i][2],
-                         row=row, col=col)
-        fig.update_yaxes(type="log", dtick=1, title_text="µs per layer" if col == 1 else None, row=row, col=col)
+            pts = [(p, us) for a, pa, p, us in samples if a == axis and pa == path and (axis != "heads" or p.batch == 1)]
+            if pts:
+                xs = [getattr(p, key) for p, _ in pts]
+                fig.add_scatter(x=xs, y=[us for _, us in pts], mode="markers", marker=dict(color=color, size=7),
+                                name=path, legendgroup=path, showlegend=i == 0, row=row, col=col,
+                                hovertemplate=WORDS.sweep_figure.hover)
+                fig.add_scatter(x=xs, y=[fit.model.layer_us(path, p) for p, _ in pts], mode="lines",
+                                line=dict(color=color, dash="dash", width=1), legendgroup=path, showlegend=False,
+                                row=row, col=col, hoverinfo="skip")
+        fig.update_xaxes(type="log", dtick="D2" if log_x else 1, title_text=x_title, row=row, col=col)
+        fig.update_yaxes(type="log", dtick=1, title_text=WORDS.sweep_figure.y if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title)
     return with_caption(fig, caption, height=900)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Sentences (every number computed from the results)
+# Readings the chapter's sentences quote (glued into its Markdown)
 # ---------------------------------------------------------------------------------------------------------
 
 def _sweep_us(sweep: Result) -> dict[tuple[str, str, int, int, int], float]:
@@ -264,170 +278,138 @@ def _sweep_us(sweep: Result) -> dict[tuple[str, str, int, int, int], float]:
             for r in sweep_rows(sweep) if r.get("us")}
 
 
-def cast_step_name(step: Result) -> str:
-    """How the book names its own step with the whole-pool cast: the figure, the recording and its clock (one name,
-    used wherever that step is quoted; the original's 86 ms is the original's)."""
-    s = {r["path"]: r for r in step_rows(step)}
-    clock = "CUDA-graph replay" if s["full_pool_cast"].get("timing") == "cuda_graph" else s["full_pool_cast"].get(
-        "timing") or "eager"
-    gpu = _setup(step).get("gpu") or _setup(step)["device"]
-    return f"{s['full_pool_cast']['step_ms']:.1f} ms ({gpu}, {clock})"
+def _axis(us: Mapping[tuple[str, str, int, int, int], float], axis: str, path: str, heads: int = 16) -> dict[int, float]:
+    """One path along the sweep's ``context`` axis (tokens -> µs) or ``batch`` axis (batch -> µs), at ``heads``."""
+    return {(k[2] if axis == "batch" else k[3]): v for k, v in us.items() if k[:2] == (axis, path) and k[4] == heads}
 
 
-def _short(row: dict[str, Any]) -> str:
-    return row["name"].split(" (")[0]
+@dataclass(frozen=True)
+class CastStep:
+    """The book's own step with the whole-pool cast (one name wherever it is quoted; the original's 86 ms is the
+    original's): its ms, the GPU (or device) and the clock it was timed with (``cuda_graph``, ``events``, ...)."""
+
+    ms: float
+    gpu: str
+    timing: str
 
 
-def lead_text(step: Result, sweep: Result) -> str:
-    """The answer in a paragraph: what every path saves on the step, how little separates them at one request,
-    where ours wins and loses against gather_cast and FlashMLA at one request and in batches."""
-    s = {r["path"]: r for r in step_rows(step)}
-    free = [r for k, r in s.items() if k != "full_pool_cast"]
-    best, worst = min(free, key=lambda r: r["step_ms"]), max(free, key=lambda r: r["step_ms"])
+def cast_step(step: Result) -> CastStep:
+    cast = next(r for r in step_rows(step) if r["path"] == "full_pool_cast")
+    return CastStep(cast["step_ms"], _setup(step).get("gpu") or _setup(step)["device"], cast.get("timing") or "")
+
+
+@dataclass(frozen=True)
+class Lead:
+    """The answer for dense MLA models in numbers: the step with the cast, the fastest (``best``) and slowest
+    (``worst``) other path (rows of :func:`step_rows`), the request's tokens; at one request, the lengths the sweep
+    measured, those where ours is the fastest BF16-accurate path and those where FlashMLA FP8 is faster than ours
+    (None: not in the sweep); in mixed batches (16 heads), the batches measured, those where ours is slower than
+    gather_cast + FlashInfer, and at the largest: gather_cast's time over ours' and FlashMLA BF16's (None: not
+    measured)."""
+
+    cast: CastStep
+    best: dict[str, Any]
+    worst: dict[str, Any]
+    context: int
+    lengths: list[int]
+    ours_fastest: list[int]
+    flashmla_fp8_faster: list[int] | None
+    batches: list[int]
+    ours_slower: list[int]
+    gather_over_ours: float | None
+    flashmla_bf16_over_ours: float | None
+
+    @property
+    def spread_ms(self) -> float:
+        return self.worst["step_ms"] - self.best["step_ms"]
+
+
+def lead(step: Result, sweep: Result) -> Lead:
+    """What every path saves on the step, how little separates them at one request, where ours wins and loses
+    against gather_cast and FlashMLA at one request and in batches."""
+    free = [r for r in step_rows(step) if r["path"] != "full_pool_cast"]
     us = _sweep_us(sweep)
-
-    def at(axis: str, path: str) -> dict[int, float]:
-        key = 2 if axis == "batch" else 3
-        return {k[key]: v for k, v in us.items() if k[0] == axis and k[1] == path and k[4] == 16}
-
-    ours_b, gather_b, fm_b = at("batch", "ours"), at("batch", "gather_cast"), at("batch", "flashmla_bf16")
+    ours_b, gather_b, fm_b = (_axis(us, "batch", p) for p in ("ours", "gather_cast", "flashmla_bf16"))
     batches = sorted(b for b in ours_b if b > 1 and b in gather_b)
-    slower = [b for b in batches if ours_b[b] > gather_b[b]]
-    b_max = batches[-1] if batches else None
-    ctx_ours, others = at("context", "ours"), ("gather_cast", "bf16_cache", "flashinfer_fp8", "flashmla_bf16",
-                                               "index_then_cast")
-    ctxs = sorted(ctx_ours)
-    fastest_accurate = [t for t in ctxs if all(ctx_ours[t] <= at("context", p).get(t, float("inf")) for p in others)]
-    fm_fp8 = at("context", "flashmla_fp8")
-    fm_faster = [t for t in ctxs if t in fm_fp8 and fm_fp8[t] < ctx_ours[t]]
-    spread = worst["step_ms"] - best["step_ms"]
-    k = lambda t: f"{t // 1024}K"  # noqa: E731
-    text = (
-        f"**Every way past the wall removes the same thing: the whole-pool cast.** On this chapter's step (chapter "
-        f"1's step model: GLM-5, one request of {step.params['context_lens'][0]:,} tokens), the whole-pool cast "
-        f"takes {cast_step_name(step)}; every other path lands between {best['step_ms']:.1f} ms ({_short(best)}) and "
-        f"{worst['step_ms']:.1f} ms ({_short(worst)}): {worst['time_saved']:.0%}–{best['time_saved']:.0%} of the "
-        f"step saved. What separates them, {spread:.1f} ms, is {spread / s['full_pool_cast']['step_ms']:.0%} of "
-        f"the step with the cast. **Where ours wins and loses:** ours is the fastest BF16-accurate path for one "
-        f"request at " + (f"every length measured ({k(ctxs[0])}–{k(ctxs[-1])} tokens)"
-                          if len(fastest_accurate) == len(ctxs) else
-                          f"{len(fastest_accurate)} of the {len(ctxs)} lengths measured ("
-                          + (", ".join(map(k, fastest_accurate)) or "none") + f"; {k(ctxs[0])}–{k(ctxs[-1])})"))
-    if fm_fp8:
-        text += (f"; FlashMLA's FP8 kernel, which quantizes the query to FP8 and errs far more (chapter 5), is "
-                 f"faster at {len(fm_faster)} of them" + (f" ({', '.join(map(k, fm_faster))})" if fm_faster else ""))
-    if batches:
-        if not slower:
-            text += (f". With mixed batches of {batches[0]}–{b_max} requests ours is faster than gather_cast + "
-                     f"FlashInfer at every batch measured ({gather_b[b_max] / ours_b[b_max]:.1f}× at batch {b_max})")
-        else:
-            text += (f". With mixed batches ours is slower than gather_cast + FlashInfer at batch "
-                     f"{', '.join(map(str, slower))} (of {batches[0]}–{b_max} measured)")
-        if b_max in fm_b:
-            ratio = fm_b[b_max] / ours_b[b_max]
-            text += (f", and FlashMLA's BF16 kernel (on a BF16 cache, twice the memory) runs a batch of {b_max} in "
-                     f"{ratio:.0%} of ours' time")
-    return text + (". What to run therefore depends on your GPU, your SGLang backend and your batch: the table at the "
-                   "end says which, and the cost model below predicts the step for GPUs we did not measure, the "
-                   "original's included.")
+    ctx_ours, fm_fp8 = _axis(us, "context", "ours"), _axis(us, "context", "flashmla_fp8")
+    others = [_axis(us, "context", p) for p in ("gather_cast", "bf16_cache", "flashinfer_fp8", "flashmla_bf16",
+                                                "index_then_cast")]
+    lengths = sorted(ctx_ours)
+    big = batches[-1] if batches else None
+    return Lead(cast_step(step), min(free, key=lambda r: r["step_ms"]), max(free, key=lambda r: r["step_ms"]),
+                step.params["context_lens"][0], lengths,
+                [t for t in lengths if all(ctx_ours[t] <= o.get(t, float("inf")) for o in others)],
+                [t for t in lengths if t in fm_fp8 and fm_fp8[t] < ctx_ours[t]] if fm_fp8 else None,
+                batches, [b for b in batches if ours_b[b] > gather_b[b]], big and gather_b[big] / ours_b[big],
+                fm_b[big] / ours_b[big] if big in fm_b else None)
 
 
-def memory_text(step: Result) -> str:
+def memory(step: Result) -> dict[str, Any]:
+    """What the step's caches cost: bytes a token over every layer (FP8 and BF16), the pool, its GB in FP8 and the
+    BF16 tokens the same memory holds, the extra peak of the whole-pool cast and of index-then-cast (MB), and the
+    buffer gather_cast preallocates for the request's tokens (MB)."""
     s = {r["path"]: r for r in step_rows(step)}
-    fp8, bf16 = s["ours"]["kv_bytes_per_token"], s["bf16_cache"]["kv_bytes_per_token"]
-    pool = step.params["pool_tokens"]
-    pool_gb = pool * fp8 / 1e9
-    return (
-        f"Memory in this book is counted in MB of 10^6 bytes (and GB of 10^9). An FP8 token costs {fp8:,} bytes "
-        f"across GLM-5's 78 layers (576 values a layer, plus its 4-byte slot index); a BF16 token {bf16:,}. The "
-        f"original's {pool:,}-token pool is {pool_gb:.1f} GB per GPU in FP8; the same memory holds "
-        f"{int(pool * fp8 / bf16):,} BF16 tokens. The whole-pool cast also needs one layer's pool in BF16 while it "
-        f"runs ({s['full_pool_cast']['transient_mb']:,.1f} MB measured as the step's extra peak), PyTorch's "
-        f"index-then-cast {s['index_then_cast']['transient_mb']:.1f} MB at this request's length, and gather_cast "
-        f"writes into a buffer preallocated for the batch's tokens "
-        f"({step.params['context_lens'][0] * 1152 / MB:.1f} MB here, allocated once, so no extra peak within a "
-        f"step). So the BF16 cache is as fast as the best FP8 paths on one request, but it halves how many tokens, "
-        f"and so how many concurrent requests, a GPU can hold.")
+    fp8, bf16, pool = s["ours"]["kv_bytes_per_token"], s["bf16_cache"]["kv_bytes_per_token"], step.params["pool_tokens"]
+    geometry = headline_point(step).geometry
+    return dict(fp8_bytes=fp8, bf16_bytes=bf16, layers=geometry.num_layers, kv_dim=geometry.kv_dim, pool=pool,
+                pool_gb=pool * fp8 / 1e9, bf16_tokens=int(pool * fp8 / bf16), cast_mb=s["full_pool_cast"]["transient_mb"],
+                index_mb=s["index_then_cast"]["transient_mb"],
+                gather_mb=step.params["context_lens"][0] * geometry.kv_dim * 2 / MB)
 
 
-def sweep_findings(sweep: Result) -> str:
-    """Where the cast stops mattering, and where each path wins, read off the sweep."""
+@dataclass(frozen=True)
+class Findings:
+    """What the sweep shows: one layer's whole-pool cast + attention at the smallest and largest pool (``pool``:
+    ``(pool tokens, µs)`` each); per path, one request's µs at the shortest and longest context (``context``: path ->
+    ``(µs, µs)``, 16 heads); the heads measured at one request, its context, ours' µs at the fewest and most heads and
+    the path ours ran at the most."""
+
+    pool: tuple[tuple[int, float], tuple[int, float]]
+    lengths: tuple[int, int]
+    context: dict[str, tuple[float, float]]
+    heads: tuple[int, int]
+    heads_context: int
+    ours_heads_us: tuple[float, float]
+    ours_many_heads_path: str
+
+
+def findings(sweep: Result) -> Findings:
     us = _sweep_us(sweep)
-    pool_pts = [r for r in sweep_rows(sweep) if r["axis"] == "pool" and r["path"] == "full_pool_cast" and r.get("us")]
-    small, large = min(pool_pts, key=lambda r: r["pool_tokens"]), max(pool_pts, key=lambda r: r["pool_tokens"])
-    ctx = sorted({t for a, _, b, t, _ in us if a == "context"})
-    lo, hi = ctx[0], ctx[-1]
-
-    def c(path: str, t: int) -> float:
-        return us[("context", path, 1, t, 16)]
-
-    heads = sorted({h for a, _, b, _, h in us if a == "heads" and b == 1})
-    head_ctx = next(t for a, _, b, t, h in us if a == "heads" and b == 1)
+    pool = sorted((r["pool_tokens"], r["us"]) for r in sweep_rows(sweep)
+                  if r["axis"] == "pool" and r["path"] == "full_pool_cast" and r.get("us"))
+    lo, hi = min(t for a, _, _, t, _ in us if a == "context"), max(t for a, _, _, t, _ in us if a == "context")
+    one = {k: v for k, v in us.items() if k[0] == "heads" and k[2] == 1}
+    heads, ctx = sorted({k[4] for k in one}), next(k[3] for k in one)
     many = next(kernel_that_ran(r) for r in sweep_rows(sweep)
                 if (r["axis"], r["path"], r["batch"], r["heads"]) == ("heads", "ours", 1, heads[-1]))
-    return (
-        f"- **Pool size is the whole story of the cast.** One layer's whole-pool cast plus attention takes "
-        f"{small['us']:,.0f} µs with a {small['pool_tokens']:,}-token pool and {large['us']:,.0f} µs with "
-        f"{large['pool_tokens']:,} (8K context either way): × 78 layers, {small['us'] * 78 / 1e3:.0f} to "
-        f"{large['us'] * 78 / 1e3:.0f} ms a step. No other path reads the pool's size.\n"
-        f"- **Context decides what the cast-free paths cost.** From {lo // 1024}K to {hi // 1024}K tokens (one "
-        f"request, 16 heads) a layer costs {c('gather_cast', lo):.0f} → {c('gather_cast', hi):.0f} µs with "
-        f"gather_cast + fa3, {c('bf16_cache', lo):.0f} → {c('bf16_cache', hi):.0f} µs on a BF16 cache, "
-        f"{c('ours', lo):.0f} → {c('ours', hi):.0f} µs with ours, "
-        f"{c('flashmla_fp8', lo):.0f} → {c('flashmla_fp8', hi):.0f} µs with FlashMLA FP8 and "
-        f"{c('flashinfer_fp8', lo):.0f} → {c('flashinfer_fp8', hi):.0f} µs with FlashInfer's FP8 fa3. "
-        f"gather_cast's price over a BF16 cache is the BF16 write and re-read: "
-        f"{c('gather_cast', hi) / c('bf16_cache', hi):.1f}× at {hi // 1024}K.\n"
-        f"- **Batches favour the kernels with a real scheduler.** FlashInfer, FlashMLA and ours plan a balanced "
-        f"work list per batch (chapter 5); ours still pays a fixed cost per chunk of the list (its queries' load, a "
-        f"float32 partial output, its share of the combine) that the batch panel shows at short requests.\n"
-        f"- **Heads per GPU** ({heads[0]}–{heads[-1]}) barely move the memory-bound paths at one request; ours "
-        f"goes from {us[('heads', 'ours', 1, head_ctx, heads[0])]:.0f} to "
-        f"{us[('heads', 'ours', 1, head_ctx, heads[-1])]:.0f} µs ({head_ctx // 1024}K tokens), on its "
-        f"{KERNEL_NAMES[many]} at {heads[-1]} heads (chapter 5 says where its time goes).")
+    context = {path: (_axis(us, "context", path).get(lo), _axis(us, "context", path).get(hi))
+               for path in {k[1] for k in us}}
+    return Findings((pool[0], pool[-1]), (lo, hi), context, (heads[0], heads[-1]), ctx,
+                    (one[("heads", "ours", 1, ctx, heads[0])], one[("heads", "ours", 1, ctx, heads[-1])]), many)
 
 
-def fused_kernel_text(result: Result, what: str) -> str:
-    """Which of ours' paths ``what`` (a step or sweep ``result``) ran, and why."""
+def kernels_ran(result: Result) -> tuple[list[tuple[str, int]], int, str | None]:
+    """Which of ours' paths a step or sweep ``result`` ran: ``(path, points)`` most first, the points ours ran, and
+    the dispatcher's reason where it ran once."""
     rows = [r for r in (sweep_rows(result) if result.experiment == "path_sweep" else result.rows)
             if r.get("path") == "ours" and not r.get("error")]
-    if not rows:
-        return f"In {what}, ours did not run."
-    said = ", ".join(f"the {KERNEL_NAMES[k]}" + (f" at {n} of {len(rows)} points" if len(rows) > 1 else "")
-                     for k, n in kernels_that_ran(rows).most_common())
-    why = f" (the dispatcher: “{rows[0]['path_why']}”)" if len(rows) == 1 and rows[0].get("path_why") else ""
-    return f"In {what}, ours ran {said}, the path the dispatcher picked{why}."
+    return kernels_that_ran(rows).most_common(), len(rows), rows[0].get("path_why") if len(rows) == 1 else None
 
 
-def _bar_color(r: dict[str, Any]) -> str:
-    """The front page's colours: the cast red, FP8-cache paths at BF16 accuracy blue, BF16 caches light blue, an FP8
-    query (FlashMLA FP8) amber."""
-    if r["path"] == "full_pool_cast":
-        return "#d62728"
-    if r["cache_dtype"] == "bfloat16":
-        return "#9ecae1"
-    return "#f2a900" if r["path"] == "flashmla_fp8" else "#1f77b4"
-
-
-def front_page_figure(step: Result) -> go.Figure:
+def front_page_figure(step: Result, caption: Sequence[str]) -> go.Figure:
     """The book's answer in one figure: the original's step (its own figure) and chapter 6's step on the H200 with
     each path (horizontal bars, ms per step), each bar saying what its cache holds in the same memory."""
-    rows = step_rows(step)
-    y = [f"the original ({ORIGINAL.gpu}, its figure)"] + [r["name"] for r in rows]
+    rows, labels = step_rows(step), WORDS.front_page_figure
+    colors = labels.colors
+    y = [fill(labels.original, gpu=ORIGINAL.gpu)] + [r["name"] for r in rows]
     x = [ORIGINAL.step_ms] + [r["step_ms"] for r in rows]
-    text = [f"{ORIGINAL.step_ms:g} ms"] + [
-        f"{r['step_ms']:.1f} ms" + ("" if r["tokens_per_fp8_pool"] >= 1 else
-                                    f" · {r['tokens_per_fp8_pool']:.1f}× the tokens") for r in rows]
-    colors = ["#bbbbbb"] + [_bar_color(r) for r in rows]
-    fig = go.Figure(go.Bar(x=x, y=y, orientation="h", text=text, textposition="outside", marker_color=colors,
-                           cliponaxis=False, hovertemplate="%{y}: %{x:.1f} ms a step<extra></extra>"))
-    fig.update_layout(title="One GLM-5 decode step, every way past the wall", xaxis_title="ms per decode step",
-                      xaxis_range=[0, max(x) * 1.3], yaxis=dict(autorange="reversed"), showlegend=False, bargap=0.25)
-    return with_caption(fig, [f"{step.caption()} Chapter 6's step (chapter 1's step model: 78 layers, "
-                              f"{step.params['pool_tokens']:,}-token pool, 16 heads per GPU, one "
-                              f"{step.params['context_lens'][0] // 1024}K request; the rest of each layer a stand-in "
-                              "for the original's non-cast time), CUDA-graph replay. Red: the whole-pool cast; blue: "
-                              "FP8 cache, BF16 accuracy; amber: FP8 query; light blue: a BF16 cache ('× the tokens': "
-                              "what it holds in the FP8 pool's memory).",
-                              "Grey: the original's reported step on its GPU, not measured here."],
-                        height=140 + 34 * len(y), legend="none")
+    text = [f"{ORIGINAL.step_ms:g} ms"] + [fill(labels.bar, r["tokens_per_fp8_pool"] >= 1, ms=r["step_ms"],
+                                                tokens=r["tokens_per_fp8_pool"]) for r in rows]
+    marker = [colors.original] + [colors.cast if r["path"] == "full_pool_cast" else colors.bf16_cache
+                                  if r["cache_dtype"] == "bfloat16" else colors.fp8_query if r["path"] == "flashmla_fp8"
+                                  else colors.fp8_cache for r in rows]
+    fig = go.Figure(go.Bar(x=x, y=y, orientation="h", text=text, textposition="outside", marker_color=marker,
+                           cliponaxis=False, hovertemplate=labels.hover))
+    fig.update_layout(title=labels.title, xaxis_title=labels.x, xaxis_range=[0, max(x) * 1.3],
+                      yaxis=dict(autorange="reversed"), showlegend=False, bargap=0.25)
+    return with_caption(fig, caption, height=140 + 34 * len(y), legend="none")

@@ -25,8 +25,6 @@ from kvwall.experiments import EXPERIMENTS, run_experiment
 from kvwall.reports.tables import show_markdown
 from kvwall.results import PROJECT_ROOT, Result, ResultMissingError, load_result, save_result
 
-__all__ = ["MODES", "ChapterRun", "start_chapter", "step_knobs", "execution_dir", "load_execution_records"]
-
 MODES = ("auto", "gpu", "cpu")
 
 
@@ -60,10 +58,9 @@ class ChapterRun:
 
     def live_caption(self, detail: str = "") -> str:
         """The provenance line of a number measured live in this run."""
-        where = _device_description(self.device)
-        scale = "full scale" if self.scale == "full" else "small scale"
-        extra = f"; {detail}" if detail else ""
-        return f"Measured live on this machine: {where}, {scale}{extra}, torch {torch.__version__}."
+        detail = f"; {detail}" if detail else ""
+        return (f"Measured live on this machine: {_device_description(self.device)}, {self.scale} scale{detail}, "
+                f"torch {torch.__version__}.")
 
     def measure(self, experiment: str, **overrides: Any) -> Result:
         """Run an experiment live at this chapter's scale; with ``record=True`` also save it."""
@@ -76,8 +73,8 @@ class ChapterRun:
         """Load a recorded GPU run, note that this chapter used it, and warn visibly if stale."""
         result = load_result(experiment)
         path = result.path.relative_to(PROJECT_ROOT) if result.path.is_relative_to(PROJECT_ROOT) else result.path
-        self.recorded_used.append({"experiment": experiment, "file": str(path),
-                                   "caption": result.caption(), "stale": result.stale})
+        self.recorded_used.append(dict(experiment=experiment, file=str(path), caption=result.caption(),
+                                       stale=result.stale))
         if result.stale:
             _show_warning(f"Stale recorded result. {result.caption()}")
         return result
@@ -97,13 +94,11 @@ class ChapterRun:
         """Write how this chapter executed, and the values it computed, for tests and the status page."""
         out = execution_dir()
         out.mkdir(parents=True, exist_ok=True)
-        record = {
-            "chapter": self.chapter, "mode": self.mode, "device": _device_description(self.device),
-            "scale": self.scale, "knobs": self.knobs, "record": self.record,
-            "started": _dt.datetime.fromtimestamp(self.started, _dt.timezone.utc).isoformat(timespec="seconds"),
-            "duration_s": round(time.time() - self.started, 1), "torch": torch.__version__,
-            "recorded_used": self.recorded_used, "values": values,
-        }
+        started = _dt.datetime.fromtimestamp(self.started, _dt.timezone.utc)
+        record = dict(chapter=self.chapter, mode=self.mode, device=_device_description(self.device), scale=self.scale,
+                      knobs=self.knobs, record=self.record, started=started.isoformat(timespec="seconds"),
+                      duration_s=round(time.time() - self.started, 1), torch=torch.__version__,
+                      recorded_used=self.recorded_used, values=values)
         path = out / f"{self.chapter}.json"
         path.write_text(json.dumps(record, indent=1, default=float) + "\n")
         return path
@@ -111,13 +106,10 @@ class ChapterRun:
 
 def _show_warning(text: str) -> None:
     """A visible warning box (the theme's admonition style in the book; plain HTML in JupyterLab)."""
-    try:
-        from IPython.display import HTML, display
+    from IPython.display import HTML, display  # pylint: disable=import-outside-toplevel
 
-        display(HTML('<div class="admonition warning" style="border-left:4px solid #e0a800;padding:0.4em 0.8em">'
-                     f'<p class="admonition-title"><b>Warning</b></p><p>{html.escape(text)}</p></div>'))
-    except ImportError:
-        print("WARNING:", text)
+    display(HTML('<div class="admonition warning" style="border-left:4px solid #e0a800;padding:0.4em 0.8em">'
+                 f'<p class="admonition-title"><b>Warning</b></p><p>{html.escape(text)}</p></div>'))
 
 
 def _positive_int(name: str, value: Any) -> int:

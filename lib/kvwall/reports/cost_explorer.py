@@ -3,7 +3,9 @@
 The cost model (:mod:`kvwall.model.cost`, fitted on the recorded H200 sweep) is the one source of truth: every
 state the explorer can show is computed here, in Python, and embedded in the page as a compact grid; the page's
 JavaScript only looks values up and draws them with plotly.js (the copy the chapter's other figures bring: offline,
-no CDN). The initial state comes from ``location.hash`` (``#explorer:model=glm-5&gpu=h200&tp=4&context=8192&
+no CDN). The page -- its controls, notes and script -- is ``cost_explorer.html`` beside this module; its words
+about the model (where a GPU's rates come from, what a cache costs) are in ``book/answer.yml``. The initial state
+comes from ``location.hash`` (``#explorer:model=glm-5&gpu=h200&tp=4&context=8192&
 batch=1&pool=495000``), and every draw writes what it drew into the container's ``data-drawn`` attribute (JSON), so
 a headless browser's DOM shows it.
 """
@@ -13,23 +15,26 @@ from __future__ import annotations
 import html
 import itertools
 import json
+import re
+import string
 import uuid
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from IPython.display import HTML
 
 from kvwall.experiments import EXPERIMENTS
-from kvwall.model.paths import kv_bytes_per_token as paths_kv_bytes
+from kvwall.model.step_paths import kv_bytes_per_token as paths_kv_bytes
 from kvwall.model.cost import GPUS, MODEL_PRESETS, PATHS, TRANSFER_RULES, CostModel, GPUSpec, Point, paths_on
 from kvwall.model.geometry import MLAGeometry
 from kvwall.model.original import ORIGINAL
-from kvwall.reports.answer_report import SWEEP_COLORS
+from kvwall.reports.answer_report import SWEEP_COLORS, WORDS, fill
 
 __all__ = ["TENSOR_PARALLEL", "CONTEXTS", "BATCHES", "POOLS", "State", "ORIGINAL_STATE", "CostRow", "cost_rows",
-           "kv_bytes_per_token", "memory_note", "rates_note", "explorer_states", "explorer_grid", "grid_values",
-           "explorer_html", "cost_explorer"]
+           "kv_bytes_per_token", "memory", "memory_note", "rates_note", "explorer_states", "explorer_grid",
+           "grid_values", "PAGE", "explorer_html", "cost_explorer"]
 
 #: The explorer's choices (any other value still works in :func:`cost_rows` and the CLI).
 TENSOR_PARALLEL = (1, 2, 4, 8)
@@ -125,7 +130,7 @@ class CostRow:
 
 def kv_bytes_per_token(geometry: MLAGeometry, cache: str) -> int:
     """Bytes one token takes over every layer in an FP8 or a BF16 cache, its slot index included (chapter 6's one
-    definition, :func:`kvwall.model.paths.kv_bytes_per_token`)."""
+    definition, :func:`kvwall.model.step_paths.kv_bytes_per_token`)."""
     return paths_kv_bytes(geometry, torch.bfloat16 if cache.lower() == "bf16" else torch.float8_e4m3fn)
 
 
@@ -157,22 +162,20 @@ def _reference_short(model: CostModel) -> str:
 
 def rates_note(model: CostModel, gpu: GPUSpec) -> str:
     """Where a GPU's predictions come from: fitted on the reference GPU, or its datasheet with rates transferred."""
-    ref = _reference_short(model)
-    if gpu.key == model.reference.key:
-        return f"fitted on the {ref} sweep"
-    return f"predicted from datasheet ceilings (rates transferred from the {ref})"
+    return fill(WORDS.explorer.rates, gpu.key == model.reference.key, reference=_reference_short(model))
+
+
+def memory(model_key: str) -> dict[str, Any]:
+    """KV bytes per token in an FP8 and a BF16 cache, and the tokens each holds in the original's pool memory."""
+    geometry = MODEL_PRESETS[model_key]
+    fp8, bf16, pool = kv_bytes_per_token(geometry, "fp8"), kv_bytes_per_token(geometry, "bf16"), ORIGINAL.pool_tokens
+    return dict(g=geometry, fp8=fp8, bf16=bf16, pool=pool, gb=pool * fp8 / 1e9, fp8_tokens=pool * fp8 // fp8,
+                bf16_tokens=pool * fp8 // bf16)
 
 
 def memory_note(model_key: str) -> str:
-    """KV bytes per token in an FP8 and a BF16 cache, and the tokens each holds in the original's pool memory."""
-    geometry = MODEL_PRESETS[model_key]
-    fp8, bf16 = kv_bytes_per_token(geometry, "fp8"), kv_bytes_per_token(geometry, "bf16")
-    memory = ORIGINAL.pool_tokens * fp8
-    return (f"{geometry.name}: KV bytes per token ({geometry.num_layers} layers × {geometry.kv_dim} values, plus a "
-            f"4-byte slot index): "
-            f"FP8 cache {fp8:,} B, BF16 cache {bf16:,} B. In the original's pool memory ({ORIGINAL.pool_tokens:,} "
-            f"tokens × {fp8:,} B = {memory / 1e9:.1f} GB) an FP8 cache holds {memory // fp8:,} tokens, a BF16 cache "
-            f"{memory // bf16:,}.")
+    """:func:`memory` in a sentence (the explorer shows it under its controls)."""
+    return fill(WORDS.explorer.memory_note, **memory(model_key))
 
 
 def _round3(x: float) -> float | int:
@@ -208,140 +211,36 @@ def grid_values(grid: dict[str, Any], state: State) -> dict[str, list[float]] | 
 
 def _page_data(model: CostModel) -> dict[str, Any]:
     """Everything the page's script needs: the grid, labels, colours, notes, choices and the default state."""
-    return {
-        **explorer_grid(model),
-        "labels": {p: c.label for p, c in PATHS.items()},
-        "colors": {p: SWEEP_COLORS.get(p.removesuffix("_fa2"), "#7f7f7f") for p in PATHS},
-        "models": {k: {"name": g.name, "heads": g.num_heads, "layers": g.num_layers, "note": memory_note(k)}
-                   for k, g in MODEL_PRESETS.items()},
-        "gpus": {k: {"name": g.name, "arch": g.arch, "rates": rates_note(model, g)} for k, g in GPUS.items()},
-        "default": {k: str(v) for k, v in asdict(ORIGINAL_STATE).items()},
-    }
-
-
-def _select(uid: str, field: str, label: str, options: list[tuple[str, str]]) -> str:
-    opts = "".join(f'<option value="{html.escape(v)}">{html.escape(t)}</option>' for v, t in options)
-    return (f'<label style="margin-right:1em">{html.escape(label)} '
-            f'<select id="{uid}-{field}" data-field="{field}">{opts}</select></label>')
+    return dict(explorer_grid(model), labels={p: c.label for p, c in PATHS.items()},
+                colors={p: SWEEP_COLORS.get(p.removesuffix("_fa2"), "#7f7f7f") for p in PATHS},
+                models={k: dict(name=g.name, heads=g.num_heads, layers=g.num_layers, note=memory_note(k))
+                        for k, g in MODEL_PRESETS.items()},
+                gpus={k: dict(name=g.name, arch=g.arch, rates=rates_note(model, g)) for k, g in GPUS.items()},
+                default={k: str(v) for k, v in asdict(ORIGINAL_STATE).items()})
 
 
 def _tokens(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
 
 
-_SCRIPT = r"""
-(function () {
-  var ID = "__ID__", DATA = __DATA__;
-  var FIELDS = ["model", "gpu", "tp", "context", "batch", "pool"];
-  var root = document.getElementById(ID), plot = document.getElementById(ID + "-plot");
-  var msg = document.getElementById(ID + "-msg"), note = document.getElementById(ID + "-note");
-  function sel(f) { return document.getElementById(ID + "-" + f); }
-  function fromHash() {
-    var h = decodeURIComponent((window.location.hash || "").replace(/^#/, "")), out = {};
-    if (h.indexOf("explorer:") !== 0) return out;
-    h.slice(9).split("&").forEach(function (kv) {
-      var i = kv.indexOf("=");
-      if (i > 0) out[kv.slice(0, i)] = kv.slice(i + 1);
-    });
-    return out;
-  }
-  function apply(s) {
-    FIELDS.forEach(function (f) {
-      var el = sel(f), v = s[f];
-      var ok = Array.prototype.some.call(el.options, function (o) { return o.value === v; });
-      el.value = ok ? v : DATA["default"][f];
-    });
-  }
-  function state() { var s = {}; FIELDS.forEach(function (f) { s[f] = sel(f).value; }); return s; }
-  function fmt(v) { return Number(v).toLocaleString("en-US", {maximumSignificantDigits: 3}); }
-  function draw() {
-    var s = state(), key = FIELDS.map(function (f) { return s[f]; }).join("|");
-    var cell = DATA.states[key], m = DATA.models[s.model], g = DATA.gpus[s.gpu];
-    var heads = m.heads / Number(s.tp), ctx = Number(s.context);
-    var ctxText = ctx % 1024 === 0 ? (ctx / 1024) + "K" : ctx.toLocaleString("en-US");
-    note.textContent = m.note;
-    var drawn = {state: s, key: key, gpu_rates: g.rates, fits: cell !== 0, values: {}};
-    if (cell === 0 || cell === undefined) {
-      msg.textContent = s.batch + " requests × " + ctxText + " tokens = " +
-        (Number(s.batch) * ctx).toLocaleString("en-US") + " tokens do not fit in a pool of " +
-        Number(s.pool).toLocaleString("en-US") + " tokens: nothing to draw. Lower the batch or the context, " +
-        "or pick the larger pool.";
-      msg.style.display = "block"; plot.style.display = "none";
-      root.setAttribute("data-drawn", JSON.stringify(drawn));
-      return;
-    }
-    msg.style.display = "none"; plot.style.display = "block";
-    var names = [], y = [], mid = [], lo = [], hi = [], hiEnd = [], text = [], colors = [];
-    Object.keys(cell).forEach(function (i) {
-      var p = DATA.paths[Number(i)], v = cell[i];
-      drawn.values[p] = v; names.push(p); y.push(DATA.labels[p]); colors.push(DATA.colors[p]);
-      mid.push((v[0] + v[1]) / 2); lo.push((v[0] + v[1]) / 2 - v[0]); hi.push(v[1] - (v[0] + v[1]) / 2);
-      hiEnd.push(v[1]);
-      text.push(v[0] === v[1] ? fmt(v[0]) + " ms" : fmt(v[0]) + "–" + fmt(v[1]) + " ms");
-    });
-    var title = m.name + " on " + g.name + ": " + heads + " heads per GPU (TP " + s.tp + "), " + s.batch +
-      " × " + ctxText + " tokens, pool " + Number(s.pool).toLocaleString("en-US") + " tokens" +
-      "<br><sub>ms of KV work per decode step, " + g.rates + "</sub>";
-    drawn.title = title;
-    var log = document.getElementById(ID + "-log").checked;
-    Plotly.react(plot, [{
-      type: "bar", orientation: "h", x: mid, y: y, customdata: names, marker: {color: colors},
-      error_x: {type: "data", symmetric: false, array: hi, arrayminus: lo, color: "#333", thickness: 1.2},
-      text: text, textposition: "none", hovertemplate: "%{y}<br>%{text} of KV work per step<extra></extra>"
-    }, {
-      type: "scatter", mode: "text", x: hiEnd, y: y, textposition: "middle right", cliponaxis: false,
-      text: text.map(function (t) { return "  " + t; }), hoverinfo: "skip", textfont: {size: 12}
-    }], {
-      title: {text: title, font: {size: 14}}, template: "plotly_white", height: 170 + 34 * y.length,
-      margin: {l: 10, r: 130, t: 80, b: 50}, bargap: 0.25, showlegend: false,
-      xaxis: {title: {text: "ms per decode step (" + m.layers + " layers × predicted µs per layer)"},
-              type: log ? "log" : "linear", rangemode: "tozero", automargin: true},
-      yaxis: {autorange: "reversed", automargin: true}
-    }, {responsive: true, displaylogo: false});
-    root.setAttribute("data-drawn", JSON.stringify(drawn));
-  }
-  var tries = 0;
-  function start() {
-    if (!window.Plotly) {
-      if (++tries > 600) { msg.textContent = "plotly.js did not load: the explorer cannot draw."; return; }
-      return setTimeout(start, 100);
-    }
-    FIELDS.concat(["log"]).forEach(function (f) { sel(f).addEventListener("change", draw); });
-    window.addEventListener("hashchange", function () { if (fromHash().model) { apply(fromHash()); draw(); } });
-    draw();
-  }
-  apply(fromHash());
-  start();
-})();
-"""
+def _options(choices: list[tuple[Any, str]]) -> str:
+    return "".join(f'<option value="{html.escape(str(v))}">{html.escape(t)}</option>' for v, t in choices)
+
+
+#: The explorer's page: its controls, notes and script (``$``-placeholders filled by :func:`explorer_html`).
+PAGE = string.Template(Path(__file__).with_name("cost_explorer.html").read_text(encoding="utf-8").rstrip())
 
 
 def explorer_html(model: CostModel, caption: str) -> str:
     """The explorer as one self-contained HTML block (needs plotly.js on the page; waits for ``window.Plotly``)."""
-    uid = f"kvx-{uuid.uuid4().hex[:10]}"
     data = json.dumps(_page_data(model), separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
-    controls = "".join((
-        _select(uid, "model", "model", [(k, g.name) for k, g in MODEL_PRESETS.items()]),
-        _select(uid, "gpu", "GPU", [(k, g.name) for k, g in GPUS.items()]),
-        _select(uid, "tp", "tensor parallel", [(str(t), str(t)) for t in TENSOR_PARALLEL]),
-        _select(uid, "context", "context per request", [(str(c), _tokens(c)) for c in CONTEXTS]),
-        _select(uid, "batch", "batch (requests)", [(str(b), str(b)) for b in BATCHES]),
-        _select(uid, "pool", "pool tokens", [(str(p), f"{p:,}") for p in POOLS]),
-        f'<label><input type="checkbox" id="{uid}-log"> log scale</label>',
-    ))
-    rules = " and ".join(f"“{r}”" for r in TRANSFER_RULES)
-    return (
-        f'<div id="{uid}" class="kvwall-cost-explorer" style="margin:1em 0">'
-        f'<div style="line-height:2.2">{controls}</div>'
-        f'<p id="{uid}-note" style="margin:0.3em 0;font-size:90%"></p>'
-        f'<p id="{uid}-msg" style="padding:0.6em;border-left:4px solid #e0a800">Waiting for plotly.js …</p>'
-        f'<div id="{uid}-plot" style="width:100%;min-height:300px"></div>'
-        f'<p style="font-size:80%;color:#555;margin-top:0.3em">Predicted by the cost model fitted on the H200 sweep. '
-        f"Bars: the path's KV work per decode step (preparation + attention, all layers), not the whole step. "
-        f"Error bars on datasheet GPUs: the range between the transfer rules {rules}. "
-        f"{html.escape(caption)}</p>"
-        f"<script>{_SCRIPT.replace('__ID__', uid).replace('__DATA__', data)}</script></div>"
-    )
+    page = PAGE.substitute(
+        uid=f"kvx-{uuid.uuid4().hex[:10]}", data=data, caption=html.escape(caption),
+        rules=" and ".join(f"“{r}”" for r in TRANSFER_RULES), model=_options([(k, g.name) for k, g in MODEL_PRESETS.items()]),
+        gpu=_options([(k, g.name) for k, g in GPUS.items()]), tp=_options([(t, str(t)) for t in TENSOR_PARALLEL]),
+        context=_options([(c, _tokens(c)) for c in CONTEXTS]), batch=_options([(b, str(b)) for b in BATCHES]),
+        pool=_options([(p, f"{p:,}") for p in POOLS]))
+    return re.sub(r">\n<", "><", page.split("-->\n", 1)[1])
 
 
 def cost_explorer(model: CostModel, caption: str) -> HTML:

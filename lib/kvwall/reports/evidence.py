@@ -12,15 +12,13 @@ from kvwall.reports.doors_report import calls_for_matrix
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY, door_matrix
 from kvwall.results import Result, ResultMissingError, load_result
 
-__all__ = ["Evidence", "SOURCES", "SPARSE_DOOR", "door_cells", "open_doors", "refused_doors", "flashmla_fp8_error",
-           "bench_us", "batch_comparison", "step_at", "steps_text", "span"]
-
-#: The recorded results the decision reads (GPU recordings but ``doors_checks`` and ``dsa_forced_dense``, CPU runs).
-SOURCES = ("decode_step_paths", "path_sweep", "fused_decode_bench", "fused_decode_validation", "doors_checks",
-           "doors_sm90", "fp8_accuracy", "dsa_decode", "dsa_forced_dense", "decode_step_batches",
-           "multi_token_decode")
-_FIELDS = ("step", "sweep", "bench", "validation", "doors_checks", "doors_sm90", "accuracy", "dsa", "dsa_forced",
-           "step_batches", "multi_token")
+#: The recorded results the decision reads, by :class:`Evidence` field (GPU recordings but ``doors_checks`` and
+#: ``dsa_forced_dense``, CPU runs); the first two are required.
+_SOURCE_OF = dict(step="decode_step_paths", sweep="path_sweep", bench="fused_decode_bench",
+                  validation="fused_decode_validation", doors_checks="doors_checks", doors_sm90="doors_sm90",
+                  accuracy="fp8_accuracy", dsa="dsa_decode", dsa_forced="dsa_forced_dense",
+                  step_batches="decode_step_batches", multi_token="multi_token_decode")
+SOURCES = tuple(_SOURCE_OF.values())
 #: The door of chapter 3's matrix that is the DSA (sparse) kernel.
 SPARSE_DOOR = "sm120-sparse"
 
@@ -49,7 +47,7 @@ class Evidence:
 
     @classmethod
     def load(cls, loader: Callable[[str], Result | None] | None = None, fit: SweepFit | None = None,
-             **known: Result | None) -> "Evidence":
+             **known: Result | None) -> Evidence:
         """Every result of :data:`SOURCES` through ``loader`` (a chapter's ``recorded_or_none``; default: the
         recorded files, a missing optional one as None); ``known``: results already loaded, by field name
         (``step=``, ``sweep=``)."""
@@ -57,14 +55,14 @@ class Evidence:
             try:
                 return load_result(name)
             except ResultMissingError:
-                if name in ("decode_step_paths", "path_sweep"):
+                if name in SOURCES[:2]:
                     raise
                 return None
         get = loader or default
-        return cls(*(known[f] if f in known else get(n) for f, n in zip(_FIELDS, SOURCES)), fit=fit)
+        return cls(**{f: known[f] if f in known else get(n) for f, n in _SOURCE_OF.items()}, fit=fit)
 
     def results(self) -> list[Result]:
-        return [r for r in (getattr(self, f) for f in _FIELDS) if r is not None]
+        return [r for r in (getattr(self, f) for f in _SOURCE_OF) if r is not None]
 
 
 def door_cells(checks: Result | None, sm90: Result | None) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ import re
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import jupytext
 import nbformat
@@ -29,14 +30,13 @@ import papermill
 
 from kvwall.results import PROJECT_ROOT
 
-__all__ = ["BOOK_DIR", "ChapterError", "ChapterRunError", "chapter_files", "chapter_parameters", "execute_chapter",
-           "output_targets"]
-
 BOOK_DIR = PROJECT_ROOT / "book"
 #: A chapter, ``NN_slug.md``, or a chapter's appendix page, ``NNa_slug.md`` (chapter 5's lab page).
 _CHAPTER_NAME = re.compile(r"\d\d[a-z]?_[A-Za-z0-9_]+\.md")
 #: What the chapter's process reads as paths; made absolute before it runs in ``book/``.
 _PATH_VARIABLES = ("KVWALL_RESULTS_DIR",)
+#: IPython's ``%`` and ``!`` lines, left out when a cell is parsed as Python.
+_MAGIC = re.compile(r"^\s*[%!].*$", re.M)
 
 
 class ChapterError(ValueError):
@@ -54,93 +54,64 @@ def chapter_files(book: Path = BOOK_DIR) -> list[Path]:
 
 
 def _chapter_notebook(path: Path) -> nbformat.NotebookNode:
-    choices = ", ".join(p.name for p in chapter_files())
-    if path.is_dir():
-        raise ChapterError(f"{path} is a folder; give one chapter file, book/NN_slug.md ({choices}).")
-    if not path.exists():
-        raise ChapterError(f"{path}: no such file; the chapters are {choices} in {BOOK_DIR}.")
-    if not path.is_file():
-        raise ChapterError(f"{path} is not a plain file (a device or a pipe); give one of {choices} in {BOOK_DIR}.")
-    if not _CHAPTER_NAME.fullmatch(path.name):
-        raise ChapterError(f"{path} is not a chapter: only book/NN_slug.md files execute ({choices}).")
+    """``path`` read by jupytext, or :class:`ChapterError` saying why it is not a chapter and naming the chapters."""
+    problem = ("is a folder" if path.is_dir() else "no such file" if not path.exists() else
+               "is not a plain file (a device or a pipe)" if not path.is_file() else
+               "is not a chapter" if not _CHAPTER_NAME.fullmatch(path.name) else None)
     try:
-        return jupytext.read(path)
+        if problem is None:
+            return jupytext.read(path)
     except (OSError, UnicodeDecodeError) as exc:
-        raise ChapterError(f"{path} cannot be read as a MyST chapter ({exc}); give one of {choices}.") from None
+        problem = f"cannot be read as a MyST chapter ({exc})"
+    chapters = ", ".join(p.name for p in chapter_files())
+    raise ChapterError(f"{path}: {problem}; give one chapter file, book/NN_slug.md ({chapters}).")
 
 
-def _code(notebook: nbformat.NotebookNode, path: Path) -> list[ast.Module]:
-    """Every code cell of the chapter, parsed (IPython's ``%`` and ``!`` lines left out)."""
-    trees = []
-    for number, cell in enumerate(notebook.cells, 1):
-        if cell.cell_type != "code":
-            continue
-        source = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in cell.source.splitlines())
+def _check_declared_name(notebook: nbformat.NotebookNode, path: Path) -> None:
+    """Raise :class:`ChapterError` unless every code cell parses (IPython's ``%`` and ``!`` lines left out) and the
+    chapter calls ``start_chapter("<its file's stem>", ...)`` (its execution record's name) and ``finish()``."""
+    calls = []
+    for number, cell in enumerate((c for c in notebook.cells if c.cell_type == "code"), 1):
         try:
-            trees.append(ast.parse(source))
+            calls += [n for n in ast.walk(ast.parse(_MAGIC.sub("", cell.source))) if isinstance(n, ast.Call)]
         except SyntaxError as exc:
-            raise ChapterError(f"{path}: cell {number} is not valid Python ({exc.msg}, line {exc.lineno}); fix the "
-                               "chapter before running it.") from None
-    return trees
-
-
-def _declared_name(trees: list[ast.Module], path: Path) -> str:
-    """The name the chapter gives itself in ``start_chapter("NN_slug", ...)``: its execution record's name.
-    Raises :class:`ChapterError` unless that is the file's own name and the chapter calls ``finish``."""
-    calls = [node for tree in trees for node in ast.walk(tree) if isinstance(node, ast.Call)]
-    names = [c.args[0].value for c in calls if isinstance(c.func, ast.Name) and c.func.id == "start_chapter"
-             and c.args and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str)]
-    finishes = any(isinstance(c.func, ast.Attribute) and c.func.attr == "finish" for c in calls)
-    if not names or not finishes:
-        raise ChapterError(f"{path} does not call start_chapter(\"{path.stem}\", ...) and finish(): it would write "
-                           "no execution record. Only the book's chapters execute; copy one and keep those calls.")
-    if names[0] != path.stem:
-        raise ChapterError(f"{path} calls itself {names[0]!r} (its start_chapter call), so its record would be "
-                           f"execution/{names[0]}.json, not {path.stem}.json: change the name in that call to "
-                           f"{path.stem!r}, or name the file {names[0]}.md.")
-    return names[0]
+            raise ChapterError(f"{path}: code cell {number} is not valid Python ({exc.msg}, line {exc.lineno}).") from None
+    names = [ast.literal_eval(c.args[0]) for c in calls if ast.unparse(c.func) == "start_chapter" and c.args
+             and isinstance(c.args[0], ast.Constant)]
+    if names[:1] != [path.stem] or not any(ast.unparse(c.func).endswith(".finish") for c in calls):
+        raise ChapterError(f"{path} must call start_chapter({path.stem!r}, ...) and finish() to write its execution "
+                           f"record (its start_chapter names {names[0] if names else None!r}); copy a chapter's calls.")
 
 
 def chapter_parameters(notebook: nbformat.NotebookNode) -> dict[str, str]:
     """Names the chapter's ``parameters`` cell assigns, with the source of each default value."""
-    found: dict[str, str] = {}
-    for cell in notebook.cells:
-        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            try:
-                body = ast.parse(cell.source).body
-            except SyntaxError as exc:
-                raise ChapterError(f"the parameters cell is not valid Python ({exc.msg}, line {exc.lineno}); "
-                                   "fix the chapter before running it.") from None
-            for node in body:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                    node, ast.AnnAssign) else []
-                found.update({t.id: ast.unparse(node.value) for t in targets
-                              if isinstance(t, ast.Name) and node.value is not None})
-    return found
+    cells = [c for c in notebook.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+    assigns = [node for c in cells for node in ast.parse(c.source).body if isinstance(node, (ast.Assign, ast.AnnAssign))]
+    return {t.id: ast.unparse(node.value) for node in assigns if node.value is not None
+            for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)}
 
 
-def output_targets(path: Path, out_dir: Path) -> tuple[Path, Path]:
-    """The executed notebook and the execution record that running chapter ``path`` into ``out_dir`` writes
-    (absolute: ``out_dir`` is taken against the current directory). Raises :class:`ChapterError` if either
-    cannot be written there; creates nothing."""
+def _outputs(path: Path, out_dir: Path) -> tuple[Path, Path, Path]:
+    """Where running chapter ``path`` into ``out_dir`` (taken against the current directory) writes: the hidden
+    notebook papermill writes, created here, the executed notebook it is renamed to, and the execution record.
+    Raises :class:`ChapterError`, creating nothing, if any of them cannot be written."""
     out = Path(os.path.abspath(out_dir))
     notebook, record = out / f"{path.stem}.ipynb", out / "execution" / f"{path.stem}.json"
     try:
-        if out.resolve() == BOOK_DIR or out.resolve().is_relative_to(BOOK_DIR):
-            raise ChapterError(f"{out_dir}: the book's sources ({BOOK_DIR}) are no place for an executed notebook "
-                               "(it would be built as a page); give a folder outside book/.")
-        for target, kind in ((out, "a folder"), (record.parent, "a folder"), (notebook, "a file"),
-                             (record, "a file")):
-            if target.exists() and target.is_dir() != (kind == "a folder"):
-                raise ChapterError(f"{target} is there and is not {kind}, so the run's output could not be put in "
-                                   "place; move it away or give another output folder.")
-            if target.is_symlink() and not target.exists():
-                raise ChapterError(f"{target} is a link to nothing ({os.readlink(target)}); remove it or "
-                                   "give another output folder.")
+        if out.resolve().is_relative_to(BOOK_DIR):
+            raise ChapterError(f"{out_dir} is in the book's sources, where a notebook is built as a page; give a "
+                               "folder outside book/.")
+        for target, folder in ((out, True), (record.parent, True), (notebook, False), (record, False)):
+            dangling = target.is_symlink() and not target.exists()
+            if dangling or target.exists() and target.is_dir() != folder:
+                what = "a link to nothing" if dangling else f"not a {('file', 'folder')[folder]}"
+                raise ChapterError(f"{target} is {what}; move it away or give another output folder.")
+        out.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=out, prefix=f".{path.stem}.", suffix=".tmp.ipynb")
+        os.close(fd)
     except OSError as exc:
-        raise ChapterError(f"{out_dir}: cannot write the executed notebook there ({exc.strerror or exc}); give a "
-                           "folder you can write in.") from None
-    return notebook, record
+        raise ChapterError(f"{out_dir}: cannot write the executed notebook there ({exc.strerror or exc}).") from None
+    return Path(partial), notebook, record
 
 
 def _stat(path: Path) -> tuple[int, int, int] | None:
@@ -157,7 +128,7 @@ def execute_chapter(path: Path, out_dir: Path, *, timeout_s: int = 900, progress
     ``<out_dir>/execution/<stem>.json`` (``out_dir`` taken against the current directory).
 
     Raises :class:`ChapterError` before running anything if ``path`` is not a chapter, a parameter is not
-    in its ``parameters`` cell, or an output cannot be written (:func:`output_targets`); a failing cell raises
+    in its ``parameters`` cell, or an output cannot be written; a failing cell raises
     papermill's ``PapermillExecutionError``, and a run whose outputs could not be put in place
     :class:`ChapterRunError`.
     """
@@ -165,41 +136,21 @@ def execute_chapter(path: Path, out_dir: Path, *, timeout_s: int = 900, progress
         raise ChapterError(f"timeout_s={timeout_s!r}: give a positive whole number of seconds per cell.")
     path = Path(os.path.abspath(path))
     notebook = _chapter_notebook(path)
+    _check_declared_name(notebook, path)
     known = chapter_parameters(notebook)
-    unknown = sorted(set(parameters) - set(known))
-    if unknown:
+    if unknown := sorted(set(parameters) - set(known)):
         takes = ", ".join(f"{k} (default {v})" for k, v in known.items())
         raise ChapterError(f"{path.name} has no parameter {', '.join(unknown)}; it takes: {takes}.")
-    _declared_name(_code(notebook, path), path)
-    target, record = output_targets(path, out_dir)
-    out_dir = target.parent
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=out_dir, prefix=f".{path.stem}.", suffix=".tmp.ipynb")
-        os.close(fd)
-    except OSError as exc:
-        raise ChapterError(f"{out_dir}: cannot write the executed notebook there ({exc.strerror or exc}); give a "
-                           "folder you can write in.") from None
-    partial = Path(name)
-    umask = os.umask(0)
-    os.umask(umask)
+    partial, target, record = _outputs(path, out_dir)
     before = _stat(record)
     environment = {"KVWALL_EXECUTION_DIR": str(record.parent),
                    **{v: os.path.abspath(os.environ[v]) for v in _PATH_VARIABLES if os.environ.get(v)}}
-    previous = {k: os.environ.get(k) for k in environment}
-    os.environ.update(environment)
     try:
-        papermill.execute_notebook(
-            notebook, str(partial), parameters=parameters, kernel_name="python3",
-            cwd=str(BOOK_DIR), progress_bar=progress_bar, execution_timeout=timeout_s,
-        )
+        with mock.patch.dict(os.environ, environment):
+            papermill.execute_notebook(notebook, str(partial), parameters=parameters, kernel_name="python3",
+                                       cwd=str(BOOK_DIR), progress_bar=progress_bar, execution_timeout=timeout_s)
     finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        _put_in_place(partial, target, umask)
+        _put_in_place(partial, target)
     if _stat(record) in (None, before):
         raise ChapterRunError(f"{path.name} ran to its end but wrote no execution record at {record} (does it still "
                               f"call finish()?); the executed notebook is {target}.")
@@ -209,12 +160,14 @@ def execute_chapter(path: Path, out_dir: Path, *, timeout_s: int = 900, progress
         raise ChapterRunError(f"{path.name} ran, but its execution record {record} cannot be read ({exc}).") from None
 
 
-def _put_in_place(partial: Path, target: Path, umask: int) -> None:
+def _put_in_place(partial: Path, target: Path) -> None:
     """Rename the notebook papermill wrote (finished or failed: it saves a failed run's notebook too) over
-    ``target``; drop it if nothing was written."""
+    ``target``, with the mode a plain ``open()`` would give it; drop it if nothing was written."""
     if not partial.stat().st_size:
         partial.unlink()
         return
+    umask = os.umask(0)
+    os.umask(umask)
     os.chmod(partial, 0o666 & ~umask)
     try:
         os.replace(partial, target)

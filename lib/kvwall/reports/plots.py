@@ -10,22 +10,18 @@ import plotly.graph_objects as go
 
 from kvwall.model.decode_step import PHASES, STANDIN_LABEL
 
-__all__ = ["CPU_LIVE_CAPTION", "CPU_LIVE_TITLE", "with_caption", "arrange", "step_breakdown", "layer_timeline", "bar", "lines", "PHASE_NAMES"]
-
-#: Reader-facing names of the decode-step phases.
-PHASE_NAMES = {
-    "write_kv": "write new token's KV",
-    "kv_strategy": "whole-pool FP8→BF16 cast",
-    "attention": "MLA decode attention",
-    "kv_free": "free the cast buffer",
-    STANDIN_LABEL: "rest of layer (stand-in,<br>original's non-cast time)",
-    "original_cast": "cast, as the original reported",
-    "original_rest": "rest, as the original reported",
+#: plotly's line break in text.
+BR = "<br>"
+#: The decode-step phases: reader-facing name and colour.
+_PHASES = {
+    "write_kv": ("write new token's KV", "#8c8c8c"), "kv_strategy": ("whole-pool FP8→BF16 cast", "#d62728"),
+    "attention": ("MLA decode attention", "#1f77b4"), "kv_free": ("free the cast buffer", "#ff9896"),
+    STANDIN_LABEL: (f"rest of layer (stand-in,{BR}original's non-cast time)", "#c7c7c7"),
+    "original_cast": ("cast, as the original reported", "#d62728"),
+    "original_rest": ("rest, as the original reported", "#c7c7c7"),
 }
-PHASE_COLORS = {
-    "write_kv": "#8c8c8c", "kv_strategy": "#d62728", "attention": "#1f77b4", "kv_free": "#ff9896",
-    STANDIN_LABEL: "#c7c7c7", "original_cast": "#d62728", "original_rest": "#c7c7c7",
-}
+PHASE_NAMES = {phase: name for phase, (name, _) in _PHASES.items()}
+PHASE_COLORS = {phase: color for phase, (_, color) in _PHASES.items()}
 
 
 #: The book's content column at a 1300 px window is about 690 px wide; text is wrapped to fit it.
@@ -46,20 +42,20 @@ CPU_LIVE_TITLE = "Live on this CPU, small scale: not GPU numbers"
 
 
 def _lines(text: str) -> int:
-    return text.count("<br>") + 1 if text else 0
+    return text.count(BR) + 1 if text else 0
 
 
 def _wrap(text: str, width: int) -> str:
     """Wrap a plotly string at ``width`` characters, keeping its own ``<br>`` breaks."""
-    return "<br>".join("<br>".join(textwrap.wrap(part, width, break_long_words=False, break_on_hyphens=False) or [""])
-                       for part in text.split("<br>"))
+    return BR.join(BR.join(textwrap.wrap(part, width, break_long_words=False, break_on_hyphens=False)) for part in
+                   text.split(BR))
 
 
 def _wrap_label(text: str, width: int) -> str:
     """A tick label in lines of at most ``width`` characters where it can: at spaces, and inside a word longer than
     ``width`` after its separators (``0.6.18.post1`` -> ``0.6.18.`` / ``post1``)."""
     pieces: list[tuple[str, str]] = []  # (piece, what joins it to the previous piece)
-    for word in text.replace("<br>", " ").split():
+    for word in text.replace(BR, " ").split():
         parts = re.findall(r"[^._/\-]+[._/\-]*|[._/\-]+", word) if len(word) > width else [word]
         pieces += [(p, " " if i == 0 else "") for i, p in enumerate(parts)]
     lines: list[str] = []
@@ -68,7 +64,7 @@ def _wrap_label(text: str, width: int) -> str:
             lines[-1] += joiner + piece
         else:
             lines.append(piece)
-    return "<br>".join(lines)
+    return BR.join(lines)
 
 
 def _category_axes(fig: go.Figure) -> dict[str, list[str]]:
@@ -101,14 +97,14 @@ def _category_y_width(fig: go.Figure) -> float:
     text = [_wrap_label(c, Y_LABEL_CHARS) for c in cats]
     fig.layout.yaxis.update(tickmode="array", tickvals=cats, ticktext=text)
     font = fig.layout.yaxis.tickfont.size or TICK_FONT
-    return max(0.58 * font * len(line) for t in text for line in t.split("<br>"))
+    return max(0.58 * font * len(line) for t in text for line in t.split(BR))
 
 
 def _legend_rows(names: Sequence[str], width_px: int) -> int:
     """Rows a horizontal legend of ``names`` takes in ``width_px`` (items of a swatch plus text, packed)."""
     rows, used = 1, 0.0
     for name in names:
-        item = 40 + 0.6 * LEGEND_FONT * max(len(line) for line in name.split("<br>"))
+        item = 40 + 0.6 * LEGEND_FONT * max(len(line) for line in name.split(BR))
         if used and used + item > width_px:
             rows, used = rows + 1, 0.0
         used += item
@@ -131,7 +127,7 @@ def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, 
     checks, not of times or rates) is left as it is, and says so in ``layout.meta``.
     """
     caption_lines = [caption] if isinstance(caption, str) else list(caption)
-    caption_text = _wrap("<br>".join(caption_lines), CAPTION_CHARS)
+    caption_text = _wrap(BR.join(caption_lines), CAPTION_CHARS)
     title = fig.layout.title.text or ""
     if not measured:
         fig.update_layout(meta={**(fig.layout.meta or {}), "measured": False})
@@ -153,10 +149,10 @@ def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, 
             ticks_top = max(ticks_top, h)
         else:
             ticks_bottom = max(ticks_bottom, h)
-    if any(getattr(fig.layout, k).side == "top" for k in fig.layout if k.startswith("xaxis")) and not ticks_top:
+    top_axes = [axis.side == "top" for axis in fig.select_xaxes()]
+    if any(top_axes) and not ticks_top:
         ticks_top, ticks_bottom = TICK_FONT * _LINE, 0.0
-    x_titles = [getattr(fig.layout, k).title.text for k in fig.layout if k.startswith("xaxis")
-                and getattr(fig.layout, k).side != "top"]
+    x_titles = [axis.title.text for axis, on_top in zip(fig.select_xaxes(), top_axes) if not on_top]
     x_title_h = AXIS_TITLE_FONT * _LINE * max([_lines(t) for t in x_titles if t] or [0])
 
     names = [t.name for t in fig.data if t.name and t.showlegend is not False]
@@ -178,30 +174,22 @@ def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, 
                        xshift=-(left - _PAD), yshift=-round(axis_h + _PAD), showarrow=False, align="left",
                        font=dict(size=CAPTION_FONT, color="#555"))
     total = top + plot_h + bottom
+    # Title and a top legend are placed in the figure's own coordinates (plotly's "container"), from its left edge.
+    at_left = dict(x=_PAD / FIGURE_WIDTH_PX, xref="container", xanchor="left", yref="container", yanchor="top")
+    legends = {"top": dict(at_left, orientation="h", y=1 - (_TITLE_TOP + title_h + _PAD) / total),
+               "right": dict(orientation="v", x=1.02, y=1.0, xanchor="left", yanchor="top")}
     fig.update_layout(template="plotly_white", height=total, showlegend=show_legend,
                       margin=dict(t=top, b=bottom, l=left,
                                   r=fig.layout.margin.r if fig.layout.margin.r is not None else 20),
-                      title=dict(text=title, x=_PAD / FIGURE_WIDTH_PX, xref="container", xanchor="left",
-                                 yref="container", y=1 - _TITLE_TOP / total,
-                                 yanchor="top", font=dict(size=TITLE_FONT), automargin=False))
+                      title=dict(at_left, text=title, y=1 - _TITLE_TOP / total, font_size=TITLE_FONT, automargin=False),
+                      legend=dict(legends.get(legend, legends["right"]), font_size=LEGEND_FONT))
     fig.update_xaxes(automargin=False, title_standoff=10)
     fig.update_yaxes(automargin=True)
-    if legend == "top":
-        fig.update_layout(legend=dict(orientation="h", x=_PAD / FIGURE_WIDTH_PX, xref="container", xanchor="left",
-                                      yref="container",
-                                      y=1 - (_TITLE_TOP + title_h + _PAD) / total, yanchor="top",
-                                      font=dict(size=LEGEND_FONT)))
-    else:
-        fig.update_layout(legend=dict(orientation="v", x=1.02, y=1.0, xanchor="left", yanchor="top",
-                                      font=dict(size=LEGEND_FONT)))
     return fig
 
 
-def with_caption(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, legend: str = "top",
-                 measured: bool = True) -> go.Figure:
-    """Put the provenance line(s) under the plot, inside the figure (so it travels with it), and lay out the
-    figure's text so that title, legend, axis titles and caption never overlap (see :func:`arrange`)."""
-    return arrange(fig, caption, height=height, legend=legend, measured=measured)
+#: The same as :func:`arrange`: the provenance line(s) under the plot, inside the figure (so it travels with it).
+with_caption = arrange
 
 
 def step_breakdown(columns: Mapping[str, Mapping[str, float]], title: str, caption: Sequence[str], *,
@@ -212,14 +200,13 @@ def step_breakdown(columns: Mapping[str, Mapping[str, float]], title: str, capti
     ``names`` overrides phase names (e.g. ``kv_strategy`` when it is not the whole-pool cast)."""
     names = {**PHASE_NAMES, **(names or {})}
     fig = go.Figure()
-    phases = [p for p in (*PHASES, "original_cast", "original_rest")
-              if any(p in col for col in columns.values())]
+    phases = [p for p in _PHASES if any(p in col for col in columns.values())]  # PHASES, then the original's
     # Bar labels on the left, wrapped at words (a source's name may be long: "gather_cast (Triton), capacity ...").
-    labels = {name: _wrap(name.replace("<br>", " "), 30) for name in columns}
+    labels = {name: _wrap(name.replace(BR, " "), 30) for name in columns}
     for phase in phases:
-        fig.add_bar(name=names.get(phase, phase).replace("<br>", " "), orientation="h", y=list(labels.values()),
+        fig.add_bar(name=names.get(phase, phase).replace(BR, " "), orientation="h", y=list(labels.values()),
                     x=[col.get(phase, 0.0) for col in columns.values()], marker_color=PHASE_COLORS.get(phase),
-                    hovertemplate="%{y}<br>" + names.get(phase, phase) + ": %{x:.2f} ms<extra></extra>")
+                    hovertemplate=f"%{{y}}{BR}{names.get(phase, phase)}: %{{x:.2f}} ms<extra></extra>")
     for name, col in columns.items():
         total = sum(col.values())
         cast = col.get("kv_strategy", col.get("original_cast", 0.0))
@@ -245,8 +232,8 @@ def layer_timeline(rows: Iterable[Mapping[str, float | int | str]], title: str, 
         fig.add_bar(name=PHASE_NAMES[phase], orientation="h", y=[r["layer"] for r in sel], x=[r["ms"] for r in sel],
                     base=[float(r["start_ms"]) - layer_start[r["layer"]] for r in sel],
                     marker_color=PHASE_COLORS[phase], customdata=[r["start_ms"] for r in sel],
-                    hovertemplate="layer %{y}<br>" + PHASE_NAMES[phase]
-                    + ": %{x:.3f} ms<br>starts %{customdata:.2f} ms into the step<extra></extra>")
+                    hovertemplate=f"layer %{{y}}{BR}{PHASE_NAMES[phase]}: %{{x:.3f}} ms{BR}starts %{{customdata:.2f}} ms "
+                    "into the step<extra></extra>")
     fig.update_layout(barmode="overlay", title=title, xaxis_title="ms since the layer began",
                       yaxis=dict(title="layer", autorange="reversed", dtick=max(1, len(layer_start) // 13)),
                       bargap=0.15)

@@ -1,4 +1,4 @@
-"""Small Markdown tables and sentences for notebooks (rendered in JupyterLab and the built book).
+"""Tables for notebooks (rendered in JupyterLab and the built book), written by ``tabulate``.
 
 A chapter's report module builds a :class:`Table` (rows, columns, caption); the chapter shows it with
 :func:`show_table`. The formatters below are the book's few ways of printing a number, so that a
@@ -12,8 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Column", "Table", "CHECK_COLUMNS", "MAX_INLINE_ROWS", "markdown_table", "show_table", "show_markdown", "number", "percent", "times",
-           "scientific", "ms_as_us", "plain", "fmt_range", "breakable", "dtype"]
+from tabulate import tabulate
 
 Formatter = Callable[[Any], str]
 #: A column maps its header to a row key, or to ``(key, formatter)``.
@@ -26,36 +25,32 @@ MAX_INLINE_ROWS = 30
 CHECK_COLUMNS: dict[str, Column] = {"check": "what", "passed": "passed", "detail": "detail"}
 
 
+def _formatter(spec: str, suffix: str = "", scale: float = 1.0) -> Formatter:
+    """``format(v * scale, spec) + suffix``; None prints :data:`MISSING`."""
+    return lambda v: MISSING if v is None else format(v * scale, spec) + suffix
+
+
 def number(decimals: int = 1) -> Formatter:
     """Thousands separators and ``decimals`` decimals: ``number(0)(4223.3) == "4,223"``; None prints a dash."""
-    return lambda v: MISSING if v is None else f"{v:,.{decimals}f}"
-
-
-def percent(v: float | None) -> str:
-    """A fraction as a whole percentage: ``percent(0.734) == "73%"``."""
-    return MISSING if v is None else f"{v:.0%}"
+    return _formatter(f",.{decimals}f")
 
 
 def times(decimals: int = 1) -> Formatter:
     """A ratio: ``times(2)(1.5) == "1.50×"``."""
-    return lambda v: MISSING if v is None else f"{v:,.{decimals}f}×"
+    return _formatter(f",.{decimals}f", "×")
 
 
-def scientific(v: float | None) -> str:
-    """An error or other small magnitude: ``scientific(0.00042) == "4.2e-04"``."""
-    return MISSING if v is None else f"{v:.1e}"
-
-
-def ms_as_us(v: float | None) -> str:
-    """A time stored in ms, shown in µs with one decimal."""
-    return MISSING if v is None else f"{v * 1e3:,.1f}"
+#: A fraction as a whole percentage: ``percent(0.734) == "73%"``.
+percent = _formatter(".0%")
+#: An error or other small magnitude: ``scientific(0.00042) == "4.2e-04"``.
+scientific = _formatter(".1e")
+#: A time stored in ms, shown in µs with one decimal.
+ms_as_us = _formatter(",.1f", scale=1e3)
 
 
 def fmt_range(lo: float, hi: float, d: int = 1) -> str:
     """A predicted range, ``"12.3–14.5"``, or one number when it is a point (``d`` decimals)."""
-    if math.isclose(lo, hi, rel_tol=1e-3):
-        return f"{lo:,.{d}f}"
-    return f"{lo:,.{d}f}–{hi:,.{d}f}"
+    return number(d)(lo) + ("" if math.isclose(lo, hi, rel_tol=1e-3) else "–" + number(d)(hi))
 
 
 #: How a table names a torch dtype: short, so a column of them stays narrow.
@@ -74,12 +69,12 @@ def plain(v: Any) -> str:
 
 
 #: A word longer than this (an exception name, a path, a call chain) gets break opportunities, so that a table
-#: cell holding it wraps inside the page instead of widening the table past it (the book's CSS lets inline code
-#: in a table wrap at them).
-LONG_WORD = 20
-_BREAK_AFTER = re.compile(r"(?<=[^\s/._:,()=])([/._:,()=]+)(?=[^\s])")
-#: ... and a run without any separator longer than this (a commit hash; not a class name) breaks every as many.
-LONG_RUN = 32
+#: cell holding it wraps inside the page instead of widening the table past it; a run without any separator longer
+#: than LONG_RUN (a commit hash) breaks every LONG_RUN characters.
+LONG_WORD, LONG_RUN = 20, 32
+#: After the separators of a long word; not before whitespace; HTML tags and inline code are kept whole.
+_SEPARATORS = re.compile(r"(?<=[^\s/._:,()=])([/._:,()=]+)(?=[^\s])")
+_KEEP_WHOLE = re.compile(r"(<[^>]*>|`[^`]*`)")
 _ZWSP = "\u200b"
 
 
@@ -89,23 +84,27 @@ def breakable(text: str) -> str:
     and HTML are left alone -- a path or a command copied from a table must be exactly that path (the book's CSS
     lets inline code in a table wrap anywhere instead). Short words, numbers included, never break."""
     def word(w: str) -> str:
-        pieces = _BREAK_AFTER.sub(lambda m: m.group(1) + _ZWSP, w).split(_ZWSP)
-        # A run with no separator at all longer than LONG_RUN (a hash) breaks every LONG_RUN characters.
-        return _ZWSP.join(_ZWSP.join(p[i:i + LONG_RUN] for i in range(0, len(p), LONG_RUN)) for p in pieces)
+        if len(w) <= LONG_WORD or "](" in w or "://" in w:
+            return w
+        pieces = _SEPARATORS.sub(r"\1" + _ZWSP, w).split(_ZWSP)
+        return _ZWSP.join(p[i:i + LONG_RUN] for p in pieces for i in range(0, len(p), LONG_RUN))
 
-    def words(segment: str) -> str:
-        return " ".join(word(w) if len(w) > LONG_WORD and "](" not in w and "://" not in w else w
-                        for w in segment.split(" "))
-
-    # HTML tags (``<br>``, ``<small>``) and inline code are kept whole; the text between them is broken word by word.
-    return "".join(part if part.startswith(("<", "`")) else words(part)
-                   for part in re.split(r"(<[^>]*>|`[^`]*`)", text))
+    return "".join(part if _KEEP_WHOLE.fullmatch(part) else " ".join(map(word, part.split(" ")))
+                   for part in _KEEP_WHOLE.split(text))
 
 
 def _cell(value: Any) -> str:
+    """A cell of a column without a formatter."""
     if isinstance(value, float):
-        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
-    return str(value).replace("|", "\\|")
+        return format(value, ",.3f" if abs(value) < 100 else ",.1f")
+    return str(value).replace("|", r"\|")
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, Column]) -> str:
+    """A GitHub-flavoured Markdown table; ``columns`` maps a header to a row key, or to ``(key, formatter)``."""
+    specs = [(spec, _cell) if isinstance(spec, str) else spec for spec in columns.values()]
+    cells = [[breakable(fmt(row[key])) if key in row else "" for key, fmt in specs] for row in rows]
+    return tabulate(cells, headers=list(columns), tablefmt="github", stralign=None, disable_numparse=True)
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ class Table:
         if self.fold or len(self.rows) > MAX_INLINE_ROWS:
             summary = self.fold or f"The full table: {len(self.rows)} rows"
             table = f"<details><summary>{summary} (click to open)</summary>\n\n{table}\n\n</details>"
-        return table + f"\n\n*{self.caption}*"
+        return f"{table}\n\n*{self.caption}*"
 
     def column(self, header: str) -> list[str]:
         """The formatted cells of one column, as the reader sees them."""
@@ -135,33 +134,13 @@ class Table:
         return [fmt(row[key]) if key in row else "" for row in self.rows]
 
 
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, Column]) -> str:
-    """``columns`` maps a header to a row key, or to ``(key, formatter)``."""
-    head = "| " + " | ".join(columns) + " |\n| " + " | ".join("---" for _ in columns) + " |\n"
-    body = []
-    for row in rows:
-        cells = []
-        for spec in columns.values():
-            key, fmt = (spec, _cell) if isinstance(spec, str) else spec
-            cells.append(breakable(fmt(row.get(key, ""))) if key in row else "")
-        body.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(body)
-
-
 def show_markdown(text: str) -> None:
-    try:
-        from IPython.display import Markdown, display
+    """Display Markdown ``text`` in the notebook."""
+    from IPython.display import Markdown, display  # pylint: disable=import-outside-toplevel
 
-        display(Markdown(text))
-    except ImportError:
-        print(text)
+    display(Markdown(text))
 
 
-def show_table(table: Table | Sequence[Mapping[str, Any]], columns: Mapping[str, Column] | None = None,
-               caption: str | None = None) -> None:
-    """Show a :class:`Table`, or ``rows`` with ``columns`` and ``caption``."""
-    if not isinstance(table, Table):
-        if columns is None or caption is None:
-            raise TypeError("show_table(rows, columns, caption): pass a Table, or rows with their columns and caption.")
-        table = Table(table, columns, caption)
+def show_table(table: Table) -> None:
+    """Show a :class:`Table`: its Markdown, caption under it."""
     show_markdown(table.markdown())

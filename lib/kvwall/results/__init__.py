@@ -14,7 +14,7 @@ This is the lowest library layer above the kernels: it imports nothing else of `
 
 from kvwall.results.awaiting import AWAITING_FILE, awaiting_rerecord
 from kvwall.results.fingerprint import source_fingerprint
-from kvwall.results.paths import PROJECT_ROOT, RESULTS_DIR
+from kvwall.results.locations import PROJECT_ROOT, RESULTS_DIR
 from kvwall.results.provenance import SCALES, Provenance, collect_provenance
 from kvwall.results.store import (
     Result, ResultFileError, ResultMissingError, ResultTargetError, RowSchemaError, check_writable_target,

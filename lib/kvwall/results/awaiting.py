@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvwall.results.paths import RESULTS_DIR
+from kvwall.results.locations import RESULTS_DIR
 
 __all__ = ["AWAITING_FILE", "awaiting_rerecord"]
 

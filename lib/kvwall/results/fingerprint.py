@@ -16,12 +16,12 @@ positions): comments, docstrings and formatting do not change a fingerprint, a l
 data files (tuned tables, diffs) are hashed by their bytes.
 
 What a data file holds is what its readers depend on, so a table the code reads holds only that: the dispatcher's
-``kernels/mla_decode/paths.json`` holds its choices (the fastest path per measured point), and re-timing every point
+``kernels/mla_decode/kernel_paths.json`` holds its choices (the fastest path per measured point), and re-timing every point
 without changing a choice writes the same bytes. The times behind the choices, the run's caption and date live in a
-sidecar, ``kernels/mla_decode/paths_measured.json``, that no code of the kernels reads. It is kept out of every
+sidecar, ``kernels/mla_decode/kernel_paths_measured.json``, that no code of the kernels reads. It is kept out of every
 fingerprint by the rule for data files, not by an exception (:func:`_kernel_data_files`): a data file counts only
 where a closure module *of its own folder* names it in a string (by name, or by suffix), and the sidecar is named
-only by the experiment that writes it (``kvwall.experiments.fused_decode.paths``, whose ``MEASURED_FILE`` chapter 5's
+only by the experiment that writes it (``kvwall.experiments.fused_decode.kernel_paths``, whose ``MEASURED_FILE`` chapter 5's
 report imports). A module of ``kernels/mla_decode/`` that named it -- or a string that is just ``".json"`` there --
 would put it in the fingerprint of every result that runs the dispatcher (``tests/test_fingerprint.py`` checks that
 none does).
@@ -37,7 +37,7 @@ import stat
 from pathlib import Path
 from typing import Iterable
 
-from kvwall.results.paths import PACKAGE_DIRS, PROJECT_ROOT
+from kvwall.results.locations import PACKAGE_DIRS, PROJECT_ROOT
 
 __all__ = ["BOOKKEEPING", "CUDA_SUFFIXES", "DATA_SUFFIXES", "import_closure", "normalized_code",
            "normalized_cuda", "source_fingerprint", "source_hashes"]

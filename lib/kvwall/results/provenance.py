@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvwall.results.fingerprint import source_fingerprint
-from kvwall.results.paths import PROJECT_ROOT
+from kvwall.results.locations import PROJECT_ROOT
 
 __all__ = ["SCALES", "Provenance", "collect_provenance"]
 

@@ -38,7 +38,7 @@ from kvwall.results.files import (
     MAX_DEPTH, MAX_FILE_BYTES, check_writable_target, read_json, too_deep, write_atomically,
 )
 from kvwall.results.fingerprint import source_hashes
-from kvwall.results.paths import PROJECT_ROOT, RESULTS_DIR
+from kvwall.results.locations import PROJECT_ROOT, RESULTS_DIR
 from kvwall.results.provenance import SCALES, Provenance
 from kvwall.results.seal import content_digest, digest_problem
 

@@ -17,16 +17,16 @@ torch came with it), and otherwise raises :class:`PinnedTritonMissing`, unless a
 The shapes, each a row per architecture with its ``role``:
 
 - ``"fallback"``: the shape the launcher picks on a GPU of that architecture missing from the tuned table, for
-  that head count (:func:`kvwall.kernels.mla_decode.kernel.fallback_config`, asked with the architecture's
+  that head count (:func:`kvwall.kernels.mla_decode.launch_shape.fallback_config`, asked with the architecture's
   capability and per-block shared-memory limit). Shipped on every architecture.
 - ``"tuned"``: every distinct (head count, shape) of ``tuned.json``. Shipped only on the architecture of the GPU
   it was tuned on (the launcher reads an entry for that GPU model only); compiled everywhere all the same.
 - ``"candidate"``: every shape the tuner tries (:func:`kvwall.tuning.fused.candidates`) for 16, 64 and 128 heads.
   Not shipped; one that does not fit is a finding, not a failure.
 
-Every compile goes through :func:`kvwall.kernels.mla_decode.kernel.compile_offline` with the launcher's own
-compile-time parameters (:func:`~kvwall.kernels.mla_decode.kernel.split_constexprs`, the work-list launch, as
-:func:`~kvwall.kernels.mla_decode.kernel.split_resources` compiles it), once per (shape, architecture), two at
+Every compile goes through :func:`kvwall.kernels.mla_decode.launch_shape.compile_offline` with the launcher's own
+compile-time parameters (:func:`~kvwall.kernels.mla_decode.launch_shape.split_constexprs`, the work-list launch, as
+:func:`~kvwall.kernels.mla_decode.launch_shape.split_resources` compiles it), once per (shape, architecture), two at
 a time. A shape fits an architecture when its shared memory is within the per-block limit, the kernel is not
 trap-only (where Triton gives up on a layout it emits a kernel that only traps) and its tensor memory is within
 the architecture's columns (512 on SM100, none elsewhere).
@@ -62,12 +62,12 @@ import triton
 
 from kvwall.kernels.gather.cuda import nvcc_compile_check
 from kvwall.kernels.gather.kernel import DEFAULT_CONFIGS, _kernel as _gather_kernel, chunk_width
-from kvwall.kernels.mla_decode import kernel as mla
-from kvwall.kernels.mla_decode.kernel import MLADecodeConfig
+from kvwall.kernels.mla_decode import launch_shape as mla
+from kvwall.kernels.mla_decode.launch_shape import MLADecodeConfig
 from kvwall.measure.failures import error_text
 from kvwall.model.cost import GPUS
 from kvwall.model.geometry import GLM5
-from kvwall.results.paths import PROJECT_ROOT
+from kvwall.results.locations import PROJECT_ROOT
 from kvwall.tuning.arch_check_cuda import tokens_rows, wgmma_rows
 from kvwall.tuning.fused import candidates
 
@@ -100,7 +100,7 @@ FUSED = "fused split"
 
 def fallback_config(heads: int, limits: ArchLimits | None = None) -> MLADecodeConfig:
     """The launch shape ``mla_decode_fp8`` picks for ``heads`` on a GPU of architecture ``limits`` missing from the
-    tuned table: the launcher's own rule (:func:`kvwall.kernels.mla_decode.kernel.fallback_config`), which compiles
+    tuned table: the launcher's own rule (:func:`kvwall.kernels.mla_decode.launch_shape.fallback_config`), which compiles
     its preferences for that architecture. Without ``limits``: its first preference, unfiltered."""
     if limits is None:
         return mla.fallback_shapes(heads)[0]

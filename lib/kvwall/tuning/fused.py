@@ -10,7 +10,7 @@ compiled kernel. Beside them, in the same run: the device-to-device copy bandwid
 (the roofline's two ceilings).
 
 ``--write`` stores the winners in ``kernels/mla_decode/tuned.json`` (keyed by GPU name and head count),
-which :func:`kvwall.kernels.mla_decode.kernel.default_config` reads. Full numbers go to ``--out``.
+which :func:`kvwall.kernels.mla_decode.launch_shape.default_config` reads. Full numbers go to ``--out``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import torch
 import triton
 
 from kvwall.kernels import mla_decode_reference
-from kvwall.kernels.mla_decode.kernel import (LAST_COMPILED, TUNED_CONFIG_FILE, MLADecodeConfig, compile_offline,
-                                              default_config, mla_decode_fp8, plan_mla_decode_triton, split_constexprs,
-                                              tuned_entry)
+from kvwall.kernels.mla_decode.combine import LAST_COMPILED
+from kvwall.kernels.mla_decode.launch_shape import (MLADecodeConfig, TUNED_CONFIG_FILE, compile_offline,
+                                                    default_config, split_constexprs, tuned_entry)
+from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8, plan_mla_decode_triton
 from kvwall.measure.accuracy import relative_error
 from kvwall.measure.failures import error_text
 from kvwall.measure.profiler import profile_ops

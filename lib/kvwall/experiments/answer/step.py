@@ -1,5 +1,5 @@
 """``decode_step_paths``: chapter 1's decode-step model (GLM-5, 78 layers, a 495K-token pool, 16 heads per GPU, the
-original's rest of the layer as a labelled stand-in) run with each path of :mod:`kvwall.model.paths` in one process,
+original's rest of the layer as a labelled stand-in) run with each path of :mod:`kvwall.model.step_paths` in one process,
 on the same pool and page table: on a GPU each whole step captured in a CUDA graph and replayed (and each phase's 78
 layers in a graph of their own), on a CPU eager with a clock on every phase. Every path's attention output is checked
 against float64 first, and the step's transient memory is measured.
@@ -30,7 +30,7 @@ from kvwall.model.attention import flashinfer_version, prebuild_flashinfer_mla
 from kvwall.model.decode_step import PHASES, STANDIN_LABEL, DecodeStepModel, RestOfLayerStandIn
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
-from kvwall.model.paths import PATH_INFO, STEP_PATHS, CacheViews, bf16_backend_for, build_step_path, kv_bytes_per_token
+from kvwall.model.step_paths import PATH_INFO, STEP_PATHS, CacheViews, bf16_backend_for, build_step_path, kv_bytes_per_token
 from kvwall.model.pool import DecodeBatch, TokenPool, make_decode_batch, mixed_lengths
 from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode, random_page_table
 from kvwall.results import Result, collect_provenance

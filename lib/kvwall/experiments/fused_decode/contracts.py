@@ -24,14 +24,14 @@ from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.dispatch import DecodePlan, mla_decode, plan_mla_decode
-from kvwall.kernels.mla_decode.kernel import (default_config, default_num_splits, mla_decode_fp8,
-                                              plan_mla_decode_triton)
+from kvwall.kernels.mla_decode.launch_shape import default_config, default_num_splits
+from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8, plan_mla_decode_triton
 from kvwall.kernels.mla_decode.reference import make_mla_inputs, nonempty_requests, reference64
 from kvwall.measure.accuracy import bf16_bits, finite_or_none, relative_error, same_bits
 from kvwall.measure.failures import error_text
 from kvwall.measure.timing import synchronize
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import KERNEL_NAMES
+from kvwall.model.step_paths import KERNEL_NAMES
 
 __all__ = ["error_rows", "graph_rows", "GRAPH_TRIALS", "CONTRACT_PATHS", "path_contract_rows", "path_refusal",
            "ours_call"]

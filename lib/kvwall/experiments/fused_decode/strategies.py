@@ -44,7 +44,7 @@ from kvwall.measure.failures import error_text
 from kvwall.measure.timing import synchronize
 from kvwall.model.attention import FlashInferMLADecode
 from kvwall.model.geometry import GLM5
-from kvwall.model.paths import KERNEL_NAMES
+from kvwall.model.step_paths import KERNEL_NAMES
 from kvwall.model.pool import mixed_lengths
 from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode, random_page_table
 from kvwall.peers.sglang import SGLangTritonMLA, sglang_max_kv_splits

@@ -40,7 +40,8 @@ from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.cases import CaseInputs, DecodeCase, make_case_inputs, validation_cases
 from kvwall.kernels.mla_decode.dispatch import mla_decode, plan_mla_decode
-from kvwall.kernels.mla_decode.kernel import default_config, mla_decode_fp8, plan_mla_decode_triton
+from kvwall.kernels.mla_decode.launch_shape import default_config
+from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8, plan_mla_decode_triton
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, nonempty_requests, reference64
 from kvwall.measure.accuracy import finite_or_none, relative_error
 from kvwall.measure.failures import error_text, traceback_tail

@@ -19,6 +19,7 @@ from kvwall.experiments.schemas.doors import DoorsChecksRow, DoorsSm90Row
 from kvwall.experiments.schemas.fused_decode import (
     FusedDecodeBenchRow, FusedDecodePathsRow, FusedDecodeProfileRow, FusedDecodeTuningRow, FusedDecodeValidationRow,
 )
+from kvwall.experiments.schemas.gpu_tests import GpuTestsRow
 from kvwall.experiments.schemas.gather_cast import GatherCastBenchRow, GatherCastProfileRow, GatherCastValidationRow
 from kvwall.experiments.schemas.multi_token import MultiTokenDecodeRow
 from kvwall.experiments.schemas.sglang_patch import SGLangPatchCheckRow
@@ -54,4 +55,5 @@ ROW_SCHEMAS: dict[str, Any] = {
     "dsa_forced_dense": DSAForcedDenseRow,
     "chapters_gpu_mode": ChaptersGpuModeRow,
     "chapters_gpu_mode_rest": ChaptersGpuModeRow,
+    "gpu_tests": GpuTestsRow,
 }

@@ -25,7 +25,7 @@ class FusedDecodeTuningCeilings(Row):
 
 
 class _LaunchShape(Row):
-    """A launch shape of the Triton path (``cfg_*``: :class:`kvwall.kernels.mla_decode.kernel.MLADecodeConfig`'s
+    """A launch shape of the Triton path (``cfg_*``: :class:`kvwall.kernels.mla_decode.launch_shape.MLADecodeConfig`'s
     fields) at a head count and token count (rows recorded with the retired options keep them as extra fields)."""
 
     heads: int

@@ -22,7 +22,7 @@ import torch
 
 __all__ = ["MAX_Q_LEN", "step_plan", "ours", "uniform_q_len", "plan_path", "front_door"]
 
-#: The most query tokens a request ours takes (the front door's ``q_len`` limit, notes/issue34/API.md).
+#: The most query tokens a request ours takes (the front door's ``q_len`` limit, kernels/mla_decode/dispatch.py).
 MAX_Q_LEN = 8
 
 

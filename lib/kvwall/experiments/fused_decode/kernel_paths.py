@@ -11,7 +11,7 @@ the table the dispatcher's rows ran by (``dispatch_table``).
 
 From it, :func:`write_path_table` derives two files beside the dispatcher:
 
-- ``kernels/mla_decode/paths.json`` (:func:`path_table`): what
+- ``kernels/mla_decode/kernel_paths.json`` (:func:`path_table`): what
   :func:`kvwall.kernels.mla_decode.dispatch.choose_path` reads and nothing else -- ``{gpu: {"capability",
   "page_size", "points": [[heads, context, batch, path, tokens, max_len], ...]}}``, the fastest forced path at each
   point on page size 1 (the layout ours runs in chapters 5 and 6), keyed by the shape a call has when it is planned
@@ -19,7 +19,7 @@ From it, :func:`write_path_table` derives two files beside the dispatcher:
   fingerprint of every result that ran the dispatcher, and it changes only when a choice does: re-recording this
   experiment stales them only where a faster path changed. The page-64 rows are not a key of their own: the check
   below holds the page-1 choice to them.
-- ``kernels/mla_decode/paths_measured.json`` (:data:`MEASURED_FILE`, :func:`measured_table`): the times behind the
+- ``kernels/mla_decode/kernel_paths_measured.json`` (:data:`MEASURED_FILE`, :func:`measured_table`): the times behind the
   choices -- ``{gpu: {"by", "recorded", "page_size", "columns", "points": [[heads, context, batch, triton_us,
   wgmma_us, wgmma_tokens_us], ...]}}`` (µs rounded to 0.01, None: not timed) -- and the run's caption, for chapter 5's
   report. The dispatcher never reads it, and no module beside it names it, so it is in no result's fingerprint.
@@ -69,13 +69,13 @@ D = GLM5.kv_dim
 FP8 = torch.float8_e4m3fn
 #: The dispatcher's measured table (read by :func:`kvwall.kernels.mla_decode.dispatch.choose_path`): its choices only.
 PATHS_FILE = table_rule.PATHS_FILE
-#: The times behind ``paths.json``'s choices, for readers other than the dispatcher (chapter 5's report imports this
+#: The times behind ``kernel_paths.json``'s choices, for readers other than the dispatcher (chapter 5's report imports this
 #: name). Named here only: a module of ``kernels/mla_decode/`` naming it would put it in the fingerprints of every
 #: result that runs the dispatcher (:mod:`kvwall.results.fingerprint`), and a re-timing would stale them.
-MEASURED_FILE = PATHS_FILE.with_name("paths_measured.json")
+MEASURED_FILE = PATHS_FILE.with_name("kernel_paths_measured.json")
 #: What a point of :data:`MEASURED_FILE` holds.
 MEASURED_COLUMNS = ("heads", "context", "batch", *(f"{p}_us" for p in table_rule.KERNEL_PATHS))
-#: What ``paths_measured.json`` entries say made them.
+#: What ``kernel_paths_measured.json`` entries say made them.
 WRITTEN_BY = "fused_decode_paths (python -m kvwall record fused_decode_paths)"
 #: How much slower than the fastest forced path the dispatcher's pick may be at a recorded point (issue 35: 5 %).
 DISPATCH_TOLERANCE = 1.05
@@ -177,7 +177,7 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
     ``ours``, ``ours_page64`` or one of :data:`.strategies.FORCED_PATHS`, ``page_size``)."""
     if device.type != "cuda":
         raise RuntimeError("fused_decode_paths times ours' paths on a GPU (CUDA graphs): it needs an NVIDIA GPU. "
-                           "On a CPU the chapter shows the recorded run; the dispatcher reads the paths.json written "
+                           "On a CPU the chapter shows the recorded run; the dispatcher reads the kernel_paths.json written "
                            "from it.")
     t_start = time.perf_counter()
     copy_ms, copy_gbps = copy_bandwidth_gbps(device, 1 << 30)
@@ -198,7 +198,7 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
     params = dict(heads=list(heads), contexts=list(contexts), batches=list(batches),
                   floor_contexts=list(floor_contexts), page_sizes=list(page_sizes), pool_slots=pool_slots,
                   max_total_tokens=max_total_tokens, reps=reps, rounds=rounds, flush_mb=flush_mb, seed=seed)
-    # paths.json is this run's output (after_record); its dispatcher rows read the one in place (build's
+    # kernel_paths.json is this run's output (after_record); its dispatcher rows read the one in place (build's
     # dispatch_table), the forced rows none.
     derived = PATHS_FILE.relative_to(PROJECT_ROOT).as_posix()
     return Result("fused_decode_paths", params, rows, collect_provenance(device, __name__, derives=[derived]))
@@ -230,7 +230,7 @@ def _shapes(result: Result) -> dict[tuple[int, int, int], tuple[int, int]]:
 def path_points(result: Result, page_size: int = 1) -> list[list[Any]]:
     """``[heads, context, batch, path, tokens, max_len]`` per point where the Triton path was timed on ``page_size``:
     ``path`` the fastest (:func:`kvwall.kernels.mla_decode.path_table.path_point`), ``tokens`` / ``max_len`` the
-    point's requests as timed. What ``paths.json`` holds."""
+    point's requests as timed. What ``kernel_paths.json`` holds."""
     shapes = _shapes(result)
     return [table_rule.path_point(h, c, b, *(us.get(p) for p in table_rule.KERNEL_PATHS), tokens=shapes[h, c, b][0],
                                   max_len=shapes[h, c, b][1])
@@ -245,7 +245,7 @@ def measured_points(result: Result, page_size: int = 1) -> list[list[Any]]:
 
 
 def path_table(result: Result, page_size: int = 1) -> dict[str, Any]:
-    """One GPU's entry of ``paths.json`` from a ``fused_decode_paths`` result: ``{gpu: {"capability", "page_size",
+    """One GPU's entry of ``kernel_paths.json`` from a ``fused_decode_paths`` result: ``{gpu: {"capability", "page_size",
     "points"}}`` (points of :func:`path_points`, page size 1 by default: ours' layout in chapters 5 and 6; on pages of
     64 the page-1 choice is within 2 % of the fastest at every point of the 2026-12-02 recording, and
     :func:`dispatch_check` holds it to 5 %). Only what the dispatcher reads."""
@@ -309,7 +309,7 @@ def dispatch_check(result: Result, table: dict | None = None, source: str | Path
                    ) -> list[dict[str, Any]]:
     """At every (point, page size) of ``result`` (:func:`check_problem` says where it cannot): the path
     :func:`~kvwall.kernels.mla_decode.path_table.decide_path` picks for the row's shape (its heads, batch, tokens and
-    longest request) on the run's GPU by ``table`` (default: the shipped ``paths.json``, read as the dispatcher reads
+    longest request) on the run's GPU by ``table`` (default: the shipped ``kernel_paths.json``, read as the dispatcher reads
     it), and why; its time forced in this run (None: it failed there); the fastest forced path there and its time;
     ``ratio`` the pick's time / the fastest (None: the pick was not timed), ``ok`` within :data:`DISPATCH_TOLERANCE`;
     and, where the run has them, the dispatcher's own row (``ours_path``, ``ours_us``: what it ran by the table in
@@ -370,7 +370,7 @@ def write_path_table(result: Result, path: Path = PATHS_FILE) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvwall.experiments.fused_decode.paths",
+    parser = argparse.ArgumentParser(prog="python -m kvwall.experiments.fused_decode.kernel_paths",
                                      description="the dispatcher's table from the recorded fused_decode_paths")
     parser.add_argument("--write", action="store_true",
                         help=f"write {PATHS_FILE.name} and {MEASURED_FILE.name} from the recorded result")

@@ -1,0 +1,92 @@
+"""``gpu_tests``: the suite's GPU tier (``make gpu-test``: ``pytest -m gpu``) run on a GPU, its outcome recorded per
+test file, so the reproducibility page can say when and where the GPU tests last passed.
+
+A row per test file (passed, failed, errors, skipped, seconds, the failing tests' ids, the skip reasons and the file's
+sha256 as it ran: the page compares it with the file as it is now) and a setup row (the command, its exit status). The code the GPU tests exercise is imported below, so this result's fingerprint covers the kernels:
+an edit to them stales the record, as it stales a measurement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+import kvwall.kernels.gather.sanitize  # noqa: F401  (fingerprint: the code the GPU tests run)
+import kvwall.kernels.mla_decode.dispatch  # noqa: F401
+import kvwall.kernels.mla_decode.sanitize  # noqa: F401
+from kvwall.experiments.registry import Experiment
+from kvwall.results import PROJECT_ROOT, Result, collect_provenance
+
+__all__ = ["EXPERIMENTS", "run_gpu_tests", "file_sha256", "junit_rows"]
+
+
+def file_sha256(path: Path) -> str | None:
+    """sha256 of a test file as it is now; None where it is gone."""
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def junit_rows(xml_text: str, root: Path = PROJECT_ROOT) -> list[dict]:
+    """A row per test file from pytest's JUnit XML report, with the file's sha256 (files under ``root``)."""
+    files: dict[str, dict] = defaultdict(lambda: dict(passed=0, failed=0, errors=0, skipped=0, seconds=0.0,
+                                                      failures=[], skip_reasons=[]))
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        name = "/".join(parts[:2]) + ".py" if len(parts) >= 2 else case.get("classname", "?")
+        row = files[name]
+        row["seconds"] += float(case.get("time", 0.0))
+        outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
+        if outcome == "failure":
+            row["failed"] += 1
+            row["failures"].append(case.get("name", "?"))
+        elif outcome == "error":
+            row["errors"] += 1
+            row["failures"].append(case.get("name", "?"))
+        elif outcome == "skipped":
+            row["skipped"] += 1
+            reason = (case.find("skipped").get("message") or "")[:200]
+            if reason not in row["skip_reasons"]:
+                row["skip_reasons"].append(reason)
+        else:
+            row["passed"] += 1
+    return [{"section": "file", "file": f, "sha256": file_sha256(root / f),
+             **{k: (round(v, 1) if k == "seconds" else v) for k, v in r.items()}} for f, r in sorted(files.items())]
+
+
+def run_gpu_tests(device: torch.device, *, marker: str, timeout_s: int) -> Result:
+    """See the module docstring. ``marker``: the pytest marker expression (``gpu``)."""
+    if device.type != "cuda":
+        raise RuntimeError("gpu_tests runs the GPU tier of the tests: it needs an NVIDIA GPU.")
+    command = [sys.executable, "-m", "pytest", "-m", marker, "-q", "-p", "no:cacheprovider",
+               "--continue-on-collection-errors"]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "junit.xml"
+        error = None
+        try:
+            proc = subprocess.run([*command, f"--junitxml={report}"], cwd=PROJECT_ROOT, capture_output=True,
+                                  text=True, timeout=timeout_s, check=False)
+            rc = proc.returncode
+            if rc not in (0, 1):
+                error = (proc.stdout + proc.stderr)[-1500:]
+        except subprocess.TimeoutExpired:
+            rc, error = None, f"stopped at the timeout of {timeout_s} s"
+        rows = junit_rows(report.read_text()) if report.is_file() else []
+    setup = {"section": "setup", "gpu": torch.cuda.get_device_name(device), "command": " ".join(command[1:]),
+             "rc": rc, "seconds_total": round(time.perf_counter() - start, 1), "error": error}
+    return Result("gpu_tests", dict(marker=marker, timeout_s=timeout_s), [setup, *rows],
+                  collect_provenance(device, __name__))
+
+
+EXPERIMENTS: list[Experiment] = [
+    Experiment("gpu_tests", run_gpu_tests, full=dict(marker="gpu", timeout_s=540),
+               small=dict(marker="gpu", timeout_s=540),
+               about="the GPU tier of the tests (pytest -m gpu), its outcome per test file", requires=("cuda",)),
+]
