@@ -86,7 +86,7 @@ def run_gpu_tests(device: torch.device, *, marker: str, timeout_s: int) -> Resul
 
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("gpu_tests", run_gpu_tests, full=dict(marker="gpu", timeout_s=540),
+    Experiment("gpu_tests", run_gpu_tests, full=dict(marker="gpu", timeout_s=420),
                small=dict(marker="gpu", timeout_s=540),
                about="the GPU tier of the tests (pytest -m gpu), its outcome per test file", requires=("cuda",)),
 ]
