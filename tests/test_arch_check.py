@@ -282,7 +282,7 @@ def test_the_wgmma_rows_are_in_the_architecture_check(builds, wgmma_rows_here):
 
 def test_chapter_6_shows_every_wgmma_build(wgmma_rows_here):
     """The table has a row per wgmma build, in the sm_90 column (sm_90a: the same GPUs), not built elsewhere; the
-    text counts the builds and names both paths from the rows."""
+    values the text quotes are each build's, in the dispatcher's order."""
     triton_rows = [dict(kernel=FUSED, heads=16, shape="16 heads × 64 tokens", arch=a.name, cap=a.cap, shared_bytes=1024,
                         shared_limit=a.shared_per_block, regs=128, spills=0, trap_only=False, fits=True, error=None,
                         triton=GPU_TRITON, role="fallback", shipped=True) for a in ARCHS]
@@ -294,20 +294,19 @@ def test_chapter_6_shows_every_wgmma_build(wgmma_rows_here):
     sm90 = table.column(ARCHS[0].name)[1:]
     assert all(c.startswith("sm_90a: ") and "— yes: " in c for c in sm90), sm90
     assert all(c == original_gpu_report.NOT_BUILT for a in ARCHS[1:] for c in table.column(a.name)[1:])
-    text, values = original_gpu_report.wgmma_build_text(triton_rows + wgmma_rows_here)
-    assert text.startswith("The wgmma path and the tokens-on-M wgmma path are built with nvcc for `sm_90a` alone")
-    assert "All 3 builds compile with no spill and no stack frame" in text and "`sm_100` and `sm_120`" in text
-    assert set(values) == {"wgmma:64", "wgmma_tokens:16", "wgmma_tokens:32"}
-    assert all(f"{hn} heads per CTA: {values[f'wgmma_tokens:{hn}']['regs']} registers" in text for hn in (16, 32))
+    assert original_gpu_report.wgmma_build_rows(triton_rows + wgmma_rows_here) == wgmma_rows_here
+    values = original_gpu_report.wgmma_build_values(triton_rows + wgmma_rows_here)
+    assert list(values) == ["wgmma:64", "wgmma_tokens:16", "wgmma_tokens:32"] and all(v["clean"] for v in values.values())
+    assert all(values[f"wgmma_tokens:{hn}"]["regs"] == r["regs"] for hn, r in zip((16, 32), wgmma_rows_here[1:]))
 
 
 def test_chapter_6_says_which_wgmma_build_fails(wgmma_rows_here):
     broken = [dict(wgmma_rows_here[0])] + [dict(wgmma_rows_here[1], spills=8)] + [
         dict(wgmma_rows_here[2], error="nvcc failed for sm_90a: boom", fits=False)]
-    text, _ = original_gpu_report.wgmma_build_text(broken)
-    assert "1 of 3 builds compile" in text and "**not** the tokens-on-M wgmma path with 16 heads per CTA: 8 B " \
-        "spilled" in text and "32 heads per CTA: nvcc failed for sm_90a: boom" in text
-    assert original_gpu_report.wgmma_build_text([r for r in broken if r["role"] is None]) == ("", {})
+    values = original_gpu_report.wgmma_build_values(broken)
+    assert [v["clean"] for v in values.values()] == [True, False, False]
+    assert values["wgmma_tokens:16"]["spills"] == 8 and values["wgmma_tokens:32"]["fits"] is False
+    assert original_gpu_report.wgmma_build_values([r for r in broken if r["role"] is None]) == {}
 
 
 def _report(*, ok=True, spill=0, stack=0, registers=255) -> wgmma_path.NvccReport:

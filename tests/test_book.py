@@ -80,6 +80,7 @@ def test_chapter_6_explorer_draws_in_the_built_page(site, tmp_path):
 
     import kvwall.experiments  # noqa: F401 - registers the row schemas
     from kvwall.reports import answer_report, cost_explorer as ce
+    from kvwall.model.cost import GPUS
     from kvwall.results import load_result
 
     browser = _chromium()
@@ -99,7 +100,7 @@ def test_chapter_6_explorer_draws_in_the_built_page(site, tmp_path):
     model = answer_report.fit_sweep(load_result("path_sweep")).model
     assert drawn["key"] == state.key
     assert drawn["values"] == ce.grid_values(ce.explorer_grid(model), state)
-    assert "predicted from datasheet ceilings" in drawn["title"]
+    assert ce.rates_note(model, GPUS[state.gpu]) in drawn["title"]
     front = site / "book" / "index.html"
     dom = subprocess.run([browser, *flags, "--dump-dom", front.as_uri()], capture_output=True, text=True, timeout=180)
     assert dom.returncode == 0 and 'class="main-svg"' in dom.stdout, "the front page's answer figure did not draw"

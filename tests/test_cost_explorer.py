@@ -21,7 +21,6 @@ from kvwall.reports.answer_report import fit_sweep
 from kvwall.results import load_result
 
 SIZE_BOUND = 300_000
-DATASHEET = "predicted from datasheet ceilings (rates transferred from the H200)"
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +36,12 @@ def model(sweep):
 @pytest.fixture(scope="module")
 def grid(model):
     return ce.explorer_grid(model)
+
+
+@pytest.fixture(scope="module")
+def datasheet(model):
+    """The note of every GPU the sweep did not run on (its rates transferred from the reference GPU's)."""
+    return ce.rates_note(model, GPUS["b200"])
 
 
 def _close(a: float, b: float) -> bool:
@@ -104,14 +109,13 @@ def test_the_default_state_is_the_originals_and_a_choice_of_every_control():
     assert s in ce.explorer_states()
 
 
-def test_rates_and_memory_notes(model):
-    assert ce.rates_note(model, GPUS["h200"]) == "fitted on the H200 sweep"
-    for key in GPUS:
-        if key != "h200":
-            assert ce.rates_note(model, GPUS[key]) == DATASHEET
-    note = ce.memory_note("glm-5")
-    # One definition with chapter 6's step table (kvwall.model.step_paths): 576 values a layer x 78 layers + a 4-byte index.
-    assert "FP8 cache 44,932 B, BF16 cache 89,860 B" in note and "holds 495,000 tokens, a BF16 cache 247,511" in note
+def test_rates_and_memory_notes(model, datasheet):
+    fitted = ce.rates_note(model, GPUS[model.reference.key])
+    assert fitted != datasheet and all(ce.rates_note(model, GPUS[k]) == datasheet for k in GPUS if k != "h200")
+    m = ce.memory("glm-5")
+    # One definition with chapter 6's step table (kvwall.model.step_paths): 576 values x 78 layers + a 4-byte index.
+    assert (m["fp8"], m["bf16"], m["fp8_tokens"], m["bf16_tokens"]) == (44_932, 89_860, 495_000, 247_511)
+    assert f"{m['fp8']:,}" in ce.memory_note("glm-5") and f"{m['bf16_tokens']:,}" in ce.memory_note("glm-5")
 
 
 def test_one_rule_gives_one_value(model):
@@ -129,23 +133,24 @@ def test_one_rule_gives_one_value(model):
 # python -m kvwall cost
 # ---------------------------------------------------------------------------------------------------------
 
-def test_cli_cost_prints_every_available_path(model, capsys):
+def test_cli_cost_prints_every_available_path(model, datasheet, capsys):
     assert cli.main(["cost"]) == 0
     out = capsys.readouterr().out
-    assert "fitted on the H200 sweep" in out and "path_sweep.json" in out
-    assert DATASHEET in out
+    assert ce.rates_note(model, GPUS["h200"]) in out and "path_sweep.json" in out
+    assert datasheet in out
     rows = {r.path: r for r in ce.cost_rows(model, ce.ORIGINAL_STATE)}
     for path, r in rows.items():
-        line = next(l for l in out.splitlines() if l.split()[:1] == [path])
+        line = next(ln for ln in out.splitlines() if ln.split()[:1] == [path])
         assert f"{r.step_lo_ms:,.2f}–{r.step_hi_ms:,.2f}" in line and r.cache in line
-    assert not {"full_pool_cast", "flashinfer_fp8"} & {l.split()[0] for l in out.splitlines() if l.startswith("  ")}
+    assert not {"full_pool_cast", "flashinfer_fp8"} & {ln.split()[0] for ln in out.splitlines() if ln.startswith("  ")}
     assert "The original's step here: 86.0 ms" in out, "the original's rest-of-step note is missing"
 
 
 def test_cli_cost_takes_a_users_own_shape(model, capsys):
     state = ce.State("glm-5", "h200", 2, 32768, 1, 495_000, layers=40, heads=32)
     assert state.geometry.num_layers == 40 and state.geometry.heads_per_gpu == 16 and state.problem() is None
-    assert cli.main(["cost", "--gpu", "h200", "--layers", "40", "--heads", "32", "--tp", "2", "--context", "32768"]) == 0
+    argv = ["cost", "--gpu", "h200", "--layers", "40", "--heads", "32", "--tp", "2", "--context", "32768"]
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "(user shape)" in out and "all 40 layers" in out
     gather = next(r for r in ce.cost_rows(model, state) if r.path == "gather_cast")
@@ -261,10 +266,10 @@ def test_explorer_draws_the_models_prediction_in_headless_chromium(page, model, 
 
 
 @pytest.mark.slow
-def test_explorer_without_a_hash_draws_the_originals_state(page, grid, tmp_path):
+def test_explorer_without_a_hash_draws_the_originals_state(page, grid, datasheet, tmp_path):
     drawn, _ = _drawn(_chromium(), page.as_uri(), tmp_path)
     assert drawn["key"] == ce.ORIGINAL_STATE.key and drawn["values"] == ce.grid_values(grid, ce.ORIGINAL_STATE)
-    assert drawn["gpu_rates"] == DATASHEET
+    assert drawn["gpu_rates"] == datasheet
 
 
 @pytest.mark.slow
@@ -273,4 +278,4 @@ def test_explorer_redraws_when_a_control_changes(model, sweep, grid, tmp_path):
     drawn, _ = _drawn(_chromium(), page.as_uri(), tmp_path)
     state = ce.State(**{**ce.ORIGINAL_STATE.__dict__, "gpu": "h200"})
     assert drawn["key"] == state.key and drawn["values"] == ce.grid_values(grid, state)
-    assert drawn["gpu_rates"] == "fitted on the H200 sweep"
+    assert drawn["gpu_rates"] == ce.rates_note(model, GPUS["h200"])

@@ -109,12 +109,13 @@ def test_experiment_runs_small_on_cpu(small_run):
     assert all(p["strategy"] == "ours" and not p.get("error") for p in paths)
     s = accuracy_report.path_summary(small_run, "ours")
     assert s["keeps"] == s["cases"] and s["ratio_max"] < accuracy_report.RULE  # vs the BF16 rounding floor
-    assert "BF16-accurate" in accuracy_report.accuracy_cell(small_run, ["ours"])
-    table = accuracy_report.cases_table(small_run)
-    assert [r["profile"] for r in table.rows] == [p.name for p in PROFILES] and all(r["cases"] == 2 for r in table.rows)
-    assert table.rows[3]["sinks"].startswith("8") or table.rows[3]["sinks"].startswith("9")  # 4 sinks hold 90 %
-    assert "live" in accuracy_report.summary_table(small_run, "live").caption
-    assert "ours (dispatcher's path) 1." in accuracy_report.floor_text(small_run)  # at the BF16 rounding floor
+    assert s["failing_profiles"] == [] and s["passing_profiles"] == [p.name for p in PROFILES]
+    spans = accuracy_report.case_spans(small_run)
+    assert [r["profile"] for r in spans] == [p.name for p in PROFILES] and all(r["cases"] == 2 for r in spans)
+    assert 0.8 <= spans[3]["sinks"][0] <= spans[3]["sinks"][1] < 1.0  # 4 sinks hold 90 %
+    assert spans[0]["sinks"] is None and spans[0]["margin"] is None  # Gaussian logits: no sinks, no needles
+    lo, hi = accuracy_report.floor_ratios(small_run, "ours")
+    assert 0.99 <= lo <= hi < accuracy_report.RULE  # at the BF16 rounding floor
 
 
 def _synthetic() -> Result:
@@ -145,16 +146,18 @@ def test_report_verdicts_and_sentences():
                                                                                           "4 sinks hold 99 %"]
     ours = accuracy_report.path_summary(res, "ours")
     assert ours["keeps"] == 2 and ours["ratio_max"] == pytest.approx(1.65 / 1.7)
-    text = accuracy_report.fp8_verdict(res)
-    assert "0 of 2 cases" in text and "tail keeps as little as 0%" in text
-    assert accuracy_report.accuracy_cell(res, ["ours"]).startswith("BF16-accurate: 2 / 2")
-    assert "fails on 2 of 2 profiles" in accuracy_report.accuracy_cell(res, ["flashmla_dense_fp8"])
-    assert accuracy_report.accuracy_cell(None, ["ours"]) == "not measured"
-    table = accuracy_report.profile_table(res)
-    assert [r["profile"] for r in table.rows] == ["gaussian, spread 1", "4 sinks hold 99 %"]
-    assert table.rows[1]["flashmla_dense_fp8"].endswith("✗") and "✗" not in table.rows[1]["ours"]
-    for fig in (accuracy_report.error_figure(res), accuracy_report.tail_figure(res)):
-        assert fig.data and "Recorded on" in fig.layout.annotations[0].text
+    assert fm["cases"] == 2 and fm["passing_profiles"] == [] and fm["tail_worst_case"].startswith("4 sinks")
+    assert fm["ratio_min"] == pytest.approx(9e-3 / 1.7e-3) and fm["ratio_max_profile"] == "gaussian, spread 1"
+    assert ours["cases"] == 2 and ours["failing_profiles"] == [] and accuracy_report.path_summary(res, "x") is None
+    heads, context, paths, rows = accuracy_report.profile_verdicts(res)
+    assert (heads, context, paths) == (16, 131_072, ["ours", "flashmla_dense_fp8", "flashmla_dense_bf16"])
+    assert [r["profile"] for r in rows] == ["gaussian, spread 1", "4 sinks hold 99 %"]
+    assert not rows[1]["flashmla_dense_fp8"]["keeps"] and rows[1]["ours"]["keeps"]
+    profiles, errors, floor = accuracy_report.error_points(res)
+    assert profiles == ["gaussian, spread 1", "4 sinks hold 99 %"] and floor == [1.1e-3, 1.1e-3]
+    assert errors["ours"] == [1.65e-3, 1.65e-3] and errors["flashmla_dense_fp8"] == [2.7e-2, 9e-3]
+    profile, tails = accuracy_report.tail_points(res, "4 sinks hold 99 %")
+    assert profile == "4 sinks hold 99 %" and tails[("flashmla_dense_fp8", 16)] == ([131_072], [0.0])
 
 
 @pytest.mark.slow
@@ -166,3 +169,15 @@ def test_chapter_runs_on_cpu(executed):
     recorded = load_result("fp8_accuracy")
     assert v["recorded_cases"] == len(recorded.table("case"))
     assert v["ours_keeps"] == v["ours_cases"] == v["recorded_cases"]  # ours keeps BF16 accuracy on every case
+
+
+@pytest.mark.slow
+def test_chapter_glues_every_number_its_text_names(executed):
+    """The book is built with -W: every glue key chapter 5b's Markdown names must be glued by its run; with the
+    recorded result present, none of them is the "not recorded" placeholder."""
+    from test_gather_cast_chapter import glued_keys
+
+    chapter = BOOK / "05b_fp8_accuracy.md"
+    named, glued = glued_keys(chapter, executed.notebook(chapter))
+    assert len(named) > 40 and named <= set(glued), sorted(named - set(glued))
+    assert [k for k in named if glued[k] == repr("not recorded")] == []

@@ -7,6 +7,8 @@ a scrolling container must not be. Without this the browser check of the built b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
@@ -20,7 +22,7 @@ from layout_check import check_page, chromium, problems
 COLUMN_PX = 692
 
 
-def _page(tmp_path, figures: list[go.Figure], tables_html: str = "") -> "Path":
+def _page(tmp_path, figures: list[go.Figure], tables_html: str = "") -> Path:
     divs = "\n".join(pio.to_html(f, include_plotlyjs=False, full_html=False) for f in figures)
     html = (f"<html><head><script>{get_plotlyjs()}</script></head><body><main><article style='width:{COLUMN_PX}px'>"
             f"{divs}{tables_html}</article></main></body></html>")
@@ -94,18 +96,19 @@ def test_checker_passes_the_books_figures_and_a_scrolling_table(browser, tmp_pat
     caption = ["Recorded on NVIDIA H200 (SM90), 2026-11-30, torch 2.11.0, triton 3.6.0, FlashInfer 0.6.18.post1, "
                "commit 0123456789ab, full scale; the fingerprint of the code it depends on matches.",
                "Each phase: its 78 layers captured in a CUDA graph and replayed (device time)."]
-    step = plots.step_breakdown({"whole-pool cast<br>(before)": {"write_kv": 0.5, "kv_strategy": 60.0, "attention": 8.0},
-                                 "gather_cast<br>(after)": {"write_kv": 0.5, "kv_strategy": 2.0, "attention": 8.0},
-                                 "original, RTX PRO 6000<br>(as reported)": {"original_cast": 64.6, "original_rest": 21.4}},
-                                "One decode step with each KV strategy (CUDA graphs)", caption)
-    many = plots.lines({f"a series with a long legend name {i}": ([1, 10, 100], [i + 1, i + 2, i + 3]) for i in range(6)},
-                       "Step time saved against the graph's capacity", "capacity of the index buffer (rows)",
-                       "% of the step saved", caption, log_y=False)
+    step = plots.step_breakdown({
+        "whole-pool cast<br>(before)": {"write_kv": 0.5, "kv_strategy": 60.0, "attention": 8.0},
+        "gather_cast<br>(after)": {"write_kv": 0.5, "kv_strategy": 2.0, "attention": 8.0},
+        "original, RTX PRO 6000<br>(as reported)": {"original_cast": 64.6, "original_rest": 21.4},
+    }, "One decode step with each KV strategy (CUDA graphs)", caption)
+    many = plots.lines({f"a series with a long legend name {i}": ([1, 10, 100], [i + 1, i + 2, i + 3])
+                        for i in range(6)}, "Step time saved against the graph's capacity",
+                       "capacity of the index buffer (rows)", "% of the step saved", caption, log_y=False)
     top = plots.lines({f"strategy {i}": ([1, 10, 100], [i + 1, i + 2, i + 3]) for i in range(9)},
                       "A legend laid out on top", "context", "µs", caption, legend="top")
-    wide = "<div style='overflow-x:auto'><table><thead><tr>" + "".join(f"<th>c{i}</th>" for i in range(6)) + \
-        "</tr></thead><tbody><tr>" + "".join("<td style='white-space:nowrap'>" + "x" * 60 + "</td>" for _ in range(6)) + \
-        "</tr></tbody></table></div>"
+    cells = "".join("<td style='white-space:nowrap'>" + "x" * 60 + "</td>" for _ in range(6))
+    wide = ("<div style='overflow-x:auto'><table><thead><tr>" + "".join(f"<th>c{i}</th>" for i in range(6))
+            + f"</tr></thead><tbody><tr>{cells}</tr></tbody></table></div>")
     report = check_page(_page(tmp_path, [step, many, top], wide), browser)
     assert len(report["figures"]) == 3 and all(f["boxes"] for f in report["figures"]), report["figures"]
     kinds = {b["kind"].split()[0] for f in report["figures"] for b in f["boxes"]}

@@ -1,11 +1,10 @@
 """Chapter 6's SGLang patch section (kvwall.reports.patch_report): every figure it states comes from the rows, a
-failing row shows as failing, and a run that did not get inside SGLang's real modules says so."""
+failing row shows as failing, and a run that did not get inside SGLang's real modules has no findings."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 
 import pytest
 
@@ -28,34 +27,29 @@ def _render(table) -> str:
     return markdown_table(table.rows, table.columns)
 
 
-def test_the_run_text_states_what_the_rows_hold(recorded):
+def test_the_findings_are_the_rows(recorded):
     meta = pr.real_meta(recorded)
     assert meta is not None and meta["ran"]
-    text = pr.real_run_text(recorded)
-    assert f"{meta['sglang_files']} files" in text and "`RECORD`" in text
-    for name, where in meta["standins"].items():  # every stand-in, with the file that imported it
-        assert f"`{name}` (imported by `{where.rsplit('/', 1)[-1]}`)" in text
-    for entry in meta["minimal_objects"]:
-        assert entry.partition(": ")[0] in text
     rows = pr.real_check_rows(recorded)
-    assert f"{sum(r['ok'] for r in rows)} of {len(rows)} rows passed" in text
-    assert "target-verify" in text and "decode" in text and "CUDA graph" in text
-    layers = rows[0]["layers"]
-    assert f"{layers} layers" in text and f"{rows[0]['pool_slots']:,} FP8 slots" in text
-    for t in pr.real_timing_rows(recorded):
-        assert f"`{t['variant']}` {t['ms_per_step']:.3f} ms" in text
-        if t["speedup_vs_unpatched"]:
-            assert f"{t['speedup_vs_unpatched']:.1f}× faster" in text
-    patched = [r for r in rows if r["variant"] != "unpatched"]
-    if all(r["whole_pool_casts"] == 0 for r in patched):
-        assert f"Every patched row: 0 whole-pool casts a step ({len(patched)} rows)" in text
-    not_run = pr.real_not_run_text(recorded)
-    assert "no SGLang server" in not_run and "no model weights" in not_run
-    assert f"{layers} layers, not GLM-5's 78" in not_run
+    found = pr.real_findings(recorded)
+    assert (found.layers, found.pool_slots, found.batch) == (rows[0]["layers"], rows[0]["pool_slots"], rows[0]["batch"])
     driven = {"verify" if r["mode"].startswith("verify") else r["mode"] for r in rows}
-    for mode, words in pr.FORWARD_MODES.items():  # a mode the diffs change is named as not run exactly when it was not
-        if mode != "decode":
-            assert (words in not_run) == (mode not in driven), (mode, not_run)
+    assert set(found.modes) == driven and set(found.not_driven) == set(pr.FORWARD_MODES) - driven
+    assert found.draft_tokens == sorted({r["draft_tokens"] for r in rows if r["draft_tokens"]})
+    assert sum(s.passed for s in found.variants.values()) == sum(bool(r["ok"]) for r in rows)
+    assert sum(s.rows for s in found.variants.values()) == len(rows)
+    patched = [r for r in rows if r["variant"] != "unpatched"]
+    assert found.patched_rows == len(patched)
+    assert found.patched_casting == sum(r["whole_pool_casts"] != 0 for r in patched)
+    assert found.variants["unpatched"].casts == tuple(sorted({r["whole_pool_casts"] for r in rows
+                                                              if r["variant"] == "unpatched"}))
+    first = [r for r in rows if r["variant"] == rows[0]["variant"] and r["mode"] == rows[0]["mode"]]
+    assert found.replay_tokens == [r["tokens"] for r in first if r["phase"].startswith("replay")]
+    assert found.eager_tokens == next(r["tokens"] for r in first if r["phase"] == "eager")
+    for v, s in found.variants.items():
+        mine = [r for r in rows if r["variant"] == v]
+        assert s.max_err == max(r["rel_err_vs_f64"] for r in mine)
+        assert s.identical == sum(bool(r.get("bit_identical_vs_unpatched")) for r in mine)
 
 
 def test_the_tables_hold_every_row(recorded):
@@ -71,13 +65,22 @@ def test_the_tables_hold_every_row(recorded):
     # one line per step in the rows' order, every variant's casts and error in the columns' order
     keys = list(dict.fromkeys((r["mode"], r["phase"]) for r in rows))
     for line, key in zip(table.rows, keys):
-        assert line["phase_text"].replace("\u00a0", " ") == key[1]
+        assert line["phase"].replace("\u00a0", " ") == key[1]
         by = {r["variant"]: r for r in rows if (r["mode"], r["phase"]) == key}
         assert line["casts"] == " / ".join(str(by[v]["whole_pool_casts"]) for v in ("unpatched", "gather_cast", "fused"))
         assert line["errors"].count(" / ") == 2
     timing = pr.real_timing_table(recorded, "t")
     assert [r["variant"] for r in timing.rows] == [r["variant"] for r in pr.real_timing_rows(recorded)]
     assert "speed-up: unpatched ms / this ms" in timing.columns and "error" not in timing.columns
+
+
+def test_what_each_patch_holds_beyond_unpatched(recorded):
+    memory = {r["variant"]: r for r in pr.real_memory_rows(recorded)}
+    extra = pr.extra_bytes(recorded)
+    assert set(extra) == set(memory) - {"unpatched"}
+    for v, b in extra.items():
+        assert b == memory[v]["total_bytes"] - memory["unpatched"]["total_bytes"]
+    assert pr.extra_bytes(_with_rows(recorded, [r for r in recorded.rows if r["section"] != "real_memory"])) == {}
 
 
 def _good_rows(recorded: Result) -> list[dict]:
@@ -92,43 +95,43 @@ def _good_rows(recorded: Result) -> list[dict]:
 
 def test_a_failing_row_shows_as_failing(recorded):
     rows = _good_rows(recorded)
-    good = _with_rows(recorded, rows)
-    text = pr.real_run_text(good)
-    n = len(pr.real_check_rows(good))
-    assert f"{n} of {n} rows passed" in text and "**Failed:**" not in text
+    good = pr.real_findings(_with_rows(recorded, rows))
+    n = sum(s.rows for s in good.variants.values())
+    assert sum(s.passed for s in good.variants.values()) == n and good.patched_casting == 0
     # a patched graph row that casts the pool, and is judged so
     bad = copy.deepcopy(rows)
     row = next(r for r in bad if r["section"] == "real_check" and r["variant"] == "fused"
                and r["phase"] == "replay 2" and r["mode"] == "verify_2")
-    row.update(whole_pool_casts=6, ok=False, problems=["the captured graph, replayed every step: 6 whole-pool casts, "
-                                                       "expected 0 (a patch makes none)"])
+    problem = "the captured graph, replayed every step: 6 whole-pool casts, expected 0 (a patch makes none)"
+    row.update(whole_pool_casts=6, ok=False, problems=[problem])
     res = _with_rows(recorded, bad)
-    text = pr.real_run_text(res)
-    assert f"{n - 1} of {n} rows passed" in text
-    assert "1 patched rows cast the whole pool: verify_2/replay 2/fused 6" in text
-    assert "Every patched row" not in text
-    assert re.search(r"\*\*Failed:\*\* verify_2/replay 2/fused: the captured graph, replayed every step: 6", text)
-    md = _render(pr.real_check_table(res, "c"))
-    assert md.count("**no**") == 1 and "expected 0 (a patch makes none)" in md
+    found = pr.real_findings(res)
+    assert sum(s.passed for s in found.variants.values()) == n - 1 and found.patched_casting == 1
+    assert found.variants["fused"].casts == (0, 6)
+    table = pr.real_check_table(res, "c")
+    failing = [r for r in table.rows if r["verdict"] != "yes"]
+    assert len(failing) == 1 and problem in failing[0]["verdict"] and failing[0]["phase"] == "replay\u00a02"
 
 
-def test_an_output_off_tolerance_is_said(recorded):
+def test_an_output_off_tolerance_is_counted(recorded):
     rows = _good_rows(recorded)
+    before = pr.real_findings(_with_rows(recorded, rows)).variants["gather_cast"]
     row = next(r for r in rows if r["section"] == "real_check" and r["variant"] == "gather_cast"
                and r["mode"] == "decode" and r["phase"] == "eager")
     row.update(bit_identical_vs_unpatched=False, within_tol_vs_unpatched=False, max_abs_diff_vs_unpatched=0.5)
-    text = pr.real_run_text(_with_rows(recorded, rows))
-    assert "decode" in text and "**not** within BF16 tolerance of unpatched on every row (max abs. 5.0e-01)" in text
+    after = pr.real_findings(_with_rows(recorded, rows)).variants["gather_cast"]
+    assert (after.identical, after.within_tol) == (before.identical - 1, before.within_tol - 1)
+    assert after.max_abs_diff == 0.5
 
 
-def test_a_run_that_did_not_get_inside_sglang_says_so(recorded):
+def test_a_run_that_did_not_get_inside_sglang_has_no_findings(recorded):
     meta = dict(pr.real_meta(recorded), ran=False, error="StandInUsed: dill.dumps(...) called")
     rows = [r for r in recorded.rows if not r["section"].startswith("real_")] + [meta]
-    text = pr.real_run_text(_with_rows(recorded, rows))
-    assert text.startswith("**Inside SGLang's real modules:** the run did not complete") and "dill.dumps" in text
-    assert "what ran is the check with stand-ins" in pr.real_not_run_text(_with_rows(recorded, rows))
+    res = _with_rows(recorded, rows)
+    assert pr.real_meta(res)["ran"] is False and "dill.dumps" in pr.real_meta(res)["error"]
+    assert pr.real_findings(res) is None
     none = _with_rows(recorded, [r for r in recorded.rows if not r["section"].startswith("real_")])
-    assert pr.real_run_text(none) == "**Inside SGLang's real modules:** not part of this run."
+    assert pr.real_meta(none) is None and pr.real_findings(none) is None
     assert pr.real_check_rows(none) == [] and pr.real_timing_table(none, "c").rows == []
 
 
@@ -136,14 +139,20 @@ def test_a_timing_that_failed_shows_its_error(recorded):
     rows = copy.deepcopy(recorded.rows)
     t = next(r for r in rows if r["section"] == "real_timing" and r["variant"] == "fused")
     t.update(ms_per_step=None, ms_min=None, ms_max=None, speedup_vs_unpatched=None, error="RuntimeError: boom")
-    res = _with_rows(recorded, rows)
-    assert "`fused` not timed (RuntimeError: boom)" in pr.real_run_text(res)
-    table = pr.real_timing_table(res, "c")
-    assert "error" in table.columns and "RuntimeError: boom" in _render(table)
+    table = pr.real_timing_table(_with_rows(recorded, rows), "c")
+    assert "error" in table.columns and table.column("error") == ["—", "—", "RuntimeError: boom"]
 
 
-def test_the_stand_in_check_text(recorded):
+def test_the_stand_in_summary(recorded):
     checks = [r for r in recorded.rows if r["section"] == "checks"]
-    text = pr.patch_run_text(recorded)
-    assert f"{sum(r['ok'] for r in checks)} of {len(checks)} rows passed" in text
-    assert text.startswith("**With stand-ins for SGLang's imports**")
+    summary = pr.stand_in_summary(recorded)
+    assert summary.cases == len({r["case"] for r in checks})
+    assert summary.layers == sorted({r["layers"] for r in checks})
+    by = summary.variants
+    assert sum(s.passed for s in by.values()) == sum(r["ok"] for r in checks)
+    for v, s in by.items():
+        mine = [r for r in checks if r["variant"] == v]
+        assert s.casts == tuple(sorted({r["whole_pool_casts"] for r in mine}))
+        assert s.max_err == max(r["rel_err_vs_f64"] for r in mine)
+        assert (s.identical == s.rows) == all(r["bit_identical_vs_unpatched"] for r in mine)
+    assert pr.stand_in_summary(_with_rows(recorded, [r for r in recorded.rows if r["section"] != "checks"])) is None

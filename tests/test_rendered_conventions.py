@@ -153,31 +153,32 @@ def test_chapters_5_and_6_divide_flashmla_bf16s_time_by_the_others():
     for r in advice.rows:  # the number under it is FlashMLA BF16's time over ours'
         assert r["vs"] > 1 or r["vs"] <= 1
     ev = evidence()
-    table = heads_report.kernel_table(ev)
+    table = heads_report.kernel_table(ev, "c")
     if table is None:
         pytest.skip("no recorded benchmark for chapter 6's kernel table")
     assert _table_problems(table) == []
     bf16 = next(h for h in table.columns if h.startswith("FlashMLA BF16 µs / "))
     assert ">1: it is faster" in bf16
+    shown = dict(zip(table.column("heads, batch"), table.column(bf16)))
     for r in heads_report.kernel_rows(ev):
         if r["fm_bf16"]:
-            shown = next(x for x in table.rows if x["heads"] == r["heads"] and x["batch"] == r["batch"])["bf16_x"]
-            assert shown == f"{r['fm_bf16'] / r['best_us']:.2f}×"
+            assert r["bf16_x"] == r["fm_bf16"] / r["best_us"]
+            assert shown[f"{r['heads']} heads, batch {r['batch']}"] == f"{r['bf16_x']:.2f}×"
 
 
 def test_chapter_6s_kernel_choice_follows_its_table():
     """Under a table where ours is the faster accurate path everywhere, chapter 6 said "runs ours where it wins and
-    gather_cast where it does not"; the sentence now says what the rows say, and flips with them."""
+    gather_cast where it does not"; the counts its sentence quotes are the rows', and flip with them."""
     from kvwall.reports import decision
 
     ev = evidence()
     rows = heads_report.kernel_rows(ev)
     if not rows:
         pytest.skip("no recorded benchmark for chapter 6's kernel table")
-    text = heads_report.kernel_text(ev)
-    wins = sum(r["best"] == "ours" for r in rows)
-    if wins == len(rows):
-        assert "runs ours at every point of the table" in text and "gather_cast where" not in text
+    for h, (ours, batches, bf16) in heads_report.fastest_by_heads(ev).items():
+        mine = [r for r in rows if r["heads"] == h]
+        assert ours == [r["batch"] for r in mine if r["best"] == "ours"] and batches == [r["batch"] for r in mine]
+        assert bf16 == sum(bool(r["fm_bf16"]) and r["fm_bf16"] < r["best_us"] for r in mine)
     slow = [dict(r, us=r["us"] * 100) if r.get("strategy") == "ours" and r.get("batch", 1) > 1 else r
             for r in ev.bench.rows]
     slowed = decision.Evidence(**{**{k: getattr(ev, k) for k in ("step", "sweep", "validation", "doors_checks",
@@ -186,7 +187,9 @@ def test_chapter_6s_kernel_choice_follows_its_table():
     flipped = heads_report.kernel_rows(slowed)
     n = sum(r["best"] == "ours" for r in flipped)
     assert 0 < n < len(flipped), "slowing ours at batch > 1 should hand those points to gather_cast"
-    assert f"runs ours where it is the faster ({n} of {len(flipped)} points)" in heads_report.kernel_text(slowed)
+    by_heads = heads_report.fastest_by_heads(slowed)
+    assert sum(len(ours) for ours, _, _ in by_heads.values()) == n
+    assert all(b == 1 for ours, _, _ in by_heads.values() for b in ours)  # ours only where it was not slowed
 
 
 # ---------------------------------------------------------------------------------------------- long tables
@@ -282,13 +285,14 @@ def _build(arch: str, spills: int, **extra: Any) -> dict[str, Any]:
 
 
 def test_chapter_6s_spill_statement_follows_the_builds():
-    """Chapter 6 said "no spills" above an sm_100 row with 8 B spilled."""
-    spilled = original_gpu_report.arch_limits_text([_build("sm_90", 0), _build("sm_100a:tmem", 8)])
-    assert "Spills" in spilled and "on `sm_100a`: 8 B" in spilled and "none" not in spilled
-    clean = original_gpu_report.arch_limits_text([_build("sm_90", 0), _build("sm_120", 0)])
-    assert "Spills: none (all 2 compiled builds)." in clean
+    """Chapter 6 said "no spills" above an sm_100 row with 8 B spilled: its caption now quotes the builds that
+    spilled."""
+    builds = [_build("sm_90", 0), _build("sm_100a:tmem", 8), _build("sm_120", 0, error="no ptxas")]
+    spilled, compiled = original_gpu_report.spilled_builds(builds)
+    assert spilled == [builds[1]] and compiled == 2
+    assert original_gpu_report.spilled_builds(builds[:1]) == ([], 1)
     chapter = (BOOK / "06_the_answer.md").read_text()
-    assert "no spills.\"" not in chapter and "sm120_report.arch_limits_text(builds)" in chapter
+    assert "no spills.\"" not in chapter and "sm120_report.spilled_builds(builds)" in chapter
 
 
 def _strategy(name: str, host: float, graph: float, unmarked: float) -> dict[str, Any]:
@@ -301,31 +305,31 @@ def _strategy(name: str, host: float, graph: float, unmarked: float) -> dict[str
 def test_chapter_4s_host_sentence_follows_the_recorded_times():
     """Chapter 4 called eager steps host-bound where its own table and figure said no strategy was."""
     calm = _result("gather_cast_profile", [_strategy("a", 10.0, 25.0, 25.1), _strategy("b", 20.0, 25.0, 25.2)])
-    assert gather_step_report.eager_text(calm).startswith("Timed eagerly, no strategy of this recording is "
-                                                          "host-bound: the host enqueues a step in at most 80%")
+    host = gather_step_report.host_summary(calm)
+    assert host["bound"] == [] and host["strategies"] == 2 and host["share"] == pytest.approx(0.8)
     busy = _result("gather_cast_profile", [_strategy("a", 30.0, 25.0, 31.0), _strategy("b", 20.0, 25.0, 25.2)])
-    assert "1 of 2 strategies are host-bound" in gather_step_report.eager_text(busy)
+    host = gather_step_report.host_summary(busy)
+    assert [s["strategy"] for s in host["bound"]] == ["a"] and host["share"] == pytest.approx(0.8)
     chapter = (BOOK / "04_gather_then_cast.md").read_text()
-    assert "are host-bound (named above" not in chapter
+    assert "are host-bound (named above" not in chapter and "gather_step_report.host_summary(rec_profile)" in chapter
     recorded = _recorded("gather_cast_profile")
-    text = gather_step_report.eager_text(recorded)
-    assert ("no strategy" in text) == (not gather_step_report.host_bound(recorded))
+    assert gather_step_report.host_summary(recorded)["bound"] == gather_step_report.host_bound(recorded)
 
 
 def test_chapter_4s_capacity_reading_lands_on_the_originals_figure():
-    """The capacity the text names, put back through the recorded rows, saves the original's figure (within one
-    point), instead of the nearest measured capacity 9 points away."""
+    """The capacity the text names (rounded to thousands, as chapter 4 glues it), put back through the recorded rows,
+    saves the original's figure (within one point), instead of the nearest measured capacity 9 points away."""
     from kvwall.model.original import ORIGINAL
 
     gain = gather_step_report.capacity_gain(_recorded("gather_cast_profile"))
-    torch_rows = sorted((r for r in gain.rows if r["strategy"] == "index_then_cast_capacity"),
-                        key=lambda r: r["capacity"])
-    for saved in (ORIGINAL.gain_as_time_saved["time_saved"], ORIGINAL.gain_as_speedup["time_saved"]):
-        found = gather_step_report.capacity_for(torch_rows, saved)
-        if found is None:
+    readings = gather_step_report.capacity_readings(gain)
+    assert "round(r[\"capacity\"], -3)" in (BOOK / "04_gather_then_cast.md").read_text()
+    for key, reading in (("time_saved", ORIGINAL.gain_as_time_saved), ("speedup", ORIGINAL.gain_as_speedup)):
+        saved = reading["time_saved"]
+        if readings[key]["capacity"] is None:
             continue
-        capacity, a, b = found
-        assert f"about **{round(capacity, -3):,.0f}** rows" in gain.text
+        capacity, a, b = readings[key]["capacity"], readings[key]["a"], readings[key]["b"]
+        assert readings[key]["saved"] == saved
         # the step is linear in the capacity between two measured points: saving at the named capacity
         t = (round(capacity, -3) - a["capacity"]) / (b["capacity"] - a["capacity"])
         assert abs(a["time_saved"] + t * (b["time_saved"] - a["time_saved"]) - saved) < 0.01

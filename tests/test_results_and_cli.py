@@ -492,10 +492,11 @@ def test_record_runs_in_dependency_order_and_derives_tables_after_full_scale_run
 
 @pytest.mark.usefixtures("fake_run")
 def test_record_fails_when_what_it_wrote_is_already_stale(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(Result, "changed_sources", lambda self, root=PROJECT_ROOT: ["kernels/mla_decode/kernel_paths.json"])
+    table = "kernels/mla_decode/kernel_paths.json"
+    monkeypatch.setattr(Result, "changed_sources", lambda self, root=PROJECT_ROOT: [table])
     assert cli.main(["record", "cast_sweep", "--out", str(tmp_path)]) == 3
     err = capsys.readouterr().err
-    assert "already stale" in err and "cast_sweep: changed since it was recorded: kernels/mla_decode/kernel_paths.json" in err
+    assert "already stale" in err and f"cast_sweep: changed since it was recorded: {table}" in err
 
 
 @pytest.mark.parametrize("fails", [False, True])

@@ -8,9 +8,11 @@ tests skip, saying why, only when it cannot be obtained.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvwall.peers import sglang_dsa
 from kvwall.peers.sglang_flags import check_command, flags_in_markdown, flags_in_python, parse_flags
@@ -76,9 +78,22 @@ def _book_fragments(flags):
     for path in sorted((REPO / "book").glob("*.md")):
         for frag in flags_in_markdown(path.read_text(encoding="utf-8"), flags):
             yield path.relative_to(REPO).as_posix(), frag
-    decision = REPO / "lib" / "kvwall" / "notebook" / "decision.py"
+    # The answer's rows: the templates of book/answer.yml (a placeholder read as "{...}"), and decision.py's
+    # SGLANG_BACKEND (the --attention-backend value of each FlashInfer door).
+    answer = REPO / "book" / "answer.yml"
+    texts = [re.sub(r"\{[^{}]*\}", "{...}", t) for t in _strings(yaml.safe_load(answer.read_text(encoding="utf-8")))]
+    for frag in flags_in_python("\n".join(map(repr, texts)), flags):
+        yield answer.relative_to(REPO).as_posix(), frag
+    decision = REPO / "lib" / "kvwall" / "reports" / "decision.py"
     for frag in flags_in_python(decision.read_text(encoding="utf-8"), flags):
         yield decision.relative_to(REPO).as_posix(), frag
+
+
+def _strings(data):
+    if isinstance(data, str):
+        yield data
+    for value in data.values() if isinstance(data, dict) else data if isinstance(data, list) else ():
+        yield from _strings(value)
 
 
 def test_the_book_prints_only_sglang_commands_0_5_23_accepts(flags):

@@ -19,20 +19,20 @@ CUDA = sorted(str(p.relative_to(ROOT)) for pattern in ("*.cu", "*.cuh") for p in
 
 
 def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
-    assert (BIN / tool).exists(), f"{tool} is not installed in {BIN.parent}: run `make setup` (requirements.txt pins it)"
+    assert (BIN / tool).exists(), f"{tool} is not in {BIN.parent}: run `make setup` (requirements.txt pins it)"
     return subprocess.run([str(BIN / tool), *args], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.mark.parametrize("args,fix", [
-    (["check", "--no-fix", "--output-format", "concise", *PYTHON], "ruff check --fix, then by hand"),
-    (["format", "--check", *PYTHON], "ruff format lib kernels tests"),
+    (["check", "--no-fix", "--output-format", "concise", *PYTHON], "fix each finding (ruff check names the rule)"),
+    (["format", "--check", *PYTHON], "make format"),
 ], ids=["ruff-check", "ruff-format"])
 def test_python(args, fix):
     proc = _run("ruff", *args)
-    assert proc.returncode == 0, f"{proc.stdout[-6000:]}{proc.stderr[-2000:]}\nfix: .venv/bin/{fix}"
+    assert proc.returncode == 0, f"{proc.stdout[-6000:]}{proc.stderr[-2000:]}\nto fix: {fix}"
 
 
 def test_cuda():
     assert CUDA, "no CUDA sources found under kernels/"
     proc = _run("clang-format", "--dry-run", "-Werror", *CUDA)
-    assert proc.returncode == 0, f"{proc.stderr[-6000:]}\nfix: .venv/bin/clang-format -i {' '.join(CUDA)}"
+    assert proc.returncode == 0, f"{proc.stderr[-6000:]}\nto fix: make format"

@@ -321,8 +321,12 @@ def test_chapter_2_offline_with_an_empty_cache_shows_recorded_evidence(tmp_path,
     assert v["assert_source_line"] is None and v["claim_line_text"] is None
     # What the page's sentences say about it: the values the chapter glued into them (myst-nb's glue outputs).
     notebook = json.loads(next((tmp_path / "run").glob("*.ipynb")).read_text())
-    glued = {o["metadata"]["scrapbook"]["name"]: "".join(o["data"].get("application/papermill.record/text/plain", ""))
-             for c in notebook["cells"] for o in c.get("outputs", []) if "scrapbook" in o.get("metadata", {})}
+    glued = {
+        o["metadata"]["scrapbook"]["name"]: "".join(o["data"].get("application/papermill.record/text/plain", ""))
+        for c in notebook["cells"]
+        for o in c.get("outputs", [])
+        if "scrapbook" in o.get("metadata", {})
+    }
     assert glued["build_status"] == "'recorded, not live'"  # and the build's caption says why (above)
     assert glued["sources_status"].startswith("'not on this machine")
     assert not any(cache.iterdir()), "nothing may be left in the cache by failed installs"

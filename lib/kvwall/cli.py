@@ -156,13 +156,15 @@ def _record(args: argparse.Namespace) -> int:
             except Exception as exc:  # noqa: BLE001 - said in one line; the traceback goes to a file, named
                 log = Path(tempfile.gettempdir()) / f"kvwall-record-{exp.name}-{os.getpid()}.txt"
                 log.write_text(traceback.format_exc())
-                done, rest = (", ".join(e.name for e in part) or "none" for part in (experiments[:i], experiments[i + 1:]))
+                done, rest = (", ".join(e.name for e in part) or "none"
+                              for part in (experiments[:i], experiments[i + 1:]))
                 tqdm.write(f"kvwall record: {exp.name} failed after {time.time() - t0:.1f} s: {type(exc).__name__}: "
                            f"{str(exc)[:500]} (its traceback: {log}); recorded before it: {done}; not run: {rest}.",
                            file=sys.stderr)
                 return 1
             result.provenance.missing = lacking[exp.name]
-            tqdm.write(f"recorded {exp.name} in {time.time() - t0:.1f} s -> {save_result(result, out)}", file=sys.stdout)
+            path = save_result(result, out)
+            tqdm.write(f"recorded {exp.name} in {time.time() - t0:.1f} s -> {path}", file=sys.stdout)
             saved.append(result.experiment)
             derive = getattr(exp, "after_record", None)  # what the kernels read, derived before what reads it runs
             for written in derive(result) if derive and scale == "full" else []:
@@ -183,7 +185,7 @@ def _stale_after_recording(saved: list[str], out: Path) -> int:
             continue
         if result.stale:
             stale.append(f"{name}: changed since it was recorded: {', '.join(result.changed_sources())}")
-    for name in set(EXPERIMENTS) - set(saved):
+    for name in (n for n in EXPERIMENTS if n not in saved):
         try:
             if (out / f"{name}.json").is_file() and load_result(name, out).stale:
                 others.append(name)

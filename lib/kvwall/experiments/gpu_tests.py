@@ -43,12 +43,10 @@ def junit_rows(xml_text: str, root: Path = PROJECT_ROOT) -> list[dict]:
         row = files[name]
         row["seconds"] += float(case.get("time", 0.0))
         outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
-        if outcome == "failure":
-            row["failed"] += 1
-            row["failures"].append(case.get("name", "?"))
-        elif outcome == "error":
-            row["errors"] += 1
-            row["failures"].append(case.get("name", "?"))
+        if outcome in ("failure", "error"):
+            row["failed" if outcome == "failure" else "errors"] += 1
+            message = (case.find(outcome).get("message") or "").splitlines()
+            row["failures"].append(f"{case.get('name', '?')}: {message[0][:200] if message else ''}")
         elif outcome == "skipped":
             row["skipped"] += 1
             reason = (case.find("skipped").get("message") or "")[:200]
@@ -60,27 +58,48 @@ def junit_rows(xml_text: str, root: Path = PROJECT_ROOT) -> list[dict]:
              **{k: (round(v, 1) if k == "seconds" else v) for k, v in r.items()}} for f, r in sorted(files.items())]
 
 
+def _gpu_test_files(marker: str, timeout_s: float) -> list[str]:
+    """The test files holding tests ``-m marker`` selects (pytest's own collection; a module that cannot be imported
+    here holds none that could run)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marker, "-p",
+                           "no:cacheprovider", "--continue-on-collection-errors"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    return sorted({line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line})
+
+
 def run_gpu_tests(device: torch.device, *, marker: str, timeout_s: int) -> Result:
-    """See the module docstring. ``marker``: the pytest marker expression (``gpu``)."""
+    """See the module docstring. ``marker``: the pytest marker expression (``gpu``). Each test file runs in a
+    process of its own, so a CUDA error that poisons a process's context fails one file, not the rest."""
     if device.type != "cuda":
         raise RuntimeError("gpu_tests runs the GPU tier of the tests: it needs an NVIDIA GPU.")
-    command = [sys.executable, "-m", "pytest", "-m", marker, "-q", "-p", "no:cacheprovider",
-               "--continue-on-collection-errors"]
+    command = [sys.executable, "-m", "pytest", "-m", marker, "-q", "-p", "no:cacheprovider"]
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "junit.xml"
-        error = None
-        try:
-            proc = subprocess.run([*command, f"--junitxml={report}"], cwd=PROJECT_ROOT, capture_output=True,
-                                  text=True, timeout=timeout_s, check=False)
-            rc = proc.returncode
-            if rc not in (0, 1):
-                error = (proc.stdout + proc.stderr)[-1500:]
-        except subprocess.TimeoutExpired:
-            rc, error = None, f"stopped at the timeout of {timeout_s} s"
-        rows = junit_rows(report.read_text()) if report.is_file() else []
-    setup = {"section": "setup", "gpu": torch.cuda.get_device_name(device), "command": " ".join(command[1:]),
-             "rc": rc, "seconds_total": round(time.perf_counter() - start, 1), "error": error}
+    files = _gpu_test_files(marker, timeout_s)
+    rows: list[dict] = []
+    rcs: list[int | None] = []
+    errors: list[str] = []
+    for name in files:
+        left = timeout_s - (time.perf_counter() - start)
+        if left < 10:
+            errors.append(f"{name}: not run (the {timeout_s} s budget was spent)")
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "junit.xml"
+            try:
+                proc = subprocess.run([*command, f"--junitxml={report}", name], cwd=PROJECT_ROOT,
+                                      capture_output=True, text=True, timeout=left, check=False)
+                rcs.append(proc.returncode)
+                if proc.returncode not in (0, 1, 5):
+                    errors.append(f"{name}: exit {proc.returncode}: {(proc.stdout + proc.stderr)[-400:]}")
+            except subprocess.TimeoutExpired:
+                rcs.append(None)
+                errors.append(f"{name}: stopped at the budget's end ({timeout_s} s)")
+            if report.is_file():
+                rows.extend(junit_rows(report.read_text()))
+    setup = {"section": "setup", "gpu": torch.cuda.get_device_name(device),
+             "command": " ".join(command[1:]) + " FILE (a process per file)",
+             "rc": max((rc for rc in rcs if rc is not None), default=None) if None not in rcs else None,
+             "seconds_total": round(time.perf_counter() - start, 1), "error": "; ".join(errors) or None}
     return Result("gpu_tests", dict(marker=marker, timeout_s=timeout_s), [setup, *rows],
                   collect_provenance(device, __name__))
 

@@ -10,13 +10,12 @@ grid, ``fused_decode_bench``, and its case table, ``fused_decode_validation``) a
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.sharp_attention import PROFILES
-from kvwall.reports.accuracy_report import label, order, verdicts
+from kvwall.reports.accuracy_report import Row, label, order, rows_of, verdicts
 from kvwall.results import Result
 
 __all__ = ["RANDOM_INPUTS", "REGIME_WORDS", "SHAPE_MAX_TOKENS", "BF16_REFERENCE_OF", "RegimeMultiplier",
@@ -34,10 +33,10 @@ REGIME_WORDS = ("random Gaussian", "Gaussian logits", "gaussian, spread", "sprea
 #: The regimes' output norm is computed live at the sources' one-request contexts up to this many tokens.
 SHAPE_MAX_TOKENS = 8192
 #: The BF16 reference each source's multiplier is also taken over.
-BF16_REFERENCE_OF = {"fused_decode_bench": "FlashMLA dense BF16 at the same point",
-                     "fused_decode_validation": "the case table's BF16 path (FlashInfer BF16 on the exactly cast cache)",
-                     "fp8_accuracy": "the BF16 reference (the better of FlashMLA dense BF16 and gather_cast + "
-                                     "FlashInfer BF16)"}
+BF16_REFERENCE_OF = dict(
+    fused_decode_bench="FlashMLA dense BF16 at the same point",
+    fused_decode_validation="the case table's BF16 path (FlashInfer BF16 on the exactly cast cache)",
+    fp8_accuracy="the BF16 reference (the better of FlashMLA dense BF16 and gather_cast + FlashInfer BF16)")
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,8 @@ class RegimeMultiplier:
 def _fp8_query_strategies(result: Result) -> list[str]:
     """The paths whose query is FP8: the recording's own ``precision`` (``setup`` row) where it has one, else the peer
     table's."""
-    setup = next((r for r in result.rows if r.get("section") == "setup"), {})
-    recorded = {s: p.get("query") for s, p in (setup.get("precision") or {}).items()}
+    setup = next(iter(rows_of(result, "setup")), Row())
+    recorded = {s: Row(p).query for s, p in (setup.precision or {}).items()}
     return [s for s in STRATEGIES if recorded.get(s, STRATEGIES[s].query) == "fp8"] + sorted(
         s for s, q in recorded.items() if q == "fp8" and s not in STRATEGIES)
 
@@ -171,8 +170,8 @@ def _logits_and_output(q: Any, keys: Any, values: Any, sm_scale: float) -> tuple
 
 def _one_request_points(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
     """The (heads, tokens) of the one-request cases of ``rows`` short enough to draw here (:data:`SHAPE_MAX_TOKENS`)."""
-    return sorted({(r["heads"], r["tokens"]) for r in rows if r.get("tokens") and 2 <= r["tokens"] <= SHAPE_MAX_TOKENS
-                   and r.get("batch", 1) == 1})
+    return sorted({(r.heads, r.tokens) for r in map(Row, rows) if r.tokens and 2 <= r.tokens <= SHAPE_MAX_TOKENS
+                   and (r.batch or 1) == 1})
 
 
 @dataclass(frozen=True)
@@ -202,10 +201,9 @@ def _profile_shape(profile: str, cases: list[dict[str, Any]], computed: bool = T
     """One of chapter 5b's profiles: its recorded cases' realized values, and its output norm drawn here."""
     points = _one_request_points(cases) if computed else []
     norms = [v for v in (_profile_output_norm(profile, h, n) for h, n in points) if v is not None]
-    realized = {key: _lo_hi([c[f"realized_{key}"] for c in cases if c.get(f"realized_{key}") is not None])
-                for key in ("spread", "max_gap", "query_rms")}
-    return _Shape(realized["spread"], _lo_hi(norms), realized["max_gap"], realized["query_rms"], None,
-                  tuple(points) if norms else ())
+    spread, gap, query = ([v for v in values if v is not None] for values in zip(
+        *((c.realized_spread, c.realized_max_gap, c.realized_query_rms) for c in map(Row, cases))))
+    return _Shape(_lo_hi(spread), _lo_hi(norms), _lo_hi(gap), _lo_hi(query), None, tuple(points) if norms else ())
 
 
 def _case_label(heads: int, tokens: int, batch: int) -> str:
@@ -228,16 +226,15 @@ def _multiplier(regime: str, shape: _Shape, strategy: str, source: str,
 
 def _from_bench(bench: Result, computed: bool = True) -> list[RegimeMultiplier]:
     """Chapter 5's grid: every point (not the fixed-cost probes) where the FP8-query path and ours both ran."""
-    floors = set(bench.params.get("floor_contexts") or [])
-    rows = [r for r in bench.rows if r.get("section") == "bench" and r["context"] not in floors
-            and r.get("rel_err_f64") is not None]
-    by = {(r["strategy"], r["heads"], r["context"], r["batch"]): r["rel_err_f64"] for r in rows}
-    cases = [r for r in rows if r["strategy"] == "ours"]
-    shape = _random_inputs_shape(_one_request_points([{**r, "tokens": r["context"]} for r in cases]) if computed else [])
+    floors = set(Row(bench.params).floor_contexts or [])
+    rows = [r for r in rows_of(bench, "bench") if r.context not in floors and r.rel_err_f64 is not None]
+    by = {(r.strategy, r.heads, r.context, r.batch): r.rel_err_f64 for r in rows}
+    cases = [Row(r, tokens=r.context) for r in rows if r.strategy == OURS_PATH]
+    shape = _random_inputs_shape(_one_request_points(cases) if computed else [])
     out = []
     for s in _fp8_query_strategies(bench):
-        triples = [(_case_label(h, n, b), by[(s, h, n, b)], by[(OURS_PATH, h, n, b)],
-                    by.get((BENCH_BF16, h, n, b))) for (st, h, n, b) in by if st == OURS_PATH and (s, h, n, b) in by]
+        triples = [(_case_label(h, n, b), by[(s, h, n, b)], by[(OURS_PATH, h, n, b)], by.get((BENCH_BF16, h, n, b)))
+                   for (st, h, n, b) in by if st == OURS_PATH and (s, h, n, b) in by]
         m = _multiplier(RANDOM_INPUTS, shape, s, bench.experiment, triples)
         if m:
             out.append(m)
@@ -247,16 +244,15 @@ def _from_bench(bench: Result, computed: bool = True) -> list[RegimeMultiplier]:
 def _from_validation(validation: Result, computed: bool = True) -> list[RegimeMultiplier]:
     """Chapter 5's case table: every case where the FP8-query peer, ours and the BF16 path have a nonzero error (a
     one-token request is exact on every path)."""
-    cases = {r["case"]: r for r in validation.rows if r.get("section") == "cases" and r.get("path") == OURS_PATH}
-    peers = [r for r in validation.rows if r.get("section") == "fp8_peers" and r.get("rel_err") is not None
-             and r["case"] in cases]
-    points = _one_request_points([{"heads": c["heads"], "tokens": sum(c["lens"]), "batch": len(c["lens"])}
-                                  for c in cases.values() if c.get("rel_err")])
+    cases = {r.case: r for r in rows_of(validation, "cases") if r.path == OURS_PATH}
+    peers = [r for r in rows_of(validation, "fp8_peers") if r.rel_err is not None and r.case in cases]
+    points = _one_request_points([Row(heads=c.heads, tokens=sum(c.lens), batch=len(c.lens))
+                                  for c in cases.values() if c.rel_err])
     shape = _random_inputs_shape(points if computed else [])
     out = []
-    for s in [s for s in STRATEGIES if STRATEGIES[s].query == "fp8" and any(r["peer"] == s for r in peers)]:
-        triples = [(_case_label(r["heads"], sum(r["lens"]), len(r["lens"])), r["rel_err"],
-                    cases[r["case"]]["rel_err"], cases[r["case"]].get("bf16_rel_err")) for r in peers if r["peer"] == s]
+    for s in [s for s in STRATEGIES if STRATEGIES[s].query == "fp8" and any(r.peer == s for r in peers)]:
+        triples = [(_case_label(r.heads, sum(r.lens), len(r.lens)), r.rel_err, cases[r.case].rel_err,
+                    cases[r.case].bf16_rel_err) for r in peers if r.peer == s]
         m = _multiplier(RANDOM_INPUTS, shape, s, validation.experiment, triples)
         if m:
             out.append(m)
@@ -265,15 +261,14 @@ def _from_validation(validation: Result, computed: bool = True) -> list[RegimeMu
 
 def _from_accuracy(accuracy: Result, computed: bool = True) -> list[RegimeMultiplier]:
     """Chapter 5b: one regime per profile, every case where the FP8-query path and ours ran."""
-    rows = verdicts(accuracy)
-    ours = {r["case"]: r["rel_err"] for r in rows if r["strategy"] == OURS_PATH}
-    cases = [r for r in accuracy.rows if r.get("section") == "case"]
+    rows, cases = verdicts(accuracy), rows_of(accuracy, "case")
+    ours = {r.case: r.rel_err for r in rows if r.strategy == OURS_PATH}
     out = []
-    for prof in sorted({c["profile"] for c in cases}, key=order):
-        shape = _profile_shape(prof, [c for c in cases if c["profile"] == prof], computed)
+    for prof in sorted({c.profile for c in cases}, key=order):
+        shape = _profile_shape(prof, [c for c in cases if c.profile == prof], computed)
         for s in _fp8_query_strategies(accuracy):
-            triples = [(_case_label(r["heads"], r["context"], r["batch"]), r["rel_err"], ours.get(r["case"]),
-                        r["ref_err"]) for r in rows if r["strategy"] == s and r["profile"] == prof]
+            triples = [(_case_label(r.heads, r.context, r.batch), r.rel_err, ours.get(r.case), r.ref_err)
+                       for r in rows if r.strategy == s and r.profile == prof]
             m = _multiplier(prof, shape, s, accuracy.experiment, triples)
             if m:
                 out.append(m)

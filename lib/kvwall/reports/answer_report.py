@@ -26,10 +26,10 @@ from kvwall.reports.plots import with_caption
 from kvwall.reports.tables import Table
 from kvwall.results import PROJECT_ROOT, Result
 
-__all__ = ["WORDS", "Words", "Filler", "fill", "STEP_NAMES", "SWEEP_COLORS", "SweepFit", "fit_sweep", "step_rows", "step_table",
-           "memory_table", "step_figure", "sweep_figure", "validation_figure", "validation_table", "misses_table",
-           "sweep_samples", "sweep_rows", "headline_point", "CastStep", "cast_step", "Lead", "lead", "memory", "Findings",
-           "findings", "kernels_ran", "front_page_figure", "OURS_PATHS", "MB"]
+__all__ = ["WORDS", "Words", "Filler", "fill", "STEP_NAMES", "SWEEP_COLORS", "SweepFit", "fit_sweep", "step_rows",
+           "step_table", "memory_table", "step_figure", "sweep_figure", "validation_figure", "validation_table",
+           "misses_table", "sweep_samples", "sweep_rows", "headline_point", "CastStep", "cast_step", "Lead", "lead",
+           "memory", "Findings", "findings", "kernels_ran", "front_page_figure", "OURS_PATHS", "MB"]
 
 
 class Words(dict):
@@ -222,7 +222,8 @@ def misses_table(fit: SweepFit, caption: str) -> Table:
         if abs(r["rel_err"]) > MISS:
             groups.setdefault(_why(r), []).append(r)
     rows = [dict(why=why, misses=len(ms), paths=", ".join(dict.fromkeys(r["path"] for r in ms)),
-                 worst=fill(WORDS.misses.worst, w=max(ms, key=lambda r: abs(r["rel_err"])))) for why, ms in groups.items()]
+                 worst=fill(WORDS.misses.worst, w=max(ms, key=lambda r: abs(r["rel_err"]))))
+            for why, ms in groups.items()]
     return Table(rows, _columns(WORDS.misses_table), caption)
 
 
@@ -254,7 +255,8 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
     for i, (axis, key, x_title) in enumerate(WORDS.sweep_figure.axes):
         row, col, log_x = i // 2 + 1, i % 2 + 1, axis in ("batch", "heads")
         for path, color in SWEEP_COLORS.items():
-            pts = [(p, us) for a, pa, p, us in samples if a == axis and pa == path and (axis != "heads" or p.batch == 1)]
+            pts = [(p, us) for a, pa, p, us in samples
+                   if a == axis and pa == path and (axis != "heads" or p.batch == 1)]
             if pts:
                 xs = [getattr(p, key) for p, _ in pts]
                 fig.add_scatter(x=xs, y=[us for _, us in pts], mode="markers", marker=dict(color=color, size=7),
@@ -278,7 +280,7 @@ def _sweep_us(sweep: Result) -> dict[tuple[str, str, int, int, int], float]:
             for r in sweep_rows(sweep) if r.get("us")}
 
 
-def _axis(us: Mapping[tuple[str, str, int, int, int], float], axis: str, path: str, heads: int = 16) -> dict[int, float]:
+def _axis(us: Mapping[tuple[Any, ...], float], axis: str, path: str, heads: int = 16) -> dict[int, float]:
     """One path along the sweep's ``context`` axis (tokens -> µs) or ``batch`` axis (batch -> µs), at ``heads``."""
     return {(k[2] if axis == "batch" else k[3]): v for k, v in us.items() if k[:2] == (axis, path) and k[4] == heads}
 
@@ -352,8 +354,8 @@ def memory(step: Result) -> dict[str, Any]:
     fp8, bf16, pool = s["ours"]["kv_bytes_per_token"], s["bf16_cache"]["kv_bytes_per_token"], step.params["pool_tokens"]
     geometry = headline_point(step).geometry
     return dict(fp8_bytes=fp8, bf16_bytes=bf16, layers=geometry.num_layers, kv_dim=geometry.kv_dim, pool=pool,
-                pool_gb=pool * fp8 / 1e9, bf16_tokens=int(pool * fp8 / bf16), cast_mb=s["full_pool_cast"]["transient_mb"],
-                index_mb=s["index_then_cast"]["transient_mb"],
+                pool_gb=pool * fp8 / 1e9, bf16_tokens=int(pool * fp8 / bf16),
+                cast_mb=s["full_pool_cast"]["transient_mb"], index_mb=s["index_then_cast"]["transient_mb"],
                 gather_mb=step.params["context_lens"][0] * geometry.kv_dim * 2 / MB)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from kvwall.experiments import EXPERIMENTS, run_experiment
+from kvwall.reports.plots import LIVE_CAPTION
 from kvwall.reports.tables import show_markdown
 from kvwall.results import PROJECT_ROOT, Result, ResultMissingError, load_result, save_result
 
@@ -59,7 +60,7 @@ class ChapterRun:
     def live_caption(self, detail: str = "") -> str:
         """The provenance line of a number measured live in this run."""
         detail = f"; {detail}" if detail else ""
-        return (f"Measured live on this machine: {_device_description(self.device)}, {self.scale} scale{detail}, "
+        return (f"{LIVE_CAPTION}: {_device_description(self.device)}, {self.scale} scale{detail}, "
                 f"torch {torch.__version__}.")
 
     def measure(self, experiment: str, **overrides: Any) -> Result:

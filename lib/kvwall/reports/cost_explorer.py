@@ -236,7 +236,8 @@ def explorer_html(model: CostModel, caption: str) -> str:
     data = json.dumps(_page_data(model), separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
     page = PAGE.substitute(
         uid=f"kvx-{uuid.uuid4().hex[:10]}", data=data, caption=html.escape(caption),
-        rules=" and ".join(f"“{r}”" for r in TRANSFER_RULES), model=_options([(k, g.name) for k, g in MODEL_PRESETS.items()]),
+        rules=" and ".join(f"“{r}”" for r in TRANSFER_RULES),
+        model=_options([(k, g.name) for k, g in MODEL_PRESETS.items()]),
         gpu=_options([(k, g.name) for k, g in GPUS.items()]), tp=_options([(t, str(t)) for t in TENSOR_PARALLEL]),
         context=_options([(c, _tokens(c)) for c in CONTEXTS]), batch=_options([(b, str(b)) for b in BATCHES]),
         pool=_options([(p, f"{p:,}") for p in POOLS]))

@@ -53,7 +53,9 @@ SGLANG_BACKEND = {"fa2": "flashinfer", "fa3": "flashinfer", "trtllm-gen": "trtll
 #: obtained, and SGLang 0.5.23's FlashInfer MLA backend with an FP8 cache (it casts the whole pool, whatever the
 #: FlashInfer), in full and short.
 _ROWS, MODELS = WORDS.rows, WORDS.models
-MEASURED, COMPOSED, PREDICTED, NOT_MEASURED = WORDS.evidence.values()
+_EVIDENCE = WORDS.evidence
+MEASURED, COMPOSED, PREDICTED, NOT_MEASURED = (_EVIDENCE.measured, _EVIDENCE.composed, _EVIDENCE.predicted,
+                                               _EVIDENCE.not_measured)
 PATCH_NOTE, PATCH_NOTE_SHORT = WORDS.patch_note, WORDS.patch_note_short
 
 
@@ -108,11 +110,12 @@ def _row(key: str, ev: Evidence, values: Mapping[str, Any], **cases: Any) -> Dec
     filler = Filler(values, {**WORDS.pieces, **spec.get("pieces", {})}, cases)
     text = {name: filler.fill(spec[name], cases.get("row")) for name in Decision.__dataclass_fields__ if name in spec}
     recorded = {r.experiment for r in ev.results()}
-    text.update(key=key, model=MODELS[text["model"]], evidence=WORDS.evidence[text["evidence"]],
+    text.update(key=key, model=MODELS[text["model"]], evidence=_EVIDENCE[text["evidence"]],
                 sources=tuple(s for s in text["sources"] if s in recorded), cases=cases)
-    cells = {name: Filler(text, {}, {}).fill(t, case) for (name, t), case in
+    # The cells the table shows: the setup, the command (or that nothing needs setting), the step with its evidence.
+    shown = {name: Filler(text, {}, {}).fill(t, case) for (name, t), case in
              zip(WORDS.cells.items(), (None, bool(text["command"]), text["evidence"] == NOT_MEASURED))}
-    return Decision(**text, **cells)
+    return Decision(**text, **shown)
 
 
 def _default(sm: str, model: str = "GLM-5") -> Any:
@@ -140,7 +143,8 @@ def _dsa_sm90(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decisi
     acc = dsa_report.accuracy(ev.dsa)
     big = max((p for p in dsa_report.points(ev.dsa) if p["heads"] == 16 and p.get("dsa")),
               key=lambda p: (p["batch"], p["context"]))
-    values.update(composed=composed, acc=acc, big=big, big_k=big["context"] // 1024, layers=headline_point(ev.step).geometry.num_layers,
+    values.update(composed=composed, acc=acc, big=big, big_k=big["context"] // 1024,
+                  layers=headline_point(ev.step).geometry.num_layers,
                   ours_ms=step_at(ev, "ours")[1], flashmla_fp8_ms=step_at(ev, "flashmla_fp8").get(1, float("nan")),
                   sparse_over_ours=acc.sparse[1] / acc.ours[1], random_inputs=RANDOM_INPUTS)
     return _row(key, ev, values, row="composed" if composed else "not_composed")
@@ -164,9 +168,8 @@ def _dsa_sm120(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decis
     sparse = open_doors(cells, "SM120", dense=False)
     built = _sparse_build(ev)
     pred = _dsa_sm120_prediction(ev)
-    return _dsa_other(ev, key, "SM120", dict(row=pred is not None, door=bool(sparse), built=built is not None,
-                                        prediction=pred is not None), sparse=sparse[:1] and sparse[0], build=built,
-                      pred=pred)
+    cases = dict(row=pred is not None, door=bool(sparse), built=built is not None, prediction=pred is not None)
+    return _dsa_other(ev, key, "SM120", cases, sparse=sparse[0] if sparse else None, build=built, pred=pred)
 
 
 def _sparse_build(ev: Evidence) -> dict[str, Any] | None:
@@ -242,11 +245,13 @@ def _dense_sm100(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Dec
     dense = open_doors(cells, "SM100", dense=True)
     pieces, p = _ROWS[key].pieces, headline_point(ev.step)
     backends = sorted({SGLANG_BACKEND.get(c["door"], c["door"]) for c in dense})
-    kv = _Lazy(lambda path: [p.geometry.num_layers * v / 1e3 for v in ev.fit.model.layer_range_us(path, p, GPUS["b200"])])
+    b200, layers = GPUS["b200"], p.geometry.num_layers
+    kv = _Lazy(lambda path: [layers * v / 1e3 for v in ev.fit.model.layer_range_us(path, p, b200)])
     accuracy, cases = _bf16_accuracy(ev, ["triton", "ours"])
     values = dict(accuracy, dense=dense, backends=backends, kv=kv, refused=", ".join(refused_doors(cells, "SM100")),
                   backend_flags=" or ".join(fill(pieces.backend_flag, backend=b) for b in backends),
-                  open_doors="; ".join(fill(pieces.open_door, label=DOOR_BY_KEY[c["door"]].label, door=c) for c in dense))
+                  open_doors="; ".join(fill(pieces.open_door, label=DOOR_BY_KEY[c["door"]].label, door=c)
+                                       for c in dense))
     return _row(key, ev, values, row=bool(dense), where=bool(dense), **cases)
 
 
@@ -301,7 +306,8 @@ def decision_caption(ev: Evidence, rows: Sequence[Decision], *, compact: bool = 
     stale = sorted(res.experiment for res in ev.results() if res.experiment in used and res.stale)
     caption = WORDS.caption
     return fill(caption.compact if compact else caption.full, point=headline_point(ev.step), patch_note=PATCH_NOTE,
-                patch_note_short=PATCH_NOTE_SHORT, recorded="; ".join(f"{k} ({', '.join(v)})" for k, v in groups.items()),
+                patch_note_short=PATCH_NOTE_SHORT,
+                recorded="; ".join(f"{k} ({', '.join(v)})" for k, v in groups.items()),
                 stale=fill(caption.stale, bool(stale), stale_results=", ".join(stale)))
 
 

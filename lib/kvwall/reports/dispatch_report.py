@@ -26,8 +26,8 @@ def timed_paths(paths: Grid) -> list[str]:
 
 
 def _path_points(paths: Grid, points: list[Point], page_size: int) -> list[tuple[Point, dict[str, float], list]]:
-    """(point, each timed path's µs, the ``kernel_paths.json`` point: its shape as the Triton row ran it) where the Triton
-    path was timed."""
+    """(point, each timed path's µs, the ``kernel_paths.json`` point: its shape as the Triton row ran it) where the
+    Triton path was timed."""
     out = []
     for p in points:
         us = {k: u for k in timed_paths(paths) if (u := paths.us(k, p, page_size)) is not None}
@@ -74,8 +74,9 @@ def other_gpus_table(caption: str, table: Mapping[str, Any] | None = None, heads
                      max_len: int = 131072, measured: Mapping[str, Any] | None = None,
                      tokens: int | None = None) -> Table:
     """What :func:`kvwall.kernels.mla_decode.path_table.decide_path` picks for one call on GPUs other than the one
-    measured (an H100 reads the H200's crossovers: the same compute capability), from the shipped ``kernel_paths.json``; and
-    the times measured at the point it decided by, from the sidecar ``measured`` (default: the shipped
+    measured (an H100 reads the H200's crossovers: the same compute capability), from the shipped
+    ``kernel_paths.json``; and the times measured at the point it decided by, from the sidecar ``measured`` (default:
+    the shipped
     ``kernel_paths_measured.json`` with the shipped table, none with a ``table`` given). ``tokens``: the batch's tokens
     (None: every request ``max_len`` long)."""
     if table is None:

@@ -45,7 +45,8 @@ def calls_for_matrix(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
 def note_missing_downloads(cells: list[dict[str, Any]], calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Add, to each cell whose GPU calls stopped on a missing download, evidence saying so."""
     for c in cells:
-        missing = [r for r in calls if r["door"] == c["door"] and r.get("family") == c["family"] and is_missing_download(r)]
+        missing = [r for r in calls
+                   if r["door"] == c["door"] and r.get("family") == c["family"] and is_missing_download(r)]
         if missing:
             pages = ", ".join(sorted({f"{r['heads']} heads / page {r['page_size']}" for r in missing}))
             c["evidence"].append({"kind": "gpu", "where": missing[0].get("where", ""),

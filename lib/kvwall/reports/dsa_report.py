@@ -20,7 +20,7 @@ from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 from kvwall.results import Result
 
 __all__ = ["defaults_table", "citations_table", "points", "dsa_table", "dsa_figure", "Accuracy", "accuracy", "Speed",
-           "speed", "forced_dense", "forced_dense_text", "DSAStep", "dsa_step"]
+           "speed", "forced_dense", "DSAStep", "dsa_step"]
 
 Span = tuple[float, float]
 _COLORS = {"dsa": "#2ca02c", "sparse": "#98df8a", "ours_page64": "#d62728", "flashmla_dense_fp8": "#1f77b4",
@@ -156,22 +156,6 @@ def speed(result: Result, heads: int) -> Speed:
 def forced_dense(result: Result) -> dict[str, Any]:
     """The ``forced_dense`` row of ``dsa_forced_dense``: what a dense backend forced on a DSA model does to its pool."""
     return next(r for r in result.rows if r["section"] == "forced_dense")
-
-
-def forced_dense_text(result: Result) -> str:
-    """Kept for ``book/index.md`` until it writes this sentence itself (chapter 6 does, from :func:`forced_dense`)."""
-    f = forced_dense(result)
-    return (f"In SGLang {f['sglang']}'s own pool classes (run on a CPU, torch {f['torch_version']}), a DSA model's FP8 "
-            f"pool holds {f['dsa_row_bytes']}-byte rows (512 e4m3 values, four float32 scales, 64 BF16 rotary "
-            f"values; {f['dsa_row_bytes_trtllm']} bytes only when `trtllm` is a DSA backend), and forcing a dense "
-            f"backend does not change it. The dense FlashInfer backend (`--attention-backend flashinfer`) casts those "
-            f"rows as if they were plain {f['dsa_row_bytes_trtllm']}-value rows: the latent comes back "
-            f"{f['dense_latent_rel_err']:.0f}× off in relative error (its per-tile scales are never applied), "
-            f"{f['dense_rope_nan_tokens']:.0%} of tokens read a NaN in their rotary values, and attention over exactly "
-            f"what the backend hands FlashInfer is NaN (a reference decode on those values; FlashInfer's kernel itself "
-            f"was not run on them), with no error raised anywhere on the way. `--attention-backend flashmla` or `triton` stop at the first cache "
-            f"write instead ({f['set_kv_buffer_error'].split(':')[0]}). The same keys in a plain MLA pool read back "
-            f"to an output {f['mla_pool_output_rel_err']:.1e} from float64's.")
 
 
 @dataclass(frozen=True)

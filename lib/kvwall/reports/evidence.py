@@ -94,10 +94,10 @@ def flashmla_fp8_error(ev: Evidence) -> tuple[float | None, float | None, str]:
         fp8 = [r["rel_err_f64"] for r in rows if r["strategy"] == "flashmla_dense_fp8"]
         ours = [r["rel_err_f64"] for r in rows if r["strategy"] in ("ours", "ours_page64")]
         if fp8 and ours:
-            return max(fp8), max(ours), "fused_decode_bench"
+            return max(fp8), max(ours), _SOURCE_OF["bench"]
     fp8, ours = fused_bench_report.flashmla_fp8_error(ev.validation)  # chapter 5's reading of the case table
     if fp8 is not None and ours is not None:
-        return fp8, ours, "fused_decode_validation"
+        return fp8, ours, _SOURCE_OF["validation"]
     return None, None, ""
 
 

@@ -75,7 +75,8 @@ def _check_declared_name(notebook: nbformat.NotebookNode, path: Path) -> None:
         try:
             calls += [n for n in ast.walk(ast.parse(_MAGIC.sub("", cell.source))) if isinstance(n, ast.Call)]
         except SyntaxError as exc:
-            raise ChapterError(f"{path}: code cell {number} is not valid Python ({exc.msg}, line {exc.lineno}).") from None
+            raise ChapterError(f"{path}: code cell {number} is not valid Python ({exc.msg}, line {exc.lineno}).") \
+                from None
     names = [ast.literal_eval(c.args[0]) for c in calls if ast.unparse(c.func) == "start_chapter" and c.args
              and isinstance(c.args[0], ast.Constant)]
     if names[:1] != [path.stem] or not any(ast.unparse(c.func).endswith(".finish") for c in calls):
@@ -86,7 +87,8 @@ def _check_declared_name(notebook: nbformat.NotebookNode, path: Path) -> None:
 def chapter_parameters(notebook: nbformat.NotebookNode) -> dict[str, str]:
     """Names the chapter's ``parameters`` cell assigns, with the source of each default value."""
     cells = [c for c in notebook.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
-    assigns = [node for c in cells for node in ast.parse(c.source).body if isinstance(node, (ast.Assign, ast.AnnAssign))]
+    assigns = [node for c in cells for node in ast.parse(c.source).body
+               if isinstance(node, (ast.Assign, ast.AnnAssign))]
     return {t.id: ast.unparse(node.value) for node in assigns if node.value is not None
             for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)}
 

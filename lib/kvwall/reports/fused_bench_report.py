@@ -141,7 +141,8 @@ class Grid:
 
 def path_counts(grid: Grid, strategy: str = OURS) -> Counter:
     """How many grid points ``strategy`` (ours) ran on each path (its rows' ``kernel_path``)."""
-    return Counter(r.kernel_path for p in grid.points if grid.us(strategy, p) and (r := grid.row(strategy, p)).kernel_path)
+    ran = [grid.row(strategy, p) for p in grid.points if grid.us(strategy, p)]
+    return Counter(r.kernel_path for r in ran if r.kernel_path)
 
 
 # ---------------------------------------------------------------------------------------------------------

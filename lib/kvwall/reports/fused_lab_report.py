@@ -53,9 +53,9 @@ def screen_table(tuning: Result, heads: int, caption: str) -> Table:
     screen = sorted((r for r in rows_of(tuning, "screen") if r.heads == heads), key=lambda r: r.us or float("inf"))
     rows = [dict(r, shape=launch_shape(r), smem_kb=(r.shared_bytes or 0) / 1024, share=_share(r),
                  us_or_error=f"{r.us:.1f}" if r.us else (r.error or "")[:40]) for r in screen]
-    return Table(rows, {"launch shape": "shape", "registers": "regs", "spills": "spills", "smem KB": ("smem_kb", number(0)),
-                        "error vs fp32": ("rel_err", scientific), "µs": "us_or_error", "of roofline": ("share", percent)},
-                 caption)
+    return Table(rows, {"launch shape": "shape", "registers": "regs", "spills": "spills",
+                        "smem KB": ("smem_kb", number(0)), "error vs fp32": ("rel_err", scientific),
+                        "µs": "us_or_error", "of roofline": ("share", percent)}, caption)
 
 
 def split_sweep_figure(tuning: Result, caption: str, heads: int = 16) -> go.Figure:
@@ -190,8 +190,8 @@ def ncu_summary(profile: Result, caption: str) -> Table:
     return Table(rows, {"path, heads, tokens (batch 1)": "point", "HBM % of peak": ("dram_pct_of_peak", number(0)),
                         "tensor pipe busy %": ("tensor_pipe_pct", number(0)),
                         "occupancy %": ("achieved_occupancy_pct", number(1)),
-                        "issue slots busy %": ("issue_active_pct", number(0)), "largest stall (warps per issue)": "stall"},
-                 caption)
+                        "issue slots busy %": ("issue_active_pct", number(0)),
+                        "largest stall (warps per issue)": "stall"}, caption)
 
 
 def ncu_ranges(profile: Result) -> dict[str, Any]:

@@ -189,14 +189,16 @@ def design_table(tuning: Result | None, caption: str, heads: Iterable[int] = GRI
             bh, bn = shapes[h].cfg_block_h, shapes[h].cfg_block_n
             row.update(t_block=f"{bh} × {bn}", t_conv=-(-h // bh), t_pad=1 - h / (-(-h // bh) * bh))
         ctas, hn = -(-h // HEADS_PER_CTA), wgmma_tokens.heads_per_cta(h)
-        row.update(w_conv=ctas, w_pad=1 - h / (ctas * HEADS_PER_CTA), k_conv=-(-h // hn), k_pad=1 - h / (-(-h // hn) * hn))
+        row.update(w_conv=ctas, w_pad=1 - h / (ctas * HEADS_PER_CTA), k_conv=-(-h // hn),
+                   k_pad=1 - h / (-(-h // hn) * hn))
         rows.append(row)
     cols: dict[str, Any] = {"heads": "heads"}
     if shapes:
         cols.update({"Triton path: heads × tokens per step": "t_block", "programs converting each token": "t_conv",
                      "padded MMA rows": ("t_pad", percent)})
     cols.update({"wgmma path: CTAs converting each token": "w_conv", "padded MMA rows ": ("w_pad", percent),
-                 "tokens-on-M wgmma path: CTAs converting each token": "k_conv", "padded MMA columns": ("k_pad", percent)})
+                 "tokens-on-M wgmma path: CTAs converting each token": "k_conv",
+                 "padded MMA columns": ("k_pad", percent)})
     return Table(rows, cols, caption)
 
 
@@ -242,7 +244,8 @@ def validation_table(result: Result, caption: str) -> Table:
         heads, n = sorted({r.heads for r in sel}), len({r.case for r in sel})
         ran = sorted({r.kernel_path for r in sel if r.kernel_path})
         what = f"{PATH_NAMES[path]}: {n} case{'s' * (n != 1)}, heads {', '.join(map(str, heads))}"
-        rows.append(dict(what=what + (f" (ran {paths_said(ran)})" if path == "ours" and ran else ""), passed=_passed(sel),
+        what += f" (ran {paths_said(ran)})" if path == "ours" and ran else ""
+        rows.append(dict(what=what, passed=_passed(sel),
                          err=max((r.rel_err for r in sel if r.rel_err is not None), default=None),
                          ratio=_range([r.ratio for r in _inexact(sel)])))
     peers = [r for r in rows_of(result, "fp8_peers") if r.rel_err is not None]

@@ -17,8 +17,8 @@ from kvwall.reports.tables import Table, number, scientific, times
 from kvwall.results import Result
 
 #: The host-cost table's strategies of chapter 5's benchmark, in order, and how its headers name them.
-HOST_STRATEGIES = {OURS: OURS, "flashinfer_fp8_fa2": "FlashInfer FP8 (fa2)", "flashinfer_bf16_precast": "FlashInfer BF16",
-                   FM_BF16: "FlashMLA BF16", FM_FP8: "FlashMLA FP8"}
+HOST_STRATEGIES = {OURS: OURS, "flashinfer_fp8_fa2": "FlashInfer FP8 (fa2)",
+                   "flashinfer_bf16_precast": "FlashInfer BF16", FM_BF16: "FlashMLA BF16", FM_FP8: "FlashMLA FP8"}
 
 
 def verify_rows(result: Result) -> list[dict[str, Any]]:
@@ -113,7 +113,8 @@ def host_rows(bench: Result, multi: Result | None = None) -> list[dict[str, Any]
 def host_table(bench: Result, caption: str, multi: Result | None = None) -> Table:
     cols: dict[str, Any] = {"heads": "heads", "context": ("context", number(0)), "batch": "batch",
                             **{f"{name} host µs": (s, number(1)) for s, name in HOST_STRATEGIES.items()},
-                            "ours device µs": ("ours_device_us", number(1)), "ours' plan µs": ("ours_plan_us", number(0)),
+                            "ours device µs": ("ours_device_us", number(1)),
+                            "ours' plan µs": ("ours_plan_us", number(0)),
                             "FlashInfer's plan µs": ("flashinfer_plan_us", number(0))}
     return Table(host_rows(bench, multi), cols, caption)
 

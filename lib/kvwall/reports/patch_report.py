@@ -16,7 +16,7 @@ from kvwall.peers.sglang_source import SGLangSourceUnavailable, sglang_source
 from kvwall.reports.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
-__all__ = ["FORWARD_MODES", "VARIANTS", "VariantSummary", "stand_in_summary", "patch_check_table", "real_meta",
+__all__ = ["FORWARD_MODES", "VARIANTS", "VariantSummary", "StandIn", "stand_in_summary", "patch_check_table", "real_meta",
            "real_check_rows", "real_timing_rows", "real_memory_rows", "Findings", "real_findings", "extra_bytes",
            "real_check_table", "real_timing_table", "real_memory_table", "sglang_pins"]
 
@@ -71,14 +71,20 @@ def _by_variant(rows: list[dict[str, Any]], tol_key: str) -> dict[str, VariantSu
 # The check with stand-ins for SGLang's imports (``checks``)
 # ---------------------------------------------------------------------------------------------------------
 
-def stand_in_summary(result: Result) -> dict[str, Any]:
-    """``checks``: its cases and layers (counts, and the layer counts run), and per variant a
-    :class:`VariantSummary`; empty when the run had none."""
+@dataclass(frozen=True)
+class StandIn:
+    """The ``checks`` rows: how many cases, the layer counts run, and per variant a :class:`VariantSummary`."""
+
+    cases: int
+    layers: list[int]
+    variants: dict[str, VariantSummary]
+
+
+def stand_in_summary(result: Result) -> StandIn | None:
+    """:class:`StandIn` of the check with stand-ins for SGLang's imports (None when the run had none)."""
     checks = _rows(result, "checks")
-    if not checks:
-        return {}
-    return {"cases": len({r["case"] for r in checks}), "layers": sorted({r["layers"] for r in checks}),
-            "variants": _by_variant(checks, "within_bf16_tolerance")}
+    return StandIn(len({r["case"] for r in checks}), sorted({r["layers"] for r in checks}),
+                   _by_variant(checks, "within_bf16_tolerance")) if checks else None
 
 
 def patch_check_table(result: Result, caption: str) -> Table:

@@ -34,8 +34,9 @@ _LINE = 1.3  # line height, in font sizes
 _PAD = 8  # px between two text blocks
 #: The title starts under plotly's mode bar (zoom, pan, download: about 25 px high at the figure's top right).
 _TITLE_TOP = 32
-#: How the provenance line of a number measured live on a CPU starts (``ChapterRun.live_caption`` in CPU mode) ...
-CPU_LIVE_CAPTION = "Measured live on this machine: CPU"
+#: How the provenance line of a number measured live starts (``ChapterRun.live_caption``), and on a CPU ...
+LIVE_CAPTION = "Measured live on this machine"
+CPU_LIVE_CAPTION = f"{LIVE_CAPTION}: CPU"
 #: ... and what the title of a figure carrying such a line says first, so that nobody reads its bars (small scale,
 #: Triton kernels interpreted) as GPU results.
 CPU_LIVE_TITLE = "Live on this CPU, small scale: not GPU numbers"
@@ -119,8 +120,8 @@ def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, 
     ``legend="top"`` (the default: a horizontal legend in rows under the title, so the plot keeps the column's
     width), top tick labels, the plot, the bottom tick labels and x axis title, then the provenance caption
     (wrapped, a fixed distance under the axis title). ``legend="right"`` puts a vertical legend beside the plot,
-    from its top; ``"none"`` hides it. Category tick labels are wrapped and kept horizontal, so their height is known: the bottom margin is
-    computed from it, not guessed. ``height`` is the plot's own height before the text is added.
+    from its top; ``"none"`` hides it. Category tick labels are wrapped and kept horizontal, so their height is known:
+    the bottom margin is computed from it, not guessed. ``height`` is the plot's own height before the text is added.
 
     A figure of measurements (``measured``, the default) whose caption says it was measured live on a CPU
     (:data:`CPU_LIVE_CAPTION`) gets :data:`CPU_LIVE_TITLE` at the head of its title; ``measured=False`` (a figure of
@@ -232,8 +233,8 @@ def layer_timeline(rows: Iterable[Mapping[str, float | int | str]], title: str, 
         fig.add_bar(name=PHASE_NAMES[phase], orientation="h", y=[r["layer"] for r in sel], x=[r["ms"] for r in sel],
                     base=[float(r["start_ms"]) - layer_start[r["layer"]] for r in sel],
                     marker_color=PHASE_COLORS[phase], customdata=[r["start_ms"] for r in sel],
-                    hovertemplate=f"layer %{{y}}{BR}{PHASE_NAMES[phase]}: %{{x:.3f}} ms{BR}starts %{{customdata:.2f}} ms "
-                    "into the step<extra></extra>")
+                    hovertemplate=f"layer %{{y}}{BR}{PHASE_NAMES[phase]}: %{{x:.3f}} ms{BR}"
+                    "starts %{customdata:.2f} ms into the step<extra></extra>")
     fig.update_layout(barmode="overlay", title=title, xaxis_title="ms since the layer began",
                       yaxis=dict(title="layer", autorange="reversed", dtick=max(1, len(layer_start) // 13)),
                       bargap=0.15)

@@ -111,8 +111,8 @@ def cast_rate(result: Result, geometry: MLAGeometry = GLM5) -> CastRate:
     """The cast's rate against the copies it is measured beside (see :class:`CastRate`)."""
     cast, integer = copy_rows(result)[0][:2]
     original = ORIGINAL.cast_mb_per_layer * 1e6 * geometry.num_layers / (ORIGINAL.cast_ms * 1e-3) / 1e9
-    return CastRate(cast["gbps"], cast["of_copy"], integer["kernel"], integer["of_copy"], cast["gbps"] / integer["gbps"],
-                    original, original / cast["gbps"])
+    return CastRate(cast["gbps"], cast["of_copy"], integer["kernel"], integer["of_copy"],
+                    cast["gbps"] / integer["gbps"], original, original / cast["gbps"])
 
 
 @dataclass(frozen=True)
@@ -132,4 +132,5 @@ def sweep_comparison(cast_sweep: Sequence[Mapping[str, Any]], attention_sweep: S
     """The cast sweep's row at ``pool_tokens`` against the attention sweep's longest context."""
     pool_cast_ms = next(r["ms"] for r in cast_sweep if r["pool_tokens"] == pool_tokens)
     longest = max(attention_sweep, key=lambda r: r["context_len"])
-    return SweepComparison(pool_tokens, pool_cast_ms, longest["context_len"], longest["ms"], pool_cast_ms / longest["ms"])
+    return SweepComparison(pool_tokens, pool_cast_ms, longest["context_len"], longest["ms"],
+                           pool_cast_ms / longest["ms"])

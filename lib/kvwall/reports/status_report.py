@@ -29,58 +29,65 @@ def pins() -> dict[str, str]:
             for m in [_PINNED.match(line)] if m}
 
 
+class _Row(dict):
+    """A record whose fields also read as attributes (``r.chapter``; None where it has none)."""
+
+    __getattr__ = dict.get
+
+
 def recorded_runs(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Every recorded result the chapters used, once per file, with its provenance and the chapters that used it."""
-    by_file: dict[str, dict[str, Any]] = {}
-    for r in records:
-        for u in r["recorded_used"]:
-            entry = by_file.setdefault(u["file"], {**u, "chapters": []})
-            entry["chapters"] += [r["chapter"]] if r["chapter"] not in entry["chapters"] else []
-    return [{**e, "provenance": load_result(e["experiment"]).provenance} for e in by_file.values()]
+    by_file: dict[str, _Row] = {}
+    for r in map(_Row, records):
+        for u in map(_Row, r.recorded_used):
+            entry = by_file.setdefault(u.file, _Row(u, chapters=[]))
+            entry.chapters += [r.chapter] if r.chapter not in entry.chapters else []
+    return [_Row(e, provenance=load_result(e.experiment).provenance) for e in by_file.values()]
 
 
 def _mark(value: str | None, pin: str | None) -> str:
     """The version, bold with the pin beside it where it differs."""
-    differs = value and pin and (value or "").split("+")[0] != pin
+    differs = value and pin and value.split("+")[0] != pin
     return f"**{value}** (pin {pin})" if differs else value or "—"
 
 
 def version_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per recorded run, its experiment and provenance, and the versions it ran with as table cells: each against the
-    pin where one applies (Triton's only on a CPU machine: on a GPU, torch's CUDA build pins Triton)."""
-    p = pins()
-    return [{"experiment": r["experiment"], "provenance": r["provenance"], "torch": _mark(r["provenance"].torch, p.get("torch")),
-             "triton": _mark(r["provenance"].triton, p.get("triton") if r["provenance"].device == "cpu" else None),
-             "flashinfer": _mark(r["provenance"].flashinfer, p.get("flashinfer-python"))} for r in runs]
+    """Per recorded run, its experiment and provenance, and the versions it ran with as table cells (``torch``,
+    ``triton``, ``flashinfer``): each against the pin where one applies (Triton's only on a CPU machine: on a GPU,
+    torch's CUDA build pins Triton)."""
+    torch_pin, triton_pin, flashinfer_pin = (pins().get(k) for k in ("torch", "triton", "flashinfer-python"))
+    return [_Row(r, torch=_mark(r.provenance.torch, torch_pin),
+                 triton=_mark(r.provenance.triton, triton_pin if r.provenance.device == "cpu" else None),
+                 flashinfer=_mark(r.provenance.flashinfer, flashinfer_pin)) for r in map(_Row, runs)]
 
 
 def run_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per recorded run, with ``awaiting``: why a stale one was not re-recorded yet (AWAITING_RERECORD.txt; None)."""
     awaiting = awaiting_rerecord()
-    return [{**r, "awaiting": awaiting.get(Path(r["file"]).stem)} for r in runs]
+    return [_Row(r, awaiting=awaiting.get(Path(r.file).stem)) for r in map(_Row, runs)]
 
 
 def gpu_versions(runs: Sequence[Mapping[str, Any]]) -> tuple[int, list[tuple[str, str | None]]]:
     """How many of the recorded runs were made on a GPU, and the (torch, Triton) pairs they used."""
-    gpu = [r["provenance"] for r in runs if r["provenance"].device != "cpu"]
+    gpu = [p for p in (_Row(r).provenance for r in runs) if p.device != "cpu"]
     return len(gpu), sorted({(g.torch, g.triton) for g in gpu}, key=str)
 
 
 def build_time(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """How long the chapters took to execute in this build (each measured from its first cell): their number, the
-    total seconds, and the slowest chapter's record; None without records."""
-    if not records:
+    """How long the chapters took to execute in this build (each measured from its first cell): their number
+    (``chapters``), the total seconds (``total_s``), and the slowest chapter's record (``slowest``); None without
+    records."""
+    rows = [_Row(r) for r in records]
+    if not rows:
         return None
-    return {"chapters": len(records), "total_s": sum(r["duration_s"] for r in records),
-            "slowest": max(records, key=lambda r: r["duration_s"])}
+    return dict(chapters=len(rows), total_s=sum(r.duration_s for r in rows),
+                slowest=max(rows, key=lambda r: r.duration_s))
 
 
 def gpu_mode_rows(result: Result) -> list[dict[str, Any]]:
     """Each chapter as ``chapters_gpu_mode`` ran it in GPU mode on a GPU, with ``same``: whether the chapter's
     source is still the one that ran (its sha256 then against the file now)."""
-    book, out = PROJECT_ROOT / "book", []
-    for r in result.table("chapter"):
-        path = book / r["chapter"]
-        now = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-        out.append({**r, "same": now == r["source_sha256"]})
-    return out
+    book = PROJECT_ROOT / "book"
+    rows = [(r, book / r.chapter) for r in map(_Row, result.table("chapter"))]
+    return [_Row(r, same=path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == r.source_sha256)
+            for r, path in rows]

@@ -10,10 +10,11 @@ from typing import Any
 import plotly.graph_objects as go
 
 from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
-from kvwall.reports.fused_bench_report import rows_of
+from kvwall.reports.fused_bench_report import Row, rows_of
 from kvwall.reports.fused_report import tile_floors
 from kvwall.reports.plots import with_caption
 from kvwall.reports.tables import Table, number, times
+from kvwall.results import Result
 
 #: Warpgroup 0 and 1's phases, in their order of :data:`TRACE_PHASES`.
 WG0, WG1 = TRACE_PHASES[0], TRACE_PHASES[1]
@@ -22,13 +23,13 @@ WG0, WG1 = TRACE_PHASES[0], TRACE_PHASES[1]
 class TilePhases:
     """The traced points of a ``fused_decode_profile`` result."""
 
-    def __init__(self, result: Any):
+    def __init__(self, result: Result):
         self.result = result
 
     def caption(self) -> str:
         return self.result.caption()
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[Row]:
         return [r for r in rows_of(self.result, "phases") if r.per_tile]
 
     def figure(self, caption: str) -> go.Figure | None:
@@ -72,7 +73,8 @@ class TilePhases:
                             fixed=max(sum(v.values()) for v in r.per_cta.values()),
                             cost=r.us_traced / r.us - 1 if r.us and r.us_traced else None))
         table = Table(out, {"point": "point", "wg 0 cycles per tile": ("wg0", number(0)), "wg 1": ("wg1", number(0)),
-                            "wg 0's scores": ("scores", number(0)), "wg 1's conversion and loads": ("convert", number(0)),
+                            "wg 0's scores": ("scores", number(0)),
+                            "wg 1's conversion and loads": ("convert", number(0)),
                             "slower wg / tensor floor": ("vs_tensor", times(2)),
                             "slower wg / shared-memory floor": ("vs_smem", times(2)),
                             "clock reads' cost": ("cost", lambda v: "—" if v is None else f"{v:+.0%}")}, caption)
@@ -80,8 +82,9 @@ class TilePhases:
             return table, {}
         pick = [o for o, r in zip(out, rows) if r.heads >= 64 and r.batch >= 8] or out
         scores = [o["scores"] / tile_floors()["scores"] for o in pick]
-        return table, dict(phase_points=len(out), phase_cycles_min=min(o["slower"] for o in out),
-                           phase_cycles_max=max(o["slower"] for o in out), phase_scores_over_floor_min=min(scores),
-                           phase_scores_over_floor_max=max(scores), phase_vs_tensor_min=min(o["vs_tensor"] for o in out),
+        slower = [o["slower"] for o in out]
+        return table, dict(phase_points=len(out), phase_cycles_min=min(slower), phase_cycles_max=max(slower),
+                           phase_scores_over_floor_min=min(scores), phase_scores_over_floor_max=max(scores),
+                           phase_vs_tensor_min=min(o["vs_tensor"] for o in out),
                            phase_vs_smem_min=min(o["vs_smem"] for o in out),
                            phase_wait_share_max=max(o["wait"] for o in out))
