@@ -16,7 +16,7 @@ help:
 	@echo "make test    what CI runs: unit and kernel tests on the CPU, each chapter executed once under papermill,"
 	@echo "             the book built from those runs (Jupyter Book's execution cache); not the GPU or browser tests"
 	@echo "make test-site  make book, then the browser checks of the built site (headless Chromium)"
-	@echo "make gpu-test   on an NVIDIA GPU: the GPU tests (pytest -m gpu)"
+	@echo "make gpu-test   on an NVIDIA GPU: the GPU tests (pytest -m gpu, a process per test file)"
 	@echo "make lab     JupyterLab on the book (the .md chapters open as notebooks)"
 	@echo "make record  on a GPU machine: re-measure every experiment at full scale into book/results/"
 	@echo "make format  apply the style make test checks (ruff format, clang-format) to the code"
@@ -61,7 +61,7 @@ test-site: book
 
 gpu-test: $(STAMP)
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-test: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU machine')"
-	$(PY) -m pytest -m gpu
+	$(PY) -m kvwall.experiments.gpu_tests
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=book $(if $(filter 0,$(shell id -u)),--allow-root,)
