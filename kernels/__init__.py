@@ -26,7 +26,19 @@ from kvwall.kernels.mla_decode import DecodePlan, plan_mla_decode
 from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import mla_decode_reference, split_latent_cache
 
-__all__ = ["gather_cast", "gather_cast_cuda", "full_cast", "plan_gather", "compact_kv_indices", "nvcc_compile_check",
-           "gather_cast_reference", "make_gather_inputs", "plan_mla_decode", "mla_decode", "DecodePlan",
-           "mla_decode_fp8", "mla_decode_reference",
-           "split_latent_cache"]
+__all__ = [
+    "gather_cast",
+    "gather_cast_cuda",
+    "full_cast",
+    "plan_gather",
+    "compact_kv_indices",
+    "nvcc_compile_check",
+    "gather_cast_reference",
+    "make_gather_inputs",
+    "plan_mla_decode",
+    "mla_decode",
+    "DecodePlan",
+    "mla_decode_fp8",
+    "mla_decode_reference",
+    "split_latent_cache",
+]

@@ -18,9 +18,25 @@ import torch
 
 from kvwall.kernels._common import Fail
 
-__all__ = ["FLOAT32_MAX", "scale_number", "positive_int", "check_device", "require_tensors", "check_batch_shapes",
-           "bounded_int", "index_tensor", "sm_scale_number", "check_plan_args", "MAX_TOKENS", "MAX_HEADS",
-           "MAX_PAGE_SIZE", "MAX_PROGRAMS", "MAX_GRID_Y", "INDEX_DTYPES", "below_float32_normal"]
+__all__ = [
+    "FLOAT32_MAX",
+    "scale_number",
+    "positive_int",
+    "check_device",
+    "require_tensors",
+    "check_batch_shapes",
+    "bounded_int",
+    "index_tensor",
+    "sm_scale_number",
+    "check_plan_args",
+    "MAX_TOKENS",
+    "MAX_HEADS",
+    "MAX_PAGE_SIZE",
+    "MAX_PROGRAMS",
+    "MAX_GRID_Y",
+    "INDEX_DTYPES",
+    "below_float32_normal",
+]
 
 #: The largest finite float32: the kernels take their scales as float32.
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -42,8 +58,11 @@ def scale_number(name: str, value: object, fail_: Fail) -> float:
     """A scale given as a Python number: a real number (not a bool), finite, as a float. The one rule of every
     kernel's number scales (a tensor scale is read in the kernel, so its value is the caller's to keep finite)."""
     if isinstance(value, bool) or not isinstance(value, Real):
-        fail_(TypeError, f"{name} must be a number or a one-element float32 tensor, got {type(value).__name__}; "
-              "give a number such as 1.0.")
+        fail_(
+            TypeError,
+            f"{name} must be a number or a one-element float32 tensor, got {type(value).__name__}; "
+            "give a number such as 1.0.",
+        )
     if not math.isfinite(float(value)) or abs(float(value)) > FLOAT32_MAX:
         fail_(ValueError, f"{name}={value} is not finite (as float32); give a finite number, e.g. 1.0.")
     return float(value)
@@ -65,8 +84,11 @@ def check_device(device: object, fail_: Fail) -> torch.device:
     if dev.type not in ("cuda", "cpu"):
         fail_(ValueError, f"device {dev} is not one the kernels run on: CUDA (compiled) or CPU (Triton interpreter).")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        fail_(RuntimeError, f"device {dev}: this machine has no CUDA GPU (or this torch has no CUDA); pass "
-              "device='cpu' to run in Triton's interpreter.")
+        fail_(
+            RuntimeError,
+            f"device {dev}: this machine has no CUDA GPU (or this torch has no CUDA); pass "
+            "device='cpu' to run in Triton's interpreter.",
+        )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         fail_(ValueError, f"device {dev}: this machine has {torch.cuda.device_count()} CUDA device(s).")
     return torch.device("cuda", torch.cuda.current_device()) if dev.type == "cuda" and dev.index is None else dev
@@ -88,17 +110,23 @@ def check_batch_shapes(tensors: dict[str, object], dims: int, fail_: Fail, *, la
         if t.dim() != dims:
             fail_(ValueError, f"{name} has shape {tuple(t.shape)}; expected {layout}.")
         if t.shape[0] < 1:
-            fail_(ValueError, f"{name} has shape {tuple(t.shape)}: an empty batch; a call needs at least one "
-                  "request (skip the call for an empty batch).")
+            fail_(
+                ValueError,
+                f"{name} has shape {tuple(t.shape)}: an empty batch; a call needs at least one "
+                "request (skip the call for an empty batch).",
+            )
 
 
-def bounded_int(name: str, value: object, fail_: Fail, *, least: int = 1, most: int | None = None,
-                hint: str = "") -> int:
+def bounded_int(
+    name: str, value: object, fail_: Fail, *, least: int = 1, most: int | None = None, hint: str = ""
+) -> int:
     """``value`` if it is an int (not a bool) in ``least .. most``; refused with ``hint`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least or (most is not None and value > most):
         most_said = "" if most is None else f" (and at most {most})"
-        fail_(ValueError, f"{name} must be a whole number >= {least}, got {value!r}{most_said}"
-              f"{'; ' + hint if hint else ''}.")
+        fail_(
+            ValueError,
+            f"{name} must be a whole number >= {least}, got {value!r}{most_said}{'; ' + hint if hint else ''}.",
+        )
     return value
 
 
@@ -107,8 +135,11 @@ def index_tensor(name: str, t: object, fail_: Fail, *, contiguous: bool = False)
     if not isinstance(t, torch.Tensor):
         fail_(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__} (a 1-D int32 or int64 tensor).")
     if t.dtype not in INDEX_DTYPES or t.dim() != 1 or (contiguous and not t.is_contiguous()):
-        fail_(ValueError, f"{name} must be a {'contiguous ' if contiguous else ''}1-D int32 or int64 tensor; got "
-              f"{t.dtype} of shape {tuple(t.shape)}.")
+        fail_(
+            ValueError,
+            f"{name} must be a {'contiguous ' if contiguous else ''}1-D int32 or int64 tensor; got "
+            f"{t.dtype} of shape {tuple(t.shape)}.",
+        )
     if t.device.type not in ("cuda", "cpu"):
         fail_(ValueError, f"{name} is on {t.device}; the kernels run on CUDA (compiled) or CPU (Triton interpreter).")
     return t
@@ -117,17 +148,32 @@ def index_tensor(name: str, t: object, fail_: Fail, *, contiguous: bool = False)
 def sm_scale_number(value: object, fail_: Fail) -> float:
     """``sm_scale``: a real number (not a bool), finite, with ``sm_scale * log2(e)`` a finite float32."""
     if isinstance(value, bool) or not isinstance(value, Real):
-        fail_(TypeError, f"sm_scale must be a finite Python number, got {type(value).__name__}; the usual value is "
-              "1/sqrt(576) for MLA.")
+        fail_(
+            TypeError,
+            f"sm_scale must be a finite Python number, got {type(value).__name__}; the usual value is "
+            "1/sqrt(576) for MLA.",
+        )
     if not math.isfinite(float(value)) or abs(float(value)) * LOG2E > FLOAT32_MAX:
-        fail_(ValueError, f"sm_scale={value!r} is not finite, or too large: |sm_scale| must be at most "
-              f"{FLOAT32_MAX / LOG2E:.3g} (sm_scale * log2(e) must be a float32); the usual value is 1/sqrt(576).")
+        fail_(
+            ValueError,
+            f"sm_scale={value!r} is not finite, or too large: |sm_scale| must be at most "
+            f"{FLOAT32_MAX / LOG2E:.3g} (sm_scale * log2(e) must be a float32); the usual value is 1/sqrt(576).",
+        )
     return float(value)
 
 
-def check_plan_args(fail_: Fail, kv_indptr: object, kv_len: object, *, heads: object, page_size: object,
-                    device: object, programs: object = None, min_chunk: object = None,
-                    max_heads: int = MAX_HEADS) -> torch.device:
+def check_plan_args(
+    fail_: Fail,
+    kv_indptr: object,
+    kv_len: object,
+    *,
+    heads: object,
+    page_size: object,
+    device: object,
+    programs: object = None,
+    min_chunk: object = None,
+    max_heads: int = MAX_HEADS,
+) -> torch.device:
     """The checks every decode plan runs first, before it reads a tensor or allocates: ``kv_indptr`` (and ``kv_len``
     where given) 1-D int32 / int64 tensors on CUDA or the CPU; ``heads`` 1 .. ``max_heads``; ``page_size`` 1 ..
     :data:`MAX_PAGE_SIZE`; ``programs`` / ``min_chunk`` (optional) positive and bounded; ``device`` (default

@@ -30,9 +30,25 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-__all__ = ["Fail", "fail", "build_kernel", "round_bf16_by_bits", "keep_fp8_nan", "INTERPRETED_HELPERS",
-           "check_kv_indptr", "check_indices_in_range", "refuse_graph_capture", "check_output", "overlaps_itself",
-           "needs_int64", "sm_count", "gpu_name", "read_tuned_table", "sanitizer_args", "report_checks"]
+__all__ = [
+    "Fail",
+    "fail",
+    "build_kernel",
+    "round_bf16_by_bits",
+    "keep_fp8_nan",
+    "INTERPRETED_HELPERS",
+    "check_kv_indptr",
+    "check_indices_in_range",
+    "refuse_graph_capture",
+    "check_output",
+    "overlaps_itself",
+    "needs_int64",
+    "sm_count",
+    "gpu_name",
+    "read_tuned_table",
+    "sanitizer_args",
+    "report_checks",
+]
 
 #: ``fail(kind, text)`` raises ``kind(f"<function>: {text}")``; each kernel module binds its own.
 Fail = Callable[[type[Exception], str], NoReturn]
@@ -46,6 +62,7 @@ def fail(owner: str, kind: type[Exception], text: str) -> NoReturn:
 # ----------------------------------------------------------------------------------------------
 # Triton helpers and kernel builds
 # ----------------------------------------------------------------------------------------------
+
 
 def _round_bf16_by_bits_impl(f):
     """float32 -> bfloat16 rounded to nearest even by integer ops, NaN kept NaN. Triton's interpreter truncates
@@ -70,8 +87,10 @@ def _keep_fp8_nan_interpreted(x8, y):
 round_bf16_by_bits = triton.jit(_round_bf16_by_bits_impl)
 keep_fp8_nan = triton.jit(_keep_fp8_nan_compiled)
 #: Plain implementations of the helpers above, for interpreted builds (see :func:`build_kernel`).
-INTERPRETED_HELPERS: dict[str, Callable] = {"round_bf16_by_bits": _round_bf16_by_bits_impl,
-                                            "keep_fp8_nan": _keep_fp8_nan_interpreted}
+INTERPRETED_HELPERS: dict[str, Callable] = {
+    "round_bf16_by_bits": _round_bf16_by_bits_impl,
+    "keep_fp8_nan": _keep_fp8_nan_interpreted,
+}
 
 
 def build_kernel(fn: Callable, interpreted: bool, helpers: dict[str, Callable] | None = None):
@@ -98,20 +117,25 @@ def needs_int64(largest_offset: int) -> bool:
 # Host checks
 # ----------------------------------------------------------------------------------------------
 
+
 def refuse_graph_capture(device: torch.device, fail_: Fail) -> None:
     """A checked call reads the page table on the host, which CUDA-graph capture forbids: say what to do."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        fail_(RuntimeError, "check_range=True reads kv_indptr/kv_indices on the host (a synchronization), which "
-              "CUDA-graph capture forbids; pass check_range=False for the captured call (out-of-range indices then "
-              "give NaN rows).")
+        fail_(
+            RuntimeError,
+            "check_range=True reads kv_indptr/kv_indices on the host (a synchronization), which "
+            "CUDA-graph capture forbids; pass check_range=False for the captured call (out-of-range indices then "
+            "give NaN rows).",
+        )
 
 
 def check_kv_indptr(kv_indptr: torch.Tensor, num_indices: int, fail_: Fail) -> list[int]:
     """``kv_indptr`` on the host: it must start at 0, never decrease and end at most at ``num_indices``."""
     ptr = kv_indptr.tolist()
     if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
-        fail_(ValueError, "kv_indptr must start at 0 and never decrease; got "
-              f"{ptr[:6]}{'...' if len(ptr) > 6 else ''}.")
+        fail_(
+            ValueError, f"kv_indptr must start at 0 and never decrease; got {ptr[:6]}{'...' if len(ptr) > 6 else ''}."
+        )
     if ptr[-1] > num_indices:
         fail_(ValueError, f"kv_indptr ends at {ptr[-1]} but kv_indices has only {num_indices} entries (the capacity).")
     return ptr
@@ -123,8 +147,9 @@ def check_indices_in_range(kv_indices: torch.Tensor, units: int, what: str, wher
         return
     lo, hi = (int(v) for v in torch.aminmax(kv_indices))
     if lo < 0 or hi >= units:
-        fail_(IndexError, f"kv_indices holds {lo if lo < 0 else hi}, outside {where}'s {units} {what} "
-              f"(0..{units - 1}).")
+        fail_(
+            IndexError, f"kv_indices holds {lo if lo < 0 else hi}, outside {where}'s {units} {what} (0..{units - 1})."
+        )
 
 
 def overlaps_itself(t: torch.Tensor) -> bool:
@@ -150,22 +175,29 @@ def check_output(out: torch.Tensor, inputs: dict[str, torch.Tensor | None], fail
     """Refuse an ``out`` whose elements overlap each other, or whose bytes overlap an input's: the kernel would
     write rows over rows, or over what it is still reading."""
     if overlaps_itself(out):
-        fail_(ValueError, f"out (shape {tuple(out.shape)}, strides {out.stride()}) overlaps itself, e.g. an "
-              "expand()ed tensor: its rows would overwrite each other. Pass a tensor whose every element has its "
-              "own memory (torch.empty(...)).")
+        fail_(
+            ValueError,
+            f"out (shape {tuple(out.shape)}, strides {out.stride()}) overlaps itself, e.g. an "
+            "expand()ed tensor: its rows would overwrite each other. Pass a tensor whose every element has its "
+            "own memory (torch.empty(...)).",
+        )
     lo, hi = _byte_span(out)
     for name, t in inputs.items():
         if t is None or t.device != out.device:
             continue
         a, b = _byte_span(t)
         if a < hi and lo < b:
-            fail_(ValueError, f"out shares memory with {name}: the kernel would overwrite what it reads. Pass an "
-                  "out of its own (torch.empty(...)).")
+            fail_(
+                ValueError,
+                f"out shares memory with {name}: the kernel would overwrite what it reads. Pass an "
+                "out of its own (torch.empty(...)).",
+            )
 
 
 # ----------------------------------------------------------------------------------------------
 # GPU facts and tuned tables
 # ----------------------------------------------------------------------------------------------
+
 
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
@@ -206,6 +238,7 @@ def read_tuned_table(path: Path, gpu: str) -> dict:
 # Sanitizer programs
 # ----------------------------------------------------------------------------------------------
 
+
 def report_checks(checks: Iterable[tuple[str, Callable[[], bool]]]) -> int:
     """Run each named check, print ``name ok`` or ``name WRONG`` as it finishes, then the list of wrong ones;
     return the exit status (1 if any was wrong)."""
@@ -220,26 +253,36 @@ def report_checks(checks: Iterable[tuple[str, Callable[[], bool]]]) -> int:
     return 1 if wrong else 0
 
 
-def sanitizer_args(argv: Sequence[str] | None, prog: str, description: str, case_names: Sequence[str],
-                   default: Sequence[str]) -> tuple[torch.device, list[str]]:
+def sanitizer_args(
+    argv: Sequence[str] | None, prog: str, description: str, case_names: Sequence[str], default: Sequence[str]
+) -> tuple[torch.device, list[str]]:
     """The sanitizer programs' command line: ``--device`` (default ``cuda``: what ``compute-sanitizer`` watches;
     ``cpu`` runs the same checks in Triton's interpreter) and ``--cases`` (names from the case table, default
     ``default``). Returns (device, chosen case names)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (Triton's interpreter)")
-    parser.add_argument("--cases", nargs="+", default=list(default), metavar="NAME",
-                        help=f"case names from the table (default: {', '.join(default)})")
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=list(default),
+        metavar="NAME",
+        help=f"case names from the table (default: {', '.join(default)})",
+    )
     args = parser.parse_args(argv)
     try:
         device = torch.device(args.device)
     except (TypeError, RuntimeError):
         device = None
     if device is None or device.type not in ("cuda", "cpu"):
-        parser.error(f"--device {args.device}: not a device these kernels run on; give --device cuda (default, what "
-                     "compute-sanitizer watches) or --device cpu (Triton's interpreter)")
+        parser.error(
+            f"--device {args.device}: not a device these kernels run on; give --device cuda (default, what "
+            "compute-sanitizer watches) or --device cpu (Triton's interpreter)"
+        )
     if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: this machine has no CUDA GPU (or this torch has no CUDA); run with "
-                     "--device cpu for the same checks in Triton's interpreter")
+        parser.error(
+            f"--device {args.device}: this machine has no CUDA GPU (or this torch has no CUDA); run with "
+            "--device cpu for the same checks in Triton's interpreter"
+        )
     unknown = [n for n in args.cases if n not in case_names]
     if unknown:
         parser.error(f"no case named {', '.join(map(repr, unknown))}; the table has: {', '.join(case_names)}")

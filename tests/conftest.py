@@ -133,8 +133,12 @@ class ExecutedChapters:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_worker,
-                                         initargs=(str(self.root / "background.log"),))
+        self._pool = ProcessPoolExecutor(
+            1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_quiet_worker,
+            initargs=(str(self.root / "background.log"),),
+        )
         runs = []
         for path in chapters:
             key = self._key(path, None, {})
@@ -177,8 +181,12 @@ class ExecutedChapters:
         run = self._runs[key]
         if run[3] is not None:  # in the background: wait for it
             record, text = run[3].result()
-            run[:] = [record, run[1], ChapterRunFailed(f"{key[0]} failed in this session:\n{text}") if text else None,
-                      None]
+            run[:] = [
+                record,
+                run[1],
+                ChapterRunFailed(f"{key[0]} failed in this session:\n{text}") if text else None,
+                None,
+            ]
         if run[2] is not None:
             raise run[2]
         return copy.deepcopy(run[0])
@@ -225,24 +233,30 @@ def seed_execution_cache(cache: Path, chapter: Path, executed_notebook: Path) ->
 
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     extensions = set(config.get("parse", {}).get("myst_enable_extensions", []))
-    source = read_myst_markdown_notebook(chapter.read_text(), config=MdParserConfig(enable_extensions=extensions),
-                                         add_source_map=True, path=chapter)
+    source = read_myst_markdown_notebook(
+        chapter.read_text(), config=MdParserConfig(enable_extensions=extensions), add_source_map=True, path=chapter
+    )
     ran = nbformat.read(executed_notebook, as_version=4)
-    ran_code = [c for c in ran.cells if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])]
+    ran_code = [
+        c for c in ran.cells if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])
+    ]
     code = [c for c in source.cells if c.cell_type == "code"]
     assert [c.source.strip() for c in code] == [c.source.strip() for c in ran_code], (
-        f"{executed_notebook} is not a run of {chapter} as it is now")
+        f"{executed_notebook} is not a run of {chapter} as it is now"
+    )
     for cell, run in zip(code, ran_code):
         cell.outputs, cell.execution_count = run.outputs, run.execution_count
     for key in ("language_info", "widgets"):
         if key in ran.metadata:
             source.metadata[key] = ran.metadata[key]
-    get_cache(str(cache)).cache_notebook_bundle(CacheBundleIn(source, str(chapter)), check_validity=False,
-                                                overwrite=True)
+    get_cache(str(cache)).cache_notebook_bundle(
+        CacheBundleIn(source, str(chapter)), check_validity=False, overwrite=True
+    )
 
 
-def build_book(out: Path, env: dict | None = None, execute: str = "force", cache: Path | None = None,
-               timeout: int = 1200) -> subprocess.CompletedProcess:
+def build_book(
+    out: Path, env: dict | None = None, execute: str = "force", cache: Path | None = None, timeout: int = 1200
+) -> subprocess.CompletedProcess:
     """``jupyter-book build`` of the book into ``out/_build/html`` with `make book`'s flags and the book's
     ``_config.yml``, its execution mode replaced by ``execute`` (``cache``: the execution cache at ``cache``)."""
     import yaml
@@ -255,10 +269,19 @@ def build_book(out: Path, env: dict | None = None, execute: str = "force", cache
         config["execute"]["cache"] = str(cache)
     out.mkdir(parents=True, exist_ok=True)
     (out / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    command = [str(Path(sys.prefix) / "bin" / "jupyter-book"), "build", str(ROOT), "--config",
-               str(out / "_config.yml"), "--path-output", str(out), *flags]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})},
-                          timeout=timeout)
+    command = [
+        str(Path(sys.prefix) / "bin" / "jupyter-book"),
+        "build",
+        str(ROOT),
+        "--config",
+        str(out / "_config.yml"),
+        "--path-output",
+        str(out),
+        *flags,
+    ]
+    return subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")
@@ -282,8 +305,9 @@ def site() -> Path:
         assert (html / "book" / "index.html").is_file(), f"KVWALL_SITE={html}: no built book there (run `make book`)"
         return html
     env = {**os.environ, "VENV": str(Path(sys.prefix))}
-    proc = subprocess.run(["make", "book", f"VENV={sys.prefix}"], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=1200)
+    proc = subprocess.run(
+        ["make", "book", f"VENV={sys.prefix}"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=1200
+    )
     if proc.returncode != 0:
         pytest.fail(f"make book failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
     return ROOT / "_build" / "html"
@@ -304,8 +328,10 @@ def _interpreter_gap() -> str:
 
     major, minor = (int(x) for x in triton.__version__.split(".")[:2])
     if (major, minor) < (3, 9):
-        return (f"Triton {triton.__version__}'s CPU interpreter cannot run these kernels (no bfloat16 constants "
-                "before 3.9; requirements-triton-cpu.txt pins 3.9.0 on machines without a GPU)")
+        return (
+            f"Triton {triton.__version__}'s CPU interpreter cannot run these kernels (no bfloat16 constants "
+            "before 3.9; requirements-triton-cpu.txt pins 3.9.0 on machines without a GPU)"
+        )
     return ""
 
 
@@ -341,8 +367,10 @@ def pytest_runtest_makereport(item, call):
 def pytest_terminal_summary(terminalreporter):
     if _unmarked_gpu:
         terminalreporter.section("GPU tests without the gpu marker")
-        terminalreporter.line(f"{len(_unmarked_gpu)} tests skipped for want of a GPU are not marked gpu, so `make "
-                              "gpu-test` (pytest -m gpu) does not select them; mark them @pytest.mark.gpu:")
+        terminalreporter.line(
+            f"{len(_unmarked_gpu)} tests skipped for want of a GPU are not marked gpu, so `make "
+            "gpu-test` (pytest -m gpu) does not select them; mark them @pytest.mark.gpu:"
+        )
         for line in _unmarked_gpu:
             terminalreporter.line(f"  {line}")
 

@@ -33,9 +33,19 @@ def chromium() -> str | None:
 
 
 def flags(profile: Path, window: tuple[int, int] = WINDOW) -> list[str]:
-    return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={profile}", "--virtual-time-budget=30000", f"--window-size={window[0]},{window[1]}"]
+    return [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=30000",
+        f"--window-size={window[0]},{window[1]}",
+    ]
 
 
 def check_page(page: Path, browser: str, *, window: tuple[int, int] = WINDOW) -> dict[str, Any]:
@@ -50,17 +60,23 @@ def check_page(page: Path, browser: str, *, window: tuple[int, int] = WINDOW) ->
         # (The theme's script may add attributes to the report's <pre>, such as tabindex.)
         for _ in range(3):
             with tempfile.TemporaryDirectory() as profile:
-                proc = subprocess.run([browser, *flags(Path(profile), window), "--dump-dom", probe.as_uri()],
-                                      capture_output=True, text=True, timeout=240)
+                proc = subprocess.run(
+                    [browser, *flags(Path(profile), window), "--dump-dom", probe.as_uri()],
+                    capture_output=True,
+                    text=True,
+                    timeout=240,
+                )
             found = re.findall(r'<pre id="kvwall-layout-report"[^>]*>(\{.*?)</pre>', proc.stdout, re.S)
             if found:
                 break
     finally:
         probe.unlink(missing_ok=True)
     if not found:
-        raise AssertionError(f"the layout check did not report on {page.name} (rc {proc.returncode}, "
-                             f"{len(proc.stdout)} characters of DOM, ending {proc.stdout[-300:]!r}): "
-                             f"{proc.stderr[-1500:]}")
+        raise AssertionError(
+            f"the layout check did not report on {page.name} (rc {proc.returncode}, "
+            f"{len(proc.stdout)} characters of DOM, ending {proc.stdout[-300:]!r}): "
+            f"{proc.stderr[-1500:]}"
+        )
     import html as html_lib
 
     report = json.loads(html_lib.unescape(found[-1]))
@@ -71,8 +87,11 @@ def check_page(page: Path, browser: str, *, window: tuple[int, int] = WINDOW) ->
 
 def screenshot(page: Path, browser: str, shot: Path, *, window: tuple[int, int] = WINDOW) -> Path:
     with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([browser, *flags(Path(profile), window), f"--screenshot={shot}", page.as_uri()],
-                       capture_output=True, timeout=240)
+        subprocess.run(
+            [browser, *flags(Path(profile), window), f"--screenshot={shot}", page.as_uri()],
+            capture_output=True,
+            timeout=240,
+        )
     return shot
 
 
@@ -91,10 +110,14 @@ def problems(report: dict[str, Any], *, visible_headers: dict[str, str] | None =
     for t in report["tables"]:
         name = f"table {t['index'] + 1} ({', '.join(h['text'] for h in t['headers'][:4])[:60]})"
         if t["clipped"]:
-            out.append(f"{name}: {t['width']:.0f} px wide in a {t['column_width']:.0f} px column, and nothing scrolls it")
+            out.append(
+                f"{name}: {t['width']:.0f} px wide in a {t['column_width']:.0f} px column, and nothing scrolls it"
+            )
         if t.get("height", 0) > MAX_TABLE_PX:
-            out.append(f"{name}: {t['height']:.0f} px tall ({t.get('rows', '?')} rows) inline, over {MAX_TABLE_PX} px: "
-                       "fold it (a summary in view, the full table in <details>)")
+            out.append(
+                f"{name}: {t['height']:.0f} px tall ({t.get('rows', '?')} rows) inline, over {MAX_TABLE_PX} px: "
+                "fold it (a summary in view, the full table in <details>)"
+            )
         for header, why in (visible_headers or {}).items():
             for h in t["headers"]:
                 if h["text"] == header and not h["visible"]:

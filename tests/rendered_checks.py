@@ -89,9 +89,12 @@ def long_table_problems(text: str, *, hidden: bool = False) -> list[str]:
     """Tables of more than MAX_INLINE_ROWS rows shown inline (not in <details>, not in a hidden output)."""
     if hidden:
         return []
-    return [f"a {len(t['rows'])}-row table ({', '.join(t['headers'][:3])}, ...) is inline: more than "
-            f"{MAX_INLINE_ROWS} rows must be folded (Table.markdown folds it; or hide the output)"
-            for t in markdown_tables(text) if len(t["rows"]) > MAX_INLINE_ROWS and not t["folded"]]
+    return [
+        f"a {len(t['rows'])}-row table ({', '.join(t['headers'][:3])}, ...) is inline: more than "
+        f"{MAX_INLINE_ROWS} rows must be folded (Table.markdown folds it; or hide the output)"
+        for t in markdown_tables(text)
+        if len(t["rows"]) > MAX_INLINE_ROWS and not t["folded"]
+    ]
 
 
 def _text_of(value: Any) -> str:
@@ -102,8 +105,9 @@ def figure_texts(figure: dict[str, Any]) -> list[str]:
     """A plotly figure's reader-facing text: title, axis titles, annotations (not hover templates)."""
     layout = figure.get("layout", {})
     texts = [_title(layout.get("title"))]
-    texts += [_title(v.get("title")) for k, v in layout.items() if k.startswith(("xaxis", "yaxis"))
-              and isinstance(v, dict)]
+    texts += [
+        _title(v.get("title")) for k, v in layout.items() if k.startswith(("xaxis", "yaxis")) and isinstance(v, dict)
+    ]
     texts += [a.get("text", "") for a in layout.get("annotations", [])]
     return [t for t in texts if t]
 
@@ -120,8 +124,7 @@ def cpu_figure_problems(figure: dict[str, Any]) -> list[str]:
     if (layout.get("meta") or {}).get("measured") is False:  # a figure of checks, not measurements
         return []
     if any(CPU_LIVE_CAPTION in c for c in captions) and CPU_LIVE_TITLE not in title:
-        return [f"figure '{title[:60]}' was measured live on a CPU, and its title does not say so "
-                f"('{CPU_LIVE_TITLE}')"]
+        return [f"figure '{title[:60]}' was measured live on a CPU, and its title does not say so ('{CPU_LIVE_TITLE}')"]
     return []
 
 

@@ -27,8 +27,9 @@ def recorded() -> dict[str, Result]:
 
 @pytest.fixture(scope="module")
 def regimes(recorded) -> list:
-    return fp8_query_multipliers(recorded["fp8_accuracy"], recorded["fused_decode_bench"],
-                                 recorded["fused_decode_validation"], computed=False)
+    return fp8_query_multipliers(
+        recorded["fp8_accuracy"], recorded["fused_decode_bench"], recorded["fused_decode_validation"], computed=False
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -42,13 +43,21 @@ def test_one_row_per_recorded_regime_path_and_source(recorded, regimes):
     acc = recorded["fp8_accuracy"]
     profiles = {r["profile"] for r in acc.rows if r.get("section") == "case"}
     acc_fp8 = {r["strategy"] for r in acc.rows if r.get("section") == "path" and r["strategy"] in FP8_QUERY}
-    bench_fp8 = {r["strategy"] for r in recorded["fused_decode_bench"].rows  # a peer that did not run has no row
-                 if r.get("section") == "bench" and r["strategy"] in FP8_QUERY and not r.get("error")}
-    val_fp8 = {r["peer"] for r in recorded["fused_decode_validation"].rows
-               if r.get("section") == "fp8_peers" and r["peer"] in FP8_QUERY}
-    want = ({(p, s, "fp8_accuracy") for p in profiles for s in acc_fp8}
-            | {(RANDOM_INPUTS, s, "fused_decode_bench") for s in bench_fp8}
-            | {(RANDOM_INPUTS, s, "fused_decode_validation") for s in val_fp8})
+    bench_fp8 = {
+        r["strategy"]
+        for r in recorded["fused_decode_bench"].rows  # a peer that did not run has no row
+        if r.get("section") == "bench" and r["strategy"] in FP8_QUERY and not r.get("error")
+    }
+    val_fp8 = {
+        r["peer"]
+        for r in recorded["fused_decode_validation"].rows
+        if r.get("section") == "fp8_peers" and r["peer"] in FP8_QUERY
+    }
+    want = (
+        {(p, s, "fp8_accuracy") for p in profiles for s in acc_fp8}
+        | {(RANDOM_INPUTS, s, "fused_decode_bench") for s in bench_fp8}
+        | {(RANDOM_INPUTS, s, "fused_decode_validation") for s in val_fp8}
+    )
     assert set(keys) == want
     assert {m.regime for m in regimes} == profiles | {RANDOM_INPUTS}
     assert {"flashmla_dense_fp8", "sglang_triton_fp8"} <= {m.strategy for m in regimes}
@@ -68,29 +77,40 @@ def test_the_ranges_match_a_hand_recomputation(recorded, regimes):
 
     # chapter 5b: per profile, the FP8-query path's error over ours' and over the better BF16 path's, per case
     acc = recorded["fp8_accuracy"]
-    err = {(r["case"], r["strategy"]): r["rel_err"] for r in acc.rows if r.get("section") == "path"
-           and r.get("rel_err") is not None and not r.get("error")}
+    err = {
+        (r["case"], r["strategy"]): r["rel_err"]
+        for r in acc.rows
+        if r.get("section") == "path" and r.get("rel_err") is not None and not r.get("error")
+    }
     for case_profile in {r["profile"] for r in acc.rows if r.get("section") == "case"}:
         cases = [r["case"] for r in acc.rows if r.get("section") == "case" and r["profile"] == case_profile]
         for s in ("flashmla_dense_fp8", "sglang_triton_fp8"):
             sel = [c for c in cases if (c, s) in err]
-            bf16 = [min(err[(c, b)] for b in ("flashmla_dense_bf16", "gather_cast_bf16") if (c, b) in err)
-                    for c in sel]
-            check((case_profile, s, "fp8_accuracy"), [err[(c, s)] / err[(c, "ours")] for c in sel],
-                  [err[(c, s)] / b for c, b in zip(sel, bf16)])
+            bf16 = [min(err[(c, b)] for b in ("flashmla_dense_bf16", "gather_cast_bf16") if (c, b) in err) for c in sel]
+            check(
+                (case_profile, s, "fp8_accuracy"),
+                [err[(c, s)] / err[(c, "ours")] for c in sel],
+                [err[(c, s)] / b for c, b in zip(sel, bf16)],
+            )
 
     # chapter 5's grid: every point but the fixed-cost probes, over ours' and FlashMLA BF16's at the same point
     bench = recorded["fused_decode_bench"]
     floors = set(bench.params["floor_contexts"])
-    e = {(r["strategy"], r["heads"], r["context"], r["batch"]): r["rel_err_f64"] for r in bench.rows
-         if r.get("section") == "bench" and r["context"] not in floors and not r.get("error")}
+    e = {
+        (r["strategy"], r["heads"], r["context"], r["batch"]): r["rel_err_f64"]
+        for r in bench.rows
+        if r.get("section") == "bench" and r["context"] not in floors and not r.get("error")
+    }
     for s in ("flashmla_dense_fp8", "sglang_triton_fp8"):
         pts = [p[1:] for p in e if p[0] == s]
         if not pts:  # a peer that did not run in this recording (its rows say why)
             assert (RANDOM_INPUTS, s, "fused_decode_bench") not in by
             continue
-        check((RANDOM_INPUTS, s, "fused_decode_bench"), [e[(s, *p)] / e[("ours", *p)] for p in pts],
-              [e[(s, *p)] / e[("flashmla_dense_bf16", *p)] for p in pts])
+        check(
+            (RANDOM_INPUTS, s, "fused_decode_bench"),
+            [e[(s, *p)] / e[("ours", *p)] for p in pts],
+            [e[(s, *p)] / e[("flashmla_dense_bf16", *p)] for p in pts],
+        )
     # the lead quotes the same range
     lead = fused_bench_report.lead(fused_bench_report.Grid(bench), "")
     m = by[(RANDOM_INPUTS, "flashmla_dense_fp8", "fused_decode_bench")]
@@ -100,11 +120,19 @@ def test_the_ranges_match_a_hand_recomputation(recorded, regimes):
     # chapter 5's case table: the cases where every path has an error (a one-token request is exact)
     val = recorded["fused_decode_validation"]
     ours = {r["case"]: r for r in val.rows if r.get("section") == "cases" and r["path"] == "ours"}
-    peer = [r for r in val.rows if r.get("section") == "fp8_peers" and r["peer"] == "flashmla_dense_fp8"
-            and r["rel_err"] and ours[r["case"]]["rel_err"]]
-    check((RANDOM_INPUTS, "flashmla_dense_fp8", "fused_decode_validation"),
-          [r["rel_err"] / ours[r["case"]]["rel_err"] for r in peer],
-          [r["rel_err"] / ours[r["case"]]["bf16_rel_err"] for r in peer])
+    peer = [
+        r
+        for r in val.rows
+        if r.get("section") == "fp8_peers"
+        and r["peer"] == "flashmla_dense_fp8"
+        and r["rel_err"]
+        and ours[r["case"]]["rel_err"]
+    ]
+    check(
+        (RANDOM_INPUTS, "flashmla_dense_fp8", "fused_decode_validation"),
+        [r["rel_err"] / ours[r["case"]]["rel_err"] for r in peer],
+        [r["rel_err"] / ours[r["case"]]["bf16_rel_err"] for r in peer],
+    )
 
 
 def test_the_regimes_differ_as_the_chapters_say(recorded):
@@ -127,9 +155,20 @@ def test_the_regimes_differ_as_the_chapters_say(recorded):
 
 
 def _prov() -> Provenance:
-    return Provenance(date="2026-12-01T00:00:00+00:00", device="cuda", gpu="NVIDIA H200", driver=None, cuda="13.0",
-                      torch="2.11.0", triton="3.6.0", flashinfer=None, python="3.12", git_commit="0" * 40,
-                      git_dirty=False, sources={})
+    return Provenance(
+        date="2026-12-01T00:00:00+00:00",
+        device="cuda",
+        gpu="NVIDIA H200",
+        driver=None,
+        cuda="13.0",
+        torch="2.11.0",
+        triton="3.6.0",
+        flashinfer=None,
+        python="3.12",
+        git_commit="0" * 40,
+        git_dirty=False,
+        sources={},
+    )
 
 
 def _synthetic_accuracy() -> Result:
@@ -140,12 +179,38 @@ def _synthetic_accuracy() -> Result:
     for prof, errs in fm.items():
         for ctx, e in zip((4096, 32768), errs):
             case = f"{prof} | 16 heads | batch 1 | {ctx}"
-            rows.append({"section": "case", "case": case, "profile": prof, "heads": 16, "context": ctx, "batch": 1,
-                         "tokens": ctx, "floor_rel_err": 1e-3, "sinks": 4 if "sinks" in prof else 0})
-            for s, err in (("ours", 1e-3), ("flashmla_dense_bf16", 2e-3), ("gather_cast_bf16", 4e-3),
-                           ("flashmla_dense_fp8", e)):
-                rows.append({"section": "path", "case": case, "strategy": s, "heads": 16, "context": ctx,
-                             "batch": 1, "rel_err": err, "tail_mass_kept": 1.0, "finite": True})
+            rows.append(
+                {
+                    "section": "case",
+                    "case": case,
+                    "profile": prof,
+                    "heads": 16,
+                    "context": ctx,
+                    "batch": 1,
+                    "tokens": ctx,
+                    "floor_rel_err": 1e-3,
+                    "sinks": 4 if "sinks" in prof else 0,
+                }
+            )
+            for s, err in (
+                ("ours", 1e-3),
+                ("flashmla_dense_bf16", 2e-3),
+                ("gather_cast_bf16", 4e-3),
+                ("flashmla_dense_fp8", e),
+            ):
+                rows.append(
+                    {
+                        "section": "path",
+                        "case": case,
+                        "strategy": s,
+                        "heads": 16,
+                        "context": ctx,
+                        "batch": 1,
+                        "rel_err": err,
+                        "tail_mass_kept": 1.0,
+                        "finite": True,
+                    }
+                )
     return Result("fp8_accuracy", {}, rows, _prov())
 
 
@@ -154,18 +219,36 @@ def _synthetic_bench() -> Result:
     2e-2; at the 64-token probe FlashMLA FP8 is 1.0 (it must not count)."""
     rows = []
     for ctx, fm in ((64, 1.0), (4096, 3e-2), (32768, 4e-2)):
-        for s, err in (("ours", 2e-3), ("flashmla_dense_bf16", 4e-3), ("flashmla_dense_fp8", fm),
-                       ("sglang_triton_fp8", 2e-2)):
-            rows.append({"section": "bench", "strategy": s, "heads": 16, "context": ctx, "batch": 1,
-                         "page_size": STRATEGIES[s].page_size, "rel_err_f64": err, "us": 10.0})
+        for s, err in (
+            ("ours", 2e-3),
+            ("flashmla_dense_bf16", 4e-3),
+            ("flashmla_dense_fp8", fm),
+            ("sglang_triton_fp8", 2e-2),
+        ):
+            rows.append(
+                {
+                    "section": "bench",
+                    "strategy": s,
+                    "heads": 16,
+                    "context": ctx,
+                    "batch": 1,
+                    "page_size": STRATEGIES[s].page_size,
+                    "rel_err_f64": err,
+                    "us": 10.0,
+                }
+            )
     return Result("fused_decode_bench", {"floor_contexts": [64]}, rows, _prov())
 
 
 def test_a_synthetic_result_gives_known_multipliers():
     rows = fp8_query_multipliers(_synthetic_accuracy(), _synthetic_bench(), computed=False)
     by = {(m.regime, m.strategy): m for m in rows}
-    assert set(by) == {(RANDOM_INPUTS, "flashmla_dense_fp8"), (RANDOM_INPUTS, "sglang_triton_fp8"),
-                       ("gaussian, spread 1", "flashmla_dense_fp8"), ("4 sinks hold 99 %", "flashmla_dense_fp8")}
+    assert set(by) == {
+        (RANDOM_INPUTS, "flashmla_dense_fp8"),
+        (RANDOM_INPUTS, "sglang_triton_fp8"),
+        ("gaussian, spread 1", "flashmla_dense_fp8"),
+        ("4 sinks hold 99 %", "flashmla_dense_fp8"),
+    }
     g = by[("gaussian, spread 1", "flashmla_dense_fp8")]
     assert g.cases == 2 and g.over_ours == pytest.approx((3.0, 6.0)) and g.over_bf16 == pytest.approx((1.5, 3.0))
     assert (g.lowest_case, g.highest_case) == ("16 heads, 4K tokens", "16 heads, 32K tokens")
@@ -230,7 +313,8 @@ def _glued(notebook) -> dict[str, str]:
 
 def test_the_checker_catches_an_unnamed_multiplier():
     assert unnamed_citations("FlashMLA FP8's error is 17× ours' error. It is fast.") == [
-        "FlashMLA FP8's error is 17× ours' error."]
+        "FlashMLA FP8's error is 17× ours' error."
+    ]
     assert unnamed_citations("Its error is **16–17×** ours at every point.")
     assert unnamed_citations("It is 2.9–48× the BF16 reference's.")
     assert not unnamed_citations(f"On {RANDOM_INPUTS} its error is 17× ours' error.")

@@ -32,15 +32,27 @@ def test_chapter_6_on_cpu(executed):
     if shutil.which("nvcc"):
         built = v["wgmma_builds"]
         assert set(built) == {f"wgmma:{wgmma.HEADS_PER_CTA}"} | {f"wgmma_tokens:{hn}" for hn in (16, 32)}
-        assert all(b["regs"] and b["spills"] == 0 and b["stack_bytes"] == 0 and b["fits"] for b in built.values()), built
+        assert all(b["regs"] and b["spills"] == 0 and b["stack_bytes"] == 0 and b["fits"] for b in built.values()), (
+            built
+        )
         assert built["wgmma_tokens:32"]["shared_bytes"] == wgmma_tokens.smem_bytes(32)
         assert v["arch_fits"]["fused split (tokens-on-M wgmma, CUDA C++), 32 heads per CTA:sm_90a"] is True
-    assert {u["experiment"] for u in rec["recorded_used"]} >= {"decode_step_paths", "path_sweep", "sglang_patch_check",
-                                                              "fused_decode_bench", "fused_decode_validation",
-                                                              "doors_checks", "doors_sm90"}
+    assert {u["experiment"] for u in rec["recorded_used"]} >= {
+        "decode_step_paths",
+        "path_sweep",
+        "sglang_patch_check",
+        "fused_decode_bench",
+        "fused_decode_validation",
+        "doors_checks",
+        "doors_sm90",
+    }
     # The SGLang patch section reads the recorded check inside SGLang's real modules: no patched row casts the pool.
     pr = v["patch_real"]
-    assert pr["rows"] > 0 and pr["patched_casts"] == [0] and pr["modes"] == ["decode", "draft_extend", "prefill", "verify_2", "verify_4"]
+    assert (
+        pr["rows"] > 0
+        and pr["patched_casts"] == [0]
+        and pr["modes"] == ["decode", "draft_extend", "prefill", "verify_2", "verify_4"]
+    )
     assert pr["speedup"]["fused"] > 1 and pr["speedup"]["gather_cast"] > 1
     # The front page computes its table with the same function from the same files: the same rows.
     ev = decision.Evidence.load()

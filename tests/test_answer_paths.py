@@ -1,7 +1,7 @@
 """Chapter 6 runs ours -- the dispatcher's path with the step's plan (kvwall.kernels.mla_decode.dispatch) -- on the step
-(kvwall.model.step_paths) and in the sweep (kvwall.experiments.answer.sweep, built from chapter 5's peer table), says which
-path ran and why, keeps the forced Triton path apart (the cost model's stand-in off Hopper), and puts FlashMLA on the
-step where it runs (GPU, SM90)."""
+(kvwall.model.step_paths) and in the sweep (kvwall.experiments.answer.sweep, built from chapter 5's peer table), says
+which path ran and why, keeps the forced Triton path apart (the cost model's stand-in off Hopper), and puts FlashMLA on
+the step where it runs (GPU, SM90)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,14 @@ from kvwall.kernels.mla_decode.wgmma import WgmmaPlan
 from kvwall.kernels.mla_decode.wgmma_tokens import WgmmaTokensPlan
 from kvwall.model.cost import GPUS, OFF_REFERENCE, PATHS, ComponentFit, CostModel, Point, paths_on
 from kvwall.model.geometry import GLM5
-from kvwall.model.step_paths import KERNEL_NAMES, PATH_INFO, STEP_PATHS, build_step_path, kernel_that_ran, kernels_that_ran
+from kvwall.model.step_paths import (
+    KERNEL_NAMES,
+    PATH_INFO,
+    STEP_PATHS,
+    build_step_path,
+    kernel_that_ran,
+    kernels_that_ran,
+)
 from kvwall.model.pool import TokenPool, make_decode_batch
 from kvwall.results import RowSchemaError, validate_rows
 
@@ -40,8 +47,10 @@ def step_inputs():
 def _queries(batch, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     heads, dc, dr = GEOMETRY.heads_per_gpu, GEOMETRY.kv_lora_rank, GEOMETRY.qk_rope_head_dim
-    return ((torch.randn(batch.batch_size, heads, dc, generator=gen) * 0.5).to(torch.bfloat16),
-            (torch.randn(batch.batch_size, heads, dr, generator=gen) * 0.5).to(torch.bfloat16))
+    return (
+        (torch.randn(batch.batch_size, heads, dc, generator=gen) * 0.5).to(torch.bfloat16),
+        (torch.randn(batch.batch_size, heads, dr, generator=gen) * 0.5).to(torch.bfloat16),
+    )
 
 
 def _choose(path: str):
@@ -49,8 +58,16 @@ def _choose(path: str):
 
 
 def test_the_step_paths_are_named_as_the_book_names_them():
-    assert STEP_PATHS == ("full_pool_cast", "index_then_cast", "gather_cast", "ours", "flashinfer_fp8", "bf16_cache",
-                          "flashmla_fp8", "flashmla_bf16")
+    assert STEP_PATHS == (
+        "full_pool_cast",
+        "index_then_cast",
+        "gather_cast",
+        "ours",
+        "flashinfer_fp8",
+        "bf16_cache",
+        "flashmla_fp8",
+        "flashmla_bf16",
+    )
     assert KERNEL_NAMES == {"triton": "Triton path", "wgmma": "wgmma path", "wgmma_tokens": "tokens-on-M wgmma path"}
     assert tuple(KERNEL_NAMES) == dispatch.KERNEL_PATHS
     assert all(PATH_INFO[p].gpu_only and PATH_INFO[p].peer for p in ("flashmla_fp8", "flashmla_bf16"))
@@ -71,15 +88,17 @@ def test_on_cpu_the_steps_ours_runs_the_triton_path(step_inputs):
     ckv, kpe = split_latent_cache(pool.key_buffer(0), GEOMETRY.kv_lora_rank)
     first = attention(q_nope, q_pe, ckv, kpe).clone()
     again = attention(q_nope, q_pe, ckv, kpe)  # the same plan and launch shape
-    ref = mla_decode_reference(q_nope, q_pe, ckv, kpe, batch.kv_indptr, batch.kv_indices, GEOMETRY.sm_scale,
-                               compute_dtype=torch.float64)
+    ref = mla_decode_reference(
+        q_nope, q_pe, ckv, kpe, batch.kv_indptr, batch.kv_indices, GEOMETRY.sm_scale, compute_dtype=torch.float64
+    )
     assert torch.equal(first, again)
     assert (first.double() - ref).norm() / ref.norm() < 1e-2
 
 
 @pytest.mark.parametrize("path,plan_type", [("wgmma", WgmmaPlan), ("wgmma_tokens", WgmmaTokensPlan)])
-def test_the_steps_ours_plans_once_and_launches_the_path_the_dispatcher_chooses(step_inputs, monkeypatch, path,
-                                                                               plan_type):
+def test_the_steps_ours_plans_once_and_launches_the_path_the_dispatcher_chooses(
+    step_inputs, monkeypatch, path, plan_type
+):
     """One plan for the step, made outside the calls; every layer's call launches the chosen Hopper path with it
     (on a CPU the launch itself is replaced: it records what it was given)."""
     pool, batch = step_inputs
@@ -90,8 +109,9 @@ def test_the_steps_ours_plans_once_and_launches_the_path_the_dispatcher_chooses(
     assert info["backend"] == info["kernel_path"] == path and info["path_why"] == f"{path}: chosen by the test"
     assert KERNEL_NAMES[path] in attention.name
     launches = []
-    monkeypatch.setattr(dispatch.hopper, "launch_planned", lambda kind, work, *args, **kw: launches.append((kind,
-                                                                                                         work)))
+    monkeypatch.setattr(
+        dispatch.hopper, "launch_planned", lambda kind, work, *args, **kw: launches.append((kind, work))
+    )
     q_nope, q_pe = _queries(batch)
     ckv, kpe = split_latent_cache(pool.key_buffer(0), GEOMETRY.kv_lora_rank)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
@@ -105,8 +125,15 @@ def test_a_forced_hopper_path_is_refused_at_plan_time_where_it_cannot_run(step_i
     ckv, kpe = split_latent_cache(pool.key_buffer(0), GEOMETRY.kv_lora_rank)
     for path in ("wgmma", "wgmma_tokens"):
         with pytest.raises(ValueError, match="^plan_mla_decode: the .*wgmma path cannot run here: tensors are on cpu"):
-            dispatch.plan_mla_decode(batch.kv_indptr, batch.kv_indices, heads=16, sm_scale=GEOMETRY.sm_scale,
-                                     path=path, ckv_cache=ckv, kpe_cache=kpe)
+            dispatch.plan_mla_decode(
+                batch.kv_indptr,
+                batch.kv_indices,
+                heads=16,
+                sm_scale=GEOMETRY.sm_scale,
+                path=path,
+                ckv_cache=ckv,
+                kpe_cache=kpe,
+            )
 
 
 def test_flashmla_on_the_step_is_built_above_the_model_and_needs_a_gpu(step_inputs):
@@ -123,10 +150,10 @@ def test_flashmla_on_the_step_is_built_above_the_model_and_needs_a_gpu(step_inpu
 
 @pytest.fixture(scope="module")
 def sweep_point():
-    pool = (torch.randn(2048, 1, GLM5.kv_dim, generator=torch.Generator().manual_seed(4)) * 0.7).to(
-        torch.float8_e4m3fn)
-    pt = make_point(16, 200, 1, pool_slots=2048, max_total=2047, gen=torch.Generator().manual_seed(4), seed=4,
-                    device=CPU)
+    pool = (torch.randn(2048, 1, GLM5.kv_dim, generator=torch.Generator().manual_seed(4)) * 0.7).to(torch.float8_e4m3fn)
+    pt = make_point(
+        16, 200, 1, pool_slots=2048, max_total=2047, gen=torch.Generator().manual_seed(4), seed=4, device=CPU
+    )
     return pt, pool
 
 
@@ -137,8 +164,16 @@ def test_the_sweeps_ours_runs_the_dispatchers_path_and_keeps_the_triton_path_apa
     assert info["strategy"] == "ours" and info["kernel_path"] == "triton" and "cannot run" in info["path_why"]
     # the Triton path by name, on the work list ours planned: the same bits
     triton_plan = dispatch.plan_mla_decode(pt.indptr, pt.idx, heads=pt.heads, sm_scale=GLM5.sm_scale).work
-    want = mla_decode_fp8(pt.q_nope, pt.q_pe, pool[:, 0, :GLM5.kv_lora_rank], pool[:, 0, GLM5.kv_lora_rank:],
-                          pt.indptr, pt.idx, GLM5.sm_scale, plan=triton_plan)
+    want = mla_decode_fp8(
+        pt.q_nope,
+        pt.q_pe,
+        pool[:, 0, : GLM5.kv_lora_rank],
+        pool[:, 0, GLM5.kv_lora_rank :],
+        pt.indptr,
+        pt.idx,
+        GLM5.sm_scale,
+        plan=triton_plan,
+    )
     assert torch.equal(fn(), want)
     triton_fn, triton_info = sweep.build_sweep_path("triton", pt, pool, sm_count=1)
     assert triton_info["kernel_path"] == "triton" and "path_why" not in triton_info
@@ -160,17 +195,33 @@ def _ours_row(**kw) -> dict:
 
 
 def test_ours_rows_say_which_path_ran():
-    rows = [_ours_row(kernel_path="wgmma", path_why="wgmma: measured"), _ours_row(kernel_path="triton"),
-            {"section": "path", "path": "bf16_cache", "label": "x", "step_ms": 30.0},
-            _ours_row(kernel_path="wgmma", error="did not run")]
+    rows = [
+        _ours_row(kernel_path="wgmma", path_why="wgmma: measured"),
+        _ours_row(kernel_path="triton"),
+        {"section": "path", "path": "bf16_cache", "label": "x", "step_ms": 30.0},
+        _ours_row(kernel_path="wgmma", error="did not run"),
+    ]
     validate_rows("decode_step_paths", rows)
     assert kernels_that_ran(rows) == {"wgmma": 1, "triton": 1}
     assert kernel_that_ran({"path": "ours"}) == "triton"
     with pytest.raises(RowSchemaError, match="kernel_path"):
         validate_rows("decode_step_paths", [_ours_row(kernel_path="cuda")])  # the retired mma.sync path
-    point = {"section": "point", "axis": "context", "path": "ours", "heads": 16, "context": 4096, "batch": 1,
-             "pool_tokens": 495_000, "tokens": 4096, "len_max": 4096, "us": 14.0, "strategy": "ours", "page_size": 1,
-             "kernel_path": "wgmma", "path_why": "wgmma: measured"}
+    point = {
+        "section": "point",
+        "axis": "context",
+        "path": "ours",
+        "heads": 16,
+        "context": 4096,
+        "batch": 1,
+        "pool_tokens": 495_000,
+        "tokens": 4096,
+        "len_max": 4096,
+        "us": 14.0,
+        "strategy": "ours",
+        "page_size": 1,
+        "kernel_path": "wgmma",
+        "path_why": "wgmma: measured",
+    }
     validate_rows("path_sweep", [point])
     validate_rows("path_sweep", [{**point, "kernel_path": "wgmma_tokens", "path_why": "tokens-on-M wgmma: measured"}])
     validate_rows("decode_step_paths", [_ours_row(kernel_path="wgmma_tokens")])
@@ -195,8 +246,9 @@ def test_off_hopper_ours_is_predicted_from_the_triton_path():
 
 @interpreted
 def test_the_step_experiment_runs_on_cpu_at_small_scale():
-    result = EXPERIMENTS["decode_step_paths"].run(CPU, **{**EXPERIMENTS["decode_step_paths"].small,
-                                                         "pool_tokens": 20_000, "layers": 1, "steps": 1})
+    result = EXPERIMENTS["decode_step_paths"].run(
+        CPU, **{**EXPERIMENTS["decode_step_paths"].small, "pool_tokens": 20_000, "layers": 1, "steps": 1}
+    )
     validate_rows("decode_step_paths", result.rows)
     rows = {r["path"]: r for r in result.table("path")}
     assert list(rows) == [p for p in STEP_PATHS if not PATH_INFO[p].gpu_only]

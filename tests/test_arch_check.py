@@ -21,10 +21,23 @@ from kvwall.kernels.mla_decode.launch_shape import MLADecodeConfig
 from kvwall.model.cost import FUSED_MAX_HEADS
 from kvwall.tuning import arch_check_cuda
 from kvwall.tuning import arch_check
-from kvwall.tuning.arch_check import (ARCHS, CANDIDATE_HEADS, FUSED, PINNED_TRITON_ENV, ArchLimits,
-                                      PinnedTritonMissing, check_architectures, fallback_config, format_rows,
-                                      pinned_triton_dir, pinned_triton_requirement, pinned_triton_version,
-                                      tmem_columns, tuned_arch, tuned_shapes, wgmma_builds)
+from kvwall.tuning.arch_check import (
+    ARCHS,
+    CANDIDATE_HEADS,
+    FUSED,
+    PINNED_TRITON_ENV,
+    PinnedTritonMissing,
+    check_architectures,
+    fallback_config,
+    format_rows,
+    pinned_triton_dir,
+    pinned_triton_requirement,
+    pinned_triton_version,
+    tmem_columns,
+    tuned_arch,
+    tuned_shapes,
+    wgmma_builds,
+)
 from kvwall.reports import original_gpu_report
 from kvwall.tuning.arch_check_cuda import TOKENS_KERNEL, WGMMA_KERNEL, WGMMA_ROLES
 from kvwall.tuning.fused import candidates
@@ -40,8 +53,10 @@ REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements-triton-gpu.tx
 @pytest.fixture(scope="module")
 def builds():
     if pinned_triton_version() is None:
-        pytest.skip(f"the GPU machines' Triton is not installed in {pinned_triton_dir()}: `make setup` installs it "
-                    "(requirements-triton-gpu.txt)")
+        pytest.skip(
+            f"the GPU machines' Triton is not installed in {pinned_triton_dir()}: `make setup` installs it "
+            "(requirements-triton-gpu.txt)"
+        )
     return check_architectures(HEADS, cast_kernels=True, every_shape=True, wgmma=True)
 
 
@@ -51,10 +66,12 @@ def _fused(builds, role):
 
 def _says(b) -> str:
     """One row in words, for failure messages."""
-    return (f"{b['role']} {b['arch']}, {b['heads']} heads ({b['shape']}): shared {b['shared_bytes']} of "
-            f"{b['shared_limit']} B, tensor memory {b['tmem_columns']} of {b['tmem_limit']} columns, trap-only "
-            f"{b['trap_only']}, {b['regs']} regs, spills {b['spills']} B/thread"
-            + (f", error {b['error']}" if b["error"] else ""))
+    return (
+        f"{b['role']} {b['arch']}, {b['heads']} heads ({b['shape']}): shared {b['shared_bytes']} of "
+        f"{b['shared_limit']} B, tensor memory {b['tmem_columns']} of {b['tmem_limit']} columns, trap-only "
+        f"{b['trap_only']}, {b['regs']} regs, spills {b['spills']} B/thread"
+        + (f", error {b['error']}" if b["error"] else "")
+    )
 
 
 def test_the_pinned_triton_is_the_gpu_machines(builds):
@@ -97,10 +114,12 @@ def test_every_role_is_compiled_for_every_architecture(builds):
     assert sorted((b["heads"], b["cap"]) for b in fallback) == sorted((h, a.cap) for h in HEADS for a in ARCHS)
     tuned = _fused(builds, "tuned")
     assert {(b["heads"], MLADecodeConfig(**b["config"]), b["cap"]) for b in tuned} == {
-        (h, cfg, a.cap) for h, cfg, _ in tuned_shapes() for a in ARCHS}
+        (h, cfg, a.cap) for h, cfg, _ in tuned_shapes() for a in ARCHS
+    }
     cands = _fused(builds, "candidate")
     assert {(b["heads"], MLADecodeConfig(**b["config"]), b["cap"]) for b in cands} == {
-        (h, cfg, a.cap) for h in CANDIDATE_HEADS for cfg in candidates(h) for a in ARCHS}
+        (h, cfg, a.cap) for h in CANDIDATE_HEADS for cfg in candidates(h) for a in ARCHS
+    }
 
 
 def test_tuned_shapes_are_shipped_on_the_tuned_gpus_architecture_only(builds):
@@ -131,8 +150,11 @@ def test_fallback_rows_are_the_launchers_pick_on_that_architecture(builds):
         assert picked in preferences, _says(b)
         assert picked == preferences[-1] or (b["fits"] and not b["spills"]), _says(b)
         rows = {MLADecodeConfig(**r["config"]): r for r in builds if r["kernel"] == FUSED and r["cap"] == b["cap"]}
-        better = [cfg for cfg in preferences[:preferences.index(picked)]
-                  if cfg in rows and rows[cfg]["fits"] and not rows[cfg]["spills"]]
+        better = [
+            cfg
+            for cfg in preferences[: preferences.index(picked)]
+            if cfg in rows and rows[cfg]["fits"] and not rows[cfg]["spills"]
+        ]
         assert not better, f"{_says(b)}: an earlier preference fits without spilling: {better}"
 
 
@@ -144,8 +166,9 @@ def test_every_head_count_has_a_fitting_fallback_on_every_architecture(builds):
 
 def test_every_candidate_compiled_or_explained(builds):
     cands = _fused(builds, "candidate")
-    assert all((b["shared_bytes"] is not None) != (b["error"] is not None) for b in cands), \
-        [_says(b) for b in cands if (b["shared_bytes"] is None) == (b["error"] is None)]
+    assert all((b["shared_bytes"] is not None) != (b["error"] is not None) for b in cands), [
+        _says(b) for b in cands if (b["shared_bytes"] is None) == (b["error"] is None)
+    ]
     misfits = [b for b in cands if not b["fits"]]
     print("\ncandidates that do not fit (allowed: the tuner tries them, nothing ships them):")
     print(format_rows(misfits) if misfits else "none")
@@ -158,8 +181,9 @@ def test_tensor_memory_is_read_and_held_against_sm100(builds):
     on_sm100 = [b for b in fused if b["cap"] == 100]
     assert any(b["tmem_columns"] for b in on_sm100), "no shape allocates tensor memory on SM100: parsing broke?"
     assert all(not b["fits"] for b in on_sm100 if b["tmem_columns"] > 512)
-    assert all(b["tmem_columns"] > 512 for b in on_sm100 if b["trap_only"]), \
+    assert all(b["tmem_columns"] > 512 for b in on_sm100 if b["trap_only"]), (
         "a trap-only SM100 kernel with its tensor memory within 512 columns: some other limit was hit"
+    )
 
 
 def test_tmem_columns_reads_the_ptx_allocation_then_the_metadata():
@@ -178,8 +202,9 @@ def test_tmem_columns_reads_the_ptx_allocation_then_the_metadata():
 def test_cast_kernels_fit_every_architecture(builds):
     gathers = [b for b in builds if b["kernel"].startswith("gather_cast")]
     triton_ones = [b for b in gathers if "Triton" in b["kernel"]]
-    assert len(triton_ones) == len(ARCHS) and all(b["fits"] and b["spills"] == 0 for b in triton_ones), \
-        [_says(b) for b in triton_ones]
+    assert len(triton_ones) == len(ARCHS) and all(b["fits"] and b["spills"] == 0 for b in triton_ones), [
+        _says(b) for b in triton_ones
+    ]
     cuda = [b for b in gathers if "CUDA" in b["kernel"]]
     if cuda and cuda[0]["error"] and "nvcc is not on PATH" in cuda[0]["error"]:
         pytest.skip("no nvcc on this machine: the CUDA C++ twin was not compiled")
@@ -199,10 +224,14 @@ def test_what_fits_is_what_the_cost_model_offers(builds):
         arch = f"sm_{b['cap']}"
         offered = b["heads"] <= FUSED_MAX_HEADS.get(arch, 10**6)
         if b["fits"] != offered:
-            wrong.setdefault(arch, []).append(f"{b['heads']} heads: compile says {'fits' if b['fits'] else 'no'}, "
-                                              f"the cost model {'offers' if offered else 'leaves out'} the fused path")
-    assert not wrong, (f"FUSED_MAX_HEADS = {FUSED_MAX_HEADS} disagrees with the compile (largest fitting head count "
-                       f"of {HEADS} per architecture, None = all: {says}): {wrong}")
+            wrong.setdefault(arch, []).append(
+                f"{b['heads']} heads: compile says {'fits' if b['fits'] else 'no'}, "
+                f"the cost model {'offers' if offered else 'leaves out'} the fused path"
+            )
+    assert not wrong, (
+        f"FUSED_MAX_HEADS = {FUSED_MAX_HEADS} disagrees with the compile (largest fitting head count "
+        f"of {HEADS} per architecture, None = all: {says}): {wrong}"
+    )
 
 
 def test_fallback_shape_is_the_launchers_own():
@@ -212,6 +241,7 @@ def test_fallback_shape_is_the_launchers_own():
 # ----------------------------------------------------------------------------------------------
 # The fused kernel's wgmma paths (nvcc for sm_90a; no Triton involved)
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def wgmma_rows_here():
@@ -235,8 +265,10 @@ def wgmma_problems(rows) -> list[str]:
         if r["spills"] or r["stack_bytes"]:
             bad.append(f"{where}: {r['spills']} B spilled (stores + loads), {r['stack_bytes']} B stack frame")
         if not r["fits"] or r["shared_bytes"] > r["shared_limit"]:
-            bad.append(f"{where}: needs {r['shared_bytes']:,} B of shared memory per block, the architecture "
-                       f"allows {r['shared_limit']:,} B")
+            bad.append(
+                f"{where}: needs {r['shared_bytes']:,} B of shared memory per block, the architecture "
+                f"allows {r['shared_limit']:,} B"
+            )
     return bad
 
 
@@ -245,7 +277,8 @@ def test_the_wgmma_rows_are_one_per_shipped_build(wgmma_rows_here):
     dispatcher's path) and heads per CTA."""
     assert [(r["kernel"], r["role"], r["heads_per_cta"]) for r in wgmma_rows_here] == (
         [(WGMMA_KERNEL, "wgmma", wgmma_path.HEADS_PER_CTA)]
-        + [(TOKENS_KERNEL, "wgmma_tokens", hn) for hn in tokens_path.HEADS_PER_CTA])
+        + [(TOKENS_KERNEL, "wgmma_tokens", hn) for hn in tokens_path.HEADS_PER_CTA]
+    )
     assert tokens_path.HEADS_PER_CTA == (16, 32)
     assert {r["role"]: r["kernel"] for r in wgmma_rows_here} == WGMMA_ROLES
     for r in wgmma_rows_here:
@@ -268,7 +301,9 @@ def test_the_tokens_rows_compile_clean_for_both_instantiations(wgmma_rows_here):
     assert sorted(rows) == [16, 32]
     for hn, r in rows.items():
         assert r["kernel"] == TOKENS_KERNEL and (r["shared_bytes"], r["threads"]) == (
-            tokens_path.smem_bytes(hn), tokens_path.THREADS)
+            tokens_path.smem_bytes(hn),
+            tokens_path.THREADS,
+        )
         assert r["regs"] <= 168 and r["spills"] == 0 and r["stack_bytes"] == 0, r
         assert r["shared_bytes"] <= r["shared_limit"] == ARCHS[0].shared_per_block and r["fits"], r
     assert rows[16]["shared_bytes"] < rows[32]["shared_bytes"]
@@ -283,26 +318,51 @@ def test_the_wgmma_rows_are_in_the_architecture_check(builds, wgmma_rows_here):
 def test_chapter_6_shows_every_wgmma_build(wgmma_rows_here):
     """The table has a row per wgmma build, in the sm_90 column (sm_90a: the same GPUs), not built elsewhere; the
     values the text quotes are each build's, in the dispatcher's order."""
-    triton_rows = [dict(kernel=FUSED, heads=16, shape="16 heads × 64 tokens", arch=a.name, cap=a.cap, shared_bytes=1024,
-                        shared_limit=a.shared_per_block, regs=128, spills=0, trap_only=False, fits=True, error=None,
-                        triton=GPU_TRITON, role="fallback", shipped=True) for a in ARCHS]
+    triton_rows = [
+        dict(
+            kernel=FUSED,
+            heads=16,
+            shape="16 heads × 64 tokens",
+            arch=a.name,
+            cap=a.cap,
+            shared_bytes=1024,
+            shared_limit=a.shared_per_block,
+            regs=128,
+            spills=0,
+            trap_only=False,
+            fits=True,
+            error=None,
+            triton=GPU_TRITON,
+            role="fallback",
+            shipped=True,
+        )
+        for a in ARCHS
+    ]
     table = original_gpu_report.arch_table(triton_rows + wgmma_rows_here, "caption")
     assert list(table.columns)[1:] == [a.name for a in ARCHS]
     labels = table.column("kernel")
-    assert labels[1:] == [f"{WGMMA_KERNEL}, 64 heads per CTA", f"{TOKENS_KERNEL}, 16 heads per CTA",
-                          f"{TOKENS_KERNEL}, 32 heads per CTA"]
+    assert labels[1:] == [
+        f"{WGMMA_KERNEL}, 64 heads per CTA",
+        f"{TOKENS_KERNEL}, 16 heads per CTA",
+        f"{TOKENS_KERNEL}, 32 heads per CTA",
+    ]
     sm90 = table.column(ARCHS[0].name)[1:]
     assert all(c.startswith("sm_90a: ") and "— yes: " in c for c in sm90), sm90
     assert all(c == original_gpu_report.NOT_BUILT for a in ARCHS[1:] for c in table.column(a.name)[1:])
     assert original_gpu_report.wgmma_build_rows(triton_rows + wgmma_rows_here) == wgmma_rows_here
     values = original_gpu_report.wgmma_build_values(triton_rows + wgmma_rows_here)
-    assert list(values) == ["wgmma:64", "wgmma_tokens:16", "wgmma_tokens:32"] and all(v["clean"] for v in values.values())
+    assert list(values) == ["wgmma:64", "wgmma_tokens:16", "wgmma_tokens:32"] and all(
+        v["clean"] for v in values.values()
+    )
     assert all(values[f"wgmma_tokens:{hn}"]["regs"] == r["regs"] for hn, r in zip((16, 32), wgmma_rows_here[1:]))
 
 
 def test_chapter_6_says_which_wgmma_build_fails(wgmma_rows_here):
-    broken = [dict(wgmma_rows_here[0])] + [dict(wgmma_rows_here[1], spills=8)] + [
-        dict(wgmma_rows_here[2], error="nvcc failed for sm_90a: boom", fits=False)]
+    broken = (
+        [dict(wgmma_rows_here[0])]
+        + [dict(wgmma_rows_here[1], spills=8)]
+        + [dict(wgmma_rows_here[2], error="nvcc failed for sm_90a: boom", fits=False)]
+    )
     values = original_gpu_report.wgmma_build_values(broken)
     assert [v["clean"] for v in values.values()] == [True, False, False]
     assert values["wgmma_tokens:16"]["spills"] == 8 and values["wgmma_tokens:32"]["fits"] is False
@@ -310,15 +370,30 @@ def test_chapter_6_says_which_wgmma_build_fails(wgmma_rows_here):
 
 
 def _report(*, ok=True, spill=0, stack=0, registers=255) -> wgmma_path.NvccReport:
-    return wgmma_path.NvccReport(ok, "sm_90a", 1.0, "nvcc (made up)", registers if ok else None,
-                                 spill if ok else None, stack if ok else None, "" if ok else "error: no")
+    return wgmma_path.NvccReport(
+        ok,
+        "sm_90a",
+        1.0,
+        "nvcc (made up)",
+        registers if ok else None,
+        spill if ok else None,
+        stack if ok else None,
+        "" if ok else "error: no",
+    )
 
 
-@pytest.mark.parametrize("report,words", [
-    (_report(), None), (_report(ok=False), "did not compile"), (_report(spill=8), "8 B spilled"),
-    (_report(stack=16), "16 B stack frame"), (_report(registers=None), "no resources"),
-    ("nvcc is not on PATH: install it", "nvcc is not on PATH")], ids=["clean", "fails", "spills", "stack",
-                                                                      "unparsed", "no_nvcc"])
+@pytest.mark.parametrize(
+    "report,words",
+    [
+        (_report(), None),
+        (_report(ok=False), "did not compile"),
+        (_report(spill=8), "8 B spilled"),
+        (_report(stack=16), "16 B stack frame"),
+        (_report(registers=None), "no resources"),
+        ("nvcc is not on PATH: install it", "nvcc is not on PATH"),
+    ],
+    ids=["clean", "fails", "spills", "stack", "unparsed", "no_nvcc"],
+)
 def test_the_wgmma_check_fails_on_each_problem(monkeypatch, report, words):
     monkeypatch.setattr(arch_check_cuda, "wgmma_report", lambda: report)
     bad = wgmma_problems(arch_check_cuda.wgmma_rows())
@@ -330,18 +405,27 @@ def _tokens_report(hn, **kw) -> tokens_path.TokensNvccReport:
     return tokens_path.TokensNvccReport(**{**base.__dict__, "heads_per_cta": hn})
 
 
-@pytest.mark.parametrize("which,report,words", [
-    (None, None, None), (32, dict(ok=False), "did not compile"), (16, dict(spill=8), "8 B spilled"),
-    (32, dict(stack=16), "16 B stack frame"), (16, dict(registers=None), "no resources"),
-    ("all", "nvcc is not on PATH: install it", "nvcc is not on PATH")],
-    ids=["clean", "fails", "spills", "stack", "unparsed", "no_nvcc"])
+@pytest.mark.parametrize(
+    "which,report,words",
+    [
+        (None, None, None),
+        (32, dict(ok=False), "did not compile"),
+        (16, dict(spill=8), "8 B spilled"),
+        (32, dict(stack=16), "16 B stack frame"),
+        (16, dict(registers=None), "no resources"),
+        ("all", "nvcc is not on PATH: install it", "nvcc is not on PATH"),
+    ],
+    ids=["clean", "fails", "spills", "stack", "unparsed", "no_nvcc"],
+)
 def test_the_tokens_check_fails_on_each_problem_of_each_instantiation(monkeypatch, which, report, words):
     """A problem of one instantiation fails its row alone; no nvcc fails both."""
     if which == "all":
         reports = report
     else:
-        reports = {hn: _tokens_report(hn, **{"registers": 168, **(report if hn == which else {})})
-                   for hn in tokens_path.HEADS_PER_CTA}
+        reports = {
+            hn: _tokens_report(hn, **{"registers": 168, **(report if hn == which else {})})
+            for hn in tokens_path.HEADS_PER_CTA
+        }
     monkeypatch.setattr(arch_check_cuda, "tokens_reports", lambda: reports)
     rows = arch_check_cuda.tokens_rows()
     assert [r["heads_per_cta"] for r in rows] == list(tokens_path.HEADS_PER_CTA)

@@ -24,7 +24,9 @@ def _check_pages(built_book: Path) -> None:
         assert "Traceback" not in html and "Error" not in html.split("<body", 1)[-1][:0] + ""
         assert "application/vnd.plotly.v1+json" in html or "plotly-graph-div" in html
         assert "Recorded on NVIDIA" in html and "Measured live on this machine" in html
-        assert "_build/execution" not in html and "chapter.finish" not in html, f"{page.name} shows its bookkeeping cell"
+        assert "_build/execution" not in html and "chapter.finish" not in html, (
+            f"{page.name} shows its bookkeeping cell"
+        )
     status = (built_book / "book" / "reproducibility.html").read_text()
     for chapter in CHAPTERS:
         assert chapter.stem in status, f"reproducibility page does not list {chapter.stem}"
@@ -44,18 +46,29 @@ def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
-    pytest.skip("no Chromium on this machine (.ci/run installs Debian's chromium; it could not here): "
-                "the browser check of the built figures did not run")
+    pytest.skip(
+        "no Chromium on this machine (.ci/run installs Debian's chromium; it could not here): "
+        "the browser check of the built figures did not run"
+    )
 
 
 @pytest.mark.site
 def test_plotly_figures_draw_in_headless_chromium(site, tmp_path):
     browser = _chromium()
     page = site / "book" / f"{CHAPTERS[0].stem}.html"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}", "--virtual-time-budget=20000",
-             "--window-size=1300,2400"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}",
+        "--virtual-time-budget=20000",
+        "--window-size=1300,2400",
+    ]
     dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
@@ -84,14 +97,25 @@ def test_chapter_6_explorer_draws_in_the_built_page(site, tmp_path):
     from kvwall.results import load_result
 
     browser = _chromium()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}", "--virtual-time-budget=20000",
-             "--window-size=1300,2400"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}",
+        "--virtual-time-budget=20000",
+        "--window-size=1300,2400",
+    ]
     page = site / "book" / "06_the_answer.html"
     state = ce.State("deepseek-v3", "rtx-pro-6000", 8, 32768, 8, 495_000)
-    url = page.as_uri() + (f"#explorer:model={state.model}&gpu={state.gpu}&tp={state.tp}&context={state.context}"
-                           f"&batch={state.batch}&pool={state.pool}")
+    url = page.as_uri() + (
+        f"#explorer:model={state.model}&gpu={state.gpu}&tp={state.tp}&context={state.context}"
+        f"&batch={state.batch}&pool={state.pool}"
+    )
     dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
     assert dom.returncode == 0, dom.stderr[-2000:]
     found = re.search(r'data-drawn="([^"]*)"', dom.stdout)

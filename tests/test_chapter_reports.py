@@ -13,18 +13,35 @@ import kvwall.reports.chapter as chapter_module
 from conftest import BOOK, CHAPTERS
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
-from kvwall.model.roofline import (full_pool_cast_bytes, gather_cast_bytes, kv_read_bytes, roofline_us)
-from kvwall.reports import (fused_bench_report, fused_lab_report, fused_report, gather_report, gather_step_report,
-                            profile_report)
+from kvwall.model.roofline import full_pool_cast_bytes, gather_cast_bytes, kv_read_bytes, roofline_us
+from kvwall.reports import (
+    fused_bench_report,
+    fused_lab_report,
+    fused_report,
+    gather_report,
+    gather_step_report,
+    profile_report,
+)
 from kvwall.reports.chapter import start_chapter
 from kvwall.reports.tables import Table, number, percent, times
 from kvwall.results import Provenance, Result, ResultFileError, ResultMissingError
 
 
 def result(experiment: str, rows: list[dict[str, Any]], **params: Any) -> Result:
-    provenance = Provenance(date="2026-11-30T00:00:00+00:00", device="cuda", gpu="NVIDIA H200", driver=None,
-                            cuda="13.0", torch="2.11.0", triton="3.6.0", flashinfer=None, python="3.11",
-                            git_commit="0" * 40, git_dirty=False, sources={})
+    provenance = Provenance(
+        date="2026-11-30T00:00:00+00:00",
+        device="cuda",
+        gpu="NVIDIA H200",
+        driver=None,
+        cuda="13.0",
+        torch="2.11.0",
+        triton="3.6.0",
+        flashinfer=None,
+        python="3.11",
+        git_commit="0" * 40,
+        git_dirty=False,
+        sources={},
+    )
     return Result(experiment, params, rows, provenance)
 
 
@@ -89,33 +106,77 @@ def test_bytes_by_path_come_from_the_roofline_module():
 def test_exactness_checks_hold():
     assert fused_report.fp8_to_float16_is_exact() == (254, True)
     exact, largest = fused_report.query_scaling_is_exact()
-    assert exact and 2 ** 13 <= largest < 2 ** 15
+    assert exact and 2**13 <= largest < 2**15
 
 
 def _cfg(**overrides: Any) -> dict[str, Any]:
-    cfg = {"cfg_block_h": 16, "cfg_block_n": 64, "cfg_num_warps": 4, "cfg_num_stages": 3,
-           "cfg_pairs": True, "cfg_combine_block_d": 32, "cfg_combine_block_s": 0, "cfg_combine_warps": 0}
+    cfg = {
+        "cfg_block_h": 16,
+        "cfg_block_n": 64,
+        "cfg_num_warps": 4,
+        "cfg_num_stages": 3,
+        "cfg_pairs": True,
+        "cfg_combine_block_d": 32,
+        "cfg_combine_block_s": 0,
+        "cfg_combine_warps": 0,
+    }
     return {**cfg, **{f"cfg_{k}": v for k, v in overrides.items()}}
 
 
 def _tuning() -> Any:
-    base = {"section": "screen", "heads": 16, "tokens": 131072, "regs": 200, "shared_bytes": 56 * 1024,
-            "roofline_us": 18.0, "spills": 0, "rel_err": 4e-4}
-    rows = [{"section": "ceilings", "copy_gbps": 4200.0, "bf16_tflops": 690.0},
-            {**base, **_cfg(), "us": 50.0},
-            {**base, **_cfg(pairs=False), "us": 60.0, "regs": 250},
-            {**base, **_cfg(), "cfg_cache_v": ".ca", "us": 55.0, "shared_bytes": 88 * 1024},
-            {**base, **_cfg(block_n=32), "error": "out of resources", "us": None},
-            {**base, **_cfg(block_h=64, num_warps=8, pairs=False), "heads": 64, "us": 100.0, "spills": 10},
-            {**base, **_cfg(block_h=32, num_warps=8, pairs=False), "heads": 64, "us": 130.0},
-            {**base, **_cfg(block_h=64, num_warps=8, pairs=False), "section": "fastest_any", "heads": 64,
-             "us": 100.0, "spills": 10}]
+    base = {
+        "section": "screen",
+        "heads": 16,
+        "tokens": 131072,
+        "regs": 200,
+        "shared_bytes": 56 * 1024,
+        "roofline_us": 18.0,
+        "spills": 0,
+        "rel_err": 4e-4,
+    }
+    rows = [
+        {"section": "ceilings", "copy_gbps": 4200.0, "bf16_tflops": 690.0},
+        {**base, **_cfg(), "us": 50.0},
+        {**base, **_cfg(pairs=False), "us": 60.0, "regs": 250},
+        {**base, **_cfg(), "cfg_cache_v": ".ca", "us": 55.0, "shared_bytes": 88 * 1024},
+        {**base, **_cfg(block_n=32), "error": "out of resources", "us": None},
+        {**base, **_cfg(block_h=64, num_warps=8, pairs=False), "heads": 64, "us": 100.0, "spills": 10},
+        {**base, **_cfg(block_h=32, num_warps=8, pairs=False), "heads": 64, "us": 130.0},
+        {
+            **base,
+            **_cfg(block_h=64, num_warps=8, pairs=False),
+            "section": "fastest_any",
+            "heads": 64,
+            "us": 100.0,
+            "spills": 10,
+        },
+    ]
     for heads, bh in ((16, 16), (64, 32)):
         for tokens in (4096, 131072):
-            rows.append({"section": "winner", "heads": heads, "tokens": tokens, **_cfg(block_h=bh), "us": 40.0,
-                         "roofline_us": 18.0, "splits": 132, "split_kernel_us": 30.0, "combine_kernel_us": 5.0})
-    rows.append({"section": "sweep", "heads": 16, "tokens": 131072, **_cfg(block_h=16), "us": 45.0,
-                 "roofline_us": 18.0, "splits": 66})
+            rows.append(
+                {
+                    "section": "winner",
+                    "heads": heads,
+                    "tokens": tokens,
+                    **_cfg(block_h=bh),
+                    "us": 40.0,
+                    "roofline_us": 18.0,
+                    "splits": 132,
+                    "split_kernel_us": 30.0,
+                    "combine_kernel_us": 5.0,
+                }
+            )
+    rows.append(
+        {
+            "section": "sweep",
+            "heads": 16,
+            "tokens": 131072,
+            **_cfg(block_h=16),
+            "us": 45.0,
+            "roofline_us": 18.0,
+            "splits": 66,
+        }
+    )
     return result("fused_decode_tuning", rows)
 
 
@@ -125,15 +186,31 @@ def test_the_triton_path_tuning_tables():
     assert screen.column("µs")[-1] == "out of resources" and screen.column("of roofline")[0] == "36%"
     assert fused_lab_report.launch_shape(tuning.rows[1]) == "16×64, 4 warps, 3 stages, 16-bit pairs"
     # a row recorded with the retired second load (its own cache hint) says so
-    assert fused_lab_report.launch_shape({**tuning.rows[3], "cfg_s_fp8": True}) == \
-        "16×64, 4 warps, 3 stages, 16-bit pairs, two loads, FP8 scores"
+    assert (
+        fused_lab_report.launch_shape({**tuning.rows[3], "cfg_s_fp8": True})
+        == "16×64, 4 warps, 3 stages, 16-bit pairs, two loads, FP8 scores"
+    )
     pairs = fused_lab_report.pairs_numbers(tuning, 16)
-    assert pairs == {"shape": "16×64, 4 warps, 3 stages, 16-bit pairs", "us": 50.0, "regs": 200, "smem_kb": 56.0,
-                     "bytes_us": 60.0, "bytes_regs": 250}  # the twin reading FP8 bytes; the 55 µs second load is not
+    assert pairs == {
+        "shape": "16×64, 4 warps, 3 stages, 16-bit pairs",
+        "us": 50.0,
+        "regs": 200,
+        "smem_kb": 56.0,
+        "bytes_us": 60.0,
+        "bytes_regs": 250,
+    }  # the twin reading FP8 bytes; the 55 µs second load is not
     assert fused_lab_report.pairs_numbers(tuning, 32) == {}
     spill = fused_lab_report.spill_rule_table(tuning, "cap")
-    assert spill.rows == [{"heads": 64, "fastest": "64×64, 8 warps, 3 stages, FP8 bytes", "f_us": 100.0,
-                           "f_spills": 10, "c_us": 130.0, "x": 1.3}]
+    assert spill.rows == [
+        {
+            "heads": 64,
+            "fastest": "64×64, 8 warps, 3 stages, FP8 bytes",
+            "f_us": 100.0,
+            "f_spills": 10,
+            "c_us": 130.0,
+            "x": 1.3,
+        }
+    ]
     assert [t.name for t in fused_lab_report.split_sweep_figure(tuning, "cap").data] == ["128K tokens"]
 
 
@@ -154,8 +231,11 @@ def test_wgmma_tile_floors_and_build_resources():
     # 64 heads x 64 tokens x (576 + 512) x 2 FLOP at 4,096 per cycle; 296 KB of shared-memory traffic
     assert floors["tensor"] == 2176 and floors["scores"] == 1152 and floors["smem_bytes"] == 303104
     assert floors["smem"] == 2368 and floors["flops"] == 2 * 64 * 64 * 1088
-    build = {"section": "build", "nvcc": "Build cuda_13.0.r13.0/compiler.1", "wgmma": {
-        "runs": True, "arch": "sm_90a", "registers": 255, "spill_bytes": 0, "smem": 230400, "threads": 256}}
+    build = {
+        "section": "build",
+        "nvcc": "Build cuda_13.0.r13.0/compiler.1",
+        "wgmma": {"runs": True, "arch": "sm_90a", "registers": 255, "spill_bytes": 0, "smem": 230400, "threads": 256},
+    }
     w = fused_report.build_resources(build)["wgmma"]
     assert (w["nvcc"], w["arch"], w["registers"], w["ctas_per_sm"], w["smem_kb"]) == ("13.0", "sm_90a", 255, 1, 225.0)
     assert fused_report.build_resources({"wgmma": {"runs": False, "why": "no sm_90a"}})["wgmma"] is None
@@ -163,20 +243,36 @@ def test_wgmma_tile_floors_and_build_resources():
 
 
 def _case(path: str, heads: int, ratio: float | None, passed: bool = True, **extra: Any) -> dict[str, Any]:
-    return {"section": "cases", "path": path, "case": f"c{heads}", "heads": heads, "lens": [5], "layout": "flat",
-            "passed": passed, "rel_err": 1.7e-3 if ratio else 0.0, "bf16_rel_err": 2e-3 if ratio else 0.0,
-            "ratio": ratio, **extra}
+    return {
+        "section": "cases",
+        "path": path,
+        "case": f"c{heads}",
+        "heads": heads,
+        "lens": [5],
+        "layout": "flat",
+        "passed": passed,
+        "rel_err": 1.7e-3 if ratio else 0.0,
+        "bf16_rel_err": 2e-3 if ratio else 0.0,
+        "ratio": ratio,
+        **extra,
+    }
 
 
 def _validation() -> Any:
-    rows = [{"section": "setup", "device": "cuda", "paths": ["triton", "wgmma", "ours"], "skipped": {}},
-            _case("triton", 16, 0.8), _case("triton", 16, 1.0), _case("wgmma", 64, 0.9),
-            _case("ours", 16, 0.85, kernel_path="wgmma"), _case("ours", 64, None, kernel_path="triton"),
-            {"section": "fp8_peers", "peer": "flashmla_dense_fp8", "rel_err": 3e-2, "ratio_vs_bf16": 15.0},
-            {"section": "fp8_peers", "peer": "flashmla_dense_bf16", "rel_err": 2e-3, "ratio_vs_bf16": 1.0},
-            {"section": "contract", "path": "triton", "check": "NaN stays in its request", "ok": True, "detail": ""},
-            {"section": "contract", "path": "wgmma", "check": "NaN stays in its request", "ok": False, "detail": ""},
-            {"section": "errors", "passed": True}, {"section": "sanitizer", "passed": None, "summary": "no tool"}]
+    rows = [
+        {"section": "setup", "device": "cuda", "paths": ["triton", "wgmma", "ours"], "skipped": {}},
+        _case("triton", 16, 0.8),
+        _case("triton", 16, 1.0),
+        _case("wgmma", 64, 0.9),
+        _case("ours", 16, 0.85, kernel_path="wgmma"),
+        _case("ours", 64, None, kernel_path="triton"),
+        {"section": "fp8_peers", "peer": "flashmla_dense_fp8", "rel_err": 3e-2, "ratio_vs_bf16": 15.0},
+        {"section": "fp8_peers", "peer": "flashmla_dense_bf16", "rel_err": 2e-3, "ratio_vs_bf16": 1.0},
+        {"section": "contract", "path": "triton", "check": "NaN stays in its request", "ok": True, "detail": ""},
+        {"section": "contract", "path": "wgmma", "check": "NaN stays in its request", "ok": False, "detail": ""},
+        {"section": "errors", "passed": True},
+        {"section": "sanitizer", "passed": None, "summary": "no tool"},
+    ]
     return result("fused_decode_validation", rows)
 
 
@@ -191,15 +287,28 @@ def test_validation_table_per_path_and_the_rule():
     assert [r["passed"] for r in table.rows[-3:]] == ["1 / 2", "1 / 1", "not run"]
     # memcheck's row says the paths it ran (a row recorded without them ran the Triton path alone)
     assert table.rows[-1]["what"] == "`compute-sanitizer --tool memcheck` on the Triton path"
-    every = result("fused_decode_validation", [*validation.rows[:-1], {
-        "section": "sanitizer", "passed": True, "summary": "ERROR SUMMARY: 0 errors",
-        "paths": ["triton", "wgmma", "wgmma_tokens"]}])
+    every = result(
+        "fused_decode_validation",
+        [
+            *validation.rows[:-1],
+            {
+                "section": "sanitizer",
+                "passed": True,
+                "summary": "ERROR SUMMARY: 0 errors",
+                "paths": ["triton", "wgmma", "wgmma_tokens"],
+            },
+        ],
+    )
     assert fused_report.validation_table(every, "caption").rows[-1] == {
         "what": "`compute-sanitizer --tool memcheck` on the Triton path, the wgmma path and the tokens-on-M wgmma path",
-        "passed": "clean"}
+        "passed": "clean",
+    }
     assert not fused_report.validation_passed(validation)  # a contract failed
-    assert fused_report.validation_ratios(validation) == {"ours": (0.85, 0.85), "triton": (0.8, 1.0),
-                                                          "wgmma": (0.9, 0.9)}
+    assert fused_report.validation_ratios(validation) == {
+        "ours": (0.85, 0.85),
+        "triton": (0.8, 1.0),
+        "wgmma": (0.9, 0.9),
+    }
     assert fused_bench_report.flashmla_fp8_error(validation) == (3e-2, 1.7e-3)
     assert fused_bench_report.flashmla_fp8_error(None) == (None, None)
     contracts = fused_lab_report.contracts_table(validation, "cap")
@@ -208,38 +317,91 @@ def test_validation_table_per_path_and_the_rule():
 
 #: (heads, context, batch) -> µs per strategy; ours ran the wgmma path except where it says "triton".
 _TIMES = {
-    (16, 4096, 1): {"ours": 14.0, "ours_page64": 14.5, "flashmla_dense_bf16": 24.0, "flashmla_dense_fp8": 15.0,
-                    "flashinfer_fp8_fa2": 35.0, "flashinfer_fp8_fa3": 50.0, "flashinfer_bf16_precast": 20.0,
-                    "sglang_triton_fp8": 46.0, "gather_cast_bf16": 23.0, "full_cast_bf16": 860.0},
-    (16, 131072, 8): {"ours": 80.0, "ours_page64": 78.0, "flashmla_dense_bf16": 100.0, "flashmla_dense_fp8": 70.0,
-                      "flashinfer_fp8_fa2": 300.0, "flashinfer_fp8_fa3": 270.0, "flashinfer_bf16_precast": 95.0,
-                      "sglang_triton_fp8": 210.0, "gather_cast_bf16": 220.0, "full_cast_bf16": 940.0},
-    (128, 32768, 8): {"ours": 200.0, "ours_page64": 196.0, "flashmla_dense_bf16": 100.0, "flashmla_dense_fp8": 80.0,
-                      "flashinfer_fp8_fa2": 400.0, "flashinfer_fp8_fa3": None, "flashinfer_bf16_precast": 150.0,
-                      "sglang_triton_fp8": 900.0, "gather_cast_bf16": 300.0, "full_cast_bf16": 1100.0},
+    (16, 4096, 1): {
+        "ours": 14.0,
+        "ours_page64": 14.5,
+        "flashmla_dense_bf16": 24.0,
+        "flashmla_dense_fp8": 15.0,
+        "flashinfer_fp8_fa2": 35.0,
+        "flashinfer_fp8_fa3": 50.0,
+        "flashinfer_bf16_precast": 20.0,
+        "sglang_triton_fp8": 46.0,
+        "gather_cast_bf16": 23.0,
+        "full_cast_bf16": 860.0,
+    },
+    (16, 131072, 8): {
+        "ours": 80.0,
+        "ours_page64": 78.0,
+        "flashmla_dense_bf16": 100.0,
+        "flashmla_dense_fp8": 70.0,
+        "flashinfer_fp8_fa2": 300.0,
+        "flashinfer_fp8_fa3": 270.0,
+        "flashinfer_bf16_precast": 95.0,
+        "sglang_triton_fp8": 210.0,
+        "gather_cast_bf16": 220.0,
+        "full_cast_bf16": 940.0,
+    },
+    (128, 32768, 8): {
+        "ours": 200.0,
+        "ours_page64": 196.0,
+        "flashmla_dense_bf16": 100.0,
+        "flashmla_dense_fp8": 80.0,
+        "flashinfer_fp8_fa2": 400.0,
+        "flashinfer_fp8_fa3": None,
+        "flashinfer_bf16_precast": 150.0,
+        "sglang_triton_fp8": 900.0,
+        "gather_cast_bf16": 300.0,
+        "full_cast_bf16": 1100.0,
+    },
 }
 
 
 def _grid() -> fused_bench_report.Grid:
-    rows: list[dict[str, Any]] = [{"section": "ceilings", "copy_gbps": 4200.0, "bf16_tflops": 690.0,
-                                   "host_us_means": "host time"}]
+    rows: list[dict[str, Any]] = [
+        {"section": "ceilings", "copy_gbps": 4200.0, "bf16_tflops": 690.0, "host_us_means": "host time"}
+    ]
     for (h, c, b), times_ in _TIMES.items():
         tokens = c if b == 1 else c * b // 4
         for strategy, us in times_.items():
             fp8_query = strategy in ("flashmla_dense_fp8", "sglang_triton_fp8")
-            row = {"section": "bench", "strategy": strategy, "heads": h, "context": c, "batch": b, "tokens": tokens,
-                   "len_min": 100 if b > 1 else c, "len_max": c, "us": us, "roofline_us": 10.0, "timing": "cuda_graph",
-                   "page_size": 64 if strategy in ("ours_page64", "flashmla_dense_bf16", "flashmla_dense_fp8") else 1,
-                   "rel_err_f64": 2.8e-2 if fp8_query else 1.7e-3, "host_us": 100.0,
-                   "tflops": 2 * h * tokens * 1088 / us / 1e6 if us else None}
+            row = {
+                "section": "bench",
+                "strategy": strategy,
+                "heads": h,
+                "context": c,
+                "batch": b,
+                "tokens": tokens,
+                "len_min": 100 if b > 1 else c,
+                "len_max": c,
+                "us": us,
+                "roofline_us": 10.0,
+                "timing": "cuda_graph",
+                "page_size": 64 if strategy in ("ours_page64", "flashmla_dense_bf16", "flashmla_dense_fp8") else 1,
+                "rel_err_f64": 2.8e-2 if fp8_query else 1.7e-3,
+                "host_us": 100.0,
+                "tflops": 2 * h * tokens * 1088 / us / 1e6 if us else None,
+            }
             if us is None:
                 row["error"] = "RuntimeError: refused"
             if strategy.startswith("ours"):
-                row.update(kernel_path="triton" if (h, c, b) == (16, 131072, 8) else "wgmma", path_why="measured",
-                           work_items=132, imbalance=1.05)
+                row.update(
+                    kernel_path="triton" if (h, c, b) == (16, 131072, 8) else "wgmma",
+                    path_why="measured",
+                    work_items=132,
+                    imbalance=1.05,
+                )
             rows.append(row)
-    return fused_bench_report.Grid(result("fused_decode_bench", rows, heads=[16, 128], contexts=[4096, 32768, 131072],
-                                          batches=[1, 8], max_total_tokens=2_000_000, pool_slots=495_000))
+    return fused_bench_report.Grid(
+        result(
+            "fused_decode_bench",
+            rows,
+            heads=[16, 128],
+            contexts=[4096, 32768, 131072],
+            batches=[1, 8],
+            max_total_tokens=2_000_000,
+            pool_slots=495_000,
+        )
+    )
 
 
 def test_the_lead_counts_where_ours_loses():
@@ -298,16 +460,44 @@ def test_the_appendix_tables_of_the_grid():
 
 
 def _paths() -> fused_bench_report.Grid:
-    rows: list[dict[str, Any]] = [{"section": "build", "gpu": "NVIDIA H200", "capability": [9, 0], "sms": 132,
-                                   "nvcc": "13.0", "copy_gbps": 4200.0, "copy_ms": 0.5, "bf16_tflops": 690.0,
-                                   "wgmma": {"runs": True}}]
-    for (h, c, b), (t, w) in {(16, 64, 1): (10.0, 9.0), (16, 4096, 1): (15.0, 14.0), (16, 131072, 1): (50.0, 55.0),
-                              (128, 4096, 8): (80.0, 40.0)}.items():
+    rows: list[dict[str, Any]] = [
+        {
+            "section": "build",
+            "gpu": "NVIDIA H200",
+            "capability": [9, 0],
+            "sms": 132,
+            "nvcc": "13.0",
+            "copy_gbps": 4200.0,
+            "copy_ms": 0.5,
+            "bf16_tflops": 690.0,
+            "wgmma": {"runs": True},
+        }
+    ]
+    for (h, c, b), (t, w) in {
+        (16, 64, 1): (10.0, 9.0),
+        (16, 4096, 1): (15.0, 14.0),
+        (16, 131072, 1): (50.0, 55.0),
+        (128, 4096, 8): (80.0, 40.0),
+    }.items():
         for page, slower in ((1, 1.0), (64, 0.98)):
             for strategy, us in (("triton", t), ("wgmma", w)):
-                rows.append({"section": "bench", "strategy": strategy, "heads": h, "context": c, "batch": b,
-                             "tokens": c * b, "len_min": c, "len_max": c, "us": us * slower, "roofline_us": 1.0,
-                             "timing": "cuda_graph", "page_size": page, "kernel_path": strategy})
+                rows.append(
+                    {
+                        "section": "bench",
+                        "strategy": strategy,
+                        "heads": h,
+                        "context": c,
+                        "batch": b,
+                        "tokens": c * b,
+                        "len_min": c,
+                        "len_max": c,
+                        "us": us * slower,
+                        "roofline_us": 1.0,
+                        "timing": "cuda_graph",
+                        "page_size": page,
+                        "kernel_path": strategy,
+                    }
+                )
     return fused_bench_report.Grid(result("fused_decode_paths", rows, floor_contexts=[64]))
 
 
@@ -328,15 +518,44 @@ def test_the_dispatcher_tables():
 
 def _paths3() -> fused_bench_report.Grid:
     """A paths run with the tokens-on-M wgmma path: fastest at 16 heads, slower than the wgmma path at 128."""
-    rows: list[dict[str, Any]] = [{"section": "build", "gpu": "NVIDIA H200", "capability": [9, 0], "sms": 132,
-                                   "nvcc": "13.0", "copy_gbps": 4200.0, "copy_ms": 0.5, "bf16_tflops": 690.0,
-                                   "wgmma": {"runs": True}, "wgmma_tokens": {"runs": True}}]
-    for (h, c, b), times3 in {(16, 64, 1): (10.0, 9.0, 8.0), (16, 131072, 1): (50.0, 55.0, 43.0),
-                              (16, 131072, 32): (320.0, 314.0, 224.0), (128, 4096, 8): (80.0, 40.0, 60.0)}.items():
+    rows: list[dict[str, Any]] = [
+        {
+            "section": "build",
+            "gpu": "NVIDIA H200",
+            "capability": [9, 0],
+            "sms": 132,
+            "nvcc": "13.0",
+            "copy_gbps": 4200.0,
+            "copy_ms": 0.5,
+            "bf16_tflops": 690.0,
+            "wgmma": {"runs": True},
+            "wgmma_tokens": {"runs": True},
+        }
+    ]
+    for (h, c, b), times3 in {
+        (16, 64, 1): (10.0, 9.0, 8.0),
+        (16, 131072, 1): (50.0, 55.0, 43.0),
+        (16, 131072, 32): (320.0, 314.0, 224.0),
+        (128, 4096, 8): (80.0, 40.0, 60.0),
+    }.items():
         for strategy, us in zip(("triton", "wgmma", "wgmma_tokens"), times3):
-            rows.append({"section": "bench", "strategy": strategy, "heads": h, "context": c, "batch": b,
-                         "tokens": c * b, "len_min": c, "len_max": c, "us": us, "roofline_us": 1.0,
-                         "timing": "cuda_graph", "page_size": 1, "kernel_path": strategy})
+            rows.append(
+                {
+                    "section": "bench",
+                    "strategy": strategy,
+                    "heads": h,
+                    "context": c,
+                    "batch": b,
+                    "tokens": c * b,
+                    "len_min": c,
+                    "len_max": c,
+                    "us": us,
+                    "roofline_us": 1.0,
+                    "timing": "cuda_graph",
+                    "page_size": 1,
+                    "kernel_path": strategy,
+                }
+            )
     return fused_bench_report.Grid(result("fused_decode_paths", rows, floor_contexts=[64]))
 
 
@@ -345,8 +564,13 @@ def test_the_dispatcher_tables_follow_the_recorded_paths():
     none of them; the paths a recording timed are the ones the chapter names."""
     paths = _paths3()
     assert fused_lab_report.timed_paths(paths) == ["triton", "wgmma", "wgmma_tokens"]
-    assert fused_lab_report.dispatch_counts(paths) == {"dispatch_points": 3, "dispatch_wgmma_tokens": 2,
-                                                       "dispatch_wgmma": 1, "dispatch_triton": 0, "triton_at": []}
+    assert fused_lab_report.dispatch_counts(paths) == {
+        "dispatch_points": 3,
+        "dispatch_wgmma_tokens": 2,
+        "dispatch_wgmma": 1,
+        "dispatch_triton": 0,
+        "triton_at": [],
+    }
     table = fused_lab_report.dispatcher_table(paths, "cap")
     assert "tokens-on-M wgmma path µs" in table.columns
     assert table.column("the dispatcher picks") == ["tokens-on-M wgmma path"] * 3 + ["wgmma path"]
@@ -364,9 +588,17 @@ def test_the_dispatcher_tables_follow_the_recorded_paths():
 def test_tokens_on_m_tile_cycles_and_resources():
     assert fused_report.tokens_tile_cycles() == {16: 544, 32: 1088}  # against the wgmma path's 2,176
     assert fused_report.build_resources({"section": "build", "wgmma": {}})["wgmma_tokens_16"] is None  # predates it
-    built = {"nvcc": "Build cuda_13.0.r13.0/compiler.1", "wgmma_tokens": {"runs": True, "arch": "sm_90a", "per_cta": {
-        "32": {"registers": 168, "spill_bytes": 0, "smem": 189696, "threads": 384},
-        "16": {"registers": 168, "spill_bytes": 0, "smem": 168576, "threads": 384}}}}
+    built = {
+        "nvcc": "Build cuda_13.0.r13.0/compiler.1",
+        "wgmma_tokens": {
+            "runs": True,
+            "arch": "sm_90a",
+            "per_cta": {
+                "32": {"registers": 168, "spill_bytes": 0, "smem": 189696, "threads": 384},
+                "16": {"registers": 168, "spill_bytes": 0, "smem": 168576, "threads": 384},
+            },
+        },
+    }
     found = fused_report.build_resources(built)
     assert found["wgmma_tokens_16"]["registers"] == 168 and found["wgmma_tokens_16"]["nvcc"] == "13.0"
     assert found["wgmma_tokens_32"]["smem_kb"] == pytest.approx(185.25) and found["wgmma"] is None
@@ -379,15 +611,42 @@ def test_tokens_on_m_tile_cycles_and_resources():
 
 
 def test_ncu_summary_and_ranges_per_path():
-    profile = {"section": "profile", "heads": 16, "tokens": 131072, "path": "wgmma", "min_bytes": 100,
-               "dram_read_bytes": 90.0, "l2_bytes": 250.0, "flops": 10**9, "duration_ns": 1e4,
-               "dynamic_smem_bytes": 2048.0, "registers_per_thread": 255.0, "achieved_occupancy_pct": 12.4,
-               "issue_active_pct": 26.0, "theoretical_occupancy_pct": 12.5, "dram_pct_of_peak": 25.0,
-               "stall_wait": 0.9, "stall_barrier": 1.8, "stall_mio_throttle": 0.5, "tensor_pipe_pct": 41.0}
-    ncu = result("fused_decode_profile", [{**profile, "path": "triton", "stall_barrier": 0.1,
-                                           "tensor_pipe_pct": None}, profile,
-                                          {"section": "profile", "heads": 128, "tokens": 131072, "path": "wgmma",
-                                           "min_bytes": 1, "error": "ncu failed"}])
+    profile = {
+        "section": "profile",
+        "heads": 16,
+        "tokens": 131072,
+        "path": "wgmma",
+        "min_bytes": 100,
+        "dram_read_bytes": 90.0,
+        "l2_bytes": 250.0,
+        "flops": 10**9,
+        "duration_ns": 1e4,
+        "dynamic_smem_bytes": 2048.0,
+        "registers_per_thread": 255.0,
+        "achieved_occupancy_pct": 12.4,
+        "issue_active_pct": 26.0,
+        "theoretical_occupancy_pct": 12.5,
+        "dram_pct_of_peak": 25.0,
+        "stall_wait": 0.9,
+        "stall_barrier": 1.8,
+        "stall_mio_throttle": 0.5,
+        "tensor_pipe_pct": 41.0,
+    }
+    ncu = result(
+        "fused_decode_profile",
+        [
+            {**profile, "path": "triton", "stall_barrier": 0.1, "tensor_pipe_pct": None},
+            profile,
+            {
+                "section": "profile",
+                "heads": 128,
+                "tokens": 131072,
+                "path": "wgmma",
+                "min_bytes": 1,
+                "error": "ncu failed",
+            },
+        ],
+    )
     summary = fused_lab_report.ncu_summary(ncu, "cap")
     assert summary.column("path, heads, tokens (batch 1)") == ["Triton path, 16 h, 128K", "wgmma path, 16 h, 128K"]
     assert summary.column("largest stall (warps per issue)") == ["wait (0.9)", "barrier (1.8)"]
@@ -407,13 +666,36 @@ def test_the_phase_table_holds_each_warpgroup_against_the_tile_floors():
     from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
     from kvwall.reports.tile_phases_report import TilePhases
 
-    per_tile = {"0": dict(zip(TRACE_PHASES[0], (100.0, 2304.0, 700.0, 50.0, 800.0, 600.0))),
-                "1": dict(zip(TRACE_PHASES[1], (150.0, 900.0, 80.0, 1200.0, 1800.0)))}
-    rows = [{"section": "phases", "heads": 128, "context": 131072, "batch": 8, "tokens": 10**6, "page_size": 64,
-             "us": 100.0, "us_traced": 105.0, "work_items": 65, "ctas": 130, "tiles": 1300, "per_tile": per_tile,
-             "per_cta": {"0": {"query prologue": 9000.0}, "1": {"query prologue": 9000.0, "first tiles": 3000.0}}},
-            {"section": "phases", "heads": 16, "context": 4096, "batch": 1, "tokens": 4096, "page_size": 64,
-             "error": "RuntimeError: no tile"}]
+    per_tile = {
+        "0": dict(zip(TRACE_PHASES[0], (100.0, 2304.0, 700.0, 50.0, 800.0, 600.0))),
+        "1": dict(zip(TRACE_PHASES[1], (150.0, 900.0, 80.0, 1200.0, 1800.0))),
+    }
+    rows = [
+        {
+            "section": "phases",
+            "heads": 128,
+            "context": 131072,
+            "batch": 8,
+            "tokens": 10**6,
+            "page_size": 64,
+            "us": 100.0,
+            "us_traced": 105.0,
+            "work_items": 65,
+            "ctas": 130,
+            "tiles": 1300,
+            "per_tile": per_tile,
+            "per_cta": {"0": {"query prologue": 9000.0}, "1": {"query prologue": 9000.0, "first tiles": 3000.0}},
+        },
+        {
+            "section": "phases",
+            "heads": 16,
+            "context": 4096,
+            "batch": 1,
+            "tokens": 4096,
+            "page_size": 64,
+            "error": "RuntimeError: no tile",
+        },
+    ]
     rep = TilePhases(result("fused_decode_profile", rows))
     table, values = rep.table("cap")
     assert len(table.rows) == 1  # the failed trace is not a point
@@ -451,26 +733,42 @@ def test_gather_prediction_bytes_and_step():
 
 def test_suite_table_counts_each_implementation():
     case = {"section": "cases", "mismatched_values": 0, "overwritten_poison": 0}
-    rows = [{**case, "impl": "triton", "nan_inputs": False, "ok": True},
-            {**case, "impl": "triton", "nan_inputs": True, "ok": False, "mismatched_values": 3},
-            {"section": "full_cast", "ok": True, "shape": [3, 1, 576]},
-            {"section": "nvcc", "ok": None, "summary": "no nvcc on this machine"}]
+    rows = [
+        {**case, "impl": "triton", "nan_inputs": False, "ok": True},
+        {**case, "impl": "triton", "nan_inputs": True, "ok": False, "mismatched_values": 3},
+        {"section": "full_cast", "ok": True, "shape": [3, 1, 576]},
+        {"section": "nvcc", "ok": None, "summary": "no nvcc on this machine"},
+    ]
     table = gather_report.suite_table(result("gather_cast_validation", rows), "caption")
     assert [(r["what"], r["passed"]) for r in table.rows] == [
-        ("triton: cases", "1 / 1"), ("triton: cases (FP8 NaNs in the pool)", "0 / 1"),
-        ("full_cast, whole pool", "1 / 1"), ("nvcc, CUDA C++ twin", "no nvcc")]
+        ("triton: cases", "1 / 1"),
+        ("triton: cases (FP8 NaNs in the pool)", "0 / 1"),
+        ("full_cast, whole pool", "1 / 1"),
+        ("nvcc, CUDA C++ twin", "no nvcc"),
+    ]
     assert table.rows[1]["detail"].startswith("3 mismatched values")
 
 
 def test_gather_targets_from_a_small_sweep():
-    rows = [{"section": "copy", "gbps": 4000.0},
-            {"section": "full_pool", "impl": "full_cast (Triton)", "of_copy": 0.95},
-            {"section": "full_pool", "impl": "PyTorch pool.to(bf16)", "of_copy": 0.25}]
+    rows = [
+        {"section": "copy", "gbps": 4000.0},
+        {"section": "full_pool", "impl": "full_cast (Triton)", "of_copy": 0.95},
+        {"section": "full_pool", "impl": "PyTorch pool.to(bf16)", "of_copy": 0.25},
+    ]
     for n, kernel_ms, torch_ms in ((4096, 0.007, 0.017), (32768, 0.02, 0.08)):
         for impl, ms in (("gather_cast (Triton)", kernel_ms), (gather_report.TORCH_OP, torch_ms)):
             for layout in (gather_report.RANDOM_SLOTS, "batch 2, mixed lengths"):
-                rows.append({"section": "sweep", "impl": impl, "n": n, "layout": layout, "ms": ms,
-                             "gbps": gather_cast_bytes(n) / ms / 1e6, "of_copy": gather_cast_bytes(n) / ms / 4e9})
+                rows.append(
+                    {
+                        "section": "sweep",
+                        "impl": impl,
+                        "n": n,
+                        "layout": layout,
+                        "ms": ms,
+                        "gbps": gather_cast_bytes(n) / ms / 1e6,
+                        "of_copy": gather_cast_bytes(n) / ms / 4e9,
+                    }
+                )
     rows.append({"section": "graph", "impl": "gather_cast (Triton)", "n": 4096, "ms": 0.004, "gbps": 1.0})
     bench = result("gather_cast_bench", rows, batch=2, pool_tokens=1000)
     t = gather_report.targets(bench, sizes=(4096, 32768))
@@ -483,16 +781,27 @@ def test_gather_targets_from_a_small_sweep():
 
 
 def _strategy(name: str, graph_step: float | None, **extra: Any) -> dict[str, Any]:
-    return {"section": "strategies", "strategy": name, "name": name, "layers": 2, "step_ms": 100.0,
-            "kv_strategy_ms_per_step": 60.0, "graph_step_ms": graph_step, "graph_kv_ms_per_step": 60.0,
-            "rel_err_vs_float64": 1e-3, **extra}
+    return {
+        "section": "strategies",
+        "strategy": name,
+        "name": name,
+        "layers": 2,
+        "step_ms": 100.0,
+        "kv_strategy_ms_per_step": 60.0,
+        "graph_step_ms": graph_step,
+        "graph_kv_ms_per_step": 60.0,
+        "rel_err_vs_float64": 1e-3,
+        **extra,
+    }
 
 
 def test_capacity_gain_is_the_before_step_with_the_measured_kv_time():
-    rows = [_strategy("full_pool_cast", 90.0),
-            {"section": "capacity", "strategy": "index_then_cast_capacity", "capacity": 1000, "ms_per_layer": 3.0},
-            {"section": "capacity", "strategy": "index_then_cast_capacity", "capacity": 9000, "ms_per_layer": 25.0},
-            {"section": "capacity", "strategy": "gather_cast_capacity", "capacity": 1000, "ms_per_layer": 1.0}]
+    rows = [
+        _strategy("full_pool_cast", 90.0),
+        {"section": "capacity", "strategy": "index_then_cast_capacity", "capacity": 1000, "ms_per_layer": 3.0},
+        {"section": "capacity", "strategy": "index_then_cast_capacity", "capacity": 9000, "ms_per_layer": 25.0},
+        {"section": "capacity", "strategy": "gather_cast_capacity", "capacity": 1000, "ms_per_layer": 1.0},
+    ]
     profile = result("gather_cast_profile", rows, context_lens=[500])
     gain = gather_step_report.capacity_gain(profile)
     saved = {(r["strategy"], r["capacity"]): r["time_saved"] for r in gain}
@@ -503,13 +812,16 @@ def test_capacity_gain_is_the_before_step_with_the_measured_kv_time():
     # Both readings of the original's figure (29 % saved; a 1.29x speed-up: 22.5 % saved) lie between the two
     # measured capacities: the capacity that saves each, linear between them, is what the chapter names.
     readings = gather_step_report.capacity_readings(gain)
-    for key, saved in (("time_saved", ORIGINAL.gain_as_time_saved["time_saved"]),
-                       ("speedup", ORIGINAL.gain_as_speedup["time_saved"])):
+    for key, saved in (
+        ("time_saved", ORIGINAL.gain_as_time_saved["time_saved"]),
+        ("speedup", ORIGINAL.gain_as_speedup["time_saved"]),
+    ):
         t = (saved - (1 - 36 / 90)) / ((1 - 80 / 90) - (1 - 36 / 90))
         assert readings[key]["capacity"] == pytest.approx(1000 + t * 8000) and readings[key]["saved"] == saved
         assert (readings[key]["a"]["capacity"], readings[key]["b"]["capacity"]) == (1000, 9000)
         capacity, _, _ = gather_step_report.capacity_for(
-            [r for r in gain if r["strategy"] == "index_then_cast_capacity"], saved)
+            [r for r in gain if r["strategy"] == "index_then_cast_capacity"], saved
+        )
         step = 30 + 2 * (3.0 + (capacity - 1000) * 22.0 / 8000)  # the step at that capacity, from the rows
         assert 1 - step / 90 == pytest.approx(saved)
     assert ORIGINAL.reported_gather_cast_gain == pytest.approx(0.29, abs=0.01)
@@ -535,22 +847,31 @@ def test_gains_and_the_stall_story():
 
 
 def _step(step_ms: float, cast_ms: float, profiled_ms: float | None = None) -> dict[str, Any]:
-    return {"section": "summary", "step_ms": step_ms, "cast_op_ms_per_step": cast_ms,
-            "profiled_step_ms": profiled_ms, "cast_share": cast_ms / (profiled_ms or step_ms),
-            "cast_bytes_per_layer": full_pool_cast_bytes(GLM5, 1000)["total"], "device_kind": "cpu"}
+    return {
+        "section": "summary",
+        "step_ms": step_ms,
+        "cast_op_ms_per_step": cast_ms,
+        "profiled_step_ms": profiled_ms,
+        "cast_share": cast_ms / (profiled_ms or step_ms),
+        "cast_bytes_per_layer": full_pool_cast_bytes(GLM5, 1000)["total"],
+        "device_kind": "cpu",
+    }
 
 
 def _phases(cast_ms: float, rest_ms: float) -> list[dict[str, Any]]:
-    return [{"section": "breakdown", "phase": "kv_strategy", "ms_per_step": cast_ms},
-            {"section": "breakdown", "phase": "attention", "ms_per_step": rest_ms},
-            {"section": "step", "step": 0, "ms": cast_ms + rest_ms}]
+    return [
+        {"section": "breakdown", "phase": "kv_strategy", "ms_per_step": cast_ms},
+        {"section": "breakdown", "phase": "attention", "ms_per_step": rest_ms},
+        {"section": "step", "step": 0, "ms": cast_ms + rest_ms},
+    ]
 
 
 def test_profile_tables_take_shares_of_the_same_steps():
-    ops = [{"section": "ops", "name": "aten::copy_", "calls_per_step": 2.0, "ms_per_step": 8.0},
-           {"section": "ops", "name": "aten::mm", "calls_per_step": 4.0, "ms_per_step": 1.0}]
-    live = result("decode_profile", [_step(10.0, 8.0, profiled_ms=16.0), *ops, *_phases(7.0, 3.0)],
-                  profile_steps=2)
+    ops = [
+        {"section": "ops", "name": "aten::copy_", "calls_per_step": 2.0, "ms_per_step": 8.0},
+        {"section": "ops", "name": "aten::mm", "calls_per_step": 4.0, "ms_per_step": 1.0},
+    ]
+    live = result("decode_profile", [_step(10.0, 8.0, profiled_ms=16.0), *ops, *_phases(7.0, 3.0)], profile_steps=2)
     # the profiler's times over the profiled steps' own clock, never over the phase-clocked step
     assert [r["share"] for r in profile_report.ranked(live, "ops", 8)] == [0.5, 1 / 16]
     assert [r["name"] for r in profile_report.ranked(live, "ops", 1)] == ["aten::copy_"]
@@ -566,9 +887,11 @@ def test_profile_tables_take_shares_of_the_same_steps():
 
 
 def test_cast_rate_against_the_copy_and_the_integer_cast():
-    rows = [{"section": "device_copy", "gbps": 4000.0},
-            {"section": "copies", "copy": "fp8 -> bf16", "kernel": "unrolled_elementwise_kernel", "gbps": 1000.0},
-            {"section": "copies", "copy": "int8 -> int16", "kernel": "unrolled_elementwise_kernel", "gbps": 2000.0}]
+    rows = [
+        {"section": "device_copy", "gbps": 4000.0},
+        {"section": "copies", "copy": "fp8 -> bf16", "kernel": "unrolled_elementwise_kernel", "gbps": 1000.0},
+        {"section": "copies", "copy": "int8 -> int16", "kernel": "unrolled_elementwise_kernel", "gbps": 2000.0},
+    ]
     kernels = result("cast_kernels", rows)
     copies, ceiling = profile_report.copy_rows(kernels)
     assert ceiling == 4000.0 and [r["of_copy"] for r in copies] == [0.25, 0.5]
@@ -597,8 +920,13 @@ def test_every_source_a_chapter_shows_exists():
     as Sphinx's literalinclude finds it (``sphinx.pycode.ModuleAnalyzer``)."""
     from sphinx.pycode import ModuleAnalyzer
 
-    shown = [(path, name) for page in CHAPTERS for path, name in
-             re.findall(r"```\{literalinclude\} (\S+)\n(?::[a-z-]+:.*\n)*?:pyobject: (\w+)", page.read_text())]
+    shown = [
+        (path, name)
+        for page in CHAPTERS
+        for path, name in re.findall(
+            r"```\{literalinclude\} (\S+)\n(?::[a-z-]+:.*\n)*?:pyobject: (\w+)", page.read_text()
+        )
+    ]
     assert {path for path, _ in shown} >= {"../kernels/mla_decode/work_list.py", "../kernels/gather/kernel.py"}
     for path, name in shown:
         assert name in ModuleAnalyzer.for_file(str(BOOK / path), "").find_tags(), f"{path} defines no {name}"
@@ -607,10 +935,19 @@ def test_every_source_a_chapter_shows_exists():
 def test_live_profile_params_fit_the_pool():
     small = {"capacity": 4096, "capacity_sweep": [2048, 8192, 60000]}
     params = gather_step_report.live_profile_params({"pool_tokens": 6000, "layers": 1, "context_len": 700}, small)
-    assert params == {"pool_tokens": 6000, "layers": 1, "context_lens": [700], "capacity": 4096,
-                      "capacity_sweep": [2048]}
-    assert gather_step_report.live_profile_params({"pool_tokens": 3000, "layers": 1, "context_len": 5000},
-                                                  small)["capacity"] == 3000
+    assert params == {
+        "pool_tokens": 6000,
+        "layers": 1,
+        "context_lens": [700],
+        "capacity": 4096,
+        "capacity_sweep": [2048],
+    }
+    assert (
+        gather_step_report.live_profile_params({"pool_tokens": 3000, "layers": 1, "context_len": 5000}, small)[
+            "capacity"
+        ]
+        == 3000
+    )
 
 
 def test_floor_ranges_each_kernels_fixed_cost():

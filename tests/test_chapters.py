@@ -53,8 +53,12 @@ def test_chapter_1_on_cpu(executed):
     recorded = load_result("decode_profile").table("summary")[0]
     assert v["recorded_step_ms"] == recorded["step_ms"]
     assert v["recorded_layers"] == GLM5.num_layers and v["recorded_pool_slots"] == ORIGINAL.pool_tokens + 1
-    assert {u["experiment"] for u in rec["recorded_used"]} == {"decode_profile", "cast_kernels", "cast_sweep",
-                                                             "attention_sweep"}
+    assert {u["experiment"] for u in rec["recorded_used"]} == {
+        "decode_profile",
+        "cast_kernels",
+        "cast_sweep",
+        "attention_sweep",
+    }
 
 
 @pytest.mark.parametrize("chapter", _chapters_with_parameters(), ids=lambda p: p.stem)
@@ -68,8 +72,11 @@ def test_parameters_reach_start_chapter_in_the_first_cell(chapter):
 
     cells = _code_cells(chapter)
     assert "parameters" in cells[0].metadata.get("tags", []), f"{chapter.name}: the parameters cell must come first"
-    calls = [node for node in ast.walk(ast.parse(cells[1].source)) if isinstance(node, ast.Call)
-             and isinstance(node.func, ast.Name) and node.func.id == "start_chapter"]
+    calls = [
+        node
+        for node in ast.walk(ast.parse(cells[1].source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "start_chapter"
+    ]
     assert len(calls) == 1, f"{chapter.name}: the cell after the parameters must call start_chapter, once"
     assert calls[0].args and getattr(calls[0].args[0], "value", None) == chapter.stem
     passed = {k.arg: getattr(k.value, "id", None) for k in calls[0].keywords}
@@ -82,8 +89,9 @@ def test_a_readers_knobs_replace_the_defaults():
     replaces the mode's default, the others keep it."""
     for experiment in ("decode_profile", "gather_cast_profile"):
         defaults = step_knobs(experiment)
-        run = start_chapter("x", mode="cpu", record=False, defaults=defaults, pool_tokens=20_000, layers=2,
-                            context_len=None)
+        run = start_chapter(
+            "x", mode="cpu", record=False, defaults=defaults, pool_tokens=20_000, layers=2, context_len=None
+        )
         assert run.knobs == {**defaults["cpu"], "pool_tokens": 20_000, "layers": 2}
 
 
@@ -92,12 +100,24 @@ def test_chapter_1s_live_profile_at_smaller_knobs():
     pool has pool_tokens + 1 slots and the step the layers asked for."""
     from kvwall.experiments import run_experiment
 
-    run = start_chapter("01_the_86ms_profile", mode="cpu", record=False,
-                        defaults=step_knobs("decode_profile"),
-                        pool_tokens=20_000, layers=2, context_len=500)
+    run = start_chapter(
+        "01_the_86ms_profile",
+        mode="cpu",
+        record=False,
+        defaults=step_knobs("decode_profile"),
+        pool_tokens=20_000,
+        layers=2,
+        context_len=500,
+    )
     assert run.knobs == {"pool_tokens": 20_000, "layers": 2, "context_len": 500}
-    live = run_experiment("decode_profile", torch.device("cpu"), "small", pool_tokens=run.knobs["pool_tokens"],
-                          layers=run.knobs["layers"], context_lens=[run.knobs["context_len"]])
+    live = run_experiment(
+        "decode_profile",
+        torch.device("cpu"),
+        "small",
+        pool_tokens=run.knobs["pool_tokens"],
+        layers=run.knobs["layers"],
+        context_lens=[run.knobs["context_len"]],
+    )
     summary = live.table("summary")[0]
     assert summary["pool_slots"] == 20_001 and summary["layers"] == 2
 
@@ -181,7 +201,8 @@ def _corrupt_copy(folder, monkeypatch, experiment):
 def test_corrupt_result_file_stops_the_chapter_naming_the_file(tmp_path, monkeypatch):
     """End to end, once: a hand-edited or truncated result is an error naming the file, never 'not recorded yet',
     and papermill reports the chapter's ResultFileError. The other chapters read their results the same way with
-    nothing in between (test_a_corrupt_result_is_never_caught_by_a_chapter, test_a_corrupt_result_raises_naming_the_file)."""
+    nothing in between (test_a_corrupt_result_is_never_caught_by_a_chapter,
+    test_a_corrupt_result_raises_naming_the_file)."""
     import papermill
 
     broken = _corrupt_copy(tmp_path, monkeypatch, "fused_decode_profile")
@@ -229,19 +250,33 @@ def test_a_corrupt_result_is_never_caught_by_a_chapter(chapter, experiment):
     from kvwall.results import ResultFileError
 
     catches_it = {c.__name__ for c in ResultFileError.__mro__} | {""}
-    trees = [ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line
-                                  for line in c.source.splitlines())) for c in _code_cells(BOOK / f"{chapter}.md")]
-    reads = [n for t in trees for n in ast.walk(t) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr in ("recorded", "recorded_or_none") and n.args
-             and getattr(n.args[0], "value", None) == experiment]
+    trees = [
+        ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in c.source.splitlines()))
+        for c in _code_cells(BOOK / f"{chapter}.md")
+    ]
+    reads = [
+        n
+        for t in trees
+        for n in ast.walk(t)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in ("recorded", "recorded_or_none")
+        and n.args
+        and getattr(n.args[0], "value", None) == experiment
+    ]
     assert reads, f"{chapter} does not read {experiment} with chapter.recorded / recorded_or_none"
     for tree in trees:
         for names, calls in _tries(tree):
-            loads = [c for c in calls if isinstance(c.func, ast.Attribute)
-                     and c.func.attr in ("recorded", "recorded_or_none")]
+            loads = [
+                c
+                for c in calls
+                if isinstance(c.func, ast.Attribute) and c.func.attr in ("recorded", "recorded_or_none")
+            ]
             caught = sorted(set(names) & catches_it)
-            assert not (loads and caught), (f"{chapter}: a try around {ast.unparse(loads[0])} catches {caught}: a "
-                                            "corrupt result file would not stop the chapter")
+            assert not (loads and caught), (
+                f"{chapter}: a try around {ast.unparse(loads[0])} catches {caught}: a "
+                "corrupt result file would not stop the chapter"
+            )
 
 
 def test_stale_result_is_shown_with_a_visible_warning(tmp_path, monkeypatch):
@@ -265,4 +300,6 @@ def test_stale_result_is_shown_with_a_visible_warning(tmp_path, monkeypatch):
     result = run.recorded("cast_sweep")
     assert result.stale and run.recorded_used[0]["stale"]
     assert "STALE" in result.caption() and first in result.caption()
-    assert len(shown) == 1 and "Stale recorded result" in shown[0].data and 'class="admonition warning"' in shown[0].data
+    assert (
+        len(shown) == 1 and "Stale recorded result" in shown[0].data and 'class="admonition warning"' in shown[0].data
+    )

@@ -52,9 +52,16 @@ def _close(a: float, b: float) -> bool:
 # The grid
 # ---------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("state", [ce.ORIGINAL_STATE, ce.State("glm-5", "h200", 4, 8192, 1, 495_000),
-                                   ce.State("deepseek-v3", "b200", 8, 32768, 32, 1_048_576),
-                                   ce.State("kimi-k2", "rtx-5090", 1, 1024, 64, 495_000)])
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        ce.ORIGINAL_STATE,
+        ce.State("glm-5", "h200", 4, 8192, 1, 495_000),
+        ce.State("deepseek-v3", "b200", 8, 32768, 32, 1_048_576),
+        ce.State("kimi-k2", "rtx-5090", 1, 1024, 64, 495_000),
+    ],
+)
 def test_grid_values_are_the_cost_model_times_layers(model, grid, state):
     got = ce.grid_values(grid, state)
     gpu, geometry = GPUS[state.gpu], MODEL_PRESETS[state.model].with_tensor_parallel(state.tp)
@@ -76,13 +83,24 @@ def test_grid_leaves_out_paths_that_do_not_exist(grid):
     assert "ours" in ce.grid_values(grid, ce.State("glm-5", "rtx-pro-6000", 4, 8192, 1, 495_000))
     # Every path on the H200, but the Triton path timed alone: it is what ours runs off Hopper, no choice.
     assert set(ce.grid_values(grid, ce.State("glm-5", "h200", 1, 8192, 1, 495_000))) == set(PATHS) - {
-        *OFF_REFERENCE.values()}
+        *OFF_REFERENCE.values()
+    }
 
 
 def test_grid_flags_states_that_do_not_fit_and_covers_every_state(grid):
     states = ce.explorer_states()
-    assert len(grid["states"]) == len(states) == (len(MODEL_PRESETS) * len(GPUS) * len(ce.TENSOR_PARALLEL)
-                                                 * len(ce.CONTEXTS) * len(ce.BATCHES) * len(ce.POOLS))
+    assert (
+        len(grid["states"])
+        == len(states)
+        == (
+            len(MODEL_PRESETS)
+            * len(GPUS)
+            * len(ce.TENSOR_PARALLEL)
+            * len(ce.CONTEXTS)
+            * len(ce.BATCHES)
+            * len(ce.POOLS)
+        )
+    )
     oversize = ce.State("glm-5", "h200", 4, 131072, 8, 495_000)
     assert not oversize.fits and ce.grid_values(grid, oversize) is None
     assert "do not fit" in oversize.problem()
@@ -133,6 +151,7 @@ def test_one_rule_gives_one_value(model):
 # python -m kvwall cost
 # ---------------------------------------------------------------------------------------------------------
 
+
 def test_cli_cost_prints_every_available_path(model, datasheet, capsys):
     assert cli.main(["cost"]) == 0
     out = capsys.readouterr().out
@@ -170,10 +189,13 @@ def test_cli_cost_all_gpus_and_one_rule(capsys):
     assert "The original's step" not in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["cost", "--model", "glm5"], "invalid choice: 'glm5' (choose from 'glm-5'"),
-    (["cost", "--gpu", "h300"], "invalid choice: 'h300' (choose from 'h200'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["cost", "--model", "glm5"], "invalid choice: 'glm5' (choose from 'glm-5'"),
+        (["cost", "--gpu", "h300"], "invalid choice: 'h300' (choose from 'h200'"),
+    ],
+)
 def test_cli_cost_rejects_unknown_model_and_gpu(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
@@ -191,12 +213,15 @@ def test_cli_cost_rejects_states_it_cannot_predict(capsys):
 # The page in a browser
 # ---------------------------------------------------------------------------------------------------------
 
+
 def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
-    pytest.skip("no Chromium on this machine (.ci/run installs Debian's chromium; it could not here): "
-                "the browser check of the cost explorer did not run")
+    pytest.skip(
+        "no Chromium on this machine (.ci/run installs Debian's chromium; it could not here): "
+        "the browser check of the cost explorer did not run"
+    )
 
 
 #: A reader's choice, made after the first draw: the GPU select set to the H200, and its change event.
@@ -213,9 +238,12 @@ def _write_page(path, model, sweep, extra: str = ""):
     """A standalone page: the explorer first, plotly.js after it (the explorer must wait for it), no network."""
     from plotly.offline import get_plotlyjs
 
-    path.write_text('<!DOCTYPE html><html><head><meta charset="utf-8"><title>cost explorer</title></head><body>'
-                    + ce.explorer_html(model, sweep.caption())
-                    + f'<script>{get_plotlyjs()}</script>{extra}</body></html>', encoding="utf-8")
+    path.write_text(
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>cost explorer</title></head><body>'
+        + ce.explorer_html(model, sweep.caption())
+        + f"<script>{get_plotlyjs()}</script>{extra}</body></html>",
+        encoding="utf-8",
+    )
     return path
 
 
@@ -225,10 +253,19 @@ def page(model, sweep, tmp_path_factory):
 
 
 def _drawn(browser: str, url: str, tmp_path) -> tuple[dict, str]:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}", "--virtual-time-budget=20000",
-             "--window-size=1300,1400"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}",
+        "--virtual-time-budget=20000",
+        "--window-size=1300,1400",
+    ]
     dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
     assert dom.returncode == 0, dom.stderr[-2000:]
     found = re.search(r'data-drawn="([^"]*)"', dom.stdout)
@@ -237,15 +274,20 @@ def _drawn(browser: str, url: str, tmp_path) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("state", [
-    ce.State("glm-5", "rtx-pro-6000", 4, 8192, 1, 495_000),
-    ce.State("deepseek-v3", "h200", 8, 32768, 8, 1_048_576),
-    ce.State("kimi-k2", "b200", 2, 131072, 64, 495_000),  # does not fit: a message, no chart
-])
+@pytest.mark.parametrize(
+    "state",
+    [
+        ce.State("glm-5", "rtx-pro-6000", 4, 8192, 1, 495_000),
+        ce.State("deepseek-v3", "h200", 8, 32768, 8, 1_048_576),
+        ce.State("kimi-k2", "b200", 2, 131072, 64, 495_000),  # does not fit: a message, no chart
+    ],
+)
 def test_explorer_draws_the_models_prediction_in_headless_chromium(page, model, grid, state, tmp_path):
     browser = _chromium()
-    hash_ = (f"#explorer:model={state.model}&gpu={state.gpu}&tp={state.tp}&context={state.context}"
-             f"&batch={state.batch}&pool={state.pool}")
+    hash_ = (
+        f"#explorer:model={state.model}&gpu={state.gpu}&tp={state.tp}&context={state.context}"
+        f"&batch={state.batch}&pool={state.pool}"
+    )
     started = time.time()
     drawn, dom = _drawn(browser, page.as_uri() + hash_, tmp_path)
     print(f"chromium drew {state.key} in {time.time() - started:.1f} s")

@@ -7,17 +7,33 @@ import math
 import pytest
 
 import kvwall.experiments  # noqa: F401 - registers the row schemas the recorded results load with
-from kvwall.model.cost import (GPUS, PATHS, ComponentFit, CostModel, Point, component_bytes, fit_cost_model, paths_on,
-                               split_train_test, validate)
+from kvwall.model.cost import (
+    GPUS,
+    PATHS,
+    ComponentFit,
+    CostModel,
+    Point,
+    component_bytes,
+    fit_cost_model,
+    paths_on,
+    split_train_test,
+    validate,
+)
 from kvwall.model.geometry import GLM5
 from kvwall.model.roofline import decode_flops
 from kvwall.reports import answer_report, original_gpu_report
 from kvwall.results import load_result
 
 TRUE = {  # component -> (c0 µs, GB/s, TFLOP/s or None)
-    "fa3_bf16": (20.0, 2800.0, 400.0), "fa2_bf16": (22.0, 1600.0, 230.0), "ours": (11.0, 1300.0, 100.0),
-    "flashinfer_fp8": (45.0, 520.0, 140.0), "flashmla_bf16": (18.0, 3300.0, 410.0), "flashmla_fp8": (13.0, 2400.0, 590.0),
-    "full_cast": (6.0, 1040.0, None), "index_then_cast": (1.0, 1240.0, None), "gather_cast": (0.5, 4200.0, None),
+    "fa3_bf16": (20.0, 2800.0, 400.0),
+    "fa2_bf16": (22.0, 1600.0, 230.0),
+    "ours": (11.0, 1300.0, 100.0),
+    "flashinfer_fp8": (45.0, 520.0, 140.0),
+    "flashmla_bf16": (18.0, 3300.0, 410.0),
+    "flashmla_fp8": (13.0, 2400.0, 590.0),
+    "full_cast": (6.0, 1040.0, None),
+    "index_then_cast": (1.0, 1240.0, None),
+    "gather_cast": (0.5, 4200.0, None),
     "triton": (12.0, 1100.0, 90.0),
 }
 
@@ -45,8 +61,11 @@ def test_fit_recovers_known_rates_from_exact_samples():
 
 def test_held_out_errors_are_measured_not_assumed():
     truth = _truth()
-    samples = [("context", path, p, truth.layer_us(path, p) * (1.5 if i % 2 else 1.0))
-               for path in ("bf16_cache", "gather_cast") for i, p in enumerate(_grid())]
+    samples = [
+        ("context", path, p, truth.layer_us(path, p) * (1.5 if i % 2 else 1.0))
+        for path in ("bf16_cache", "gather_cast")
+        for i, p in enumerate(_grid())
+    ]
     train, test = split_train_test(samples)
     assert len(train) + len(test) == len(samples) and all(s[1] in ("bf16_cache", "gather_cast") for s in test)
     rows = validate(fit_cost_model(train), test)
@@ -78,12 +97,18 @@ def test_transfer_rules_and_architectures():
     assert frac > truth.layer_us("full_pool_cast_fa2", p) and per_sm < frac
     with pytest.raises(ValueError, match="unknown transfer rule"):
         truth.layer_us("gather_cast", p, pro, "guess")
-    assert set(paths_on("sm_120", 16)) == {"full_pool_cast_fa2", "index_then_cast_fa2", "gather_cast_fa2",
-                                           "ours", "bf16_cache_fa2"}
+    assert set(paths_on("sm_120", 16)) == {
+        "full_pool_cast_fa2",
+        "index_then_cast_fa2",
+        "gather_cast_fa2",
+        "ours",
+        "bf16_cache_fa2",
+    }
     assert all("ours" in paths_on(a, h) for a in ("sm_90", "sm_100", "sm_120") for h in (16, 64, 128))
     assert "flashmla_fp8" in paths_on("sm_90", 16) and "fa3" not in " ".join(paths_on("sm_100", 16))
     assert truth.step_ms("gather_cast", p, rest_ms=10.0) == pytest.approx(
-        10.0 + GLM5.num_layers * truth.layer_us("gather_cast", p) / 1e3)
+        10.0 + GLM5.num_layers * truth.layer_us("gather_cast", p) / 1e3
+    )
     assert decode_flops(16, 131_072) > 0 and math.isfinite(truth.layer_us("ours", p, pro))
 
 

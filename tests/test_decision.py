@@ -87,13 +87,23 @@ def _scaled(result: Result, pick, factor: float, field: str) -> Result:
 # One answer, two pages
 # ---------------------------------------------------------------------------------------------------------
 
+
 def test_front_page_and_chapter_6_show_the_same_rows_and_the_same_do_this(evidence, rows):
     front = decision.decision_table(rows, "c", compact=True)
     reasons = decision.decision_table(rows, "c")
     assert front.column("your setup") == reasons.column("your setup") and reasons.fold  # folded: long text
     assert "<details>" in reasons.markdown() and "<details>" not in front.markdown()
-    assert [r.key for r in rows] == ["dsa-sm90", "dsa-sm90-spec", "dsa-sm100", "dsa-sm120", "dense-sm90-no-patch",
-                                     "dense-sm90-patch", "dense-sm90-spec", "dense-sm100", "dense-sm120"]
+    assert [r.key for r in rows] == [
+        "dsa-sm90",
+        "dsa-sm90-spec",
+        "dsa-sm100",
+        "dsa-sm120",
+        "dense-sm90-no-patch",
+        "dense-sm90-patch",
+        "dense-sm90-spec",
+        "dense-sm100",
+        "dense-sm120",
+    ]
     # Both pages compute them with the same calls, from the same recorded results.
     index, chapter = (ROOT / "book" / "index.md").read_text(), (ROOT / "book" / "06_the_answer.md").read_text()
     for src in (index, chapter):
@@ -105,7 +115,7 @@ def test_the_readme_shows_the_same_answer(evidence, rows):
     """The README's answer is the decision table as `python -m kvwall answer` prints it, between its markers."""
     readme = (ROOT / "README.md").read_text()
     start, end = readme.index(decision.README_START), readme.index(decision.README_END)
-    assert readme[start + len(decision.README_START):end].strip() == decision.readme_answer(evidence).strip()
+    assert readme[start + len(decision.README_START) : end].strip() == decision.readme_answer(evidence).strip()
 
 
 def test_every_row_names_where_its_numbers_come_from(evidence, rows):
@@ -138,6 +148,7 @@ def test_every_template_is_filled(rows):
 # ---------------------------------------------------------------------------------------------------------
 # DSA models: SGLang's own backend, never a forced dense one
 # ---------------------------------------------------------------------------------------------------------
+
 
 def test_dsa_rows_never_force_a_dense_backend(evidence, rows):
     for r in rows:
@@ -178,6 +189,7 @@ def test_dsa_sm120_row_agrees_with_chapter_3(evidence, rows):
 # SM100 agrees with chapter 3's matrix
 # ---------------------------------------------------------------------------------------------------------
 
+
 def test_sm100_row_agrees_with_the_door_matrix(evidence, rows):
     sm100 = next(r for r in rows if r.key == "dense-sm100")
     cells = decision.door_cells(evidence.doors_checks, evidence.doors_sm90)
@@ -198,6 +210,7 @@ def test_sm100_row_agrees_with_the_door_matrix(evidence, rows):
 # Every "do this" follows its numbers
 # ---------------------------------------------------------------------------------------------------------
 
+
 def test_patch_row_follows_the_steps_at_every_batch(evidence, rows):
     patch = next(r for r in rows if r.key == "dense-sm90-patch")
     ours, gc = decision.step_at(evidence, "ours"), decision.step_at(evidence, "gather_cast")
@@ -207,14 +220,21 @@ def test_patch_row_follows_the_steps_at_every_batch(evidence, rows):
     # Make ours slower than gather_cast at the largest batch: the row must name gather_cast there.
     big = max(ours)
     if big > 1 and evidence.step_batches is not None:
-        slow = _scaled(evidence.step_batches, lambda r: r.get("path") == "ours" and r.get("batch") == big,
-                       gc[big] / ours[big] * 1.5, "step_ms")
+        slow = _scaled(
+            evidence.step_batches,
+            lambda r: r.get("path") == "ours" and r.get("batch") == big,
+            gc[big] / ours[big] * 1.5,
+            "step_ms",
+        )
         flipped = decision._dense_sm90_patch(_with(evidence, step_batches=slow), [], patch.key)
         assert flipped.cases["row"] == "mixed" and f"at batch {big}" in flipped.do
     # Make ours slower everywhere: the row recommends gather_cast.
     slow1 = _scaled(evidence.step, lambda r: r.get("path") == "ours", 10.0, "step_ms")
-    slow_all = _scaled(evidence.step_batches, lambda r: r.get("path") == "ours", 10.0, "step_ms") \
-        if evidence.step_batches is not None else None
+    slow_all = (
+        _scaled(evidence.step_batches, lambda r: r.get("path") == "ours", 10.0, "step_ms")
+        if evidence.step_batches is not None
+        else None
+    )
     gather = decision._dense_sm90_patch(_with(evidence, step=slow1, step_batches=slow_all), [], patch.key)
     assert gather.cases["row"] == "gather_cast"
     assert gather.step == decision.steps_text(_with(evidence, step=slow1, step_batches=slow_all), "gather_cast")
@@ -233,8 +253,11 @@ def test_no_patch_row_quotes_flashmla_fp8_speed_and_accuracy_per_regime(evidence
     assert "--attention-backend flashmla --page-size 64" in row.command
     assert f"{fm[1]:.1f}" in row.step and row.evidence == decision.MEASURED
     if evidence.accuracy is not None:  # the lowest and the highest multiplier, each with its regime named
-        regimes = [m for m in fp8_query_multipliers(evidence.accuracy, evidence.bench, computed=False)
-                   if m.strategy == "flashmla_dense_fp8"]
+        regimes = [
+            m
+            for m in fp8_query_multipliers(evidence.accuracy, evidence.bench, computed=False)
+            if m.strategy == "flashmla_dense_fp8"
+        ]
         lo, hi = min(regimes, key=lambda m: m.over_ours[0]), max(regimes, key=lambda m: m.over_ours[1])
         assert row.cases["fp8_accuracy"] is True and f"{lo.over_ours[0]:.1f}×" in row.accuracy
         assert f"'{lo.regime}'" in row.accuracy and f"'{hi.regime}'" in row.accuracy
@@ -244,12 +267,17 @@ def test_no_patch_row_quotes_flashmla_fp8_speed_and_accuracy_per_regime(evidence
 # Chapter 6's texts
 # ---------------------------------------------------------------------------------------------------------
 
+
 def test_lead_says_where_ours_loses_in_batches_from_the_sweep(evidence):
     lead = answer_report.lead(evidence.step, evidence.sweep)
     cmp = decision.batch_comparison(evidence.sweep, "ours", "gather_cast")
     assert lead.batches == cmp["batches"] and lead.ours_slower == cmp["slower_at"]
-    slow = _scaled(evidence.sweep, lambda r: r.get("path") == "ours" and r.get("axis") == "batch"
-                   and r.get("batch") == max(cmp["batches"]), 4.0, "us")
+    slow = _scaled(
+        evidence.sweep,
+        lambda r: r.get("path") == "ours" and r.get("axis") == "batch" and r.get("batch") == max(cmp["batches"]),
+        4.0,
+        "us",
+    )
     assert max(cmp["batches"]) in answer_report.lead(evidence.step, slow).ours_slower
 
 

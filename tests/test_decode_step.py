@@ -22,10 +22,11 @@ def test_step_phases_and_profile():
     cpu = torch.device("cpu")
     pool = TokenPool.random(GLM5, 80_001, 2, seed=5)  # large enough that the cast leads even on a loaded machine
     batch = make_decode_batch([300, 17], pool.num_slots, seed=5)
-    model = DecodeStepModel(pool, batch, FullPoolCast(), make_mla_decode("auto", GLM5, batch),
-                            RestOfLayerStandIn(0.2, cpu), seed=5)
+    model = DecodeStepModel(
+        pool, batch, FullPoolCast(), make_mla_decode("auto", GLM5, batch), RestOfLayerStandIn(0.2, cpu), seed=5
+    )
     rows = model.timed_step()
-    assert [(r["layer"], r["phase"]) for r in rows] == [(l, p) for l in range(2) for p in PHASES]
+    assert [(r["layer"], r["phase"]) for r in rows] == [(layer, p) for layer in range(2) for p in PHASES]
     assert all(r["ms"] >= 0 for r in rows)
     assert min(r["ms"] for r in rows if r["phase"] == STANDIN_LABEL) >= 0.2
     # The new token was written into its slot in every layer.
@@ -37,8 +38,9 @@ def test_step_phases_and_profile():
 
 
 def test_small_decode_profile_experiment():
-    result = run_experiment("decode_profile", torch.device("cpu"), "small", layers=2, pool_tokens=80_000,
-                            timed_steps=2, profile_steps=1)
+    result = run_experiment(
+        "decode_profile", torch.device("cpu"), "small", layers=2, pool_tokens=80_000, timed_steps=2, profile_steps=1
+    )
     summary = result.table("summary")[0]
     assert summary["cast_share"] > 0.5, "the cast dominates the step on a CPU too"
     assert result.table("check")[0]["rel_err_vs_float64"] < 1e-2

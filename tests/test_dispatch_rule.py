@@ -1,7 +1,7 @@
 """The dispatcher held to the recorded run (issue 35, target 4): at every point of the recorded ``fused_decode_paths``
 grid -- each page size it timed -- the path the dispatcher picks for that point's shape (recomputed by
-``path_table.decide_path`` from the row's heads, batch, tokens and longest request, by the shipped ``kernel_paths.json``) is
-within 5 % of the fastest path timed forced at that point in the same run. The check itself
+``path_table.decide_path`` from the row's heads, batch, tokens and longest request, by the shipped
+``kernel_paths.json``) is within 5 % of the fastest path timed forced at that point in the same run. The check itself
 (``paths.dispatch_check``) is proven on a synthetic run: it passes a right table and fails a pick 6 % off, a pick that
 was not timed, and a table that lost its points to the capability rule. And the experiment's rows at CPU scale: the
 dispatcher's own row and each path forced, per page size, in the recorded schema.
@@ -26,10 +26,14 @@ RERECORD = "python -m kvwall record fused_decode_paths"
 
 def failures(checked: list[dict[str, Any]]) -> list[str]:
     """Each (point, page size) where the dispatcher's pick is more than 5 % off the fastest forced path, in words."""
-    return [f"{c['heads']} heads, context {c['context']}, batch {c['batch']} ({c['tokens']} tokens, the longest "
-            f"{c['max_len']}), page {c['page_size']}: picks {c['pick']} "
-            + (f"{c['pick_us']:.1f} µs" if c["pick_us"] is not None else "(not timed)")
-            + f", the fastest {c['best']} {c['best_us']:.1f} µs -- {c['why']}" for c in checked if not c["ok"]]
+    return [
+        f"{c['heads']} heads, context {c['context']}, batch {c['batch']} ({c['tokens']} tokens, the longest "
+        f"{c['max_len']}), page {c['page_size']}: picks {c['pick']} "
+        + (f"{c['pick_us']:.1f} µs" if c["pick_us"] is not None else "(not timed)")
+        + f", the fastest {c['best']} {c['best_us']:.1f} µs -- {c['why']}"
+        for c in checked
+        if not c["ok"]
+    ]
 
 
 def test_the_dispatcher_is_within_5_percent_of_the_fastest_path_at_every_recorded_point():
@@ -39,46 +43,86 @@ def test_the_dispatcher_is_within_5_percent_of_the_fastest_path_at_every_recorde
         pytest.skip(f"no recorded fused_decode_paths: record it ({RERECORD})")
     problem = paths.check_problem(result)
     if problem:
-        pytest.skip(f"the recorded fused_decode_paths cannot hold the dispatcher to it: {problem}; re-record "
-                    f"fused_decode_paths ({RERECORD})")
+        pytest.skip(
+            f"the recorded fused_decode_paths cannot hold the dispatcher to it: {problem}; re-record "
+            f"fused_decode_paths ({RERECORD})"
+        )
     assert path_table.table_refusal(path_table.PATHS_FILE) is None, "the shipped kernel_paths.json is refused"
     checked = paths.dispatch_check(result)
     pages = {c["page_size"] for c in checked}
     assert checked and pages == set(result.params.get("page_sizes") or pages)
     bad = failures(checked)
-    assert not bad, (f"{len(bad)} of {len(checked)} recorded points: the dispatcher's pick more than "
-                     f"{paths.DISPATCH_TOLERANCE - 1:.0%} off the fastest forced path (re-derive kernel_paths.json from the "
-                     "recording, or re-record fused_decode_paths):\n" + "\n".join(bad))
+    assert not bad, (
+        f"{len(bad)} of {len(checked)} recorded points: the dispatcher's pick more than "
+        f"{paths.DISPATCH_TOLERANCE - 1:.0%} off the fastest forced path (re-derive kernel_paths.json from the "
+        "recording, or re-record fused_decode_paths):\n" + "\n".join(bad)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The check itself, on a synthetic run
 # ---------------------------------------------------------------------------------------------------------
 
+
 def _row(strategy: str, page: int, h: int, c: int, b: int, us: float | None, tokens: int, len_max: int) -> dict:
-    row = {"section": "bench", "strategy": strategy, "page_size": page, "heads": h, "context": c, "batch": b,
-           "tokens": tokens, "len_min": 1, "len_max": len_max, "active_bytes": tokens * 580, "qo_bytes": 1,
-           "flops": 1, "roofline_us": 1.0, "us": us, "timing": "cuda_graph" if us else "not timed", "host_us": None,
-           "gbps": None, "tflops": None, "pct_roofline": None, "kernel_path": strategy}
+    row = {
+        "section": "bench",
+        "strategy": strategy,
+        "page_size": page,
+        "heads": h,
+        "context": c,
+        "batch": b,
+        "tokens": tokens,
+        "len_min": 1,
+        "len_max": len_max,
+        "active_bytes": tokens * 580,
+        "qo_bytes": 1,
+        "flops": 1,
+        "roofline_us": 1.0,
+        "us": us,
+        "timing": "cuda_graph" if us else "not timed",
+        "host_us": None,
+        "gbps": None,
+        "tflops": None,
+        "pct_roofline": None,
+        "kernel_path": strategy,
+    }
     if us is None:
         row["error"] = "failed"
     return row
 
 
 #: (heads, context, batch, tokens, longest) -> (triton, wgmma, wgmma_tokens) µs, page 1; page 64 the same x 1.01.
-GRID = {(16, 4096, 8, 8192, 3013): (20.0, 17.0, 16.0), (64, 32768, 8, 65536, 23878): (88.0, 76.3, 90.7),
-        (64, 4096, 1, 4096, 4096): (19.0, 16.0, 15.5), (128, 4096, 8, 8192, 3013): (60.0, 40.0, 41.0)}
+GRID = {
+    (16, 4096, 8, 8192, 3013): (20.0, 17.0, 16.0),
+    (64, 32768, 8, 65536, 23878): (88.0, 76.3, 90.7),
+    (64, 4096, 1, 4096, 4096): (19.0, 16.0, 15.5),
+    (128, 4096, 8, 8192, 3013): (60.0, 40.0, 41.0),
+}
 
 
 def _synthetic(grid=GRID, page64: float = 1.01, drop: tuple = ()) -> Result:
-    build = {"section": "build", "gpu": H200, "capability": [9, 0], "sms": 132, "nvcc": "13.0", "copy_gbps": 4200.0,
-             "copy_ms": 0.5, "bf16_tflops": 700.0, "wgmma": {"runs": True, "why": None},
-             "wgmma_tokens": {"runs": True, "why": None}, "seconds_total": 1.0}
+    build = {
+        "section": "build",
+        "gpu": H200,
+        "capability": [9, 0],
+        "sms": 132,
+        "nvcc": "13.0",
+        "copy_gbps": 4200.0,
+        "copy_ms": 0.5,
+        "bf16_tflops": 700.0,
+        "wgmma": {"runs": True, "why": None},
+        "wgmma_tokens": {"runs": True, "why": None},
+        "seconds_total": 1.0,
+    }
     rows = [build]
     for (h, c, b, n, m), times in grid.items():
         for page, k in ((1, 1.0), (64, page64)):
-            rows += [_row(s, page, h, c, b, us * k, n, m) for s, us in zip(FORCED_PATHS, times)
-                     if (h, c, b, page, s) not in drop]
+            rows += [
+                _row(s, page, h, c, b, us * k, n, m)
+                for s, us in zip(FORCED_PATHS, times)
+                if (h, c, b, page, s) not in drop
+            ]
     validate_rows("fused_decode_paths", rows)
     return Result("fused_decode_paths", {"page_sizes": [1, 64]}, rows, collect_provenance(CPU, paths.__name__))
 
@@ -100,8 +144,12 @@ def test_the_check_fails_a_pick_more_than_5_percent_off():
     points = table[H200]["points"]
     # the 64-head mixed batch told to take the tokens-on-M path (90.7 vs 76.3: 19 % off), the 128-head point the
     # tokens-on-M path (41 vs 40: 2.5 %, within)
-    wrong = {H200: {**table[H200], "points": [[*p[:3], "wgmma_tokens", *p[4:]] if p[0] in (64, 128) and p[2] == 8
-                                              else p for p in points]}}
+    wrong = {
+        H200: {
+            **table[H200],
+            "points": [[*p[:3], "wgmma_tokens", *p[4:]] if p[0] in (64, 128) and p[2] == 8 else p for p in points],
+        }
+    }
     checked = paths.dispatch_check(result, table=wrong, source="wrong")
     bad = failures(checked)
     assert len(bad) == 2 and all(b.startswith("64 heads, context 32768, batch 8") for b in bad)
@@ -121,8 +169,12 @@ def test_the_check_fails_just_past_5_percent_and_passes_just_within():
 def test_the_check_fails_a_pick_that_was_not_timed_and_a_table_without_the_head_count():
     result = _synthetic(drop=((64, 32768, 8, 1, "wgmma"),))  # the heads-on-M path failed there, page 1
     table = paths.path_table(result)
-    wrong = {H200: {**table[H200], "points": [[*p[:3], "wgmma", *p[4:]] if p[0] == 64 and p[2] == 8 else p
-                                              for p in table[H200]["points"]]}}
+    wrong = {
+        H200: {
+            **table[H200],
+            "points": [[*p[:3], "wgmma", *p[4:]] if p[0] == 64 and p[2] == 8 else p for p in table[H200]["points"]],
+        }
+    }
     bad = failures(paths.dispatch_check(result, table=wrong))
     assert len(bad) == 1 and "picks wgmma (not timed)" in bad[0] and "page 1" in bad[0]
     # a table that measured no 64- or 128-head point: the capability rule (heads-on-M above 32 heads) decides there
@@ -133,8 +185,9 @@ def test_the_check_fails_a_pick_that_was_not_timed_and_a_table_without_the_head_
     assert at[64, 1, 1]["ratio"] == pytest.approx(16.0 / 15.5) and at[64, 1, 1]["ok"]
     # a refused table: every pick by the capability rule, the reason naming the table
     with pytest.warns(RuntimeWarning, match="refused the dispatcher's table broken.json: entry 'NVIDIA H200', point 0"):
-        checked = paths.dispatch_check(_synthetic(), table={H200: {"capability": [9, 0], "points": [[0]]}},
-                                       source="broken.json")
+        checked = paths.dispatch_check(
+            _synthetic(), table={H200: {"capability": [9, 0], "points": [[0]]}}, source="broken.json"
+        )
     assert all("the measured table broken.json was refused" in c["why"] for c in checked)
 
 
@@ -148,27 +201,51 @@ def test_a_recording_without_every_forced_path_is_not_checked():
 # The experiment's rows at CPU scale (the Triton path in Triton's interpreter; the wgmma paths refuse a CPU)
 # ---------------------------------------------------------------------------------------------------------
 
+
 def test_the_paths_experiment_times_the_dispatcher_and_every_forced_path_per_page():
     pytest.importorskip("triton")
     import sys
     from pathlib import Path
+
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import _interpreter_gap
 
     if _interpreter_gap():
         pytest.skip(_interpreter_gap())
     entries = paths.timed_entries(list(FORCED_PATHS), [1, 64])
-    assert entries == [("ours", 1), ("triton", 1), ("wgmma", 1), ("wgmma_tokens", 1),
-                       ("ours_page64", 64), ("triton", 64), ("wgmma", 64), ("wgmma_tokens", 64)]
+    assert entries == [
+        ("ours", 1),
+        ("triton", 1),
+        ("wgmma", 1),
+        ("wgmma_tokens", 1),
+        ("ours_page64", 64),
+        ("triton", 64),
+        ("wgmma", 64),
+        ("wgmma_tokens", 64),
+    ]
     gen = torch.Generator().manual_seed(0)
     pool = (torch.randn(4096, 1, 576, generator=gen) * 0.7).to(torch.float8_e4m3fn)
     clock = iter(range(1, 1000))
-    rows = paths.paths_rows(paths.points_of([16], [256], [4], [64]), pool, CPU, entries, lambda: None, gen=gen,
-                            pool_slots=4096, max_total_tokens=2_000_000, copy_gbps=4000.0, bf16_tflops=800.0, reps=1,
-                            rounds=1, seed=0, ctx=BuildContext(),
-                            timer=lambda *a: (float(next(clock)), "fake clock", None))
+    rows = paths.paths_rows(
+        paths.points_of([16], [256], [4], [64]),
+        pool,
+        CPU,
+        entries,
+        lambda: None,
+        gen=gen,
+        pool_slots=4096,
+        max_total_tokens=2_000_000,
+        copy_gbps=4000.0,
+        bf16_tflops=800.0,
+        reps=1,
+        rounds=1,
+        seed=0,
+        ctx=BuildContext(),
+        timer=lambda *a: (float(next(clock)), "fake clock", None),
+    )
     assert [(r["strategy"], r["page_size"], r["context"], r["batch"]) for r in rows] == [
-        (s, page, c, b) for c, b in ((64, 1), (256, 4)) for s, page in entries]
+        (s, page, c, b) for c, b in ((64, 1), (256, 4)) for s, page in entries
+    ]
     mixed = [r for r in rows if r["batch"] == 4]
     assert {(r["tokens"], r["len_max"]) for r in mixed} == {(256, max(r["len_max"] for r in mixed))}
     for r in rows:
@@ -177,14 +254,29 @@ def test_the_paths_experiment_times_the_dispatcher_and_every_forced_path_per_pag
         else:
             assert "error" not in r and r["kernel_path"] == "triton" and r["rel_err_f64"] < 3e-3, r
     assert all("cannot run" in r["path_why"] for r in rows if r["strategy"].startswith("ours"))
-    build = {"section": "build", "gpu": "cpu", "capability": [0, 0], "sms": 2, "nvcc": None, "copy_gbps": 4000.0,
-             "copy_ms": 0.5, "bf16_tflops": 800.0, "wgmma": {"runs": False, "why": "tensors are on cpu"},
-             "wgmma_tokens": {"runs": False, "why": "tensors are on cpu"},
-             "dispatch_table": {"file": "kernels/mla_decode/kernel_paths.json", "entry": None, "recorded": None,
-                                "refused": None}, "seconds_total": 1.0}
+    build = {
+        "section": "build",
+        "gpu": "cpu",
+        "capability": [0, 0],
+        "sms": 2,
+        "nvcc": None,
+        "copy_gbps": 4000.0,
+        "copy_ms": 0.5,
+        "bf16_tflops": 800.0,
+        "wgmma": {"runs": False, "why": "tensors are on cpu"},
+        "wgmma_tokens": {"runs": False, "why": "tensors are on cpu"},
+        "dispatch_table": {
+            "file": "kernels/mla_decode/kernel_paths.json",
+            "entry": None,
+            "recorded": None,
+            "refused": None,
+        },
+        "seconds_total": 1.0,
+    }
     validate_rows("fused_decode_paths", [build] + rows)
-    result = Result("fused_decode_paths", {"page_sizes": [1, 64]}, [build] + rows,
-                    collect_provenance(CPU, paths.__name__))
+    result = Result(
+        "fused_decode_paths", {"page_sizes": [1, 64]}, [build] + rows, collect_provenance(CPU, paths.__name__)
+    )
     assert paths.check_problem(result) is None
     table = paths.path_table(result)
     assert [p[:4] for p in table["cpu"]["points"]] == [[16, 64, 1, "triton"], [16, 256, 4, "triton"]]

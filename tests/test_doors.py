@@ -15,7 +15,10 @@ from kvwall.peers.flashinfer.doors import DOORS, FAMILIES, STATUSES, DoorCase, d
 from kvwall.peers.flashinfer.releases import release_root
 from kvwall.peers.flashinfer.replay import replay_cases
 
-flashinfer = pytest.importorskip("flashinfer", reason="chapter 3 reads and replays the installed FlashInfer release: flashinfer-python is not installed")
+flashinfer = pytest.importorskip(
+    "flashinfer",
+    reason="chapter 3 reads and replays the installed FlashInfer release: flashinfer-python is not installed",
+)
 RELEASE, ROOT = release_root(None)
 
 
@@ -85,7 +88,9 @@ def test_matrix_reads_as_the_release_decides(chapter_record):
         assert cells[("cutlass", fam)]["status"] == "refused"
         assert cells[("xqa", fam)]["status"] == "refused"
     assert cells[("trtllm-gen", "SM120")]["status"] == "refused"
-    assert any(e["kind"] == "source" and "fmhaRunner.cuh" in e["where"] for e in cells[("trtllm-gen", "SM120")]["evidence"])
+    assert any(
+        e["kind"] == "source" and "fmhaRunner.cuh" in e["where"] for e in cells[("trtllm-gen", "SM120")]["evidence"]
+    )
     assert cells[("sm120-sparse", "SM120")]["status"] == "accepted"
     assert "page 64" in cells[("sm120-sparse", "SM120")]["conditions"]
 
@@ -108,7 +113,9 @@ def test_cite_finds_the_line_and_errors_name_the_file():
     c = cite(spec)
     assert c.release == RELEASE and "128" in c.text and c.where.startswith("flashinfer/mla/_core.py:")
     assert any(n == c.line for n, _ in c.excerpt) and ">" in c.render()
-    bad = CheckSpec("cutlass", "x", "flashinfer/mla/_core.py", r"def _check_cutlass_shape\(", r"no such line at all", ())
+    bad = CheckSpec(
+        "cutlass", "x", "flashinfer/mla/_core.py", r"def _check_cutlass_shape\(", r"no such line at all", ()
+    )
     with pytest.raises(LookupError, match="_core.py"):
         cite(bad)
     with pytest.raises(LookupError, match="no flashinfer/nope.py"):
@@ -151,8 +158,13 @@ def test_reference_check_rejects_a_wrong_output():
 
 
 def test_replay_accepts_and_refuses_per_family():
-    rows = replay_cases([DoorCase("fa2", 16, 1, family="SM90"), DoorCase("fa2", 16, 1, family="SM120"),
-                         DoorCase("sm120-sparse", 64, 64, family="SM120")])["rows"]
+    rows = replay_cases(
+        [
+            DoorCase("fa2", 16, 1, family="SM90"),
+            DoorCase("fa2", 16, 1, family="SM120"),
+            DoorCase("sm120-sparse", 64, 64, family="SM120"),
+        ]
+    )["rows"]
     assert rows[0]["outcome"] == "kernel_reached" and "gen_batch_mla_module(fa2" in rows[0]["kernel"]
     assert rows[1]["outcome"] == "refused" and rows[1]["where"].startswith("flashinfer/mla/_core.py:")
     assert rows[2]["outcome"] == "kernel_reached" and "sparse_mla_sm120" in rows[2]["kernel"]
@@ -160,10 +172,33 @@ def test_replay_accepts_and_refuses_per_family():
 
 def test_door_matrix_prefers_gpu_evidence():
     citations = cite_all(None)
-    replays = [{"door": d.key, "family": f, "heads": 16, "page_size": 1, "q_dtype": "bfloat16", "outcome": "refused",
-                "exc_type": "ValueError", "message": "no", "where": "flashinfer/x.py:1"} for d in DOORS for f in FAMILIES]
-    gpu = [{"door": "fa2", "family": "SM90", "heads": 16, "page_size": 1, "q_dtype": "bfloat16", "outcome": "runs",
-            "rel_err_vs_float64": 3e-3, "ms": 0.05}]
+    replays = [
+        {
+            "door": d.key,
+            "family": f,
+            "heads": 16,
+            "page_size": 1,
+            "q_dtype": "bfloat16",
+            "outcome": "refused",
+            "exc_type": "ValueError",
+            "message": "no",
+            "where": "flashinfer/x.py:1",
+        }
+        for d in DOORS
+        for f in FAMILIES
+    ]
+    gpu = [
+        {
+            "door": "fa2",
+            "family": "SM90",
+            "heads": 16,
+            "page_size": 1,
+            "q_dtype": "bfloat16",
+            "outcome": "runs",
+            "rel_err_vs_float64": 3e-3,
+            "ms": 0.05,
+        }
+    ]
     cells = {(c["door"], c["family"]): c for c in door_matrix(citations, replays, gpu)}
     assert cells[("fa2", "SM90")]["status"] == "runs" and cells[("fa2", "SM90")]["evidence"][0]["kind"] == "gpu"
     assert cells[("fa3", "SM90")]["status"] == "refused"

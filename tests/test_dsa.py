@@ -7,8 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvwall.peers.dsa import (INDEX_HEAD_DIM, INDEX_ROW_BYTES, TILE, V32_ROW_BYTES, dequantize_v32, index_logits,
-                              index_logits_reference, padded_heads, quantize_index_keys, quantize_v32, select_topk)
+from kvwall.peers.dsa import (
+    INDEX_HEAD_DIM,
+    INDEX_ROW_BYTES,
+    TILE,
+    V32_ROW_BYTES,
+    dequantize_v32,
+    index_logits,
+    index_logits_reference,
+    padded_heads,
+    quantize_index_keys,
+    quantize_v32,
+    select_topk,
+)
 from kvwall.peers.flashmla import PAGE_SIZE
 
 FP8 = torch.float8_e4m3fn
@@ -40,7 +51,7 @@ def test_v32_round_trip_is_within_e4m3_rounding():
     err = (back[:, :512] - x[:, :512]).abs()
     scale = x[:, :512].view(64, 4, TILE).abs().amax(-1, keepdim=True).expand(64, 4, TILE).reshape(64, 512)
     # e4m3: 3 mantissa bits (relative half-ulp 2^-4) above its normal range, absolute steps of 2^-9 * scale / 448 below
-    assert (err <= x[:, :512].abs() * 2.0 ** -4 + scale / 448.0 * 2.0 ** -9 + 1e-30).all()
+    assert (err <= x[:, :512].abs() * 2.0**-4 + scale / 448.0 * 2.0**-9 + 1e-30).all()
     assert torch.equal(back[:, 512:], x[:, 512:])
 
 
@@ -60,15 +71,17 @@ def _indexer_case(lens, heads=32, seed=0):
     g = torch.Generator().manual_seed(seed)
     pages_needed = sum(-(-n // PAGE_SIZE) for n in lens)
     pool_pages = pages_needed + 3
-    cache = quantize_index_keys(torch.randn(pool_pages * PAGE_SIZE, INDEX_HEAD_DIM, generator=g) *
-                                torch.exp(torch.randn(pool_pages * PAGE_SIZE, 1, generator=g)))
+    cache = quantize_index_keys(
+        torch.randn(pool_pages * PAGE_SIZE, INDEX_HEAD_DIM, generator=g)
+        * torch.exp(torch.randn(pool_pages * PAGE_SIZE, 1, generator=g))
+    )
     perm = torch.randperm(pool_pages, generator=g)
     width = max(-(-n // PAGE_SIZE) for n in lens)
     table = torch.zeros(len(lens), width, dtype=torch.int32)
     start = 0
     for i, n in enumerate(lens):
         p = -(-n // PAGE_SIZE)
-        table[i, :p] = perm[start:start + p].to(torch.int32)
+        table[i, :p] = perm[start : start + p].to(torch.int32)
         start += p
     q = torch.randn(len(lens), heads, INDEX_HEAD_DIM, generator=g).to(FP8)
     w = torch.randn(len(lens), heads, generator=g)
@@ -79,7 +92,7 @@ def test_index_cache_page_holds_values_then_scales():
     keys = torch.randn(2 * PAGE_SIZE, INDEX_HEAD_DIM)
     cache = quantize_index_keys(keys)
     assert cache.shape == (2, PAGE_SIZE * INDEX_ROW_BYTES) and INDEX_ROW_BYTES == 132
-    scales = cache[1, PAGE_SIZE * INDEX_HEAD_DIM:].contiguous().view(torch.float32)
+    scales = cache[1, PAGE_SIZE * INDEX_HEAD_DIM :].contiguous().view(torch.float32)
     assert torch.allclose(scales, keys[PAGE_SIZE:].abs().amax(-1) / 448.0)
 
 

@@ -67,8 +67,9 @@ def test_a_code_edit_in_a_transitive_dependency_stales_it(tmp_path):
     root = _copy_tree(tmp_path)
     result = _result(root)
     experiment_source = (root / "lib/kvwall/experiments/gather_cast.py").read_text()
-    transitive = [p for p in result.provenance.sources
-                  if p.endswith(".py") and _module_name(p) not in experiment_source]
+    transitive = [
+        p for p in result.provenance.sources if p.endswith(".py") and _module_name(p) not in experiment_source
+    ]
     assert transitive, "the experiment should import some project code only through other modules"
     victim = transitive[0]
     with (root / victim).open("a") as f:
@@ -111,25 +112,36 @@ def test_closure_rules_on_a_small_tree(tmp_path):
         _write(root, rel, "import kvwall.model.unused\n")
     _write(root, "kernels/__init__.py", "import kvwall.model.unused\nfrom kvwall.kernels.k.kernel import launch\n")
     _write(root, "lib/kvwall/experiments/__init__.py", "")
-    _write(root, "lib/kvwall/experiments/toy.py", """\
+    _write(
+        root,
+        "lib/kvwall/experiments/toy.py",
+        """\
         from kvwall.model.a import helper
         from kvwall.kernels import launch
         def run():
             from . import sibling
             return helper() + launch()
-        """)
+        """,
+    )
     _write(root, "lib/kvwall/experiments/sibling.py", "X = 1\n")
     _write(root, "lib/kvwall/model/a.py", "from kvwall.kernels.k.kernel import launch as helper\n")
     _write(root, "lib/kvwall/model/unused.py", "Y = 2\n")
-    _write(root, "kernels/k/kernel.py", "from pathlib import Path\nTABLE = Path(__file__).with_name('tuned.json')\n"
-                                        "def launch():\n    return 1\n")
+    _write(
+        root,
+        "kernels/k/kernel.py",
+        "from pathlib import Path\nTABLE = Path(__file__).with_name('tuned.json')\ndef launch():\n    return 1\n",
+    )
     _write(root, "kernels/k/tuned.json", "{}\n")
     _write(root, "kernels/k/unread.json", "{}\n")
     _write(root, "kernels/k/NOTES.md", "notes do not count\n")
     _write(root, "kernels/other/tuned.json", "{}\n")
     closure = {p.relative_to(root).as_posix() for p in import_closure("kvwall.experiments.toy", root)}
-    assert closure == {"lib/kvwall/experiments/toy.py", "lib/kvwall/experiments/sibling.py", "lib/kvwall/model/a.py",
-                       "kernels/k/kernel.py"}
+    assert closure == {
+        "lib/kvwall/experiments/toy.py",
+        "lib/kvwall/experiments/sibling.py",
+        "lib/kvwall/model/a.py",
+        "kernels/k/kernel.py",
+    }
     assert set(source_fingerprint("kvwall.experiments.toy", root)) == closure | {"kernels/k/tuned.json"}
 
 
@@ -158,8 +170,13 @@ def test_a_comment_or_layout_edit_in_a_cuda_source_keeps_a_result_fresh(tmp_path
     assert "kernels/gather/gather_cast.cu" in result.provenance.sources
     text = cu.read_text()
     first_brace = text.index("{")
-    cu.write_text("// a new header comment\n/* and a block\n   comment */\n" + text[:first_brace] + "\n   {  "
-                  + text[first_brace + 1:].replace("\n", "\n\n", 3) + "\n\n")
+    cu.write_text(
+        "// a new header comment\n/* and a block\n   comment */\n"
+        + text[:first_brace]
+        + "\n   {  "
+        + text[first_brace + 1 :].replace("\n", "\n\n", 3)
+        + "\n\n"
+    )
     assert result.changed_sources(root) == []
 
 
@@ -179,7 +196,7 @@ def test_normalized_cuda_drops_comments_and_layout_but_keeps_meaning():
     assert normalized_cuda(a) != normalized_cuda(a.replace("- -b", "--b"))
     assert normalized_cuda(a) != normalized_cuda(a.replace("y = 2", "y = 3"))
     assert normalized_cuda('s = "a  b";') != normalized_cuda('s = "a b";')
-    assert normalized_cuda('s = "a // b";') != normalized_cuda("s = \"a\";")
+    assert normalized_cuda('s = "a // b";') != normalized_cuda('s = "a";')
     assert normalized_cuda("#define F (x)\nint z;") != normalized_cuda("#define F(x)\nint z;")
     assert normalized_cuda("#define G(x) \\\n  x + 1\nint z;") == normalized_cuda("#define G(x) x + 1\nint z;")
     assert normalized_cuda("#pragma unroll\nfor (;;) {}") != normalized_cuda("#pragma unroll for (;;) {}")
@@ -224,7 +241,10 @@ def test_the_sidecar_is_in_no_experiments_fingerprint():
     assert "kvwall.experiments.fused_decode.kernel_paths" in modules and STEP in modules
     prints = {m: source_fingerprint(m) for m in sorted(modules)}
     assert not [m for m, sources in prints.items() if SIDECAR in sources]
-    runs_ours = (STEP, "kvwall.experiments.answer.sweep", "kvwall.experiments.fused_decode.bench",
-                 "kvwall.experiments.fused_decode.validation")
+    runs_ours = (
+        STEP,
+        "kvwall.experiments.answer.sweep",
+        "kvwall.experiments.fused_decode.bench",
+        "kvwall.experiments.fused_decode.validation",
+    )
     assert all(CHOICES in prints[m] for m in runs_ours)
-

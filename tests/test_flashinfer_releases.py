@@ -19,7 +19,12 @@ import pytest
 from conftest import go_offline, static_assert_line
 
 from kvwall.peers.flashinfer import build, nvcc_errors, progress, releases, sources, toolchain
-from kvwall.peers.flashinfer.errors import InvalidConfigError, NetworkUnavailableError, NvccNotFoundError, ReleaseNotFoundError
+from kvwall.peers.flashinfer.errors import (
+    InvalidConfigError,
+    NetworkUnavailableError,
+    NvccNotFoundError,
+    ReleaseNotFoundError,
+)
 
 WALL_RELEASE = "0.6.12"  # last release whose fa2 MLA kernel cannot be built with FP8 KV
 
@@ -214,7 +219,7 @@ FAILED: x.o
 2 errors detected in the compilation of "{_GEN}uri/batch_mla_run.cu".
 nvcc fatal   : Unsupported gpu architecture 'compute_999a'
 ninja: build stopped: cannot make progress due to previous errors.
-"""
+"""  # noqa: E501 - nvcc's output, verbatim
 
 
 def test_parse_recorded_nvcc_output():
@@ -256,8 +261,6 @@ def test_result_json_round_trip():
 # ---------------------------------------------------------------------------------------------
 # The real wall: FlashInfer 0.6.12, fa2, FP8 KV, sm_120a (nvcc + network or a warm cache)
 # ---------------------------------------------------------------------------------------------
-
-
 
 
 @pytest.mark.slow

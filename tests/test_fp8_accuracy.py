@@ -14,7 +14,7 @@ from kvwall.experiments.accuracy import build_case, path_metrics, unmet_needs
 from kvwall.experiments.fused_decode.strategies import reference_f64
 from kvwall.kernels.mla_decode.reference import mla_decode_reference
 from kvwall.model.geometry import GLM5
-from kvwall.model.sharp_attention import (PROBES, PROFILES, Profile, emulate_attention, realized, sharp_request)
+from kvwall.model.sharp_attention import PROBES, PROFILES, Profile, emulate_attention, realized, sharp_request
 from kvwall.reports import accuracy_report
 from kvwall.results import Provenance, Result, load_result
 
@@ -48,8 +48,16 @@ def test_probe_channels_are_softmax_weights():
     p = torch.softmax(q @ req.keys.double().T * SM, dim=-1)
     kv = req.keys
     indptr = torch.tensor([0, 500])
-    out = mla_decode_reference(req.q_nope[None], req.q_pe[None], kv[:, :512], kv[:, 512:], indptr,
-                               torch.arange(500), SM, compute_dtype=torch.float64)[0]
+    out = mla_decode_reference(
+        req.q_nope[None],
+        req.q_pe[None],
+        kv[:, :512],
+        kv[:, 512:],
+        indptr,
+        torch.arange(500),
+        SM,
+        compute_dtype=torch.float64,
+    )[0]
     assert torch.allclose(out[:, PROBES["top"]], p[:, int(req.needles[0])], rtol=1e-12)
     assert torch.allclose(out[:, PROBES["tail_mass"]], p[:, req.tail].sum(-1), rtol=1e-12)
     assert torch.allclose(out[:, PROBES["sink_mass"]], p[:, req.sinks].sum(-1), rtol=1e-12)
@@ -120,30 +128,85 @@ def test_experiment_runs_small_on_cpu(small_run):
 
 def _synthetic() -> Result:
     """Two paths on two cases: one BF16-accurate, one that flushes the tail on the sink case."""
-    prov = Provenance(date="2026-12-01T00:00:00+00:00", device="cuda", gpu="NVIDIA H200", driver=None, cuda="13.0",
-                      torch="2.11.0", triton="3.6.0", flashinfer=None, python="3.12", git_commit="0" * 40,
-                      git_dirty=False, sources={})
+    prov = Provenance(
+        date="2026-12-01T00:00:00+00:00",
+        device="cuda",
+        gpu="NVIDIA H200",
+        driver=None,
+        cuda="13.0",
+        torch="2.11.0",
+        triton="3.6.0",
+        flashinfer=None,
+        python="3.12",
+        git_commit="0" * 40,
+        git_dirty=False,
+        sources={},
+    )
     rows: list[dict] = []
     for prof in ("gaussian, spread 1", "4 sinks hold 99 %"):
         case = f"{prof} | 16 heads | batch 1 | 131072"
-        rows.append({"section": "case", "case": case, "profile": prof, "heads": 16, "context": 131_072, "batch": 1,
-                     "floor_rel_err": 1.1e-3})
+        rows.append(
+            {
+                "section": "case",
+                "case": case,
+                "profile": prof,
+                "heads": 16,
+                "context": 131_072,
+                "batch": 1,
+                "floor_rel_err": 1.1e-3,
+            }
+        )
         sink = prof.startswith("4 sinks")
-        rows.append({"section": "path", "case": case, "strategy": "flashmla_dense_bf16", "heads": 16,
-                     "context": 131_072, "batch": 1, "rel_err": 1.7e-3, "tail_mass_kept": 1.0, "finite": True})
-        rows.append({"section": "path", "case": case, "strategy": "ours", "heads": 16, "context": 131_072,
-                     "batch": 1, "rel_err": 1.65e-3, "tail_mass_kept": 0.999, "finite": True})
-        rows.append({"section": "path", "case": case, "strategy": "flashmla_dense_fp8", "heads": 16,
-                     "context": 131_072, "batch": 1, "rel_err": 9e-3 if sink else 2.7e-2,
-                     "tail_mass_kept": 0.0 if sink else 0.999, "finite": True})
+        rows.append(
+            {
+                "section": "path",
+                "case": case,
+                "strategy": "flashmla_dense_bf16",
+                "heads": 16,
+                "context": 131_072,
+                "batch": 1,
+                "rel_err": 1.7e-3,
+                "tail_mass_kept": 1.0,
+                "finite": True,
+            }
+        )
+        rows.append(
+            {
+                "section": "path",
+                "case": case,
+                "strategy": "ours",
+                "heads": 16,
+                "context": 131_072,
+                "batch": 1,
+                "rel_err": 1.65e-3,
+                "tail_mass_kept": 0.999,
+                "finite": True,
+            }
+        )
+        rows.append(
+            {
+                "section": "path",
+                "case": case,
+                "strategy": "flashmla_dense_fp8",
+                "heads": 16,
+                "context": 131_072,
+                "batch": 1,
+                "rel_err": 9e-3 if sink else 2.7e-2,
+                "tail_mass_kept": 0.0 if sink else 0.999,
+                "finite": True,
+            }
+        )
     return Result("fp8_accuracy", {}, rows, prov)
 
 
 def test_report_verdicts_and_sentences():
     res = _synthetic()
     fm = accuracy_report.path_summary(res, "flashmla_dense_fp8")
-    assert fm["keeps"] == 0 and fm["tail_kept_min"] == 0.0 and fm["failing_profiles"] == ["gaussian, spread 1",
-                                                                                          "4 sinks hold 99 %"]
+    assert (
+        fm["keeps"] == 0
+        and fm["tail_kept_min"] == 0.0
+        and fm["failing_profiles"] == ["gaussian, spread 1", "4 sinks hold 99 %"]
+    )
     ours = accuracy_report.path_summary(res, "ours")
     assert ours["keeps"] == 2 and ours["ratio_max"] == pytest.approx(1.65 / 1.7)
     assert fm["cases"] == 2 and fm["passing_profiles"] == [] and fm["tail_worst_case"].startswith("4 sinks")

@@ -44,18 +44,58 @@ def _interpreter_gap() -> str:
 needs_interpreter = pytest.mark.skipif(bool(_interpreter_gap()), reason=_interpreter_gap() or "ok")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
-CASE_FIELDS = {"section", "path", "case", "heads", "lens", "batch", "tokens", "layout", "page_size", "index_dtype", "ckv_scale",
-               "kpe_scale", "seed", "num_splits", "rel_err", "bf16_path", "bf16_rel_err", "ratio", "finite",
-               "empty_requests", "empty_out_zero", "passed"}
+CASE_FIELDS = {
+    "section",
+    "path",
+    "case",
+    "heads",
+    "lens",
+    "batch",
+    "tokens",
+    "layout",
+    "page_size",
+    "index_dtype",
+    "ckv_scale",
+    "kpe_scale",
+    "seed",
+    "num_splits",
+    "rel_err",
+    "bf16_path",
+    "bf16_rel_err",
+    "ratio",
+    "finite",
+    "empty_requests",
+    "empty_out_zero",
+    "passed",
+}
 ERROR_FIELDS = {"section", "input", "expected", "raised", "message", "out_untouched", "passed"}
-BENCH_FIELDS = {"section", "strategy", "page_size", "heads", "context", "batch", "tokens", "len_min", "len_max",
-                "active_bytes", "qo_bytes", "flops", "roofline_us", "us", "host_us", "gbps", "tflops", "pct_roofline"}
+BENCH_FIELDS = {
+    "section",
+    "strategy",
+    "page_size",
+    "heads",
+    "context",
+    "batch",
+    "tokens",
+    "len_min",
+    "len_max",
+    "active_bytes",
+    "qo_bytes",
+    "flops",
+    "roofline_us",
+    "us",
+    "host_us",
+    "gbps",
+    "tflops",
+    "pct_roofline",
+}
 CPU = torch.device("cpu")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------------------------------------
+
 
 def test_registered_and_listed(capsys):
     val, bench_exp = EXPERIMENTS["fused_decode_validation"], EXPERIMENTS["fused_decode_bench"]
@@ -83,8 +123,16 @@ def test_registered_and_listed(capsys):
 
 def test_recording_order_is_dependency_order():
     names = list(EXPERIMENTS)
-    order = ["fused_decode_tuning", "fused_decode_paths", "fused_decode_validation", "fused_decode_bench",
-             "fused_decode_profile", "decode_step_paths", "path_sweep", "sglang_patch_check"]
+    order = [
+        "fused_decode_tuning",
+        "fused_decode_paths",
+        "fused_decode_validation",
+        "fused_decode_bench",
+        "fused_decode_profile",
+        "decode_step_paths",
+        "path_sweep",
+        "sglang_patch_check",
+    ]
     assert [n for n in names if n in order] == order
 
 
@@ -92,11 +140,21 @@ def test_recording_order_is_dependency_order():
 # The one peer table
 # ---------------------------------------------------------------------------------------------------------
 
+
 def test_every_peer_is_one_entry_with_a_label_and_a_build_function():
     assert list(STRATEGIES)[:5] == ["ours", "ours_page64", "triton", "wgmma", "wgmma_tokens"]
     assert strategies.FORCED_PATHS == ("triton", "wgmma", "wgmma_tokens") == dispatch.KERNEL_PATHS
-    assert {"full_cast_bf16", "index_then_cast", "gather_cast_bf16", "flashinfer_fp8_fa2", "flashinfer_fp8_fa3",
-            "flashinfer_bf16_precast", "sglang_triton_fp8", "flashmla_dense_bf16", "flashmla_dense_fp8"} <= set(STRATEGIES)
+    assert {
+        "full_cast_bf16",
+        "index_then_cast",
+        "gather_cast_bf16",
+        "flashinfer_fp8_fa2",
+        "flashinfer_fp8_fa3",
+        "flashinfer_bf16_precast",
+        "sglang_triton_fp8",
+        "flashmla_dense_bf16",
+        "flashmla_dense_fp8",
+    } <= set(STRATEGIES)
     for name, s in STRATEGIES.items():
         assert s.name == name and s.label and callable(s.build), s
         assert s.cache in ("fp8", "bf16") and s.query in ("bf16", "fp8") and s.page_size in s.page_sizes
@@ -127,10 +185,29 @@ def test_strategies_build_on_cpu_where_they_can(monkeypatch):
     pool = (torch.randn(2048, 1, 576, generator=gen) * 0.7).to(torch.float8_e4m3fn)
     pt = strategies.make_point(16, 150, 2, pool_slots=2048, max_total=2_000_000, gen=gen, seed=0, device=CPU)
     fake_clock = lambda fn, flush, device, reps, rounds: (25.0, "fake clock", None)  # noqa: E731
-    rows = bench.bench_point_rows(pt, pool, CPU, ["ours", "ours_page64", ("triton", 1), ("triton", 64),
-                                                  ("wgmma", 64), ("wgmma_tokens", 1), "flashmla_dense_fp8"],
-                                  lambda: None, copy_gbps=4000.0, bf16_tflops=800.0, reps=1, rounds=1, host_calls=1,
-                                  ctx=strategies.BuildContext(), sglang_split_sweep=[], timer=fake_clock)
+    rows = bench.bench_point_rows(
+        pt,
+        pool,
+        CPU,
+        [
+            "ours",
+            "ours_page64",
+            ("triton", 1),
+            ("triton", 64),
+            ("wgmma", 64),
+            ("wgmma_tokens", 1),
+            "flashmla_dense_fp8",
+        ],
+        lambda: None,
+        copy_gbps=4000.0,
+        bf16_tflops=800.0,
+        reps=1,
+        rounds=1,
+        host_calls=1,
+        ctx=strategies.BuildContext(),
+        sglang_split_sweep=[],
+        timer=fake_clock,
+    )
     ours, ours64, t1, t64, w64, k1, fm = rows
     assert [r["page_size"] for r in rows] == [1, 64, 1, 64, 64, 1, 64]
     for r in (ours, ours64):
@@ -147,35 +224,79 @@ def test_strategies_build_on_cpu_where_they_can(monkeypatch):
 # The dispatcher's table from fused_decode_paths (synthetic rows)
 # ---------------------------------------------------------------------------------------------------------
 
+
 def _paths_result(rows: list[dict], **build_extra: Any) -> Result:
-    build = {"section": "build", "gpu": "NVIDIA H200", "capability": [9, 0], "sms": 132, "nvcc": "12.8",
-             "copy_gbps": 4200.0, "copy_ms": 0.5, "bf16_tflops": 700.0, "wgmma": {"runs": True, "why": None},
-             "seconds_total": 70.0, **build_extra}
+    build = {
+        "section": "build",
+        "gpu": "NVIDIA H200",
+        "capability": [9, 0],
+        "sms": 132,
+        "nvcc": "12.8",
+        "copy_gbps": 4200.0,
+        "copy_ms": 0.5,
+        "bf16_tflops": 700.0,
+        "wgmma": {"runs": True, "why": None},
+        "seconds_total": 70.0,
+        **build_extra,
+    }
     return Result("fused_decode_paths", {}, [build] + rows, collect_provenance(CPU, paths.__name__))
 
 
 def _path_row(strategy: str, page: int, h: int, c: int, b: int, us: float | None) -> dict:
-    return {"section": "bench", "strategy": strategy, "page_size": page, "heads": h, "context": c, "batch": b,
-            "tokens": c * b, "len_min": c, "len_max": c, "active_bytes": c * b * 580, "qo_bytes": 1, "flops": 1,
-            "roofline_us": 1.0, "us": us, "timing": "cuda_graph", "host_us": None, "gbps": None, "tflops": None,
-            "pct_roofline": None, "kernel_path": strategy}
+    return {
+        "section": "bench",
+        "strategy": strategy,
+        "page_size": page,
+        "heads": h,
+        "context": c,
+        "batch": b,
+        "tokens": c * b,
+        "len_min": c,
+        "len_max": c,
+        "active_bytes": c * b * 580,
+        "qo_bytes": 1,
+        "flops": 1,
+        "roofline_us": 1.0,
+        "us": us,
+        "timing": "cuda_graph",
+        "host_us": None,
+        "gbps": None,
+        "tflops": None,
+        "pct_roofline": None,
+        "kernel_path": strategy,
+    }
 
 
 def test_path_table_from_synthetic_rows(tmp_path):
-    rows = [_path_row("triton", 1, 16, 4096, 1, 15.0), _path_row("wgmma", 1, 16, 4096, 1, 14.0),
-            _path_row("triton", 1, 16, 131072, 1, 50.0), _path_row("wgmma", 1, 16, 131072, 1, 55.0),
-            _path_row("triton", 1, 64, 64, 1, 14.0), _path_row("wgmma", 1, 64, 64, 1, None),  # wgmma failed there
-            _path_row("triton", 64, 16, 4096, 1, 99.0), _path_row("wgmma", 64, 16, 4096, 1, 1.0)]
+    rows = [
+        _path_row("triton", 1, 16, 4096, 1, 15.0),
+        _path_row("wgmma", 1, 16, 4096, 1, 14.0),
+        _path_row("triton", 1, 16, 131072, 1, 50.0),
+        _path_row("wgmma", 1, 16, 131072, 1, 55.0),
+        _path_row("triton", 1, 64, 64, 1, 14.0),
+        _path_row("wgmma", 1, 64, 64, 1, None),  # wgmma failed there
+        _path_row("triton", 64, 16, 4096, 1, 99.0),
+        _path_row("wgmma", 64, 16, 4096, 1, 1.0),
+    ]
     result = _paths_result(rows)
     validate_rows("fused_decode_paths", result.rows)
     table = paths.path_table(result)
     entry = table["NVIDIA H200"]
-    assert entry == {"capability": [9, 0], "page_size": 1, "points": [
-        [16, 4096, 1, "wgmma", 4096, 4096], [16, 131072, 1, "triton", 131072, 131072],
-        [64, 64, 1, "triton", 64, 64]]}  # the choices and the shapes they key, nothing else
+    assert entry == {
+        "capability": [9, 0],
+        "page_size": 1,
+        "points": [
+            [16, 4096, 1, "wgmma", 4096, 4096],
+            [16, 131072, 1, "triton", 131072, 131072],
+            [64, 64, 1, "triton", 64, 64],
+        ],
+    }  # the choices and the shapes they key, nothing else
     times = paths.measured_table(result)["NVIDIA H200"]
     assert "fused_decode_paths" in times["by"] and times["points"] == [
-        [16, 4096, 1, 15.0, 14.0, None], [16, 131072, 1, 50.0, 55.0, None], [64, 64, 1, 14.0, None, None]]
+        [16, 4096, 1, 15.0, 14.0, None],
+        [16, 131072, 1, 50.0, 55.0, None],
+        [64, 64, 1, 14.0, None, None],
+    ]
     assert paths.path_table(result, page_size=64)["NVIDIA H200"]["points"] == [[16, 4096, 1, "wgmma", 4096, 4096]]
     # record's after_record: merged into the file, other GPUs' entries kept, the written paths returned
     target = tmp_path / "kernel_paths.json"
@@ -187,22 +308,48 @@ def test_path_table_from_synthetic_rows(tmp_path):
 
 def test_path_table_with_the_tokens_on_m_path(tmp_path):
     """Three paths timed: each point names the fastest, and the dispatcher reading the written table picks it."""
-    rows = [_path_row("triton", 1, 16, 131072, 32, 320.0), _path_row("wgmma", 1, 16, 131072, 32, 314.0),
-            _path_row("wgmma_tokens", 1, 16, 131072, 32, 224.0),
-            _path_row("triton", 1, 128, 32768, 32, 751.0), _path_row("wgmma", 1, 128, 32768, 32, 223.0),
-            _path_row("wgmma_tokens", 1, 128, 32768, 32, 400.0),
-            _path_row("triton", 1, 32, 4096, 1, 17.0), _path_row("wgmma", 1, 32, 4096, 1, 15.0),
-            _path_row("wgmma_tokens", 1, 32, 4096, 1, None)]  # the tokens-on-M path failed there
-    built = {"runs": True, "why": None, "arch": "sm_90a", "build_s": 20.0, "heads_per_cta": [16, 32],
-             "per_cta": {"16": {"smem": 168576, "block_n": 64, "threads": 384, "ptxas_ok": True, "registers": 168,
-                                "stack_bytes": 0, "spill_bytes": 0}}}
+    rows = [
+        _path_row("triton", 1, 16, 131072, 32, 320.0),
+        _path_row("wgmma", 1, 16, 131072, 32, 314.0),
+        _path_row("wgmma_tokens", 1, 16, 131072, 32, 224.0),
+        _path_row("triton", 1, 128, 32768, 32, 751.0),
+        _path_row("wgmma", 1, 128, 32768, 32, 223.0),
+        _path_row("wgmma_tokens", 1, 128, 32768, 32, 400.0),
+        _path_row("triton", 1, 32, 4096, 1, 17.0),
+        _path_row("wgmma", 1, 32, 4096, 1, 15.0),
+        _path_row("wgmma_tokens", 1, 32, 4096, 1, None),
+    ]  # the tokens-on-M path failed there
+    built = {
+        "runs": True,
+        "why": None,
+        "arch": "sm_90a",
+        "build_s": 20.0,
+        "heads_per_cta": [16, 32],
+        "per_cta": {
+            "16": {
+                "smem": 168576,
+                "block_n": 64,
+                "threads": 384,
+                "ptxas_ok": True,
+                "registers": 168,
+                "stack_bytes": 0,
+                "spill_bytes": 0,
+            }
+        },
+    }
     result = _paths_result(rows, wgmma_tokens=built)
     validate_rows("fused_decode_paths", result.rows)
     points = paths.path_table(result)["NVIDIA H200"]["points"]
-    assert points == [[16, 131072, 32, "wgmma_tokens", 4194304, 131072], [32, 4096, 1, "wgmma", 4096, 4096],
-                      [128, 32768, 32, "wgmma", 1048576, 32768]]
+    assert points == [
+        [16, 131072, 32, "wgmma_tokens", 4194304, 131072],
+        [32, 4096, 1, "wgmma", 4096, 4096],
+        [128, 32768, 32, "wgmma", 1048576, 32768],
+    ]
     assert paths.measured_table(result)["NVIDIA H200"]["points"] == [
-        [16, 131072, 32, 320.0, 314.0, 224.0], [32, 4096, 1, 17.0, 15.0, None], [128, 32768, 32, 751.0, 223.0, 400.0]]
+        [16, 131072, 32, 320.0, 314.0, 224.0],
+        [32, 4096, 1, 17.0, 15.0, None],
+        [128, 32768, 32, 751.0, 223.0, 400.0],
+    ]
     target = tmp_path / "kernel_paths.json"
     assert path_table.read_table(target) == {}  # read (no file yet) and cached, as a choice before the recording does
     paths.write_path_table(result, target)
@@ -210,8 +357,12 @@ def test_path_table_with_the_tokens_on_m_path(tmp_path):
     # record runs the experiments after this one in the same process: they read the table just written
     assert path_table.read_table(target) == table
     for h, c, b, want, n, m in points:
-        assert path_table.decide_path(h, b, m, tokens=n, gpu="NVIDIA H200", capability=(9, 0), refusal=None,
-                                      table=table)[0] == want
+        assert (
+            path_table.decide_path(h, b, m, tokens=n, gpu="NVIDIA H200", capability=(9, 0), refusal=None, table=table)[
+                0
+            ]
+            == want
+        )
 
 
 @pytest.mark.parametrize("name", ["fused_decode_paths", "fused_decode_bench", "fused_decode_profile"])
@@ -223,6 +374,7 @@ def test_gpu_only_experiments_refuse_a_cpu(name):
 # ---------------------------------------------------------------------------------------------------------
 # Arithmetic, by hand
 # ---------------------------------------------------------------------------------------------------------
+
 
 def test_active_bytes_and_flops_by_hand():
     assert kv_read_bytes(1000) == 1000 * (576 + 4) == 580_000
@@ -261,8 +413,9 @@ def test_bench_lengths():
 
 
 def test_case_table_covers_the_brief():
-    cases = validation_cases([1, 3, 16], [[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
-                                [[1, 0, 63, 64, 65, 200]], 64)
+    cases = validation_cases(
+        [1, 3, 16], [[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]], [[1, 0, 63, 64, 65, 200]], 64
+    )
     assert {c.layout for c in cases} == {"pool_view", "contiguous", "pool_view_3d", "paged"}
     assert {(c.ckv_scale, c.kpe_scale) for c in cases} >= {(1.0, 1.0), (0.37, 0.74), (2.5, 0.625)}
     assert {c.index_dtype for c in cases} == {"int32", "int64"} and {c.num_splits for c in cases} >= {None, 1, 7}
@@ -274,6 +427,7 @@ def test_case_table_covers_the_brief():
 # ---------------------------------------------------------------------------------------------------------
 # The validation's small run (CPU: Triton's interpreter)
 # ---------------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def small_validation():
@@ -331,6 +485,7 @@ def test_small_validation_rows_all_pass(small_validation):
 @needs_interpreter
 def test_validation_fails_a_kernel_that_is_off(monkeypatch):
     """The rule has teeth: a kernel 1 % off everywhere, and one that ignores kpe_scale, fail their cases."""
+
     def off_by_one_percent(*args, **kw):
         out = mla_decode_fp8(*args, **kw)
         out.copy_((out.float() * 1.01).to(torch.bfloat16))
@@ -339,9 +494,20 @@ def test_validation_fails_a_kernel_that_is_off(monkeypatch):
     def drops_kpe_scale(*args, kpe_scale=1.0, **kw):
         return mla_decode_fp8(*args, **kw)
 
-    params = dict(heads=[3], length_sets=[[40], [0, 70]], paged_length_sets=[], page_size=64, pool_slots=512,
-                  peers=False, graph=False, sanitizer=False, paths=["triton"], contract_heads=16,
-                  contract_lens=[20, 40, 3], seed=5)
+    params = dict(
+        heads=[3],
+        length_sets=[[40], [0, 70]],
+        paged_length_sets=[],
+        page_size=64,
+        pool_slots=512,
+        peers=False,
+        graph=False,
+        sanitizer=False,
+        paths=["triton"],
+        contract_heads=16,
+        contract_lens=[20, 40, 3],
+        seed=5,
+    )
     monkeypatch.setattr(validation, "mla_decode_fp8", off_by_one_percent)
     rows = validation.run_fused_decode_validation(CPU, **params).table("cases")
     assert rows and not any(r["passed"] for r in rows) and all(r["ratio"] > 2 for r in rows)
@@ -369,6 +535,7 @@ def test_error_rows_catch_a_write_before_raising(monkeypatch):
 # The bench driver on CPU (fake clock): rows, derived numbers, one failing peer = one error row
 # ---------------------------------------------------------------------------------------------------------
 
+
 @needs_interpreter
 def test_bench_point_rows_on_cpu(monkeypatch):
     monkeypatch.setattr(sglang, "_SGLANG", {"error": "sglang import failed: not here", "source": "test"})
@@ -379,9 +546,21 @@ def test_bench_point_rows_on_cpu(monkeypatch):
     pt = strategies.make_point(16, 256, 8, pool_slots=2000, max_total=2_000_000, gen=gen, seed=0, device=CPU)
     assert pt.tokens == 512 and pt.batch == 8 and pt.idx.numel() == 512
     names = ["ours", "flashinfer_fp8_fa2", "sglang_triton_fp8", "flashmla_dense_fp8"]
-    rows = bench.bench_point_rows(pt, pool, CPU, names, lambda: None, copy_gbps=4000.0, bf16_tflops=800.0, reps=1,
-                                  rounds=1, host_calls=1, ctx=strategies.BuildContext(sm_count=132),
-                                  sglang_split_sweep=[8], timer=fake_clock)
+    rows = bench.bench_point_rows(
+        pt,
+        pool,
+        CPU,
+        names,
+        lambda: None,
+        copy_gbps=4000.0,
+        bf16_tflops=800.0,
+        reps=1,
+        rounds=1,
+        host_calls=1,
+        ctx=strategies.BuildContext(sm_count=132),
+        sglang_split_sweep=[8],
+        timer=fake_clock,
+    )
     assert [r["strategy"] for r in rows] == names
     ours, fi, sg, fm = rows
     for r in rows:
@@ -413,12 +592,23 @@ def test_sglang_loader_reports_a_bad_path(monkeypatch, tmp_path):
 # GPU: both experiments at a tiny scale
 # ---------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 @needs_gpu
 def test_bench_tiny_on_gpu():
-    result = run_experiment("fused_decode_bench", torch.device("cuda"), "small", heads=[16], contexts=[4096],
-                            batches=[1, 8], reps=3, rounds=1, host_calls=3, sglang_split_sweep=[],
-                            floor_contexts=[])
+    result = run_experiment(
+        "fused_decode_bench",
+        torch.device("cuda"),
+        "small",
+        heads=[16],
+        contexts=[4096],
+        batches=[1, 8],
+        reps=3,
+        rounds=1,
+        host_calls=3,
+        sglang_split_sweep=[],
+        floor_contexts=[],
+    )
     json.dumps({"params": result.params, "rows": result.rows}, allow_nan=False)
     head = result.table("ceilings")[0]
     assert head["copy_gbps"] > 100 and head["bf16_tflops"] > 1
@@ -430,7 +620,8 @@ def test_bench_tiny_on_gpu():
     ours = [r for r in rows if r["strategy"] in ("ours", "ours_page64")]
     for r in ours:
         assert "error" not in r and r["timing"] == "cuda_graph", r
-        # any of ours' paths: on an H100 / H200 with a kernel_paths.json that times the tokens-on-M path, 16 heads may run it
+        # any of ours' paths: on an H100 / H200 with a kernel_paths.json that times the tokens-on-M path,
+        # 16 heads may run it
         assert 0 < r["pct_roofline"] <= 110 and r["host_us"] > 0 and r["kernel_path"] in dispatch.KERNEL_PATHS
     for r in rows:
         if r["strategy"] in ("full_cast_bf16", "gather_cast_bf16", "flashinfer_bf16_precast") and "error" not in r:
@@ -441,9 +632,16 @@ def test_bench_tiny_on_gpu():
 @pytest.mark.gpu
 @needs_gpu
 def test_validation_tiny_on_gpu():
-    result = run_experiment("fused_decode_validation", torch.device("cuda"), "small", heads=[16],
-                            length_sets=[[1], [0, 7, 130, 1, 33], [4097]], paged_length_sets=[[1, 0, 63, 64, 65, 200]],
-                            pool_slots=50_000, sanitizer=False)
+    result = run_experiment(
+        "fused_decode_validation",
+        torch.device("cuda"),
+        "small",
+        heads=[16],
+        length_sets=[[1], [0, 7, 130, 1, 33], [4097]],
+        paged_length_sets=[[1, 0, 63, 64, 65, 200]],
+        pool_slots=50_000,
+        sanitizer=False,
+    )
     json.dumps({"params": result.params, "rows": result.rows}, allow_nan=False)
     for row in result.table("cases") + result.table("errors") + result.table("graph"):
         assert row["passed"] is True, row
@@ -456,8 +654,17 @@ def test_validation_tiny_on_gpu():
 @pytest.mark.gpu
 @needs_gpu
 def test_paths_tiny_on_gpu():
-    result = run_experiment("fused_decode_paths", torch.device("cuda"), "small", heads=[16], contexts=[4096],
-                            batches=[1, 8], floor_contexts=[], reps=3, rounds=1)
+    result = run_experiment(
+        "fused_decode_paths",
+        torch.device("cuda"),
+        "small",
+        heads=[16],
+        contexts=[4096],
+        batches=[1, 8],
+        floor_contexts=[],
+        reps=3,
+        rounds=1,
+    )
     rows = result.table("bench")
     assert {(r["strategy"], r["page_size"]) for r in rows} >= {("triton", 1), ("triton", 64)}
     for r in rows:
@@ -469,18 +676,27 @@ def test_paths_tiny_on_gpu():
 # The tuning and profiling records (fused_tuning.py) and the compiled-loop evidence of chapter 5
 # ----------------------------------------------------------------------------------------------
 
+
 def test_parse_ncu_csv_reads_base_unit_metrics_and_rejects_empty_output():
-    head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
-            '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
-    row = ('"0","1","python3","h","_mla_split_kernel","1","7","(128, 1, 1)","(1, 264, 1)","0","9.0",'
-           '"Command line profiler metrics","{name}","{unit}","{value}"')
-    text = "\n".join(["==PROF== Connected to process", head,
-                      row.format(name="dram__bytes_read.sum", unit="byte", value="68,983,040"),
-                      row.format(name="launch__registers_per_thread", unit="register/thread", value="254"),
-                      row.format(name="some__other.metric", unit="", value="1"),
-                      row.format(name="sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", unit="%",
-                                 value="31.5"),
-                      row.format(name="sm__inst_executed.sum", unit="inst", value="n/a")])
+    head = (
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+        '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+    )
+    row = (
+        '"0","1","python3","h","_mla_split_kernel","1","7","(128, 1, 1)","(1, 264, 1)","0","9.0",'
+        '"Command line profiler metrics","{name}","{unit}","{value}"'
+    )
+    text = "\n".join(
+        [
+            "==PROF== Connected to process",
+            head,
+            row.format(name="dram__bytes_read.sum", unit="byte", value="68,983,040"),
+            row.format(name="launch__registers_per_thread", unit="register/thread", value="254"),
+            row.format(name="some__other.metric", unit="", value="1"),
+            row.format(name="sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", unit="%", value="31.5"),
+            row.format(name="sm__inst_executed.sum", unit="inst", value="n/a"),
+        ]
+    )
     got = parse_ncu_csv(text)
     assert got == {"dram_read_bytes": 68_983_040.0, "registers_per_thread": 254.0, "tensor_pipe_pct": 31.5}
     with pytest.raises(ValueError, match="no Nsight Compute metric rows"):
@@ -494,15 +710,17 @@ def test_profile_kernel_drops_a_metric_this_ncu_does_not_know_and_names_it(tmp_p
 
     head = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
     fake = tmp_path / "ncu"
-    fake.write_text("#!/usr/bin/env python3\n"
-                    "import sys\n"
-                    "metrics = sys.argv[sys.argv.index('--metrics') + 1].split(',')\n"
-                    "if 'smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio' in metrics:\n"
-                    "    print('==ERROR== Failed to find metric smsp__average_warps_issue_stalled_gmma_per_issue_active"
-                    ".ratio', file=sys.stderr); sys.exit(1)\n"
-                    "if 'boom' in sys.argv: print('==ERROR== the application crashed'); sys.exit(1)\n"
-                    f"print({head!r})\n"
-                    "for i, m in enumerate(metrics): print(f'\"0\",\"k\",\"{m}\",\"\",\"{i + 1}\"')\n")
+    fake.write_text(
+        "#!/usr/bin/env python3\n"
+        "import sys\n"
+        "metrics = sys.argv[sys.argv.index('--metrics') + 1].split(',')\n"
+        "if 'smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio' in metrics:\n"
+        "    print('==ERROR== Failed to find metric smsp__average_warps_issue_stalled_gmma_per_issue_active"
+        ".ratio', file=sys.stderr); sys.exit(1)\n"
+        "if 'boom' in sys.argv: print('==ERROR== the application crashed'); sys.exit(1)\n"
+        f"print({head!r})\n"
+        'for i, m in enumerate(metrics): print(f\'"0","k","{m}","","{i + 1}"\')\n'
+    )
     fake.chmod(0o755)
     monkeypatch.setattr(ncu_mod, "ncu_path", lambda: str(fake))
     got = ncu_mod.profile_kernel("m", [], kernel_regex="k", launch_skip=0, timeout_s=30)
@@ -532,6 +750,7 @@ def test_compiled_loop_shows_byte_wise_shared_loads():
 # ----------------------------------------------------------------------------------------------
 # What the experiments stand on: the stopwatches' contracts, accuracy helpers, the peers' loaders
 # ----------------------------------------------------------------------------------------------
+
 
 def test_host_timer_counts_calls_and_graph_timer_refuses_a_cpu():
     calls = []
@@ -567,14 +786,20 @@ def test_the_validation_runs_memcheck_on_every_path_the_device_runs(monkeypatch)
     from kvwall.kernels.mla_decode import sanitize
 
     calls = []
-    monkeypatch.setattr(validation, "memcheck_row",
-                        lambda module, timeout_s, args=(): calls.append((module, timeout_s, list(args))) or
-                        {"section": "sanitizer", "passed": True})
+    monkeypatch.setattr(
+        validation,
+        "memcheck_row",
+        lambda module, timeout_s, args=(): (
+            calls.append((module, timeout_s, list(args))) or {"section": "sanitizer", "passed": True}
+        ),
+    )
     assert validation.sanitizer_row(CPU, 30) == {"section": "sanitizer", "passed": True, "paths": ["triton"]}
     monkeypatch.setattr(sanitize.wgmma_path, "wgmma_refusal", lambda device: None)  # as on an H100 / H200
     assert validation.sanitizer_row(CPU, 30)["paths"] == ["triton", "wgmma", "wgmma_tokens"]
-    assert calls == [("kvwall.kernels.mla_decode.sanitize", 30, ["--paths", "triton"]),
-                     ("kvwall.kernels.mla_decode.sanitize", 30, ["--paths", "triton", "wgmma", "wgmma_tokens"])]
+    assert calls == [
+        ("kvwall.kernels.mla_decode.sanitize", 30, ["--paths", "triton"]),
+        ("kvwall.kernels.mla_decode.sanitize", 30, ["--paths", "triton", "wgmma", "wgmma_tokens"]),
+    ]
 
 
 def test_flashmla_page_table_and_a_missing_wheel(monkeypatch):
@@ -588,5 +813,6 @@ def test_flashmla_page_table_and_a_missing_wheel(monkeypatch):
     monkeypatch.setattr(flashmla, "_FLASH_MLA", {"error": "flash_mla import failed: not here"})
     q = torch.zeros(1, 16, 512, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="not here"):
-        flashmla.FlashMLADecode(q, q[..., :64], torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16), table[:1],
-                                seqlens[:1], 0.1)
+        flashmla.FlashMLADecode(
+            q, q[..., :64], torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16), table[:1], seqlens[:1], 0.1
+        )

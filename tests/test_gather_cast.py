@@ -18,8 +18,15 @@ from hypothesis import strategies as st
 from kvwall.kernels.gather.cases import VALIDATION_CASES, check_case, compare_rows
 from kvwall.model.strategies import GatherCast, IndexThenCast, compact_batch
 from kvwall.model.geometry import GLM5
-from kvwall.kernels import (compact_kv_indices, full_cast, gather_cast, gather_cast_cuda, gather_cast_reference,
-                            make_gather_inputs, nvcc_compile_check)
+from kvwall.kernels import (
+    compact_kv_indices,
+    full_cast,
+    gather_cast,
+    gather_cast_cuda,
+    gather_cast_reference,
+    make_gather_inputs,
+    nvcc_compile_check,
+)
 from kvwall.kernels.gather import kernel as gc_module
 from kvwall.kernels.gather import sanitize
 from kvwall.kernels.gather.reference import POISON_BITS, bits, fp8_bytes
@@ -37,6 +44,7 @@ def _variant(name, config=None):
     def run(pool, idx, indptr=None, *, out=None, scale=None):
         plan = gc_module.plan_gather(pool, idx, indptr, out=out, scale=scale)
         return gc_module.launch_gather(plan, variant=name, config=config)
+
     return run
 
 
@@ -61,8 +69,10 @@ def test_launch_for_another_layer_checks_the_layout():
 def test_config_table_and_chunk_width(tmp_path, monkeypatch):
     assert [gc_module.chunk_width(d) for d in (576, 512, 1000, 70, 33, 1)] == [64, 128, 8, 2, 1, 1]
     table = tmp_path / "tuned.json"
-    table.write_text('{"GPU X": {"small": {"block": 64, "num_warps": 2, "programs_per_sm": 0}, '
-                     '"large": {"block": 512, "num_warps": 8, "programs_per_sm": 4, "load_vec": 16}, "small_rows": 99}}')
+    table.write_text(
+        '{"GPU X": {"small": {"block": 64, "num_warps": 2, "programs_per_sm": 0}, '
+        '"large": {"block": 512, "num_warps": 8, "programs_per_sm": 4, "load_vec": 16}, "small_rows": 99}}'
+    )
     monkeypatch.setattr(gc_module, "TUNED_CONFIG_FILE", table)
     gc_module._device_configs.cache_clear()
     try:
@@ -89,6 +99,7 @@ def test_every_fp8_value_converts_exactly_nan_included(variant):
 
 # ---- the checker must reject wrong implementations (otherwise a passing suite proves nothing) ----------
 
+
 def _truncating(pool, idx, indptr=None, *, out, scale=None):
     gather_cast_reference(pool, idx, indptr, out=out)
     n = int(indptr[-1]) if indptr is not None else idx.numel()
@@ -113,12 +124,15 @@ def _drops_last_row(pool, idx, indptr=None, *, out, scale=None):
     return gather_cast_reference(pool, idx, keep, out=out, scale=scale)
 
 
-@pytest.mark.parametrize("wrong,case_name", [
-    (_truncating, "scale_float"),
-    (_ignores_indptr, "capacity_over_real"),
-    (_off_by_one, "mla_sglang_int32"),
-    (_drops_last_row, "odd_dim_33_repeats"),
-])
+@pytest.mark.parametrize(
+    "wrong,case_name",
+    [
+        (_truncating, "scale_float"),
+        (_ignores_indptr, "capacity_over_real"),
+        (_off_by_one, "mla_sglang_int32"),
+        (_drops_last_row, "odd_dim_33_repeats"),
+    ],
+)
 def test_checker_rejects_wrong_implementations(wrong, case_name):
     case = next(c for c in VALIDATION_CASES if c.name == case_name)
     assert not check_case(wrong, case, "cpu")["ok"]
@@ -126,10 +140,18 @@ def test_checker_rejects_wrong_implementations(wrong, case_name):
 
 # ---- properties over shapes and index patterns ----------------------------------------------------------
 
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), dim=st.integers(1, 700), slots=st.integers(1, 64), page=st.sampled_from([1, 1, 2, 5]),
-       layout=st.sampled_from(["flat", "sglang", "paged"]), index_dtype=st.sampled_from([torch.int32, torch.int64]),
-       extra_capacity=st.integers(0, 9), scaled=st.booleans())
+@given(
+    data=st.data(),
+    dim=st.integers(1, 700),
+    slots=st.integers(1, 64),
+    page=st.sampled_from([1, 1, 2, 5]),
+    layout=st.sampled_from(["flat", "sglang", "paged"]),
+    index_dtype=st.sampled_from([torch.int32, torch.int64]),
+    extra_capacity=st.integers(0, 9),
+    scaled=st.booleans(),
+)
 def test_property_matches_reference(data, dim, slots, page, layout, index_dtype, extra_capacity, scaled):
     page = page if layout == "paged" else 1
     lens = data.draw(st.lists(st.integers(0, 12), max_size=4), label="request lengths")
@@ -150,10 +172,16 @@ def test_property_matches_reference(data, dim, slots, page, layout, index_dtype,
 
 # ---- errors before any launch -----------------------------------------------------------------------------
 
+
 def _args():
     inp = make_gather_inputs(num_slots=50, dim=576, context_lens=[10, 20], seed=1)
-    return {"pool": inp.pool, "kv_indices": inp.kv_indices, "kv_indptr": inp.kv_indptr,
-            "out": torch.empty((30, 1, 576), dtype=torch.bfloat16), "scale": None}
+    return {
+        "pool": inp.pool,
+        "kv_indices": inp.kv_indices,
+        "kv_indptr": inp.kv_indptr,
+        "out": torch.empty((30, 1, 576), dtype=torch.bfloat16),
+        "scale": None,
+    }
 
 
 def _set(**changes):
@@ -175,10 +203,16 @@ BAD_INPUTS = [
     (_set(out=lambda a: a["out"].float()), TypeError, "out has dtype torch.float32"),
     (_set(out=lambda a: torch.empty((30, 576), dtype=torch.bfloat16)), ValueError, "must be \\(capacity, 1, 576\\)"),
     (_set(out=lambda a: torch.empty((30, 1, 1152), dtype=torch.bfloat16)[..., ::2]), ValueError, "out strides"),
-    (_set(out=lambda a: torch.zeros((1, 1, 576), dtype=torch.bfloat16).expand(30, 1, 576)), ValueError,
-     "overlaps itself"),
-    (_set(out=lambda a: torch.zeros(576 * 16, dtype=torch.bfloat16).as_strided((30, 1, 576), (288, 576, 1))),
-     ValueError, "overlaps itself"),
+    (
+        _set(out=lambda a: torch.zeros((1, 1, 576), dtype=torch.bfloat16).expand(30, 1, 576)),
+        ValueError,
+        "overlaps itself",
+    ),
+    (
+        _set(out=lambda a: torch.zeros(576 * 16, dtype=torch.bfloat16).as_strided((30, 1, 576), (288, 576, 1))),
+        ValueError,
+        "overlaps itself",
+    ),
     (_set(kv_indices=lambda a: a["kv_indices"] + 50), IndexError, "outside the pool's 50 slots"),
     (_set(kv_indices=lambda a: a["kv_indices"] - 50), IndexError, "outside the pool's 50 slots"),
     (_set(kv_indptr=torch.tensor([0, 10, 31], dtype=torch.int32)), ValueError, "ends at 31 but kv_indices has only 30"),
@@ -247,20 +281,35 @@ def _pool46():
     return fp8_bytes((4, 6), generator=torch.Generator().manual_seed(5))
 
 
-@pytest.mark.parametrize("call,exc,words", [
-    (lambda: full_cast(torch.zeros(4, dtype=torch.bfloat16)), TypeError, "float8_e4m3fn"),
-    (lambda: full_cast(_pool46().t()), ValueError, "not contiguous"),
-    (lambda: full_cast(_pool46(), out=torch.empty(4, 5, dtype=torch.bfloat16)), ValueError, "out must be"),
-    (lambda: full_cast(_pool46(), out=[1, 2]), TypeError, "out must be a torch.bfloat16 tensor, got list"),
-    (lambda: full_cast(_pool46(), out=torch.empty(6, 4, dtype=torch.bfloat16).t()), ValueError, "not contiguous"),
-    (lambda: full_cast(_pool46(), block=-1), ValueError, "block=-1: give a power of two"),
-    (lambda: full_cast(_pool46(), block=0), ValueError, "block=0"),
-    (lambda: full_cast(_pool46(), block=100), ValueError, "block=100"),
-    (lambda: full_cast(_pool46(), block=True), ValueError, "block=True"),
-    (lambda: full_cast(_pool46(), block=1 << 21), ValueError, "from 1 to 1048576"),
-    (lambda: full_cast(_pool46(), block=64.0), ValueError, "block=64.0"),
-], ids=["pool_dtype", "pool_strided", "out_shape", "out_list", "out_strided", "block_-1", "block_0", "block_100",
-        "block_bool", "block_huge", "block_float"])
+@pytest.mark.parametrize(
+    "call,exc,words",
+    [
+        (lambda: full_cast(torch.zeros(4, dtype=torch.bfloat16)), TypeError, "float8_e4m3fn"),
+        (lambda: full_cast(_pool46().t()), ValueError, "not contiguous"),
+        (lambda: full_cast(_pool46(), out=torch.empty(4, 5, dtype=torch.bfloat16)), ValueError, "out must be"),
+        (lambda: full_cast(_pool46(), out=[1, 2]), TypeError, "out must be a torch.bfloat16 tensor, got list"),
+        (lambda: full_cast(_pool46(), out=torch.empty(6, 4, dtype=torch.bfloat16).t()), ValueError, "not contiguous"),
+        (lambda: full_cast(_pool46(), block=-1), ValueError, "block=-1: give a power of two"),
+        (lambda: full_cast(_pool46(), block=0), ValueError, "block=0"),
+        (lambda: full_cast(_pool46(), block=100), ValueError, "block=100"),
+        (lambda: full_cast(_pool46(), block=True), ValueError, "block=True"),
+        (lambda: full_cast(_pool46(), block=1 << 21), ValueError, "from 1 to 1048576"),
+        (lambda: full_cast(_pool46(), block=64.0), ValueError, "block=64.0"),
+    ],
+    ids=[
+        "pool_dtype",
+        "pool_strided",
+        "out_shape",
+        "out_list",
+        "out_strided",
+        "block_-1",
+        "block_0",
+        "block_100",
+        "block_bool",
+        "block_huge",
+        "block_float",
+    ],
+)
 def test_full_cast_refuses_bad_arguments_before_launch(monkeypatch, call, exc, words):
     monkeypatch.setattr(gc_module, "_kernel", lambda *a: pytest.fail("launched despite bad input"))
     with pytest.raises(exc, match=words) as info:
@@ -297,8 +346,12 @@ def test_strategies_agree_and_refuse_a_too_small_capacity():
     pool = TokenPool.random(GLM5, 3000, 2, seed=0)
     batch = make_decode_batch([300, 41], pool.num_slots, seed=0)
     want = pool.key_buffer(1).index_select(0, batch.kv_indices.long()).to(torch.bfloat16)
-    for strategy in (IndexThenCast(batch), IndexThenCast(batch, capacity=512), GatherCast(batch, pool),
-                     GatherCast(batch, pool, capacity=512)):
+    for strategy in (
+        IndexThenCast(batch),
+        IndexThenCast(batch, capacity=512),
+        GatherCast(batch, pool),
+        GatherCast(batch, pool, capacity=512),
+    ):
         ckv, kpe = strategy.prepare_kv(pool, 1, torch.bfloat16)
         got = torch.cat([ckv, kpe], dim=-1)[: batch.total_tokens]
         assert torch.equal(bits(got), bits(want)), strategy.name
@@ -314,7 +367,9 @@ def test_cuda_twin_says_what_it_needs_without_a_gpu():
         gather_cast_cuda(inp.pool, inp.kv_indices)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA twin cannot be compile-checked")
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA twin cannot be compile-checked"
+)
 def test_cuda_twin_compiles_for_hopper_without_spills():
     report = nvcc_compile_check("sm_90")
     assert report.ok, report.log[-3000:]

@@ -24,9 +24,12 @@ def glued_keys(chapter, notebook) -> tuple[set[str], dict[str, str]]:
 
     md = re.sub(r"```\{code-cell\}.*?\n```", "", chapter.read_text(), flags=re.S)
     named = set(re.findall(r"\{glue(?::\w*)?\}`([^`:]+)", md)) | set(re.findall(r"```\{glue(?::\w*)?\} (\S+)", md))
-    glued = {o["metadata"]["scrapbook"]["name"]: o["data"].get("application/papermill.record/text/plain")
-             for cell in nbformat.read(notebook, as_version=4).cells for o in cell.get("outputs", [])
-             if "scrapbook" in o.get("metadata", {})}
+    glued = {
+        o["metadata"]["scrapbook"]["name"]: o["data"].get("application/papermill.record/text/plain")
+        for cell in nbformat.read(notebook, as_version=4).cells
+        for o in cell.get("outputs", [])
+        if "scrapbook" in o.get("metadata", {})
+    }
     return named, glued
 
 
@@ -45,8 +48,11 @@ def test_chapter_4_on_cpu(executed):
     assert v["full_pool_cast_bytes_per_layer"] == full_pool_cast_bytes(GLM5, ORIGINAL.pool_tokens)["total"]
     # Recorded GPU runs are shown when present (and counted as used), and their absence is said, not hidden.
     used = {u["experiment"] for u in rec["recorded_used"]}
-    for key, name in (("validation", "gather_cast_validation"), ("bench", "gather_cast_bench"),
-                      ("profile", "gather_cast_profile")):
+    for key, name in (
+        ("validation", "gather_cast_validation"),
+        ("bench", "gather_cast_bench"),
+        ("profile", "gather_cast_profile"),
+    ):
         present = (RESULTS_DIR / f"{name}.json").is_file()
         assert v["recorded"][key] == present and (name in used) == present
 
@@ -71,8 +77,15 @@ def test_chapter_4_smaller_knobs_run_its_live_step():
     from kvwall.experiments import EXPERIMENTS, run_experiment
     from kvwall.reports.chapter import start_chapter, step_knobs
 
-    run = start_chapter("04_gather_then_cast", mode="cpu", record=False, defaults=step_knobs("gather_cast_profile"),
-                        pool_tokens=6000, layers=1, context_len=700)
+    run = start_chapter(
+        "04_gather_then_cast",
+        mode="cpu",
+        record=False,
+        defaults=step_knobs("gather_cast_profile"),
+        pool_tokens=6000,
+        layers=1,
+        context_len=700,
+    )
     assert run.knobs == {"pool_tokens": 6000, "layers": 1, "context_len": 700}
     params = gather_step_report.live_profile_params(run.knobs, EXPERIMENTS["gather_cast_profile"].small)
     assert params["capacity"] <= 6000 and all(c <= 6000 for c in params["capacity_sweep"])
@@ -84,11 +97,32 @@ def test_chapter_4_smaller_knobs_run_its_live_step():
 
 def _profile(strategies: list[tuple[str, float, float, float]]) -> Result:
     """A gather_cast_profile result with (strategy, host enqueue ms, unmarked eager step ms, graph step ms) rows."""
-    rows = [{"section": "strategies", "strategy": k, "name": k, "host_enqueue_ms": host, "unmarked_step_ms": eager,
-             "graph_step_ms": graph, "graph_phase_sum_ms": graph + 0.01} for k, host, eager, graph in strategies]
-    provenance = Provenance(date="2026-11-30T00:00:00+00:00", device="cuda", gpu="NVIDIA H200", driver=None,
-                            cuda="13.0", torch="2.11.0", triton="3.6.0", flashinfer=None, python="3.11",
-                            git_commit="0" * 40, git_dirty=False, sources={})
+    rows = [
+        {
+            "section": "strategies",
+            "strategy": k,
+            "name": k,
+            "host_enqueue_ms": host,
+            "unmarked_step_ms": eager,
+            "graph_step_ms": graph,
+            "graph_phase_sum_ms": graph + 0.01,
+        }
+        for k, host, eager, graph in strategies
+    ]
+    provenance = Provenance(
+        date="2026-11-30T00:00:00+00:00",
+        device="cuda",
+        gpu="NVIDIA H200",
+        driver=None,
+        cuda="13.0",
+        torch="2.11.0",
+        triton="3.6.0",
+        flashinfer=None,
+        python="3.11",
+        git_commit="0" * 40,
+        git_dirty=False,
+        sources={},
+    )
     return Result("gather_cast_profile", {}, rows, provenance)
 
 
@@ -109,8 +143,9 @@ def test_the_recorded_steps_host_bound_numbers_follow_the_recording():
     profile = load_result("gather_cast_profile")
     host = gather_step_report.host_summary(profile)
     graphed = [s for s in profile.table("strategies") if s["graph_step_ms"] is not None]
-    assert {s["strategy"] for s in host["bound"]} == {s["strategy"] for s in graphed
-                                                       if s["host_enqueue_ms"] > s["graph_step_ms"]}
+    assert {s["strategy"] for s in host["bound"]} == {
+        s["strategy"] for s in graphed if s["host_enqueue_ms"] > s["graph_step_ms"]
+    }
     others = [s for s in graphed if s["host_enqueue_ms"] <= s["graph_step_ms"]]
     assert host["share"] == pytest.approx(max(s["host_enqueue_ms"] / s["graph_step_ms"] for s in others))
     stalls = gather_step_report.stalls(profile)

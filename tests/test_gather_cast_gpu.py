@@ -16,8 +16,10 @@ from kvwall.kernels.gather.reference import bits, make_gather_inputs
 from kvwall.kernels.gather.sanitize import unchecked_out_of_range_gives_nan
 from test_kernels_large_offsets import check_gather, check_mla, far_indices, wide_pool
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA kernels)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA kernels)"),
+]
 IMPLS = ("triton", "cuda")
 
 

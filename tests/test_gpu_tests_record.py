@@ -17,7 +17,12 @@ def test_junit_rows_sum_each_file():
     a, b = junit_rows(REPORT)
     assert (a["file"], a["passed"], a["skipped"], a["failed"], a["seconds"]) == ("tests/test_a.py", 1, 2, 0, 1.8)
     assert a["skip_reasons"] == ["no nvcc"]
-    assert (b["file"], b["failed"], b["errors"], b["failures"]) == ("tests/test_b.py", 1, 1, ["t4[wgmma]: boom", "t5: setup"])
+    assert (b["file"], b["failed"], b["errors"], b["failures"]) == (
+        "tests/test_b.py",
+        1,
+        1,
+        ["t4[wgmma]: boom", "t5: setup"],
+    )
 
 
 def test_each_file_row_carries_the_hash_of_the_file_as_it_ran(tmp_path):

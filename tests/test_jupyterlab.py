@@ -80,8 +80,9 @@ def _default_viewers(app_settings: Path) -> dict[str, str]:
     from jupyterlab_server.settings_utils import get_settings
 
     schemas = Path(sys.prefix, "share", "jupyter", "lab", "schemas")
-    found, _ = get_settings(str(app_settings), str(schemas), str(app_settings / "user"),
-                            "@jupyterlab/docmanager-extension:plugin")
+    found, _ = get_settings(
+        str(app_settings), str(schemas), str(app_settings / "user"), "@jupyterlab/docmanager-extension:plugin"
+    )
     return found["schema"]["properties"]["defaultViewers"]["default"]
 
 
@@ -97,6 +98,7 @@ def test_make_setup_installs_the_lab_settings_where_jupyterlab_reads_them(tmp_pa
     (settings / "overrides.d").mkdir(parents=True)
     shutil.copy(BOOK / "lab-overrides.json", settings / "overrides.d" / "kvwall.json")
     assert _default_viewers(settings) == {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}
-    (settings / "overrides.json").write_text(json.dumps(
-        {"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Markdown Preview"}}}))
+    (settings / "overrides.json").write_text(
+        json.dumps({"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Markdown Preview"}}})
+    )
     assert _default_viewers(settings) == {"markdown": "Markdown Preview", "myst": "Jupytext Notebook"}

@@ -23,9 +23,19 @@ import pytest
 import torch
 
 import kvwall.kernels as kk
-from kvwall.kernels import (compact_kv_indices, full_cast, gather_cast, gather_cast_cuda, gather_cast_reference,
-                            mla_decode, mla_decode_fp8, mla_decode_reference, plan_gather, plan_mla_decode,
-                            split_latent_cache)
+from kvwall.kernels import (
+    compact_kv_indices,
+    full_cast,
+    gather_cast,
+    gather_cast_cuda,
+    gather_cast_reference,
+    mla_decode,
+    mla_decode_fp8,
+    mla_decode_reference,
+    plan_gather,
+    plan_mla_decode,
+    split_latent_cache,
+)
 from kvwall.kernels.gather.reference import bits, fp8_bytes
 from kvwall.kernels.mla_decode.hopper import plan_hopper
 from kvwall.kernels.mla_decode.triton_path import plan_mla_decode_triton
@@ -63,7 +73,8 @@ def outcome(thunk, expect=OK) -> tuple[str, str]:
     except Exception as exc:  # noqa: BLE001 -- the classification is the point
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         ours = Path(frame.filename).resolve().is_relative_to(KERNELS_DIR) and isinstance(
-            exc, (ValueError, TypeError, IndexError, RuntimeError))
+            exc, (ValueError, TypeError, IndexError, RuntimeError)
+        )
         words = expect[1] if isinstance(expect, tuple) else None
         named = words is None or words.lower() in str(exc).lower()
         detail = f"{type(exc).__name__}: {str(exc)[:160]} [{Path(frame.filename).name}:{frame.lineno}]"
@@ -88,6 +99,7 @@ def check_row(thunk, expect) -> None:
 # ----------------------------------------------------------------------------------------------
 # gather_cast / gather_cast_cuda / plan_gather
 # ----------------------------------------------------------------------------------------------
+
 
 def _gather_inputs(page_size: int = 1, n: int = 6, slots: int = 12, dim: int = 64, index_dtype=torch.int32):
     g = torch.Generator().manual_seed(3)
@@ -147,12 +159,15 @@ def _gather_rows():
         ("unchecked end 2^57", lambda: _gather_matches(pool, idx, BIG), OK),
         ("unchecked end 2^63-1", lambda: _gather_matches(pool, idx, I64_MAX), OK),
         ("unchecked end negative", lambda: _gather_matches(pool, idx, -5), OK),
-        ("unchecked end -2^63", lambda: _gather_matches(pool, idx, -2**63), OK),
+        ("unchecked end -2^63", lambda: _gather_matches(pool, idx, -(2**63)), OK),
         ("unchecked paged end 2^57", lambda: _gather_matches(paged, pidx, BIG), OK),
         ("unchecked paged end 2^63-1", lambda: _gather_matches(paged, pidx, I64_MAX), OK),
         ("unchecked paged end 2^61", lambda: _gather_matches(paged, pidx, 2**61), OK),
-        ("unchecked index out of range", lambda: _gather_matches(
-            pool, torch.cat([idx[:3], i32([99, -7]), idx[5:]]), None, nan_rows=(3, 4)), OK),
+        (
+            "unchecked index out of range",
+            lambda: _gather_matches(pool, torch.cat([idx[:3], i32([99, -7]), idx[5:]]), None, nan_rows=(3, 4)),
+            OK,
+        ),
         # scales
         ("scale 0", lambda: _gather_matches(pool, idx, None, scale=0.0), OK),
         ("scale negative", lambda: _gather_matches(pool, idx, None, scale=-3.5), OK),
@@ -167,11 +182,17 @@ def _gather_rows():
         ("scale bool", lambda: gather_cast(pool, idx, scale=True), (TypeError, "scale")),
         ("scale str", lambda: gather_cast(pool, idx, scale="2"), (TypeError, "scale")),
         ("scale None-like list", lambda: gather_cast(pool, idx, scale=[1.0]), (TypeError, "scale")),
-        ("scale tensor float64", lambda: gather_cast(pool, idx, scale=torch.tensor([2.0], dtype=torch.float64)),
-         (TypeError, "scale")),
+        (
+            "scale tensor float64",
+            lambda: gather_cast(pool, idx, scale=torch.tensor([2.0], dtype=torch.float64)),
+            (TypeError, "scale"),
+        ),
         ("scale tensor 2 values", lambda: gather_cast(pool, idx, scale=torch.ones(2)), (TypeError, "scale")),
-        ("scale tensor on meta", lambda: gather_cast(pool, idx, scale=torch.ones(1, device="meta")),
-         (ValueError, "scale")),
+        (
+            "scale tensor on meta",
+            lambda: gather_cast(pool, idx, scale=torch.ones(1, device="meta")),
+            (ValueError, "scale"),
+        ),
         # the CUDA twin and the plan share the checks
         ("cuda twin on CPU", lambda: gather_cast_cuda(pool, idx), (RuntimeError, "gather_cast_cuda")),
         ("cuda twin pool list", lambda: gather_cast_cuda(pool.tolist(), idx), (TypeError, "pool")),
@@ -183,6 +204,7 @@ def _gather_rows():
 # ----------------------------------------------------------------------------------------------
 # full_cast / compact_kv_indices
 # ----------------------------------------------------------------------------------------------
+
 
 def _full_rows():
     pool, _ = _gather_inputs()
@@ -221,8 +243,11 @@ def _compact_rows():
         ("dtype str", lambda: compact_kv_indices(i64([0, 3]), "int32"), (TypeError, "dtype")),
         ("end 0", lambda: compact_kv_indices(i64([0, 0])).numel() == 0, OK),
         ("end 5 int64", lambda: torch.equal(compact_kv_indices(i64([0, 2, 5]), torch.int64), torch.arange(5)), OK),
-        ("end 5 int32", lambda: compact_kv_indices(torch.tensor([0, 5], dtype=torch.int32)).tolist() == list(range(5)),
-         OK),
+        (
+            "end 5 int32",
+            lambda: compact_kv_indices(torch.tensor([0, 5], dtype=torch.int32)).tolist() == list(range(5)),
+            OK,
+        ),
     ]
 
 
@@ -231,12 +256,13 @@ def _compact_rows():
 # ----------------------------------------------------------------------------------------------
 
 HEADS = 4
-SM = 1 / 576 ** 0.5
+SM = 1 / 576**0.5
 
 
 def _mla(lens=(5, 9), layout="pool_view", page_size=1, index_dtype=torch.int32):
-    return make_mla_inputs(list(lens), HEADS, seed=11, layout=layout, page_size=page_size, pool_slots=64,
-                           index_dtype=index_dtype)
+    return make_mla_inputs(
+        list(lens), HEADS, seed=11, layout=layout, page_size=page_size, pool_slots=64, index_dtype=index_dtype
+    )
 
 
 def _close(out: torch.Tensor, want: torch.Tensor) -> bool:
@@ -251,8 +277,9 @@ def _close(out: torch.Tensor, want: torch.Tensor) -> bool:
     return bool(((out - want).abs() <= 2e-2 * scale + 2.0**-133).all())  # (+ one BF16 subnormal step)
 
 
-def _decode_matches(ckv_scale=1.0, kpe_scale=1.0, sm_scale=SM, *, front=True, tensor_scale=False, num_splits=None,
-                    lens=(5, 9)) -> bool:
+def _decode_matches(
+    ckv_scale=1.0, kpe_scale=1.0, sm_scale=SM, *, front=True, tensor_scale=False, num_splits=None, lens=(5, 9)
+) -> bool:
     inp = _mla(lens)
     cs, ks = ckv_scale, kpe_scale
     if tensor_scale:
@@ -261,8 +288,18 @@ def _decode_matches(ckv_scale=1.0, kpe_scale=1.0, sm_scale=SM, *, front=True, te
         plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=HEADS, sm_scale=sm_scale)
         out = mla_decode(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, plan, ckv_scale=cs, kpe_scale=ks)
     else:
-        out = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
-                             sm_scale, ckv_scale=cs, kpe_scale=ks, num_splits=num_splits)
+        out = mla_decode_fp8(
+            inp.q_nope,
+            inp.q_pe,
+            inp.ckv_cache,
+            inp.kpe_cache,
+            inp.kv_indptr,
+            inp.kv_indices,
+            sm_scale,
+            ckv_scale=cs,
+            kpe_scale=ks,
+            num_splits=num_splits,
+        )
     keep = [i for i, n in enumerate(lens) if n]
     want = reference64(inp, keep, ckv_scale, kpe_scale, sm_scale)
     return _close(out[keep], want) and bool((out[[i for i, n in enumerate(lens) if not n]] == 0).all())
@@ -283,11 +320,13 @@ def _plan_front_rows():
         ("kv_indptr list", lambda: plan(kv_indptr=[0, 5, 14]), (TypeError, "kv_indptr")),
         ("kv_indptr numpy", lambda: plan(kv_indptr=np.array([0, 5, 14])), (TypeError, "kv_indptr")),
         ("kv_indptr float", lambda: plan(kv_indptr=ptr.float()), (TypeError, "kv_indptr")),
-        ("kv_indptr on meta", lambda: plan(kv_indptr=ptr.to("meta"), kv_indices=idx.to("meta")),
-         (ValueError, "meta")),
+        ("kv_indptr on meta", lambda: plan(kv_indptr=ptr.to("meta"), kv_indices=idx.to("meta")), (ValueError, "meta")),
         ("kv_indices None", lambda: plan(kv_indices=None), (TypeError, "kv_indices")),
-        ("kv_len list (paged)", lambda: plan(kv_indptr=pg.kv_indptr, kv_indices=pg.kv_indices, page_size=4,
-                                             kv_len=[5, 9]), (TypeError, "kv_len")),
+        (
+            "kv_len list (paged)",
+            lambda: plan(kv_indptr=pg.kv_indptr, kv_indices=pg.kv_indices, page_size=4, kv_len=[5, 9]),
+            (TypeError, "kv_len"),
+        ),
         ("heads str", lambda: plan(heads="16"), (ValueError, "heads")),
         ("heads bool", lambda: plan(heads=True), (ValueError, "heads")),
         ("heads float", lambda: plan(heads=16.0), (ValueError, "heads")),
@@ -296,8 +335,11 @@ def _plan_front_rows():
         ("q_len 9", lambda: plan(q_len=9), (ValueError, "q_len")),
         ("q_len str", lambda: plan(q_len="2"), (ValueError, "q_len")),
         ("page_size 0", lambda: plan(page_size=0), (ValueError, "page_size")),
-        ("page_size huge", lambda: plan(kv_indptr=pg.kv_indptr, kv_indices=pg.kv_indices, kv_len=pg.kv_len,
-                                        page_size=2**40), (ValueError, "page_size")),
+        (
+            "page_size huge",
+            lambda: plan(kv_indptr=pg.kv_indptr, kv_indices=pg.kv_indices, kv_len=pg.kv_len, page_size=2**40),
+            (ValueError, "page_size"),
+        ),
         ("sm_scale inf", lambda: plan(sm_scale=math.inf), (ValueError, "sm_scale")),
         ("sm_scale -inf", lambda: plan(sm_scale=-math.inf), (ValueError, "sm_scale")),
         ("sm_scale nan", lambda: plan(sm_scale=math.nan), (ValueError, "sm_scale")),
@@ -314,18 +356,27 @@ def _plan_front_rows():
         ("lengths float", lambda: plan(lengths=[5.5, 9]), (TypeError, "lengths")),
         ("lengths str", lambda: plan(lengths="59"), (ValueError, "lengths")),
         ("lengths past kv_indices", lambda: plan(lengths=[5, 2**40]), (ValueError, "lengths")),
-        ("lengths 2^57 (int64 table)", lambda: plan(kv_indptr=i64([0, 5, BIG]), lengths=[5, BIG]),
-         (ValueError, "lengths")),
+        (
+            "lengths 2^57 (int64 table)",
+            lambda: plan(kv_indptr=i64([0, 5, BIG]), lengths=[5, BIG]),
+            (ValueError, "lengths"),
+        ),
         ("graph_max_len str", lambda: plan(graph_max_len="256"), (ValueError, "graph_max_len")),
         ("graph_max_len negative", lambda: plan(graph_max_len=-4), (ValueError, "graph_max_len")),
         ("graph_max_len below lengths", lambda: plan(graph_max_len=4), (ValueError, "graph_max_len")),
         ("graph_max_len 2^40", lambda: plan(graph_max_len=2**40), (ValueError, "graph_max_len")),
-        ("indptr decreasing", lambda: plan(kv_indptr=torch.tensor([0, 9, 5], dtype=torch.int32)),
-         (ValueError, "kv_indptr")),
+        (
+            "indptr decreasing",
+            lambda: plan(kv_indptr=torch.tensor([0, 9, 5], dtype=torch.int32)),
+            (ValueError, "kv_indptr"),
+        ),
         ("indptr end 2^57", lambda: plan(kv_indptr=i64([0, 5, BIG])), (ValueError, "kv_indptr")),
         ("indptr end 2^63-1", lambda: plan(kv_indptr=i64([0, 5, I64_MAX])), (ValueError, "kv_indptr")),
-        ("index out of range", lambda: plan(kv_indices=torch.tensor([0] * 13 + [10**6], dtype=torch.int32),
-                                            ckv_cache=inp.ckv_cache), (IndexError, "kv_indices")),
+        (
+            "index out of range",
+            lambda: plan(kv_indices=torch.tensor([0] * 13 + [10**6], dtype=torch.int32), ckv_cache=inp.ckv_cache),
+            (IndexError, "kv_indices"),
+        ),
         ("empty batch", lambda: plan(kv_indptr=ptr[:1]), (ValueError, "kv_indptr")),
         ("sm_scale 0", lambda: _decode_matches(sm_scale=0.0), OK),
         ("sm_scale negative", lambda: _decode_matches(sm_scale=-0.3), OK),
@@ -340,8 +391,9 @@ def _run_rows():
     def run(**kw):
         args = dict(q_nope=inp.q_nope, q_pe=inp.q_pe, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache, plan=plan)
         args.update(kw)
-        return mla_decode(args.pop("q_nope"), args.pop("q_pe"), args.pop("ckv_cache"), args.pop("kpe_cache"),
-                          args.pop("plan"), **args)
+        return mla_decode(
+            args.pop("q_nope"), args.pop("q_pe"), args.pop("ckv_cache"), args.pop("kpe_cache"), args.pop("plan"), **args
+        )
 
     return [
         ("plan None", lambda: run(plan=None), (TypeError, "plan")),
@@ -355,8 +407,11 @@ def _run_rows():
         ("ckv_scale nan", lambda: run(ckv_scale=math.nan), (ValueError, "ckv_scale")),
         ("ckv_scale 1e39", lambda: run(ckv_scale=1e39), (ValueError, "ckv_scale")),
         ("kpe_scale bool", lambda: run(kpe_scale=False), (TypeError, "kpe_scale")),
-        ("ckv_scale tensor float64", lambda: run(ckv_scale=torch.tensor([1.0], dtype=torch.float64)),
-         (ValueError, "ckv_scale")),
+        (
+            "ckv_scale tensor float64",
+            lambda: run(ckv_scale=torch.tensor([1.0], dtype=torch.float64)),
+            (ValueError, "ckv_scale"),
+        ),
         ("ckv_scale tensor on meta", lambda: run(ckv_scale=torch.ones(1, device="meta")), (ValueError, "ckv_scale")),
         ("out wrong shape", lambda: run(out=torch.empty(2, HEADS, 64, dtype=BF16)), (ValueError, "out")),
         ("out = q_nope", lambda: run(out=inp.q_nope), (ValueError, "out")),
@@ -379,20 +434,53 @@ def _fp8_rows():
     pg = _mla(layout="paged", page_size=4, index_dtype=torch.int64)
 
     def call(sm_scale=SM, **kw):
-        a = dict(q_nope=inp.q_nope, q_pe=inp.q_pe, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache,
-                 kv_indptr=inp.kv_indptr, kv_indices=inp.kv_indices)
+        a = dict(
+            q_nope=inp.q_nope,
+            q_pe=inp.q_pe,
+            ckv_cache=inp.ckv_cache,
+            kpe_cache=inp.kpe_cache,
+            kv_indptr=inp.kv_indptr,
+            kv_indices=inp.kv_indices,
+        )
         a.update(kw)
-        return mla_decode_fp8(a.pop("q_nope"), a.pop("q_pe"), a.pop("ckv_cache"), a.pop("kpe_cache"),
-                              a.pop("kv_indptr"), a.pop("kv_indices"), sm_scale, **a)
+        return mla_decode_fp8(
+            a.pop("q_nope"),
+            a.pop("q_pe"),
+            a.pop("ckv_cache"),
+            a.pop("kpe_cache"),
+            a.pop("kv_indptr"),
+            a.pop("kv_indices"),
+            sm_scale,
+            **a,
+        )
 
     def unchecked_clamped(end: int) -> bool:
         """An unchecked paged call whose last kv_indptr entry (int64) lies far past kv_indices: clamped to it."""
         wild = pg.kv_indptr.clone()
         wild[-1] = end
-        got = mla_decode_fp8(pg.q_nope, pg.q_pe, pg.ckv_cache, pg.kpe_cache, wild, pg.kv_indices, SM,
-                             kv_len=pg.kv_len, check_range=False, num_splits=2)
-        want = mla_decode_fp8(pg.q_nope, pg.q_pe, pg.ckv_cache, pg.kpe_cache, pg.kv_indptr, pg.kv_indices, SM,
-                              kv_len=pg.kv_len, num_splits=2)
+        got = mla_decode_fp8(
+            pg.q_nope,
+            pg.q_pe,
+            pg.ckv_cache,
+            pg.kpe_cache,
+            wild,
+            pg.kv_indices,
+            SM,
+            kv_len=pg.kv_len,
+            check_range=False,
+            num_splits=2,
+        )
+        want = mla_decode_fp8(
+            pg.q_nope,
+            pg.q_pe,
+            pg.ckv_cache,
+            pg.kpe_cache,
+            pg.kv_indptr,
+            pg.kv_indices,
+            SM,
+            kv_len=pg.kv_len,
+            num_splits=2,
+        )
         return bool(torch.equal(got, want))
 
     return [
@@ -411,10 +499,16 @@ def _fp8_rows():
         ("indptr end 2^57 checked", lambda: call(kv_indptr=torch.tensor([0, 5, BIG])), (ValueError, "kv_indptr")),
         ("unchecked paged end 2^57", lambda: unchecked_clamped(BIG), OK),
         ("unchecked paged end 2^63-1", lambda: unchecked_clamped(I64_MAX), OK),
-        ("ckv_scale 1e37 uniform splits", lambda: _decode_matches(ckv_scale=1e37, sm_scale=1e-37, front=False,
-                                                                  num_splits=2), OK),
-        ("ckv_scale 2e38 one split", lambda: _decode_matches(ckv_scale=2e38, sm_scale=1e-40, front=False,
-                                                             num_splits=1, lens=(3, 2)), OK),
+        (
+            "ckv_scale 1e37 uniform splits",
+            lambda: _decode_matches(ckv_scale=1e37, sm_scale=1e-37, front=False, num_splits=2),
+            OK,
+        ),
+        (
+            "ckv_scale 2e38 one split",
+            lambda: _decode_matches(ckv_scale=2e38, sm_scale=1e-40, front=False, num_splits=1, lens=(3, 2)),
+            OK,
+        ),
     ]
 
 
@@ -422,8 +516,12 @@ def _path_plan_rows():
     inp = _mla()
     ptr = inp.kv_indptr
     rows = []
-    for name, fn in (("triton", plan_mla_decode_triton), ("wgmma", plan_mla_decode_wgmma),
-                     ("wgmma_tokens", plan_mla_decode_wgmma_tokens)):
+    for name, fn in (
+        ("triton", plan_mla_decode_triton),
+        ("wgmma", plan_mla_decode_wgmma),
+        ("wgmma_tokens", plan_mla_decode_wgmma_tokens),
+    ):
+
         def plan(fn=fn, **kw):
             a = dict(kv_indptr=ptr, heads=HEADS)
             a.update(kw)
@@ -434,12 +532,21 @@ def _path_plan_rows():
             (f"{name}: kv_indptr numpy", lambda plan=plan: plan(kv_indptr=np.array([0, 5])), (TypeError, "kv_indptr")),
             (f"{name}: kv_indptr float", lambda plan=plan: plan(kv_indptr=ptr.float()), (ValueError, "kv_indptr")),
             (f"{name}: kv_indptr 2-D", lambda plan=plan: plan(kv_indptr=ptr[None]), (ValueError, "kv_indptr")),
-            (f"{name}: kv_indptr decreasing", lambda plan=plan: plan(kv_indptr=torch.tensor([0, 5, 3])),
-             (ValueError, "kv_indptr")),
-            (f"{name}: kv_indptr end 2^57", lambda plan=plan: plan(kv_indptr=torch.tensor([0, BIG])),
-             (ValueError, "kv_indptr")),
-            (f"{name}: kv_indptr end 2^63-1", lambda plan=plan: plan(kv_indptr=torch.tensor([0, 1, I64_MAX])),
-             (ValueError, "kv_indptr")),
+            (
+                f"{name}: kv_indptr decreasing",
+                lambda plan=plan: plan(kv_indptr=torch.tensor([0, 5, 3])),
+                (ValueError, "kv_indptr"),
+            ),
+            (
+                f"{name}: kv_indptr end 2^57",
+                lambda plan=plan: plan(kv_indptr=torch.tensor([0, BIG])),
+                (ValueError, "kv_indptr"),
+            ),
+            (
+                f"{name}: kv_indptr end 2^63-1",
+                lambda plan=plan: plan(kv_indptr=torch.tensor([0, 1, I64_MAX])),
+                (ValueError, "kv_indptr"),
+            ),
             (f"{name}: heads str", lambda plan=plan: plan(heads="16"), (ValueError, "heads")),
             (f"{name}: heads bool", lambda plan=plan: plan(heads=True), (ValueError, "heads")),
             (f"{name}: heads 0", lambda plan=plan: plan(heads=0), (ValueError, "heads")),
@@ -448,8 +555,7 @@ def _path_plan_rows():
             (f"{name}: programs str", lambda plan=plan: plan(programs="8"), (ValueError, "programs")),
             (f"{name}: programs 10^12", lambda plan=plan: plan(programs=10**12), (ValueError, "programs")),
             (f"{name}: min_chunk -1", lambda plan=plan: plan(min_chunk=-1), (ValueError, "min_chunk")),
-            (f"{name}: device cuda", lambda plan=plan: plan(device="cuda"),
-             (RuntimeError, "cuda") if NO_CUDA else OK),
+            (f"{name}: device cuda", lambda plan=plan: plan(device="cuda"), (RuntimeError, "cuda") if NO_CUDA else OK),
             (f"{name}: device cuda:7", lambda plan=plan: plan(device=torch.device("cuda:7")), (RuntimeError, "cuda")),
             (f"{name}: device xyz", lambda plan=plan: plan(device="xyz"), (ValueError, "device")),
             (f"{name}: device meta", lambda plan=plan: plan(device="meta"), (ValueError, "device")),
@@ -464,15 +570,40 @@ def _path_plan_rows():
                 (f"{name}: waves -1", lambda plan=plan: plan(waves=-1), (ValueError, "waves")),
             ]
     rows += [
-        ("plan_hopper: kv_indptr list", lambda: plan_hopper(
-            WgmmaPlan, "plan_mla_decode_wgmma", [0, 5], None, heads=4, heads_per_cta=lambda r: 64, warps=8,
-            page_size=1, device=None, programs=None, waves=1, min_chunk=None, q_len=1), (TypeError, "kv_indptr")),
-        ("triton: kv_lora_rank 100", lambda: plan_mla_decode_triton(ptr, heads=4, kv_lora_rank=100),
-         (ValueError, "kv_lora_rank")),
-        ("triton: config wrong type", lambda: plan_mla_decode_triton(ptr, heads=4, config="fast"),
-         (TypeError, "config")),
-        ("triton: kv_len negative", lambda: plan_mla_decode_triton(torch.tensor([0, 2]), torch.tensor([-1]),
-                                                                   heads=4, page_size=4), (ValueError, "kv_len")),
+        (
+            "plan_hopper: kv_indptr list",
+            lambda: plan_hopper(
+                WgmmaPlan,
+                "plan_mla_decode_wgmma",
+                [0, 5],
+                None,
+                heads=4,
+                heads_per_cta=lambda r: 64,
+                warps=8,
+                page_size=1,
+                device=None,
+                programs=None,
+                waves=1,
+                min_chunk=None,
+                q_len=1,
+            ),
+            (TypeError, "kv_indptr"),
+        ),
+        (
+            "triton: kv_lora_rank 100",
+            lambda: plan_mla_decode_triton(ptr, heads=4, kv_lora_rank=100),
+            (ValueError, "kv_lora_rank"),
+        ),
+        (
+            "triton: config wrong type",
+            lambda: plan_mla_decode_triton(ptr, heads=4, config="fast"),
+            (TypeError, "config"),
+        ),
+        (
+            "triton: kv_len negative",
+            lambda: plan_mla_decode_triton(torch.tensor([0, 2]), torch.tensor([-1]), heads=4, page_size=4),
+            (ValueError, "kv_len"),
+        ),
     ]
     return rows
 
@@ -485,16 +616,38 @@ def _reference_rows():
         ("split rank str", lambda: split_latent_cache(pool, "512"), (TypeError, "kv_lora_rank")),
         ("split rank 600", lambda: split_latent_cache(pool, 600), (ValueError, "kv_lora_rank")),
         ("split", lambda: split_latent_cache(pool, 512)[1].shape == (4, 1, 64), OK),
-        ("reference q list", lambda: mla_decode_reference([0], inp.q_pe, inp.tok_ckv, inp.tok_kpe, inp.kv_indptr,
-                                                          inp.kv_indices, SM), (TypeError, "q_nope")),
-        ("reference kv_indptr list", lambda: mla_decode_reference(
-            inp.q_nope, inp.q_pe, inp.tok_ckv, inp.tok_kpe, [0, 5, 14], inp.kv_indices, SM), (TypeError, "kv_indptr")),
-        ("reference index out of range", lambda: mla_decode_reference(
-            inp.q_nope, inp.q_pe, inp.tok_ckv, inp.tok_kpe, inp.kv_indptr,
-            torch.full_like(inp.kv_indices, 10**6), SM), (IndexError, "kv_indices")),
-        ("reference indptr past indices", lambda: mla_decode_reference(
-            inp.q_nope, inp.q_pe, inp.tok_ckv, inp.tok_kpe, torch.tensor([0, 5, 99]), inp.kv_indices, SM),
-         (ValueError, "kv_indptr")),
+        (
+            "reference q list",
+            lambda: mla_decode_reference([0], inp.q_pe, inp.tok_ckv, inp.tok_kpe, inp.kv_indptr, inp.kv_indices, SM),
+            (TypeError, "q_nope"),
+        ),
+        (
+            "reference kv_indptr list",
+            lambda: mla_decode_reference(
+                inp.q_nope, inp.q_pe, inp.tok_ckv, inp.tok_kpe, [0, 5, 14], inp.kv_indices, SM
+            ),
+            (TypeError, "kv_indptr"),
+        ),
+        (
+            "reference index out of range",
+            lambda: mla_decode_reference(
+                inp.q_nope,
+                inp.q_pe,
+                inp.tok_ckv,
+                inp.tok_kpe,
+                inp.kv_indptr,
+                torch.full_like(inp.kv_indices, 10**6),
+                SM,
+            ),
+            (IndexError, "kv_indices"),
+        ),
+        (
+            "reference indptr past indices",
+            lambda: mla_decode_reference(
+                inp.q_nope, inp.q_pe, inp.tok_ckv, inp.tok_kpe, torch.tensor([0, 5, 99]), inp.kv_indices, SM
+            ),
+            (ValueError, "kv_indptr"),
+        ),
     ]
 
 
@@ -515,8 +668,7 @@ def _row(table, name):
     return next(r for r in TABLES[table]() if r[0] == name)
 
 
-@pytest.mark.parametrize("table, name", [(t, row[0]) for t, rows in TABLES.items() for row in rows()],
-                         ids=lambda v: v)
+@pytest.mark.parametrize("table, name", [(t, row[0]) for t, rows in TABLES.items() for row in rows()], ids=lambda v: v)
 def test_edges(table, name):
     """One parametrized table per entry point (``TABLES``): each row correct or refused by our own message."""
     check_row(*_row(table, name)[1:])

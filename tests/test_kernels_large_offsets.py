@@ -58,8 +58,16 @@ def check_mla(pool: torch.Tensor, path: str = "triton") -> None:
         plan = plan_mla_decode(indptr, idx, heads=2, sm_scale=0.1, path=path, ckv_cache=ckv, kpe_cache=kpe)
         out = mla_decode(q_nope, q_pe, ckv, kpe, plan)
     compact = torch.arange(idx.numel(), device=device)
-    want = mla_decode_reference(q_nope, q_pe, ckv[idx.long()].double(), kpe[idx.long()].double(), indptr, compact,
-                                0.1, compute_dtype=torch.float64)
+    want = mla_decode_reference(
+        q_nope,
+        q_pe,
+        ckv[idx.long()].double(),
+        kpe[idx.long()].double(),
+        indptr,
+        compact,
+        0.1,
+        compute_dtype=torch.float64,
+    )
     assert float((out.double() - want).norm() / want.norm()) <= 1e-2
 
 

@@ -17,10 +17,21 @@ import torch
 
 from kvwall.kernels import mla_decode_fp8
 from kvwall.kernels.mla_decode import sanitize
-from kvwall.kernels.mla_decode.cases import (SANITIZED_CASES, SM_SCALE, SMALL_CASES, DecodeCase, check_case,
-                                             validation_cases)
-from kvwall.kernels.mla_decode.launch_shape import (FALLBACK_SHAPES, MLADecodeConfig, TUNED_CONFIG_FILE,
-                                                    default_config, tuned_entry)
+from kvwall.kernels.mla_decode.cases import (
+    SANITIZED_CASES,
+    SM_SCALE,
+    SMALL_CASES,
+    DecodeCase,
+    check_case,
+    validation_cases,
+)
+from kvwall.kernels.mla_decode.launch_shape import (
+    FALLBACK_SHAPES,
+    MLADecodeConfig,
+    TUNED_CONFIG_FILE,
+    default_config,
+    tuned_entry,
+)
 from kvwall.kernels.mla_decode.reference import MLAInputs, make_mla_inputs, nonempty_requests, reference64
 from kvwall.measure.accuracy import relative_error
 
@@ -34,26 +45,40 @@ CPU_TOL = 3e-3
 
 def on_gpu(test):
     """A GPU test: marked ``gpu`` and skipped, saying why, where there is no NVIDIA GPU."""
-    skip = pytest.mark.skipif(not torch.cuda.is_available(),
-                              reason="needs an NVIDIA GPU (compiled Triton kernel, float16 dots)")
+    skip = pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs an NVIDIA GPU (compiled Triton kernel, float16 dots)"
+    )
     return pytest.mark.gpu(skip(test))
 
 
 def run(inp: MLAInputs, sm_scale: float = SM_SCALE, **kw):
     """The kernel on generated inputs (``kv_len`` passed for paged caches); returns (out, lse)."""
-    return mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
-                          sm_scale, kv_len=inp.kv_len, return_lse=True, **kw)
+    return mla_decode_fp8(
+        inp.q_nope,
+        inp.q_pe,
+        inp.ckv_cache,
+        inp.kpe_cache,
+        inp.kv_indptr,
+        inp.kv_indices,
+        sm_scale,
+        kv_len=inp.kv_len,
+        return_lse=True,
+        **kw,
+    )
 
 
-def case(heads, lens, *, layout="pool_view", scales=(1.0, 1.0), splits=None, seed=0, index_dtype="int32",
-         page_size=1) -> DecodeCase:
-    return DecodeCase(f"h{heads} {layout} {lens}", heads, tuple(lens), layout, *scales, index_dtype, splits, seed,
-                      page_size)
+def case(
+    heads, lens, *, layout="pool_view", scales=(1.0, 1.0), splits=None, seed=0, index_dtype="int32", page_size=1
+) -> DecodeCase:
+    return DecodeCase(
+        f"h{heads} {layout} {lens}", heads, tuple(lens), layout, *scales, index_dtype, splits, seed, page_size
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # CPU: Triton's interpreter, float32 dot operands
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("c", SMALL_CASES, ids=lambda c: c.name)
 def test_case_table_matches_float64_reference(c):
@@ -61,14 +86,20 @@ def test_case_table_matches_float64_reference(c):
     assert row["ok"], row
 
 
-@pytest.mark.parametrize("c", [
-    case(16, [1000], scales=(0.8, 1.1), seed=12),  # many tiles per split
-    case(16, [5, 0, 64, 65, 1, 129, 0, 200], seed=13),  # tile-boundary lengths, batch 8
-    *[case(16, [33, 0, 70], scales=(0.5, 2.0), splits=s, seed=3) for s in (2, 5, 40)],  # 40: mostly empty splits
-    case(3, [5, 66], layout="contiguous", index_dtype="int64", seed=4),  # garbage past kv_indptr[-1]
-    *[case(3, [1, 0, 63, 64, 65, 200], layout="paged", page_size=p, scales=(1.5, 1.0), splits=3, seed=p)
-      for p in (2, 16)],
-], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "c",
+    [
+        case(16, [1000], scales=(0.8, 1.1), seed=12),  # many tiles per split
+        case(16, [5, 0, 64, 65, 1, 129, 0, 200], seed=13),  # tile-boundary lengths, batch 8
+        *[case(16, [33, 0, 70], scales=(0.5, 2.0), splits=s, seed=3) for s in (2, 5, 40)],  # 40: mostly empty splits
+        case(3, [5, 66], layout="contiguous", index_dtype="int64", seed=4),  # garbage past kv_indptr[-1]
+        *[
+            case(3, [1, 0, 63, 64, 65, 200], layout="paged", page_size=p, scales=(1.5, 1.0), splits=3, seed=p)
+            for p in (2, 16)
+        ],
+    ],
+    ids=lambda c: c.name,
+)
 def test_edges_match_float64_reference(c):
     row = check_case(mla_decode_fp8, c, "cpu", CPU_POOL, tol=CPU_TOL, lse_atol=1e-4)
     assert row["ok"], row
@@ -84,6 +115,7 @@ def test_scales_as_tensors():
 
 
 # ---- the checker must reject wrong implementations (otherwise a passing table proves nothing) ----------
+
 
 def _off_by_one_slot(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, sm_scale, **kw):
     return mla_decode_fp8(q_nope, q_pe, ckv, kpe, kv_indptr, (kv_indices + 1) % ckv.shape[0], sm_scale, **kw)
@@ -103,12 +135,16 @@ def _lse_base_two(*args, **kw):
     return out, lse.mul_(1.4426950408889634)
 
 
-@pytest.mark.parametrize("wrong,c", [
-    (_off_by_one_slot, case(3, [7, 20], seed=1)),
-    (_ignores_kpe_scale, case(3, [7, 20], scales=(1.0, 64.0), seed=1)),
-    (_empty_requests_not_zero, case(3, [0, 20], seed=1)),
-    (_lse_base_two, case(3, [7, 20], seed=1)),
-], ids=["off_by_one", "kpe_scale", "empty", "lse_base"])
+@pytest.mark.parametrize(
+    "wrong,c",
+    [
+        (_off_by_one_slot, case(3, [7, 20], seed=1)),
+        (_ignores_kpe_scale, case(3, [7, 20], scales=(1.0, 64.0), seed=1)),
+        (_empty_requests_not_zero, case(3, [0, 20], seed=1)),
+        (_lse_base_two, case(3, [7, 20], seed=1)),
+    ],
+    ids=["off_by_one", "kpe_scale", "empty", "lse_base"],
+)
 def test_checker_rejects_wrong_implementations(wrong, c):
     assert not check_case(wrong, c, "cpu", CPU_POOL)["ok"]
 
@@ -147,8 +183,17 @@ def test_zero_length_requests_and_strided_poisoned_out(num_splits):
 def test_all_requests_empty_with_no_indices():
     inp = make_mla_inputs([0, 0], 2, seed=9)
     out = torch.full((2, 2, DC), float("nan"), dtype=BF16)
-    got, lse = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr,
-                              torch.empty(0, dtype=torch.int32), 0.1, out=out, return_lse=True)
+    got, lse = mla_decode_fp8(
+        inp.q_nope,
+        inp.q_pe,
+        inp.ckv_cache,
+        inp.kpe_cache,
+        inp.kv_indptr,
+        torch.empty(0, dtype=torch.int32),
+        0.1,
+        out=out,
+        return_lse=True,
+    )
     assert (got == 0).all() and torch.isneginf(lse).all()
 
 
@@ -158,8 +203,7 @@ def test_paged_cache_gives_the_bits_of_its_token_slots(page_size):
     inp = make_mla_inputs(lens, 3, seed=page_size, layout="paged", page_size=page_size)
     got, _ = run(inp, 0.07, num_splits=3, ckv_scale=1.5)
     ptr, slots, _ = inp.token_batch(range(len(lens)))
-    want = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.tok_ckv, inp.tok_kpe, ptr, slots, 0.07, num_splits=3,
-                          ckv_scale=1.5)
+    want = mla_decode_fp8(inp.q_nope, inp.q_pe, inp.tok_ckv, inp.tok_kpe, ptr, slots, 0.07, num_splits=3, ckv_scale=1.5)
     assert torch.equal(got, want)  # the same tokens in the same order and splits: the same bits
 
 
@@ -168,8 +212,9 @@ def test_query_magnitudes_beyond_float16(q_mul, sm_scale):
     # q is carried to the float16 dots with a per-head power-of-two scale: |q| = 3e4 * N(0, 1) would overflow
     # float16 (max 65504) and 1e-5 * N(0, 1) would fall into its subnormals without it.
     inp = make_mla_inputs([40, 9], 4, seed=21)
-    inp = dataclasses.replace(inp, q_nope=(inp.q_nope.float() * q_mul).to(BF16),
-                              q_pe=(inp.q_pe.float() * q_mul).to(BF16))
+    inp = dataclasses.replace(
+        inp, q_nope=(inp.q_nope.float() * q_mul).to(BF16), q_pe=(inp.q_pe.float() * q_mul).to(BF16)
+    )
     out, lse = run(inp, sm_scale, num_splits=2)
     want, want_lse = reference64(inp, [0, 1], 1.0, 1.0, sm_scale, return_lse=True)
     assert torch.isfinite(out).all()
@@ -186,11 +231,20 @@ def every_fp8_code_inputs(device="cpu") -> MLAInputs:
     b = pool.shape[0]
     g = torch.Generator(device=device).manual_seed(22)
     idx = torch.arange(b, dtype=torch.int32, device=device).flip(0)
-    return MLAInputs(torch.randn(b, 2, DC, generator=g, device=device).to(BF16),
-                     torch.randn(b, 2, DR, generator=g, device=device).to(BF16),
-                     pool[:, :, :DC], pool[:, :, DC:], torch.arange(b + 1, dtype=torch.int32, device=device), idx,
-                     None, pool[:, 0, :DC], pool[:, 0, DC:], pool[:, :, :DC], pool[:, :, DC:],
-                     [idx[i:i + 1].long() for i in range(b)])
+    return MLAInputs(
+        torch.randn(b, 2, DC, generator=g, device=device).to(BF16),
+        torch.randn(b, 2, DR, generator=g, device=device).to(BF16),
+        pool[:, :, :DC],
+        pool[:, :, DC:],
+        torch.arange(b + 1, dtype=torch.int32, device=device),
+        idx,
+        None,
+        pool[:, 0, :DC],
+        pool[:, 0, DC:],
+        pool[:, :, :DC],
+        pool[:, :, DC:],
+        [idx[i : i + 1].long() for i in range(b)],
+    )
 
 
 def check_every_fp8_code(device, lse_rtol):
@@ -208,6 +262,7 @@ def test_every_fp8_code_dequantizes_exactly():
 
 # ---- NaN and unchecked calls: the same contract compiled and interpreted ---------------------------------
 
+
 def check_fp8_nan_makes_its_request_nan(device, num_splits):
     inp = make_mla_inputs([40, 90, 7], 3, seed=40, device=device)
     nan_slot = int(inp.tok_slots[1][17])
@@ -223,8 +278,9 @@ def check_nan_in_an_unread_slot_does_not_leak(device):
     # Rows past a split's end repeat its last token: an FP8 NaN in a slot no request owns (slot 0) must not reach
     # the output through p = 0 x NaN.
     inp = make_mla_inputs([77, 1000], 16, seed=32, device=device, pool_slots=5000)
-    inp = dataclasses.replace(inp, kv_indices=inp.kv_indices.clamp_min(1),
-                              tok_slots=[s.clamp_min(1) for s in inp.tok_slots])
+    inp = dataclasses.replace(
+        inp, kv_indices=inp.kv_indices.clamp_min(1), tok_slots=[s.clamp_min(1) for s in inp.tok_slots]
+    )
     inp.tok_ckv.view(torch.uint8)[0] = 0x7F  # e4m3 NaN in every byte of slot 0 (ckv and kpe share the pool)
     inp.tok_kpe.view(torch.uint8)[0] = 0x7F
     out, _ = run(inp, 0.1, num_splits=3)
@@ -283,8 +339,9 @@ def test_unchecked_int64_entries_past_32_bits_are_clamped_not_truncated():
     full[0] = (pages[1] - pages[0]) * 16  # every token of request 0's pages
     wild_len = full.clone()
     wild_len[0] = 2**32 + 3
-    got, _ = run(dataclasses.replace(paged, kv_len=wild_len, kv_indptr=paged.kv_indptr.long()), num_splits=2,
-                 check_range=False)
+    got, _ = run(
+        dataclasses.replace(paged, kv_len=wild_len, kv_indptr=paged.kv_indptr.long()), num_splits=2, check_range=False
+    )
     want, _ = run(dataclasses.replace(paged, kv_len=full), num_splits=2)
     assert full[0] != 3 and torch.equal(got, want)
 
@@ -307,6 +364,7 @@ def test_a_huge_sm_scale_stays_finite_or_is_refused():
 
 # ---- the sanitizer program runs the table's cases (here on CPU, one case) --------------------------------
 
+
 def test_sanitizer_program_reports_each_case(capsys):
     assert sanitize.main(["--device", "cpu", "--cases", "h1 all empty", "h3 contiguous spare"]) == 0
     text = capsys.readouterr().out
@@ -327,14 +385,20 @@ def test_sanitizer_program_runs_the_triton_path_alone_off_hopper_saying_why(caps
     assert sanitize.parse_args(["--device", "cpu", "--cases", "h1 all empty"])[1:] == (["triton"], ["h1 all empty"])
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--paths", "wgmma"], "--paths wgmma: it cannot run on cpu (tensors are on cpu; the wgmma path needs an H100"),
-    (["--paths", "triton", "wgmma_tokens"], "--paths wgmma_tokens: it cannot run on cpu"),
-    (["--cases", "wgmma_tokens h32 paged64"], "--paths wgmma_tokens: it cannot run on cpu"),
-    (["--paths", "triton", "--cases", "wgmma h64 pool_view"], "--cases 'wgmma h64 pool_view': not a case of --paths "
-                                                              "triton"),
-    (["--paths", "cuda_graphs"], "invalid choice: 'cuda_graphs'")], ids=["wgmma", "tokens", "tokens_case",
-                                                                         "stray_case", "unknown"])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--paths", "wgmma"], "--paths wgmma: it cannot run on cpu (tensors are on cpu; the wgmma path needs an H100"),
+        (["--paths", "triton", "wgmma_tokens"], "--paths wgmma_tokens: it cannot run on cpu"),
+        (["--cases", "wgmma_tokens h32 paged64"], "--paths wgmma_tokens: it cannot run on cpu"),
+        (
+            ["--paths", "triton", "--cases", "wgmma h64 pool_view"],
+            "--cases 'wgmma h64 pool_view': not a case of --paths triton",
+        ),
+        (["--paths", "cuda_graphs"], "invalid choice: 'cuda_graphs'"),
+    ],
+    ids=["wgmma", "tokens", "tokens_case", "stray_case", "unknown"],
+)
 def test_sanitizer_program_refuses_a_wgmma_path_off_hopper_in_words(capsys, argv, words):
     with pytest.raises(SystemExit) as info:
         sanitize.main(["--device", "cpu", *argv])
@@ -350,7 +414,10 @@ def test_sanitizer_program_builds_each_wgmma_paths_checks(monkeypatch, capsys):
     unchecked out-of-range call per heads and page size, each check bound to its own path's call."""
     monkeypatch.setattr(sanitize.wgmma_path, "wgmma_refusal", lambda device: None)
     device, paths, names = sanitize.parse_args(["--device", "cpu"])
-    assert paths == list(sanitize.PATHS) == ["triton", "wgmma", "wgmma_tokens"] and "not run" not in capsys.readouterr().out
+    assert (
+        paths == list(sanitize.PATHS) == ["triton", "wgmma", "wgmma_tokens"]
+        and "not run" not in capsys.readouterr().out
+    )
     want_heads = {"wgmma": {64}, "wgmma_tokens": {16, 32}}
     for path, heads in want_heads.items():
         cases = sanitize.path_cases(path)
@@ -362,27 +429,35 @@ def test_sanitizer_program_builds_each_wgmma_paths_checks(monkeypatch, capsys):
             assert any(n % 64 for c in mine if c.page_size == 64 for n in c.lens)  # a partial last page
     built = sanitize.checks(device, names, paths)
     got = [n for n, _ in built]
-    assert got[:len(SANITIZED_CASES)] == [c.name for c in SANITIZED_CASES] and len(got) == len(set(got))
+    assert got[: len(SANITIZED_CASES)] == [c.name for c in SANITIZED_CASES] and len(got) == len(set(got))
     assert {n for n in got if n.startswith("wgmma h64")} == {
-        "wgmma h64 pool_view", "wgmma h64 paged64", "wgmma h64 unchecked out-of-range -> NaN rows (pool_view)",
-        "wgmma h64 unchecked out-of-range -> NaN rows (paged64)"}
+        "wgmma h64 pool_view",
+        "wgmma h64 paged64",
+        "wgmma h64 unchecked out-of-range -> NaN rows (pool_view)",
+        "wgmma h64 unchecked out-of-range -> NaN rows (paged64)",
+    }
     assert {n.split()[1] for n in got if n.startswith("wgmma_tokens ")} == {"h16", "h32"}
     assert sum("unchecked" in n for n in got if n.startswith("wgmma_tokens ")) == 4
     # each check calls its own path's kernel, which (on the CPU) refuses before any launch, under its own name
     monkeypatch.undo()
     by_name = dict(built)
-    for name, call in (("wgmma h64 pool_view", "mla_decode_fp8_wgmma"),
-                       ("wgmma h64 unchecked out-of-range -> NaN rows (paged64)", "mla_decode_fp8_wgmma"),
-                       ("wgmma_tokens h32 contiguous", "mla_decode_fp8_wgmma_tokens"),
-                       ("wgmma_tokens h16 unchecked out-of-range -> NaN rows (paged64)", "mla_decode_fp8_wgmma_tokens")):
+    for name, call in (
+        ("wgmma h64 pool_view", "mla_decode_fp8_wgmma"),
+        ("wgmma h64 unchecked out-of-range -> NaN rows (paged64)", "mla_decode_fp8_wgmma"),
+        ("wgmma_tokens h32 contiguous", "mla_decode_fp8_wgmma_tokens"),
+        ("wgmma_tokens h16 unchecked out-of-range -> NaN rows (paged64)", "mla_decode_fp8_wgmma_tokens"),
+    ):
         with pytest.raises(ValueError, match=rf"^{call}: the wgmma path cannot run here: tensors are on cpu"):
             by_name[name]()
     with pytest.raises(ValueError, match="plans its own splits"):
         sanitize._fn("wgmma_tokens")(None, num_splits=3)
 
 
-@pytest.mark.parametrize("argv,words", [(["--device", "tpu"], "--device tpu: not a device these kernels run on")]
-                         + ([] if torch.cuda.is_available() else [([], "--device cuda: this machine has no CUDA GPU")]))
+@pytest.mark.parametrize(
+    "argv,words",
+    [(["--device", "tpu"], "--device tpu: not a device these kernels run on")]
+    + ([] if torch.cuda.is_available() else [([], "--device cuda: this machine has no CUDA GPU")]),
+)
 def test_sanitizer_programs_refuse_a_device_in_words(capsys, argv, words):
     """Issue 24, finding 8: --device tpu, or the default cuda on a CPU machine, is a usage error, not a traceback."""
     from kvwall.kernels.gather import sanitize as gather_sanitize
@@ -394,15 +469,21 @@ def test_sanitizer_programs_refuse_a_device_in_words(capsys, argv, words):
         assert info.value.code == 2 and words in err and "--device cpu" in err and "Traceback" not in err
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Bad input: a clear error before any launch (a poisoned out stays untouched)
 # ----------------------------------------------------------------------------------------------
 
+
 def _bad_cases():
     inp = make_mla_inputs([3, 5], 2, seed=10, pool_slots=16)
-    q_nope, q_pe, ckv, kpe, indptr, idx = (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr,
-                                           inp.kv_indices)
+    q_nope, q_pe, ckv, kpe, indptr, idx = (
+        inp.q_nope,
+        inp.q_pe,
+        inp.ckv_cache,
+        inp.kpe_cache,
+        inp.kv_indptr,
+        inp.kv_indices,
+    )
     pool = inp.tok3_ckv.as_strided((16, 1, DC + DR), (DC + DR, DC + DR, 1))  # the whole [16, 1, 576] pool
     ok = dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv, kpe_cache=kpe, kv_indptr=indptr, kv_indices=idx, sm_scale=0.1)
     column_major = torch.empty_strided((ckv.shape[0], DC), (1, ckv.shape[0]), dtype=FP8)
@@ -420,23 +501,53 @@ def _bad_cases():
         ("not power of two", dict(ckv_cache=pool[:, 0, :48], q_nope=q_nope[..., :48]), ValueError, "power of two"),
         ("slots mismatch", dict(kpe_cache=kpe[:-1]), ValueError, "slots but kpe_cache has"),
         ("column-major cache", dict(ckv_cache=column_major), ValueError, "last stride 1"),
-        ("paged without kv_len", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:]), ValueError,
-         "pass kv_len"),
+        ("paged without kv_len", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:]), ValueError, "pass kv_len"),
         ("kv_len with page size 1", dict(kv_len=torch.tensor([3, 5])), ValueError, "kv_len is for paged"),
-        ("kv_len too long", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:], kv_len=torch.tensor([3, 11]),
-                                 kv_indices=idx % 2), ValueError, "kv_len\\[1\\] = 11"),
-        ("page out of range", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:], kv_len=torch.tensor([3, 5]),
-                                   kv_indices=torch.full_like(idx, paged.shape[0])), IndexError, "pages"),
-        ("page sizes differ", dict(ckv_cache=paged[..., :DC], kv_len=torch.tensor([3, 5])), ValueError,
-         "pages hold 2 tokens but kpe_cache pages hold 1"),
+        (
+            "kv_len too long",
+            dict(
+                ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:], kv_len=torch.tensor([3, 11]), kv_indices=idx % 2
+            ),
+            ValueError,
+            "kv_len\\[1\\] = 11",
+        ),
+        (
+            "page out of range",
+            dict(
+                ckv_cache=paged[..., :DC],
+                kpe_cache=paged[..., DC:],
+                kv_len=torch.tensor([3, 5]),
+                kv_indices=torch.full_like(idx, paged.shape[0]),
+            ),
+            IndexError,
+            "pages",
+        ),
+        (
+            "page sizes differ",
+            dict(ckv_cache=paged[..., :DC], kv_len=torch.tensor([3, 5])),
+            ValueError,
+            "pages hold 2 tokens but kpe_cache pages hold 1",
+        ),
         ("indptr length", dict(kv_indptr=indptr[:-1]), ValueError, "batch \\+ 1"),
         ("indptr decreasing", dict(kv_indptr=torch.tensor([0, 5, 3], dtype=torch.int32)), ValueError, "never decrease"),
-        ("indptr past indices", dict(kv_indptr=torch.tensor([0, 3, 99], dtype=torch.int32)), ValueError,
-         "only 8 entries"),
-        ("index out of range", dict(kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 10**6], dtype=torch.int32)),
-         IndexError, "outside the cache"),
-        ("negative index", dict(kv_indices=torch.tensor([0, -1, 2, 3, 4, 5, 6, 7], dtype=torch.int32)),
-         IndexError, "holds -1"),
+        (
+            "indptr past indices",
+            dict(kv_indptr=torch.tensor([0, 3, 99], dtype=torch.int32)),
+            ValueError,
+            "only 8 entries",
+        ),
+        (
+            "index out of range",
+            dict(kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 10**6], dtype=torch.int32)),
+            IndexError,
+            "outside the cache",
+        ),
+        (
+            "negative index",
+            dict(kv_indices=torch.tensor([0, -1, 2, 3, 4, 5, 6, 7], dtype=torch.int32)),
+            IndexError,
+            "holds -1",
+        ),
         ("device mix", dict(kv_indptr=indptr.to("meta")), ValueError, "one device"),
         ("sm_scale nan", dict(sm_scale=float("nan")), TypeError, "sm_scale"),
         ("scale tensor shape", dict(ckv_scale=torch.ones(2)), ValueError, "ckv_scale must be"),
@@ -447,10 +558,13 @@ def _bad_cases():
         ("out shape", dict(out=torch.empty(2, 3, DC, dtype=BF16)), ValueError, "out must be"),
         ("out aliases q", dict(out=q_nope), ValueError, "shares memory with q_nope"),
         ("out over the pool", dict(out=pool_bytes), ValueError, "shares memory with ckv_cache"),
-        ("out expanded", dict(out=torch.zeros(1, 1, DC, dtype=BF16).expand(2, 2, DC)), ValueError,
-         "overlaps itself"),
-        ("out rows overlap", dict(out=torch.zeros(4 * DC, dtype=BF16).as_strided((2, 2, DC), (DC, DC // 2, 1))),
-         ValueError, "overlaps itself"),
+        ("out expanded", dict(out=torch.zeros(1, 1, DC, dtype=BF16).expand(2, 2, DC)), ValueError, "overlaps itself"),
+        (
+            "out rows overlap",
+            dict(out=torch.zeros(4 * DC, dtype=BF16).as_strided((2, 2, DC), (DC, DC // 2, 1))),
+            ValueError,
+            "overlaps itself",
+        ),
     ], ok
 
 
@@ -477,8 +591,9 @@ def test_tuned_entry_is_the_nearest_one(tmp_path):
     def entry(splits):
         return {"config": {"block_h": 16, "block_n": 64}, "splits": splits}
 
-    table.write_text(json.dumps({"GPU X": {"by": "test", "16": {"4096": entry(1), "131072": entry(2)},
-                                           "64": {"4096": entry(3)}}}))
+    table.write_text(
+        json.dumps({"GPU X": {"by": "test", "16": {"4096": entry(1), "131072": entry(2)}, "64": {"4096": entry(3)}}})
+    )
     assert tuned_entry(3, 5000, "GPU X", path=table) == {"heads": 16, **entry(1)}  # heads round up
     assert tuned_entry(16, 60000, "GPU X", path=table)["splits"] == 2  # nearest context in log scale
     assert tuned_entry(200, None, "GPU X", path=table)["heads"] == 64  # more heads than tuned: the largest
@@ -502,8 +617,17 @@ def test_combine_shape_takes_whole_rows_when_there_are_many_to_merge():
     assert combine_shape(cfg, heads=128, kv_lora_rank=512, combined=3, max_chunks=3, sms=1000) == (32, 4, 4)
     own = dataclasses.replace(cfg, combine_block_d=128, combine_block_s=8, combine_warps=2)
     assert combine_shape(own, heads=128, kv_lora_rank=512, combined=29, max_chunks=6, sms=132) == (128, 8, 2)
-    assert combine_shape(dataclasses.replace(cfg, combine_block_d=1024), heads=16, kv_lora_rank=512, combined=1,
-                         max_chunks=2, sms=132)[0] == 512
+    assert (
+        combine_shape(
+            dataclasses.replace(cfg, combine_block_d=1024),
+            heads=16,
+            kv_lora_rank=512,
+            combined=1,
+            max_chunks=2,
+            sms=132,
+        )[0]
+        == 512
+    )
 
 
 def test_every_tuned_entry_is_a_shape_the_kernel_has():
@@ -512,8 +636,16 @@ def test_every_tuned_entry_is_a_shape_the_kernel_has():
     hint -- are gone)."""
     table = json.loads(TUNED_CONFIG_FILE.read_text())
     kept = {f.name for f in dataclasses.fields(MLADecodeConfig)}
-    assert kept == {"block_h", "block_n", "num_warps", "num_stages", "pairs", "combine_block_d",
-                    "combine_block_s", "combine_warps"}
+    assert kept == {
+        "block_h",
+        "block_n",
+        "num_warps",
+        "num_stages",
+        "pairs",
+        "combine_block_d",
+        "combine_block_s",
+        "combine_warps",
+    }
     entries = [e for gpu in table.values() for h, by_ctx in gpu.items() if h.isdigit() for e in by_ctx.values()]
     assert entries and all(MLADecodeConfig(**e["config"]) for e in entries)
     assert {MLADecodeConfig(**e["config"]).pairs for e in entries} == {True, False}  # both token loops are
@@ -524,8 +656,9 @@ def test_every_tuned_entry_is_a_shape_the_kernel_has():
 # GPU: compiled, float16 dot operands, real sizes
 # ----------------------------------------------------------------------------------------------
 
-GPU_CASES = validation_cases([16, 64, 128], [[4096], [32768], [0, 1, 777, 4096, 33, 20000, 130, 5]],
-                             [[1, 0, 4097, 30000, 64, 65]], 64)
+GPU_CASES = validation_cases(
+    [16, 64, 128], [[4096], [32768], [0, 1, 777, 4096, 33, 20000, 130, 5]], [[1, 0, 4097, 30000, 64, 65]], 64
+)
 
 
 @on_gpu
@@ -537,10 +670,17 @@ def test_case_table_on_gpu(c):
 
 @on_gpu
 @pytest.mark.parametrize("c", SANITIZED_CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("variant", [
-    dict(), dict(block_n=128, num_warps=8, num_stages=2, block_h=16), dict(block_n=32, num_stages=3),
-    dict(pairs=True), dict(pairs=False)],
-    ids=["tuned", "bn128", "bn32", "pairs", "no_pairs"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(),
+        dict(block_n=128, num_warps=8, num_stages=2, block_h=16),
+        dict(block_n=32, num_stages=3),
+        dict(pairs=True),
+        dict(pairs=False),
+    ],
+    ids=["tuned", "bn128", "bn32", "pairs", "no_pairs"],
+)
 def test_launch_variants_on_gpu(c, variant):
     cfg = dataclasses.replace(default_config(c.heads, DC, torch.device("cuda"), max(c.lens)), **variant)
     row = check_case(mla_decode_fp8, c, "cuda", 2_000, config=cfg)
@@ -573,8 +713,9 @@ def test_every_fp8_code_on_gpu():
 @pytest.mark.parametrize("q_mul,sm_scale", [(3e4, 1e-6), (1e-5, 2e3)], ids=["huge_q", "tiny_q"])
 def test_query_magnitudes_on_gpu(q_mul, sm_scale):
     inp = make_mla_inputs([4000, 90], 16, seed=23, device="cuda", pool_slots=50_000)
-    inp = dataclasses.replace(inp, q_nope=(inp.q_nope.float() * q_mul).to(BF16),
-                              q_pe=(inp.q_pe.float() * q_mul).to(BF16))
+    inp = dataclasses.replace(
+        inp, q_nope=(inp.q_nope.float() * q_mul).to(BF16), q_pe=(inp.q_pe.float() * q_mul).to(BF16)
+    )
     out, _ = run(inp, sm_scale)
     assert torch.isfinite(out).all() and relative_error(out, reference64(inp, [0, 1], 1.0, 1.0, sm_scale)) <= 1e-2
 
@@ -606,9 +747,9 @@ def test_cuda_graph_replay_with_changed_lengths():
         out.fill_(float("nan"))
         graph.replay()
         keep = nonempty_requests(new_lens)
-        replayed = dataclasses.replace(inp, tok_slots=[idx_buf[:new_lens[0]].long(), idx_buf[new_lens[0]:n].long()])
+        replayed = dataclasses.replace(inp, tok_slots=[idx_buf[: new_lens[0]].long(), idx_buf[new_lens[0] : n].long()])
         assert relative_error(out[keep], reference64(replayed, keep, s, s, 0.1)) <= 1e-2
-        assert all((out[i] == 0).all() for i, l in enumerate(new_lens) if not l)
+        assert all((out[i] == 0).all() for i, n_new in enumerate(new_lens) if not n_new)
 
 
 @on_gpu
@@ -616,8 +757,9 @@ def test_checked_call_refuses_graph_capture():
     inp = make_mla_inputs([10], 16, seed=0, device="cuda")
 
     def call(**kw):
-        return mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, 0.1,
-                              num_splits=2, **kw)
+        return mla_decode_fp8(
+            inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, 0.1, num_splits=2, **kw
+        )
 
     call(check_range=False)
     graph = torch.cuda.CUDAGraph()
@@ -634,10 +776,18 @@ from kvwall.kernels.mla_decode.triton_path import plan_mla_decode_triton  # noqa
 from kvwall.kernels.mla_decode.work_list import TO_THE_END, build_work_list  # noqa: E402
 
 
-@pytest.mark.parametrize("lens,block_n,wanted", [
-    ([1000], 64, 10), ([5, 0, 64, 65, 1, 129, 0, 200], 16, 7), ([0, 0], 64, 3), ([1] * 40, 64, 5),
-    ([32_000, 1024, 3, 17_000, 0, 9_999], 64, 264), ([131_072], 64, 264), ([7], 32, 1000),
-])
+@pytest.mark.parametrize(
+    "lens,block_n,wanted",
+    [
+        ([1000], 64, 10),
+        ([5, 0, 64, 65, 1, 129, 0, 200], 16, 7),
+        ([0, 0], 64, 3),
+        ([1] * 40, 64, 5),
+        ([32_000, 1024, 3, 17_000, 0, 9_999], 64, 264),
+        ([131_072], 64, 264),
+        ([7], 32, 1000),
+    ],
+)
 def test_work_list_covers_every_token_once_in_even_chunks(lens, block_n, wanted):
     wl = build_work_list(lens, block_n=block_n, items_wanted=wanted)
     covered = {b: [] for b in range(len(lens))}
@@ -701,9 +851,14 @@ def test_paged_plan_matches_float64():
     assert relative_error(got[keep], reference64(inp, keep, 1.0, 1.0, SM_SCALE)) <= CPU_TOL
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(heads=8), "made for"), (dict(page_size=16), "kv_len"), (dict(num_splits=2), "either plan or num_splits"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(heads=8), "made for"),
+        (dict(page_size=16), "kv_len"),
+        (dict(num_splits=2), "either plan or num_splits"),
+    ],
+)
 def test_plan_mismatch_is_refused_before_launch(change, match):
     inp, _ = _plan_case([10, 20])
     heads = change.pop("heads", 16)
@@ -721,18 +876,26 @@ def test_plan_refuses_a_bad_indptr():
         plan_mla_decode_triton(torch.tensor([0, 5, 3], dtype=torch.int32), heads=16, device="cpu")
 
 
-@pytest.mark.parametrize("change,kind,words", [
-    (dict(programs=0), ValueError, "programs must be a whole number >= 1, got 0"),
-    (dict(device="meta"), ValueError, "device meta is not one the kernels run on"),
-    (dict(heads=2.5), ValueError, "heads must be a whole number >= 1, got 2.5"),
-    (dict(kv_lora_rank=-512), ValueError, "kv_lora_rank must be a power of two >= 64"),
-    (dict(kv_indptr=torch.tensor([[0, 5, 9]])), ValueError, "kv_indptr must be a 1-D int32 or int64 tensor"),
-    (dict(kv_indptr=[0, 5, 9]), TypeError, "kv_indptr must be a torch.Tensor, got list"),
-    (dict(page_size=0), ValueError, "page_size must be a whole number >= 1"),
-] + ([] if torch.cuda.is_available() else [
-    (dict(device="cuda"), RuntimeError, "device cuda: this machine has no CUDA GPU"),
-    (dict(programs=8, device="cuda"), RuntimeError, "device cuda: .* pass device='cpu'"),
-]))
+@pytest.mark.parametrize(
+    "change,kind,words",
+    [
+        (dict(programs=0), ValueError, "programs must be a whole number >= 1, got 0"),
+        (dict(device="meta"), ValueError, "device meta is not one the kernels run on"),
+        (dict(heads=2.5), ValueError, "heads must be a whole number >= 1, got 2.5"),
+        (dict(kv_lora_rank=-512), ValueError, "kv_lora_rank must be a power of two >= 64"),
+        (dict(kv_indptr=torch.tensor([[0, 5, 9]])), ValueError, "kv_indptr must be a 1-D int32 or int64 tensor"),
+        (dict(kv_indptr=[0, 5, 9]), TypeError, "kv_indptr must be a torch.Tensor, got list"),
+        (dict(page_size=0), ValueError, "page_size must be a whole number >= 1"),
+    ]
+    + (
+        []
+        if torch.cuda.is_available()
+        else [
+            (dict(device="cuda"), RuntimeError, "device cuda: this machine has no CUDA GPU"),
+            (dict(programs=8, device="cuda"), RuntimeError, "device cuda: .* pass device='cpu'"),
+        ]
+    ),
+)
 def test_plan_refuses_bad_arguments_in_words(change, kind, words):
     """Issue 24, finding 5: plan_mla_decode_triton's bad arguments are sentences naming the argument, not raw errors."""
     args = dict(kv_indptr=torch.tensor([0, 5, 9], dtype=torch.int32), heads=16, device="cpu")
@@ -747,14 +910,24 @@ def test_planned_call_replays_in_a_cuda_graph_as_requests_grow():
     inp = make_mla_inputs(lens, 16, seed=17, device="cuda", pool_slots=100_000)
     cap = 65_536
     idx_buf = torch.zeros(cap, dtype=torch.int32, device="cuda")
-    idx_buf[:sum(lens)] = inp.kv_indices[:sum(lens)]
+    idx_buf[: sum(lens)] = inp.kv_indices[: sum(lens)]
     ptr_buf = inp.kv_indptr.clone()
     plan = plan_mla_decode_triton(ptr_buf, heads=16)
     out = torch.empty(len(lens), 16, DC, dtype=BF16, device="cuda")
 
     def call():
-        return mla_decode_fp8(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, ptr_buf, idx_buf, 0.1, out=out,
-                              plan=plan, check_range=False)
+        return mla_decode_fp8(
+            inp.q_nope,
+            inp.q_pe,
+            inp.ckv_cache,
+            inp.kpe_cache,
+            ptr_buf,
+            idx_buf,
+            0.1,
+            out=out,
+            plan=plan,
+            check_range=False,
+        )
 
     call()
     torch.cuda.synchronize()

@@ -23,8 +23,15 @@ from kvwall.kernels.mla_decode import wgmma
 from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, SM_SCALE, check_case, validation_cases
 from kvwall.kernels.mla_decode.work_list import TO_THE_END
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
-from kvwall.kernels.mla_decode.wgmma import (BLOCK_N, HEADS_PER_CTA, SMEM_BYTES, THREADS, WgmmaPlan,
-                                             mla_decode_fp8_wgmma, plan_mla_decode_wgmma)
+from kvwall.kernels.mla_decode.wgmma import (
+    BLOCK_N,
+    HEADS_PER_CTA,
+    SMEM_BYTES,
+    THREADS,
+    WgmmaPlan,
+    mla_decode_fp8_wgmma,
+    plan_mla_decode_wgmma,
+)
 
 NVCC = shutil.which("nvcc")
 #: The per-block shared memory an H100 / H200 CTA may opt into (the only GPUs sm_90a code runs on).
@@ -70,8 +77,20 @@ def test_the_host_side_agrees_with_the_compiled_shape(tmp_path):
     main = tmp_path / "main.cu"
     main.write_text(HOST_PROGRAM)
     prog = tmp_path / "shape"
-    build = subprocess.run([NVCC, *wgmma.NVCC_FLAGS, "-gencode=arch=compute_90a,code=compute_90a", "-o", str(prog),
-                            str(main), str(wgmma.WGMMA_SOURCE)], capture_output=True, text=True, timeout=600)
+    build = subprocess.run(
+        [
+            NVCC,
+            *wgmma.NVCC_FLAGS,
+            "-gencode=arch=compute_90a,code=compute_90a",
+            "-o",
+            str(prog),
+            str(main),
+            str(wgmma.WGMMA_SOURCE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     run = subprocess.run([str(prog)], capture_output=True, text=True, timeout=60)
     params, smem, heads, block_n, threads = (int(x) for x in run.stdout.split())
@@ -82,10 +101,14 @@ def test_the_host_side_agrees_with_the_compiled_shape(tmp_path):
 
 def test_cpu_tensors_are_refused_naming_the_triton_path():
     inp = make_mla_inputs([7, 65], 64, seed=6, layout="pool_view", pool_slots=512, device="cpu")
-    with pytest.raises(ValueError, match=r"^mla_decode_fp8_wgmma: the wgmma path cannot run here: tensors are on cpu"
-                                         r".*mla_decode_fp8"):
-        mla_decode_fp8_wgmma(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices,
-                             SM_SCALE)
+    with pytest.raises(
+        ValueError,
+        match=r"^mla_decode_fp8_wgmma: the wgmma path cannot run here: tensors are on cpu"
+        r".*mla_decode_fp8",
+    ):
+        mla_decode_fp8_wgmma(
+            inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE
+        )
     assert wgmma.wgmma_refusal(torch.device("cpu"))
 
 
@@ -109,7 +132,7 @@ def test_rows_the_kernel_cannot_read_are_named():
     assert wgmma.rows_refusal((512, 64), {"ckv_cache": pool[:, :512], "kpe_cache": pool[:, 512:]}) is None
     assert wgmma.rows_refusal((512, 64), {"ckv_cache": pool.view(-1, 1, 576)[:, :, :512], "kpe_cache": None}) is None
     assert wgmma.rows_refusal((512, 64), {"ckv_cache": pool.view(8, 64, 576)[:, :, :512]}) is None
-    odd = torch.zeros(64 * 577 + 16, dtype=torch.uint8)[1:1 + 64 * 577].view(-1, 577).view(torch.float8_e4m3fn)
+    odd = torch.zeros(64 * 577 + 16, dtype=torch.uint8)[1 : 1 + 64 * 577].view(-1, 577).view(torch.float8_e4m3fn)
     why = wgmma.rows_refusal((512, 64), {"ckv_cache": odd[:, :512]})
     assert why and "ckv_cache" in why and "data_ptr % 16 = " in why and "row stride 577 bytes" in why
     assert "latent width 512 and rope width 64; got 256 and 64" in wgmma.rows_refusal((256, 64), {})
@@ -118,6 +141,7 @@ def test_rows_the_kernel_cannot_read_are_named():
 # ----------------------------------------------------------------------------------------------
 # On an H100 / H200
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def gpu() -> torch.device:
@@ -131,13 +155,20 @@ def _fn(*args, num_splits=None, **kwargs):  # pylint: disable=unused-argument
     return mla_decode_fp8_wgmma(*args, **kwargs)
 
 
-GPU_CASES = validation_cases([64, 128, 16, 20, 3, 192], [[4096], [32768], [0, 1, 777, 4096, 33, 20000, 130, 5]],
-                             [[1, 0, 63, 64, 65, 200], [5000, 70000]], 64)
+GPU_CASES = validation_cases(
+    [64, 128, 16, 20, 3, 192],
+    [[4096], [32768], [0, 1, 777, 4096, 33, 20000, 130, 5]],
+    [[1, 0, 63, 64, 65, 200], [5000, 70000]],
+    64,
+)
 
 
 @on_hopper
-@pytest.mark.parametrize("c,pool", [(c, 600_000) for c in GPU_CASES] + [(c, 2_000) for c in SANITIZED_CASES],
-                         ids=[c.name for c in GPU_CASES] + [c.name for c in SANITIZED_CASES])
+@pytest.mark.parametrize(
+    "c,pool",
+    [(c, 600_000) for c in GPU_CASES] + [(c, 2_000) for c in SANITIZED_CASES],
+    ids=[c.name for c in GPU_CASES] + [c.name for c in SANITIZED_CASES],
+)
 def test_case_table_on_hopper(gpu, c, pool):
     row = check_case(_fn, c, gpu, pool)
     assert row["ok"], row
@@ -161,14 +192,24 @@ def test_the_traced_build_computes_the_same_and_counts_every_tile(gpu):
         assert sum(trace.per_tile[wg].values()) > 0
 
 
-@pytest.mark.parametrize("lens,head_blocks", [([131072] * 8, 2), ([131072], 2), ([4096] * 8, 1), ([32768] * 32, 2),
-                                              ([1000, 30000, 7, 0, 12000] * 7, 2), ([5] * 300, 1),
-                                              ([131072] * 8 + [100] * 3, 2)])
+@pytest.mark.parametrize(
+    "lens,head_blocks",
+    [
+        ([131072] * 8, 2),
+        ([131072], 2),
+        ([4096] * 8, 1),
+        ([32768] * 32, 2),
+        ([1000, 30000, 7, 0, 12000] * 7, 2),
+        ([5] * 300, 1),
+        ([131072] * 8 + [100] * 3, 2),
+    ],
+)
 def test_whole_wave_items_fill_whole_waves(lens, head_blocks):
     """The work list asked for ``whole_wave_items`` is estimated no slower than asking for one wave's worth of items
     directly (waves x (largest chunk + per-item overhead)): where that overshoots one wave by a few CTAs (each
     request's chunks round up), the second, nearly empty wave is avoided."""
     from kvwall.kernels.mla_decode.work_list import build_work_list
+
     slots = 132
 
     def cost(wl):

@@ -25,12 +25,23 @@ import torch
 from conftest import on_hopper
 
 from kvwall.kernels.mla_decode import sanitize, wgmma, wgmma_tokens
-from kvwall.kernels.mla_decode.cases import (SANITIZED_CASES, SM_SCALE, WGMMA_SANITIZED_CASES, check_case,
-                                             validation_cases)
+from kvwall.kernels.mla_decode.cases import (
+    SANITIZED_CASES,
+    SM_SCALE,
+    WGMMA_SANITIZED_CASES,
+    check_case,
+    validation_cases,
+)
 from kvwall.kernels.mla_decode.work_list import TO_THE_END
 from kvwall.kernels.mla_decode.reference import make_mla_inputs, mla_decode_reference, reference64
-from kvwall.kernels.mla_decode.wgmma_tokens import (BLOCK_N, HEADS_PER_CTA, WgmmaTokensPlan, heads_per_cta,
-                                                    mla_decode_fp8_wgmma_tokens, plan_mla_decode_wgmma_tokens)
+from kvwall.kernels.mla_decode.wgmma_tokens import (
+    BLOCK_N,
+    HEADS_PER_CTA,
+    WgmmaTokensPlan,
+    heads_per_cta,
+    mla_decode_fp8_wgmma_tokens,
+    plan_mla_decode_wgmma_tokens,
+)
 
 NVCC = shutil.which("nvcc")
 HOPPER_SHARED_PER_BLOCK = 232_448
@@ -76,12 +87,24 @@ def test_the_host_side_agrees_with_the_compiled_shapes(tmp_path):
     main = tmp_path / "main.cu"
     main.write_text(HOST_PROGRAM)
     prog = tmp_path / "shape"
-    build = subprocess.run([NVCC, *wgmma.NVCC_FLAGS, "-gencode=arch=compute_90a,code=compute_90a", "-o", str(prog),
-                            str(main), str(wgmma_tokens.TOKENS_SOURCE)], capture_output=True, text=True, timeout=600)
+    build = subprocess.run(
+        [
+            NVCC,
+            *wgmma.NVCC_FLAGS,
+            "-gencode=arch=compute_90a,code=compute_90a",
+            "-o",
+            str(prog),
+            str(main),
+            str(wgmma_tokens.TOKENS_SOURCE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     out = [int(x) for x in subprocess.run([str(prog)], capture_output=True, text=True, timeout=60).stdout.split()]
     assert out[0] == ctypes.sizeof(wgmma.Params)
-    shapes = {hn: out[1 + 4 * i:5 + 4 * i] for i, hn in enumerate((16, 32, 64))}
+    shapes = {hn: out[1 + 4 * i : 5 + 4 * i] for i, hn in enumerate((16, 32, 64))}
     for hn in HEADS_PER_CTA:
         rc, smem, block_n, threads = shapes[hn]
         # the host's shape (wgmma_tokens.host_shape: the source's Layout formula) is the compiled one
@@ -103,10 +126,14 @@ def test_the_host_shape_knows_only_the_instantiations():
 
 def test_cpu_tensors_are_refused_before_any_launch():
     inp = make_mla_inputs([7, 65], 16, seed=6, layout="pool_view", pool_slots=512, device="cpu")
-    with pytest.raises(ValueError, match=r"^mla_decode_fp8_wgmma_tokens: the wgmma path cannot run here: tensors are "
-                                         r"on cpu.*mla_decode_fp8"):
-        mla_decode_fp8_wgmma_tokens(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr,
-                                    inp.kv_indices, SM_SCALE)
+    with pytest.raises(
+        ValueError,
+        match=r"^mla_decode_fp8_wgmma_tokens: the wgmma path cannot run here: tensors are "
+        r"on cpu.*mla_decode_fp8",
+    ):
+        mla_decode_fp8_wgmma_tokens(
+            inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE
+        )
 
 
 @pytest.mark.parametrize("heads,hn", [(1, 16), (8, 16), (16, 16), (17, 32), (20, 32), (32, 32), (64, 32), (128, 32)])
@@ -127,6 +154,7 @@ def test_plans_hold_whole_tiles_and_count_head_blocks(heads, hn):
 # On an H100 / H200
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def gpu() -> torch.device:
     if NVCC is None:
@@ -139,14 +167,20 @@ def _fn(*args, num_splits=None, **kwargs):  # pylint: disable=unused-argument
     return mla_decode_fp8_wgmma_tokens(*args, **kwargs)
 
 
-GPU_CASES = validation_cases([16, 32, 8, 20, 64, 3], [[1], [7], [4097], [32_768], [0, 1, 777, 4096, 33, 20_000, 130, 5],
-                                                      [65, 0, 129, 2], [0, 0], [131_072]],
-                             [[1, 0, 4097, 30_000, 64, 65]], 64)
+GPU_CASES = validation_cases(
+    [16, 32, 8, 20, 64, 3],
+    [[1], [7], [4097], [32_768], [0, 1, 777, 4096, 33, 20_000, 130, 5], [65, 0, 129, 2], [0, 0], [131_072]],
+    [[1, 0, 4097, 30_000, 64, 65]],
+    64,
+)
 
 
 @on_hopper
-@pytest.mark.parametrize("c,pool", [(c, 200_000) for c in GPU_CASES] + [(c, 2_000) for c in SANITIZED_CASES],
-                         ids=[c.name for c in GPU_CASES] + [c.name for c in SANITIZED_CASES])
+@pytest.mark.parametrize(
+    "c,pool",
+    [(c, 200_000) for c in GPU_CASES] + [(c, 2_000) for c in SANITIZED_CASES],
+    ids=[c.name for c in GPU_CASES] + [c.name for c in SANITIZED_CASES],
+)
 def test_case_table_on_hopper(gpu, c, pool):
     row = check_case(_fn, c, gpu, pool)
     assert row["ok"], row
@@ -165,13 +199,16 @@ def test_a_sharp_softmax_keeps_the_heads_on_m_paths_error(gpu, heads):
 
 
 @on_hopper
-@pytest.mark.parametrize("path,heads,q_len", [("wgmma_tokens", 16, 2), ("wgmma_tokens", 8, 4), ("wgmma", 16, 4),
-                                             ("wgmma", 128, 2)])
+@pytest.mark.parametrize(
+    "path,heads,q_len", [("wgmma_tokens", 16, 2), ("wgmma_tokens", 8, 4), ("wgmma", 16, 4), ("wgmma", 128, 2)]
+)
 def test_a_multi_token_query_sees_its_causal_prefix_on_hopper(gpu, path, heads, q_len):
     """The fold on the kernels: token j of a request equals the float64 decode of its first length - (q_len - 1 - j)
     tokens; a token that sees none gives zeros and -inf, no NaN (one chunk and several)."""
-    call, plan_fn = {"wgmma": (wgmma.mla_decode_fp8_wgmma, wgmma.plan_mla_decode_wgmma),
-                     "wgmma_tokens": (mla_decode_fp8_wgmma_tokens, plan_mla_decode_wgmma_tokens)}[path]
+    call, plan_fn = {
+        "wgmma": (wgmma.mla_decode_fp8_wgmma, wgmma.plan_mla_decode_wgmma),
+        "wgmma_tokens": (mla_decode_fp8_wgmma_tokens, plan_mla_decode_wgmma_tokens),
+    }[path]
     gen = torch.Generator(device=gpu).manual_seed(q_len)
     pool = (torch.randn(50_000, 576, generator=gen, device=gpu) * 0.7).to(torch.float8_e4m3fn)
     lens = [q_len - 2, 9, 20_000, q_len, 64 + q_len - 1]
@@ -179,8 +216,18 @@ def test_a_multi_token_query_sees_its_causal_prefix_on_hopper(gpu, path, heads, 
     idx = torch.randint(0, 50_000, (sum(lens),), generator=gen, dtype=torch.int32, device=gpu)
     q = (torch.randn(len(lens), q_len * heads, 576, generator=gen, device=gpu) * 0.5).to(torch.bfloat16)
     plan = plan_fn(ptr, heads=heads, q_len=q_len)
-    got, lse = call(q[..., :512], q[..., 512:], pool[:, :512], pool[:, 512:], ptr, idx, SM_SCALE, plan=plan,
-                    q_len=q_len, return_lse=True)
+    got, lse = call(
+        q[..., :512],
+        q[..., 512:],
+        pool[:, :512],
+        pool[:, 512:],
+        ptr,
+        idx,
+        SM_SCALE,
+        plan=plan,
+        q_len=q_len,
+        return_lse=True,
+    )
     assert not torch.isnan(got).any() and not torch.isnan(lse).any()
     for b, n in enumerate(lens):
         for j in range(q_len):
@@ -188,10 +235,17 @@ def test_a_multi_token_query_sees_its_causal_prefix_on_hopper(gpu, path, heads, 
             if seen <= 0:
                 assert (got[b, rows] == 0).all() and (lse[b, rows] == -float("inf")).all(), (b, j)
                 continue
-            want = mla_decode_reference(q[b:b + 1, rows, :512], q[b:b + 1, rows, 512:], pool[:, :512], pool[:, 512:],
-                                        torch.tensor([0, seen], device=gpu), idx[ptr[b]:ptr[b] + seen].long(),
-                                        SM_SCALE, compute_dtype=torch.float64)
-            err = float((got[b:b + 1, rows].double() - want).norm() / want.norm())
+            want = mla_decode_reference(
+                q[b : b + 1, rows, :512],
+                q[b : b + 1, rows, 512:],
+                pool[:, :512],
+                pool[:, 512:],
+                torch.tensor([0, seen], device=gpu),
+                idx[ptr[b] : ptr[b] + seen].long(),
+                SM_SCALE,
+                compute_dtype=torch.float64,
+            )
+            err = float((got[b : b + 1, rows].double() - want).norm() / want.norm())
             assert err < 3e-3, (b, j, err)
 
 
@@ -201,8 +255,9 @@ def test_an_out_of_range_index_poisons_only_its_request(gpu):
     idx = inp.kv_indices.clone()
     idx[150] = 10**7
     plan = plan_mla_decode_wgmma_tokens(inp.kv_indptr, heads=16)
-    got = mla_decode_fp8_wgmma_tokens(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, idx,
-                                      SM_SCALE, check_range=False, plan=plan)
+    got = mla_decode_fp8_wgmma_tokens(
+        inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, idx, SM_SCALE, check_range=False, plan=plan
+    )
     assert torch.isfinite(got[0]).all() and torch.isnan(got[1]).all()
 
 
@@ -211,9 +266,21 @@ def test_a_graph_replay_equals_the_eager_call(gpu):
     inp = make_mla_inputs([5000, 17, 70_000], 16, seed=7, pool_slots=100_000, device=gpu)
     plan = plan_mla_decode_wgmma_tokens(inp.kv_indptr, heads=16)
     out = torch.empty(3, 16, 512, dtype=torch.bfloat16, device=gpu)
-    call = lambda: mla_decode_fp8_wgmma_tokens(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache,  # noqa: E731
-                                               inp.kv_indptr, inp.kv_indices, SM_SCALE, out=out, check_range=False,
-                                               plan=plan)
+
+    def call():
+        return mla_decode_fp8_wgmma_tokens(
+            inp.q_nope,
+            inp.q_pe,
+            inp.ckv_cache,
+            inp.kpe_cache,
+            inp.kv_indptr,
+            inp.kv_indices,
+            SM_SCALE,
+            out=out,
+            check_range=False,
+            plan=plan,
+        )
+
     eager = call().clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -8,8 +8,8 @@ its points of the call's head count, the point of the call's shape (batch, token
 in batch and tokens; with no entry, no point of that head count or a refused (malformed) table, the tokens-on-M wgmma
 path up to 32 heads, the wgmma path above -- never the nearest point of another head count. A table point is
 [heads, context, batch, path, tokens, max_len] (kernels.mla_decode.path_table); the times behind it are in the
-sidecar kernel_paths_measured.json, which the dispatcher does not read. tests/test_dispatch_rule.py holds the rule to the
-recorded run.
+sidecar kernel_paths_measured.json, which the dispatcher does not read. tests/test_dispatch_rule.py holds the rule to
+the recorded run.
 """
 
 from __future__ import annotations
@@ -27,9 +27,21 @@ from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.kernels.mla_decode.cases import SM_SCALE
 from kvwall.kernels.mla_decode.dispatch import choose_path, mla_decode, plan_mla_decode
-from kvwall.kernels.mla_decode.path_table import (KERNEL_PATHS, PATHS_FILE, POINT_COLUMNS, decide_path, fastest,
-                                                  measured_choice, path_point, read_table, reload_table,
-                                                  table_entry, table_problem, table_refusal, table_text)
+from kvwall.kernels.mla_decode.path_table import (
+    KERNEL_PATHS,
+    PATHS_FILE,
+    POINT_COLUMNS,
+    decide_path,
+    fastest,
+    measured_choice,
+    path_point,
+    read_table,
+    reload_table,
+    table_entry,
+    table_problem,
+    table_refusal,
+    table_text,
+)
 from kvwall.kernels.mla_decode.plan import MLADecodePlan
 from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8, plan_mla_decode_triton
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
@@ -38,18 +50,34 @@ DC, DR = 512, 64
 FP8 = torch.float8_e4m3fn
 H200 = "NVIDIA H200"
 H100 = "NVIDIA H100 80GB HBM3"
-TABLE = {H200: {"capability": [9, 0], "page_size": 1, "points": [
-    path_point(16, 4096, 1, 15.0, 18.0), path_point(16, 131072, 64, 620.0, 570.0, tokens=2_000_000, max_len=120_000),
-    path_point(128, 32768, 32, 700.0, 220.0, tokens=262_144, max_len=30_000)]}}
+TABLE = {
+    H200: {
+        "capability": [9, 0],
+        "page_size": 1,
+        "points": [
+            path_point(16, 4096, 1, 15.0, 18.0),
+            path_point(16, 131072, 64, 620.0, 570.0, tokens=2_000_000, max_len=120_000),
+            path_point(128, 32768, 32, 700.0, 220.0, tokens=262_144, max_len=30_000),
+        ],
+    }
+}
 #: A table with the tokens-on-M path: fastest at 16 heads, slower at 128 heads, not timed at one point, a mixed
 #: batch of 64 heads where the heads-on-M path wins; and one point as tables before points carried their shape wrote
 #: it (times after the path: read as batch requests of context tokens).
-TABLE3 = {H200: {"capability": [9, 0], "page_size": 1, "points": [
-    path_point(16, 4096, 1, 15.0, 18.0, 12.0), path_point(16, 131072, 32, 320.0, 314.0, 224.0, tokens=1_048_576,
-                                                          max_len=87_000),
-    path_point(32, 131072, 1, 89.0, 57.0, None), path_point(128, 32768, 32, 700.0, 220.0, 400.0),
-    path_point(64, 32768, 8, 98.0, 76.3, 90.7, tokens=65_536, max_len=23_878),
-    [64, 4096, 8, "wgmma_tokens", 30.0, 26.0, 21.0]]}}
+TABLE3 = {
+    H200: {
+        "capability": [9, 0],
+        "page_size": 1,
+        "points": [
+            path_point(16, 4096, 1, 15.0, 18.0, 12.0),
+            path_point(16, 131072, 32, 320.0, 314.0, 224.0, tokens=1_048_576, max_len=87_000),
+            path_point(32, 131072, 1, 89.0, 57.0, None),
+            path_point(128, 32768, 32, 700.0, 220.0, 400.0),
+            path_point(64, 32768, 8, 98.0, 76.3, 90.7, tokens=65_536, max_len=23_878),
+            [64, 4096, 8, "wgmma_tokens", 30.0, 26.0, 21.0],
+        ],
+    }
+}
 
 
 @pytest.fixture(autouse=True)
@@ -64,12 +92,19 @@ def _fresh_tables():
 # The rule and the table (no GPU needed)
 # ----------------------------------------------------------------------------------------------
 
+
 def test_a_point_names_the_faster_path_and_its_shape():
     assert path_point(16, 64, 1, 9.876, 8.951) == [16, 64, 1, "wgmma", 64, 64]
     assert path_point(16, 131072, 1, 50.11, 53.48) == [16, 131072, 1, "triton", 131072, 131072]
     assert path_point(16, 4096, 1, 15.0, None) == [16, 4096, 1, "triton", 4096, 4096]
-    assert path_point(64, 4096, 8, 28.9, 26.2, 21.2, tokens=8192, max_len=3013) == [64, 4096, 8, "wgmma_tokens",
-                                                                                    8192, 3013]
+    assert path_point(64, 4096, 8, 28.9, 26.2, 21.2, tokens=8192, max_len=3013) == [
+        64,
+        4096,
+        8,
+        "wgmma_tokens",
+        8192,
+        3013,
+    ]
     assert len(POINT_COLUMNS) == 6 and POINT_COLUMNS[3] == "path"
 
 
@@ -91,8 +126,10 @@ def test_a_recorded_shape_is_matched_exactly():
     entry = TABLE3[H200]
     assert measured_choice(entry, 64, 8, 23_878, 65_536) == ("wgmma", TABLE3[H200]["points"][4])
     path, why = decide_path(64, 8, 23_878, tokens=65_536, gpu=H200, capability=(9, 0), refusal=None, table=TABLE3)
-    assert path == "wgmma" and why == ("wgmma: measured fastest at this shape (64 heads, batch 8, 65,536 tokens, the "
-                                       "longest 23,878: the grid's 32,768-token mixed batch) on NVIDIA H200")
+    assert path == "wgmma" and why == (
+        "wgmma: measured fastest at this shape (64 heads, batch 8, 65,536 tokens, the "
+        "longest 23,878: the grid's 32,768-token mixed batch) on NVIDIA H200"
+    )
     path, why = decide_path(16, 1, 4096, tokens=4096, gpu=H200, capability=(9, 0), refusal=None, table=TABLE3)
     assert path == "wgmma_tokens" and "at this shape (16 heads, one request of 4,096 tokens)" in why
     assert "µs" not in why
@@ -105,10 +142,10 @@ def test_within_a_measured_head_count_the_nearest_point_in_batch_and_tokens():
     # tokens decide before the longest request: a batch of 8 with 70K tokens is the 64K-token point, not the 32K one
     assert measured_choice(entry, 64, 8, 4096, 32_768)[0] == "wgmma_tokens"  # the older point: 8 x 4096 tokens
     assert measured_choice(entry, 64, 8, 60_000, 70_000)[0] == "wgmma"
-    path, why = decide_path(16, 48, 100_000, tokens=1_500_000, gpu=H200, capability=(9, 0), refusal=None,
-                            table=TABLE3)
-    assert path == "wgmma_tokens" and why.startswith("tokens-on-M wgmma: measured fastest at the nearest point of "
-                                                     "16 heads in batch and tokens (16 heads, batch 32")
+    path, why = decide_path(16, 48, 100_000, tokens=1_500_000, gpu=H200, capability=(9, 0), refusal=None, table=TABLE3)
+    assert path == "wgmma_tokens" and why.startswith(
+        "tokens-on-M wgmma: measured fastest at the nearest point of 16 heads in batch and tokens (16 heads, batch 32"
+    )
     # without tokens: every request the longest (batch x max_len)
     assert measured_choice(TABLE[H200], 16, 64, 120_000)[1][:3] == [16, 131072, 64]
 
@@ -118,8 +155,7 @@ def test_a_head_count_never_measured_goes_by_the_capability_rule_not_a_neighbour
     """20, 48, 96 and 256 heads sit between (or beyond) the measured 16, 32, 64 and 128: no point of another head
     count decides for them."""
     assert measured_choice(TABLE3[H200], heads, 8, 32_768) is None
-    path, why = decide_path(heads, 8, 23_878, tokens=65_536, gpu=H200, capability=(9, 0), refusal=None,
-                            table=TABLE3)
+    path, why = decide_path(heads, 8, 23_878, tokens=65_536, gpu=H200, capability=(9, 0), refusal=None, table=TABLE3)
     assert path == ("wgmma_tokens" if heads <= path_table.TOKENS_MAX_HEADS else "wgmma")
     assert f"{H200} measured no point of {heads} heads (its head counts: 16, 32, 64, 128)" in why
     assert "so the capability rule" in why and "nearest" not in why
@@ -137,8 +173,8 @@ def test_older_points_are_read_as_uniform_batches():
 
 
 def test_choose_path_reads_a_paths_json_with_the_third_path(tmp_path, monkeypatch):
-    """choose_path on a (pretended) H200 with a kernel_paths.json file naming the tokens-on-M path: the file's choice, and
-    the Triton path for misaligned rows whatever the file says."""
+    """choose_path on a (pretended) H200 with a kernel_paths.json file naming the tokens-on-M path: the file's choice,
+    and the Triton path for misaligned rows whatever the file says."""
     table_file = tmp_path / "kernel_paths.json"
     table_file.write_text(table_text(TABLE3))
     monkeypatch.setattr(dispatch.wgmma_path, "wgmma_refusal", lambda device: None)
@@ -149,9 +185,10 @@ def test_choose_path_reads_a_paths_json_with_the_third_path(tmp_path, monkeypatc
     assert choose_path(128, 32, 32768, cuda, table_file=table_file)[0] == "wgmma"
     assert choose_path(64, 8, 23_878, cuda, tokens=65_536, table_file=table_file)[0] == "wgmma"
     raw = torch.zeros(256 * 577 + 16, dtype=torch.uint8)
-    odd = raw[1:1 + 256 * 577].view(-1, 577).view(FP8)
-    path, why = choose_path(16, 32, 131072, cuda, ckv_cache=odd[:, :DC], kpe_cache=odd[:, DC:DC + DR],
-                            table_file=table_file)
+    odd = raw[1 : 1 + 256 * 577].view(-1, 577).view(FP8)
+    path, why = choose_path(
+        16, 32, 131072, cuda, ckv_cache=odd[:, :DC], kpe_cache=odd[:, DC : DC + DR], table_file=table_file
+    )
     assert path == "triton" and "16-byte" in why
     assert choose_path(16, 1, 4096, cuda, dims=(256, 64), table_file=table_file)[0] == "triton"
 
@@ -171,15 +208,15 @@ def test_the_plan_asks_the_dispatcher_with_the_batchs_tokens(monkeypatch):
     assert asked[-1] == (16, 3, 65, 102) and plan.path == "triton" and plan.why == "Triton: the spy's reason"
     plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM_SCALE, lengths=[7, 65, 30], q_len=2)
     assert asked[-1] == (32, 3, 65, 102)
-    plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM_SCALE, lengths=[7, 65, 30],
-                    graph_max_len=100)
+    plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM_SCALE, lengths=[7, 65, 30], graph_max_len=100)
     assert asked[-1] == (16, 3, 100, 300)
 
 
 def test_the_table_is_looked_up_by_gpu_name():
     path, why = decide_path(16, 1, 4096, gpu=H200, capability=(9, 0), refusal=None, table=TABLE)
-    assert path == "triton" and why == ("Triton: measured fastest at this shape (16 heads, one request of 4,096 "
-                                        f"tokens) on {H200}")
+    assert path == "triton" and why == (
+        f"Triton: measured fastest at this shape (16 heads, one request of 4,096 tokens) on {H200}"
+    )
     assert "same compute capability" not in why
     path, why = decide_path(128, 32, 30_000, tokens=262_144, gpu=H200, capability=(9, 0), refusal=None, table=TABLE)
     assert path == "wgmma" and "(128 heads, batch 32, 262,144 tokens, the longest 30,000" in why
@@ -190,8 +227,9 @@ def test_a_gpu_without_an_entry_uses_the_entry_of_its_compute_capability():
     assert table_entry(TABLE, H100, (9, 0)) == (H200, TABLE[H200])
     assert table_entry(TABLE, H100, (10, 0)) is None and table_entry(TABLE, H100, None) is None
     for point in TABLE[H200]["points"]:
-        on_h100 = decide_path(point[0], point[2], point[5], tokens=point[4], gpu=H100, capability=(9, 0),
-                              refusal=None, table=TABLE)
+        on_h100 = decide_path(
+            point[0], point[2], point[5], tokens=point[4], gpu=H100, capability=(9, 0), refusal=None, table=TABLE
+        )
         assert on_h100[0] == point[3] and f"on {H200} (the same compute capability as this {H100})" in on_h100[1]
         assert "at this shape" in on_h100[1]
 
@@ -214,22 +252,23 @@ def test_without_a_table_the_capability_rule_decides():
 
 def test_where_wgmma_cannot_run_the_triton_path_runs_whatever_the_table_says():
     refusal = "compute capability 12.0: the wgmma path is built for sm_90a (9.0) only"
-    path, why = decide_path(128, 32, 32768, gpu="NVIDIA RTX PRO 6000", capability=(12, 0), refusal=refusal,
-                            table=TABLE)
+    path, why = decide_path(128, 32, 32768, gpu="NVIDIA RTX PRO 6000", capability=(12, 0), refusal=refusal, table=TABLE)
     assert path == "triton" and why == f"Triton: the wgmma paths cannot run this call ({refusal})"
-    assert decide_path(16, 1, 4096, gpu="NVIDIA RTX PRO 6000", capability=(12, 0), refusal=refusal,
-                       table=TABLE3)[0] == "triton"
+    assert (
+        decide_path(16, 1, 4096, gpu="NVIDIA RTX PRO 6000", capability=(12, 0), refusal=refusal, table=TABLE3)[0]
+        == "triton"
+    )
 
 
 def test_misaligned_rows_go_to_the_triton_path():
     """Rows 577 bytes apart, one byte past a 16-byte boundary: the wgmma path's 16-byte loads cannot read them."""
     raw = torch.zeros(256 * 577 + 16, dtype=torch.uint8)
-    odd = raw[1:1 + 256 * 577].view(-1, 577).view(FP8)
-    refusal = wgmma_path.rows_refusal((DC, DR), {"ckv_cache": odd[:, :DC], "kpe_cache": odd[:, DC:DC + DR]})
+    odd = raw[1 : 1 + 256 * 577].view(-1, 577).view(FP8)
+    refusal = wgmma_path.rows_refusal((DC, DR), {"ckv_cache": odd[:, :DC], "kpe_cache": odd[:, DC : DC + DR]})
     assert refusal and refusal.startswith("ckv_cache: the wgmma path loads 16-byte pieces")
     path, why = decide_path(128, 32, 32768, gpu=H200, capability=(9, 0), refusal=refusal, table=TABLE)
     assert path == "triton" and "16-byte" in why
-    assert wgmma_path.rows_refusal((DC, DR), {"ckv_cache": raw[16:16 + 256 * 576].view(-1, 576).view(FP8)}) is None
+    assert wgmma_path.rows_refusal((DC, DR), {"ckv_cache": raw[16 : 16 + 256 * 576].view(-1, 576).view(FP8)}) is None
 
 
 def test_on_cpu_the_dispatcher_runs_the_triton_path():
@@ -270,6 +309,7 @@ def test_each_forced_path_plans_its_own_work_list_and_names_it(monkeypatch):
 # A malformed table: refused, named, and the dispatch falls back by rule
 # ----------------------------------------------------------------------------------------------
 
+
 def _entry(**kw) -> dict:
     return {H200: {"capability": [9, 0], "page_size": 1, "points": [[64, 4096, 8, "wgmma", 8192, 3013]], **kw}}
 
@@ -280,12 +320,11 @@ def _point(p) -> dict:
 
 #: (what the file holds, words the refusal says): every malformed shape a table can take.
 MALFORMED = {
-    "not JSON": ("{\"NVIDIA H200\": {", "not JSON"),
+    "not JSON": ('{"NVIDIA H200": {', "not JSON"),
     "empty file": ("", "not JSON"),
-    "NaN heads": ("{\"NVIDIA H200\": {\"capability\": [9, 0], \"points\": [[NaN, 64, 1, \"triton\", 64, 64]]}}",
-                  "heads nan"),
+    "NaN heads": ('{"NVIDIA H200": {"capability": [9, 0], "points": [[NaN, 64, 1, "triton", 64, 64]]}}', "heads nan"),
     "a list": ([_entry()], "a JSON list, not an object"),
-    "a string": ("\"paths\"", "a JSON str"),
+    "a string": ('"paths"', "a JSON str"),
     "null": (None, "a JSON NoneType"),
     "GPU entry a list": ({H200: [[16, 64, 1, "triton", 64, 64]]}, f"entry '{H200}' is a list, not an object"),
     "GPU entry null": ({H200: None}, f"entry '{H200}' is a NoneType"),
@@ -300,7 +339,7 @@ MALFORMED = {
     "points missing": ({H200: {"capability": [9, 0], "page_size": 1}}, "points missing, not a list"),
     "points an object": (_entry(points={"16": "wgmma"}), "points dict, not a list"),
     "points a string": (_entry(points="wgmma"), "points str, not a list"),
-    "a point an object": (_point({"heads": 16}), "point 1 {\"heads\": 16} is a dict"),
+    "a point an object": (_point({"heads": 16}), 'point 1 {"heads": 16} is a dict'),
     "a point a number": (_point(16), "point 1 16 is a int"),
     "heads 0": (_point([0, 4096, 1, "wgmma", 4096, 4096]), "heads 0: not a positive integer"),
     "heads negative": (_point([-16, 4096, 1, "wgmma", 4096, 4096]), "heads -16"),
@@ -430,15 +469,31 @@ def _device(path: str, *, gpu_only: bool = False) -> torch.device:
 
 def _inputs(device: torch.device, layout: str, heads: int = 16):
     small = device.type == "cpu"
-    inp = make_mla_inputs([30, 50, 9] if small else [300, 5000, 70], heads, seed=3, layout=layout,
-                          page_size=16 if small else 64, pool_slots=4096 if small else 100_000, device=device)
+    inp = make_mla_inputs(
+        [30, 50, 9] if small else [300, 5000, 70],
+        heads,
+        seed=3,
+        layout=layout,
+        page_size=16 if small else 64,
+        pool_slots=4096 if small else 100_000,
+        device=device,
+    )
     page_size = inp.ckv_cache.shape[1] if layout == "paged" else 1
     return inp, page_size, (inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr)
 
 
 def _plan(inp, page_size: int, path: str, heads: int = 16):
-    return plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=heads, sm_scale=SM_SCALE, kv_len=inp.kv_len,
-                           page_size=page_size, path=path, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache)
+    return plan_mla_decode(
+        inp.kv_indptr,
+        inp.kv_indices,
+        heads=heads,
+        sm_scale=SM_SCALE,
+        kv_len=inp.kv_len,
+        page_size=page_size,
+        path=path,
+        ckv_cache=inp.ckv_cache,
+        kpe_cache=inp.kpe_cache,
+    )
 
 
 @pytest.mark.parametrize("layout", ["pool_view", "paged"])
@@ -495,12 +550,21 @@ def test_a_planned_call_replayed_in_a_cuda_graph_equals_the_eager_call(path, lay
     assert torch.equal(graphed, changed) and not torch.equal(changed, eager)
 
 
-_CALL = {"triton": mla_decode_fp8, "wgmma": wgmma_path.mla_decode_fp8_wgmma,
-         "wgmma_tokens": tokens_path.mla_decode_fp8_wgmma_tokens}
-_PLAN = {"triton": plan_mla_decode_triton, "wgmma": wgmma_path.plan_mla_decode_wgmma,
-         "wgmma_tokens": tokens_path.plan_mla_decode_wgmma_tokens}
-_PLANNER = {"triton": r"plan_mla_decode_triton \(the Triton path\)", "wgmma": "plan_mla_decode_wgmma,",
-            "wgmma_tokens": "plan_mla_decode_wgmma_tokens,"}
+_CALL = {
+    "triton": mla_decode_fp8,
+    "wgmma": wgmma_path.mla_decode_fp8_wgmma,
+    "wgmma_tokens": tokens_path.mla_decode_fp8_wgmma_tokens,
+}
+_PLAN = {
+    "triton": plan_mla_decode_triton,
+    "wgmma": wgmma_path.plan_mla_decode_wgmma,
+    "wgmma_tokens": tokens_path.plan_mla_decode_wgmma_tokens,
+}
+_PLANNER = {
+    "triton": r"plan_mla_decode_triton \(the Triton path\)",
+    "wgmma": "plan_mla_decode_wgmma,",
+    "wgmma_tokens": "plan_mla_decode_wgmma_tokens,",
+}
 
 
 @pytest.mark.parametrize("other", PATH_PARAMS)
@@ -539,29 +603,34 @@ def test_misaligned_cache_rows(path):
     slots = inp.ckv_cache.shape[0]
     gen = torch.Generator(device=device).manual_seed(7)
     raw = torch.randint(0, 0x70, (slots * 577 + 16,), generator=gen, dtype=torch.uint8, device=device)  # no NaN
-    odd = raw[1:1 + slots * 577].view(-1, 577).view(FP8)
-    ckv, kpe = odd[:, :DC], odd[:, DC:DC + DR]
+    odd = raw[1 : 1 + slots * 577].view(-1, 577).view(FP8)
+    ckv, kpe = odd[:, :DC], odd[:, DC : DC + DR]
 
     def plan(p: str):
-        return plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM_SCALE, path=p, ckv_cache=ckv,
-                               kpe_cache=kpe)
+        return plan_mla_decode(
+            inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM_SCALE, path=p, ckv_cache=ckv, kpe_cache=kpe
+        )
 
     if path != "triton":
         with pytest.raises(ValueError, match=r"ckv_cache: the wgmma path loads 16-byte pieces.*row stride 577"):
             plan(path)
         auto = plan("auto")
         assert auto.path == "triton"
-        assert torch.equal(mla_decode(inp.q_nope, inp.q_pe, ckv, kpe, auto),
-                           mla_decode(inp.q_nope, inp.q_pe, ckv, kpe, plan("triton")))
+        assert torch.equal(
+            mla_decode(inp.q_nope, inp.q_pe, ckv, kpe, auto), mla_decode(inp.q_nope, inp.q_pe, ckv, kpe, plan("triton"))
+        )
         return
     assert torch.isfinite(mla_decode(inp.q_nope, inp.q_pe, ckv, kpe, plan(path))).all()
 
 
-@pytest.mark.parametrize("q,words", [
-    (lambda q: q[:0], r"q_nope must be a torch.bfloat16 tensor of shape \(2, 3, 512\)"),
-    (lambda q: q.tolist(), "q_nope must be a torch.bfloat16 tensor .* got list"),
-    (lambda q: q[0], r"q_nope must be a torch.bfloat16 tensor .* got torch.bfloat16 \(3, 512\)"),
-])
+@pytest.mark.parametrize(
+    "q,words",
+    [
+        (lambda q: q[:0], r"q_nope must be a torch.bfloat16 tensor of shape \(2, 3, 512\)"),
+        (lambda q: q.tolist(), "q_nope must be a torch.bfloat16 tensor .* got list"),
+        (lambda q: q[0], r"q_nope must be a torch.bfloat16 tensor .* got torch.bfloat16 \(3, 512\)"),
+    ],
+)
 def test_a_bad_query_is_refused_in_words(q, words):
     """Issue 24, finding 4: batch 0, a list or a 2-D q_nope is refused by name before any launch."""
     inp = make_mla_inputs([7, 65], 3, seed=5, layout="pool_view", pool_slots=512, device="cpu")

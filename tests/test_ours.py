@@ -17,7 +17,7 @@ from kvwall.kernels.mla_decode import dispatch
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
 from kvwall.kernels.mla_decode.verify_reference import mla_verify_reference
 
-SM = 1 / 576 ** 0.5
+SM = 1 / 576**0.5
 FP8 = torch.float8_e4m3fn
 
 
@@ -34,8 +34,9 @@ def _reference64(inp, qn, qp, q_len: int, scale: float = 1.0) -> tuple[torch.Ten
     ptr, idx, _ = inp.token_batch(keep)
     ckv = inp.tok_ckv.to(torch.float64) * scale
     kpe = inp.tok_kpe.to(torch.float64) * scale
-    return mla_verify_reference(qn.double(), qp.double(), ckv, kpe, ptr, idx, SM, q_len=q_len,
-                                compute_dtype=torch.float64, return_lse=True)
+    return mla_verify_reference(
+        qn.double(), qp.double(), ckv, kpe, ptr, idx, SM, q_len=q_len, compute_dtype=torch.float64, return_lse=True
+    )
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -51,8 +52,17 @@ def test_ours_matches_float64_at_every_q_len(q_len, layout):
     page = 16 if layout == "paged" else 1
     inp = make_mla_inputs(lens, 16, seed=q_len, layout=layout, page_size=page)
     qn, qp = _queries(len(lens), q_len, 16, seed=10 + q_len)
-    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM, kv_len=inp.kv_len, q_len=q_len,
-                           page_size=page, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache)
+    plan = plan_mla_decode(
+        inp.kv_indptr,
+        inp.kv_indices,
+        heads=16,
+        sm_scale=SM,
+        kv_len=inp.kv_len,
+        q_len=q_len,
+        page_size=page,
+        ckv_cache=inp.ckv_cache,
+        kpe_cache=inp.kpe_cache,
+    )
     assert isinstance(plan, DecodePlan) and plan.path == "triton" and plan.rows == 16 * q_len
     assert plan.work.work_list.max_chunks > 1  # the long request is cut: the combine runs
     out, lse = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, return_lse=True)
@@ -82,8 +92,9 @@ def test_sharp_softmax_and_scales_stay_accurate():
     qn, qp = _queries(2, 2, 16, seed=8, spread=5.0)
     plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM, q_len=2)
     out = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, ckv_scale=0.5, kpe_scale=0.5)
-    as_tensor = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, ckv_scale=torch.tensor([0.5]),
-                           kpe_scale=torch.tensor([0.5]))
+    as_tensor = mla_decode(
+        qn, qp, inp.ckv_cache, inp.kpe_cache, plan, ckv_scale=torch.tensor([0.5]), kpe_scale=torch.tensor([0.5])
+    )
     assert torch.equal(out, as_tensor)
     want, _ = _reference64(inp, qn, qp, 2, scale=0.5)
     assert _rel(out, want) < 4e-3
@@ -93,8 +104,9 @@ def test_a_graph_plan_refilled_for_new_lengths_equals_an_eager_plan():
     """A graph plan keeps its buffers (size and address) and is re-cut in place; its output equals a fresh plan's."""
     inp = make_mla_inputs([200, 64, 5], 16, seed=9)
     qn, qp = _queries(3, 2, 16, seed=11)
-    graph = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM, q_len=2, graph_max_len=256,
-                            lengths=[256, 256, 256])
+    graph = plan_mla_decode(
+        inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM, q_len=2, graph_max_len=256, lengths=[256, 256, 256]
+    )
     addresses = (graph.work.work.data_ptr(), graph.work.part_o.data_ptr())
     graph.refill([200, 64, 5])
     assert (graph.work.work.data_ptr(), graph.work.part_o.data_ptr()) == addresses
@@ -119,17 +131,20 @@ def test_host_lengths_mean_no_device_read(monkeypatch):
     assert reads == [1]
 
 
-@pytest.mark.parametrize("change,kind,words", [
-    (dict(q_len=9), ValueError, "q_len must be a whole number >= 1, got 9 .and at most 8.; ours takes decode"),
-    (dict(q_len=0), ValueError, "q_len must be a whole number >= 1, got 0"),
-    (dict(lengths=[50, 1], q_len=2), ValueError, "request 1 holds 1 tokens, fewer than its q_len=2"),
-    (dict(lengths=[50]), ValueError, "lengths has 1 entries"),
-    (dict(path="cutlass"), ValueError, "path must be 'auto' or one of"),
-    (dict(config=object()), ValueError, "config is the Triton path's launch shape"),
-    (dict(sm_scale="x"), TypeError, "sm_scale must be a finite Python number"),
-    (dict(bad_index=True), IndexError, "kv_indices reach outside the cache"),
-    (dict(bad_indptr=True), ValueError, "kv_indptr must start at 0, never decrease"),
-])
+@pytest.mark.parametrize(
+    "change,kind,words",
+    [
+        (dict(q_len=9), ValueError, "q_len must be a whole number >= 1, got 9 .and at most 8.; ours takes decode"),
+        (dict(q_len=0), ValueError, "q_len must be a whole number >= 1, got 0"),
+        (dict(lengths=[50, 1], q_len=2), ValueError, "request 1 holds 1 tokens, fewer than its q_len=2"),
+        (dict(lengths=[50]), ValueError, "lengths has 1 entries"),
+        (dict(path="cutlass"), ValueError, "path must be 'auto' or one of"),
+        (dict(config=object()), ValueError, "config is the Triton path's launch shape"),
+        (dict(sm_scale="x"), TypeError, "sm_scale must be a finite Python number"),
+        (dict(bad_index=True), IndexError, "kv_indices reach outside the cache"),
+        (dict(bad_indptr=True), ValueError, "kv_indptr must start at 0, never decrease"),
+    ],
+)
 def test_the_plan_refuses_bad_input_in_words(change, kind, words):
     inp = make_mla_inputs([50, 20], 16, seed=13)
     indices, indptr = inp.kv_indices.clone(), inp.kv_indptr.clone()
@@ -142,13 +157,16 @@ def test_the_plan_refuses_bad_input_in_words(change, kind, words):
         plan_mla_decode(indptr, indices, **args)
 
 
-@pytest.mark.parametrize("what,words", [
-    ("q_rows", "q_nope must be a torch.bfloat16 tensor of shape"),
-    ("q_dtype", "q_nope must be a torch.bfloat16 tensor of shape"),
-    ("cache_dtype", "ckv_cache must be an FP8 e4m3 tensor"),
-    ("out_shape", "out must be a torch.bfloat16 tensor of shape"),
-    ("plan", "plan must come from plan_mla_decode"),
-])
+@pytest.mark.parametrize(
+    "what,words",
+    [
+        ("q_rows", "q_nope must be a torch.bfloat16 tensor of shape"),
+        ("q_dtype", "q_nope must be a torch.bfloat16 tensor of shape"),
+        ("cache_dtype", "ckv_cache must be an FP8 e4m3 tensor"),
+        ("out_shape", "out must be a torch.bfloat16 tensor of shape"),
+        ("plan", "plan must come from plan_mla_decode"),
+    ],
+)
 def test_the_call_checks_shapes_dtypes_and_devices_before_any_launch(what, words):
     inp = make_mla_inputs([30, 20], 16, seed=14)
     qn, qp = _queries(2, 2, 16, seed=15)
@@ -203,6 +221,7 @@ def test_an_unbuildable_hopper_path_falls_back_to_triton_with_one_warning(monkey
 # On an H100 / H200: every path, q_len 1..8, against float64; a graph plan captured once and replayed
 # ----------------------------------------------------------------------------------------------
 
+
 def _gpu_inputs(lens, heads, q_len, layout, seed):
     page = 64 if layout == "paged" else 1
     inp = make_mla_inputs(lens, heads, seed=seed, layout=layout, page_size=page, device="cuda")
@@ -220,8 +239,18 @@ def _gpu_inputs(lens, heads, q_len, layout, seed):
 def test_every_path_matches_float64_at_every_q_len_on_the_gpu(path, heads, q_len, layout):
     lens = [4097, q_len, 300, 1500 + q_len]
     inp, qn, qp, page = _gpu_inputs(lens, heads, q_len, layout, seed=heads + q_len)
-    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=heads, sm_scale=SM, kv_len=inp.kv_len, q_len=q_len,
-                           page_size=page, path=path, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache)
+    plan = plan_mla_decode(
+        inp.kv_indptr,
+        inp.kv_indices,
+        heads=heads,
+        sm_scale=SM,
+        kv_len=inp.kv_len,
+        q_len=q_len,
+        page_size=page,
+        path=path,
+        ckv_cache=inp.ckv_cache,
+        kpe_cache=inp.kpe_cache,
+    )
     assert plan.path == path
     out, lse = mla_decode(qn, qp, inp.ckv_cache, inp.kpe_cache, plan, return_lse=True)
     want, want_lse = _reference64(inp, qn, qp, q_len)
@@ -236,8 +265,18 @@ def test_a_graph_plan_captured_once_replays_new_lengths_on_the_gpu(path):
     agrees with float64 and with an eager plan's (whose work list may merge differently: BF16 rounding apart)."""
     lens = [3000, 700, 64]
     inp, qn, qp, _ = _gpu_inputs(lens, 16, 2, "pool_view", seed=21)
-    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=16, sm_scale=SM, q_len=2, path=path,
-                           graph_max_len=4096, lengths=[4096] * 3, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache)
+    plan = plan_mla_decode(
+        inp.kv_indptr,
+        inp.kv_indices,
+        heads=16,
+        sm_scale=SM,
+        q_len=2,
+        path=path,
+        graph_max_len=4096,
+        lengths=[4096] * 3,
+        ckv_cache=inp.ckv_cache,
+        kpe_cache=inp.kpe_cache,
+    )
     out = torch.empty(6, 16, 512, dtype=torch.bfloat16, device="cuda")
     plan.refill(lens)
     side = torch.cuda.Stream()

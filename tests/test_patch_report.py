@@ -41,8 +41,9 @@ def test_the_findings_are_the_rows(recorded):
     patched = [r for r in rows if r["variant"] != "unpatched"]
     assert found.patched_rows == len(patched)
     assert found.patched_casting == sum(r["whole_pool_casts"] != 0 for r in patched)
-    assert found.variants["unpatched"].casts == tuple(sorted({r["whole_pool_casts"] for r in rows
-                                                              if r["variant"] == "unpatched"}))
+    assert found.variants["unpatched"].casts == tuple(
+        sorted({r["whole_pool_casts"] for r in rows if r["variant"] == "unpatched"})
+    )
     first = [r for r in rows if r["variant"] == rows[0]["variant"] and r["mode"] == rows[0]["mode"]]
     assert found.replay_tokens == [r["tokens"] for r in first if r["phase"].startswith("replay")]
     assert found.eager_tokens == next(r["tokens"] for r in first if r["phase"] == "eager")
@@ -57,8 +58,14 @@ def test_the_tables_hold_every_row(recorded):
     table = pr.real_check_table(recorded, "c")
     steps = {(r["mode"], r["phase"]) for r in rows}
     assert len(table.rows) == len(steps) and list(table.columns) == [
-        "mode", "phase", "tokens", "casts a step (unpatched / gather_cast / fused)",
-        "error vs float64 (unpatched / gather_cast / fused)", "vs unpatched, max abs. (gather_cast / fused)", "all ok"]
+        "mode",
+        "phase",
+        "tokens",
+        "casts a step (unpatched / gather_cast / fused)",
+        "error vs float64 (unpatched / gather_cast / fused)",
+        "vs unpatched, max abs. (gather_cast / fused)",
+        "all ok",
+    ]
     md = _render(table)
     failed = {(r["mode"], r["phase"]) for r in rows if not r["ok"]}
     assert md.count("| yes |") == len(steps - failed) and md.count("**no**") == len(failed)
@@ -67,7 +74,9 @@ def test_the_tables_hold_every_row(recorded):
     for line, key in zip(table.rows, keys):
         assert line["phase"].replace("\u00a0", " ") == key[1]
         by = {r["variant"]: r for r in rows if (r["mode"], r["phase"]) == key}
-        assert line["casts"] == " / ".join(str(by[v]["whole_pool_casts"]) for v in ("unpatched", "gather_cast", "fused"))
+        assert line["casts"] == " / ".join(
+            str(by[v]["whole_pool_casts"]) for v in ("unpatched", "gather_cast", "fused")
+        )
         assert line["errors"].count(" / ") == 2
     timing = pr.real_timing_table(recorded, "t")
     assert [r["variant"] for r in timing.rows] == [r["variant"] for r in pr.real_timing_rows(recorded)]
@@ -100,8 +109,14 @@ def test_a_failing_row_shows_as_failing(recorded):
     assert sum(s.passed for s in good.variants.values()) == n and good.patched_casting == 0
     # a patched graph row that casts the pool, and is judged so
     bad = copy.deepcopy(rows)
-    row = next(r for r in bad if r["section"] == "real_check" and r["variant"] == "fused"
-               and r["phase"] == "replay 2" and r["mode"] == "verify_2")
+    row = next(
+        r
+        for r in bad
+        if r["section"] == "real_check"
+        and r["variant"] == "fused"
+        and r["phase"] == "replay 2"
+        and r["mode"] == "verify_2"
+    )
     problem = "the captured graph, replayed every step: 6 whole-pool casts, expected 0 (a patch makes none)"
     row.update(whole_pool_casts=6, ok=False, problems=[problem])
     res = _with_rows(recorded, bad)
@@ -116,8 +131,14 @@ def test_a_failing_row_shows_as_failing(recorded):
 def test_an_output_off_tolerance_is_counted(recorded):
     rows = _good_rows(recorded)
     before = pr.real_findings(_with_rows(recorded, rows)).variants["gather_cast"]
-    row = next(r for r in rows if r["section"] == "real_check" and r["variant"] == "gather_cast"
-               and r["mode"] == "decode" and r["phase"] == "eager")
+    row = next(
+        r
+        for r in rows
+        if r["section"] == "real_check"
+        and r["variant"] == "gather_cast"
+        and r["mode"] == "decode"
+        and r["phase"] == "eager"
+    )
     row.update(bit_identical_vs_unpatched=False, within_tol_vs_unpatched=False, max_abs_diff_vs_unpatched=0.5)
     after = pr.real_findings(_with_rows(recorded, rows)).variants["gather_cast"]
     assert (after.identical, after.within_tol) == (before.identical - 1, before.within_tol - 1)

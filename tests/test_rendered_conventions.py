@@ -30,16 +30,32 @@ from kvwall.reports import original_gpu_report
 from kvwall.reports.chapter import start_chapter
 from kvwall.reports.tables import MAX_INLINE_ROWS, Table, times
 from kvwall.results import Provenance, Result, ResultMissingError, load_result
-from rendered_checks import (cpu_figure_problems, long_table_problems, markdown_tables, placeholders,
-                             ratio_direction_problems)
+from rendered_checks import (
+    cpu_figure_problems,
+    long_table_problems,
+    markdown_tables,
+    placeholders,
+    ratio_direction_problems,
+)
 
 NOTEBOOK_LAYER = ROOT / "lib" / "kvwall" / "notebook"
 
 
 def _result(experiment: str, rows: list[dict[str, Any]], **params: Any) -> Result:
-    provenance = Provenance(date="2026-11-30T00:00:00+00:00", device="cuda", gpu="NVIDIA H200", driver=None,
-                            cuda="13.0", torch="2.11.0", triton="3.6.0", flashinfer=None, python="3.11",
-                            git_commit="0" * 40, git_dirty=False, sources={})
+    provenance = Provenance(
+        date="2026-11-30T00:00:00+00:00",
+        device="cuda",
+        gpu="NVIDIA H200",
+        driver=None,
+        cuda="13.0",
+        torch="2.11.0",
+        triton="3.6.0",
+        flashinfer=None,
+        python="3.11",
+        git_commit="0" * 40,
+        git_dirty=False,
+        sources={},
+    )
     return Result(experiment, params, rows, provenance)
 
 
@@ -70,8 +86,9 @@ def _table_problems(table: Table) -> list[str]:
 
 
 def test_the_placeholder_check_finds_a_lost_f_and_nothing_else():
-    assert placeholders("Attention over an {context:,}-token request reads {attention / 1e6:,.1f} MB") == \
-        ["{context:,}"]  # (an expression with spaces is not read as a name; the first is enough to fail)
+    assert placeholders("Attention over an {context:,}-token request reads {attention / 1e6:,.1f} MB") == [
+        "{context:,}"
+    ]  # (an expression with spaces is not read as a name; the first is enough to fail)
     assert placeholders("{x['k']} and {a.b!r} and {n}") == ["{x['k']}", "{a.b!r}", "{n}"]
     assert placeholders("`{n}` in code, $x^{n}$, \\frac{a}{b}, a set {} and {1, 2}\n```\n{n}\n```") == []
 
@@ -129,8 +146,9 @@ def test_chapter_1s_bytes_follow_the_roofline():
 
 def test_the_ratio_check_wants_a_direction():
     broken = Table([{"x": 1.5, "e": 1e-3}], {"vs FlashMLA BF16": ("x", times(2)), "error vs float64": "e"}, "c")
-    assert _table_problems(broken) == ["ratio column 'vs FlashMLA BF16' does not say which way it divides "
-                                       "(write 'A / B')"]
+    assert _table_problems(broken) == [
+        "ratio column 'vs FlashMLA BF16' does not say which way it divides (write 'A / B')"
+    ]
     vs = Table([{"x": 1.5}], {"ours / FlashMLA vs before": ("x", times(2))}, "c")
     assert "says 'vs'" in _table_problems(vs)[0]
     assert ratio_direction_problems(["error ratio"], [["3.1"]])  # "ratio" in the header: a ratio column
@@ -179,11 +197,15 @@ def test_chapter_6s_kernel_choice_follows_its_table():
         mine = [r for r in rows if r["heads"] == h]
         assert ours == [r["batch"] for r in mine if r["best"] == "ours"] and batches == [r["batch"] for r in mine]
         assert bf16 == sum(bool(r["fm_bf16"]) and r["fm_bf16"] < r["best_us"] for r in mine)
-    slow = [dict(r, us=r["us"] * 100) if r.get("strategy") == "ours" and r.get("batch", 1) > 1 else r
-            for r in ev.bench.rows]
-    slowed = decision.Evidence(**{**{k: getattr(ev, k) for k in ("step", "sweep", "validation", "doors_checks",
-                                                                   "doors_sm90", "fit")},
-                                  "bench": Result(ev.bench.experiment, ev.bench.params, slow, ev.bench.provenance)})
+    slow = [
+        dict(r, us=r["us"] * 100) if r.get("strategy") == "ours" and r.get("batch", 1) > 1 else r for r in ev.bench.rows
+    ]
+    slowed = decision.Evidence(
+        **{
+            **{k: getattr(ev, k) for k in ("step", "sweep", "validation", "doors_checks", "doors_sm90", "fit")},
+            "bench": Result(ev.bench.experiment, ev.bench.params, slow, ev.bench.provenance),
+        }
+    )
     flipped = heads_report.kernel_rows(slowed)
     n = sum(r["best"] == "ours" for r in flipped)
     assert 0 < n < len(flipped), "slowing ours at batch > 1 should hand those points to gather_cast"
@@ -260,28 +282,44 @@ def test_a_figure_measured_live_on_a_cpu_says_so_in_its_title():
     run = start_chapter("x", mode="cpu", record=False, defaults={"gpu": {}, "cpu": {}})
     caption = run.live_caption("4 layers")
     assert caption.startswith(plots.CPU_LIVE_CAPTION)  # the caption the figure recognises is the chapter's own
-    fig = plots.bar(["ours", "full cast"], {"ms": [860.9, 1086.6]}, title="One decode step", yaxis="ms",
-                    caption=[caption])
-    assert fig.layout.title.text.startswith(f"<b>{plots.CPU_LIVE_TITLE}</b>") and "One decode step" in \
-        fig.layout.title.text
+    fig = plots.bar(
+        ["ours", "full cast"], {"ms": [860.9, 1086.6]}, title="One decode step", yaxis="ms", caption=[caption]
+    )
+    assert (
+        fig.layout.title.text.startswith(f"<b>{plots.CPU_LIVE_TITLE}</b>")
+        and "One decode step" in fig.layout.title.text
+    )
     assert cpu_figure_problems(fig.to_plotly_json()) == []
     broken = fig.to_plotly_json()
     broken["layout"]["title"]["text"] = "One decode step"
     assert cpu_figure_problems(broken)  # the check fails on the same figure untitled
-    recorded = plots.bar(["ours"], {"ms": [1.0]}, title="One decode step", yaxis="ms",
-                         caption=["Recorded on NVIDIA H200, 2026-12-02."])
+    recorded = plots.bar(
+        ["ours"], {"ms": [1.0]}, title="One decode step", yaxis="ms", caption=["Recorded on NVIDIA H200, 2026-12-02."]
+    )
     assert plots.CPU_LIVE_TITLE not in recorded.layout.title.text
     checks = plots.with_caption(plots.go.Figure(plots.go.Heatmap(z=[[1]])), [caption], measured=False)
     assert plots.CPU_LIVE_TITLE not in (checks.layout.title.text or "") and not cpu_figure_problems(
-        checks.to_plotly_json())
+        checks.to_plotly_json()
+    )
 
 
 # ---------------------------------------------------------------------------------------------- computed sentences
 
 
 def _build(arch: str, spills: int, **extra: Any) -> dict[str, Any]:
-    return {"kernel": "ours (Triton path)", "heads": 16, "heads_per_cta": None, "arch": arch, "cap": 100,
-            "shape": "", "error": "", "spills": spills, "fits": True, "trap_only": False, **extra}
+    return {
+        "kernel": "ours (Triton path)",
+        "heads": 16,
+        "heads_per_cta": None,
+        "arch": arch,
+        "cap": 100,
+        "shape": "",
+        "error": "",
+        "spills": spills,
+        "fits": True,
+        "trap_only": False,
+        **extra,
+    }
 
 
 def test_chapter_6s_spill_statement_follows_the_builds():
@@ -292,14 +330,24 @@ def test_chapter_6s_spill_statement_follows_the_builds():
     assert spilled == [builds[1]] and compiled == 2
     assert original_gpu_report.spilled_builds(builds[:1]) == ([], 1)
     chapter = (BOOK / "06_the_answer.md").read_text()
-    assert "no spills.\"" not in chapter and "sm120_report.spilled_builds(builds)" in chapter
+    assert 'no spills."' not in chapter and "sm120_report.spilled_builds(builds)" in chapter
 
 
 def _strategy(name: str, host: float, graph: float, unmarked: float) -> dict[str, Any]:
-    return {"section": "strategies", "strategy": name, "name": name, "layers": 2, "step_ms": graph,
-            "kv_strategy_ms_per_step": 1.0, "graph_step_ms": graph, "graph_kv_ms_per_step": 1.0,
-            "host_enqueue_ms": host, "unmarked_step_ms": unmarked, "graph_phase_sum_ms": graph,
-            "rel_err_vs_float64": 1e-3}
+    return {
+        "section": "strategies",
+        "strategy": name,
+        "name": name,
+        "layers": 2,
+        "step_ms": graph,
+        "kv_strategy_ms_per_step": 1.0,
+        "graph_step_ms": graph,
+        "graph_kv_ms_per_step": 1.0,
+        "host_enqueue_ms": host,
+        "unmarked_step_ms": unmarked,
+        "graph_phase_sum_ms": graph,
+        "rel_err_vs_float64": 1e-3,
+    }
 
 
 def test_chapter_4s_host_sentence_follows_the_recorded_times():
@@ -323,7 +371,7 @@ def test_chapter_4s_capacity_reading_lands_on_the_originals_figure():
 
     gain = gather_step_report.capacity_gain(_recorded("gather_cast_profile"))
     readings = gather_step_report.capacity_readings(gain)
-    assert "round(r[\"capacity\"], -3)" in (BOOK / "04_gather_then_cast.md").read_text()
+    assert 'round(r["capacity"], -3)' in (BOOK / "04_gather_then_cast.md").read_text()
     for key, reading in (("time_saved", ORIGINAL.gain_as_time_saved), ("speedup", ORIGINAL.gain_as_speedup)):
         saved = reading["time_saved"]
         if readings[key]["capacity"] is None:
@@ -369,10 +417,21 @@ def test_no_cuda_graph_is_captured_around_a_phase_without_kernels(monkeypatch):
             return CacheViews("views").prepare_kv(pool, layer, dtype)
 
     def model(strategy):
-        return type("M", (), {"pool": Pool(), "strategy": strategy, "q_dtype": torch.bfloat16,
-                              "batch": type("B", (), {"new_token_slots": None})(), "new_kv": None,
-                              "attention": staticmethod(lambda *a: None), "q_nope": None, "q_pe": None,
-                              "rest_of_layer": staticmethod(lambda: None)})()
+        return type(
+            "M",
+            (),
+            {
+                "pool": Pool(),
+                "strategy": strategy,
+                "q_dtype": torch.bfloat16,
+                "batch": type("B", (), {"new_token_slots": None})(),
+                "new_kv": None,
+                "attention": staticmethod(lambda *a: None),
+                "q_nope": None,
+                "q_pe": None,
+                "rest_of_layer": staticmethod(lambda: None),
+            },
+        )()
 
     monkeypatch.setattr(step, "graph_ms", fake_graph_ms)
     views = step._graph_phase_ms(model(CacheViews("views")), torch.device("cpu"), 1)

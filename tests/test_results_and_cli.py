@@ -14,13 +14,26 @@ from kvwall import cli
 from kvwall.experiments import EXPERIMENTS, Experiment, run_experiment, short_kernel_name
 from kvwall.experiments.schemas import ROW_SCHEMAS
 from kvwall.results import (
-    AWAITING_FILE, awaiting_rerecord, PROJECT_ROOT, RESULTS_DIR, Result, ResultFileError, RowSchemaError, collect_provenance, content_digest,
-    load_result, recorded_scale, save_result, validate_rows,
+    AWAITING_FILE,
+    awaiting_rerecord,
+    PROJECT_ROOT,
+    RESULTS_DIR,
+    Result,
+    ResultFileError,
+    RowSchemaError,
+    collect_provenance,
+    content_digest,
+    load_result,
+    recorded_scale,
+    save_result,
+    validate_rows,
 )
 from kvwall.results.store import SCHEMA
 
-ROWS = [{"section": "sweep", "pool_tokens": 8, "ms": 0.1, "bytes": 1536, "gbps": 15.36},
-        {"section": "sweep", "pool_tokens": 16, "ms": 0.2, "bytes": 3072, "gbps": 15.36}]
+ROWS = [
+    {"section": "sweep", "pool_tokens": 8, "ms": 0.1, "bytes": 1536, "gbps": 15.36},
+    {"section": "sweep", "pool_tokens": 16, "ms": 0.2, "bytes": 3072, "gbps": 15.36},
+]
 
 
 def _tiny_result(scale="full", rows=None):
@@ -34,8 +47,15 @@ def test_save_load_round_trip(tmp_path):
     back = load_result("cast_sweep", tmp_path)
     assert back.rows == ROWS and back.path == path and back.provenance.scale == "full"
     assert back.provenance.digest == content_digest(json.loads(path.read_text()))
-    assert {"params", "rows", "schema", "experiment", "provenance.gpu", "provenance.scale", "provenance.sources"} \
-        <= set(back.provenance.digest["parts"])
+    assert {
+        "params",
+        "rows",
+        "schema",
+        "experiment",
+        "provenance.gpu",
+        "provenance.scale",
+        "provenance.sources",
+    } <= set(back.provenance.digest["parts"])
     assert back.table("sweep")[1]["ms"] == 0.2
     assert not back.stale and "Recorded on" in back.caption()
     assert [p.name for p in tmp_path.iterdir()] == ["cast_sweep.json"]  # no temporary file left behind
@@ -61,16 +81,19 @@ def _old_format(data):
     data["schema"] = 1
 
 
-@pytest.mark.parametrize("edit,words", [
-    (_scale_floats, r"differ from what was recorded.*edited by hand\?"),
-    (_drop_column, "edited by hand"),
-    (_drop_digest, "provenance has no digest"),
-    (_old_format, "field.s. schema differ from what was recorded"),
-    (lambda d: d.update(experiment="other"), "field.s. experiment differ from what was recorded"),
-    (lambda d: d.pop("rows"), "field 'rows'"),
-    (lambda d: d["provenance"].pop("git_commit"), "provenance"),
-    (lambda d: d["provenance"].update(scale="medium"), "scale"),
-])
+@pytest.mark.parametrize(
+    "edit,words",
+    [
+        (_scale_floats, r"differ from what was recorded.*edited by hand\?"),
+        (_drop_column, "edited by hand"),
+        (_drop_digest, "provenance has no digest"),
+        (_old_format, "field.s. schema differ from what was recorded"),
+        (lambda d: d.update(experiment="other"), "field.s. experiment differ from what was recorded"),
+        (lambda d: d.pop("rows"), "field 'rows'"),
+        (lambda d: d["provenance"].pop("git_commit"), "provenance"),
+        (lambda d: d["provenance"].update(scale="medium"), "scale"),
+    ],
+)
 def test_edited_file_is_refused_naming_the_file(tmp_path, edit, words):
     path = save_result(_tiny_result(), tmp_path)
     data = json.loads(path.read_text())
@@ -81,10 +104,18 @@ def test_edited_file_is_refused_naming_the_file(tmp_path, edit, words):
     assert str(path) in str(info.value) and info.value.path == path
 
 
-@pytest.mark.parametrize("field,value", [
-    ("gpu", "NVIDIA B200"), ("date", "2020-01-01T00:00:00+00:00"), ("torch", "2.0.0"), ("missing", ["cuda"]),
-    ("scale", "small"), ("git_commit", "0" * 40), ("sources", {"lib/kvwall/cli.py": "0" * 16}),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("gpu", "NVIDIA B200"),
+        ("date", "2020-01-01T00:00:00+00:00"),
+        ("torch", "2.0.0"),
+        ("missing", ["cuda"]),
+        ("scale", "small"),
+        ("git_commit", "0" * 40),
+        ("sources", {"lib/kvwall/cli.py": "0" * 16}),
+    ],
+)
 def test_an_edited_provenance_is_refused_naming_file_and_field(tmp_path, capsys, field, value):
     """Issue 24, finding 1: the digest covers the provenance; `check` names the file and the field, exits 1."""
     path = save_result(_tiny_result(), tmp_path)
@@ -96,8 +127,9 @@ def test_an_edited_provenance_is_refused_naming_file_and_field(tmp_path, capsys,
     assert str(path) in str(info.value)
     assert cli.main(["check", "--dir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert any(line.startswith("INVALID") and str(path) in line and f"provenance.{field}" in line
-               for line in out.splitlines())
+    assert any(
+        line.startswith("INVALID") and str(path) in line and f"provenance.{field}" in line for line in out.splitlines()
+    )
 
 
 def test_an_edited_scale_does_not_lift_the_full_scale_guard(tmp_path):
@@ -143,8 +175,9 @@ def test_result_files_get_the_umask_mode(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o644
 
 
-@pytest.mark.parametrize("text,words", [(lambda t: t[: len(t) // 2], "not valid JSON"),
-                                        (lambda t: "[1, 2]", "not a JSON object")])
+@pytest.mark.parametrize(
+    "text,words", [(lambda t: t[: len(t) // 2], "not valid JSON"), (lambda t: "[1, 2]", "not a JSON object")]
+)
 def test_truncated_file_is_refused_naming_the_file(tmp_path, text, words):
     path = save_result(_tiny_result(), tmp_path)
     path.write_text(text(path.read_text()))
@@ -208,8 +241,13 @@ def test_results_imports_nothing_above_it():
     """kvwall.results is the layer just above the kernels: it may import only itself and kvwall.kernels."""
     for path in (PROJECT_ROOT / "lib/kvwall/results").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 if name.startswith("kvwall"):
                     assert name.startswith(("kvwall.results", "kvwall.kernels")), f"{path.name} imports {name}"
@@ -219,7 +257,9 @@ def test_every_committed_result_loads_and_is_fresh_unless_listed_as_awaiting_a_r
     """Fresh, or named with its reason in book/results/AWAITING_RERECORD.txt -- and that list names exactly the stale
     ones: a result that became fresh must leave it, one that went stale must be re-recorded or join it."""
     awaiting = awaiting_rerecord()
-    assert set(awaiting) <= set(EXPERIMENTS), f"{AWAITING_FILE} names unknown experiments: {set(awaiting) - set(EXPERIMENTS)}"
+    assert set(awaiting) <= set(EXPERIMENTS), (
+        f"{AWAITING_FILE} names unknown experiments: {set(awaiting) - set(EXPERIMENTS)}"
+    )
     for name, exp in EXPERIMENTS.items():
         result = load_result(name)
         if "cuda" in exp.requires:
@@ -242,6 +282,7 @@ def test_the_awaiting_list_is_read_strictly(tmp_path):
 
 
 # --- record ------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def no_runs(monkeypatch):
@@ -340,6 +381,7 @@ def test_record_rejects_unknown_experiments(capsys):
 
 # --- list, check, execute ----------------------------------------------------------------------------------
 
+
 def test_cli_list(capsys):
     assert cli.main(["list"]) == 0
     listed = capsys.readouterr().out
@@ -380,16 +422,16 @@ def test_check_of_a_missing_folder_is_one_line(capsys):
 
 @pytest.mark.parametrize("command", [["list"], ["check"]])
 def test_output_into_a_closed_pipe_exits_quietly(command):
-    proc = subprocess.Popen([sys.executable, "-m", "kvwall", *command], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "kvwall", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # as `| head` does once it has its lines
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == ""
 
 
 def _run_cli(args, **popen):
-    proc = subprocess.run([sys.executable, "-m", "kvwall", *args], stderr=subprocess.PIPE, text=True, timeout=180,
-                          **popen)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvwall", *args], stderr=subprocess.PIPE, text=True, timeout=180, **popen
+    )
     return proc.returncode, proc.stderr
 
 
@@ -417,9 +459,14 @@ def test_execute_refuses_an_out_it_cannot_write(capsys, out):
     assert rc == 2 and ("argument --out" in err or "cannot write" in err) and "Traceback" not in err
 
 
-@pytest.mark.parametrize("chapter,words", [
-    ("book/nosuch.md", "no such file"), ("book", "is a folder"), ("README.md", "is not a chapter"),
-])
+@pytest.mark.parametrize(
+    "chapter,words",
+    [
+        ("book/nosuch.md", "no such file"),
+        ("book", "is a folder"),
+        ("README.md", "is not a chapter"),
+    ],
+)
 def test_execute_refuses_what_is_not_a_chapter(capsys, tmp_path, chapter, words):
     assert cli.main(["execute", str(PROJECT_ROOT / chapter), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -463,8 +510,10 @@ def test_run_experiment_rejects_unknown_parameters():
 
 
 def test_short_kernel_names():
-    assert short_kernel_name("void at::native::unrolled_elementwise_kernel<at::native::x<1> >(int)") == \
-        "unrolled_elementwise_kernel"
+    assert (
+        short_kernel_name("void at::native::unrolled_elementwise_kernel<at::native::x<1> >(int)")
+        == "unrolled_elementwise_kernel"
+    )
     assert short_kernel_name("at::cuda::(anonymous namespace)::spin_kernel(long)") == "spin_kernel"
     assert short_kernel_name("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD"
 
@@ -529,4 +578,5 @@ def test_execute_writes_the_notebook_atomically(monkeypatch, tmp_path, fails):
     assert seen and seen[0][0] != str(target) and seen[0][1] == "previous run"
     assert target.read_text() == '{"whole": 1}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["01_the_86ms_profile.ipynb"] + (
-        [] if fails else ["execution"])
+        [] if fails else ["execution"]
+    )

@@ -27,22 +27,35 @@ import torch
 from kvwall import cli
 from kvwall.experiments import EXPERIMENTS
 from kvwall.results import (
-    Result, ResultFileError, ResultMissingError, ResultTargetError, RowSchemaError, check_writable_target,
-    collect_provenance, content_digest, load_result, recorded_scale, save_result,
+    Result,
+    ResultFileError,
+    ResultMissingError,
+    ResultTargetError,
+    RowSchemaError,
+    check_writable_target,
+    collect_provenance,
+    content_digest,
+    load_result,
+    recorded_scale,
+    save_result,
 )
 from kvwall.results import files, seal, store
 
 OK = None
-ROWS = [{"section": "sweep", "pool_tokens": 8, "ms": 0.1, "bytes": 1536, "gbps": 15.36},
-        {"section": "sweep", "pool_tokens": 16, "ms": 0.2, "bytes": 3072, "gbps": 15.36}]
+ROWS = [
+    {"section": "sweep", "pool_tokens": 8, "ms": 0.1, "bytes": 1536, "gbps": 15.36},
+    {"section": "sweep", "pool_tokens": 16, "ms": 0.2, "bytes": 3072, "gbps": 15.36},
+]
 AS_ROOT = os.geteuid() == 0
 
 
 @pytest.fixture(autouse=True)
 def no_hang():
     """A trial that blocks (a FIFO opened for reading, /dev/zero read to the end) fails after 60 s, never hangs."""
+
     def hung(signum, frame):
         raise TimeoutError("the trial hung")
+
     old = signal.signal(signal.SIGALRM, hung)
     signal.alarm(60)
     yield
@@ -77,12 +90,14 @@ def _edit(change):
         data = json.loads(path.read_text())
         change(data, other)
         path.write_text(json.dumps(data, indent=1))
+
     return make
 
 
 def _text(change):
     def make(path: Path, other: dict) -> None:
         path.write_bytes(change(path.read_bytes()))
+
     return make
 
 
@@ -90,17 +105,20 @@ def _replace(create):
     def make(path: Path, other: dict) -> None:
         path.unlink()
         create(path)
+
     return make
 
 
 def _resealed(change):
     """An edit whose seal was recomputed (as someone who read this module could): the seal is a digest, not a
     signature, so what is refused here is what no sealed file may hold."""
+
     def make(path: Path, other: dict) -> None:
         data = json.loads(path.read_text())
         change(data, other)
         data["provenance"]["digest"] = content_digest(data)
         path.write_text(json.dumps(data, indent=1))
+
     return make
 
 
@@ -146,6 +164,7 @@ def _sparse(size):
     def create(path):
         with open(path, "wb") as f:
             f.truncate(size)
+
     return create
 
 
@@ -173,50 +192,92 @@ LOAD_CASES = [
     ("genuine", lambda path, other: None, OK),
     ("edited rows", _edit(lambda d, o: d["rows"][1].update(ms=0.25)), r"field\(s\) rows differ from what was recorded"),
     ("edited params", _edit(lambda d, o: d["params"].update(pool_tokens=[8])), r"field\(s\) params differ"),
-    ("edited provenance field", _edit(lambda d, o: d["provenance"].update(gpu="NVIDIA B200")),
-     r"field\(s\) provenance\.gpu differ"),
-    ("edited sources (fingerprint)", _edit(lambda d, o: d["provenance"]["sources"].update({"kernels/x.py": "0" * 16})),
-     r"field\(s\) provenance\.sources differ"),
+    (
+        "edited provenance field",
+        _edit(lambda d, o: d["provenance"].update(gpu="NVIDIA B200")),
+        r"field\(s\) provenance\.gpu differ",
+    ),
+    (
+        "edited sources (fingerprint)",
+        _edit(lambda d, o: d["provenance"]["sources"].update({"kernels/x.py": "0" * 16})),
+        r"field\(s\) provenance\.sources differ",
+    ),
     ("edited schema", _edit(lambda d, o: d.update(schema=5)), r"field\(s\) schema differ"),
     ("edited experiment", _edit(lambda d, o: d.update(experiment="cast_kernels")), r"field\(s\) experiment differ"),
-    ("added provenance field", _edit(lambda d, o: d["provenance"].update(note="fine")),
-     r"field\(s\) provenance\.note differ"),
+    (
+        "added provenance field",
+        _edit(lambda d, o: d["provenance"].update(note="fine")),
+        r"field\(s\) provenance\.note differ",
+    ),
     ("added top-level field", _edit(lambda d, o: d.update(note="fine")), r"unknown top-level field\(s\) \['note'\]"),
     ("NaN edited into rows", _edit(_nan_in), r"field\(s\) rows differ"),
-    ("spliced rows, their part hash copied along", _edit(_splice_rows_with_hash),
-     r"field\(s\) rows differ from what was recorded.*spliced in from another recording"),
+    (
+        "spliced rows, their part hash copied along",
+        _edit(_splice_rows_with_hash),
+        r"field\(s\) rows differ from what was recorded.*spliced in from another recording",
+    ),
     ("spliced provenance, its digest along", _edit(_splice_provenance), r"field\(s\) rows differ"),  # params alike
-    ("spliced provenance fields, this file's digest", _edit(_splice_provenance_fields),
-     r"field\(s\) provenance\.date differ"),  # the rest alike
-    ("spliced rows, their seal and hash along", _edit(_splice_rows_with_seal),
-     r"field\(s\) experiment, params, provenance\..*schema differ"),
-    ("rows edited, part hash fixed by hand", _edit(_fix_part_hash_by_hand),
-     r"seal \(provenance\.digest\.seal\) does not match the content"),
-    ("part hashes edited", _edit(lambda d, o: _digest(d)["parts"].update(params="0" * 64)),
-     r"provenance\.digest\.parts was edited \(the hashes of params"),
+    (
+        "spliced provenance fields, this file's digest",
+        _edit(_splice_provenance_fields),
+        r"field\(s\) provenance\.date differ",
+    ),  # the rest alike
+    (
+        "spliced rows, their seal and hash along",
+        _edit(_splice_rows_with_seal),
+        r"field\(s\) experiment, params, provenance\..*schema differ",
+    ),
+    (
+        "rows edited, part hash fixed by hand",
+        _edit(_fix_part_hash_by_hand),
+        r"seal \(provenance\.digest\.seal\) does not match the content",
+    ),
+    (
+        "part hashes edited",
+        _edit(lambda d, o: _digest(d)["parts"].update(params="0" * 64)),
+        r"provenance\.digest\.parts was edited \(the hashes of params",
+    ),
     ("seal edited", _edit(lambda d, o: _digest(d).update(seal="0" * 64)), r"the seal .* matches none of the parts"),
     ("seal removed", _edit(lambda d, o: _digest(d).pop("seal")), r"provenance\.digest is not a digest of this format"),
     ("digest removed", _edit(lambda d, o: d["provenance"].pop("digest")), r"provenance has no digest"),
-    ("format 3 file", _edit(lambda d, o: (d.update(schema=3), d["provenance"].update(digest={"rows": "0" * 64}))),
-     r"file format 3, this code reads format 4.*Re-record it: `python -m kvwall record cast_sweep`"),
-    ("schema not a number", _edit(lambda d, o: (d.update(schema="4"))), r"field 'schema' missing or not a int"),
+    (
+        "format 3 file",
+        _edit(lambda d, o: (d.update(schema=3), d["provenance"].update(digest={"rows": "0" * 64}))),
+        r"file format 3, this code reads format 4.*Re-record it: `python -m kvwall record cast_sweep`",
+    ),
+    ("schema not a number", _edit(lambda d, o: d.update(schema="4")), r"field 'schema' missing or not a int"),
     ("truncated JSON", _text(lambda b: b[: len(b) // 2]), r"not valid JSON .*truncated\?"),
     ("empty file", _text(lambda b: b""), r"not valid JSON"),
     ("non-object JSON", _text(lambda b: b"[1, 2]"), r"top level is not a JSON object"),
     ("deep nesting (100000 '[')", _text(lambda b: b"[" * 100_000), r"nests more than 64 levels deep"),
     ("deep nesting, closed", _text(lambda b: b"[" * 100_000 + b"]" * 100_000), r"nests more than 64 levels deep"),
-    ("deep nesting in a value", _text(lambda b: b.replace(b'"params": {', b'"params": {"x": ' + b"[" * 5000
-                                                          + b"]" * 5000 + b", ", 1)), r"nests more than 64"),
-    ("brackets inside strings are not nesting", _edit(lambda d, o: d["provenance"].update(gpu="[" * 5000)),
-     r"field\(s\) provenance\.gpu differ"),
-    ("duplicate keys", _text(lambda b: b.replace(b'"rows": [', b'"rows": [], "rows": [', 1)),
-     r"the key 'rows' appears twice"),
+    (
+        "deep nesting in a value",
+        _text(lambda b: b.replace(b'"params": {', b'"params": {"x": ' + b"[" * 5000 + b"]" * 5000 + b", ", 1)),
+        r"nests more than 64",
+    ),
+    (
+        "brackets inside strings are not nesting",
+        _edit(lambda d, o: d["provenance"].update(gpu="[" * 5000)),
+        r"field\(s\) provenance\.gpu differ",
+    ),
+    (
+        "duplicate keys",
+        _text(lambda b: b.replace(b'"rows": [', b'"rows": [], "rows": [', 1)),
+        r"the key 'rows' appears twice",
+    ),
     ("not UTF-8", _text(lambda b: b"\xff\xfe" + b), r"not UTF-8 text"),
     ("UTF-8 BOM", _text(lambda b: "\ufeff".encode() + b), r"not valid JSON"),
-    ("a number of 5000 digits", _text(lambda b: b.replace(b'"params": {', b'"params": {"x": ' + b"9" * 5000 + b", ",
-                                                          1)), r"not valid JSON"),
-    ("huge file (sparse, over the bound)", _replace(_sparse(store.MAX_FILE_BYTES + 1)),
-     r"is 8,388,609 bytes, more than the 8,388,608 bytes a result file may have"),
+    (
+        "a number of 5000 digits",
+        _text(lambda b: b.replace(b'"params": {', b'"params": {"x": ' + b"9" * 5000 + b", ", 1)),
+        r"not valid JSON",
+    ),
+    (
+        "huge file (sparse, over the bound)",
+        _replace(_sparse(store.MAX_FILE_BYTES + 1)),
+        r"is 8,388,609 bytes, more than the 8,388,608 bytes a result file may have",
+    ),
     ("FIFO", _replace(_mkfifo), r"is a named pipe \(FIFO\), not a plain file"),
     ("symlink to /dev/zero", _replace(lambda p: p.symlink_to("/dev/zero")), r"is a symbolic link"),
     ("character device (as /dev/zero)", _replace(_char_device), r"is a character device, not a plain file"),
@@ -224,24 +285,51 @@ LOAD_CASES = [
     ("symlink to a genuine file", _symlink_to_genuine, r"is a symbolic link"),
     ("dangling symlink", _replace(lambda p: p.symlink_to("nowhere.json")), r"is a symbolic link"),
     ("unreadable (chmod 000)", _unreadable, r"cannot be read \(Permission denied\)"),
-    ("resealed: sources outside the project", _resealed(lambda d, o: d["provenance"]["sources"].update(
-        {"../../../dev/zero": "0" * 16})), r"provenance\.sources names '\.\./\.\./\.\./dev/zero'"),
-    ("resealed: absolute source path", _resealed(lambda d, o: d["provenance"]["sources"].update(
-        {"/dev/zero": "0" * 16})), r"not a path inside the project"),
-    ("resealed: date not a string", _resealed(lambda d, o: d["provenance"].update(date=5)),
-     r"provenance\.date is int, expected str"),
-    ("resealed: git_dirty not a bool", _resealed(lambda d, o: d["provenance"].update(git_dirty="no")),
-     r"provenance\.git_dirty is str, expected bool or null"),
-    ("resealed: rows off schema", _resealed(lambda d, o: d["rows"][0].update(ms="fast")),
-     r"row 0 \(section 'sweep'\), field 'ms'"),
-    ("genuine file of another experiment", _resealed(lambda d, o: d.update(experiment="cast_kernels")),
-     r"says experiment 'cast_kernels', expected 'cast_sweep'"),
-    ("field name of 100000 characters added", _edit(lambda d, o: d["provenance"].update({"x" * 100_000: 1})),
-     r"field\(s\) provenance\.x+\.\.\. differ"),
-    ("1000 fields added", _edit(lambda d, o: d["provenance"].update({f"f{i}": i for i in range(1000)})),
-     r"field\(s\) provenance\.f0, .* and 976 more differ"),
-    ("resealed: an experiment name of 100000 characters", _resealed(lambda d, o: d.update(experiment="e" * 100_000)),
-     r"says experiment 'e+\.\.\., expected 'cast_sweep'"),
+    (
+        "resealed: sources outside the project",
+        _resealed(lambda d, o: d["provenance"]["sources"].update({"../../../dev/zero": "0" * 16})),
+        r"provenance\.sources names '\.\./\.\./\.\./dev/zero'",
+    ),
+    (
+        "resealed: absolute source path",
+        _resealed(lambda d, o: d["provenance"]["sources"].update({"/dev/zero": "0" * 16})),
+        r"not a path inside the project",
+    ),
+    (
+        "resealed: date not a string",
+        _resealed(lambda d, o: d["provenance"].update(date=5)),
+        r"provenance\.date is int, expected str",
+    ),
+    (
+        "resealed: git_dirty not a bool",
+        _resealed(lambda d, o: d["provenance"].update(git_dirty="no")),
+        r"provenance\.git_dirty is str, expected bool or null",
+    ),
+    (
+        "resealed: rows off schema",
+        _resealed(lambda d, o: d["rows"][0].update(ms="fast")),
+        r"row 0 \(section 'sweep'\), field 'ms'",
+    ),
+    (
+        "genuine file of another experiment",
+        _resealed(lambda d, o: d.update(experiment="cast_kernels")),
+        r"says experiment 'cast_kernels', expected 'cast_sweep'",
+    ),
+    (
+        "field name of 100000 characters added",
+        _edit(lambda d, o: d["provenance"].update({"x" * 100_000: 1})),
+        r"field\(s\) provenance\.x+\.\.\. differ",
+    ),
+    (
+        "1000 fields added",
+        _edit(lambda d, o: d["provenance"].update({f"f{i}": i for i in range(1000)})),
+        r"field\(s\) provenance\.f0, .* and 976 more differ",
+    ),
+    (
+        "resealed: an experiment name of 100000 characters",
+        _resealed(lambda d, o: d.update(experiment="e" * 100_000)),
+        r"says experiment 'e+\.\.\., expected 'cast_sweep'",
+    ),
     ("genuine NaN and Infinity", _resealed(lambda d, o: d["rows"][0].update(ms=float("nan"), gbps=float("inf"))), OK),
     ("genuine, reformatted (no indent)", _text(lambda b: json.dumps(json.loads(b)).encode()), OK),
 ]
@@ -316,13 +404,19 @@ def test_check_reports_every_bad_file_and_goes_on_without_a_traceback(tmp_path):
     (folder / "wall_timeline.json").symlink_to("/dev/zero")
     with open(folder / "doors_checks.json", "wb") as f:
         f.truncate(store.MAX_FILE_BYTES * 4)
-    proc = subprocess.run([sys.executable, "-m", "kvwall", "check", "--dir", str(folder)], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvwall", "check", "--dir", str(folder)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     lines = proc.stdout.splitlines()
-    for name, words in [("cast_sweep", "field(s) rows differ"), ("decode_profile", "named pipe"),
-                        ("cast_kernels", "nests more than"), ("attention_sweep", "is a folder"),
-                        ("wall_timeline", "symbolic link"), ("doors_checks", "bytes, more than")]:
+    for name, words in [
+        ("cast_sweep", "field(s) rows differ"),
+        ("decode_profile", "named pipe"),
+        ("cast_kernels", "nests more than"),
+        ("attention_sweep", "is a folder"),
+        ("wall_timeline", "symbolic link"),
+        ("doors_checks", "bytes, more than"),
+    ]:
         assert any(line.startswith(f"INVALID {folder / name}.json: ") and words in line for line in lines), name
     assert any(line.startswith("ok ") and "wall_on_gpu.json" in line for line in lines)
     assert "6 invalid" in proc.stderr and stat.S_ISFIFO(os.lstat(folder / "decode_profile.json").st_mode)
@@ -352,8 +446,11 @@ def test_chapters_refuse_a_spliced_file_and_a_fifo(recordings, monkeypatch):
 SCALE_CASES = [
     ("genuine full", lambda p: save_result(_result(), p.parent), "full"),
     ("genuine small", lambda p: save_result(_result(scale="small"), p.parent), "small"),
-    ("small claimed by an edit", lambda p: (save_result(_result(), p.parent), _edit(
-        lambda d, o: d["provenance"].update(scale="small"))(p, {})), "full"),
+    (
+        "small claimed by an edit",
+        lambda p: (save_result(_result(), p.parent), _edit(lambda d, o: d["provenance"].update(scale="small"))(p, {})),
+        "full",
+    ),
     ("older format", lambda p: p.write_text(json.dumps({"schema": 1, "provenance": {"gpu": "H200"}})), "full"),
     ("none", lambda p: None, None),
     ("FIFO", _mkfifo, None),
@@ -374,6 +471,7 @@ def test_recorded_scale_table(tmp_path, make, expected):
 
 
 # --- record's writes: save_result and check_writable_target ----------------------------------------------
+
 
 def _to_genuine_elsewhere(path):
     elsewhere = save_result(_result(ms=0.7), path.parent / "elsewhere")
@@ -406,12 +504,16 @@ def test_save_result_target_table(tmp_path, make, words):
     assert sorted((p.name, _state(p)) for p in tmp_path.rglob("*")) == before
 
 
-@pytest.mark.parametrize("make", [
-    lambda p: None,
-    lambda p: save_result(_result(ms=0.9), p.parent),
-    lambda p: p.write_text("[" * 100_000),  # a refused file is what re-recording replaces
-    lambda p: p.write_text("{"),
-], ids=["no file", "genuine file", "deep nesting", "truncated"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: None,
+        lambda p: save_result(_result(ms=0.9), p.parent),
+        lambda p: p.write_text("[" * 100_000),  # a refused file is what re-recording replaces
+        lambda p: p.write_text("{"),
+    ],
+    ids=["no file", "genuine file", "deep nesting", "truncated"],
+)
 def test_save_result_replaces_a_plain_file(tmp_path, make):
     path = tmp_path / "cast_sweep.json"
     make(path)
@@ -467,16 +569,23 @@ def test_a_killed_record_leaves_the_previous_file(tmp_path):
 
 # --- the seal itself --------------------------------------------------------------------------------------
 
+
 def test_the_seal_covers_the_whole_file_and_nothing_else(tmp_path):
     path = save_result(_result(), tmp_path)
     data = json.loads(path.read_text())
     digest = data["provenance"].pop("digest")
     assert digest == content_digest({**data, "provenance": {**data["provenance"], "digest": {"any": "thing"}}})
     import hashlib
+
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     assert digest["seal"] == hashlib.sha256(b"kvwall result, format 4\n" + canonical).hexdigest()
-    assert set(digest["parts"]) == {"schema", "experiment", "params", "rows",
-                                    *(f"provenance.{k}" for k in data["provenance"])}
+    assert set(digest["parts"]) == {
+        "schema",
+        "experiment",
+        "params",
+        "rows",
+        *(f"provenance.{k}" for k in data["provenance"]),
+    }
 
 
 def test_brackets_in_strings_do_not_count_as_nesting():

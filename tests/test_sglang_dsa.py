@@ -43,18 +43,33 @@ def test_a_wrong_citation_is_reported(source):
     assert bad.line(source) is None
 
 
-@pytest.mark.parametrize("command", ["--attention-backend flashinfer_mla", "--attention-backend cutlass_mla",
-                                     "--kv-cache-dtype fp8", "--speculative-algorithm MTP",
-                                     "--nsa-decode-backend flashmla_kv", "--dsa-decode-backend flashinfer_mla"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "--attention-backend flashinfer_mla",
+        "--attention-backend cutlass_mla",
+        "--kv-cache-dtype fp8",
+        "--speculative-algorithm MTP",
+        "--nsa-decode-backend flashmla_kv",
+        "--dsa-decode-backend flashinfer_mla",
+    ],
+)
 def test_check_command_rejects(flags, command):
     assert check_command(command, flags), command
 
 
-@pytest.mark.parametrize("command", [
-    "--attention-backend flashinfer", "--attention-backend flashmla --page-size 64 --kv-cache-dtype fp8_e4m3",
-    "--attention-backend dsa --dsa-decode-backend flashmla_kv --dsa-prefill-backend flashmla_sparse",
-    "--attention-backend=fa3 --kv-cache-dtype bfloat16", "--speculative-algorithm NEXTN --tp 4",
-    "--speculative-algorithm EAGLE --attention-backend triton", "--attention-backend trtllm_mla"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "--attention-backend flashinfer",
+        "--attention-backend flashmla --page-size 64 --kv-cache-dtype fp8_e4m3",
+        "--attention-backend dsa --dsa-decode-backend flashmla_kv --dsa-prefill-backend flashmla_sparse",
+        "--attention-backend=fa3 --kv-cache-dtype bfloat16",
+        "--speculative-algorithm NEXTN --tp 4",
+        "--speculative-algorithm EAGLE --attention-backend triton",
+        "--attention-backend trtllm_mla",
+    ],
+)
 def test_check_command_accepts(flags, command):
     assert check_command(command, flags) == []
 
@@ -97,8 +112,11 @@ def _strings(data):
 
 
 def test_the_book_prints_only_sglang_commands_0_5_23_accepts(flags):
-    rejected = [f"{where}: {problem}   [in: {frag[:90]}]" for where, frag in _book_fragments(flags)
-                for problem in check_command(frag, flags)]
+    rejected = [
+        f"{where}: {problem}   [in: {frag[:90]}]"
+        for where, frag in _book_fragments(flags)
+        for problem in check_command(frag, flags)
+    ]
     assert rejected == [], "\n".join(rejected)
 
 

@@ -15,8 +15,17 @@ import torch
 
 from kvwall.experiments import run_experiment
 from kvwall.experiments.sglang_patch import GEOMETRY, _reference64, check_variant
-from kvwall.peers.sglang_patch import (PATCHES, VARIANTS, PatchError, apply_diff, apply_patch, load_patched_backend,
-                                       patch_text, patched_source, upstream_source)
+from kvwall.peers.sglang_patch import (
+    PATCHES,
+    VARIANTS,
+    PatchError,
+    apply_diff,
+    apply_patch,
+    load_patched_backend,
+    patch_text,
+    patched_source,
+    upstream_source,
+)
 from kvwall.peers.sglang_patch.harness import make_decode_inputs, run_decode
 from kvwall.results import validate_rows
 
@@ -27,6 +36,7 @@ def _upstream_or_skip() -> str:
     """The pinned wheel's file (downloaded once, cached); the test skips, with the reason, offline on an empty
     cache."""
     from kvwall.peers.sglang_source import SGLangSourceUnavailable
+
     try:
         return upstream_source()
     except SGLangSourceUnavailable as e:
@@ -42,7 +52,22 @@ def _upstream(request):
 
 
 #: The tests that never read the upstream file.
-_NO_UPSTREAM = frozenset(['test_a_graph_plan_refilled_for_growing_batches_matches_the_reference', 'test_a_stand_in_never_behaves_it_fails_naming_the_missing_module', 'test_apply_diff_rejects_malformed_diffs', 'test_cast_problems_judges_a_graph_by_what_it_holds', 'test_causal_reference_is_the_decode_reference_per_query_row', 'test_compact_kv_graph_mode_gathers_exactly_the_rows', 'test_offline_with_an_empty_cache_says_what_to_do', 'test_real_rows_fail_a_patch_whose_graph_casts_the_pool', 'test_real_rows_pass_the_unpatched_graph_on_what_it_replays', 'test_real_rows_without_sources_say_not_run', 'test_standin_finder_stands_in_only_for_unguarded_imports', 'test_uniform_q_len'])
+_NO_UPSTREAM = frozenset(
+    [
+        "test_a_graph_plan_refilled_for_growing_batches_matches_the_reference",
+        "test_a_stand_in_never_behaves_it_fails_naming_the_missing_module",
+        "test_apply_diff_rejects_malformed_diffs",
+        "test_cast_problems_judges_a_graph_by_what_it_holds",
+        "test_causal_reference_is_the_decode_reference_per_query_row",
+        "test_compact_kv_graph_mode_gathers_exactly_the_rows",
+        "test_offline_with_an_empty_cache_says_what_to_do",
+        "test_real_rows_fail_a_patch_whose_graph_casts_the_pool",
+        "test_real_rows_pass_the_unpatched_graph_on_what_it_replays",
+        "test_real_rows_without_sources_say_not_run",
+        "test_standin_finder_stands_in_only_for_unguarded_imports",
+        "test_uniform_q_len",
+    ]
+)
 
 
 WHOLE_POOL_CAST = "k_buffer = self.token_to_kv_pool.get_key_buffer(layer.layer_id).to(q.dtype)"
@@ -57,9 +82,15 @@ def _function(source: str, name: str) -> ast.FunctionDef:
 
 def _casts(nodes: list[ast.stmt]) -> list[ast.Call]:
     """Calls ``<something>.to(q.dtype)`` in ``nodes``."""
-    return [n for stmt in nodes for n in ast.walk(stmt)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "to"
-            and ast.unparse(n.args[:1]) == "q.dtype"]
+    return [
+        n
+        for stmt in nodes
+        for n in ast.walk(stmt)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "to"
+        and ast.unparse(n.args[:1]) == "q.dtype"
+    ]
 
 
 def test_upstream_file_is_the_wheels_file_and_not_shipped():
@@ -75,8 +106,13 @@ def test_offline_with_an_empty_cache_says_what_to_do(monkeypatch, tmp_path):
 
     monkeypatch.delenv("KVWALL_SGLANG_SRC", raising=False)
     monkeypatch.setenv("KVWALL_CACHE", str(tmp_path))
-    monkeypatch.setattr(ss, "_download", lambda dest: (_ for _ in ()).throw(SGLangSourceUnavailable(
-        "could not download sglang==0.5.23 from PyPI ... set KVWALL_SGLANG_SRC")))
+    monkeypatch.setattr(
+        ss,
+        "_download",
+        lambda dest: (_ for _ in ()).throw(
+            SGLangSourceUnavailable("could not download sglang==0.5.23 from PyPI ... set KVWALL_SGLANG_SRC")
+        ),
+    )
     monkeypatch.setattr(sp, "_UPSTREAM", [])
     with pytest.raises(SGLangSourceUnavailable, match="KVWALL_SGLANG_SRC"):
         sp.upstream_source()
@@ -101,9 +137,12 @@ def test_patch_refuses_a_modified_file(name):
     with pytest.raises(PatchError, match="does not apply: line 822"):
         apply_patch(name, changed)
     # a context line elsewhere (the decode wrapper's construction) changed too
-    moved = src.replace('        self.decode_wrapper = BatchMLAPagedAttentionWrapper(\n            self.workspace_buffer, '
-                        'backend="auto"', '        self.decode_wrapper = BatchMLAPagedAttentionWrapper(\n            '
-                        'self.workspace_buffer, backend="fa2"')
+    moved = src.replace(
+        "        self.decode_wrapper = BatchMLAPagedAttentionWrapper(\n            self.workspace_buffer, "
+        'backend="auto"',
+        "        self.decode_wrapper = BatchMLAPagedAttentionWrapper(\n            "
+        'self.workspace_buffer, backend="fa2"',
+    )
     assert moved != src
     with pytest.raises(PatchError, match="hunk 2"):
         apply_patch(name, moved)
@@ -121,9 +160,14 @@ def test_apply_diff_rejects_malformed_diffs():
 
 def _whole_buffer_casts(func: ast.FunctionDef) -> list[str]:
     """``<pool or DCP buffer>.to(...)`` calls in ``func``: a whole buffer turned into another dtype."""
-    return [ast.unparse(n) for n in ast.walk(func)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "to"
-            and ("get_key_buffer" in ast.unparse(n.func.value) or "dcp_kv_buffer" in ast.unparse(n.func.value))]
+    return [
+        ast.unparse(n)
+        for n in ast.walk(func)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "to"
+        and ("get_key_buffer" in ast.unparse(n.func.value) or "dcp_kv_buffer" in ast.unparse(n.func.value))
+    ]
 
 
 def test_every_whole_pool_cast_goes():
@@ -139,16 +183,25 @@ def test_every_whole_pool_cast_goes():
             assert not _whole_buffer_casts(_function(patched, func)), (name, func)
             assert "kvwall_kv_buffer" in ast.unparse(_function(patched, func))
         helper = _function(patched, "kvwall_kv_buffer")
-        whole = [n for n in ast.walk(helper) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                 and n.func.attr == "to" and ast.unparse(n.func.value) == "k_buf"]
+        whole = [
+            n
+            for n in ast.walk(helper)
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "to"
+            and ast.unparse(n.func.value) == "k_buf"
+        ]
         assert len(whole) == 1  # the fallback, after `if self.kvwall_kv.step is None:`
         first = helper.body[1]
         assert isinstance(first, ast.If) and ast.unparse(first.test) == "self.kvwall_kv.step is None"
         assert whole[0] in list(ast.walk(first))
         if name == "fused":  # ours first, returning, in decode and in extend's paged path; the compact rows otherwise
             for func in ("forward_decode", "forward_extend"):
-                branch = next(n for n in ast.walk(_function(patched, func)) if isinstance(n, ast.If)
-                              and ast.unparse(n.test) == "plan is not None")
+                branch = next(
+                    n
+                    for n in ast.walk(_function(patched, func))
+                    if isinstance(n, ast.If) and ast.unparse(n.test) == "plan is not None"
+                )
                 assert isinstance(branch.body[-1], ast.Return)
                 assert "self.kvwall_ours(plan" in ast.unparse(branch)
 
@@ -160,9 +213,15 @@ def test_fused_reserves_no_bf16_copy_without_dcp():
     init = _function(patched, "init_cuda_graph_state")
     reserve = [n for n in ast.walk(init) if isinstance(n, ast.If) and "kvwall_kv.reserve" in ast.unparse(n)]
     assert len(reserve) == 1 and ast.unparse(reserve[0].test).replace("(", "").replace(")", "") == (
-        "self.kvwall_on and not self.kvwall_fused")
-    text = ast.unparse(next(n for n in ast.walk(ast.parse(patched)) if isinstance(n, ast.ClassDef)
-                            and n.name == "FlashInferMLAIndicesUpdaterPrefill"))
+        "self.kvwall_on and not self.kvwall_fused"
+    )
+    text = ast.unparse(
+        next(
+            n
+            for n in ast.walk(ast.parse(patched))
+            if isinstance(n, ast.ClassDef) and n.name == "FlashInferMLAIndicesUpdaterPrefill"
+        )
+    )
     assert text.count("kvwall_plan_ours(") == 2  # verify's fast plan and the paged plan (verify, draft-extend)
     gather = apply_patch("gather_cast")
     assert "kvwall_kv.reserve" in ast.unparse(_function(gather, "init_cuda_graph_state"))
@@ -176,8 +235,11 @@ def test_every_bf16_plan_is_over_the_compact_rows():
         for func in ("FlashInferMLAIndicesUpdaterDecode", "FlashInferMLAIndicesUpdaterPrefill"):
             cls = next(n for n in ast.walk(ast.parse(patched)) if isinstance(n, ast.ClassDef) and n.name == func)
             text = ast.unparse(cls)
-            plans = text.count("wrapper.plan(") + text.count("wrapper_paged.plan(") + text.count(
-                "fast_mla_decode_plan(wrapper_paged")
+            plans = (
+                text.count("wrapper.plan(")
+                + text.count("wrapper_paged.plan(")
+                + text.count("fast_mla_decode_plan(wrapper_paged")
+            )
             assert text.count("kvwall_compact_plan(") == plans - (1 if func.endswith("Decode") else 0), (name, func)
 
 
@@ -186,6 +248,7 @@ def test_the_diffs_apply_with_git_and_do_not_stack(tmp_path):
     gather_cast, so the second of the two on top of the first is refused (apply one)."""
     import shutil
     import subprocess
+
     if shutil.which("git") is None:
         pytest.skip("no git")
     target = tmp_path / "python/sglang/srt/layers/attention/flashinfer_mla_backend.py"
@@ -207,8 +270,11 @@ def test_the_diffs_apply_with_git_and_do_not_stack(tmp_path):
 def test_loading_leaves_no_sglang_stand_ins_behind():
     before = {k for k in sys.modules if k == "sglang" or k.startswith("sglang.")}
     for variant in VARIANTS:
-        mod = load_patched_backend(variant, wrappers={"BatchMLAPagedAttentionWrapper": object,
-                                                      "BatchPrefillWithRaggedKVCacheWrapper": object}, device="cpu")
+        mod = load_patched_backend(
+            variant,
+            wrappers={"BatchMLAPagedAttentionWrapper": object, "BatchPrefillWithRaggedKVCacheWrapper": object},
+            device="cpu",
+        )
         assert hasattr(mod, "FlashInferMLAAttnBackend")
     assert {k for k in sys.modules if k == "sglang" or k.startswith("sglang.")} == before
     with pytest.raises(ValueError, match="unknown variant"):
@@ -219,8 +285,9 @@ def test_small_experiment_runs_and_every_check_passes():
     result = run_experiment("sglang_patch_check", torch.device("cpu"), scale="small")
     validate_rows("sglang_patch_check", result.rows)
     checks = [r for r in result.rows if r["section"] == "checks"]
-    assert {(r["variant"], r["case"]) for r in checks} == {(v, c) for v in VARIANTS
-                                                           for c in ("batch1", "mixed", "shared_prefix")}
+    assert {(r["variant"], r["case"]) for r in checks} == {
+        (v, c) for v in VARIANTS for c in ("batch1", "mixed", "shared_prefix")
+    }
     assert all(r["ok"] for r in checks), [r["problems"] for r in checks if not r["ok"]]
     assert any(r["tokens"] % 2 for r in checks)
     for r in checks:
@@ -242,14 +309,18 @@ def _check(run, step, variant):
 
 
 def _altered(variant, **names):
-    mod = load_patched_backend(variant, device="cpu", wrappers={"BatchMLAPagedAttentionWrapper": object,
-                                                                "BatchPrefillWithRaggedKVCacheWrapper": object})
+    mod = load_patched_backend(
+        variant,
+        device="cpu",
+        wrappers={"BatchMLAPagedAttentionWrapper": object, "BatchPrefillWithRaggedKVCacheWrapper": object},
+    )
     mod.__dict__.update(names)
     return mod
 
 
 def test_check_catches_a_whole_pool_cast_behind_compact_indices(step, monkeypatch):
     import kvwall.peers.sglang_patch.compact as compact
+
     monkeypatch.setattr(compact, "launch_gather", lambda plan, pool: pool.to(torch.bfloat16))
     row = _check(run_decode("gather_cast", step[0], flashinfer=False), step, "gather_cast")
     assert not row["ok"]
@@ -258,9 +329,13 @@ def test_check_catches_a_whole_pool_cast_behind_compact_indices(step, monkeypatc
 
 def test_check_catches_wrong_gather_indices(step, monkeypatch):
     import kvwall.peers.sglang_patch.compact as compact
+
     real = compact.launch_gather
-    monkeypatch.setattr(compact, "launch_gather", lambda plan, pool: real(
-        dataclasses.replace(plan, kv_indices=plan.kv_indices.flip(0)), pool=pool))
+    monkeypatch.setattr(
+        compact,
+        "launch_gather",
+        lambda plan, pool: real(dataclasses.replace(plan, kv_indices=plan.kv_indices.flip(0)), pool=pool),
+    )
     row = _check(run_decode("gather_cast", step[0], flashinfer=False), step, "gather_cast")
     assert not row["ok"]
     assert row["whole_pool_casts"] == 0 and row["rows_read_exact"] is False
@@ -290,6 +365,7 @@ def test_check_catches_a_fused_call_on_the_wrong_slots(step):
 
 def _front_door_or_skip():
     from kvwall.peers.sglang_patch.graph_plan import front_door
+
     try:
         front_door()
     except ImportError as e:
@@ -303,6 +379,7 @@ def test_a_graph_plan_refilled_for_growing_batches_matches_the_reference(q_len):
     _front_door_or_skip()
     from kvwall.peers.sglang_patch.graph_plan import ours, step_plan
     from kvwall.peers.sglang_patch.realcheck import _causal_reference
+
     g = torch.Generator().manual_seed(3)
     heads, slots, bs = 16, 900, 4
     pool = (torch.randn(slots, 1, 576, generator=g) * 0.7).to(torch.float8_e4m3fn)
@@ -315,20 +392,30 @@ def test_a_graph_plan_refilled_for_growing_batches_matches_the_reference(q_len):
         ptr_buf.copy_(ptr)
         idx_buf[: sum(lens)] = torch.randperm(slots, generator=g)[: sum(lens)].to(torch.int32)
         if plan is None:
-            plan = step_plan(ptr_buf, idx_buf, heads=heads, sm_scale=0.1, lengths=lens, q_len=q_len,
-                             graph_max_len=200)
+            plan = step_plan(ptr_buf, idx_buf, heads=heads, sm_scale=0.1, lengths=lens, q_len=q_len, graph_max_len=200)
         plan.refill(lens)
         q = (torch.randn(bs * q_len, heads, 576, generator=g) * 0.5).to(torch.bfloat16)
         out = torch.empty(bs * q_len, heads, 512, dtype=torch.bfloat16)
         ours(q[..., :512], q[..., 512:], ckv, kpe, plan, out=out)
         qo = torch.arange(0, (bs + 1) * q_len, q_len)
-        ref = _causal_reference(q[..., :512], q[..., 512:], pool[:, 0, :512], pool[:, 0, 512:], qo, ptr.long(),
-                                idx_buf[: sum(lens)].long(), 0.1, q_len > 1, torch.float32)
+        ref = _causal_reference(
+            q[..., :512],
+            q[..., 512:],
+            pool[:, 0, :512],
+            pool[:, 0, 512:],
+            qo,
+            ptr.long(),
+            idx_buf[: sum(lens)].long(),
+            0.1,
+            q_len > 1,
+            torch.float32,
+        )
         assert torch.allclose(out.float(), ref.float(), rtol=1.6e-2, atol=1e-2), lens
 
 
 def test_uniform_q_len():
     from kvwall.peers.sglang_patch.graph_plan import uniform_q_len
+
     assert uniform_q_len(None, 3) == 1
     assert uniform_q_len(torch.tensor([0, 3, 6, 9]), 3) == 3
     assert uniform_q_len([0, 3, 6, 9, 12], 3) == 3  # SGLang's padded host buffers: the first batch + 1 entries
@@ -342,6 +429,7 @@ def test_compact_kv_graph_mode_gathers_exactly_the_rows(shared):
     the gathered rows equal pool[slots].to(bf16); a step with more positions than the capacity (shared prefix slots)
     is planned over its distinct slots instead -- correct, no exception."""
     from kvwall.peers.sglang_patch.compact import CompactKV
+
     g = torch.Generator().manual_seed(1)
     pool = (torch.randn(50, 1, 576, generator=g) * 0.7).to(torch.float8_e4m3fn)
     kv = CompactKV(576)
@@ -365,12 +453,14 @@ def test_compact_kv_graph_mode_gathers_exactly_the_rows(shared):
     fresh = slots[:9].clone()
     compact = eager.plan(fresh, 9, graph=False)
     assert torch.equal(fresh, slots[:9]) and torch.equal(compact, torch.arange(9, dtype=torch.int32))
-    assert torch.equal(eager.kv(pool)[:, 0].view(torch.int16),
-                       pool[slots[:9].long(), 0].to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(
+        eager.kv(pool)[:, 0].view(torch.int16), pool[slots[:9].long(), 0].to(torch.bfloat16).view(torch.int16)
+    )
 
 
 # --- issue 23 part 5: the check inside SGLang's real modules (the device run imports them; here the parts that
 # need no SGLang) ---
+
 
 @contextlib.contextmanager
 def _fake_sglang(tmp_path: Path, files: dict[str, str]):
@@ -397,8 +487,10 @@ def _fake_sglang(tmp_path: Path, files: dict[str, str]):
 
 
 def test_standin_finder_stands_in_only_for_unguarded_imports(tmp_path):
-    files = {"guarded.py": "try:\n    import kvwall_no_such_mod_a\nexcept ImportError:\n    X = None\n",
-             "plain.py": "from kvwall_no_such_mod_b.sub import Thing\nclass C(Thing, total=False):\n    pass\n"}
+    files = {
+        "guarded.py": "try:\n    import kvwall_no_such_mod_a\nexcept ImportError:\n    X = None\n",
+        "plain.py": "from kvwall_no_such_mod_b.sub import Thing\nclass C(Thing, total=False):\n    pass\n",
+    }
     with _fake_sglang(tmp_path, files) as finder:
         importlib.import_module("sglang.guarded")
         importlib.import_module("sglang.plain")
@@ -415,9 +507,11 @@ def test_standin_finder_stands_in_only_for_unguarded_imports(tmp_path):
 def test_a_stand_in_never_behaves_it_fails_naming_the_missing_module(tmp_path):
     from kvwall.peers.sglang_patch.real import StandInUsed, StandInValue
 
-    files = {"deco.py": "import kvwall_no_such_mod_d as d\n@d.register\ndef f():\n    return 1\n"
-                        "@d.wrap(level=2)\ndef g():\n    return 2\nlazy = d.make()\n",
-             "serial.py": "import kvwall_no_such_mod_e as dill\nclass P:\n    pass\nS = dill.dumps(P).hex()\n"}
+    files = {
+        "deco.py": "import kvwall_no_such_mod_d as d\n@d.register\ndef f():\n    return 1\n"
+        "@d.wrap(level=2)\ndef g():\n    return 2\nlazy = d.make()\n",
+        "serial.py": "import kvwall_no_such_mod_e as dill\nclass P:\n    pass\nS = dill.dumps(P).hex()\n",
+    }
     with _fake_sglang(tmp_path, files):
         deco = importlib.import_module("sglang.deco")  # decorators pass the function through; an unused value is fine
         assert deco.f() == 1 and deco.g() == 2 and isinstance(deco.lazy, StandInValue)
@@ -425,12 +519,16 @@ def test_a_stand_in_never_behaves_it_fails_naming_the_missing_module(tmp_path):
             deco.lazy.anything
         with pytest.raises(StandInUsed) as e:  # the first H200 run's failure: dill.dumps(cls).hex() on a fake
             importlib.import_module("sglang.serial")
-        assert ("kvwall_no_such_mod_e.dumps(...) called at sglang/serial.py:4" in str(e.value)
-                and "imported unguarded at sglang/serial.py:1" in str(e.value) and ".hex" in str(e.value))
+        assert (
+            "kvwall_no_such_mod_e.dumps(...) called at sglang/serial.py:4" in str(e.value)
+            and "imported unguarded at sglang/serial.py:1" in str(e.value)
+            and ".hex" in str(e.value)
+        )
 
 
 def test_git_apply_applies_each_diff_to_the_upstream_copy(tmp_path):
     import shutil
+
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     from kvwall.peers.sglang_patch import PATCHES, apply_patch
@@ -456,9 +554,18 @@ def test_causal_reference_is_the_decode_reference_per_query_row():
     # request 0: 2 queries over 10 rows -> 9, 10 rows; request 1: 3 queries over 15 rows -> 13, 14, 15 rows
     want = []
     for r, (start, n) in enumerate([(0, 9), (0, 10), (10, 13), (10, 14), (10, 15)]):
-        want.append(mla_decode_reference(q[r:r + 1, :, :8].double(), q[r:r + 1, :, 8:].double(), ckv.double(),
-                                         kpe.double(), torch.tensor([0, n], dtype=torch.int32),
-                                         idx[start:start + n], 0.3, compute_dtype=torch.float64))
+        want.append(
+            mla_decode_reference(
+                q[r : r + 1, :, :8].double(),
+                q[r : r + 1, :, 8:].double(),
+                ckv.double(),
+                kpe.double(),
+                torch.tensor([0, n], dtype=torch.int32),
+                idx[start : start + n],
+                0.3,
+                compute_dtype=torch.float64,
+            )
+        )
     assert torch.allclose(got, torch.cat(want))
 
 
@@ -469,8 +576,19 @@ def test_real_rows_without_sources_say_not_run(monkeypatch):
     from kvwall.peers.sglang_patch.realrows import real_rows
 
     monkeypatch.delenv("KVWALL_SGLANG_SOURCE", raising=False)
-    rows = real_rows(torch.device("cpu"), pool_slots=8, layers=1, context_len=8, graph_bs=1, draft_tokens=2,
-                     eager_lens=[1], replays=[], timing_lens=[1], timing_iters=1, log=lambda s: None)
+    rows = real_rows(
+        torch.device("cpu"),
+        pool_slots=8,
+        layers=1,
+        context_len=8,
+        graph_bs=1,
+        draft_tokens=2,
+        eager_lens=[1],
+        replays=[],
+        timing_lens=[1],
+        timing_iters=1,
+        log=lambda s: None,
+    )
     assert len(rows) == 1 and rows[0]["ran"] is False and "not run" in rows[0]["error"]
     TypeAdapter(SGLangPatchCheckRow).validate_python(rows[0])
 
@@ -480,8 +598,19 @@ def test_real_rows_without_sources_say_not_run(monkeypatch):
 _SGLANG_TARBALL = Path(__file__).resolve().parents[1] / ".dev" / "sgsub23" / "sglang-0.5.23-py.tar.xz"
 _WHEELS = Path(__file__).resolve().parents[1] / ".whl"
 #: Packages the GPU machine has (image or carried wheels) that the import chain cannot do without.
-_CHAIN_NEEDS = ("msgspec", "transformers", "torchvision", "aiohttp", "orjson", "pybase64", "starlette", "zmq", "PIL",
-                "huggingface_hub", "pydantic")
+_CHAIN_NEEDS = (
+    "msgspec",
+    "transformers",
+    "torchvision",
+    "aiohttp",
+    "orjson",
+    "pybase64",
+    "starlette",
+    "zmq",
+    "PIL",
+    "huggingface_hub",
+    "pydantic",
+)
 
 
 def _simulate(source, wheels, deps):
@@ -489,8 +618,13 @@ def _simulate(source, wheels, deps):
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "kvwall.peers.sglang_devicesim", str(source), "--wheels", str(wheels),
-                        "--deps", *deps], capture_output=True, text=True, timeout=120, check=False)
+    p = subprocess.run(
+        [sys.executable, "-m", "kvwall.peers.sglang_devicesim", str(source), "--wheels", str(wheels), "--deps", *deps],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert p.stdout.strip(), p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -504,21 +638,28 @@ def test_import_stage_gets_through_under_the_gpu_machines_import_conditions(tmp_
     source = os.environ.get("KVWALL_SGLANG_SOURCE")
     if not (source and os.path.isdir(os.path.join(source, "sglang"))):
         if not _SGLANG_TARBALL.exists():
-            pytest.skip("SGLang 0.5.23's sources are not here (as in CI): they live in the git-ignored "
-                        ".dev/sgsub23/sglang-0.5.23-py.tar.xz, or a folder named by KVWALL_SGLANG_SOURCE")
+            pytest.skip(
+                "SGLang 0.5.23's sources are not here (as in CI): they live in the git-ignored "
+                ".dev/sgsub23/sglang-0.5.23-py.tar.xz, or a folder named by KVWALL_SGLANG_SOURCE"
+            )
         with tarfile.open(_SGLANG_TARBALL) as tf:
             tf.extractall(tmp_path / "src", filter="data")
         source = tmp_path / "src"
     if not (_WHEELS / "dill-0.4.1-py3-none-any.whl").exists():
         pytest.skip("the wheels the device run carries are not here: they live in the git-ignored .whl/")
     deps = [d for d in os.environ.get("KVWALL_SGLANG_DEPS", "").split(os.pathsep) if d]
-    probe = ("import importlib.util, sys; sys.path += sys.argv[1:]; "
-             f"print(','.join(m for m in {_CHAIN_NEEDS!r} if importlib.util.find_spec(m) is None))")
-    lacking = subprocess.run([sys.executable, "-c", probe, *deps], capture_output=True, text=True,
-                             check=True).stdout.strip()
+    probe = (
+        "import importlib.util, sys; sys.path += sys.argv[1:]; "
+        f"print(','.join(m for m in {_CHAIN_NEEDS!r} if importlib.util.find_spec(m) is None))"
+    )
+    lacking = subprocess.run(
+        [sys.executable, "-c", probe, *deps], capture_output=True, text=True, check=True
+    ).stdout.strip()
     if lacking:
-        pytest.skip(f"this machine lacks what the GPU machine has and the chain needs ({lacking}): set "
-                    "KVWALL_SGLANG_DEPS to folders holding them")
+        pytest.skip(
+            f"this machine lacks what the GPU machine has and the chain needs ({lacking}): set "
+            "KVWALL_SGLANG_DEPS to folders holding them"
+        )
     # what the next run carries: the import gets through, and nothing the machine lacks is imported unguarded
     out = _simulate(source, _WHEELS, deps)
     assert out["ok"], out["error"]
@@ -531,12 +672,14 @@ def test_import_stage_gets_through_under_the_gpu_machines_import_conditions(tmp_
         if not w.name.startswith("dill-"):
             (few / w.name).symlink_to(w)
     out = _simulate(source, few, deps)
-    assert not out["ok"] and out["error"].startswith("StandInUsed: dill.dumps(...) called at "
-                                                     "sglang/srt/sampling/custom_logit_processor.py:43"), out["error"]
+    assert not out["ok"] and out["error"].startswith(
+        "StandInUsed: dill.dumps(...) called at sglang/srt/sampling/custom_logit_processor.py:43"
+    ), out["error"]
     assert "carry 'dill'" in out["error"]
 
 
 # --- how the real check judges whole-pool casts (a CUDA graph hides what it replays from torch's dispatcher) ---
+
 
 def test_cast_problems_judges_a_graph_by_what_it_holds():
     from kvwall.peers.sglang_patch.verdicts import cast_problems, casts_per_step
@@ -593,8 +736,13 @@ class _FakeCheck:
         return {"outputs": [q.clone() for q in qs], "casts": self._n(v)}
 
     def capture(self, v, bs, ndt):
-        return {"graph": object(), "warmup_casts": self._n(v), "capture_casts": self.held.get(v, self._n(v)),
-                "variant": v, "ndt": ndt}
+        return {
+            "graph": object(),
+            "warmup_casts": self._n(v),
+            "capture_casts": self.held.get(v, self._n(v)),
+            "variant": v,
+            "ndt": ndt,
+        }
 
     def replay(self, cap, lens, qs):
         return {"outputs": [q.clone() for q in qs], "casts": 0}
@@ -609,13 +757,32 @@ def _fake_real_rows(monkeypatch, tmp_path, **held):
 
     (tmp_path / "sglang").mkdir()
     finder = type("F", (), {"standins": {}, "guarded_missing": {}, "calls": []})()
-    monkeypatch.setattr(real, "import_sglang", lambda source: {"finder": finder, "sglang_files": 1,
-                                                               "files_checked_against_record": 1,
-                                                               "files_mismatched": [], "import_s": 0.0})
+    monkeypatch.setattr(
+        real,
+        "import_sglang",
+        lambda source: {
+            "finder": finder,
+            "sglang_files": 1,
+            "files_checked_against_record": 1,
+            "files_mismatched": [],
+            "import_s": 0.0,
+        },
+    )
     monkeypatch.setattr(realrows, "RealCheck", lambda imp, **kw: _FakeCheck(imp, held=held, **kw))
-    return realrows.real_rows(torch.device("cpu"), pool_slots=8, layers=3, context_len=8, graph_bs=2,
-                              draft_tokens=2, eager_lens=[1, 2], replays=[[1, 2], [3, 4]], timing_lens=[1, 1],
-                              timing_iters=2, source=str(tmp_path), log=lambda s: None)
+    return realrows.real_rows(
+        torch.device("cpu"),
+        pool_slots=8,
+        layers=3,
+        context_len=8,
+        graph_bs=2,
+        draft_tokens=2,
+        eager_lens=[1, 2],
+        replays=[[1, 2], [3, 4]],
+        timing_lens=[1, 1],
+        timing_iters=2,
+        source=str(tmp_path),
+        log=lambda s: None,
+    )
 
 
 def test_real_rows_pass_the_unpatched_graph_on_what_it_replays(monkeypatch, tmp_path):
@@ -632,8 +799,12 @@ def test_real_rows_pass_the_unpatched_graph_on_what_it_replays(monkeypatch, tmp_
     graph = [r for r in checks if r["phase"].startswith("replay")]
     for r in graph:
         want = 3 if r["variant"] == "unpatched" else 0
-        assert (r["whole_pool_casts"], r["warmup_casts"], r["capture_casts"], r["replay_casts"]) == (want, want,
-                                                                                                      want, 0)
+        assert (r["whole_pool_casts"], r["warmup_casts"], r["capture_casts"], r["replay_casts"]) == (
+            want,
+            want,
+            want,
+            0,
+        )
         assert r["cuda_graph"] is True
 
 

@@ -23,10 +23,14 @@ def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / tool), *args], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
 
 
-@pytest.mark.parametrize("args,fix", [
-    (["check", "--no-fix", "--output-format", "concise", *PYTHON], "fix each finding (ruff check names the rule)"),
-    (["format", "--check", *PYTHON], "make format"),
-], ids=["ruff-check", "ruff-format"])
+@pytest.mark.parametrize(
+    "args,fix",
+    [
+        (["check", "--no-fix", "--output-format", "concise", *PYTHON], "fix each finding (ruff check names the rule)"),
+        (["format", "--check", *PYTHON], "make format"),
+    ],
+    ids=["ruff-check", "ruff-format"],
+)
 def test_python(args, fix):
     proc = _run("ruff", *args)
     assert proc.returncode == 0, f"{proc.stdout[-6000:]}{proc.stderr[-2000:]}\nto fix: {fix}"

@@ -27,24 +27,37 @@ from kvwall.results import load_result
 WALL = "0.6.12"
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # Classifying builds (no compiler needed)
 # ---------------------------------------------------------------------------------------------
 
+
 def _result(status, errors=(), refusal=None):
-    return build.BuildResult(release="0.6.12", config=build.validate_config(), status=status, duration_s=1.0,
-                          errors=tuple(errors), refusal=refusal)
+    return build.BuildResult(
+        release="0.6.12",
+        config=build.validate_config(),
+        status=status,
+        duration_s=1.0,
+        errors=tuple(errors),
+        refusal=refusal,
+    )
 
 
 def test_classify_each_outcome():
-    frame = nvcc_errors.InstantiationFrame("flashinfer::mma::m16k16_rowsum_f16f16f32", "flashinfer/attention/mla.cuh", 511)
-    sa = nvcc_errors.CompilerError("flashinfer/mma.cuh", 523, "static assertion failed with \"x\"", "static_assert(x);", (frame,))
+    frame = nvcc_errors.InstantiationFrame(
+        "flashinfer::mma::m16k16_rowsum_f16f16f32", "flashinfer/attention/mla.cuh", 511
+    )
+    sa = nvcc_errors.CompilerError(
+        "flashinfer/mma.cuh", 523, 'static assertion failed with "x"', "static_assert(x);", (frame,)
+    )
     other = nvcc_errors.CompilerError("generated/batch_mla_run.cu", 42, "operator -> applied to ...")
     c = wall.classify(_result("nvcc_failed", [other, sa]))
     assert (c["outcome"], c["assert_file"], c["assert_line"], c["reached_from_mla"]) == (
-        "static_assert", "flashinfer/mma.cuh", 523, True)
+        "static_assert",
+        "flashinfer/mma.cuh",
+        523,
+        True,
+    )
     assert c["chain"] == ["flashinfer::mma::m16k16_rowsum_f16f16f32 / flashinfer/attention/mla.cuh(511)"]
     assert wall.classify(_result("nvcc_failed", [other]))["outcome"] == "failed_elsewhere"
     assert wall.classify(_result("compiled"))["outcome"] == "compiled"
@@ -55,13 +68,16 @@ def test_classify_each_outcome():
 
 def test_compiler_excerpt_starts_at_the_first_error():
     out = "[1/3] nvcc ...\nFAILED: x.o\ninclude/flashinfer/mma.cuh(523): error: static assertion failed\n  line\n"
-    assert wall.compiler_excerpt(out, lines=2) == "include/flashinfer/mma.cuh(523): error: static assertion failed\n  line"
+    assert (
+        wall.compiler_excerpt(out, lines=2) == "include/flashinfer/mma.cuh(523): error: static assertion failed\n  line"
+    )
     assert wall.compiler_excerpt("all good\n") == ""
 
 
 # ---------------------------------------------------------------------------------------------
 # Bad input: clear errors naming the allowed values, before anything is installed or built
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def empty_cache(tmp_path, monkeypatch):
@@ -70,13 +86,16 @@ def empty_cache(tmp_path, monkeypatch):
     return root
 
 
-@pytest.mark.parametrize("override, words", [
-    ({"releases": ["v0.6.12"]}, ["version", "0.6.12"]),
-    ({"releases": ["latest"]}, ["version"]),
-    ({"configs": [["fa4", "sm_90a"]]}, ["backend", "'fa4'", "fa2", "fa3"]),
-    ({"configs": [["fa2", "sm120a"]]}, ["arch", "'sm120a'", "sm_120a"]),
-    ({"configs": [["fa2", "sm_120"]]}, ["arch", "sm_120a", "sm_90a"]),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ({"releases": ["v0.6.12"]}, ["version", "0.6.12"]),
+        ({"releases": ["latest"]}, ["version"]),
+        ({"configs": [["fa4", "sm_90a"]]}, ["backend", "'fa4'", "fa2", "fa3"]),
+        ({"configs": [["fa2", "sm120a"]]}, ["arch", "'sm120a'", "sm_120a"]),
+        ({"configs": [["fa2", "sm_120"]]}, ["arch", "sm_120a", "sm_90a"]),
+    ],
+)
 def test_timeline_bad_input(empty_cache, override, words):
     t0 = time.perf_counter()
     with pytest.raises(InvalidConfigError) as info:
@@ -105,17 +124,24 @@ def test_wall_on_gpu_needs_cuda():
 # The GPU driver's plumbing, on a CPU
 # ---------------------------------------------------------------------------------------------
 
+
 def test_gpu_cases_plan():
     spec_wall, spec_fp8 = wall._GPU_RELEASES[0], wall._GPU_RELEASES[2]
     assert spec_wall["release"] == WALL and spec_wall["expect_wall"]
     warm = wall._warm_cases(spec_wall)
     assert warm == [{"backend": "fa2", "kv": "float8_e4m3fn", "context_len": 1024, "run_in_warm": True}]
     warm = wall._warm_cases(spec_fp8)
-    assert {(c["backend"], c["kv"]) for c in warm} == {(b, k) for b in ("fa2", "fa3") for k in ("float8_e4m3fn", "bfloat16")}
-    planned = {"cases": [{"backend": "fa3", "kv": "float8_e4m3fn", "status": "planned"},
-                         {"backend": "fa3", "kv": "bfloat16", "status": "planned"},
-                         {"backend": "fa2", "kv": "float8_e4m3fn", "status": "failed"},
-                         {"backend": "fa2", "kv": "bfloat16", "status": "planned"}]}
+    assert {(c["backend"], c["kv"]) for c in warm} == {
+        (b, k) for b in ("fa2", "fa3") for k in ("float8_e4m3fn", "bfloat16")
+    }
+    planned = {
+        "cases": [
+            {"backend": "fa3", "kv": "float8_e4m3fn", "status": "planned"},
+            {"backend": "fa3", "kv": "bfloat16", "status": "planned"},
+            {"backend": "fa2", "kv": "float8_e4m3fn", "status": "failed"},
+            {"backend": "fa2", "kv": "bfloat16", "status": "planned"},
+        ]
+    }
     cases = wall._measure_cases(spec_fp8, planned, [4096, 32768])
     assert len(cases) == 6 and not any(c["backend"] == "fa2" and c["kv"] == "float8_e4m3fn" for c in cases)
     assert all(c["compare_bf16"] == (c["kv"] == "float8_e4m3fn") for c in cases)
@@ -123,12 +149,14 @@ def test_gpu_cases_plan():
 
 def test_jit_exception_is_parsed_into_compiler_errors():
     inc = "/x/flashinfer-0.6.12/flashinfer/data/include/"
-    message = ("Ninja build failed. Ninja output:\n[1/3] nvcc ... -c /w/gen/batch_mla_run.cu\nFAILED: a.o\n"
-               f"{inc}flashinfer/mma.cuh(523): error: static assertion failed with \"DType must be 16bit\"\n"
-               "    static_assert(sizeof(DType) == 2, \"DType must be 16bit\");\n    ^\n"
-               "          detected during:\n"
-               f"            instantiation of \"void flashinfer::mma::m16k16_rowsum_f16f16f32(float *, DType *) "
-               f"[with DType=DTypeKV]\" at line 511 of {inc}flashinfer/attention/mla.cuh\n")
+    message = (
+        "Ninja build failed. Ninja output:\n[1/3] nvcc ... -c /w/gen/batch_mla_run.cu\nFAILED: a.o\n"
+        f'{inc}flashinfer/mma.cuh(523): error: static assertion failed with "DType must be 16bit"\n'
+        '    static_assert(sizeof(DType) == 2, "DType must be 16bit");\n    ^\n'
+        "          detected during:\n"
+        f'            instantiation of "void flashinfer::mma::m16k16_rowsum_f16f16f32(float *, DType *) '
+        f'[with DType=DTypeKV]" at line 511 of {inc}flashinfer/attention/mla.cuh\n'
+    )
     errs = wall._parse_compiler_errors({"message": message}, {"include_dir": inc.rstrip("/")})
     assert errs[0]["file"] == "flashinfer/mma.cuh" and errs[0]["line"] == 523
     assert errs[0]["chain"] == ["flashinfer::mma::m16k16_rowsum_f16f16f32 / flashinfer/attention/mla.cuh(511)"]
@@ -137,14 +165,23 @@ def test_jit_exception_is_parsed_into_compiler_errors():
 
 def test_a_driver_that_dies_is_a_row_not_a_crash(tmp_path):
     log = tmp_path / "x.log"
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT)
-    d = wall._finish_release(proc, {"result_path": str(tmp_path / "none.json"), "log_path": str(log),
-                                    "started": time.perf_counter()}, time.perf_counter() + 30)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
+    d = wall._finish_release(
+        proc,
+        {"result_path": str(tmp_path / "none.json"), "log_path": str(log), "started": time.perf_counter()},
+        time.perf_counter() + 30,
+    )
     assert d["error"] == "driver" and d["returncode"] == 3 and "boom" in d["output_tail"]
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    d = wall._finish_release(proc, {"result_path": str(tmp_path / "none.json"), "log_path": str(log),
-                                    "started": time.perf_counter()}, time.perf_counter() + 1)
+    d = wall._finish_release(
+        proc,
+        {"result_path": str(tmp_path / "none.json"), "log_path": str(log), "started": time.perf_counter()},
+        time.perf_counter() + 1,
+    )
     assert d["error"] == "timeout"
     row = wall._release_row("0.6.14", "warm", d, 4)
     assert row["error"] == "timeout" and row["cases_done"] == 0
@@ -153,6 +190,7 @@ def test_a_driver_that_dies_is_a_row_not_a_crash(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Offline installs (KVWALL_WHEELHOUSE) and dependency pins the index no longer carries
 # ---------------------------------------------------------------------------------------------
+
 
 def test_wheelhouse_that_is_not_a_folder(empty_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("KVWALL_WHEELHOUSE", str(tmp_path / "nowhere"))
@@ -176,9 +214,23 @@ def test_release_missing_from_the_wheelhouse(empty_cache, monkeypatch, tmp_path)
 def test_install_from_a_wheelhouse(empty_cache, monkeypatch, tmp_path):
     """The GPU machine's path: everything from a folder of wheels, the index unreachable."""
     house = tmp_path / "wheels"
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
-                           str(house), f"flashinfer-python=={WALL}", "apache-tvm-ffi==0.1.11"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(house),
+            f"flashinfer-python=={WALL}",
+            "apache-tvm-ffi==0.1.11",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot fetch the wheels to fill a wheelhouse: {proc.stderr[-300:]}")
     monkeypatch.setenv("KVWALL_WHEELHOUSE", str(house))
@@ -192,7 +244,10 @@ def test_install_from_a_wheelhouse(empty_cache, monkeypatch, tmp_path):
 
 
 def test_nearest_published_version_for_a_removed_pin():
-    out = "ERROR: Could not find a version that satisfies the requirement x==0.1.0b15 (from versions: 0.1.0, 0.1.1, 0.1.10)"
+    out = (
+        "ERROR: Could not find a version that satisfies the requirement x==0.1.0b15 "
+        "(from versions: 0.1.0, 0.1.1, 0.1.10)"
+    )
     assert releases._nearest_published("apache-tvm-ffi==0.1.0b15", out) == "apache-tvm-ffi==0.1.0"
     assert releases._nearest_published("apache-tvm-ffi>=0.1", out) is None
     assert releases._nearest_published("apache-tvm-ffi==0.2.0", out) is None
@@ -201,8 +256,9 @@ def test_nearest_published_version_for_a_removed_pin():
 @pytest.mark.slow
 def test_sdist_only_release_installs_without_compiling(tmp_path):
     """0.4.1 is on PyPI only as a source distribution: its own backend builds a pure-Python wheel."""
-    proc = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "flashinfer-python"], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "flashinfer-python"], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         pytest.skip("package index unreachable")
     rdir = releases.install_release("0.4.1", cache_root=tmp_path)
@@ -215,6 +271,7 @@ def test_sdist_only_release_installs_without_compiling(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # The recorded timeline
 # ---------------------------------------------------------------------------------------------
+
 
 def test_recorded_timeline_is_complete():
     rec = load_result("wall_timeline")
@@ -246,6 +303,7 @@ def test_recorded_timeline_is_complete():
 # ---------------------------------------------------------------------------------------------
 # The chapter, under papermill on a CPU
 # ---------------------------------------------------------------------------------------------
+
 
 def _check_wall_builds(builds):
     line = static_assert_line(WALL)
@@ -316,7 +374,11 @@ def test_chapter_2_offline_with_an_empty_cache_shows_recorded_evidence(tmp_path,
     for b in v["builds"]:
         r = recorded[(b["release"], b["backend"], b["arch"])]
         assert (b["outcome"], b["assert_file"], b["assert_line"], b["chain"]) == (
-            r["outcome"], r["assert_file"], r["assert_line"], r["chain"])
+            r["outcome"],
+            r["assert_file"],
+            r["assert_line"],
+            r["chain"],
+        )
     assert {b["arch"] for b in v["builds"]} == {"sm_120a", "sm_90a"}
     assert v["assert_source_line"] is None and v["claim_line_text"] is None
     # What the page's sentences say about it: the values the chapter glued into them (myst-nb's glue outputs).
@@ -336,11 +398,17 @@ def test_instantiation_note_without_a_file_is_in_the_error_file():
     """EDG leaves out "of FILE" when the instantiation is in the file of the error itself (seen in
     the fa3 builds: mla_hopper.cuh errors instantiated from mla_hopper.cuh)."""
     inc = "/r/flashinfer/data/include/"
-    out = (f'{inc}flashinfer/attention/mla_hopper.cuh(339): error: class "W<DTypeKV, 16>" has no member "op"\n'
-           "      wgmma::op< false>(desc_p, desc_ckv, o_frag);\n"
-           "          detected during:\n"
-           '            instantiation of "void flashinfer::mla::hopper::compute_mla_pv<KTraits>(float *) [with K=1]" at line 762\n'
-           f'            instantiation of "cudaError_t flashinfer::mla::BatchMLAPageAttentionHopper<M>(P) [with M=0]" at line 62 of /g/batch_mla_sm90_run.cu\n')
+    out = (
+        f'{inc}flashinfer/attention/mla_hopper.cuh(339): error: class "W<DTypeKV, 16>" has no member "op"\n'
+        "      wgmma::op< false>(desc_p, desc_ckv, o_frag);\n"
+        "          detected during:\n"
+        '            instantiation of "void flashinfer::mla::hopper::compute_mla_pv<KTraits>(float *) [with K=1]" '
+        "at line 762\n"
+        '            instantiation of "cudaError_t flashinfer::mla::BatchMLAPageAttentionHopper<M>(P) [with M=0]" '
+        "at line 62 of /g/batch_mla_sm90_run.cu\n"
+    )
     e = nvcc_errors.parse_nvcc_output(out, [(inc, "")])[0]
-    assert e.chain == ["flashinfer::mla::hopper::compute_mla_pv / flashinfer/attention/mla_hopper.cuh(762)",
-                       "flashinfer::mla::BatchMLAPageAttentionHopper / /g/batch_mla_sm90_run.cu(62)"]
+    assert e.chain == [
+        "flashinfer::mla::hopper::compute_mla_pv / flashinfer/attention/mla_hopper.cuh(762)",
+        "flashinfer::mla::BatchMLAPageAttentionHopper / /g/batch_mla_sm90_run.cu(62)",
+    ]

@@ -72,8 +72,12 @@ class EmulatedKernels:
         assert (p.out, p.qn, p.qp) == (out.data_ptr(), q_nope.data_ptr(), q_pe.data_ptr())
         assert (p.stride_o_b, p.stride_o_h) == out.stride()[:2] and out.stride(-1) == 1
         assert (p.stride_qn_b, p.stride_qn_h, p.stride_qp_b, p.stride_qp_h) == q_nope.stride()[:2] + q_pe.stride()[:2]
-        assert (p.ckv, p.kpe, p.stride_ckv, p.stride_kpe) == (ckv.data_ptr(), kpe.data_ptr(), ckv.stride(0),
-                                                              kpe.stride(0))
+        assert (p.ckv, p.kpe, p.stride_ckv, p.stride_kpe) == (
+            ckv.data_ptr(),
+            kpe.data_ptr(),
+            ckv.stride(0),
+            kpe.stride(0),
+        )
         assert p.num_units == ckv.shape[0] // p.page and bool(p.write_lse) == (lse is not None)
         idx, ptr, kvlen = s["kv_indices"], s["kv_indptr"], s["kv_len"]
         assert (p.indices == idx.data_ptr() or not idx.numel()) and p.indptr == ptr.data_ptr()
@@ -95,8 +99,10 @@ class EmulatedKernels:
             hi = _clamp(item_hi, lo, length)
             units = [idx[start + t // p.page] for t in range(lo, hi)]
             bad = any(u < 0 or u >= p.num_units for u in units)
-            slots = torch.tensor([(u if 0 <= u < p.num_units else 0) * p.page + t % p.page
-                                  for u, t in zip(units, range(lo, hi))], dtype=torch.long)
+            slots = torch.tensor(
+                [(u if 0 <= u < p.num_units else 0) * p.page + t % p.page for u, t in zip(units, range(lo, hi))],
+                dtype=torch.long,
+            )
             o = torch.zeros(p.H, ckv.shape[1], dtype=torch.float64)
             lse2 = torch.full((p.H,), -math.inf, dtype=torch.float64)
             if slots.numel():
@@ -133,9 +139,17 @@ def kernels(monkeypatch) -> EmulatedKernels:
 
     def launch_planned(kind, plan, q_nope, q_pe, ckv_rows, kpe_rows, kv_indptr, kv_indices, kv_len, scales, *rest):
         out, lse = rest[-3], rest[-2]
-        lib.pending = dict(inputs=types.SimpleNamespace(ckv=ckv_rows, kpe=kpe_rows, scales=scales), plan=plan,
-                           q_nope=q_nope, q_pe=q_pe, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len=kv_len,
-                           out=out, lse=lse)
+        lib.pending = dict(
+            inputs=types.SimpleNamespace(ckv=ckv_rows, kpe=kpe_rows, scales=scales),
+            plan=plan,
+            q_nope=q_nope,
+            q_pe=q_pe,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            kv_len=kv_len,
+            out=out,
+            lse=lse,
+        )
         return launch(kind, plan, q_nope, q_pe, ckv_rows, kpe_rows, kv_indptr, kv_indices, kv_len, scales, *rest)
 
     monkeypatch.setattr(hopper, "launch_planned", launch_planned)
@@ -147,6 +161,7 @@ def _no_splits(call):
     def run(*args, num_splits=None, **kwargs):
         assert num_splits is None
         return call(*args, **kwargs)
+
     return run
 
 
@@ -170,8 +185,9 @@ def test_the_heads_on_m_path_host_side(kernels):
     assert [(x["path"], x["hn"], x["head_blocks"]) for x in kernels.launches] == [("wgmma", 64, 2)]
 
 
-@pytest.mark.parametrize("path,heads,q_len", [("wgmma_tokens", 16, 2), ("wgmma_tokens", 3, 4), ("wgmma", 16, 4),
-                                             ("wgmma", 20, 3)])
+@pytest.mark.parametrize(
+    "path,heads,q_len", [("wgmma_tokens", 16, 2), ("wgmma_tokens", 3, 4), ("wgmma", 16, 4), ("wgmma", 20, 3)]
+)
 def test_a_multi_token_query_sees_its_causal_prefix(kernels, path, heads, q_len):
     """The fold: ``[batch, q_len * heads, D]`` rows, a plan for them; token j of request b equals a decode of its own
     over the first length - (q_len - 1 - j) tokens (float64), a token that sees nothing gives zeros -- across one
@@ -179,9 +195,10 @@ def test_a_multi_token_query_sees_its_causal_prefix(kernels, path, heads, q_len)
     weighed 0). 16 heads x 4 tokens fill one 64-row CTA of the heads-on-M kernel."""
     from kvwall.kernels.mla_decode.reference import mla_decode_reference
 
-    call, plan_fn = {"wgmma": (wgmma_path.mla_decode_fp8_wgmma, wgmma_path.plan_mla_decode_wgmma),
-                     "wgmma_tokens": (tokens_path.mla_decode_fp8_wgmma_tokens,
-                                      tokens_path.plan_mla_decode_wgmma_tokens)}[path]
+    call, plan_fn = {
+        "wgmma": (wgmma_path.mla_decode_fp8_wgmma, wgmma_path.plan_mla_decode_wgmma),
+        "wgmma_tokens": (tokens_path.mla_decode_fp8_wgmma_tokens, tokens_path.plan_mla_decode_wgmma_tokens),
+    }[path]
     gen = torch.Generator().manual_seed(q_len)
     pool = (torch.randn(3000, 576, generator=gen) * 0.7).to(torch.float8_e4m3fn)
     lens = [q_len - 2, 9, 700, q_len]  # the first: its first token(s) see nothing
@@ -190,8 +207,9 @@ def test_a_multi_token_query_sees_its_causal_prefix(kernels, path, heads, q_len)
     q = (torch.randn(len(lens), q_len * heads, 576, generator=gen) * 0.5).to(torch.bfloat16)
     plan = plan_fn(ptr, heads=heads, q_len=q_len, programs=6)
     assert plan.heads == q_len * heads and plan.q_len == q_len and plan.work_list.combine  # a request is cut
-    got, lse = call(q[..., :512], q[..., 512:], pool[:, :512], pool[:, 512:], ptr, idx, 0.1, plan=plan, q_len=q_len,
-                    return_lse=True)
+    got, lse = call(
+        q[..., :512], q[..., 512:], pool[:, :512], pool[:, 512:], ptr, idx, 0.1, plan=plan, q_len=q_len, return_lse=True
+    )
     assert kernels.launches[-1]["heads"] == q_len * heads
     for b, n in enumerate(lens):
         for j in range(q_len):
@@ -199,10 +217,17 @@ def test_a_multi_token_query_sees_its_causal_prefix(kernels, path, heads, q_len)
             if seen <= 0:
                 assert (got[b, rows] == 0).all() and (lse[b, rows] == -math.inf).all(), (b, j)
                 continue
-            want = mla_decode_reference(q[b:b + 1, rows, :512], q[b:b + 1, rows, 512:], pool[:, :512], pool[:, 512:],
-                                        torch.tensor([0, seen]), idx[ptr[b]:ptr[b] + seen].long(), 0.1,
-                                        compute_dtype=torch.float64)
-            err = float((got[b:b + 1, rows].double() - want).norm() / want.norm())
+            want = mla_decode_reference(
+                q[b : b + 1, rows, :512],
+                q[b : b + 1, rows, 512:],
+                pool[:, :512],
+                pool[:, 512:],
+                torch.tensor([0, seen]),
+                idx[ptr[b] : ptr[b] + seen].long(),
+                0.1,
+                compute_dtype=torch.float64,
+            )
+            err = float((got[b : b + 1, rows].double() - want).norm() / want.norm())
             assert err < 1e-2, (b, j, err)
 
 
@@ -212,8 +237,17 @@ def test_a_plan_for_another_q_len_is_refused(kernels):
     pool = torch.zeros(8, 576).to(torch.float8_e4m3fn)
     plan = tokens_path.plan_mla_decode_wgmma_tokens(ptr, heads=16, q_len=2)
     with pytest.raises(ValueError, match=r"^mla_decode_fp8_wgmma_tokens: the plan was made for .* q_len\) = "):
-        tokens_path.mla_decode_fp8_wgmma_tokens(q[..., :512], q[..., 512:], pool[:, :512], pool[:, 512:], ptr,
-                                                torch.arange(5, dtype=torch.int32), 0.1, plan=plan, q_len=1)
+        tokens_path.mla_decode_fp8_wgmma_tokens(
+            q[..., :512],
+            q[..., 512:],
+            pool[:, :512],
+            pool[:, 512:],
+            ptr,
+            torch.arange(5, dtype=torch.int32),
+            0.1,
+            plan=plan,
+            q_len=1,
+        )
     with pytest.raises(ValueError, match="q_len must be a whole number >= 1, got .* at most 8"):
         wgmma_path.plan_mla_decode_wgmma(ptr, heads=16, q_len=9)
 
@@ -242,9 +276,21 @@ def test_fused_decode_paths_rows_make_the_table_ours_reads(kernels, monkeypatch,
     for heads in (20, 64):
         pt = strategies.make_point(heads, 300, 4, pool_slots=4096, max_total=2_000_000, gen=gen, seed=0, device=CPU)
         timed = [(p, page) for page in (1, 64) for p in strategies.FORCED_PATHS]
-        got = bench.bench_point_rows(pt, pool, CPU, timed + ["ours"], lambda: None, copy_gbps=4000.0,
-                                     bf16_tflops=800.0, reps=1, rounds=1, host_calls=0, ctx=strategies.BuildContext(),
-                                     sglang_split_sweep=[], timer=lambda *args: (1.0, "fake clock", None))
+        got = bench.bench_point_rows(
+            pt,
+            pool,
+            CPU,
+            timed + ["ours"],
+            lambda: None,
+            copy_gbps=4000.0,
+            bf16_tflops=800.0,
+            reps=1,
+            rounds=1,
+            host_calls=0,
+            ctx=strategies.BuildContext(),
+            sglang_split_sweep=[],
+            timer=lambda *args: (1.0, "fake clock", None),
+        )
         for r in got:
             assert "error" not in r and r["rel_err_f64"] < 3e-3, r
             if r["strategy"] in clock:  # the tokens-on-M path slower at 64 heads (two blocks re-read the tiles)
@@ -253,19 +299,30 @@ def test_fused_decode_paths_rows_make_the_table_ours_reads(kernels, monkeypatch,
         assert got[-1]["kernel_path"] == ("wgmma_tokens" if heads <= 32 else "wgmma")  # no table for "cpu"
         rows += got
     validate_rows("fused_decode_bench", rows)
-    build = {"section": "build", "gpu": "NVIDIA H200", "capability": [9, 0], "sms": 132, "nvcc": "12.8",
-             "copy_gbps": 4200.0, "copy_ms": 0.5, "bf16_tflops": 700.0, "wgmma": {"runs": True, "why": None},
-             "wgmma_tokens": {"runs": True, "why": None}, "seconds_total": 70.0}
+    build = {
+        "section": "build",
+        "gpu": "NVIDIA H200",
+        "capability": [9, 0],
+        "sms": 132,
+        "nvcc": "12.8",
+        "copy_gbps": 4200.0,
+        "copy_ms": 0.5,
+        "bf16_tflops": 700.0,
+        "wgmma": {"runs": True, "why": None},
+        "wgmma_tokens": {"runs": True, "why": None},
+        "seconds_total": 70.0,
+    }
     recorded = [build] + [r for r in rows if r["strategy"] in clock]
     validate_rows("fused_decode_paths", recorded)
     target = tmp_path / "kernel_paths.json"
-    paths.write_path_table(Result("fused_decode_paths", {}, recorded, collect_provenance(CPU, paths.__name__)),
-                           target)
+    paths.write_path_table(Result("fused_decode_paths", {}, recorded, collect_provenance(CPU, paths.__name__)), target)
     table = json.loads(target.read_text())
     assert [p[:4] for p in table["NVIDIA H200"]["points"]] == [[20, 300, 4, "wgmma_tokens"], [64, 300, 4, "wgmma"]]
     for heads, want in ((16, "wgmma_tokens"), (32, "wgmma_tokens"), (100, "wgmma")):
-        assert dispatch.decide_path(heads, 4, 300, gpu="NVIDIA H200", capability=(9, 0), refusal=None,
-                                    table=table)[0] == want
+        assert (
+            dispatch.decide_path(heads, 4, 300, gpu="NVIDIA H200", capability=(9, 0), refusal=None, table=table)[0]
+            == want
+        )
 
 
 def test_a_graph_plan_of_the_tokens_path_refills_and_runs(kernels):
@@ -284,18 +341,24 @@ def test_a_graph_plan_of_the_tokens_path_refills_and_runs(kernels):
     for lens in ([5, 130, 1, 17], [200, 0, 1, 150]):
         plan.refill(lens)
         ptr_buf.copy_(torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
-        idx_buf[:sum(lens)] = torch.randint(0, 3000, (sum(lens),), generator=gen, dtype=torch.int32)
+        idx_buf[: sum(lens)] = torch.randint(0, 3000, (sum(lens),), generator=gen, dtype=torch.int32)
         got = mla_decode(q[..., :512], q[..., 512:], pool[:, :, :512], pool[:, :, 512:], plan)
         assert kernels.launches[-1]["items"] == plan.graph_capacity
         for b, n in enumerate(lens):
             if not n:
                 assert (got[b] == 0).all()
                 continue
-            want = mla_decode_reference(q[b:b + 1, :, :512], q[b:b + 1, :, 512:], pool[:, 0, :512],
-                                        pool[:, 0, 512:], torch.tensor([0, n]),
-                                        idx_buf[int(ptr_buf[b]):int(ptr_buf[b + 1])].long(), 0.1,
-                                        compute_dtype=torch.float64)
-            assert float((got[b:b + 1].double() - want).norm() / want.norm()) < 1e-2, (lens, b)
+            want = mla_decode_reference(
+                q[b : b + 1, :, :512],
+                q[b : b + 1, :, 512:],
+                pool[:, 0, :512],
+                pool[:, 0, 512:],
+                torch.tensor([0, n]),
+                idx_buf[int(ptr_buf[b]) : int(ptr_buf[b + 1])].long(),
+                0.1,
+                compute_dtype=torch.float64,
+            )
+            assert float((got[b : b + 1].double() - want).norm() / want.norm()) < 1e-2, (lens, b)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")

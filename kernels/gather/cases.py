@@ -39,10 +39,19 @@ class GatherCase:
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     def inputs(self, device: torch.device | str, *, nan: bool = False):
-        return make_gather_inputs(num_slots=self.num_slots, dim=self.dim, context_lens=self.context_lens,
-                                  seed=self.seed, page_size=self.page_size, layout=self.layout,
-                                  index_dtype=getattr(torch, self.index_dtype), capacity=self.capacity,
-                                  pattern=self.pattern, nan=nan, device=device)
+        return make_gather_inputs(
+            num_slots=self.num_slots,
+            dim=self.dim,
+            context_lens=self.context_lens,
+            seed=self.seed,
+            page_size=self.page_size,
+            layout=self.layout,
+            index_dtype=getattr(torch, self.index_dtype),
+            capacity=self.capacity,
+            pattern=self.pattern,
+            nan=nan,
+            device=device,
+        )
 
 
 #: Small, awkward shapes: odd D, both index dtypes, page sizes, repeats, unsorted, empty requests,
@@ -56,16 +65,34 @@ VALIDATION_CASES: tuple[GatherCase, ...] = (
     GatherCase("dim_70_runs", 300, 70, (129,), pattern="runs"),
     GatherCase("all_same_slot", 64, 576, (33,), pattern="same"),
     GatherCase("paged_16", 40, 576, (13,), layout="paged", page_size=16),
-    GatherCase("paged_3_odd_dim_mixed", 30, 70, (11, 0, 5), layout="paged", page_size=3, use_indptr=True,
-               capacity=20, index_dtype="int64"),
-    GatherCase("batch_mixed_lengths_capacity", 700, 576, (1, 37, 0, 200, 5), capacity=300, use_indptr=True,
-               index_dtype="int64", indptr_dtype="int64"),
+    GatherCase(
+        "paged_3_odd_dim_mixed",
+        30,
+        70,
+        (11, 0, 5),
+        layout="paged",
+        page_size=3,
+        use_indptr=True,
+        capacity=20,
+        index_dtype="int64",
+    ),
+    GatherCase(
+        "batch_mixed_lengths_capacity",
+        700,
+        576,
+        (1, 37, 0, 200, 5),
+        capacity=300,
+        use_indptr=True,
+        index_dtype="int64",
+        indptr_dtype="int64",
+    ),
     GatherCase("capacity_over_real", 500, 576, (100,), capacity=256, use_indptr=True),
     GatherCase("only_empty_requests", 20, 576, (0, 0), capacity=16, use_indptr=True),
     GatherCase("no_indices", 20, 576, ()),
     GatherCase("scale_float", 200, 576, (150,), scale=0.37),
-    GatherCase("scale_tensor_capacity", 200, 100, (60, 3), scale=3.5e-3, scale_as_tensor=True, capacity=80,
-               use_indptr=True),
+    GatherCase(
+        "scale_tensor_capacity", 200, 100, (60, 3), scale=3.5e-3, scale_as_tensor=True, capacity=80, use_indptr=True
+    ),
 )
 
 
@@ -96,6 +123,15 @@ def check_case(fn: GatherFn, case: GatherCase, device: torch.device | str, *, na
     n_real = inp.real_rows if case.use_indptr else capacity
     expected = gather_cast_reference(inp.pool, inp.kv_indices, indptr, scale=scale)
     counts = compare_rows(out, expected, n_real)
-    return {"case": case.name, "device": str(torch.device(device).type), "dim": case.dim,
-            "page_size": case.page_size, "index_dtype": case.index_dtype, "real_rows": n_real, "capacity": capacity,
-            "nan_inputs": nan, **counts, "ok": counts["mismatched_values"] == 0 and counts["overwritten_poison"] == 0}
+    return {
+        "case": case.name,
+        "device": str(torch.device(device).type),
+        "dim": case.dim,
+        "page_size": case.page_size,
+        "index_dtype": case.index_dtype,
+        "real_rows": n_real,
+        "capacity": capacity,
+        "nan_inputs": nan,
+        **counts,
+        "ok": counts["mismatched_values"] == 0 and counts["overwritten_poison"] == 0,
+    }

@@ -31,8 +31,14 @@ import torch
 from kvwall.kernels._common import sm_count
 from kvwall.kernels.gather.kernel import GatherPlan, check_same_layout, plan_gather
 
-__all__ = ["gather_cast_cuda", "load_gather_cast_cuda", "launch_gather_cuda", "nvcc_compile_check",
-           "NvccReport", "CUDA_SOURCE"]
+__all__ = [
+    "gather_cast_cuda",
+    "load_gather_cast_cuda",
+    "launch_gather_cuda",
+    "nvcc_compile_check",
+    "NvccReport",
+    "CUDA_SOURCE",
+]
 
 CUDA_SOURCE = Path(__file__).with_name("gather_cast.cu")
 _NVCC_FLAGS = ["-O3", "-std=c++17"]
@@ -42,21 +48,39 @@ _NVCC_FLAGS = ["-O3", "-std=c++17"]
 def load_gather_cast_cuda(verbose: bool = False) -> ctypes.CDLL:
     """Build (once per source version) and load the CUDA twin; needs CUDA, nvcc and a GPU."""
     if not torch.cuda.is_available():
-        raise RuntimeError("gather_cast_cuda needs an NVIDIA GPU; on this machine use gather_cast (Triton, which "
-                           "runs on CPU in the interpreter) or nvcc_compile_check() to compile-check the source.")
+        raise RuntimeError(
+            "gather_cast_cuda needs an NVIDIA GPU; on this machine use gather_cast (Triton, which "
+            "runs on CPU in the interpreter) or nvcc_compile_check() to compile-check the source."
+        )
     from torch.utils.cpp_extension import load
 
     major, minor = torch.cuda.get_device_capability()
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
     name = "kvwall_gather_cast_" + _source_hash()
-    path = load(name=name, sources=[str(CUDA_SOURCE)], extra_cuda_cflags=_NVCC_FLAGS,
-                is_python_module=False, verbose=verbose)
+    path = load(
+        name=name, sources=[str(CUDA_SOURCE)], extra_cuda_cflags=_NVCC_FLAGS, is_python_module=False, verbose=verbose
+    )
     lib = ctypes.CDLL(path)
     lib.kvwall_gather_cast.restype = ctypes.c_int
     lib.kvwall_gather_cast.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-        ctypes.c_void_p, ctypes.c_float, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_float,
+        ctypes.c_int,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     lib.kvwall_cuda_error_string.restype = ctypes.c_char_p
     lib.kvwall_cuda_error_string.argtypes = [ctypes.c_int]
     return lib
@@ -77,28 +101,48 @@ def launch_gather_cuda(plan: GatherPlan, *, pool: torch.Tensor | None = None) ->
     lib = load_gather_cast_cuda()
     rows = plan.capacity * plan.page_size
     if rows * plan.dim >= 1 << 31:
-        raise ValueError(f"gather_cast_cuda: capacity {plan.capacity} x page {plan.page_size} x D {plan.dim} is over "
-                         "2^31 values; split the call (the Triton kernel has no such limit).")
+        raise ValueError(
+            f"gather_cast_cuda: capacity {plan.capacity} x page {plan.page_size} x D {plan.dim} is over "
+            "2^31 values; split the call (the Triton kernel has no such limit)."
+        )
     if rows == 0:
         return plan.out
     stream = torch.cuda.current_stream(pool.device).cuda_stream
     code = lib.kvwall_gather_cast(
-        pool.data_ptr(), plan.kv_indices.data_ptr(), int(plan.kv_indices.dtype == torch.int64),
+        pool.data_ptr(),
+        plan.kv_indices.data_ptr(),
+        int(plan.kv_indices.dtype == torch.int64),
         plan.out.data_ptr(),
         plan.indptr_end.data_ptr() if plan.indptr_end is not None else None,
         int(plan.indptr_end is not None and plan.indptr_end.dtype == torch.int64),
         plan.scale_tensor.data_ptr() if plan.scale_tensor is not None else None,
-        plan.scale_value if plan.scale_value is not None else 1.0, plan.scale_mode,
-        plan.capacity * plan.page_size, pool.shape[0], pool.stride(0), plan.out.stride(0),
-        plan.page_size, plan.dim, sm_count(pool.device) * 16, stream)
+        plan.scale_value if plan.scale_value is not None else 1.0,
+        plan.scale_mode,
+        plan.capacity * plan.page_size,
+        pool.shape[0],
+        pool.stride(0),
+        plan.out.stride(0),
+        plan.page_size,
+        plan.dim,
+        sm_count(pool.device) * 16,
+        stream,
+    )
     if code != 0:
-        raise RuntimeError(f"gather_cast_cuda: launch failed: {lib.kvwall_cuda_error_string(code).decode()} (code {code}).")
+        raise RuntimeError(
+            f"gather_cast_cuda: launch failed: {lib.kvwall_cuda_error_string(code).decode()} (code {code})."
+        )
     return plan.out
 
 
-def gather_cast_cuda(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None = None, *,
-                     out: torch.Tensor | None = None, scale: float | torch.Tensor | None = None,
-                     check_range: bool = True) -> torch.Tensor:
+def gather_cast_cuda(
+    pool: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    scale: float | torch.Tensor | None = None,
+    check_range: bool = True,
+) -> torch.Tensor:
     """Same contract as :func:`kvwall.kernels.gather.kernel.gather_cast`, run by the CUDA C++ kernel."""
     return launch_gather_cuda(plan_gather(pool, kv_indices, kv_indptr, out=out, scale=scale, check_range=check_range))
 
@@ -115,8 +159,10 @@ class NvccReport:
 
     def summary(self) -> str:
         regs = ", ".join(f"VEC={k}: {v}" for k, v in sorted(self.registers.items(), key=lambda kv: int(kv[0])))
-        return (f"nvcc {'compiled' if self.ok else 'FAILED on'} gather_cast.cu for {self.arch} in {self.seconds:.1f} s"
-                f" ({self.nvcc}); registers per thread {regs or 'n/a'}; {'spills!' if self.spills else 'no spills'}.")
+        return (
+            f"nvcc {'compiled' if self.ok else 'FAILED on'} gather_cast.cu for {self.arch} in {self.seconds:.1f} s"
+            f" ({self.nvcc}); registers per thread {regs or 'n/a'}; {'spills!' if self.spills else 'no spills'}."
+        )
 
 
 def nvcc_compile_check(arch: str = "sm_90", nvcc: str | None = None) -> NvccReport:
@@ -127,8 +173,22 @@ def nvcc_compile_check(arch: str = "sm_90", nvcc: str | None = None) -> NvccRepo
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        proc = subprocess.run([nvcc, *_NVCC_FLAGS, f"-arch={arch}", "-Xptxas", "-v", "-c", str(CUDA_SOURCE),
-                               "-o", str(Path(tmp) / "gather_cast.o")], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                nvcc,
+                *_NVCC_FLAGS,
+                f"-arch={arch}",
+                "-Xptxas",
+                "-v",
+                "-c",
+                str(CUDA_SOURCE),
+                "-o",
+                str(Path(tmp) / "gather_cast.o"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         seconds = time.perf_counter() - t0
     log = proc.stdout + proc.stderr
     registers: dict[str, int] = {}

@@ -63,12 +63,12 @@ __device__ __forceinline__ void convert(const Bytes<VEC>& in, Bf16s<VEC>& out, b
 }
 
 template <int VEC>
-__global__ void __launch_bounds__(kThreads) gather_cast_kernel(
-    const uint8_t* __restrict__ pool, const void* __restrict__ kv_indices, bool indices_64,
-    __nv_bfloat16* __restrict__ out, const void* __restrict__ indptr_end, bool indptr_64,
-    const float* __restrict__ scale_ptr, float scale_value, int scale_mode,
-    uint32_t capacity_rows, int64_t num_pages, int64_t pool_page_stride, int64_t out_page_stride,
-    uint32_t page_size, uint32_t dim) {
+__global__ void __launch_bounds__(kThreads)
+    gather_cast_kernel(const uint8_t* __restrict__ pool, const void* __restrict__ kv_indices, bool indices_64,
+                       __nv_bfloat16* __restrict__ out, const void* __restrict__ indptr_end, bool indptr_64,
+                       const float* __restrict__ scale_ptr, float scale_value, int scale_mode, uint32_t capacity_rows,
+                       int64_t num_pages, int64_t pool_page_stride, int64_t out_page_stride, uint32_t page_size,
+                       uint32_t dim) {
   const uint32_t chunks_per_row = dim / VEC;
   uint32_t rows = capacity_rows;
   if (indptr_end != nullptr) {
@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(kThreads) gather_cast_kernel(
       const uint32_t col = (chunk - row * chunks_per_row) * VEC;
       const uint32_t page = page_size == 1 ? row : row / page_size;
       const uint32_t within = row - page * page_size;
-      const int64_t slot = indices_64 ? static_cast<const int64_t*>(kv_indices)[page]
-                                      : static_cast<const int32_t*>(kv_indices)[page];
+      const int64_t slot =
+          indices_64 ? static_cast<const int64_t*>(kv_indices)[page] : static_cast<const int32_t*>(kv_indices)[page];
       valid[u] = slot >= 0 && slot < num_pages;
       const int64_t offset = static_cast<int64_t>(within) * dim + col;
       dst[u] = static_cast<int64_t>(page) * out_page_stride + offset;
@@ -122,17 +122,16 @@ __global__ void __launch_bounds__(kThreads) gather_cast_kernel(
 
 template <int VEC>
 cudaError_t launch(const uint8_t* pool, const void* kv_indices, bool indices_64, __nv_bfloat16* out,
-                   const void* indptr_end, bool indptr_64, const float* scale_ptr, float scale_value,
-                   int scale_mode, uint32_t capacity_rows, int64_t num_pages, int64_t pool_page_stride,
-                   int64_t out_page_stride, uint32_t page_size, uint32_t dim, int max_blocks,
-                   cudaStream_t stream) {
+                   const void* indptr_end, bool indptr_64, const float* scale_ptr, float scale_value, int scale_mode,
+                   uint32_t capacity_rows, int64_t num_pages, int64_t pool_page_stride, int64_t out_page_stride,
+                   uint32_t page_size, uint32_t dim, int max_blocks, cudaStream_t stream) {
   const uint64_t total = static_cast<uint64_t>(capacity_rows) * (dim / VEC);
   uint64_t blocks = (total + kThreads * kUnroll - 1) / (kThreads * kUnroll);
   if (blocks > static_cast<uint64_t>(max_blocks)) blocks = max_blocks;
   if (blocks == 0) return cudaSuccess;
   gather_cast_kernel<VEC><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      pool, kv_indices, indices_64, out, indptr_end, indptr_64, scale_ptr, scale_value, scale_mode,
-      capacity_rows, num_pages, pool_page_stride, out_page_stride, page_size, dim);
+      pool, kv_indices, indices_64, out, indptr_end, indptr_64, scale_ptr, scale_value, scale_mode, capacity_rows,
+      num_pages, pool_page_stride, out_page_stride, page_size, dim);
   return cudaGetLastError();
 }
 
@@ -142,11 +141,10 @@ extern "C" {
 
 // The widest vector (16, 8, 4, 2 or 1 values) that divides dim, both page strides and both base
 // addresses; returns cudaErrorInvalidValue for a capacity whose chunks do not fit 31 bits.
-int kvwall_gather_cast(const void* pool, const void* kv_indices, int indices_64, void* out,
-                       const void* indptr_end, int indptr_64, const float* scale_ptr, float scale_value,
-                       int scale_mode, int64_t capacity_rows, int64_t num_pages, int64_t pool_page_stride,
-                       int64_t out_page_stride, int64_t page_size, int64_t dim, int max_blocks,
-                       void* stream) {
+int kvwall_gather_cast(const void* pool, const void* kv_indices, int indices_64, void* out, const void* indptr_end,
+                       int indptr_64, const float* scale_ptr, float scale_value, int scale_mode, int64_t capacity_rows,
+                       int64_t num_pages, int64_t pool_page_stride, int64_t out_page_stride, int64_t page_size,
+                       int64_t dim, int max_blocks, void* stream) {
   if (capacity_rows < 0 || dim <= 0 || page_size <= 0 || capacity_rows * dim >= (int64_t{1} << 31))
     return static_cast<int>(cudaErrorInvalidValue);
   const uint8_t* p = static_cast<const uint8_t*>(pool);
@@ -159,10 +157,10 @@ int kvwall_gather_cast(const void* pool, const void* kv_indices, int indices_64,
   const auto rows = static_cast<uint32_t>(capacity_rows);
   const auto ps = static_cast<uint32_t>(page_size);
   const auto d = static_cast<uint32_t>(dim);
-#define KVWALL_LAUNCH(V)                                                                             \
-  return static_cast<int>(launch<V>(p, kv_indices, indices_64, o, indptr_end, indptr_64, scale_ptr,  \
-                                    scale_value, scale_mode, rows, num_pages, pool_page_stride,      \
-                                    out_page_stride, ps, d, max_blocks, s))
+#define KVWALL_LAUNCH(V)                                                                                               \
+  return static_cast<int>(launch<V>(p, kv_indices, indices_64, o, indptr_end, indptr_64, scale_ptr, scale_value,       \
+                                    scale_mode, rows, num_pages, pool_page_stride, out_page_stride, ps, d, max_blocks, \
+                                    s))
   if (fits(16)) KVWALL_LAUNCH(16);
   if (fits(8)) KVWALL_LAUNCH(8);
   if (fits(4)) KVWALL_LAUNCH(4);

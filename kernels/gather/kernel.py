@@ -53,14 +53,37 @@ import torch
 import triton
 import triton.language as tl
 
-from kvwall.kernels._common import (Fail, build_kernel, check_indices_in_range, check_kv_indptr, check_output, fail,
-                                    gpu_name, keep_fp8_nan, needs_int64, read_tuned_table, refuse_graph_capture,
-                                    round_bf16_by_bits, sm_count)
+from kvwall.kernels._common import (
+    Fail,
+    build_kernel,
+    check_indices_in_range,
+    check_kv_indptr,
+    check_output,
+    fail,
+    gpu_name,
+    keep_fp8_nan,
+    needs_int64,
+    read_tuned_table,
+    refuse_graph_capture,
+    round_bf16_by_bits,
+    sm_count,
+)
 from kvwall.kernels._args import MAX_TOKENS, below_float32_normal, scale_number
 
-__all__ = ["gather_cast", "full_cast", "compact_kv_indices", "GatherPlan", "plan_gather", "launch_gather",
-           "check_same_layout", "GatherConfig", "gather_config", "chunk_width", "largest_pool_offset",
-           "SUPPORTED_INDEX_DTYPES"]
+__all__ = [
+    "gather_cast",
+    "full_cast",
+    "compact_kv_indices",
+    "GatherPlan",
+    "plan_gather",
+    "launch_gather",
+    "check_same_layout",
+    "GatherConfig",
+    "gather_config",
+    "chunk_width",
+    "largest_pool_offset",
+    "SUPPORTED_INDEX_DTYPES",
+]
 
 SUPPORTED_INDEX_DTYPES = (torch.int32, torch.int64)
 POOL_DTYPE = torch.float8_e4m3fn
@@ -68,15 +91,26 @@ OUT_DTYPE = torch.bfloat16
 
 
 def _gather_cast_kernel(
-    pool_ptr, kv_indices_ptr, out_ptr, indptr_end_ptr, scale_ptr, scale_value,
+    pool_ptr,
+    kv_indices_ptr,
+    out_ptr,
+    indptr_end_ptr,
+    scale_ptr,
+    scale_value,
     capacity_rows,  # len(kv_indices) * PAGE: output rows (tokens) the launch covers
     num_pages,  # pool.shape[0]: valid indices are 0 <= i < num_pages
-    pool_page_stride, out_page_stride,  # elements between consecutive pages
-    D: tl.constexpr, PAGE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-    HAS_INDPTR: tl.constexpr, SCALE_MODE: tl.constexpr,  # 0: none, 1: scale_value, 2: *scale_ptr
+    pool_page_stride,
+    out_page_stride,  # elements between consecutive pages
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_INDPTR: tl.constexpr,
+    SCALE_MODE: tl.constexpr,  # 0: none, 1: scale_value, 2: *scale_ptr
     WIDE: tl.constexpr,  # int64 chunk/row arithmetic and output offsets (only when they can pass 2^31 - 1)
     POOL_WIDE: tl.constexpr,  # int64 pool offsets (only when the largest the launch can form passes 2^31 - 1)
-    EVICT_LOADS: tl.constexpr, EVICT_STORES: tl.constexpr,  # evict_first hints for the pool reads / out writes
+    EVICT_LOADS: tl.constexpr,
+    EVICT_STORES: tl.constexpr,  # evict_first hints for the pool reads / out writes
     LOAD_VEC: tl.constexpr,  # FP8 values per load vector: 8 matches the 16-byte BF16 stores' thread layout
 ):
     # The rows are cut into CHUNK-value pieces (576 = 9 x 64): chunk j is piece j % (D // CHUNK) of token
@@ -141,10 +175,22 @@ def _gather_cast_kernel(
 
 
 def _gather_cast_tiles_kernel(
-    pool_ptr, kv_indices_ptr, out_ptr, indptr_end_ptr, scale_ptr, scale_value,
-    capacity_rows, num_pages, pool_page_stride, out_page_stride,
-    D: tl.constexpr, PAGE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-    HAS_INDPTR: tl.constexpr, SCALE_MODE: tl.constexpr,
+    pool_ptr,
+    kv_indices_ptr,
+    out_ptr,
+    indptr_end_ptr,
+    scale_ptr,
+    scale_value,
+    capacity_rows,
+    num_pages,
+    pool_page_stride,
+    out_page_stride,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    HAS_INDPTR: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
 ):
     # The general-D path (D not a multiple of 16: 1, 33, 70, ...) and the first version's kernel for D = 576:
     # rows in blocks, each row in BLOCK_COLS-column tiles, the last one masked.
@@ -184,14 +230,18 @@ def _full_cast_kernel(src_ptr, out_ptr, numel, BLOCK: tl.constexpr):
 
 @functools.cache
 def _kernel(name: str, interpreted: bool):
-    fn = {"gather_cast": _gather_cast_kernel, "gather_cast_tiles": _gather_cast_tiles_kernel,
-          "full_cast": _full_cast_kernel}[name]
+    fn = {
+        "gather_cast": _gather_cast_kernel,
+        "gather_cast_tiles": _gather_cast_tiles_kernel,
+        "full_cast": _full_cast_kernel,
+    }[name]
     return build_kernel(fn, interpreted)
 
 
 # ----------------------------------------------------------------------------------------------
 # Validation: everything a launch needs, checked before it, with errors that say what to do.
 # ----------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class GatherPlan:
@@ -218,26 +268,43 @@ class GatherPlan:
 _fail: Fail = functools.partial(fail, "gather_cast")
 
 
-def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None = None, *,
-                out: torch.Tensor | None = None, scale: float | torch.Tensor | None = None,
-                check_range: bool = True) -> GatherPlan:
+def plan_gather(
+    pool: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    scale: float | torch.Tensor | None = None,
+    check_range: bool = True,
+) -> GatherPlan:
     """Check every argument of :func:`gather_cast` and allocate ``out`` if not given."""
     if not isinstance(pool, torch.Tensor) or not isinstance(kv_indices, torch.Tensor):
-        _fail(TypeError, f"pool and kv_indices must be tensors, got {type(pool).__name__} and "
-              f"{type(kv_indices).__name__}.")
+        _fail(
+            TypeError,
+            f"pool and kv_indices must be tensors, got {type(pool).__name__} and {type(kv_indices).__name__}.",
+        )
     if pool.dtype != POOL_DTYPE:
-        _fail(TypeError, f"pool has dtype {pool.dtype}; it must be {POOL_DTYPE} (the FP8 KV cache). "
-              "For a BF16 pool no cast is needed: index it directly.")
+        _fail(
+            TypeError,
+            f"pool has dtype {pool.dtype}; it must be {POOL_DTYPE} (the FP8 KV cache). "
+            "For a BF16 pool no cast is needed: index it directly.",
+        )
     if pool.dim() not in (2, 3):
-        _fail(ValueError, f"pool has shape {tuple(pool.shape)}; expected (num_slots, D), SGLang's "
-              "(num_slots, 1, D) or a paged (num_pages, page_size, D).")
+        _fail(
+            ValueError,
+            f"pool has shape {tuple(pool.shape)}; expected (num_slots, D), SGLang's "
+            "(num_slots, 1, D) or a paged (num_pages, page_size, D).",
+        )
     if pool.shape[-1] < 1 or pool.shape[0] < 1 or (pool.dim() == 3 and pool.shape[1] < 1):
         _fail(ValueError, f"pool has shape {tuple(pool.shape)}: every dimension must be at least 1.")
     dim = pool.shape[-1]
     page_size = pool.shape[1] if pool.dim() == 3 else 1
     if pool.stride(-1) != 1 or (pool.dim() == 3 and page_size > 1 and pool.stride(1) != dim):
-        _fail(ValueError, f"pool strides {pool.stride()} (shape {tuple(pool.shape)}): the rows of a page must be "
-              "contiguous (last dim stride 1, and page stride D inside a page); pass pool.contiguous().")
+        _fail(
+            ValueError,
+            f"pool strides {pool.stride()} (shape {tuple(pool.shape)}): the rows of a page must be "
+            "contiguous (last dim stride 1, and page stride D inside a page); pass pool.contiguous().",
+        )
     if pool.device.type not in ("cuda", "cpu"):
         _fail(ValueError, f"pool is on {pool.device}; gather_cast runs on CUDA (compiled) or CPU (Triton interpreter).")
     if kv_indices.dtype not in SUPPORTED_INDEX_DTYPES:
@@ -247,7 +314,9 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
     if kv_indices.numel() > 1 and kv_indices.stride(0) != 1:
         _fail(ValueError, "kv_indices is not contiguous; pass kv_indices.contiguous().")
     if kv_indices.device != pool.device:
-        _fail(ValueError, f"kv_indices is on {kv_indices.device} but pool is on {pool.device}; move them to one device.")
+        _fail(
+            ValueError, f"kv_indices is on {kv_indices.device} but pool is on {pool.device}; move them to one device."
+        )
     n = kv_indices.numel()
     out_shape = (n, page_size, dim) if pool.dim() == 3 else (n, dim)
     out_given = out is not None
@@ -257,29 +326,43 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
         if out.device != pool.device:
             _fail(ValueError, f"out is on {out.device} but pool is on {pool.device}.")
         if out.dim() != pool.dim() or tuple(out.shape[1:]) != tuple(pool.shape[1:]):
-            _fail(ValueError, f"out has shape {tuple(out.shape)}; for a pool of shape {tuple(pool.shape)} it must be "
-                  f"(capacity, {', '.join(map(str, pool.shape[1:]))}).")
+            _fail(
+                ValueError,
+                f"out has shape {tuple(out.shape)}; for a pool of shape {tuple(pool.shape)} it must be "
+                f"(capacity, {', '.join(map(str, pool.shape[1:]))}).",
+            )
         if out.shape[0] < n:
-            _fail(ValueError, f"out holds {out.shape[0]} rows but kv_indices has {n}: out is too small. "
-                  f"Allocate at least len(kv_indices) rows (the capacity).")
+            _fail(
+                ValueError,
+                f"out holds {out.shape[0]} rows but kv_indices has {n}: out is too small. "
+                f"Allocate at least len(kv_indices) rows (the capacity).",
+            )
         if out.stride(-1) != 1 or (out.dim() == 3 and page_size > 1 and out.stride(1) != dim):
             _fail(ValueError, f"out strides {out.stride()}: its rows must be contiguous like the pool's.")
     indptr_end = None
     if kv_indptr is not None:
         if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dtype not in SUPPORTED_INDEX_DTYPES:
-            _fail(TypeError, f"kv_indptr has dtype {getattr(kv_indptr, 'dtype', type(kv_indptr).__name__)}; "
-                  "use torch.int32 or torch.int64.")
+            _fail(
+                TypeError,
+                f"kv_indptr has dtype {getattr(kv_indptr, 'dtype', type(kv_indptr).__name__)}; "
+                "use torch.int32 or torch.int64.",
+            )
         if kv_indptr.dim() != 1 or kv_indptr.numel() < 1:
             _fail(ValueError, f"kv_indptr has shape {tuple(kv_indptr.shape)}; it must be 1-D with batch + 1 entries.")
         if kv_indptr.device != pool.device:
-            _fail(ValueError, f"kv_indptr is on {kv_indptr.device} but pool is on {pool.device}; the kernel reads "
-                  "it on the device (no host sync), so it must live there.")
+            _fail(
+                ValueError,
+                f"kv_indptr is on {kv_indptr.device} but pool is on {pool.device}; the kernel reads "
+                "it on the device (no host sync), so it must live there.",
+            )
         indptr_end = kv_indptr[-1:]
     scale_tensor = scale_value = None
     if isinstance(scale, torch.Tensor):
         if scale.dtype != torch.float32 or scale.numel() != 1:
-            _fail(TypeError, f"scale tensor has dtype {scale.dtype} and {scale.numel()} elements; "
-                  "it must be one float32 value.")
+            _fail(
+                TypeError,
+                f"scale tensor has dtype {scale.dtype} and {scale.numel()} elements; it must be one float32 value.",
+            )
         if scale.device != pool.device:
             _fail(ValueError, f"scale is on {scale.device} but pool is on {pool.device}.")
         scale_tensor = scale.reshape(1)
@@ -288,13 +371,13 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
         if pool.device.type == "cpu" and below_float32_normal(scale_value):  # (the interpreter: see the helper)
             scale_tensor, scale_value = torch.tensor([scale_value], dtype=torch.float32), None
     if out_given:
-        check_output(out, {"pool": pool, "kv_indices": kv_indices, "kv_indptr": kv_indptr, "scale": scale_tensor},
-                     _fail)
+        check_output(
+            out, {"pool": pool, "kv_indices": kv_indices, "kv_indptr": kv_indptr, "scale": scale_tensor}, _fail
+        )
     if check_range:
         refuse_graph_capture(pool.device, _fail)
         n = check_kv_indptr(kv_indptr, kv_indices.numel(), _fail)[-1] if kv_indptr is not None else kv_indices.numel()
-        check_indices_in_range(kv_indices[:n], pool.shape[0], "pages" if page_size > 1 else "slots", "the pool",
-                               _fail)
+        check_indices_in_range(kv_indices[:n], pool.shape[0], "pages" if page_size > 1 else "slots", "the pool", _fail)
     if out is None:  # allocated once every argument has passed
         out = torch.empty(out_shape, dtype=OUT_DTYPE, device=pool.device)
     return GatherPlan(pool, kv_indices, out, indptr_end, scale_tensor, scale_value, page_size, dim)
@@ -303,6 +386,7 @@ def plan_gather(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.T
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class GatherConfig:
@@ -317,8 +401,14 @@ class GatherConfig:
     load_vec: int = 8
 
     def as_dict(self) -> dict:
-        return {"block": self.block, "num_warps": self.num_warps, "programs_per_sm": self.programs_per_sm,
-                "evict_loads": self.evict_loads, "evict_stores": self.evict_stores, "load_vec": self.load_vec}
+        return {
+            "block": self.block,
+            "num_warps": self.num_warps,
+            "programs_per_sm": self.programs_per_sm,
+            "evict_loads": self.evict_loads,
+            "evict_stores": self.evict_stores,
+            "load_vec": self.load_vec,
+        }
 
     def label(self) -> str:
         grid = "1 program/block" if self.programs_per_sm <= 0 else f"{self.programs_per_sm}/SM"
@@ -379,12 +469,16 @@ def _tiles_config(dim: int, interpreted: bool) -> tuple[int, int, int]:
 def check_same_layout(plan: "GatherPlan", pool: torch.Tensor) -> None:
     ref = plan.pool
     if pool.shape != ref.shape or pool.stride() != ref.stride() or pool.dtype != ref.dtype or pool.device != ref.device:
-        _fail(ValueError, f"pool {tuple(pool.shape)} {pool.dtype} strides {pool.stride()} on {pool.device} does not "
-              f"match the planned {tuple(ref.shape)} {ref.dtype} strides {ref.stride()} on {ref.device}.")
+        _fail(
+            ValueError,
+            f"pool {tuple(pool.shape)} {pool.dtype} strides {pool.stride()} on {pool.device} does not "
+            f"match the planned {tuple(ref.shape)} {ref.dtype} strides {ref.stride()} on {ref.device}.",
+        )
 
 
-def launch_gather(plan: GatherPlan, *, pool: torch.Tensor | None = None, config: GatherConfig | None = None,
-                  variant: str = "auto") -> torch.Tensor:
+def launch_gather(
+    plan: GatherPlan, *, pool: torch.Tensor | None = None, config: GatherConfig | None = None, variant: str = "auto"
+) -> torch.Tensor:
     """Launch the Triton kernel for a validated :class:`GatherPlan`; returns ``plan.out``.
 
     ``pool``: another pool of exactly the planned layout (another layer's buffer), so that a caller that
@@ -416,13 +510,29 @@ def launch_gather(plan: GatherPlan, *, pool: torch.Tensor | None = None, config:
         grid = (blocks if cfg.programs_per_sm <= 0 else min(blocks, sm_count(pool.device) * cfg.programs_per_sm),)
         wide = needs_int64(plan.capacity * plan.out.stride(0) + cfg.block * chunk) or needs_int64(total + cfg.block)
         _kernel("gather_cast", interpreted)[grid](
-            pool, plan.kv_indices, plan.out, indptr, scale_ptr, scale_value,
-            rows, pool.shape[0], pool.stride(0), plan.out.stride(0),
-            D=plan.dim, PAGE=plan.page_size, CHUNK=chunk, BLOCK=cfg.block,
-            HAS_INDPTR=plan.indptr_end is not None, SCALE_MODE=plan.scale_mode,
-            WIDE=wide, POOL_WIDE=needs_int64(largest_pool_offset(pool)),
-            EVICT_LOADS=cfg.evict_loads, EVICT_STORES=cfg.evict_stores, LOAD_VEC=min(cfg.load_vec, chunk),
-            num_warps=cfg.num_warps, num_stages=1,
+            pool,
+            plan.kv_indices,
+            plan.out,
+            indptr,
+            scale_ptr,
+            scale_value,
+            rows,
+            pool.shape[0],
+            pool.stride(0),
+            plan.out.stride(0),
+            D=plan.dim,
+            PAGE=plan.page_size,
+            CHUNK=chunk,
+            BLOCK=cfg.block,
+            HAS_INDPTR=plan.indptr_end is not None,
+            SCALE_MODE=plan.scale_mode,
+            WIDE=wide,
+            POOL_WIDE=needs_int64(largest_pool_offset(pool)),
+            EVICT_LOADS=cfg.evict_loads,
+            EVICT_STORES=cfg.evict_stores,
+            LOAD_VEC=min(cfg.load_vec, chunk),
+            num_warps=cfg.num_warps,
+            num_stages=1,
         )
         return plan.out
     if variant != "tiles":
@@ -431,18 +541,37 @@ def launch_gather(plan: GatherPlan, *, pool: torch.Tensor | None = None, config:
     blocks = triton.cdiv(rows, br)
     grid = (blocks if interpreted else min(blocks, sm_count(pool.device) * 8),)
     _kernel("gather_cast_tiles", interpreted)[grid](
-        pool, plan.kv_indices, plan.out, indptr, scale_ptr, scale_value,
-        rows, pool.shape[0], pool.stride(0), plan.out.stride(0),
-        D=plan.dim, PAGE=plan.page_size, BLOCK_ROWS=br, BLOCK_COLS=bc,
-        HAS_INDPTR=plan.indptr_end is not None, SCALE_MODE=plan.scale_mode, num_warps=nw,
+        pool,
+        plan.kv_indices,
+        plan.out,
+        indptr,
+        scale_ptr,
+        scale_value,
+        rows,
+        pool.shape[0],
+        pool.stride(0),
+        plan.out.stride(0),
+        D=plan.dim,
+        PAGE=plan.page_size,
+        BLOCK_ROWS=br,
+        BLOCK_COLS=bc,
+        HAS_INDPTR=plan.indptr_end is not None,
+        SCALE_MODE=plan.scale_mode,
+        num_warps=nw,
         num_stages=1,
     )
     return plan.out
 
 
-def gather_cast(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None = None, *,
-                out: torch.Tensor | None = None, scale: float | torch.Tensor | None = None,
-                check_range: bool = True) -> torch.Tensor:
+def gather_cast(
+    pool: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    scale: float | torch.Tensor | None = None,
+    check_range: bool = True,
+) -> torch.Tensor:
     """``out[i] = pool[kv_indices[i]]`` in BF16 (times ``scale``), for the rows ``kv_indptr`` makes real.
 
     See the module docstring for shapes, page sizes, capacity and the ``check_range`` trade-off.
@@ -476,22 +605,33 @@ def full_cast(pool: torch.Tensor, *, out: torch.Tensor | None = None, block: int
         if not isinstance(out, torch.Tensor):
             _fail_full(TypeError, f"out must be a {OUT_DTYPE} tensor, got {type(out).__name__}.")
         if out.dtype != OUT_DTYPE or out.shape != pool.shape or not out.is_contiguous() or out.device != pool.device:
-            _fail_full(ValueError, f"out must be a contiguous {OUT_DTYPE} tensor of shape {tuple(pool.shape)} on "
-                       f"{pool.device}; got {out.dtype} {tuple(out.shape)} on {out.device}"
-                       f"{'' if out.is_contiguous() else ', not contiguous'}.")
+            _fail_full(
+                ValueError,
+                f"out must be a contiguous {OUT_DTYPE} tensor of shape {tuple(pool.shape)} on "
+                f"{pool.device}; got {out.dtype} {tuple(out.shape)} on {out.device}"
+                f"{'' if out.is_contiguous() else ', not contiguous'}.",
+            )
         check_output(out, {"pool": pool}, _fail_full)
     interpreted = pool.device.type == "cpu"
     if block is None:
         block = 1 << 16 if interpreted else 8192
-    elif isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_FULL_CAST_BLOCK \
-            or block & (block - 1):
-        _fail_full(ValueError, f"block={block!r}: give a power of two from 1 to {MAX_FULL_CAST_BLOCK} (values per "
-                   "program), or None for the default.")
+    elif (
+        isinstance(block, bool)
+        or not isinstance(block, int)
+        or not 1 <= block <= MAX_FULL_CAST_BLOCK
+        or block & (block - 1)
+    ):
+        _fail_full(
+            ValueError,
+            f"block={block!r}: give a power of two from 1 to {MAX_FULL_CAST_BLOCK} (values per "
+            "program), or None for the default.",
+        )
     numel = pool.numel()
     if numel == 0:
         return out
-    _kernel("full_cast", interpreted)[(triton.cdiv(numel, block),)](pool, out, numel, BLOCK=block,
-                                                                     num_warps=1 if interpreted else 8)
+    _kernel("full_cast", interpreted)[(triton.cdiv(numel, block),)](
+        pool, out, numel, BLOCK=block, num_warps=1 if interpreted else 8
+    )
     return out
 
 
@@ -503,8 +643,11 @@ def compact_kv_indices(kv_indptr: torch.Tensor, dtype: torch.dtype = torch.int32
     fail_: Fail = functools.partial(fail, "compact_kv_indices")
     if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.numel() < 1:
         got = f"shape {tuple(kv_indptr.shape)}" if isinstance(kv_indptr, torch.Tensor) else type(kv_indptr).__name__
-        fail_(ValueError, "kv_indptr must be a 1-D tensor of batch + 1 >= 1 entries (its last is the rows gather_cast "
-              f"wrote); got {got}.")
+        fail_(
+            ValueError,
+            "kv_indptr must be a 1-D tensor of batch + 1 >= 1 entries (its last is the rows gather_cast "
+            f"wrote); got {got}.",
+        )
     if kv_indptr.dtype not in SUPPORTED_INDEX_DTYPES:
         fail_(TypeError, f"kv_indptr has dtype {kv_indptr.dtype}; use torch.int32 or torch.int64.")
     if kv_indptr.device.type not in ("cuda", "cpu"):
@@ -513,6 +656,9 @@ def compact_kv_indices(kv_indptr: torch.Tensor, dtype: torch.dtype = torch.int32
         fail_(TypeError, f"dtype must be torch.int32 or torch.int64 (an index dtype), got {dtype!r}.")
     ptr = kv_indptr.tolist()
     if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])) or ptr[-1] > MAX_TOKENS:
-        fail_(ValueError, f"kv_indptr must start at 0, never decrease and end at most at {MAX_TOKENS} (2^31 - 1); "
-              f"got {ptr[:6]}{'...' if len(ptr) > 6 else ''} ending at {ptr[-1]}.")
+        fail_(
+            ValueError,
+            f"kv_indptr must start at 0, never decrease and end at most at {MAX_TOKENS} (2^31 - 1); "
+            f"got {ptr[:6]}{'...' if len(ptr) > 6 else ''} ending at {ptr[-1]}.",
+        )
     return torch.arange(ptr[-1], dtype=dtype, device=kv_indptr.device)

@@ -12,8 +12,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["gather_cast_reference", "GatherInputs", "make_gather_inputs",
-           "fp8_bytes", "POISON_BITS", "bits"]
+__all__ = ["gather_cast_reference", "GatherInputs", "make_gather_inputs", "fp8_bytes", "POISON_BITS", "bits"]
 
 #: What tests pre-fill output buffers with: a BF16 NaN pattern no conversion ever produces.
 POISON_BITS = 0x7F81
@@ -24,8 +23,14 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16)
 
 
-def gather_cast_reference(pool: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None = None, *,
-                          out: torch.Tensor | None = None, scale: float | torch.Tensor | None = None) -> torch.Tensor:
+def gather_cast_reference(
+    pool: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    scale: float | torch.Tensor | None = None,
+) -> torch.Tensor:
     """Reference gather-then-cast (any device torch supports; no validation beyond torch's own)."""
     n_real = int(kv_indptr[-1]) if kv_indptr is not None else kv_indices.numel()
     n_real = min(n_real, kv_indices.numel())
@@ -66,10 +71,20 @@ class GatherInputs:
         return int(self.kv_indptr[-1])
 
 
-def make_gather_inputs(*, num_slots: int, dim: int, context_lens: Sequence[int], seed: int,
-                       page_size: int = 1, layout: str = "sglang", index_dtype: torch.dtype = torch.int32,
-                       capacity: int | None = None, pattern: str = "random", nan: bool = False,
-                       device: torch.device | str = "cpu") -> GatherInputs:
+def make_gather_inputs(
+    *,
+    num_slots: int,
+    dim: int,
+    context_lens: Sequence[int],
+    seed: int,
+    page_size: int = 1,
+    layout: str = "sglang",
+    index_dtype: torch.dtype = torch.int32,
+    capacity: int | None = None,
+    pattern: str = "random",
+    nan: bool = False,
+    device: torch.device | str = "cpu",
+) -> GatherInputs:
     """A seeded pool and page table.
 
     ``layout``: "flat" ``(num_slots, D)``, "sglang" ``(num_slots, 1, D)`` (page size 1) or "paged"

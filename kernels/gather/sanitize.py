@@ -22,8 +22,16 @@ from kvwall.kernels.gather.cuda import gather_cast_cuda
 from kvwall.kernels.gather.kernel import full_cast, gather_cast
 from kvwall.kernels.gather.reference import bits, make_gather_inputs
 
-SANITIZED_CASES = ("odd_dim_33_repeats", "dim_1", "paged_3_odd_dim_mixed", "batch_mixed_lengths_capacity",
-                   "capacity_over_real", "only_empty_requests", "scale_tensor_capacity", "mla_sglang_int32")
+SANITIZED_CASES = (
+    "odd_dim_33_repeats",
+    "dim_1",
+    "paged_3_odd_dim_mixed",
+    "batch_mixed_lengths_capacity",
+    "capacity_over_real",
+    "only_empty_requests",
+    "scale_tensor_capacity",
+    "mla_sglang_int32",
+)
 
 
 def unchecked_out_of_range_gives_nan(fn: Callable[..., torch.Tensor], device: torch.device) -> bool:
@@ -49,17 +57,26 @@ def checks(device: torch.device, names: Sequence[str]) -> list[tuple[str, Callab
     impls = {"triton": gather_cast, **({"cuda": gather_cast_cuda} if device.type == "cuda" else {})}
     out: list[tuple[str, Callable[[], bool]]] = []
     for impl, fn in impls.items():
-        out += [(f"{impl} {c.name}", lambda fn=fn, c=c: check_case(fn, c, device, nan=True)["ok"])
-                for c in VALIDATION_CASES if c.name in names]
-        out.append((f"{impl} unchecked out-of-range -> NaN rows",
-                    lambda fn=fn: unchecked_out_of_range_gives_nan(fn, device)))
+        out += [
+            (f"{impl} {c.name}", lambda fn=fn, c=c: check_case(fn, c, device, nan=True)["ok"])
+            for c in VALIDATION_CASES
+            if c.name in names
+        ]
+        out.append(
+            (f"{impl} unchecked out-of-range -> NaN rows", lambda fn=fn: unchecked_out_of_range_gives_nan(fn, device))
+        )
     out.append(("triton full_cast 1001 x 577", lambda: full_cast_bit_exact(device)))
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    device, chosen = sanitizer_args(argv, "python -m kvwall.kernels.gather.sanitize", __doc__.splitlines()[0],
-                                    [c.name for c in VALIDATION_CASES], SANITIZED_CASES)
+    device, chosen = sanitizer_args(
+        argv,
+        "python -m kvwall.kernels.gather.sanitize",
+        __doc__.splitlines()[0],
+        [c.name for c in VALIDATION_CASES],
+        SANITIZED_CASES,
+    )
     return report_checks(checks(device, chosen))
 
 

@@ -2,8 +2,8 @@
 
 What a user calls -- "ours" -- is :mod:`.dispatch` (exported as ``kvwall.kernels.plan_mla_decode`` and
 ``kvwall.kernels.mla_decode``): a plan per decode step, a call per layer; the plan picks one of three paths and says
-why (``choose_path``: from ``kernel_paths.json`` (:mod:`.path_table`), the measured crossovers per GPU model, else those of a
-GPU of the same compute capability, else by capability and shape):
+why (``choose_path``: from ``kernel_paths.json`` (:mod:`.path_table`), the measured crossovers per GPU model, else those
+of a GPU of the same compute capability, else by capability and shape):
 
 - the **Triton path** (``"triton"``), :mod:`.triton_path`: the split-KV kernel, its launcher (``mla_decode_fp8``) and
   its per-step plan (``plan_mla_decode_triton``: a balanced work list reused by every layer), the
@@ -50,4 +50,3 @@ class _Ours(types.ModuleType):
 
 sys.modules[__name__].__class__ = _Ours
 __signature__ = inspect.signature(_ours)
-

@@ -16,11 +16,23 @@ from typing import Callable, Sequence
 
 import torch
 
-from kvwall.kernels.mla_decode.reference import (MLAInputs, make_mla_inputs, nonempty_requests, reference64)
+from kvwall.kernels.mla_decode.reference import MLAInputs, make_mla_inputs, nonempty_requests, reference64
 
-__all__ = ["DecodeCase", "validation_cases", "CaseInputs", "make_case_inputs", "check_case",
-           "LAYOUTS", "SCALES", "PAGED_SCALES", "SPLITS", "SM_SCALE", "SMALL_CASES", "SANITIZED_CASES",
-           "WGMMA_SANITIZED_CASES"]
+__all__ = [
+    "DecodeCase",
+    "validation_cases",
+    "CaseInputs",
+    "make_case_inputs",
+    "check_case",
+    "LAYOUTS",
+    "SCALES",
+    "PAGED_SCALES",
+    "SPLITS",
+    "SM_SCALE",
+    "SMALL_CASES",
+    "SANITIZED_CASES",
+    "WGMMA_SANITIZED_CASES",
+]
 
 #: GLM-5's softmax scale: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim).
 SM_SCALE = 1.0 / math.sqrt(192 + 64)
@@ -57,8 +69,9 @@ def _short(lens: Sequence[int]) -> str:
     return "[" + ",".join(map(str, lens)) + "]" if len(lens) <= 8 else f"[{len(lens)} requests, {sum(lens)} tokens]"
 
 
-def validation_cases(heads: list[int], length_sets: list[list[int]], paged_length_sets: list[list[int]],
-                     page_size: int, seed: int = 0) -> list[DecodeCase]:
+def validation_cases(
+    heads: list[int], length_sets: list[list[int]], paged_length_sets: list[list[int]], page_size: int, seed: int = 0
+) -> list[DecodeCase]:
     """The case table: every head count x every length set, layouts / scales / index dtypes / forced splits
     rotating with different periods (so nine consecutive cases cover every layout x scale pair), and every
     head count x every paged length set (page ``page_size``, ``kv_len``)."""
@@ -70,13 +83,36 @@ def validation_cases(heads: list[int], length_sets: list[list[int]], paged_lengt
             cs, ks = SCALES[(k // len(LAYOUTS)) % len(SCALES)]
             dtype = "int64" if k % 2 else "int32"
             splits = SPLITS[k % len(SPLITS)]
-            cases.append(DecodeCase(f"h{h} {layout} lens={_short(lens)} scales=({cs}, {ks}) {dtype} splits={splits}",
-                                    h, tuple(lens), layout, cs, ks, dtype, splits, seed + k))
+            cases.append(
+                DecodeCase(
+                    f"h{h} {layout} lens={_short(lens)} scales=({cs}, {ks}) {dtype} splits={splits}",
+                    h,
+                    tuple(lens),
+                    layout,
+                    cs,
+                    ks,
+                    dtype,
+                    splits,
+                    seed + k,
+                )
+            )
             k += 1
         for lens in paged_length_sets:
             cs, ks = PAGED_SCALES
-            cases.append(DecodeCase(f"h{h} paged{page_size} lens={_short(lens)} scales=({cs}, {ks}) int32",
-                                    h, tuple(lens), "paged", cs, ks, "int32", None, seed + k, page_size))
+            cases.append(
+                DecodeCase(
+                    f"h{h} paged{page_size} lens={_short(lens)} scales=({cs}, {ks}) int32",
+                    h,
+                    tuple(lens),
+                    "paged",
+                    cs,
+                    ks,
+                    "int32",
+                    None,
+                    seed + k,
+                    page_size,
+                )
+            )
             k += 1
     return cases
 
@@ -84,16 +120,29 @@ def validation_cases(heads: list[int], length_sets: list[list[int]], paged_lengt
 def make_case_inputs(case: DecodeCase, device: torch.device, pool_slots: int) -> CaseInputs:
     """Fresh seeded inputs for ``case``: BF16 queries ~ N(0, 0.5^2), an FP8 pool ~ N(0, 0.7^2) of at least
     ``pool_slots`` slots, random slots (repeats allowed)."""
-    return make_mla_inputs(case.lens, case.heads, seed=case.seed, layout=case.layout, page_size=case.page_size,
-                           index_dtype=getattr(torch, case.index_dtype), pool_slots=pool_slots, device=device)
+    return make_mla_inputs(
+        case.lens,
+        case.heads,
+        seed=case.seed,
+        layout=case.layout,
+        page_size=case.page_size,
+        index_dtype=getattr(torch, case.index_dtype),
+        pool_slots=pool_slots,
+        device=device,
+    )
 
 
 #: Small, awkward cases for Triton's interpreter (chapter 5's small scale): 1, 3 and 16 heads, one-token and
 #: odd lengths, empty requests in mixed batches, an all-empty batch, every layout, scale and forced split count,
 #: and 64-token pages with a partial last page. Run with ``pool_slots=4096``.
-SMALL_CASES: tuple[DecodeCase, ...] = tuple(validation_cases(
-    heads=[1, 3, 16], length_sets=[[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
-    paged_length_sets=[[1, 0, 63, 64, 65, 200]], page_size=64))
+SMALL_CASES: tuple[DecodeCase, ...] = tuple(
+    validation_cases(
+        heads=[1, 3, 16],
+        length_sets=[[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
+        paged_length_sets=[[1, 0, 63, 64, 65, 200]],
+        page_size=64,
+    )
+)
 
 #: What ``compute-sanitizer`` runs (:mod:`kvwall.kernels.mla_decode.sanitize`): small cases that reach every edge
 #: (empty requests, one token, tile and split boundaries, garbage past kv_indptr[-1], the direct path, many empty
@@ -118,18 +167,24 @@ WGMMA_SANITIZED_CASES: dict[str, tuple[DecodeCase, ...]] = {
         DecodeCase("wgmma h64 paged64", 64, (1, 0, 63, 64, 65, 200), "paged", 1.5, 0.75, "int64", None, 12, 64),
     ),
     "wgmma_tokens": (
-        DecodeCase("wgmma_tokens h16 pool_view_3d", 16, (0, 1, 65, 300), "pool_view_3d", 2.5, 0.625, "int64", None,
-                   13),
-        DecodeCase("wgmma_tokens h16 paged64", 16, (1, 0, 63, 64, 65, 200), "paged", 1.5, 0.75, "int32", None, 14,
-                   64),
+        DecodeCase("wgmma_tokens h16 pool_view_3d", 16, (0, 1, 65, 300), "pool_view_3d", 2.5, 0.625, "int64", None, 13),
+        DecodeCase("wgmma_tokens h16 paged64", 16, (1, 0, 63, 64, 65, 200), "paged", 1.5, 0.75, "int32", None, 14, 64),
         DecodeCase("wgmma_tokens h32 contiguous", 32, (7, 0, 129, 1), "contiguous", 1.0, 1.0, "int32", None, 15),
         DecodeCase("wgmma_tokens h32 paged64", 32, (0, 200, 65, 1, 128), "paged", 1.5, 0.75, "int64", None, 16, 64),
     ),
 }
 
 
-def check_case(fn: MLAFn, case: DecodeCase, device: torch.device | str, pool_slots: int, *, tol: float = 1e-2,
-               lse_atol: float = 2e-3, config: object | None = None) -> dict:
+def check_case(
+    fn: MLAFn,
+    case: DecodeCase,
+    device: torch.device | str,
+    pool_slots: int,
+    *,
+    tol: float = 1e-2,
+    lse_atol: float = 2e-3,
+    config: object | None = None,
+) -> dict:
     """Run ``fn`` (``mla_decode_fp8``'s signature, ``return_lse=True``) on ``case`` into a NaN-poisoned ``out``; a
     row for tables and asserts: ``rel_err`` against the float64 reference and ``ok``."""
     device = torch.device(device)
@@ -137,19 +192,43 @@ def check_case(fn: MLAFn, case: DecodeCase, device: torch.device | str, pool_slo
     batch = len(case.lens)
     out = torch.full((batch, case.heads, inp.q_nope.shape[-1]), float("nan"), dtype=torch.bfloat16, device=device)
     extra = {} if config is None else {"config": config}
-    got, lse = fn(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE,
-                  ckv_scale=case.ckv_scale, kpe_scale=case.kpe_scale, out=out, return_lse=True, kv_len=inp.kv_len,
-                  num_splits=case.num_splits, **extra)
+    got, lse = fn(
+        inp.q_nope,
+        inp.q_pe,
+        inp.ckv_cache,
+        inp.kpe_cache,
+        inp.kv_indptr,
+        inp.kv_indices,
+        SM_SCALE,
+        ckv_scale=case.ckv_scale,
+        kpe_scale=case.kpe_scale,
+        out=out,
+        return_lse=True,
+        kv_len=inp.kv_len,
+        num_splits=case.num_splits,
+        **extra,
+    )
     keep = nonempty_requests(case.lens)
     empties = [i for i in range(batch) if i not in keep]
-    row = {"case": case.name, "device": device.type, "heads": case.heads, "lens": list(case.lens),
-           "returned_out": got is out, "finite": bool(torch.isfinite(got).all()),
-           "empty_out_zero": bool((got[empties] == 0).all() and torch.isneginf(lse[empties]).all()),
-           "rel_err": None, "lse_max_err": None}
+    row = {
+        "case": case.name,
+        "device": device.type,
+        "heads": case.heads,
+        "lens": list(case.lens),
+        "returned_out": got is out,
+        "finite": bool(torch.isfinite(got).all()),
+        "empty_out_zero": bool((got[empties] == 0).all() and torch.isneginf(lse[empties]).all()),
+        "rel_err": None,
+        "lse_max_err": None,
+    }
     if keep:
         want, want_lse = reference64(inp, keep, case.ckv_scale, case.kpe_scale, SM_SCALE, return_lse=True)
         row["rel_err"] = float((got[keep].double() - want).norm() / want.norm())  # want: random, never 0
         row["lse_max_err"] = float((lse[keep].double() - want_lse).abs().max())
-    row["ok"] = bool(row["returned_out"] and row["finite"] and row["empty_out_zero"]
-                     and (not keep or (row["rel_err"] <= tol and row["lse_max_err"] <= lse_atol)))
+    row["ok"] = bool(
+        row["returned_out"]
+        and row["finite"]
+        and row["empty_out_zero"]
+        and (not keep or (row["rel_err"] <= tol and row["lse_max_err"] <= lse_atol))
+    )
     return row

@@ -24,10 +24,22 @@ __all__ = ["LAST_COMPILED", "COMBINE_WIDE_ROWS_PER_SM", "combine_kernel", "combi
 
 
 def _mla_combine_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, H, num_splits, stride_o_b, stride_o_h,
-    combine_req_ptr, part_indptr_ptr,  # WORKLIST: the requests with more than one chunk, and their partial rows
-    DC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, WRITE_LSE: tl.constexpr,
-    RNE_BY_BITS: tl.constexpr, WORKLIST: tl.constexpr,
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    lse_ptr,
+    H,
+    num_splits,
+    stride_o_b,
+    stride_o_h,
+    combine_req_ptr,
+    part_indptr_ptr,  # WORKLIST: the requests with more than one chunk, and their partial rows
+    DC: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    RNE_BY_BITS: tl.constexpr,
+    WORKLIST: tl.constexpr,
 ):
     if WORKLIST:  # program i merges request combine_req[i]'s chunks: partial rows part_indptr[i] .. [i + 1]
         i = tl.program_id(0)
@@ -59,8 +71,7 @@ def _mla_combine_kernel(
         w = tl.exp2(lse - m_safe)  # 0 for empty splits
         w = tl.where(ok & (lse > float("-inf")), w, 0.0)  # 0 for NaN too: counted apart
         nans += tl.where(lse != lse, 1.0, 0.0)
-        o = tl.load(part_o_ptr + (base + ss * H)[:, None] * DC + d[None, :], mask=(ok & (w > 0.0))[:, None],
-                    other=0.0)
+        o = tl.load(part_o_ptr + (base + ss * H)[:, None] * DC + d[None, :], mask=(ok & (w > 0.0))[:, None], other=0.0)
         acc += tl.reduce(w[:, None] * o, 0, tl.standard._sum_combine)
         wsum += w
     total = tl.reduce(wsum, 0, tl.standard._sum_combine)
@@ -74,8 +85,9 @@ def _mla_combine_kernel(
     tl.store(out_ptr + b.to(tl.int64) * stride_o_b + h * stride_o_h + d, rb)
     if WRITE_LSE:
         if tl.program_id(2) == 0:
-            lse_out = tl.where(total > 0.0, (m_safe + tl.log2(tl.where(total > 0.0, total, 1.0))) * 0.6931471805599453,
-                               float("-inf"))
+            lse_out = tl.where(
+                total > 0.0, (m_safe + tl.log2(tl.where(total > 0.0, total, 1.0))) * 0.6931471805599453, float("-inf")
+            )
             tl.store(lse_ptr + b * H + h, tl.where(poisoned, float("nan"), lse_out))
 
 
@@ -97,8 +109,9 @@ def combine_kernel(interpreted: bool):
 COMBINE_WIDE_ROWS_PER_SM = 2
 
 
-def combine_shape(config: MLADecodeConfig, *, heads: int, kv_lora_rank: int, combined: int, max_chunks: int,
-                  sms: int) -> tuple[int, int, int]:
+def combine_shape(
+    config: MLADecodeConfig, *, heads: int, kv_lora_rank: int, combined: int, max_chunks: int, sms: int
+) -> tuple[int, int, int]:
     """The combine kernel's ``(BLOCK_D, BLOCK_S, warps)`` for ``combined`` requests of up to ``max_chunks`` chunks:
     the config's fields where set (non-zero); else whole rows (``BLOCK_D = kv_lora_rank``, up to 16 chunks a step,
     8 warps from 16 on) when there are at least :data:`COMBINE_WIDE_ROWS_PER_SM` (request, head) rows per
@@ -114,7 +127,7 @@ def combine_shape(config: MLADecodeConfig, *, heads: int, kv_lora_rank: int, com
 
 def _int_class(v: int) -> tuple[bool, bool, bool]:
     """What Triton specializes an int argument on (== 1, divisible by 16, fits 32 bits), and then some."""
-    return v == 1, v % 16 == 0, -2**31 <= v < 2**31
+    return v == 1, v % 16 == 0, -(2**31) <= v < 2**31
 
 
 #: Compiled combine kernels by everything their compilation depended on (:func:`launch_combine`'s fast launch).
@@ -137,30 +150,60 @@ def launch_combine(plan: MLADecodePlan, out: torch.Tensor, lse: torch.Tensor | N
         return
     cfg, heads, dc = plan.config, plan.heads, plan.kv_lora_rank
     interpreted = out.device.type == "cpu"
-    block_d, block_s, warps = combine_shape(cfg, heads=heads, kv_lora_rank=dc, combined=combined,
-                                            max_chunks=plan.work_list.max_chunks,
-                                            sms=1 if interpreted else sm_count(out.device))
+    block_d, block_s, warps = combine_shape(
+        cfg,
+        heads=heads,
+        kv_lora_rank=dc,
+        combined=combined,
+        max_chunks=plan.work_list.max_chunks,
+        sms=1 if interpreted else sm_count(out.device),
+    )
     grid = (combined, heads, dc // block_d)
     lse_arg = lse if lse is not None else plan.part_lse
-    args = (plan.part_o, plan.part_lse, out, lse_arg, heads, 0, out.stride(0), out.stride(1), plan.combine_requests,
-            plan.part_indptr)
-    constexprs = dict(DC=dc, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=lse is not None, RNE_BY_BITS=interpreted,
-                      WORKLIST=True)
+    args = (
+        plan.part_o,
+        plan.part_lse,
+        out,
+        lse_arg,
+        heads,
+        0,
+        out.stride(0),
+        out.stride(1),
+        plan.combine_requests,
+        plan.part_indptr,
+    )
+    constexprs = dict(
+        DC=dc, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=lse is not None, RNE_BY_BITS=interpreted, WORKLIST=True
+    )
     if interpreted:
         combine_kernel(True)[grid](*args, **constexprs, num_warps=warps)
         return
-    key = (out.device.index, warps, *constexprs.values(), *(a.data_ptr() % 16 == 0 for a in args[:4]),
-           *(_int_class(v) for v in args[4:8]), args[8].data_ptr() % 16 == 0, args[9].data_ptr() % 16 == 0)
+    key = (
+        out.device.index,
+        warps,
+        *constexprs.values(),
+        *(a.data_ptr() % 16 == 0 for a in args[:4]),
+        *(_int_class(v) for v in args[4:8]),
+        args[8].data_ptr() % 16 == 0,
+        args[9].data_ptr() % 16 == 0,
+    )
     handle = _COMBINE_COMPILED.get(key)
     if handle is None:
         handle = combine_kernel(False)[grid](*args, **constexprs, num_warps=warps)
-        if _FAST_LAUNCH and all(hasattr(handle, a) for a in ("run", "function", "packed_metadata",
-                                                              "launch_metadata")):
+        if _FAST_LAUNCH and all(hasattr(handle, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
             _COMBINE_COMPILED[key] = handle  # (another Triton's compiled kernel: every launch through the JIT)
         LAST_COMPILED["combine"] = handle
         return
     stream = torch._C._cuda_getCurrentRawStream(out.device.index)  # torch.cuda.current_stream's, without its wrapper
     full = (*args, *constexprs.values())
-    handle.run(*grid, stream, handle.function, handle.packed_metadata, handle.launch_metadata(grid, stream, *full),
-               triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook, *full)
+    handle.run(
+        *grid,
+        stream,
+        handle.function,
+        handle.packed_metadata,
+        handle.launch_metadata(grid, stream, *full),
+        triton.knobs.runtime.launch_enter_hook,
+        triton.knobs.runtime.launch_exit_hook,
+        *full,
+    )
     LAST_COMPILED["combine"] = handle

@@ -36,8 +36,8 @@ split kernels mask row ``r`` at its token ``j = r // heads``; the KV is read onc
 1. where the wgmma paths cannot run -- not a GPU of compute capability 9.0, latent / rope widths other than
    512 / 64, cache rows not 16-byte aligned, or their library cannot be built here (no nvcc, a failed build: one
    warning) -- the Triton path;
-2. else by the measured table ``kernel_paths.json`` (:mod:`.path_table`): the entry of this GPU model, else one measured on
-   a GPU of the same compute capability; among its points of the call's row count (rows = q_len x heads), the point
+2. else by the measured table ``kernel_paths.json`` (:mod:`.path_table`): the entry of this GPU model, else one measured
+   on a GPU of the same compute capability; among its points of the call's row count (rows = q_len x heads), the point
    of the call's shape (batch, tokens, longest request), else the nearest in batch and tokens (log scale): the
    fastest of the paths timed there;
 3. with no entry for this GPU or its capability, no point of its row count, or a table refused as malformed (named
@@ -65,8 +65,15 @@ from kvwall.kernels.mla_decode.checks import INDEX_DTYPES, KV_DTYPE, Q_DTYPE, as
 from kvwall.kernels.mla_decode.launch_shape import MLADecodeConfig
 from kvwall.kernels.mla_decode.triton_path import launch_planned, plan_mla_decode_triton
 from kvwall.kernels.mla_decode.plan import MLADecodePlan, device_ints
-from kvwall.kernels.mla_decode.path_table import (KERNEL_PATHS, PATHS_FILE, SAID, KernelPath,
-                                                  decide_path, read_table, table_refusal)
+from kvwall.kernels.mla_decode.path_table import (
+    KERNEL_PATHS,
+    PATHS_FILE,
+    SAID,
+    KernelPath,
+    decide_path,
+    read_table,
+    table_refusal,
+)
 from kvwall.kernels.mla_decode.work_list import WorkList, build_work_list
 
 __all__ = ["plan_mla_decode", "mla_decode", "DecodePlan", "choose_path", "KernelPath", "KERNEL_PATHS", "MAX_Q_LEN"]
@@ -79,9 +86,18 @@ _HOPPER_PATHS: tuple[KernelPath, ...] = ("wgmma", "wgmma_tokens")
 MAX_Q_LEN = 8
 
 
-def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, tokens: int | None = None,
-                ckv_cache: torch.Tensor | None = None, kpe_cache: torch.Tensor | None = None,
-                dims: tuple[int, int] = (512, 64), table_file: Path | None = None) -> tuple[KernelPath, str]:
+def choose_path(
+    heads: int,
+    batch: int,
+    max_len: int,
+    device: torch.device,
+    *,
+    tokens: int | None = None,
+    ckv_cache: torch.Tensor | None = None,
+    kpe_cache: torch.Tensor | None = None,
+    dims: tuple[int, int] = (512, 64),
+    table_file: Path | None = None,
+) -> tuple[KernelPath, str]:
     """``(path, why)`` for a call of ``heads`` heads, ``batch`` requests of ``tokens`` tokens together (None: ``batch
     x max_len``), at most ``max_len`` each, on ``device``, latent / rope widths ``dims`` (caches given: their row
     alignment is checked too), by the table in ``table_file`` (default ``kernel_paths.json``); the rule is the module
@@ -89,13 +105,22 @@ def choose_path(heads: int, batch: int, max_len: int, device: torch.device, *, t
     :func:`~kvwall.kernels.mla_decode.wgmma.wgmma_refusal` and :func:`~kvwall.kernels.mla_decode.wgmma.rows_refusal`
     refuse: the tokens-on-M path checks its inputs with the wgmma path's code."""
     refusal = wgmma_path.wgmma_refusal(device) or wgmma_path.rows_refusal(
-        dims, {"ckv_cache": ckv_cache, "kpe_cache": kpe_cache})
+        dims, {"ckv_cache": ckv_cache, "kpe_cache": kpe_cache}
+    )
     on_gpu = device.type == "cuda"
     source = Path(table_file or PATHS_FILE)
-    return decide_path(heads, batch, max_len, tokens=tokens, gpu=gpu_name(device) if on_gpu else str(device),
-                       capability=torch.cuda.get_device_capability(device) if on_gpu else None, refusal=refusal,
-                       table=read_table(source), source=source, refused=table_refusal(source))
-
+    return decide_path(
+        heads,
+        batch,
+        max_len,
+        tokens=tokens,
+        gpu=gpu_name(device) if on_gpu else str(device),
+        capability=torch.cuda.get_device_capability(device) if on_gpu else None,
+        refusal=refusal,
+        table=read_table(source),
+        source=source,
+        refused=table_refusal(source),
+    )
 
 
 _WARNED: set[str] = set()
@@ -111,8 +136,12 @@ def _usable(path: KernelPath, why: str, device: torch.device) -> tuple[KernelPat
         return path, why
     if path not in _WARNED:
         _WARNED.add(path)
-        warnings.warn(f"kvwall: the {SAID[path]} path cannot be built here ({refusal}); ours runs the Triton path "
-                      "instead (slower on Hopper, the same results).", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"kvwall: the {SAID[path]} path cannot be built here ({refusal}); ours runs the Triton path "
+            "instead (slower on Hopper, the same results).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return "triton", f"Triton: {why.split(':')[0]} was chosen but cannot be built here ({refusal})"
 
 
@@ -153,14 +182,17 @@ class DecodePlan:
         into the plan's buffers, in place: host arithmetic and two small host-to-device copies, no synchronization.
         Outside graph capture, before the replay."""
         if self.graph_capacity is None:
-            raise ValueError("DecodePlan.refill: only a graph plan (plan_mla_decode(..., graph_max_len=...)) is "
-                             "refilled; make a new plan for an eager step.")
+            raise ValueError(
+                "DecodePlan.refill: only a graph plan (plan_mla_decode(..., graph_max_len=...)) is "
+                "refilled; make a new plan for an eager step."
+            )
         lengths = [int(n) for n in lengths]
         if len(lengths) != self.batch:
             raise ValueError(f"DecodePlan.refill: {len(lengths)} lengths for a plan of batch {self.batch}.")
         _check_lengths(lengths, self.q_len, ValueError, "DecodePlan.refill")
-        items, ptr = _graph_items(lengths, self.work.config.block_n, self.graph_capacity - self.batch,
-                                  self.graph_capacity)
+        items, ptr = _graph_items(
+            lengths, self.work.config.block_n, self.graph_capacity - self.batch, self.graph_capacity
+        )
         self.work.work.copy_(device_ints(items, self.device), non_blocking=True)
         self.work.part_indptr.copy_(device_ints(ptr, self.device), non_blocking=True)
         object.__setattr__(self, "lengths", tuple(lengths))
@@ -169,8 +201,10 @@ class DecodePlan:
 def _check_lengths(lengths: Sequence[int], q_len: int, kind: type[Exception], who: str) -> None:
     for i, n in enumerate(lengths):
         if 0 < n < q_len:  # (an empty request -- a graph batch's padding -- writes zeros and lse -inf)
-            raise kind(f"{who}: request {i} holds {n} tokens, fewer than its q_len={q_len} query tokens (the draft "
-                       "tokens are in the cache before their verify).")
+            raise kind(
+                f"{who}: request {i} holds {n} tokens, fewer than its q_len={q_len} query tokens (the draft "
+                "tokens are in the cache before their verify)."
+            )
 
 
 def _graph_items(lengths: list[int], block_n: int, items_wanted: int, capacity: int) -> tuple[list, list[int]]:
@@ -192,8 +226,9 @@ def _graph_items(lengths: list[int], block_n: int, items_wanted: int, capacity: 
     return items, ptr
 
 
-def _host_lengths(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_len: torch.Tensor | None, page_size: int,
-                  units: int | None) -> list[int]:
+def _host_lengths(
+    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_len: torch.Tensor | None, page_size: int, units: int | None
+) -> list[int]:
     """Tokens per request, read from the device once (one synchronization), checked: ``kv_indptr`` starts at 0, never
     decreases and stays within ``kv_indices``; ``kv_len`` fits each request's pages; with ``units`` (slots or pages in
     the cache) every index the page table uses lies in ``0 .. units - 1`` (its minimum and maximum ride along)."""
@@ -206,16 +241,22 @@ def _host_lengths(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_len: tor
     n = kv_indptr.numel()
     ptr = values[:n]
     if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])) or ptr[-1] > kv_indices.numel():
-        _plan_fail(ValueError, f"kv_indptr must start at 0, never decrease and end within kv_indices "
-                   f"({kv_indices.numel()} entries); got {ptr[:6]}{'...' if n > 6 else ''} ending at {ptr[-1]}.")
+        _plan_fail(
+            ValueError,
+            f"kv_indptr must start at 0, never decrease and end within kv_indices "
+            f"({kv_indices.numel()} entries); got {ptr[:6]}{'...' if n > 6 else ''} ending at {ptr[-1]}.",
+        )
     if units is not None and kv_indices.numel() and ptr[-1]:
         lo, hi = values[-2:]
         if lo < 0 or hi >= units:
-            _plan_fail(IndexError, f"kv_indices reach outside the cache: min {lo}, max {hi}; it has {units} "
-                       f"{'slots' if page_size == 1 else 'pages'}.")
+            _plan_fail(
+                IndexError,
+                f"kv_indices reach outside the cache: min {lo}, max {hi}; it has {units} "
+                f"{'slots' if page_size == 1 else 'pages'}.",
+            )
     if kv_len is None:
         return [b - a for a, b in zip(ptr, ptr[1:])]
-    lens = values[n:2 * n - 1]
+    lens = values[n : 2 * n - 1]
     for i, (t, a, b) in enumerate(zip(lens, ptr, ptr[1:])):
         if t < 0 or t > (b - a) * page_size:
             _plan_fail(ValueError, f"kv_len[{i}] = {t} does not fit request {i}'s {b - a} pages of {page_size} tokens.")
@@ -225,18 +266,32 @@ def _host_lengths(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_len: tor
 def _describe(work: MLADecodePlan, path: KernelPath) -> str:
     if path == "triton":
         c = work.config
-        return (f"Triton: {c.block_h} rows x {c.block_n} tokens a program, {c.num_warps} warps, {c.num_stages} stages"
-                f"{', FP8 pairs' if c.pairs else ''}; {work.items} items")
+        return (
+            f"Triton: {c.block_h} rows x {c.block_n} tokens a program, {c.num_warps} warps, {c.num_stages} stages"
+            f"{', FP8 pairs' if c.pairs else ''}; {work.items} items"
+        )
     per_cta = wgmma_path.HEADS_PER_CTA if path == "wgmma" else tokens_path.heads_per_cta(work.heads)
     return f"{SAID[path]}: {per_cta} rows a CTA, 64 tokens a tile; {work.items} items"
 
 
-def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads: int, sm_scale: float,
-                    kv_len: torch.Tensor | None = None, q_len: int = 1, page_size: int = 1,
-                    lengths: Sequence[int] | None = None, path: str = "auto",
-                    ckv_cache: torch.Tensor | None = None, kpe_cache: torch.Tensor | None = None,
-                    graph_max_len: int | None = None, config: MLADecodeConfig | None = None,
-                    kv_lora_rank: int = 512, rope_dim: int = 64) -> DecodePlan:
+def plan_mla_decode(
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    *,
+    heads: int,
+    sm_scale: float,
+    kv_len: torch.Tensor | None = None,
+    q_len: int = 1,
+    page_size: int = 1,
+    lengths: Sequence[int] | None = None,
+    path: str = "auto",
+    ckv_cache: torch.Tensor | None = None,
+    kpe_cache: torch.Tensor | None = None,
+    graph_max_len: int | None = None,
+    config: MLADecodeConfig | None = None,
+    kv_lora_rank: int = 512,
+    rope_dim: int = 64,
+) -> DecodePlan:
     """The plan of one decode step (see the module docstring): ``kv_indptr`` / ``kv_indices`` (and ``kv_len`` for
     ``page_size > 1``: then they count pages) on the device the step runs on; ``heads`` query heads per token,
     ``q_len`` query tokens per request, ``sm_scale`` the softmax scale; ``lengths`` the host token counts (no device
@@ -249,27 +304,43 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads:
         if not isinstance(t, torch.Tensor):
             _plan_fail(TypeError, f"{name} must be a tensor, got {type(t).__name__}.")
         if t.dtype not in INDEX_DTYPES or t.dim() != 1 or not t.is_contiguous():
-            _plan_fail(TypeError, f"{name} must be a contiguous 1-D int32 or int64 tensor; got {t.dtype} of shape "
-                       f"{tuple(t.shape)}.")
+            _plan_fail(
+                TypeError,
+                f"{name} must be a contiguous 1-D int32 or int64 tensor; got {t.dtype} of shape {tuple(t.shape)}.",
+            )
     if len({t.device for t in named.values()}) != 1:
-        _plan_fail(ValueError, f"kv_indptr, kv_indices and kv_len must be on one device; got "
-                   f"{sorted(str(t.device) for t in named.values())}.")
+        _plan_fail(
+            ValueError,
+            f"kv_indptr, kv_indices and kv_len must be on one device; got "
+            f"{sorted(str(t.device) for t in named.values())}.",
+        )
     device = check_device(kv_indptr.device, _plan_fail)  # a CUDA device with its index
     bounded_int("heads", heads, _plan_fail, most=MAX_HEADS)
-    bounded_int("q_len", q_len, _plan_fail, most=MAX_Q_LEN,
-                hint="ours takes decode and speculative verify; a prefill goes to a prefill kernel")
+    bounded_int(
+        "q_len",
+        q_len,
+        _plan_fail,
+        most=MAX_Q_LEN,
+        hint="ours takes decode and speculative verify; a prefill goes to a prefill kernel",
+    )
     bounded_int("page_size", page_size, _plan_fail, most=MAX_PAGE_SIZE)
     sm_scale = sm_scale_number(sm_scale, _plan_fail)
     for name, value, least in (("kv_lora_rank", kv_lora_rank, 64), ("rope_dim", rope_dim, 16)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least or value & (value - 1):
-            _plan_fail(ValueError, f"{name} must be a power of two >= {least} (512 and 64 for DeepSeek/GLM), got "
-                       f"{value!r}.")
+            _plan_fail(
+                ValueError, f"{name} must be a power of two >= {least} (512 and 64 for DeepSeek/GLM), got {value!r}."
+            )
     for name, t in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
         if t is not None and not isinstance(t, torch.Tensor):
             _plan_fail(TypeError, f"{name} must be the FP8 cache tensor (or None), got {type(t).__name__}.")
     if graph_max_len is not None:
-        bounded_int("graph_max_len", graph_max_len, _plan_fail, most=MAX_TOKENS,
-                    hint="the most tokens a request of the graph's batch holds")
+        bounded_int(
+            "graph_max_len",
+            graph_max_len,
+            _plan_fail,
+            most=MAX_TOKENS,
+            hint="the most tokens a request of the graph's batch holds",
+        )
     if path != "auto" and path not in KERNEL_PATHS:
         _plan_fail(ValueError, f"path must be 'auto' or one of {', '.join(map(repr, KERNEL_PATHS))}, got {path!r}.")
     if config is not None and path != "triton":
@@ -292,60 +363,113 @@ def plan_mla_decode(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads:
         # what the page table can hold (a graph plan's lengths are its capacity: its page table is refilled later)
         most = MAX_TOKENS if graph_max_len is not None else min(kv_indices.numel() * page_size, MAX_TOKENS)
         if any(n < 0 or n > most for n in lengths):
-            _plan_fail(ValueError, f"lengths must be token counts from 0 to {most} (kv_indices' {kv_indices.numel()} "
-                       f"entries x page_size {page_size}); got {lengths[:6]}{'...' if batch > 6 else ''}.")
+            _plan_fail(
+                ValueError,
+                f"lengths must be token counts from 0 to {most} (kv_indices' {kv_indices.numel()} "
+                f"entries x page_size {page_size}); got {lengths[:6]}{'...' if batch > 6 else ''}.",
+            )
     else:
         units = None
         if isinstance(ckv_cache, torch.Tensor):  # the cache's slots (pages): indices are checked against them
-            units = ckv_cache.shape[0] if ckv_cache.dim() == 3 and page_size > 1 else ckv_cache.numel() // max(
-                ckv_cache.shape[-1], 1)
+            units = (
+                ckv_cache.shape[0]
+                if ckv_cache.dim() == 3 and page_size > 1
+                else ckv_cache.numel() // max(ckv_cache.shape[-1], 1)
+            )
         lengths = _host_lengths(kv_indptr, kv_indices, kv_len, page_size, units)
     _check_lengths(lengths, q_len, ValueError, "plan_mla_decode")
     if graph_max_len is not None and max(lengths) > graph_max_len:
-        _plan_fail(ValueError, f"graph_max_len={graph_max_len} is below the longest request's {max(lengths)} tokens; "
-                   "a graph plan is cut for requests of at most graph_max_len tokens.")
+        _plan_fail(
+            ValueError,
+            f"graph_max_len={graph_max_len} is below the longest request's {max(lengths)} tokens; "
+            "a graph plan is cut for requests of at most graph_max_len tokens.",
+        )
     rows = q_len * heads
     cut_for = [graph_max_len] * batch if graph_max_len else lengths
     if path == "auto":
-        chosen, why = choose_path(rows, batch, max(cut_for), device, tokens=sum(cut_for), ckv_cache=ckv_cache,
-                                  kpe_cache=kpe_cache, dims=(kv_lora_rank, rope_dim))
+        chosen, why = choose_path(
+            rows,
+            batch,
+            max(cut_for),
+            device,
+            tokens=sum(cut_for),
+            ckv_cache=ckv_cache,
+            kpe_cache=kpe_cache,
+            dims=(kv_lora_rank, rope_dim),
+        )
         chosen, why = _usable(chosen, why, device)
     else:
         chosen, why = path, f"{SAID[path]}: forced (path={path!r})"  # type: ignore[index]
     if chosen in _HOPPER_PATHS:
         refusal = wgmma_path.wgmma_refusal(device) or wgmma_path.rows_refusal(
-            (kv_lora_rank, rope_dim), {"ckv_cache": ckv_cache, "kpe_cache": kpe_cache})
+            (kv_lora_rank, rope_dim), {"ckv_cache": ckv_cache, "kpe_cache": kpe_cache}
+        )
         if refusal:
             _plan_fail(ValueError, f"the {SAID[chosen]} path cannot run here: {refusal}.")
-    indptr_host = torch.tensor([0] + [sum(cut_for[:i + 1]) for i in range(batch)], dtype=torch.int64)
+    indptr_host = torch.tensor([0] + [sum(cut_for[: i + 1]) for i in range(batch)], dtype=torch.int64)
     if chosen == "wgmma":
         work = wgmma_path.plan_mla_decode_wgmma(indptr_host, heads=heads, device=device, q_len=q_len)
     elif chosen == "wgmma_tokens":
         work = tokens_path.plan_mla_decode_wgmma_tokens(indptr_host, heads=heads, device=device, q_len=q_len)
     else:
-        work = plan_mla_decode_triton(indptr_host, heads=rows, kv_lora_rank=kv_lora_rank, device=device,
-                                      config=config)
+        work = plan_mla_decode_triton(indptr_host, heads=rows, kv_lora_rank=kv_lora_rank, device=device, config=config)
     capacity = None
     if graph_max_len:
         capacity = work.items + batch
         items, ptr = _graph_items(lengths, work.config.block_n, work.items, capacity)
-        shape = WorkList(items=((0, 0, 0, capacity),) * capacity, combine=tuple(range(batch)),
-                         part_indptr=tuple(range(batch + 1)), chunk_tokens=work.config.block_n,
-                         max_chunks=capacity, lengths=(0,) * batch)
+        shape = WorkList(
+            items=((0, 0, 0, capacity),) * capacity,
+            combine=tuple(range(batch)),
+            part_indptr=tuple(range(batch + 1)),
+            chunk_tokens=work.config.block_n,
+            max_chunks=capacity,
+            lengths=(0,) * batch,
+        )
         work = dataclasses.replace(
-            work, page_size=page_size, work_list=shape, work=device_ints(items, device),
-            combine_requests=device_ints(list(range(batch)), device), part_indptr=device_ints(ptr, device),
+            work,
+            page_size=page_size,
+            work_list=shape,
+            work=device_ints(items, device),
+            combine_requests=device_ints(list(range(batch)), device),
+            part_indptr=device_ints(ptr, device),
             part_o=torch.empty(capacity + 1, rows, kv_lora_rank, dtype=torch.float32, device=device),
-            part_lse=torch.empty(capacity + 1, rows, dtype=torch.float32, device=device))
+            part_lse=torch.empty(capacity + 1, rows, dtype=torch.float32, device=device),
+        )
     elif work.page_size != page_size:  # cut above from token counts; the kernels read pages of page_size
         work = dataclasses.replace(work, page_size=page_size)
-    return DecodePlan(chosen, why, _describe(work, chosen), batch, heads, q_len, page_size, kv_lora_rank, rope_dim,
-                      float(sm_scale), device, kv_indptr, kv_indices, kv_len, work, tuple(lengths), capacity)
+    return DecodePlan(
+        chosen,
+        why,
+        _describe(work, chosen),
+        batch,
+        heads,
+        q_len,
+        page_size,
+        kv_lora_rank,
+        rope_dim,
+        float(sm_scale),
+        device,
+        kv_indptr,
+        kv_indices,
+        kv_len,
+        work,
+        tuple(lengths),
+        capacity,
+    )
 
 
-def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
-               plan: DecodePlan, *, ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
-               out: torch.Tensor | None = None, return_lse: bool = False):
+def mla_decode(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    plan: DecodePlan,
+    *,
+    ckv_scale: float | torch.Tensor = 1.0,
+    kpe_scale: float | torch.Tensor = 1.0,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
     """Ours: MLA decode attention straight from the FP8 cache on ``plan``'s path (module docstring). ``q_nope``
     ``[batch x q_len, heads, 512]`` and ``q_pe`` ``[..., 64]`` BF16; ``ckv_cache`` / ``kpe_cache`` FP8 e4m3,
     ``[slots, D]``, ``[slots, 1, D]`` (views of one SGLang ``[slots, 1, 576]`` pool) or ``[pages, page_size, D]``;
@@ -355,48 +479,120 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor
     if not isinstance(plan, DecodePlan):
         _fail(TypeError, f"plan must come from plan_mla_decode, got {type(plan).__name__}.")
     tokens, heads, dc, dr = plan.batch * plan.q_len, plan.heads, plan.kv_lora_rank, plan.rope_dim
-    for name, t, dtype, shape in (("q_nope", q_nope, Q_DTYPE, (tokens, heads, dc)),
-                                  ("q_pe", q_pe, Q_DTYPE, (tokens, heads, dr))):
-        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape or t.device != plan.device \
-                or t.stride(-1) != 1:
-            _fail(ValueError, f"{name} must be a {dtype} tensor of shape {shape} (batch x q_len, heads, dim) on "
-                  f"{plan.device} with a contiguous last dim, as planned; got {_said(t)}.")
+    for name, t, dtype, shape in (
+        ("q_nope", q_nope, Q_DTYPE, (tokens, heads, dc)),
+        ("q_pe", q_pe, Q_DTYPE, (tokens, heads, dr)),
+    ):
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype != dtype
+            or tuple(t.shape) != shape
+            or t.device != plan.device
+            or t.stride(-1) != 1
+        ):
+            _fail(
+                ValueError,
+                f"{name} must be a {dtype} tensor of shape {shape} (batch x q_len, heads, dim) on "
+                f"{plan.device} with a contiguous last dim, as planned; got {_said(t)}.",
+            )
     for name, t in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
         if not isinstance(t, torch.Tensor) or t.dtype != KV_DTYPE or t.device != plan.device:
-            _fail(TypeError, f"{name} must be an FP8 e4m3 tensor ({KV_DTYPE}, the FP8 cache) on {plan.device}; got "
-                  f"{_said(t)}.")
+            _fail(
+                TypeError,
+                f"{name} must be an FP8 e4m3 tensor ({KV_DTYPE}, the FP8 cache) on {plan.device}; got {_said(t)}.",
+            )
     ckv, page = _as_rows("ckv_cache", ckv_cache)
     kpe, kpe_page = _as_rows("kpe_cache", kpe_cache)
-    if page != plan.page_size or kpe_page != page or ckv.shape[-1] != dc or kpe.shape[-1] != dr \
-            or ckv.shape[0] != kpe.shape[0]:
-        _fail(ValueError, f"the caches ({tuple(ckv_cache.shape)}, {tuple(kpe_cache.shape)}) do not match the plan: "
-              f"page size {plan.page_size}, widths {dc} and {dr}, as many slots in both.")
-    (c_t, c_v), (k_t, k_v) = (parse_scale("ckv_scale", ckv_scale, plan.device),
-                              parse_scale("kpe_scale", kpe_scale, plan.device))
+    if (
+        page != plan.page_size
+        or kpe_page != page
+        or ckv.shape[-1] != dc
+        or kpe.shape[-1] != dr
+        or ckv.shape[0] != kpe.shape[0]
+    ):
+        _fail(
+            ValueError,
+            f"the caches ({tuple(ckv_cache.shape)}, {tuple(kpe_cache.shape)}) do not match the plan: "
+            f"page size {plan.page_size}, widths {dc} and {dr}, as many slots in both.",
+        )
+    (c_t, c_v), (k_t, k_v) = (
+        parse_scale("ckv_scale", ckv_scale, plan.device),
+        parse_scale("kpe_scale", kpe_scale, plan.device),
+    )
     if (c_t is None) != (k_t is None):  # one mode for both scales: a tensor (read in the kernel) for the number
         c_t = c_t if c_t is not None else torch.full((1,), c_v, dtype=torch.float32, device=plan.device)
         k_t = k_t if k_t is not None else torch.full((1,), k_v, dtype=torch.float32, device=plan.device)
     scales = ((c_t, c_v), (k_t, k_v))
     if out is None:
         out = torch.empty(tokens, heads, dc, dtype=Q_DTYPE, device=plan.device)
-    elif not isinstance(out, torch.Tensor) or out.dtype != Q_DTYPE or tuple(out.shape) != (tokens, heads, dc) \
-            or out.device != plan.device or out.stride(-1) != 1:
-        _fail(ValueError, f"out must be a {Q_DTYPE} tensor of shape {(tokens, heads, dc)} on {plan.device} with a "
-              f"contiguous last dim; got {_said(out)}.")
+    elif (
+        not isinstance(out, torch.Tensor)
+        or out.dtype != Q_DTYPE
+        or tuple(out.shape) != (tokens, heads, dc)
+        or out.device != plan.device
+        or out.stride(-1) != 1
+    ):
+        _fail(
+            ValueError,
+            f"out must be a {Q_DTYPE} tensor of shape {(tokens, heads, dc)} on {plan.device} with a "
+            f"contiguous last dim; got {_said(out)}.",
+        )
     else:  # a given out: its own memory (host arithmetic on pointers, no device access)
-        check_output(out, {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache,
-                           "kv_indptr": plan.kv_indptr, "kv_indices": plan.kv_indices, "kv_len": plan.kv_len,
-                           "ckv_scale": c_t, "kpe_scale": k_t}, _fail)
+        check_output(
+            out,
+            {
+                "q_nope": q_nope,
+                "q_pe": q_pe,
+                "ckv_cache": ckv_cache,
+                "kpe_cache": kpe_cache,
+                "kv_indptr": plan.kv_indptr,
+                "kv_indices": plan.kv_indices,
+                "kv_len": plan.kv_len,
+                "ckv_scale": c_t,
+                "kpe_scale": k_t,
+            },
+            _fail,
+        )
     lse = torch.empty(tokens, heads, dtype=torch.float32, device=plan.device) if return_lse else None
     qn, qp, o = _fold(q_nope, plan), _fold(q_pe, plan), _fold(out, plan)
     lse_rows = lse.view(plan.batch, plan.rows) if lse is not None else None
     if plan.path == "triton":
-        launch_planned(plan.work, plan.work.config, qn, qp, ckv, kpe, plan.kv_indptr, plan.kv_indices, plan.kv_len,
-                       scales[0], scales[1], plan.sm_scale, o, lse_rows, q_len=plan.q_len)
+        launch_planned(
+            plan.work,
+            plan.work.config,
+            qn,
+            qp,
+            ckv,
+            kpe,
+            plan.kv_indptr,
+            plan.kv_indices,
+            plan.kv_len,
+            scales[0],
+            scales[1],
+            plan.sm_scale,
+            o,
+            lse_rows,
+            q_len=plan.q_len,
+        )
     else:
-        hopper.launch_planned(plan.path, plan.work, qn, qp, ckv, kpe, plan.kv_indptr, plan.kv_indices, plan.kv_len,
-                              scales, plan.sm_scale, plan.q_len, heads, o, lse_rows,
-                              _stream(plan.device))
+        hopper.launch_planned(
+            plan.path,
+            plan.work,
+            qn,
+            qp,
+            ckv,
+            kpe,
+            plan.kv_indptr,
+            plan.kv_indices,
+            plan.kv_len,
+            scales,
+            plan.sm_scale,
+            plan.q_len,
+            heads,
+            o,
+            lse_rows,
+            _stream(plan.device),
+        )
     if o.data_ptr() != out.data_ptr():  # out could not be folded in place (rows not evenly spaced): copy back
         out.copy_(o.view(tokens, heads, dc))
     return (out, lse) if return_lse else out

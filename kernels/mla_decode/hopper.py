@@ -44,19 +44,46 @@ from kvwall.kernels.mla_decode.plan import MLADecodePlan
 from kvwall.kernels.mla_decode.triton_path import plan_mla_decode_triton
 from kvwall.kernels.mla_decode.work_list import work_list_size
 
-__all__ = ["Kind", "KINDS", "SOURCES", "NVCC_FLAGS", "ARCH", "DC", "DR", "Params", "find_nvcc", "build_key",
-           "build_library", "build_refusal", "load_library", "ptxas_check", "wgmma_refusal", "rows_refusal",
-           "HopperPlan", "plan_hopper", "whole_wave_items", "ITEM_OVERHEAD_TOKENS", "Inputs", "checked_inputs",
-           "launch_planned", "run_checked", "traced_build"]
+__all__ = [
+    "Kind",
+    "KINDS",
+    "SOURCES",
+    "NVCC_FLAGS",
+    "ARCH",
+    "DC",
+    "DR",
+    "Params",
+    "find_nvcc",
+    "build_key",
+    "build_library",
+    "build_refusal",
+    "load_library",
+    "ptxas_check",
+    "wgmma_refusal",
+    "rows_refusal",
+    "HopperPlan",
+    "plan_hopper",
+    "whole_wave_items",
+    "ITEM_OVERHEAD_TOKENS",
+    "Inputs",
+    "checked_inputs",
+    "launch_planned",
+    "run_checked",
+    "traced_build",
+]
 
 Kind = Literal["wgmma", "wgmma_tokens"]
 KINDS: tuple[Kind, ...] = ("wgmma", "wgmma_tokens")
 _HERE = Path(__file__).parent
-SOURCES: dict[Kind, Path] = {"wgmma": _HERE / "mla_decode_wgmma.cu", "wgmma_tokens": _HERE / "mla_decode_wgmma_tokens.cu"}
+SOURCES: dict[Kind, Path] = {
+    "wgmma": _HERE / "mla_decode_wgmma.cu",
+    "wgmma_tokens": _HERE / "mla_decode_wgmma_tokens.cu",
+}
 #: Each kind's public call (errors are named after it) and its offline compile check.
-_PUBLIC: dict[Kind, tuple[str, str]] = {"wgmma": ("mla_decode_fp8_wgmma", "nvcc_compile_check_wgmma"),
-                                        "wgmma_tokens": ("mla_decode_fp8_wgmma_tokens",
-                                                         "nvcc_compile_check_wgmma_tokens")}
+_PUBLIC: dict[Kind, tuple[str, str]] = {
+    "wgmma": ("mla_decode_fp8_wgmma", "nvcc_compile_check_wgmma"),
+    "wgmma_tokens": ("mla_decode_fp8_wgmma_tokens", "nvcc_compile_check_wgmma_tokens"),
+}
 NVCC_FLAGS = ["-O3", "-std=c++17"]
 #: The only architecture the kernels are built for: wgmma needs the sm_90a target, whose code runs on 9.0 alone.
 ARCH = "sm_90a"
@@ -68,17 +95,63 @@ class Params(ctypes.Structure):
     """Mirror of ``kvwall_mla::Params`` (``mla_decode_common.cuh``); its size is checked against the library's at
     load."""
 
-    _fields_ = [(name, ctypes.c_void_p) for name in (
-        "qn", "qp", "ckv", "kpe", "indptr", "indices", "kvlen", "ckv_scale_ptr", "kpe_scale_ptr", "part_o",
-        "part_lse", "out", "lse", "work")] + [(name, ctypes.c_int64) for name in (
-            "stride_qn_b", "stride_qn_h", "stride_qp_b", "stride_qp_h", "stride_ckv", "stride_kpe", "stride_o_b",
-            "stride_o_h")] + [(name, ctypes.c_float) for name in ("ckv_scale_val", "kpe_scale_val", "qk_scale")] + [
-        (name, ctypes.c_int) for name in ("H", "num_indices", "num_units", "page", "indptr64", "indices64", "kvlen64",
-                                          "scale_from_ptr", "write_lse", "q_vec", "out_vec", "q_len",
-                                          "heads_per_token")]
+    _fields_ = (
+        [
+            (name, ctypes.c_void_p)
+            for name in (
+                "qn",
+                "qp",
+                "ckv",
+                "kpe",
+                "indptr",
+                "indices",
+                "kvlen",
+                "ckv_scale_ptr",
+                "kpe_scale_ptr",
+                "part_o",
+                "part_lse",
+                "out",
+                "lse",
+                "work",
+            )
+        ]
+        + [
+            (name, ctypes.c_int64)
+            for name in (
+                "stride_qn_b",
+                "stride_qn_h",
+                "stride_qp_b",
+                "stride_qp_h",
+                "stride_ckv",
+                "stride_kpe",
+                "stride_o_b",
+                "stride_o_h",
+            )
+        ]
+        + [(name, ctypes.c_float) for name in ("ckv_scale_val", "kpe_scale_val", "qk_scale")]
+        + [
+            (name, ctypes.c_int)
+            for name in (
+                "H",
+                "num_indices",
+                "num_units",
+                "page",
+                "indptr64",
+                "indices64",
+                "kvlen64",
+                "scale_from_ptr",
+                "write_lse",
+                "q_vec",
+                "out_vec",
+                "q_len",
+                "heads_per_token",
+            )
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------- refusals
+
 
 def wgmma_refusal(device: torch.device) -> str | None:
     """Why the wgmma paths cannot run on ``device`` (None when they can): they need a GPU of compute capability
@@ -87,8 +160,10 @@ def wgmma_refusal(device: torch.device) -> str | None:
         return f"tensors are on {device}; the wgmma path needs an H100 / H200 (use mla_decode_fp8, the Triton path)"
     cap = torch.cuda.get_device_capability(device)
     if cap != (9, 0):
-        return (f"compute capability {cap[0]}.{cap[1]}: the wgmma path is built for sm_90a (9.0) only; use "
-                "mla_decode_fp8 (the Triton path)")
+        return (
+            f"compute capability {cap[0]}.{cap[1]}: the wgmma path is built for sm_90a (9.0) only; use "
+            "mla_decode_fp8 (the Triton path)"
+        )
     return None
 
 
@@ -98,26 +173,32 @@ def rows_refusal(dims: tuple[int, int], rows: dict[str, torch.Tensor | None]) ->
     width]``; None: not known) must start 16-byte aligned with a token row stride that is a multiple of 16 bytes
     (the kernels load 16-byte pieces of each row)."""
     if tuple(dims) != (DC, DR):
-        return (f"the wgmma path is built for latent width {DC} and rope width {DR}; got {dims[0]} and {dims[1]} "
-                "(mla_decode_fp8, the Triton path, takes any powers of two)")
+        return (
+            f"the wgmma path is built for latent width {DC} and rope width {DR}; got {dims[0]} and {dims[1]} "
+            "(mla_decode_fp8, the Triton path, takes any powers of two)"
+        )
     for name, t in rows.items():
         if t is None:
             continue
         # a token's row stride: [slots, D] and [slots, 1, D] step by dim 0, [pages, page_size, D] by dim 1
         stride = (t.stride(0) if t.dim() == 2 or t.shape[-2] == 1 else t.stride(-2)) * t.element_size()
         if t.data_ptr() % 16 or stride % 16:
-            return (f"{name}: the wgmma path loads 16-byte pieces of each row, so rows must start 16-byte aligned "
-                    f"(data_ptr % 16 = {t.data_ptr() % 16}, row stride {stride} bytes); use mla_decode_fp8 (the "
-                    "Triton path), which takes any row stride")
+            return (
+                f"{name}: the wgmma path loads 16-byte pieces of each row, so rows must start 16-byte aligned "
+                f"(data_ptr % 16 = {t.data_ptr() % 16}, row stride {stride} bytes); use mla_decode_fp8 (the "
+                "Triton path), which takes any row stride"
+            )
     return None
 
 
 # ---------------------------------------------------------------------------------------------- the build
 
+
 def find_nvcc() -> str | None:
     """nvcc on ``PATH``, else ``$CUDA_HOME/bin/nvcc``; None when neither exists."""
-    nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
-                                    if "CUDA_HOME" in os.environ else None)
+    nvcc = shutil.which("nvcc") or (
+        os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if "CUDA_HOME" in os.environ else None
+    )
     return nvcc if nvcc is not None and os.path.exists(nvcc) else None
 
 
@@ -145,8 +226,12 @@ def _sources(path: Path) -> list[Path]:
 
 def _flags(trace: bool, shared: bool = True) -> list[str]:
     """nvcc's flags for the kind's library (``shared``) or an object file; ``trace``: the ``KVWALL_TRACE`` build."""
-    return [*NVCC_FLAGS, *(["-DKVWALL_TRACE"] if trace else []), f"-gencode=arch=compute_90a,code={ARCH}",
-            *(["-shared", "-Xcompiler", "-fPIC"] if shared else [])]
+    return [
+        *NVCC_FLAGS,
+        *(["-DKVWALL_TRACE"] if trace else []),
+        f"-gencode=arch=compute_90a,code={ARCH}",
+        *(["-shared", "-Xcompiler", "-fPIC"] if shared else []),
+    ]
 
 
 def build_key(kind: Kind, nvcc: str, flags: list[str]) -> str:
@@ -189,8 +274,9 @@ def build_library(kind: Kind, trace: bool = False) -> Path:
         if so.exists():  # built by whoever held the lock before us
             return so
         tmp = so.with_name(f".{so.name}.{os.getpid()}.tmp")
-        proc = subprocess.run([nvcc, *flags, str(SOURCES[kind]), "-o", str(tmp)], capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run(
+            [nvcc, *flags, str(SOURCES[kind]), "-o", str(tmp)], capture_output=True, text=True, timeout=600
+        )
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise RuntimeError(f"nvcc failed to build {SOURCES[kind].name}:\n{proc.stdout}{proc.stderr}")
@@ -204,8 +290,10 @@ def _bind(kind: Kind, lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kvwall_mla_error_string.argtypes = [ctypes.c_int]
     lib.kvwall_mla_params_size.restype = ctypes.c_int
     if lib.kvwall_mla_params_size() != ctypes.sizeof(Params):
-        raise RuntimeError(f"{SOURCES[kind].name}'s Params is {lib.kvwall_mla_params_size()} bytes, the ctypes mirror "
-                           f"{ctypes.sizeof(Params)}: they disagree.")
+        raise RuntimeError(
+            f"{SOURCES[kind].name}'s Params is {lib.kvwall_mla_params_size()} bytes, the ctypes mirror "
+            f"{ctypes.sizeof(Params)}: they disagree."
+        )
     return lib
 
 
@@ -233,15 +321,18 @@ def load_library(kind: Kind, trace: bool = False) -> ctypes.CDLL:
     checked (the path module's ``check_library``)."""
     if not torch.cuda.is_available():
         public, check = _PUBLIC[kind]
-        raise RuntimeError(f"{public} needs an H100 / H200; on this machine use mla_decode_fp8 (Triton) or {check}() "
-                           "to compile-check the source.")
+        raise RuntimeError(
+            f"{public} needs an H100 / H200; on this machine use mla_decode_fp8 (Triton) or {check}() "
+            "to compile-check the source."
+        )
     lib = _bind(kind, ctypes.CDLL(str(build_library(kind, trace))))
     importlib.import_module(f"{__package__}.{kind}").check_library(lib)
     return lib
 
 
-def ptxas_check(kind: Kind, nvcc: str | None = None, *, trace: bool = False
-                ) -> tuple[bool, float, str, str, dict[str, dict[str, int | None]]]:
+def ptxas_check(
+    kind: Kind, nvcc: str | None = None, *, trace: bool = False
+) -> tuple[bool, float, str, str, dict[str, dict[str, int | None]]]:
     """Compile the kind's source for sm_90a (no GPU needed) with ptxas's report: (nvcc succeeded, seconds, nvcc's
     version line, the log, per kernel entry (mangled name) its registers, spilled bytes (stores + loads) and stack
     bytes)."""
@@ -249,8 +340,21 @@ def ptxas_check(kind: Kind, nvcc: str | None = None, *, trace: bool = False
     version = (nvcc_version(nvcc).splitlines() or [""])[-1]
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        proc = subprocess.run([nvcc, *_flags(trace, shared=False), "-Xptxas", "-v", "-c", str(SOURCES[kind]), "-o",
-                               str(Path(tmp) / "k.o")], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                nvcc,
+                *_flags(trace, shared=False),
+                "-Xptxas",
+                "-v",
+                "-c",
+                str(SOURCES[kind]),
+                "-o",
+                str(Path(tmp) / "k.o"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         seconds = time.perf_counter() - t0
     log = proc.stdout + proc.stderr
     entries: dict[str, dict[str, int | None]] = {}
@@ -335,16 +439,36 @@ def whole_wave_items(lengths: list[int], head_blocks: int, slots: int, max_waves
     return best[1] if best else 1
 
 
-def plan_hopper(cls: type[HopperPlan], public: str, kv_indptr: torch.Tensor, kv_len: torch.Tensor | None, *,
-                heads: int, heads_per_cta: Callable[[int], int], warps: int, page_size: int,
-                device: torch.device | None, programs: int | None, waves: int, min_chunk: int | None,
-                q_len: int) -> HopperPlan:
+def plan_hopper(
+    cls: type[HopperPlan],
+    public: str,
+    kv_indptr: torch.Tensor,
+    kv_len: torch.Tensor | None,
+    *,
+    heads: int,
+    heads_per_cta: Callable[[int], int],
+    warps: int,
+    page_size: int,
+    device: torch.device | None,
+    programs: int | None,
+    waves: int,
+    min_chunk: int | None,
+    q_len: int,
+) -> HopperPlan:
     """The batch's work list (:func:`.triton_path.plan_mla_decode_triton`) for 64-token tiles and ``heads_per_cta(q_len
     * heads)`` rows per CTA: items filling whole waves of one CTA per SM (:func:`whole_wave_items`), or ``programs``."""
     fail_: Fail = functools.partial(fail, public)  # every argument checked before a device is touched
     bounded_int("q_len", q_len, fail_, most=8, hint="query tokens per request")
-    device = check_plan_args(fail_, kv_indptr, kv_len, heads=heads, page_size=page_size, device=device,
-                             programs=programs, min_chunk=min_chunk)
+    device = check_plan_args(
+        fail_,
+        kv_indptr,
+        kv_len,
+        heads=heads,
+        page_size=page_size,
+        device=device,
+        programs=programs,
+        min_chunk=min_chunk,
+    )
     bounded_int("waves", waves, fail_, most=MAX_PROGRAMS, hint="waves of CTAs to fill")
     rows = q_len * heads
     hn = heads_per_cta(rows)
@@ -354,16 +478,29 @@ def plan_hopper(cls: type[HopperPlan], public: str, kv_indptr: torch.Tensor, kv_
             programs = sm_count(device) if device.type == "cuda" else 1
         else:  # whole waves of one CTA per SM, at the lengths the step has now
             ptr = [int(x) for x in kv_indptr.tolist()]
-            lengths = ([int(x) for x in kv_len.tolist()] if page_size != 1 and kv_len is not None
-                       else [b - a for a, b in zip(ptr, ptr[1:])])
+            lengths = (
+                [int(x) for x in kv_len.tolist()]
+                if page_size != 1 and kv_len is not None
+                else [b - a for a, b in zip(ptr, ptr[1:])]
+            )
             programs, waves = head_blocks * whole_wave_items(lengths, head_blocks, sm_count(device) * max(1, waves)), 1
     cfg = MLADecodeConfig(block_h=hn, block_n=64, num_warps=warps, num_stages=2)
-    plan = plan_mla_decode_triton(kv_indptr, kv_len, heads=rows, kv_lora_rank=DC, page_size=page_size, device=device,
-                           config=cfg, programs=programs * max(1, waves), min_chunk=min_chunk)
+    plan = plan_mla_decode_triton(
+        kv_indptr,
+        kv_len,
+        heads=rows,
+        kv_lora_rank=DC,
+        page_size=page_size,
+        device=device,
+        config=cfg,
+        programs=programs * max(1, waves),
+        min_chunk=min_chunk,
+    )
     return cls(**{f.name: getattr(plan, f.name) for f in fields(plan)}, q_len=q_len)
 
 
 # ---------------------------------------------------------------------------------------------- checks and launch
+
 
 def _rows_16b(t: torch.Tensor) -> bool:
     """The row strides of a 3-D tensor are multiples of 16 bytes (its data pointer is checked per call)."""
@@ -380,27 +517,55 @@ class Inputs:
     scales: tuple[tuple[torch.Tensor | None, float], tuple[torch.Tensor | None, float]]
 
 
-def checked_inputs(public: str, q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out,
-                   check_range, kv_len, ckv_scale, kpe_scale) -> Inputs:
+def checked_inputs(
+    public: str,
+    q_nope,
+    q_pe,
+    ckv_cache,
+    kpe_cache,
+    kv_indptr,
+    kv_indices,
+    sm_scale,
+    out,
+    check_range,
+    kv_len,
+    ckv_scale,
+    kpe_scale,
+) -> Inputs:
     """The Triton path's validation (:func:`~kvwall.kernels.mla_decode.checks.validate_call`) plus what the Hopper
     kernels need (an H100 / H200, widths 512 / 64, 16-byte aligned cache rows), each failure raised before any
     launch, named ``public`` (the call's name) where the Hopper checks find it."""
     fail_: Fail = functools.partial(fail, public)
-    ckv, kpe, page_size, _ = validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out,
-                                           check_range, kv_len)
+    ckv, kpe, page_size, _ = validate_call(
+        q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out, check_range, kv_len
+    )
     device = q_nope.device
-    why = wgmma_refusal(device) or rows_refusal((q_nope.shape[-1], q_pe.shape[-1]),
-                                                {"ckv_cache": ckv, "kpe_cache": kpe})
+    why = wgmma_refusal(device) or rows_refusal(
+        (q_nope.shape[-1], q_pe.shape[-1]), {"ckv_cache": ckv, "kpe_cache": kpe}
+    )
     if why:
         fail_(ValueError, f"the wgmma path cannot run here: {why}.")
     parsed = [parse_scale(name, s, device) for name, s in (("ckv_scale", ckv_scale), ("kpe_scale", kpe_scale))]
     if any(t is not None for t, _ in parsed):  # one mode for both: a tensor (read in the kernel) for the number
-        parsed = [(t if t is not None else torch.full((1,), v, dtype=torch.float32, device=device), v)
-                  for t, v in parsed]
+        parsed = [
+            (t if t is not None else torch.full((1,), v, dtype=torch.float32, device=device), v) for t, v in parsed
+        ]
     if out is not None:
-        check_output(out, {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache,
-                           "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len": kv_len,
-                           "ckv_scale": parsed[0][0], "kpe_scale": parsed[1][0]}, fail_)
+        check_output(
+            out,
+            {
+                "q_nope": q_nope,
+                "q_pe": q_pe,
+                "ckv_cache": ckv_cache,
+                "kpe_cache": kpe_cache,
+                "kv_indptr": kv_indptr,
+                "kv_indices": kv_indices,
+                "kv_len": kv_len,
+                "ckv_scale": parsed[0][0],
+                "kpe_scale": parsed[1][0],
+            },
+            fail_,
+        )
     return Inputs(ckv, kpe, page_size, (parsed[0], parsed[1]))
 
 
@@ -422,11 +587,24 @@ def _prepare(kind: Kind, plan: HopperPlan) -> _Prepared:
     return prep
 
 
-def launch_planned(kind: Kind, plan: HopperPlan, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_rows: torch.Tensor,
-                   kpe_rows: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                   kv_len: torch.Tensor | None, scales: tuple[tuple[torch.Tensor | None, float], ...], sm_scale: float,
-                   q_len: int, heads_per_token: int, out: torch.Tensor, lse: torch.Tensor | None,
-                   stream_handle: int) -> None:
+def launch_planned(
+    kind: Kind,
+    plan: HopperPlan,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_rows: torch.Tensor,
+    kpe_rows: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_len: torch.Tensor | None,
+    scales: tuple[tuple[torch.Tensor | None, float], ...],
+    sm_scale: float,
+    q_len: int,
+    heads_per_token: int,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    stream_handle: int,
+) -> None:
     """Launch the kind's split kernel and the Triton combine for a call its caller has validated (nothing is checked
     here): ``q_nope`` / ``q_pe`` / ``out`` ``[batch, q_len * heads_per_token, D]`` (folded), ``ckv_rows`` /
     ``kpe_rows`` the caches' ``[slots, D]`` row views, ``scales`` as :class:`Inputs` holds them, ``lse`` float32
@@ -468,8 +646,21 @@ def launch_planned(kind: Kind, plan: HopperPlan, q_nope: torch.Tensor, q_pe: tor
     launch_combine(plan, out, lse)
 
 
-def run_checked(kind: Kind, cls: type[HopperPlan], plan_fn: Callable[..., HopperPlan], args: tuple, *, ckv_scale,
-                kpe_scale, out, return_lse: bool, kv_len, check_range: bool, plan, q_len: int):
+def run_checked(
+    kind: Kind,
+    cls: type[HopperPlan],
+    plan_fn: Callable[..., HopperPlan],
+    args: tuple,
+    *,
+    ckv_scale,
+    kpe_scale,
+    out,
+    return_lse: bool,
+    kv_len,
+    check_range: bool,
+    plan,
+    q_len: int,
+):
     """A path's public call: every check (:func:`checked_inputs`; the plan's kind and shape against the call's), a
     plan made with ``plan_fn`` when none is given (checked calls only), ``out`` / ``lse`` allocated, then
     :func:`launch_planned` on the current stream. ``args``: the call's seven positional arguments."""
@@ -479,22 +670,50 @@ def run_checked(kind: Kind, cls: type[HopperPlan], plan_fn: Callable[..., Hopper
     batch, rows, dc = q_nope.shape
     device = q_nope.device
     if isinstance(q_len, bool) or not isinstance(q_len, int) or q_len < 1 or rows % q_len:
-        fail(public, ValueError, f"q_len={q_len!r} must be a positive int dividing the folded rows "
-             f"(q_nope's dim 1 = q_len x heads = {rows}).")
+        fail(
+            public,
+            ValueError,
+            f"q_len={q_len!r} must be a positive int dividing the folded rows "
+            f"(q_nope's dim 1 = q_len x heads = {rows}).",
+        )
     if plan is None:
         if not check_range:
-            fail(public, ValueError, f"an unchecked call (check_range=False) of the {kind} path needs plan= from "
-                 f"{plan_fn.__name__} (made once per step, outside CUDA-graph capture).")
+            fail(
+                public,
+                ValueError,
+                f"an unchecked call (check_range=False) of the {kind} path needs plan= from "
+                f"{plan_fn.__name__} (made once per step, outside CUDA-graph capture).",
+            )
         plan = plan_fn(kv_indptr, kv_len, heads=rows // q_len, page_size=inputs.page_size, device=device, q_len=q_len)
     if not isinstance(plan, cls):
         fail(public, TypeError, f"plan must come from {plan_fn.__name__}, got {type(plan).__name__}.")
     want = (batch, rows, dc, inputs.page_size, device, q_len)
     have = (plan.batch, plan.heads, plan.kv_lora_rank, plan.page_size, plan.device, plan.q_len)
     if have != want:
-        fail(public, ValueError, f"the plan was made for (batch, rows, kv_lora_rank, page_size, device, q_len) = "
-             f"{have}; this call has {want}.")
+        fail(
+            public,
+            ValueError,
+            f"the plan was made for (batch, rows, kv_lora_rank, page_size, device, q_len) = "
+            f"{have}; this call has {want}.",
+        )
     out = out if out is not None else torch.empty(batch, rows, dc, dtype=torch.bfloat16, device=device)
     lse = torch.empty(batch, rows, dtype=torch.float32, device=device) if return_lse else None
-    launch_planned(kind, plan, q_nope, q_pe, inputs.ckv, inputs.kpe, kv_indptr, kv_indices, kv_len, inputs.scales,
-                   float(sm_scale), q_len, rows // q_len, out, lse, torch.cuda.current_stream(device).cuda_stream)
+    launch_planned(
+        kind,
+        plan,
+        q_nope,
+        q_pe,
+        inputs.ckv,
+        inputs.kpe,
+        kv_indptr,
+        kv_indices,
+        kv_len,
+        inputs.scales,
+        float(sm_scale),
+        q_len,
+        rows // q_len,
+        out,
+        lse,
+        torch.cuda.current_stream(device).cuda_stream,
+    )
     return (out, lse) if return_lse else out

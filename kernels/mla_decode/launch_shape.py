@@ -21,10 +21,25 @@ import triton
 from kvwall.kernels._common import gpu_name, read_tuned_table, sm_count
 from kvwall.kernels.mla_decode.triton_kernel import kernel_for
 
-__all__ = ["MLADecodeConfig", "default_config", "default_num_splits", "programs_wanted", "blocks_per_sm",
-           "tuned_entry", "fallback_config", "fallback_shapes", "FALLBACK_SHAPES", "split_constexprs",
-           "kernel_signature", "compile_offline", "split_resources", "SplitResources", "is_trap_only",
-           "cubin_resources", "TUNED_CONFIG_FILE"]
+__all__ = [
+    "MLADecodeConfig",
+    "default_config",
+    "default_num_splits",
+    "programs_wanted",
+    "blocks_per_sm",
+    "tuned_entry",
+    "fallback_config",
+    "fallback_shapes",
+    "FALLBACK_SHAPES",
+    "split_constexprs",
+    "kernel_signature",
+    "compile_offline",
+    "split_resources",
+    "SplitResources",
+    "is_trap_only",
+    "cubin_resources",
+    "TUNED_CONFIG_FILE",
+]
 
 
 @dataclass(frozen=True)
@@ -79,10 +94,17 @@ def _entry_for(heads: int, max_len: int | None, device: torch.device) -> dict | 
 #: trap-only kernel (:func:`fallback_config`). The later ones exist for SM120's 99 KB blocks and SM100's 512
 #: tensor-memory columns.
 FALLBACK_SHAPES: dict[str, tuple[MLADecodeConfig, ...]] = {
-    "up to 16 heads": (MLADecodeConfig(16, 64, 4, 3, pairs=True), MLADecodeConfig(16, 64, 4, 2),
-                       MLADecodeConfig(16, 64, 4, 1)),
-    "more than 16 heads": (MLADecodeConfig(64, 32, 8, 3), MLADecodeConfig(32, 64, 8, 3),
-                           MLADecodeConfig(32, 32, 8, 2), MLADecodeConfig(16, 64, 4, 1)),
+    "up to 16 heads": (
+        MLADecodeConfig(16, 64, 4, 3, pairs=True),
+        MLADecodeConfig(16, 64, 4, 2),
+        MLADecodeConfig(16, 64, 4, 1),
+    ),
+    "more than 16 heads": (
+        MLADecodeConfig(64, 32, 8, 3),
+        MLADecodeConfig(32, 64, 8, 3),
+        MLADecodeConfig(32, 32, 8, 2),
+        MLADecodeConfig(16, 64, 4, 1),
+    ),
 }
 
 
@@ -90,18 +112,51 @@ def fallback_shapes(heads: int) -> tuple[MLADecodeConfig, ...]:
     return FALLBACK_SHAPES["up to 16 heads" if heads <= 16 else "more than 16 heads"]
 
 
-def split_constexprs(cfg: MLADecodeConfig, *, dc: int = 512, dr: int = 64, page: int = 1, worklist: bool = True,
-                     direct: bool = False, write_lse: bool = False, scale_from_ptr: bool = False,
-                     on_gpu: bool = True, causal: bool = False) -> dict:
+def split_constexprs(
+    cfg: MLADecodeConfig,
+    *,
+    dc: int = 512,
+    dr: int = 64,
+    page: int = 1,
+    worklist: bool = True,
+    direct: bool = False,
+    write_lse: bool = False,
+    scale_from_ptr: bool = False,
+    on_gpu: bool = True,
+    causal: bool = False,
+) -> dict:
     """The split kernel's compile-time parameters for a launch with ``cfg`` (what the launcher passes)."""
-    return dict(DC=dc, DCH=dc // 4, DR=dr, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PAGE=page,
-                SCALE_FROM_PTR=scale_from_ptr, DIRECT=direct and not worklist, WRITE_LSE=write_lse, ON_GPU=on_gpu,
-                KV_MUL=1.0 if on_gpu else 256.0, WORKLIST=worklist, PAIRS=cfg.pairs, CAUSAL=causal)
+    return dict(
+        DC=dc,
+        DCH=dc // 4,
+        DR=dr,
+        BLOCK_H=cfg.block_h,
+        BLOCK_N=cfg.block_n,
+        PAGE=page,
+        SCALE_FROM_PTR=scale_from_ptr,
+        DIRECT=direct and not worklist,
+        WRITE_LSE=write_lse,
+        ON_GPU=on_gpu,
+        KV_MUL=1.0 if on_gpu else 256.0,
+        WORKLIST=worklist,
+        PAIRS=cfg.pairs,
+        CAUSAL=causal,
+    )
 
 
-_POINTER_TYPES = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "out_ptr": "*bf16", "ckv_ptr": "*fp8e4nv",
-                  "kpe_ptr": "*fp8e4nv", "indptr_ptr": "*i32", "indices_ptr": "*i32", "kvlen_ptr": "*i32",
-                  "work_ptr": "*i32", "combine_req_ptr": "*i32", "part_indptr_ptr": "*i32"}
+_POINTER_TYPES = {
+    "qn_ptr": "*bf16",
+    "qp_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "ckv_ptr": "*fp8e4nv",
+    "kpe_ptr": "*fp8e4nv",
+    "indptr_ptr": "*i32",
+    "indices_ptr": "*i32",
+    "kvlen_ptr": "*i32",
+    "work_ptr": "*i32",
+    "combine_req_ptr": "*i32",
+    "part_indptr_ptr": "*i32",
+}
 _FLOAT_ARGS = ("ckv_scale_val", "kpe_scale_val", "qk_scale")
 
 
@@ -128,8 +183,11 @@ def compile_offline(name: str, constexprs: dict, num_warps: int, num_stages: int
 
     sig = kernel_signature(name, constexprs)
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if sig[k].startswith("*") or "stride" in k}
-    return triton.compile(ASTSource(fn=kernel_for(name, False), signature=sig, constexprs=constexprs, attrs=attrs),
-                          target=GPUTarget("cuda", cap, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    return triton.compile(
+        ASTSource(fn=kernel_for(name, False), signature=sig, constexprs=constexprs, attrs=attrs),
+        target=GPUTarget("cuda", cap, 32),
+        options=dict(num_warps=num_warps, num_stages=num_stages),
+    )
 
 
 def is_trap_only(compiled) -> bool:
@@ -209,8 +267,15 @@ def default_config(heads: int, dc: int, device: torch.device, max_len: int | Non
     operation, not per element)."""
     if device.type == "cpu":
         block_h = min(max(16, triton.next_power_of_2(heads)), 64)
-        return MLADecodeConfig(block_h=block_h, block_n=64, num_warps=1, num_stages=1,
-                               combine_block_d=dc, combine_block_s=16, combine_warps=1)
+        return MLADecodeConfig(
+            block_h=block_h,
+            block_n=64,
+            num_warps=1,
+            num_stages=1,
+            combine_block_d=dc,
+            combine_block_s=16,
+            combine_warps=1,
+        )
     entry = _entry_for(heads, max_len, device)
     if entry is not None:
         return MLADecodeConfig(**{k: v for k, v in entry["config"].items() if not k.startswith("combine_")})
@@ -242,8 +307,9 @@ def programs_wanted(heads: int, max_len: int, device: torch.device, config: MLAD
     return blocks_per_sm(cfg, device) * sm_count(device)
 
 
-def default_num_splits(batch: int, heads: int, max_len: int, device: torch.device,
-                       config: MLADecodeConfig | None = None) -> int:
+def default_num_splits(
+    batch: int, heads: int, max_len: int, device: torch.device, config: MLADecodeConfig | None = None
+) -> int:
     """Splits per request of the uniform launch (no plan): :func:`programs_wanted` shared among the batch, never
     more splits than ``block_n`` tiles. On CPU: at most 3 splits (enough to exercise the combine)."""
     if max_len <= 0:

@@ -10,9 +10,9 @@
 
 namespace kvwall_mla {
 
-constexpr int DC = 512;        // latent (ckv) columns
-constexpr int DR = 64;         // rope (kpe) columns
-constexpr int D = DC + DR;     // 576 bytes per FP8 token row
+constexpr int DC = 512;     // latent (ckv) columns
+constexpr int DR = 64;      // rope (kpe) columns
+constexpr int D = DC + DR;  // 576 bytes per FP8 token row
 
 struct Params {
   const __nv_bfloat16* qn;

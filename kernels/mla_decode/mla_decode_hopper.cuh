@@ -37,7 +37,9 @@ __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Named barriers: `sync` waits for N arrivals, `arrive` counts this thread towards 256 and goes on.
 template <int N>
-__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(N) : "memory"); }
+__device__ __forceinline__ void bar_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(N) : "memory");
+}
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 // Keeps the compiler from moving reads or writes of accumulators across a wgmma issue or wait.
 template <int N>
@@ -97,8 +99,15 @@ struct TileGather {
   int entry_lo[ROWS], entry_hi[ROWS];
 
   __device__ __forceinline__ TileGather(const Params& params, const ItemBounds& ib, int t)
-      : p(params), start(ib.start), lo(ib.lo), hi(ib.hi), ntiles((int)((ib.hi - ib.lo + BN - 1) / BN)),
-        page_shift(page_shift_of(params.page)), lr(t >> 2), lq(t & 3), bad(0) {}
+      : p(params),
+        start(ib.start),
+        lo(ib.lo),
+        hi(ib.hi),
+        ntiles((int)((ib.hi - ib.lo + BN - 1) / BN)),
+        page_shift(page_shift_of(params.page)),
+        lr(t >> 2),
+        lq(t & 3),
+        bad(0) {}
 
   __device__ __forceinline__ void fetch_index(int tile) {
 #pragma unroll
@@ -110,9 +119,12 @@ struct TileGather {
         const long long i = start + (page_shift >= 0 ? tt >> page_shift : tt / p.page);
         if (p.indices64)
           asm volatile("ld.global.nc.v2.s32 {%0, %1}, [%2];\n"
-                       : "=r"(entry_lo[rr]), "=r"(entry_hi[rr]) : "l"(static_cast<const long long*>(p.indices) + i));
+                       : "=r"(entry_lo[rr]), "=r"(entry_hi[rr])
+                       : "l"(static_cast<const long long*>(p.indices) + i));
         else
-          asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(entry_lo[rr]) : "l"(static_cast<const int*>(p.indices) + i));
+          asm volatile("ld.global.nc.s32 %0, [%1];\n"
+                       : "=r"(entry_lo[rr])
+                       : "l"(static_cast<const int*>(p.indices) + i));
       }
     }
   }
@@ -122,8 +134,9 @@ struct TileGather {
     for (int rr = 0; rr < ROWS; ++rr) {
       const long long tok = lo + (long long)tile * BN + lr + 32 * rr;
       const bool live = tile < ntiles && tok < hi;
-      long long e = p.indices64 ? (long long)(((unsigned long long)(unsigned)entry_hi[rr] << 32) | (unsigned)entry_lo[rr])
-                                : (long long)entry_lo[rr];
+      long long e = p.indices64
+                        ? (long long)(((unsigned long long)(unsigned)entry_hi[rr] << 32) | (unsigned)entry_lo[rr])
+                        : (long long)entry_lo[rr];
       if (live && (e < 0 || e >= p.num_units)) {
         bad = 1;
         e = 0;

@@ -30,13 +30,13 @@ namespace wg {
 
 using namespace hopper;
 
-constexpr int HEADS = 64;                    // heads per CTA: wgmma's M
-constexpr int NT = 256;                      // two warpgroups
-constexpr int Q_OFF = 0;                     // the query block
-constexpr int K_OFF = TILE;                  // two converted KV tiles
-constexpr int P_OFF = 3 * TILE;              // P [64 heads x 64 tokens]
-constexpr int F_OFF = P_OFF + CHUNK;         // per head: rescale factor, row sum, nope and rope score scales
-constexpr int SMEM = F_OFF + 4 * 64 * 4;     // 230,400 B (H100 / H200 allow 232,448 per block)
+constexpr int HEADS = 64;                 // heads per CTA: wgmma's M
+constexpr int NT = 256;                   // two warpgroups
+constexpr int Q_OFF = 0;                  // the query block
+constexpr int K_OFF = TILE;               // two converted KV tiles
+constexpr int P_OFF = 3 * TILE;           // P [64 heads x 64 tokens]
+constexpr int F_OFF = P_OFF + CHUNK;      // per head: rescale factor, row sum, nope and rope score scales
+constexpr int SMEM = F_OFF + 4 * 64 * 4;  // 230,400 B (H100 / H200 allow 232,448 per block)
 // With the tile barriers (K_READY0/1, K_FREE0/1): P_READY (0 -> 1: P and the factors are written), P_FREE (1 -> 0:
 // warpgroup 1 has P in registers).
 enum PBarrier { P_READY = 5, P_FREE = 6 };
@@ -47,22 +47,22 @@ enum PBarrier { P_READY = 5, P_FREE = 6 };
 #ifdef KVWALL_TRACE
 __device__ unsigned long long g_trace[2][16];
 #define TRACE_DECL __shared__ unsigned long long s_tr[2][17];
-#define TRACE_INIT                                                  \
-  if ((tid & 127) == 0) {                                           \
-    for (int k_ = 0; k_ < 16; ++k_) s_tr[tid >> 7][k_] = 0;          \
-    s_tr[tid >> 7][16] = clock64();                                  \
+#define TRACE_INIT                                          \
+  if ((tid & 127) == 0) {                                   \
+    for (int k_ = 0; k_ < 16; ++k_) s_tr[tid >> 7][k_] = 0; \
+    s_tr[tid >> 7][16] = clock64();                         \
   }
-#define TRACE(k)                                                    \
-  if ((tid & 127) == 0) {                                           \
-    const unsigned long long now_ = clock64();                      \
-    s_tr[tid >> 7][k] += now_ - s_tr[tid >> 7][16];                  \
-    s_tr[tid >> 7][16] = now_;                                       \
+#define TRACE(k)                                    \
+  if ((tid & 127) == 0) {                           \
+    const unsigned long long now_ = clock64();      \
+    s_tr[tid >> 7][k] += now_ - s_tr[tid >> 7][16]; \
+    s_tr[tid >> 7][16] = now_;                      \
   }
-#define TRACE_END                                                   \
-  if ((tid & 127) == 0) {                                           \
+#define TRACE_END                                                                          \
+  if ((tid & 127) == 0) {                                                                  \
     for (int k_ = 0; k_ < 14; ++k_) atomicAdd(&g_trace[tid >> 7][k_], s_tr[tid >> 7][k_]); \
-    atomicAdd(&g_trace[tid >> 7][14], 1ull);                         \
-    atomicAdd(&g_trace[tid >> 7][15], (unsigned long long)ntiles);   \
+    atomicAdd(&g_trace[tid >> 7][14], 1ull);                                               \
+    atomicAdd(&g_trace[tid >> 7][15], (unsigned long long)ntiles);                         \
   }
 #else
 #define TRACE_DECL
@@ -83,15 +83,16 @@ __device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t desc_a,
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
       "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
 }
 
 template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+__device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b,
+                                                 int accumulate) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %133, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
@@ -104,22 +105,22 @@ __device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t
       "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
       "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
       "}, {%128,%129,%130,%131}, %132, p, 1, 1, %134;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
+        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
+        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),
+        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
+        "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
+        "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
+        "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
+        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
 }
 
@@ -206,7 +207,8 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
         const int mi = lane >> 3;
         const uint32_t addr = base + P_OFF + swz(16 * warp + (lane & 7) + 8 * (mi & 1), 2 * ks + (mi >> 1));
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(pf[ks][0]), "=r"(pf[ks][1]), "=r"(pf[ks][2]), "=r"(pf[ks][3]) : "r"(addr));
+                     : "=r"(pf[ks][0]), "=r"(pf[ks][1]), "=r"(pf[ks][2]), "=r"(pf[ks][3])
+                     : "r"(addr));
       }
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) pin(pf[ks]);
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(NT, 1) mla_wgmma_split_kernel(const Params p) 
       if (it + 2 < ntiles) {
         bar_sync<NT>((it & 1) ? K_FREE1 : K_FREE0);  // warpgroup 0 is done with buffer it % 2
         TRACE(2)
-        gather.convert_tile(smem + K_OFF, it & 1);       // tile it + 2
+        gather.convert_tile(smem + K_OFF, it & 1);  // tile it + 2
         TRACE(3)
         if (it + 3 < ntiles) {
           gather.load_tile(it + 3);

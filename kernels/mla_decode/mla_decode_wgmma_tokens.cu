@@ -40,17 +40,22 @@ enum ConsumerBarrier { CMAX0 = 5, CP0 = 7 };
 template <int HN, int NC, int NP>
 struct Layout {
   static constexpr int NT = 128 * (NC + NP);
-  static constexpr int QCHUNK = HN * 128;              // HN head rows x 64 float16 columns, swizzled
-  static constexpr int Q_OFF = 2 * TILE;                // the query block, [HN x 576] in 9 chunks
-  static constexpr int P_OFF = Q_OFF + NCHUNK * QCHUNK; // P^T [HN heads x 64 tokens]: one chunk
-  static constexpr int F_OFF = P_OFF + NC * QCHUNK;     // floats: per-warp maxima and sums, score scales, a flag
+  static constexpr int QCHUNK = HN * 128;                // HN head rows x 64 float16 columns, swizzled
+  static constexpr int Q_OFF = 2 * TILE;                 // the query block, [HN x 576] in 9 chunks
+  static constexpr int P_OFF = Q_OFF + NCHUNK * QCHUNK;  // P^T [HN heads x 64 tokens]: one chunk
+  static constexpr int F_OFF = P_OFF + NC * QCHUNK;      // floats: per-warp maxima and sums, score scales, a flag
   static constexpr int SMEM = F_OFF + (NC * 4 * HN + 4 * HN + 2 * HN) * 4 + 16;
 };
 // The warpgroups each instantiation is built with: one consumer, two producers.
-template <int HN> constexpr int consumers() { return 1; }
-template <int HN> constexpr int producers() { return 2; }
+template <int HN>
+constexpr int consumers() {
+  return 1;
+}
+template <int HN>
+constexpr int producers() {
+  return 2;
+}
 static_assert(Layout<16, 1, 2>::SMEM <= 232448 && Layout<32, 1, 2>::SMEM <= 232448, "shared memory per block");
-
 
 // D[64 x HN] (+)= A[64 x 16] B[16 x HN], float16 in, float32 accumulators (warp w of the warpgroup: rows 16 w +
 // lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) in d[4 j .. 4 j + 3]). Both operands from shared memory by
@@ -69,8 +74,8 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t a, uint64_t b
       "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15},"
       " %16, %17, p, 1, 1, %19, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A));
 }
 template <int HN, int TRANS_A>
@@ -87,11 +92,11 @@ template <int HN, int NC, int NP, bool MULTI>
 __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_kernel(const Params p) {
   using L = Layout<HN, NC, NP>;
   static_assert(NC == 1 && NP == 2, "built for one consumer and two producers");
-  constexpr int NV = HN / 2;   // accumulator floats per thread of one m64nHN product
-  constexpr int NCOL = HN / 4; // distinct head columns per thread: 8 j + 2 c + {0, 1}, j < HN / 8
+  constexpr int NV = HN / 2;    // accumulator floats per thread of one m64nHN product
+  constexpr int NCOL = HN / 4;  // distinct head columns per thread: 8 j + 2 c + {0, 1}, j < HN / 8
   extern __shared__ __align__(1024) uint8_t smem[];
-  float* s_max0 = reinterpret_cast<float*>(smem + L::F_OFF); // [NC][4 warps][HN]: each warp's tile maximum per head
-  float* s_sum = s_max0 + NC * 4 * HN;                             // [4 warps][HN]: each warp's row sums, at the end
+  float* s_max0 = reinterpret_cast<float*>(smem + L::F_OFF);  // [NC][4 warps][HN]: each warp's tile maximum per head
+  float* s_sum = s_max0 + NC * 4 * HN;                        // [4 warps][HN]: each warp's row sums, at the end
   float* row_c = s_sum + 4 * HN;                              // per head: score scale of the nope part
   float* row_k = row_c + HN;                                  // and of the rope part
   int* s_bad = reinterpret_cast<int*>(row_k + HN);            // an out-of-range index was seen
@@ -141,7 +146,7 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
     for (int tl = pw; tl < ntiles; tl += NP) {
       const int buf = tl & 1;
       if (tl >= 2) bar_sync<256>(buf ? K_FREE1 : K_FREE0);  // the consumer is done with tile tl - 2 in buffer buf
-      gather.convert_tile(smem + K_OFF, buf);                // raw holds tile tl
+      gather.convert_tile(smem + K_OFF, buf);               // raw holds tile tl
       if (tl + NP < ntiles) {
         gather.load_tile(tl + NP);
         gather.fetch_index(tl + 2 * NP);
@@ -179,7 +184,7 @@ __global__ void __launch_bounds__(Layout<HN, NC, NP>::NT, 1) mla_wgmma_tokens_ke
     const uint64_t qb0 = gmma_desc(base + L::Q_OFF, 16, 1024);
     const uint64_t pb0 = gmma_desc(base + L::P_OFF + wgi * L::QCHUNK, 16, 1024);
     const int t0 = 16 * warp + g;  // this thread's token rows: t0 and t0 + 8
-    int col_seen[NCOL];  // MULTI: the tokens of the chunk each head column may see (its token's causal limit)
+    int col_seen[NCOL];            // MULTI: the tokens of the chunk each head column may see (its token's causal limit)
     if constexpr (MULTI) {
 #pragma unroll
       for (int ci = 0; ci < NCOL; ++ci) col_seen[ci] = row_tokens(p, ib, h0 + head_of(ci));
@@ -352,9 +357,9 @@ static int launch_tokens(const kvwall_mla::Params* p, int head_blocks, int items
   using namespace kvwall_mla::wt;
   constexpr int NC = consumers<HN>(), NP = producers<HN>();
   using L = Layout<HN, NC, NP>;
-  return kvwall_mla::hopper::launch(p->q_len > 1 ? mla_wgmma_tokens_kernel<HN, NC, NP, true>
-                                                 : mla_wgmma_tokens_kernel<HN, NC, NP, false>,
-                                    head_blocks, items, L::NT, L::SMEM, stream, p);
+  return kvwall_mla::hopper::launch(
+      p->q_len > 1 ? mla_wgmma_tokens_kernel<HN, NC, NP, true> : mla_wgmma_tokens_kernel<HN, NC, NP, false>,
+      head_blocks, items, L::NT, L::SMEM, stream, p);
 }
 
 extern "C" {

@@ -1,5 +1,5 @@
-"""The dispatcher's measured table, ``kernel_paths.json``: which of ours' paths was fastest where, per GPU model, and the
-rule that reads it (:func:`decide_path`). Derived from the recorded ``fused_decode_paths`` result
+"""The dispatcher's measured table, ``kernel_paths.json``: which of ours' paths was fastest where, per GPU model, and
+the rule that reads it (:func:`decide_path`). Derived from the recorded ``fused_decode_paths`` result
 (:func:`kvwall.experiments.fused_decode.kernel_paths.write_path_table`).
 
 ``kernel_paths.json`` holds only what the dispatcher reads: ``{gpu name: {"capability": [major, minor], "page_size": 1,
@@ -43,9 +43,25 @@ import warnings
 from pathlib import Path
 from typing import Literal, Mapping, get_args
 
-__all__ = ["PATHS_FILE", "KernelPath", "KERNEL_PATHS", "TOKENS_MAX_HEADS", "SAID", "POINT_COLUMNS", "fastest",
-           "path_point", "table_problem", "measured_choice", "read_table", "table_refusal", "reload_table",
-           "table_entry", "decide_path", "capability_rule", "table_text"]
+__all__ = [
+    "PATHS_FILE",
+    "KernelPath",
+    "KERNEL_PATHS",
+    "TOKENS_MAX_HEADS",
+    "SAID",
+    "POINT_COLUMNS",
+    "fastest",
+    "path_point",
+    "table_problem",
+    "measured_choice",
+    "read_table",
+    "table_refusal",
+    "reload_table",
+    "table_entry",
+    "decide_path",
+    "capability_rule",
+    "table_text",
+]
 
 #: The measured table (GPU model -> its crossovers), derived from the recorded ``fused_decode_paths`` result.
 PATHS_FILE = Path(__file__).with_name("kernel_paths.json")
@@ -71,17 +87,31 @@ def fastest(times: Mapping[KernelPath, float | None]) -> KernelPath:
     return min(timed, key=lambda p: (timed[p], KERNEL_PATHS.index(p)))
 
 
-def path_point(heads: int, context: int, batch: int, triton_us: float | None, wgmma_us: float | None,
-               wgmma_tokens_us: float | None = None, *, tokens: int | None = None,
-               max_len: int | None = None) -> list:
-    """A ``kernel_paths.json`` point, ``[heads, context, batch, path, tokens, max_len]`` (:data:`POINT_COLUMNS`): ``path``
-    the fastest of the timed paths (:func:`fastest`), compared at 0.01 µs (the sidecar's rounding, so the choice can
-    be re-derived from it); ``tokens`` / ``max_len`` the batch's tokens and longest request as timed (default:
-    ``batch`` requests of ``context`` tokens each)."""
+def path_point(
+    heads: int,
+    context: int,
+    batch: int,
+    triton_us: float | None,
+    wgmma_us: float | None,
+    wgmma_tokens_us: float | None = None,
+    *,
+    tokens: int | None = None,
+    max_len: int | None = None,
+) -> list:
+    """A ``kernel_paths.json`` point, ``[heads, context, batch, path, tokens, max_len]`` (:data:`POINT_COLUMNS`):
+    ``path`` the fastest of the timed paths (:func:`fastest`), compared at 0.01 µs (the sidecar's rounding, so the
+    choice can be re-derived from it); ``tokens`` / ``max_len`` the batch's tokens and longest request as timed
+    (default: ``batch`` requests of ``context`` tokens each)."""
     times = dict(zip(KERNEL_PATHS, (triton_us, wgmma_us, wgmma_tokens_us)))
     path = fastest({p: None if us is None else round(us, 2) for p, us in times.items()})
-    return [heads, context, batch, path, context * batch if tokens is None else tokens,
-            context if max_len is None else max_len]
+    return [
+        heads,
+        context,
+        batch,
+        path,
+        context * batch if tokens is None else tokens,
+        context if max_len is None else max_len,
+    ]
 
 
 def _count(v: object) -> bool:
@@ -107,13 +137,20 @@ def _point_problem(p: object) -> str | None:
         elif not _count(v):
             return f"has {name} {v!r}: not a positive integer"
     if older:
-        bad = [x for x in p[4:] if not (x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                      and math.isfinite(x) and x > 0))]
+        bad = [
+            x
+            for x in p[4:]
+            if not (
+                x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0)
+            )
+        ]
         return f"has the time {bad[0]!r} after its path: not a positive number or null" if bad else None
     _, _, batch, _, tokens, max_len = p
     if not max_len <= tokens <= batch * max_len:
-        return (f"has {tokens} tokens in {batch} requests of at most {max_len}: not between the longest request and "
-                "batch x the longest")
+        return (
+            f"has {tokens} tokens in {batch} requests of at most {max_len}: not between the longest request and "
+            "batch x the longest"
+        )
     return None
 
 
@@ -124,8 +161,8 @@ def _shaped(p: list) -> list:
 
 
 def table_problem(table: object) -> str | None:
-    """What is wrong with ``table`` (a whole ``kernel_paths.json`` as read), in words naming the bad entry; None where it is
-    well formed: a JSON object of GPU names to objects, each with ``capability`` (two non-negative integers),
+    """What is wrong with ``table`` (a whole ``kernel_paths.json`` as read), in words naming the bad entry; None where
+    it is well formed: a JSON object of GPU names to objects, each with ``capability`` (two non-negative integers),
     ``page_size`` where given (a positive integer) and ``points`` (a list of :data:`POINT_COLUMNS` lists: positive
     integers, a path of :data:`KERNEL_PATHS`, tokens between the longest request and batch x the longest; or an older
     point, :func:`_older`, with positive times or nulls after its path), no two points of one shape."""
@@ -136,8 +173,11 @@ def table_problem(table: object) -> str | None:
         if not isinstance(entry, dict):
             return f"{where} is a {type(entry).__name__}, not an object"
         cap = entry.get("capability")
-        if not (isinstance(cap, list) and len(cap) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                               and x >= 0 for x in cap)):
+        if not (
+            isinstance(cap, list)
+            and len(cap) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cap)
+        ):
             return f"{where} has capability {cap!r}: not [major, minor]"
         if "page_size" in entry and not _count(entry["page_size"]):
             return f"{where} has page_size {entry.get('page_size')!r}: not a positive integer"
@@ -169,8 +209,9 @@ def _log_gap(a: int, b: int) -> float:
     return abs(math.log2(max(a, 1) / max(b, 1)))
 
 
-def measured_choice(entry: dict, heads: int, batch: int, max_len: int,
-                    tokens: int | None = None) -> tuple[KernelPath, list] | None:
+def measured_choice(
+    entry: dict, heads: int, batch: int, max_len: int, tokens: int | None = None
+) -> tuple[KernelPath, list] | None:
     """``(path, point)``: the path measured fastest at the point of ``entry`` (one GPU's well-formed table) of
     ``heads`` heads and this very shape (``batch``, ``tokens``, ``max_len``), else at its nearest point of ``heads``
     heads in (batch, tokens) in log scale (ties: the nearer longest request, then the earlier point); None where the
@@ -190,8 +231,12 @@ def _warn_refused(source: str, problem: str) -> None:
     if (source, problem) in _WARNED:
         return
     _WARNED.add((source, problem))
-    warnings.warn(f"kvwall: refused the dispatcher's table {source}: {problem}. The dispatcher decides by the "
-                  f"capability rule until it is fixed ({_REDERIVE}).", RuntimeWarning, stacklevel=4)
+    warnings.warn(
+        f"kvwall: refused the dispatcher's table {source}: {problem}. The dispatcher decides by the "
+        f"capability rule until it is fixed ({_REDERIVE}).",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 #: Tables :func:`_load` returned, checked (by id, the object kept: its id is not reused while it is here).
@@ -233,8 +278,8 @@ def table_refusal(path: Path) -> str | None:
 
 
 def reload_table() -> None:
-    """Forget the tables read so far: the next :func:`choose_path` reads ``kernel_paths.json`` (or its ``table_file``) again
-    (after ``fused_decode_paths`` rewrote it, in the process that recorded it)."""
+    """Forget the tables read so far: the next :func:`choose_path` reads ``kernel_paths.json`` (or its ``table_file``)
+    again (after ``fused_decode_paths`` rewrote it, in the process that recorded it)."""
     _load.cache_clear()
     _CHECKED.clear()
     _WARNED.clear()
@@ -262,13 +307,25 @@ def _shape(point: list) -> str:
     heads, context, batch, _, tokens, max_len = point
     if batch == 1:
         return f"{heads} heads, one request of {tokens:,} tokens"
-    return (f"{heads} heads, batch {batch}, {tokens:,} tokens, the longest {max_len:,}: the grid's {context:,}-token "
-            "mixed batch")
+    return (
+        f"{heads} heads, batch {batch}, {tokens:,} tokens, the longest {max_len:,}: the grid's {context:,}-token "
+        "mixed batch"
+    )
 
 
-def decide_path(heads: int, batch: int, max_len: int, *, gpu: str, capability: tuple[int, int] | None,
-                refusal: str | None, table: dict, tokens: int | None = None, source: str | Path | None = None,
-                refused: str | None = None) -> tuple[KernelPath, str]:
+def decide_path(
+    heads: int,
+    batch: int,
+    max_len: int,
+    *,
+    gpu: str,
+    capability: tuple[int, int] | None,
+    refusal: str | None,
+    table: dict,
+    tokens: int | None = None,
+    source: str | Path | None = None,
+    refused: str | None = None,
+) -> tuple[KernelPath, str]:
     """:func:`choose_path`'s rule without a device (the module docstring): ``heads`` query rows a request, ``batch``
     requests of ``tokens`` tokens together (None: ``batch x max_len``), the longest ``max_len``; ``gpu`` /
     ``capability`` the GPU's model and compute capability, ``refusal`` why the wgmma paths cannot run this call
@@ -291,31 +348,42 @@ def decide_path(heads: int, batch: int, max_len: int, *, gpu: str, capability: t
             why = f"the measured table {named} was refused ({problem})"
         elif found:
             measured = sorted({p[0] for p in found[1].get("points") or []})
-            why = (f"{found[0]} measured no point of {heads} heads (its head counts: "
-                   f"{', '.join(map(str, measured)) or 'none'})")
+            why = (
+                f"{found[0]} measured no point of {heads} heads (its head counts: "
+                f"{', '.join(map(str, measured)) or 'none'})"
+            )
         else:
-            why = (f"no measured table for {gpu} nor for its compute capability "
-                   f"{'.'.join(map(str, capability or ())) or 'unknown'}")
-        return path, (f"{SAID[path]}: {why}, so the capability rule: where the wgmma paths can run (sm_90a, latent "
-                      f"512 / rope 64, 16-byte aligned rows), the tokens-on-M wgmma path up to {TOKENS_MAX_HEADS} "
-                      f"heads, the wgmma path above ({heads} heads)")
+            why = (
+                f"no measured table for {gpu} nor for its compute capability "
+                f"{'.'.join(map(str, capability or ())) or 'unknown'}"
+            )
+        return path, (
+            f"{SAID[path]}: {why}, so the capability rule: where the wgmma paths can run (sm_90a, latent "
+            f"512 / rope 64, 16-byte aligned rows), the tokens-on-M wgmma path up to {TOKENS_MAX_HEADS} "
+            f"heads, the wgmma path above ({heads} heads)"
+        )
     path, point = choice
     where = found[0] if found[0] == gpu else f"{found[0]} (the same compute capability as this {gpu})"
     tokens = batch * max_len if tokens is None else tokens
     if (point[2], point[4], point[5]) == (batch, tokens, max_len):
         return path, f"{SAID[path]}: measured fastest at this shape ({_shape(point)}) on {where}"
-    return path, (f"{SAID[path]}: measured fastest at the nearest point of {heads} heads in batch and tokens "
-                  f"({_shape(point)}) on {where}")
+    return path, (
+        f"{SAID[path]}: measured fastest at the nearest point of {heads} heads in batch and tokens "
+        f"({_shape(point)}) on {where}"
+    )
 
 
 def table_text(table: Mapping[str, Mapping]) -> str:
-    """A table's file text (``kernel_paths.json`` or its sidecar): an entry's fields one per line, each point on a line of
-    its own (so a changed choice is a one-line diff), GPUs in the order given."""
+    """A table's file text (``kernel_paths.json`` or its sidecar): an entry's fields one per line, each point on a line
+    of its own (so a changed choice is a one-line diff), GPUs in the order given."""
+
     def value(key: str, v: object) -> str:
         if key == "points":
             return "[\n" + ",\n".join("   " + json.dumps(p, ensure_ascii=False) for p in v) + "\n  ]"
         return json.dumps(v, ensure_ascii=False)
 
-    entries = [f" {json.dumps(gpu)}: {{\n" + ",\n".join(f"  {json.dumps(k)}: {value(k, v)}" for k, v in entry.items())
-               + "\n }" for gpu, entry in table.items()]
+    entries = [
+        f" {json.dumps(gpu)}: {{\n" + ",\n".join(f"  {json.dumps(k)}: {value(k, v)}" for k, v in entry.items()) + "\n }"
+        for gpu, entry in table.items()
+    ]
     return "{\n" + ",\n".join(entries) + "\n}\n"

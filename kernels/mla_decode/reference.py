@@ -21,8 +21,15 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["mla_decode_reference", "split_latent_cache", "MLAInputs", "make_mla_inputs", "MLA_LAYOUTS",
-           "nonempty_requests", "reference64"]
+__all__ = [
+    "mla_decode_reference",
+    "split_latent_cache",
+    "MLAInputs",
+    "make_mla_inputs",
+    "MLA_LAYOUTS",
+    "nonempty_requests",
+    "reference64",
+]
 
 DC, DR = 512, 64
 D = DC + DR
@@ -35,8 +42,9 @@ def split_latent_cache(cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Te
     if not isinstance(cache, torch.Tensor):
         raise TypeError(f"split_latent_cache: cache must be a torch.Tensor, got {type(cache).__name__}.")
     if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int) or kv_lora_rank < 1:
-        raise TypeError(f"split_latent_cache: kv_lora_rank must be a positive int (512 for DeepSeek/GLM), got "
-                        f"{kv_lora_rank!r}.")
+        raise TypeError(
+            f"split_latent_cache: kv_lora_rank must be a positive int (512 for DeepSeek/GLM), got {kv_lora_rank!r}."
+        )
     if cache.dim() != 3 or cache.shape[-1] <= kv_lora_rank:
         raise ValueError(
             f"cache of shape {tuple(cache.shape)}: expected [slots, page_size, kv_lora_rank + rope] "
@@ -46,8 +54,14 @@ def split_latent_cache(cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Te
 
 
 def _check(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices) -> None:
-    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv", ckv), ("kpe", kpe), ("kv_indptr", kv_indptr),
-                    ("kv_indices", kv_indices)):
+    for name, t in (
+        ("q_nope", q_nope),
+        ("q_pe", q_pe),
+        ("ckv", ckv),
+        ("kpe", kpe),
+        ("kv_indptr", kv_indptr),
+        ("kv_indices", kv_indices),
+    ):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"mla_decode_reference: {name} must be a torch.Tensor, got {type(t).__name__}.")
     if q_nope.dim() != 3 or q_pe.dim() != 3 or q_nope.shape[:2] != q_pe.shape[:2]:
@@ -155,10 +169,14 @@ class MLAInputs:
         ptr = [0]
         for n in lens:
             ptr.append(ptr[-1] + n)
-        indices = torch.cat([self.tok_slots[i] for i in keep]) if keep else torch.empty(0, dtype=torch.int64,
-                                                                                        device=device)
-        return (torch.tensor(ptr, dtype=torch.int32, device=device), indices.to(torch.int32),
-                torch.tensor(lens, dtype=torch.int32, device=device))
+        indices = (
+            torch.cat([self.tok_slots[i] for i in keep]) if keep else torch.empty(0, dtype=torch.int64, device=device)
+        )
+        return (
+            torch.tensor(ptr, dtype=torch.int32, device=device),
+            indices.to(torch.int32),
+            torch.tensor(lens, dtype=torch.int32, device=device),
+        )
 
 
 def nonempty_requests(lens: Sequence[int]) -> list[int]:
@@ -166,9 +184,17 @@ def nonempty_requests(lens: Sequence[int]) -> list[int]:
     return [i for i, n in enumerate(lens) if n > 0]
 
 
-def make_mla_inputs(lens: Sequence[int], heads: int, *, seed: int, layout: str = "pool_view", page_size: int = 1,
-                    index_dtype: torch.dtype = torch.int32, pool_slots: int = 2_000,
-                    device: torch.device | str = "cpu") -> MLAInputs:
+def make_mla_inputs(
+    lens: Sequence[int],
+    heads: int,
+    *,
+    seed: int,
+    layout: str = "pool_view",
+    page_size: int = 1,
+    index_dtype: torch.dtype = torch.int32,
+    pool_slots: int = 2_000,
+    device: torch.device | str = "cpu",
+) -> MLAInputs:
     """A seeded batch: BF16 queries ~ N(0, 0.5^2), an FP8 pool ~ N(0, 0.7^2) of at least ``pool_slots`` token
     slots, random slots (repeats allowed, unsorted) per request of ``lens``; ``layout``: one of
     :data:`MLA_LAYOUTS` (``page_size`` only for "paged")."""
@@ -190,8 +216,10 @@ def make_mla_inputs(lens: Sequence[int], heads: int, *, seed: int, layout: str =
         page_ptr = [0]
         for n in n_pages:
             page_ptr.append(page_ptr[-1] + n)
-        tok_slots = [(pages[page_ptr[i]:page_ptr[i + 1]][:, None] * p + torch.arange(p, device=device)).flatten()[:n]
-                     for i, n in enumerate(lens)]
+        tok_slots = [
+            (pages[page_ptr[i] : page_ptr[i + 1]][:, None] * p + torch.arange(p, device=device)).flatten()[:n]
+            for i, n in enumerate(lens)
+        ]
         ckv_cache, kpe_cache = pool[..., :DC], pool[..., DC:]
         kv_indptr = torch.tensor(page_ptr, dtype=index_dtype, device=device)
         kv_indices = pages.to(index_dtype)
@@ -206,7 +234,7 @@ def make_mla_inputs(lens: Sequence[int], heads: int, *, seed: int, layout: str =
         ptr = [0]
         for n in lens:
             ptr.append(ptr[-1] + n)
-        tok_slots = [idx[ptr[i]:ptr[i + 1]] for i in range(b)]
+        tok_slots = [idx[ptr[i] : ptr[i + 1]] for i in range(b)]
         spare = torch.empty(0, dtype=torch.int64, device=device)
         if layout == "contiguous":
             tok_ckv, tok_kpe = pool[:, 0, :DC].contiguous(), pool[:, 0, DC:].contiguous()
@@ -219,12 +247,31 @@ def make_mla_inputs(lens: Sequence[int], heads: int, *, seed: int, layout: str =
             ckv_cache, kpe_cache = (tok3_ckv, tok3_kpe) if layout == "pool_view_3d" else (tok_ckv, tok_kpe)
         kv_indptr = torch.tensor(ptr, dtype=index_dtype, device=device)
         kv_indices = torch.cat([idx, spare]).to(index_dtype)
-    return MLAInputs(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, kv_len, tok_ckv, tok_kpe,
-                     tok3_ckv, tok3_kpe, tok_slots)
+    return MLAInputs(
+        q_nope,
+        q_pe,
+        ckv_cache,
+        kpe_cache,
+        kv_indptr,
+        kv_indices,
+        kv_len,
+        tok_ckv,
+        tok_kpe,
+        tok3_ckv,
+        tok3_kpe,
+        tok_slots,
+    )
 
 
-def reference64(inp: MLAInputs, keep: Sequence[int], ckv_scale: float, kpe_scale: float, sm_scale: float, *,
-                return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def reference64(
+    inp: MLAInputs,
+    keep: Sequence[int],
+    ckv_scale: float,
+    kpe_scale: float,
+    sm_scale: float,
+    *,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """float64 reference over the dequantized cache (``fp8 * scale`` in float64) for the requests ``keep`` (each
     with at least one token): ``[len(keep), H, Dc]`` and, with ``return_lse``, the natural-log LSE."""
     idx = torch.cat([inp.tok_slots[i].long() for i in keep])
@@ -232,5 +279,14 @@ def reference64(inp: MLAInputs, keep: Sequence[int], ckv_scale: float, kpe_scale
     k = inp.tok_kpe.index_select(0, idx).double() * kpe_scale
     ptr, _, _ = inp.token_batch(keep)
     compact = torch.arange(idx.numel(), device=idx.device)
-    return mla_decode_reference(inp.q_nope[list(keep)], inp.q_pe[list(keep)], c, k, ptr, compact, sm_scale,
-                                compute_dtype=torch.float64, return_lse=return_lse)
+    return mla_decode_reference(
+        inp.q_nope[list(keep)],
+        inp.q_pe[list(keep)],
+        c,
+        k,
+        ptr,
+        compact,
+        sm_scale,
+        compute_dtype=torch.float64,
+        return_lse=return_lse,
+    )

@@ -35,8 +35,18 @@ from kvwall.kernels.mla_decode.cases import SANITIZED_CASES, WGMMA_SANITIZED_CAS
 from kvwall.kernels.mla_decode.triton_path import mla_decode_fp8
 from kvwall.kernels.mla_decode.reference import make_mla_inputs
 
-__all__ = ["POOL_SLOTS", "PATHS", "PROG", "path_cases", "path_refusal", "runnable_paths", "parse_args",
-           "unchecked_out_of_range_gives_nan", "checks", "main"]
+__all__ = [
+    "POOL_SLOTS",
+    "PATHS",
+    "PROG",
+    "path_cases",
+    "path_refusal",
+    "runnable_paths",
+    "parse_args",
+    "unchecked_out_of_range_gives_nan",
+    "checks",
+    "main",
+]
 
 #: The pool each sanitized case reads: small, so an out-of-bounds read lands outside the allocation.
 POOL_SLOTS = 2_000
@@ -44,11 +54,16 @@ POOL_SLOTS = 2_000
 PATHS = ("triton", "wgmma", "wgmma_tokens")
 PROG = "python -m kvwall.kernels.mla_decode.sanitize"
 #: Each wgmma path's call and planner (both refuse an unchecked call without a plan).
-_WGMMA_CALLS = {"wgmma": (wgmma_path.mla_decode_fp8_wgmma, wgmma_path.plan_mla_decode_wgmma),
-                "wgmma_tokens": (tokens_path.mla_decode_fp8_wgmma_tokens, tokens_path.plan_mla_decode_wgmma_tokens)}
+_WGMMA_CALLS = {
+    "wgmma": (wgmma_path.mla_decode_fp8_wgmma, wgmma_path.plan_mla_decode_wgmma),
+    "wgmma_tokens": (tokens_path.mla_decode_fp8_wgmma_tokens, tokens_path.plan_mla_decode_wgmma_tokens),
+}
 #: (heads, page size) of each path's unchecked out-of-range calls.
-_UNCHECKED = {"triton": ((16, 1), (16, 16)), "wgmma": ((64, 1), (64, 64)),
-              "wgmma_tokens": ((16, 1), (16, 64), (32, 1), (32, 64))}
+_UNCHECKED = {
+    "triton": ((16, 1), (16, 16)),
+    "wgmma": ((64, 1), (64, 64)),
+    "wgmma_tokens": ((16, 1), (16, 64), (32, 1), (32, 64)),
+}
 
 
 def path_cases(path: str) -> tuple[DecodeCase, ...]:
@@ -89,8 +104,9 @@ def _case_ok(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], case: DecodeC
     return check_case(fn, case, device, POOL_SLOTS)["ok"]
 
 
-def unchecked_out_of_range_gives_nan(device: torch.device, layout: str, path: str = "triton", heads: int = 16,
-                                     page_size: int | None = None) -> bool:
+def unchecked_out_of_range_gives_nan(
+    device: torch.device, layout: str, path: str = "triton", heads: int = 16, page_size: int | None = None
+) -> bool:
     """An unchecked call whose request 1 holds out-of-range indices (huge and negative): that request's output
     is NaN, the others' are the checked call's, bit for bit. ``page_size``: the paged layout's (default 16); a
     wgmma path is called with one plan for both calls."""
@@ -102,8 +118,9 @@ def unchecked_out_of_range_gives_nan(device: torch.device, layout: str, path: st
         call, kw = mla_decode_fp8, dict(kv_len=inp.kv_len, num_splits=3)
     else:
         call, planner = _WGMMA_CALLS[path]
-        kw = dict(kv_len=inp.kv_len, plan=planner(inp.kv_indptr, inp.kv_len, heads=heads, page_size=page,
-                                                  device=device))
+        kw = dict(
+            kv_len=inp.kv_len, plan=planner(inp.kv_indptr, inp.kv_len, heads=heads, page_size=page, device=device)
+        )
     good = call(*args, inp.kv_indices, 0.1, **kw)
     ptr = inp.kv_indptr.tolist()
     bad = inp.kv_indices.clone()
@@ -113,8 +130,9 @@ def unchecked_out_of_range_gives_nan(device: torch.device, layout: str, path: st
     return bool(torch.isnan(out[1]).all()) and torch.equal(out[[0, 2]], good[[0, 2]])
 
 
-def checks(device: torch.device, names: Sequence[str], paths: Sequence[str] = ("triton",)
-           ) -> list[tuple[str, Callable[[], bool]]]:
+def checks(
+    device: torch.device, names: Sequence[str], paths: Sequence[str] = ("triton",)
+) -> list[tuple[str, Callable[[], bool]]]:
     """The named checks :func:`main` runs, path by path (in :data:`PATHS` order): the chosen cases of the path,
     then its unchecked calls. A wgmma path's check names start with the path's name."""
     out: list[tuple[str, Callable[[], bool]]] = []
@@ -123,8 +141,11 @@ def checks(device: torch.device, names: Sequence[str], paths: Sequence[str] = ("
         out += [(c.name, functools.partial(_case_ok, fn, c, device)) for c in path_cases(path) if c.name in names]
         for heads, page in _UNCHECKED[path]:
             layout = "paged" if page > 1 else "pool_view"
-            name = (f"unchecked out-of-range -> NaN rows ({layout})" if path == "triton" else
-                    f"{path} h{heads} unchecked out-of-range -> NaN rows ({layout}{page if page > 1 else ''})")
+            name = (
+                f"unchecked out-of-range -> NaN rows ({layout})"
+                if path == "triton"
+                else f"{path} h{heads} unchecked out-of-range -> NaN rows ({layout}{page if page > 1 else ''})"
+            )
             out.append((name, functools.partial(unchecked_out_of_range_gives_nan, device, layout, path, heads, page)))
     return out
 
@@ -134,13 +155,16 @@ def parse_args(argv: Sequence[str] | None) -> tuple[torch.device, list[str], lis
     ``--paths``. Returns (device, paths, case names); a usage error -- a wgmma path the device cannot run among
     those asked for, a case of a path not asked for -- exits 2 saying why."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(prog=PROG, add_help=False,
-                                  usage=f"{PROG} [--paths PATH ...] [--device DEVICE] [--cases NAME ...]")
+    pre = argparse.ArgumentParser(
+        prog=PROG, add_help=False, usage=f"{PROG} [--paths PATH ...] [--device DEVICE] [--cases NAME ...]"
+    )
     pre.add_argument("--paths", nargs="+", choices=PATHS, default=None)
     known, rest = pre.parse_known_args(argv)
     owner = {c.name: p for p in PATHS for c in path_cases(p)}
-    description = (__doc__.splitlines()[0] + f" --paths {' '.join(PATHS)}: the paths to run (default: every path "
-                   "this device runs).")
+    description = (
+        __doc__.splitlines()[0] + f" --paths {' '.join(PATHS)}: the paths to run (default: every path "
+        "this device runs)."
+    )
     device, names = sanitizer_args(rest, PROG, description, list(owner), list(owner))
     explicit = any(a == "--cases" or a.startswith("--cases=") for a in rest)
     if known.paths is not None:
@@ -158,8 +182,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[torch.device, list[str], lis
     for p in paths:
         why = path_refusal(p, device)
         if why:
-            pre.error(f"--paths {p}: it cannot run on {device} ({why}). The paths that run here: --paths "
-                      f"{' '.join(runnable_paths(device))} (what no --paths runs).")
+            pre.error(
+                f"--paths {p}: it cannot run on {device} ({why}). The paths that run here: --paths "
+                f"{' '.join(runnable_paths(device))} (what no --paths runs)."
+            )
     return device, paths, [n for n in names if owner[n] in paths]
 
 

@@ -1,7 +1,7 @@
 """The Triton path's device code: the split-KV kernel (``_mla_split_kernel``) and the helpers it calls, compiled
-with ``triton.jit`` for CUDA tensors or run by Triton's interpreter for CPU tensors (:func:`kernel_for`). What it computes
-and why each choice was made: :mod:`.triton_path` (its launcher and plan) and chapter 5; the combine kernel that merges
-its partials lives in :mod:`.combine`."""
+with ``triton.jit`` for CUDA tensors or run by Triton's interpreter for CPU tensors (:func:`kernel_for`). What it
+computes and why each choice was made: :mod:`.triton_path` (its launcher and plan) and chapter 5; the combine kernel
+that merges its partials lives in :mod:`.combine`."""
 
 from __future__ import annotations
 
@@ -61,8 +61,20 @@ def _store_bf16_impl(ptrs, o, hmask, ON_GPU: tl.constexpr):
     tl.store(ptrs, ob, mask=hmask[:, None])
 
 
-def _write_out_impl(o_rows, lse_ptrs, acc0, acc1, acc2, acc3, norm, lse2, hmask, DCH: tl.constexpr,
-                    WRITE_LSE: tl.constexpr, ON_GPU: tl.constexpr):
+def _write_out_impl(
+    o_rows,
+    lse_ptrs,
+    acc0,
+    acc1,
+    acc2,
+    acc3,
+    norm,
+    lse2,
+    hmask,
+    DCH: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):
     """A request's finished output (BF16) and natural-log LSE, from the four accumulators."""
     _store_bf16(o_rows + 0 * DCH, acc0 * norm, hmask, ON_GPU)
     _store_bf16(o_rows + 1 * DCH, acc1 * norm, hmask, ON_GPU)
@@ -89,7 +101,12 @@ def _fp8_pairs_impl(x16, ON_GPU: tl.constexpr):
     if ON_GPU:
         lo, hi = tl.inline_asm_elementwise(
             asm="{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }",
-            constraints="=h,=h,h", args=[x16], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+            constraints="=h,=h,h",
+            args=[x16],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=1,
+        )
     else:
         u = x16.to(tl.uint16, bitcast=True)
         lo = _fp8_as_f16((u & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True), False)
@@ -107,10 +124,31 @@ def _q_half_impl(row_ptr, off, WIDTH: tl.constexpr, hmask, qmul, ON_GPU: tl.cons
     return q
 
 
-def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe,
-                     qn_row, qp_row, hmask, qmul, row_c, row_k, row_end,
-                     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr,
-                     PAGE: tl.constexpr, ON_GPU: tl.constexpr, CAUSAL: tl.constexpr):
+def _pairs_loop_impl(
+    ckv_ptr,
+    kpe_ptr,
+    indices_ptr,
+    start,
+    lo,
+    hi,
+    num_units,
+    stride_ckv,
+    stride_kpe,
+    qn_row,
+    qp_row,
+    hmask,
+    qmul,
+    row_c,
+    row_k,
+    row_end,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DCH: tl.constexpr,
+    DR: tl.constexpr,
+    PAGE: tl.constexpr,
+    ON_GPU: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     """The token loop with the tile read as 16-bit pairs of FP8 values: every latent chunk splits into its even
     and odd columns (:func:`_fp8_pairs`), the queries likewise (once, here), so the scores are
     ``sum_c q_even_c . ckv_even_c + q_odd_c . ckv_odd_c`` and the output's even and odd columns accumulate
@@ -209,10 +247,18 @@ def _pairs_loop_impl(ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, st
 
 
 # The split kernel calls these; compiled kernels need them jitted, interpreted ones call the plain functions.
-_HELPERS = {"_fp8_as_f16": _fp8_as_f16_impl, "_pow2": _pow2_impl, "_q_operand": _q_operand_impl,
-            "_dot": _dot_impl, "_store_bf16": _store_bf16_impl, "_write_out": _write_out_impl,
-            "_write_partial": _write_partial_impl, "_fp8_pairs": _fp8_pairs_impl, "_q_half": _q_half_impl,
-            "_pairs_loop": _pairs_loop_impl}
+_HELPERS = {
+    "_fp8_as_f16": _fp8_as_f16_impl,
+    "_pow2": _pow2_impl,
+    "_q_operand": _q_operand_impl,
+    "_dot": _dot_impl,
+    "_store_bf16": _store_bf16_impl,
+    "_write_out": _write_out_impl,
+    "_write_partial": _write_partial_impl,
+    "_fp8_pairs": _fp8_pairs_impl,
+    "_q_half": _q_half_impl,
+    "_pairs_loop": _pairs_loop_impl,
+}
 _fp8_as_f16 = triton.jit(_fp8_as_f16_impl)
 _pow2 = triton.jit(_pow2_impl)
 _q_operand = triton.jit(_q_operand_impl)
@@ -226,20 +272,51 @@ _pairs_loop = triton.jit(_pairs_loop_impl)
 
 
 def _mla_split_kernel(
-    qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, indptr_ptr, indices_ptr, kvlen_ptr,
-    ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, qk_scale,  # qk_scale = sm_scale * log2(e)
-    part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
+    qn_ptr,
+    qp_ptr,
+    ckv_ptr,
+    kpe_ptr,
+    indptr_ptr,
+    indices_ptr,
+    kvlen_ptr,
+    ckv_scale_ptr,
+    kpe_scale_ptr,
+    ckv_scale_val,
+    kpe_scale_val,
+    qk_scale,  # qk_scale = sm_scale * log2(e)
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    lse_ptr,
     work_ptr,  # WORKLIST: the plan's items, int32 [items, 4] rows (request, first token, end token, partial row)
-    H, num_splits,
-    q_len, heads_per_token,  # CAUSAL: H = q_len x heads_per_token rows a request, row r is query token r // heads_per_token
+    H,
+    num_splits,
+    q_len,
+    heads_per_token,  # CAUSAL: H = q_len x heads_per_token rows a request, row r is query token r // heads_per_token
     num_indices,  # len(kv_indices): kv_indptr entries are clamped to it (unchecked calls read nothing past it)
     num_units,  # slots (PAGE == 1) or pages in the cache: an index outside 0..num_units-1 makes the request NaN
-    stride_qn_b, stride_qn_h, stride_qp_b, stride_qp_h, stride_ckv, stride_kpe,
-    stride_o_b, stride_o_h,
-    DC: tl.constexpr, DCH: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
-    ON_GPU: tl.constexpr, KV_MUL: tl.constexpr, WORKLIST: tl.constexpr,
-    PAIRS: tl.constexpr, CAUSAL: tl.constexpr,
+    stride_qn_b,
+    stride_qn_h,
+    stride_qp_b,
+    stride_qp_h,
+    stride_ckv,
+    stride_kpe,
+    stride_o_b,
+    stride_o_h,
+    DC: tl.constexpr,
+    DCH: tl.constexpr,
+    DR: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr,
+    SCALE_FROM_PTR: tl.constexpr,
+    DIRECT: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    ON_GPU: tl.constexpr,
+    KV_MUL: tl.constexpr,
+    WORKLIST: tl.constexpr,
+    PAIRS: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     hb = tl.program_id(0)  # head blocks vary fastest: programs sharing a split run together and share it in L2
     if WORKLIST:  # one item of the plan: a request and a chunk of its tokens
@@ -294,8 +371,9 @@ def _mla_split_kernel(
     qp_row = qp_ptr + b.to(tl.int64) * stride_qp_b + heads[:, None] * stride_qp_h
     qn = tl.load(qn_row + dc[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
     qp = tl.load(qp_row + dr[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.reduce(tl.abs(qn), 1, tl.standard._elementwise_max),
-                      tl.reduce(tl.abs(qp), 1, tl.standard._elementwise_max))
+    amax = tl.maximum(
+        tl.reduce(tl.abs(qn), 1, tl.standard._elementwise_max), tl.reduce(tl.abs(qp), 1, tl.standard._elementwise_max)
+    )
     # (a head of zeros -- or a padding row -- takes 2^13 too: any power scales zero to zero, and 2^0 would leave the
     # logit scale 2^13 times larger than any real head's, overflowing for an sm_scale the reference takes)
     e = 13.0 - tl.floor(tl.log2(tl.where(amax > 0.0, amax, 1.0)))
@@ -320,8 +398,30 @@ def _mla_split_kernel(
         # The tile read as 16-bit pairs of FP8 values (even and odd latent columns apart): 16-bit loads from
         # shared memory and one conversion per pair, where FP8 elements cost a byte load each.
         m_i, l_i, acc0, acc1, acc2, acc3, bad_seen = _pairs_loop(
-            ckv_ptr, kpe_ptr, indices_ptr, start, lo, hi, num_units, stride_ckv, stride_kpe, qn_row, qp_row, hmask,
-            qmul, row_c, row_k, row_end, BLOCK_H, BLOCK_N, DCH, DR, PAGE, ON_GPU, CAUSAL)
+            ckv_ptr,
+            kpe_ptr,
+            indices_ptr,
+            start,
+            lo,
+            hi,
+            num_units,
+            stride_ckv,
+            stride_kpe,
+            qn_row,
+            qp_row,
+            hmask,
+            qmul,
+            row_c,
+            row_k,
+            row_end,
+            BLOCK_H,
+            BLOCK_N,
+            DCH,
+            DR,
+            PAGE,
+            ON_GPU,
+            CAUSAL,
+        )
     else:
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         bad_seen = tl.full([BLOCK_N], 0, tl.int32)  # per tile column: did an index fall outside the cache?
@@ -374,14 +474,10 @@ def _mla_split_kernel(
                 pv = p.to(tl.float16)  # rounded to the operand type, as flash attention does
             else:
                 pv = p  # float32 p: the interpreter checks everything but the GPU's float16 rounding of p
-            acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH), ON_GPU),
-                        acc0 * alpha[:, None], ON_GPU)
-            acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH), ON_GPU),
-                        acc1 * alpha[:, None], ON_GPU)
-            acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH), ON_GPU),
-                        acc2 * alpha[:, None], ON_GPU)
-            acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH), ON_GPU),
-                        acc3 * alpha[:, None], ON_GPU)
+            acc0 = _dot(pv, _fp8_as_f16(tl.load(row + 0 * DCH), ON_GPU), acc0 * alpha[:, None], ON_GPU)
+            acc1 = _dot(pv, _fp8_as_f16(tl.load(row + 1 * DCH), ON_GPU), acc1 * alpha[:, None], ON_GPU)
+            acc2 = _dot(pv, _fp8_as_f16(tl.load(row + 2 * DCH), ON_GPU), acc2 * alpha[:, None], ON_GPU)
+            acc3 = _dot(pv, _fp8_as_f16(tl.load(row + 3 * DCH), ON_GPU), acc3 * alpha[:, None], ON_GPU)
             m_i = m_new
 
     # l_i is 0 for a split with no tokens, >= 1 otherwise; NaN if a logit was (an FP8 NaN) or if an index was out
@@ -404,13 +500,34 @@ def _mla_split_kernel(
         to_out = DIRECT
         part_row = b * num_splits + s  # partials laid out [B, S, H, DC]
     if to_out:
-        _write_out(out_ptr + b.to(tl.int64) * stride_o_b + heads[:, None] * stride_o_h + dch[None, :],
-                   lse_ptr + b * H + heads, acc0, acc1, acc2, acc3, norm, lse2, hmask, DCH, WRITE_LSE, ON_GPU)
+        _write_out(
+            out_ptr + b.to(tl.int64) * stride_o_b + heads[:, None] * stride_o_h + dch[None, :],
+            lse_ptr + b * H + heads,
+            acc0,
+            acc1,
+            acc2,
+            acc3,
+            norm,
+            lse2,
+            hmask,
+            DCH,
+            WRITE_LSE,
+            ON_GPU,
+        )
     else:
         rows = part_row.to(tl.int64) * H + heads
-        _write_partial(part_o_ptr + rows[:, None] * DC + dch[None, :], part_lse_ptr + rows, acc0, acc1, acc2, acc3,
-                       norm, lse2, hmask, DCH)
-
+        _write_partial(
+            part_o_ptr + rows[:, None] * DC + dch[None, :],
+            part_lse_ptr + rows,
+            acc0,
+            acc1,
+            acc2,
+            acc3,
+            norm,
+            lse2,
+            hmask,
+            DCH,
+        )
 
 
 @functools.cache

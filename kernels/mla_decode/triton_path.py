@@ -33,9 +33,9 @@ Design (chapter 5 gives the reason for each choice and the measurements):
   output directly.
 - **Queries** go to float16 scaled per head by a power of two that puts the largest |q| in [2^12, 2^15) (no
   overflow, no lost bits), the scale folded back into the logit scale.
-- **Combine kernel** (:mod:`.combine`, shared with the wgmma paths), grid ``(requests with more than one chunk, H, 512 / combine_block_d)``: merges each
-  request's partials (however many chunks it has) by their LSEs (flash-decoding); chunks with no tokens carry
-  ``lse = -inf`` and weight 0.
+- **Combine kernel** (:mod:`.combine`, shared with the wgmma paths), grid
+  ``(requests with more than one chunk, H, 512 / combine_block_d)``: merges each request's partials (however many chunks
+  it has) by their LSEs (flash-decoding); chunks with no tokens carry ``lse = -inf`` and weight 0.
 - **Launch shape** (:class:`MLADecodeConfig`) and **programs at once** (the plan's sizing) come from
   ``tuned.json`` (written by ``python -m kvwall.tuning.fused --write``; only shapes that do not spill registers),
   the entry nearest to the GPU model, head count and context (:func:`tuned_entry`); without an entry, the first
@@ -56,8 +56,8 @@ Scales: Python numbers (finite as float32; the rule :func:`kvwall.kernels._args.
 ``gather_cast`` shares) or one-element float32 tensors on the cache's device (read in the kernel, so a captured
 CUDA graph replays with whatever they hold). ``sm_scale``: a finite number of magnitude at most 2.36e38
 (``sm_scale * log2(e)`` is taken as a float32); the powers of two that scale the queries are folded into it
-before it is multiplied, so the logit scale overflows only where the logits themselves would. ``out``: its own memory (one that overlaps itself or shares bytes
-with an input is refused).
+before it is multiplied, so the logit scale overflows only where the logits themselves would. ``out``: its own memory
+(one that overlaps itself or shares bytes with an input is refused).
 
 NaN: an FP8 NaN in a token a request reads makes that request's output and LSE NaN (every head), on the GPU and
 in the interpreter alike; NaN in a slot no request reads has no effect.
@@ -80,8 +80,13 @@ from kvwall.kernels._args import MAX_GRID_Y, MAX_HEADS, MAX_TOKENS, bounded_int,
 from kvwall.kernels._common import Fail, check_output, fail, sm_count
 from kvwall.kernels.mla_decode.checks import LOG2E, MAX_Q_LEN, Q_DTYPE, parse_scale, validate_call
 from kvwall.kernels.mla_decode.combine import LAST_COMPILED, combine_kernel, combine_shape, launch_combine
-from kvwall.kernels.mla_decode.launch_shape import (MLADecodeConfig, default_config, default_num_splits,
-                                                    programs_wanted, split_constexprs)
+from kvwall.kernels.mla_decode.launch_shape import (
+    MLADecodeConfig,
+    default_config,
+    default_num_splits,
+    programs_wanted,
+    split_constexprs,
+)
 from kvwall.kernels.mla_decode.plan import MLADecodePlan, device_ints
 from kvwall.kernels.mla_decode.triton_kernel import kernel_for
 from kvwall.kernels.mla_decode.work_list import build_work_list
@@ -96,28 +101,55 @@ _fail: Fail = functools.partial(fail, "mla_decode_fp8")
 # The Triton path's plan (the wgmma paths build on it)
 # ----------------------------------------------------------------------------------------------
 
-def plan_mla_decode_triton(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
-                    kv_lora_rank: int = 512, page_size: int = 1, device: torch.device | None = None,
-                    config: MLADecodeConfig | None = None, programs: int | None = None,
-                    min_chunk: int | None = None) -> MLADecodePlan:
+
+def plan_mla_decode_triton(
+    kv_indptr: torch.Tensor,
+    kv_len: torch.Tensor | None = None,
+    *,
+    heads: int,
+    kv_lora_rank: int = 512,
+    page_size: int = 1,
+    device: torch.device | None = None,
+    config: MLADecodeConfig | None = None,
+    programs: int | None = None,
+    min_chunk: int | None = None,
+) -> MLADecodePlan:
     """The work list for a batch (FlashInfer's ``plan()``): lengths from ``kv_indptr`` (page size 1) or ``kv_len``
     (paged caches), read on the host (one synchronization if they are on the GPU). ``programs``: split-kernel
     programs to aim for at once (default :func:`programs_wanted`); ``min_chunk``: fewest tokens a chunk may hold
     (default one tile)."""
     # heads counts a request's rows here (the front door passes q_len x heads)
-    device = check_plan_args(_plan_fail, kv_indptr, kv_len, heads=heads, page_size=page_size, device=device,
-                             programs=programs, min_chunk=min_chunk, max_heads=MAX_Q_LEN * MAX_HEADS)
-    if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int) or kv_lora_rank < 64 \
-            or kv_lora_rank & (kv_lora_rank - 1):
-        _plan_fail(ValueError, f"kv_lora_rank must be a power of two >= 64 (512 for DeepSeek/GLM), got "
-                   f"{kv_lora_rank!r}.")
+    device = check_plan_args(
+        _plan_fail,
+        kv_indptr,
+        kv_len,
+        heads=heads,
+        page_size=page_size,
+        device=device,
+        programs=programs,
+        min_chunk=min_chunk,
+        max_heads=MAX_Q_LEN * MAX_HEADS,
+    )
+    if (
+        isinstance(kv_lora_rank, bool)
+        or not isinstance(kv_lora_rank, int)
+        or kv_lora_rank < 64
+        or kv_lora_rank & (kv_lora_rank - 1)
+    ):
+        _plan_fail(
+            ValueError, f"kv_lora_rank must be a power of two >= 64 (512 for DeepSeek/GLM), got {kv_lora_rank!r}."
+        )
     if config is not None and not isinstance(config, MLADecodeConfig):
-        _plan_fail(TypeError, f"config must be an MLADecodeConfig (or None for the tuned shape), got "
-                   f"{type(config).__name__}.")
+        _plan_fail(
+            TypeError, f"config must be an MLADecodeConfig (or None for the tuned shape), got {type(config).__name__}."
+        )
     ptr = [int(x) for x in kv_indptr.tolist()]
     if len(ptr) < 2 or ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])) or ptr[-1] > MAX_TOKENS:
-        _plan_fail(ValueError, f"kv_indptr must have batch + 1 >= 2 entries, start at 0, never decrease and end at "
-                   f"most at 2^31 - 1; got {ptr[:6]}{'...' if len(ptr) > 6 else ''} ending at {ptr[-1]}.")
+        _plan_fail(
+            ValueError,
+            f"kv_indptr must have batch + 1 >= 2 entries, start at 0, never decrease and end at "
+            f"most at 2^31 - 1; got {ptr[:6]}{'...' if len(ptr) > 6 else ''} ending at {ptr[-1]}.",
+        )
     batch = len(ptr) - 1
     if page_size == 1:
         if kv_len is not None:
@@ -129,40 +161,72 @@ def plan_mla_decode_triton(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None 
         lengths = [int(x) for x in kv_len.tolist()]
         for i, (n, a, b) in enumerate(zip(lengths, ptr, ptr[1:])):
             if n < 0 or n > (b - a) * page_size or n > MAX_TOKENS:
-                _plan_fail(ValueError, f"kv_len[{i}] = {n} does not fit request {i}'s {b - a} pages of {page_size} "
-                           f"tokens.")
+                _plan_fail(
+                    ValueError, f"kv_len[{i}] = {n} does not fit request {i}'s {b - a} pages of {page_size} tokens."
+                )
     max_len = max(lengths)
     cfg = config or default_config(heads, kv_lora_rank, device, max_len)
     head_blocks = triton.cdiv(heads, cfg.block_h)
     if device.type == "cpu" and programs is None:  # the interpreter: at most 3 chunks a request, enough to combine
-        wl = build_work_list(lengths, block_n=cfg.block_n, items_wanted=1,
-                             max_chunk=triton.cdiv(triton.cdiv(max(max_len, 1), 3), cfg.block_n) * cfg.block_n)
+        wl = build_work_list(
+            lengths,
+            block_n=cfg.block_n,
+            items_wanted=1,
+            max_chunk=triton.cdiv(triton.cdiv(max(max_len, 1), 3), cfg.block_n) * cfg.block_n,
+        )
     else:
         wanted = programs or programs_wanted(heads, max_len, device, cfg)
-        wl = build_work_list(lengths, block_n=cfg.block_n, items_wanted=max(1, triton.cdiv(wanted, head_blocks)),
-                             min_chunk=min_chunk)
+        wl = build_work_list(
+            lengths, block_n=cfg.block_n, items_wanted=max(1, triton.cdiv(wanted, head_blocks)), min_chunk=min_chunk
+        )
     if len(wl.items) > MAX_GRID_Y:
-        _plan_fail(ValueError, f"the work list has {len(wl.items)} items (batch {batch}), more than the {MAX_GRID_Y} a "
-                   "launch's grid holds; split the batch, or ask for fewer programs.")
+        _plan_fail(
+            ValueError,
+            f"the work list has {len(wl.items)} items (batch {batch}), more than the {MAX_GRID_Y} a "
+            "launch's grid holds; split the batch, or ask for fewer programs.",
+        )
     rows = max(wl.partial_rows, 1)
-    return MLADecodePlan(batch, heads, kv_lora_rank, page_size, device, cfg, wl,
-                         device_ints(wl.items, device).reshape(-1, 4), device_ints(list(wl.combine) or [0], device),
-                         device_ints(wl.part_indptr, device),
-                         torch.empty(rows, heads, kv_lora_rank, dtype=torch.float32, device=device),
-                         torch.empty(rows, heads, dtype=torch.float32, device=device))
-
+    return MLADecodePlan(
+        batch,
+        heads,
+        kv_lora_rank,
+        page_size,
+        device,
+        cfg,
+        wl,
+        device_ints(wl.items, device).reshape(-1, 4),
+        device_ints(list(wl.combine) or [0], device),
+        device_ints(wl.part_indptr, device),
+        torch.empty(rows, heads, kv_lora_rank, dtype=torch.float32, device=device),
+        torch.empty(rows, heads, dtype=torch.float32, device=device),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Entry point
 # ----------------------------------------------------------------------------------------------
 
-def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
-                   kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *,
-                   ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
-                   out: torch.Tensor | None = None, return_lse: bool = False, kv_len: torch.Tensor | None = None,
-                   num_splits: int | None = None, check_range: bool = True, config: MLADecodeConfig | None = None,
-                   plan: MLADecodePlan | None = None, q_len: int = 1):
+
+def mla_decode_fp8(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+    *,
+    ckv_scale: float | torch.Tensor = 1.0,
+    kpe_scale: float | torch.Tensor = 1.0,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    kv_len: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    check_range: bool = True,
+    config: MLADecodeConfig | None = None,
+    plan: MLADecodePlan | None = None,
+    q_len: int = 1,
+):
     """MLA decode attention straight from an FP8 latent cache; returns ``out`` ``[B, H, Dc]`` BF16 (and the
     natural-log LSE ``[B, H]`` float32 with ``return_lse``). See the module docstring for the semantics.
 
@@ -188,13 +252,21 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     folds SGLang's ``[B x q_len, heads, Dc]`` for its caller.
     """
     if num_splits is not None:
-        bounded_int("num_splits", num_splits, _fail, most=MAX_GRID_Y,
-                    hint="KV splits per request (a launch's grid holds at most 65535; a handful is the useful range)")
+        bounded_int(
+            "num_splits",
+            num_splits,
+            _fail,
+            most=MAX_GRID_Y,
+            hint="KV splits per request (a launch's grid holds at most 65535; a handful is the useful range)",
+        )
     if config is not None and not isinstance(config, MLADecodeConfig):
-        _fail(TypeError, f"config must be an MLADecodeConfig (or None for the tuned shape), got {type(config).__name__}.")
+        _fail(
+            TypeError, f"config must be an MLADecodeConfig (or None for the tuned shape), got {type(config).__name__}."
+        )
     bounded_int("q_len", q_len, _fail, most=MAX_Q_LEN, hint="query tokens per request")
-    ckv, kpe, page_size, max_len = validate_call(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
-                                             out, check_range, kv_len)
+    ckv, kpe, page_size, max_len = validate_call(
+        q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, out, check_range, kv_len
+    )
     device = q_nope.device
     batch, heads, dc = q_nope.shape
     dr = q_pe.shape[-1]
@@ -207,9 +279,21 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
             k_t = torch.full((1,), k_v, dtype=torch.float32, device=device)
     from_ptr = c_t is not None
     if out is not None:
-        check_output(out, {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache,
-                           "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len": kv_len, "ckv_scale": c_t,
-                           "kpe_scale": k_t}, _fail)
+        check_output(
+            out,
+            {
+                "q_nope": q_nope,
+                "q_pe": q_pe,
+                "ckv_cache": ckv_cache,
+                "kpe_cache": kpe_cache,
+                "kv_indptr": kv_indptr,
+                "kv_indices": kv_indices,
+                "kv_len": kv_len,
+                "ckv_scale": c_t,
+                "kpe_scale": k_t,
+            },
+            _fail,
+        )
     if max_len is None:  # unchecked call: lengths unknown on the host; size by the index buffer
         max_len = triton.cdiv(kv_indices.numel() * page_size, batch)
     cfg = config or (plan.config if isinstance(plan, MLADecodePlan) else default_config(heads, dc, device, max_len))
@@ -221,15 +305,21 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         if num_splits is not None:
             _fail(ValueError, "pass either plan or num_splits: a plan has its own chunks.")
         if type(plan) is not MLADecodePlan:  # a subclass is another path's plan (the wgmma path's WgmmaPlan)
-            _fail(TypeError, f"plan must come from plan_mla_decode_triton (the Triton path), got {type(plan).__name__}.")
+            _fail(
+                TypeError, f"plan must come from plan_mla_decode_triton (the Triton path), got {type(plan).__name__}."
+            )
         want = (batch, heads, dc, page_size, device)
         have = (plan.batch, plan.heads, plan.kv_lora_rank, plan.page_size, plan.device)
         if have != want:
-            _fail(ValueError, f"the plan was made for (batch, heads, kv_lora_rank, page_size, device) = {have}; this "
-                  f"call has {want}.")
+            _fail(
+                ValueError,
+                f"the plan was made for (batch, heads, kv_lora_rank, page_size, device) = {have}; this "
+                f"call has {want}.",
+            )
     elif num_splits is None and check_range:
-        plan = plan_mla_decode_triton(kv_indptr, kv_len, heads=heads, kv_lora_rank=dc, page_size=page_size, device=device,
-                               config=cfg)
+        plan = plan_mla_decode_triton(
+            kv_indptr, kv_len, heads=heads, kv_lora_rank=dc, page_size=page_size, device=device, config=cfg
+        )
     elif num_splits is None:
         num_splits = default_num_splits(batch, heads, max_len, device, cfg)
     if plan is None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
@@ -238,8 +328,23 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
         out = torch.empty(batch, heads, dc, dtype=Q_DTYPE, device=device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if return_lse else None
     if plan is not None:
-        launch_planned(plan, cfg, q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, kv_len, (c_t, c_v), (k_t, k_v),
-                       sm_scale, out, lse, q_len=q_len)
+        launch_planned(
+            plan,
+            cfg,
+            q_nope,
+            q_pe,
+            ckv,
+            kpe,
+            kv_indptr,
+            kv_indices,
+            kv_len,
+            (c_t, c_v),
+            (k_t, k_v),
+            sm_scale,
+            out,
+            lse,
+            q_len=q_len,
+        )
         return (out, lse) if return_lse else out
     if q_len != 1:
         _fail(ValueError, f"q_len={q_len} needs a plan (plan_mla_decode_triton(..., q_len=...)).")
@@ -256,36 +361,104 @@ def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Te
     lse_arg = lse if lse is not None else part_lse
     from_ptr = c_t is not None
     handle = kernel_for("split", interpreted)[(triton.cdiv(heads, cfg.block_h), num_splits, batch)](
-        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, kv_len if kv_len is not None else kv_indptr,
-        c_t if from_ptr else ckv, k_t if from_ptr else kpe, c_v, k_v, float(sm_scale) * LOG2E,
-        part_o, part_lse, out, lse_arg, kv_indptr,
-        heads, num_splits, 1, heads, num_indices, ckv.shape[0] // page_size,
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), ckv.stride(0), kpe.stride(0),
-        out.stride(0), out.stride(1),
-        **split_constexprs(cfg, dc=dc, dr=dr, page=page_size, worklist=False, direct=direct,
-                           write_lse=return_lse, scale_from_ptr=from_ptr, on_gpu=not interpreted),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q_nope,
+        q_pe,
+        ckv,
+        kpe,
+        kv_indptr,
+        kv_indices,
+        kv_len if kv_len is not None else kv_indptr,
+        c_t if from_ptr else ckv,
+        k_t if from_ptr else kpe,
+        c_v,
+        k_v,
+        float(sm_scale) * LOG2E,
+        part_o,
+        part_lse,
+        out,
+        lse_arg,
+        kv_indptr,
+        heads,
+        num_splits,
+        1,
+        heads,
+        num_indices,
+        ckv.shape[0] // page_size,
+        q_nope.stride(0),
+        q_nope.stride(1),
+        q_pe.stride(0),
+        q_pe.stride(1),
+        ckv.stride(0),
+        kpe.stride(0),
+        out.stride(0),
+        out.stride(1),
+        **split_constexprs(
+            cfg,
+            dc=dc,
+            dr=dr,
+            page=page_size,
+            worklist=False,
+            direct=direct,
+            write_lse=return_lse,
+            scale_from_ptr=from_ptr,
+            on_gpu=not interpreted,
+        ),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if not interpreted:
         LAST_COMPILED["split"] = handle
     if not direct:
-        block_d, block_s, warps = combine_shape(cfg, heads=heads, kv_lora_rank=dc, combined=batch,
-                                                max_chunks=num_splits, sms=1 if interpreted else sm_count(out.device))
+        block_d, block_s, warps = combine_shape(
+            cfg,
+            heads=heads,
+            kv_lora_rank=dc,
+            combined=batch,
+            max_chunks=num_splits,
+            sms=1 if interpreted else sm_count(out.device),
+        )
         handle = combine_kernel(interpreted)[(batch, heads, dc // block_d)](
-            part_o, part_lse, out, lse_arg, heads, num_splits, out.stride(0), out.stride(1), kv_indptr, kv_indptr,
-            DC=dc, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=return_lse,
-            RNE_BY_BITS=interpreted, WORKLIST=False, num_warps=warps,
+            part_o,
+            part_lse,
+            out,
+            lse_arg,
+            heads,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            kv_indptr,
+            kv_indptr,
+            DC=dc,
+            BLOCK_D=block_d,
+            BLOCK_S=block_s,
+            WRITE_LSE=return_lse,
+            RNE_BY_BITS=interpreted,
+            WORKLIST=False,
+            num_warps=warps,
         )
         if not interpreted:
             LAST_COMPILED["combine"] = handle
     return (out, lse) if return_lse else out
 
 
-def launch_planned(plan: MLADecodePlan, cfg: MLADecodeConfig, q_nope: torch.Tensor, q_pe: torch.Tensor,
-                   ckv: torch.Tensor, kpe: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                   kv_len: torch.Tensor | None, ckv_scale: tuple[torch.Tensor | None, float],
-                   kpe_scale: tuple[torch.Tensor | None, float], sm_scale: float, out: torch.Tensor,
-                   lse: torch.Tensor | None, *, q_len: int = 1) -> None:
+def launch_planned(
+    plan: MLADecodePlan,
+    cfg: MLADecodeConfig,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv: torch.Tensor,
+    kpe: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_len: torch.Tensor | None,
+    ckv_scale: tuple[torch.Tensor | None, float],
+    kpe_scale: tuple[torch.Tensor | None, float],
+    sm_scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    *,
+    q_len: int = 1,
+) -> None:
     """The split and combine launches of a planned call, nothing checked (the caller has): ``ckv`` / ``kpe`` the
     caches' ``[slots, D]`` row views, ``q_nope`` / ``q_pe`` / ``out`` ``[batch, rows, D]`` with ``rows = q_len x
     heads`` (a request's query tokens folded into the rows, the causal mask over them with ``q_len > 1``), the
@@ -305,16 +478,50 @@ def launch_planned(plan: MLADecodePlan, cfg: MLADecodeConfig, q_nope: torch.Tens
     interpreted = out.device.type == "cpu"
     page_size = plan.page_size
     handle = kernel_for("split", interpreted)[(triton.cdiv(rows, cfg.block_h), plan.items, 1)](
-        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, kv_len if kv_len is not None else kv_indptr,
-        c_t if from_ptr else ckv, k_t if from_ptr else kpe, c_v, k_v, float(sm_scale) * LOG2E,
-        plan.part_o, plan.part_lse, out, lse if lse is not None else plan.part_lse, plan.work,
-        rows, 0, q_len, rows // q_len, num_indices, ckv.shape[0] // page_size,
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), ckv.stride(0), kpe.stride(0),
-        out.stride(0), out.stride(1),
-        **split_constexprs(cfg, dc=dc, dr=q_pe.shape[-1], page=page_size, worklist=True,
-                           write_lse=lse is not None, scale_from_ptr=from_ptr, on_gpu=not interpreted,
-                           causal=q_len > 1),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q_nope,
+        q_pe,
+        ckv,
+        kpe,
+        kv_indptr,
+        kv_indices,
+        kv_len if kv_len is not None else kv_indptr,
+        c_t if from_ptr else ckv,
+        k_t if from_ptr else kpe,
+        c_v,
+        k_v,
+        float(sm_scale) * LOG2E,
+        plan.part_o,
+        plan.part_lse,
+        out,
+        lse if lse is not None else plan.part_lse,
+        plan.work,
+        rows,
+        0,
+        q_len,
+        rows // q_len,
+        num_indices,
+        ckv.shape[0] // page_size,
+        q_nope.stride(0),
+        q_nope.stride(1),
+        q_pe.stride(0),
+        q_pe.stride(1),
+        ckv.stride(0),
+        kpe.stride(0),
+        out.stride(0),
+        out.stride(1),
+        **split_constexprs(
+            cfg,
+            dc=dc,
+            dr=q_pe.shape[-1],
+            page=page_size,
+            worklist=True,
+            write_lse=lse is not None,
+            scale_from_ptr=from_ptr,
+            on_gpu=not interpreted,
+            causal=q_len > 1,
+        ),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if not interpreted:
         LAST_COMPILED["split"] = handle

@@ -28,16 +28,52 @@ from typing import Callable
 import torch
 
 from kvwall.kernels.mla_decode import hopper
-from kvwall.kernels.mla_decode.hopper import (ARCH, DC, DR, ITEM_OVERHEAD_TOKENS, NVCC_FLAGS, HopperPlan, Params,
-                                              rows_refusal, wgmma_refusal, whole_wave_items)
+from kvwall.kernels.mla_decode.hopper import (
+    ARCH,
+    DC,
+    DR,
+    ITEM_OVERHEAD_TOKENS,
+    NVCC_FLAGS,
+    HopperPlan,
+    Params,
+    rows_refusal,
+    wgmma_refusal,
+    whole_wave_items,
+)
 from kvwall.kernels.mla_decode.plan import MLADecodePlan
 
-__all__ = ["mla_decode_fp8_wgmma", "plan_mla_decode_wgmma", "WgmmaPlan", "wgmma_refusal", "rows_refusal",
-           "profile_inputs", "profile_main", "check_library",
-           "load_mla_decode_wgmma", "nvcc_compile_check_wgmma", "NvccReport", "Params", "source_hash",
-           "trace_wgmma_phases", "traced_build", "PhaseTrace", "TRACE_PHASES", "TRACE_FIXED", "WGMMA_SOURCE",
-           "CUDA_HEADER", "NVCC_FLAGS", "DC", "DR", "HEADS_PER_CTA", "BLOCK_N", "THREADS", "SMEM_BYTES", "ARCH",
-           "whole_wave_items", "ITEM_OVERHEAD_TOKENS"]
+__all__ = [
+    "mla_decode_fp8_wgmma",
+    "plan_mla_decode_wgmma",
+    "WgmmaPlan",
+    "wgmma_refusal",
+    "rows_refusal",
+    "profile_inputs",
+    "profile_main",
+    "check_library",
+    "load_mla_decode_wgmma",
+    "nvcc_compile_check_wgmma",
+    "NvccReport",
+    "Params",
+    "source_hash",
+    "trace_wgmma_phases",
+    "traced_build",
+    "PhaseTrace",
+    "TRACE_PHASES",
+    "TRACE_FIXED",
+    "WGMMA_SOURCE",
+    "CUDA_HEADER",
+    "NVCC_FLAGS",
+    "DC",
+    "DR",
+    "HEADS_PER_CTA",
+    "BLOCK_N",
+    "THREADS",
+    "SMEM_BYTES",
+    "ARCH",
+    "whole_wave_items",
+    "ITEM_OVERHEAD_TOKENS",
+]
 
 WGMMA_SOURCE = hopper.SOURCES["wgmma"]
 #: The header with the launch parameters, item bounds and FP8 conversion (the build key covers every header).
@@ -66,8 +102,10 @@ def check_library(lib: ctypes.CDLL) -> None:
     shape = (ctypes.c_int * 4)()
     lib.kvwall_mla_wgmma_shape(*(ctypes.byref(shape, 4 * i) for i in range(4)))
     if tuple(shape) != (SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS):
-        raise RuntimeError(f"{WGMMA_SOURCE.name}'s shape {tuple(shape)} differs from the host's "
-                           f"{(SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS)}.")
+        raise RuntimeError(
+            f"{WGMMA_SOURCE.name}'s shape {tuple(shape)} differs from the host's "
+            f"{(SMEM_BYTES, HEADS_PER_CTA, BLOCK_N, THREADS)}."
+        )
     if hasattr(lib, "kvwall_mla_trace"):
         lib.kvwall_mla_trace.restype = ctypes.c_int
         lib.kvwall_mla_trace.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
@@ -83,10 +121,21 @@ def load_mla_decode_wgmma(trace: bool = False) -> ctypes.CDLL:
 #: (k = the index here): each is the cycles from the previous mark to this one, as lane 0 of the warpgroup's first
 #: warp sees them (``clock64``).
 TRACE_PHASES: dict[int, tuple[str, ...]] = {
-    0: ("wait for the tile", "scores (36 wgmma)", "softmax", "wait for P's buffer", "hand P over",
-        "P V, columns 0-255"),
-    1: ("wait for P", "P V, columns 256-511", "wait for a free buffer", "convert the next tile",
-        "issue the next loads"),
+    0: (
+        "wait for the tile",
+        "scores (36 wgmma)",
+        "softmax",
+        "wait for P's buffer",
+        "hand P over",
+        "P V, columns 0-255",
+    ),
+    1: (
+        "wait for P",
+        "P V, columns 256-511",
+        "wait for a free buffer",
+        "convert the next tile",
+        "issue the next loads",
+    ),
 }
 #: Once per CTA, by mark index: the query prologue, the first tiles' loads (warpgroup 1), the write at the end.
 TRACE_FIXED: dict[int, str] = {8: "query prologue", 10: "first tiles", 9: "normalize and write"}
@@ -127,7 +176,7 @@ def trace_wgmma_phases(call: Callable[[], object]) -> PhaseTrace:
     per_tile: dict[int, dict[str, float]] = {}
     per_cta: dict[int, dict[str, float]] = {}
     for wg, names in TRACE_PHASES.items():
-        row = v[16 * wg:16 * wg + 16]
+        row = v[16 * wg : 16 * wg + 16]
         ctas, tiles = row[14], row[15]
         if not ctas or not tiles:
             raise RuntimeError("trace_wgmma_phases: the call ran no wgmma tile (is it a wgmma call with tokens?)")
@@ -136,33 +185,76 @@ def trace_wgmma_phases(call: Callable[[], object]) -> PhaseTrace:
     return PhaseTrace(ctas=v[14], tiles=v[15], per_tile=per_tile, per_cta=per_cta)
 
 
-def plan_mla_decode_wgmma(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
-                          page_size: int = 1, device: torch.device | None = None, programs: int | None = None,
-                          waves: int = 1, min_chunk: int | None = None, q_len: int = 1) -> WgmmaPlan:
-    """The batch's work list (:func:`kvwall.kernels.mla_decode.triton_path.plan_mla_decode_triton`) for 64-token tiles and 64 rows per
-    CTA (``q_len`` x ``heads`` rows a request: ``q_len`` query tokens of ``heads`` heads). Default: items sized to
-    fill whole waves of one CTA per SM (:func:`whole_wave_items`); ``programs``: aim at that many CTAs at once
-    instead, times ``waves``."""
-    return hopper.plan_hopper(WgmmaPlan, "plan_mla_decode_wgmma", kv_indptr, kv_len, heads=heads,
-                              heads_per_cta=lambda rows: HEADS_PER_CTA, warps=THREADS // 32, page_size=page_size,
-                              device=device, programs=programs, waves=waves, min_chunk=min_chunk, q_len=q_len)
+def plan_mla_decode_wgmma(
+    kv_indptr: torch.Tensor,
+    kv_len: torch.Tensor | None = None,
+    *,
+    heads: int,
+    page_size: int = 1,
+    device: torch.device | None = None,
+    programs: int | None = None,
+    waves: int = 1,
+    min_chunk: int | None = None,
+    q_len: int = 1,
+) -> WgmmaPlan:
+    """The batch's work list (:func:`kvwall.kernels.mla_decode.triton_path.plan_mla_decode_triton`) for 64-token tiles
+    and 64 rows per CTA (``q_len`` x ``heads`` rows a request: ``q_len`` query tokens of ``heads`` heads). Default:
+    items sized to fill whole waves of one CTA per SM (:func:`whole_wave_items`); ``programs``: aim at that many CTAs at
+    once instead, times ``waves``."""
+    return hopper.plan_hopper(
+        WgmmaPlan,
+        "plan_mla_decode_wgmma",
+        kv_indptr,
+        kv_len,
+        heads=heads,
+        heads_per_cta=lambda rows: HEADS_PER_CTA,
+        warps=THREADS // 32,
+        page_size=page_size,
+        device=device,
+        programs=programs,
+        waves=waves,
+        min_chunk=min_chunk,
+        q_len=q_len,
+    )
 
 
-def mla_decode_fp8_wgmma(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
-                         kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *,
-                         ckv_scale: float | torch.Tensor = 1.0, kpe_scale: float | torch.Tensor = 1.0,
-                         out: torch.Tensor | None = None, return_lse: bool = False,
-                         kv_len: torch.Tensor | None = None, check_range: bool = True,
-                         plan: MLADecodePlan | None = None, q_len: int = 1):
+def mla_decode_fp8_wgmma(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+    *,
+    ckv_scale: float | torch.Tensor = 1.0,
+    kpe_scale: float | torch.Tensor = 1.0,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    kv_len: torch.Tensor | None = None,
+    check_range: bool = True,
+    plan: MLADecodePlan | None = None,
+    q_len: int = 1,
+):
     """:func:`kvwall.kernels.mla_decode_fp8`'s contract on the warpgroup kernel and the Triton combine (H100 / H200
     only). A checked call plans for itself; an unchecked one (``check_range=False``, CUDA-graph capture) needs
     ``plan`` from :func:`plan_mla_decode_wgmma`. Latent width 512 and rope width 64 only, 16-byte aligned cache
     rows (:func:`rows_refusal`). ``q_len`` > 1: ``q_nope`` / ``q_pe`` (and ``out``) are folded, ``[batch, q_len *
     heads, D]``, and row ``r`` (token ``r // heads``) sees its token's causal prefix."""
-    return hopper.run_checked("wgmma", WgmmaPlan, plan_mla_decode_wgmma,
-                              (q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale),
-                              ckv_scale=ckv_scale, kpe_scale=kpe_scale, out=out, return_lse=return_lse, kv_len=kv_len,
-                              check_range=check_range, plan=plan, q_len=q_len)
+    return hopper.run_checked(
+        "wgmma",
+        WgmmaPlan,
+        plan_mla_decode_wgmma,
+        (q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale),
+        ckv_scale=ckv_scale,
+        kpe_scale=kpe_scale,
+        out=out,
+        return_lse=return_lse,
+        kv_len=kv_len,
+        check_range=check_range,
+        plan=plan,
+        q_len=q_len,
+    )
 
 
 @dataclass(frozen=True)
@@ -182,9 +274,11 @@ class NvccReport:
 
     def summary(self) -> str:
         build = " (KVWALL_TRACE build)" if self.trace else ""
-        return (f"nvcc {'compiled' if self.ok else 'FAILED on'} {WGMMA_SOURCE.name}{build} for {self.arch} in "
-                f"{self.seconds:.1f} s ({self.nvcc}); {self.registers} registers, {self.stack_bytes} B stack, "
-                f"{self.spill_bytes} B spilled.")
+        return (
+            f"nvcc {'compiled' if self.ok else 'FAILED on'} {WGMMA_SOURCE.name}{build} for {self.arch} in "
+            f"{self.seconds:.1f} s ({self.nvcc}); {self.registers} registers, {self.stack_bytes} B stack, "
+            f"{self.spill_bytes} B spilled."
+        )
 
 
 def nvcc_compile_check_wgmma(nvcc: str | None = None, *, trace: bool = False, multi: bool = False) -> NvccReport:
@@ -194,8 +288,7 @@ def nvcc_compile_check_wgmma(nvcc: str | None = None, *, trace: bool = False, mu
     ok, seconds, version, log, entries = hopper.ptxas_check("wgmma", nvcc, trace=trace)
     entry = f"_ZN10kvwall_mla2wg22mla_wgmma_split_kernelILb{int(multi)}EEEvNS_6ParamsE"
     none = {"registers": None, "spill_bytes": None, "stack_bytes": None}
-    return NvccReport(ok and entry in entries, ARCH, seconds, version, log=log, trace=trace,
-                      **entries.get(entry, none))
+    return NvccReport(ok and entry in entries, ARCH, seconds, version, log=log, trace=trace, **entries.get(entry, none))
 
 
 def profile_inputs(heads: int, tokens: int, page_size: int = 64, seed: int = 0) -> tuple[tuple, dict]:
@@ -213,8 +306,10 @@ def profile_inputs(heads: int, tokens: int, page_size: int = 64, seed: int = 0) 
     kv_len = torch.tensor([tokens], dtype=torch.int32, device=device)
     q_nope = (torch.randn(1, heads, DC, generator=gen, device=device) * 0.5).to(torch.bfloat16)
     q_pe = (torch.randn(1, heads, DR, generator=gen, device=device) * 0.5).to(torch.bfloat16)
-    return (q_nope, q_pe, paged[:, :, :DC], paged[:, :, DC:], indptr, indices, 1 / 16), {"kv_len": kv_len,
-                                                                                          "page_size": page_size}
+    return (q_nope, q_pe, paged[:, :, :DC], paged[:, :, DC:], indptr, indices, 1 / 16), {
+        "kv_len": kv_len,
+        "page_size": page_size,
+    }
 
 
 def profile_main(module: str, call: Callable, plan_fn: Callable, argv: list[str]) -> int:
@@ -236,5 +331,4 @@ def profile_main(module: str, call: Callable, plan_fn: Callable, argv: list[str]
 if __name__ == "__main__":
     import sys
 
-    sys.exit(profile_main("kvwall.kernels.mla_decode.wgmma", mla_decode_fp8_wgmma, plan_mla_decode_wgmma,
-                          sys.argv[1:]))
+    sys.exit(profile_main("kvwall.kernels.mla_decode.wgmma", mla_decode_fp8_wgmma, plan_mla_decode_wgmma, sys.argv[1:]))

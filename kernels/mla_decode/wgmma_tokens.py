@@ -3,8 +3,8 @@ split kernel -- warpgroup MMA with a tile's 64 tokens as M and 16 or 32 heads as
 64 -- with the same plan, partials, combine, contract and checks as the heads-on-M wgmma path (:mod:`.wgmma`). One
 consumer warpgroup does the math; two producer warpgroups gather and convert alternate tiles (two tiles of loads in
 flight per SM). Validated and timed on the H200 in exploration (``NOTES.md``, generation 6); the dispatcher
-(:mod:`.dispatch`, ``"wgmma_tokens"``) chooses it where ``kernel_paths.json`` says it is the fastest (``fused_decode_paths``
-times it beside the other two paths), and, with no measured table, up to 32 heads.
+(:mod:`.dispatch`, ``"wgmma_tokens"``) chooses it where ``kernel_paths.json`` says it is the fastest
+(``fused_decode_paths`` times it beside the other two paths), and, with no measured table, up to 32 heads.
 
 - :func:`mla_decode_fp8_wgmma_tokens`: the call (checked, or unchecked with a plan: CUDA-graph capturable);
 - :func:`plan_mla_decode_wgmma_tokens`: the batch's work list for this kernel (:class:`WgmmaTokensPlan`);
@@ -34,10 +34,27 @@ from kvwall.kernels.mla_decode.hopper import ARCH, DC, DR, HopperPlan, Params
 from kvwall.kernels.mla_decode.plan import MLADecodePlan
 from kvwall.kernels.mla_decode.wgmma import NvccReport, profile_main
 
-__all__ = ["mla_decode_fp8_wgmma_tokens", "plan_mla_decode_wgmma_tokens", "WgmmaTokensPlan", "heads_per_cta",
-           "load_mla_decode_wgmma_tokens", "nvcc_compile_check_wgmma_tokens", "source_hash", "TOKENS_SOURCE",
-           "HEADS_PER_CTA", "BLOCK_N", "THREADS", "CONSUMERS", "PRODUCERS", "SHARED_LIMIT", "smem_bytes", "host_shape",
-           "kernel_shape", "TokensNvccReport", "check_library"]
+__all__ = [
+    "mla_decode_fp8_wgmma_tokens",
+    "plan_mla_decode_wgmma_tokens",
+    "WgmmaTokensPlan",
+    "heads_per_cta",
+    "load_mla_decode_wgmma_tokens",
+    "nvcc_compile_check_wgmma_tokens",
+    "source_hash",
+    "TOKENS_SOURCE",
+    "HEADS_PER_CTA",
+    "BLOCK_N",
+    "THREADS",
+    "CONSUMERS",
+    "PRODUCERS",
+    "SHARED_LIMIT",
+    "smem_bytes",
+    "host_shape",
+    "kernel_shape",
+    "TokensNvccReport",
+    "check_library",
+]
 
 TOKENS_SOURCE = hopper.SOURCES["wgmma_tokens"]
 #: The kernel's instantiations: heads per CTA (wgmma's N).
@@ -59,8 +76,7 @@ def smem_bytes(hn: int) -> int:
     [hn x 576] and P^T [hn x 64] per consumer (128-byte swizzled rows of 64 float16), then the floats (per-warp
     maxima and sums, score scales) and a flag."""
     if hn not in HEADS_PER_CTA:
-        raise ValueError(f"{TOKENS_SOURCE.name} has no instantiation for {hn} heads per CTA; it has "
-                         f"{HEADS_PER_CTA}.")
+        raise ValueError(f"{TOKENS_SOURCE.name} has no instantiation for {hn} heads per CTA; it has {HEADS_PER_CTA}.")
     tile, qchunk = _NCHUNK * BLOCK_N * 128, hn * 128
     floats = CONSUMERS * 4 * hn + 4 * hn + 2 * hn
     return 2 * tile + _NCHUNK * qchunk + CONSUMERS * qchunk + floats * 4 + 16
@@ -90,14 +106,21 @@ class WgmmaTokensPlan(HopperPlan):
 def check_library(lib: ctypes.CDLL) -> None:
     """Declare the split entry point and check each instantiation's shape against the host's (at load)."""
     lib.kvwall_mla_wgmma_tokens_split.restype = ctypes.c_int
-    lib.kvwall_mla_wgmma_tokens_split.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                                  ctypes.c_void_p]
+    lib.kvwall_mla_wgmma_tokens_split.argtypes = [
+        ctypes.POINTER(Params),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     for hn in HEADS_PER_CTA:
         smem, block_n, threads = kernel_shape(lib, hn)
         if (smem, block_n, threads) != host_shape(hn) or smem > SHARED_LIMIT:
-            raise RuntimeError(f"{TOKENS_SOURCE.name}'s shape for {hn} heads per CTA (shared memory {smem} B, "
-                               f"{block_n} tokens a tile, {threads} threads) is not what the host plans for "
-                               f"{host_shape(hn)}.")
+            raise RuntimeError(
+                f"{TOKENS_SOURCE.name}'s shape for {hn} heads per CTA (shared memory {smem} B, "
+                f"{block_n} tokens a tile, {threads} threads) is not what the host plans for "
+                f"{host_shape(hn)}."
+            )
 
 
 def kernel_shape(lib: ctypes.CDLL, hn: int) -> tuple[int, int, int]:
@@ -113,33 +136,76 @@ def load_mla_decode_wgmma_tokens() -> ctypes.CDLL:
     return hopper.load_library("wgmma_tokens")
 
 
-def plan_mla_decode_wgmma_tokens(kv_indptr: torch.Tensor, kv_len: torch.Tensor | None = None, *, heads: int,
-                                 page_size: int = 1, device: torch.device | None = None, programs: int | None = None,
-                                 waves: int = 1, min_chunk: int | None = None, q_len: int = 1) -> WgmmaTokensPlan:
+def plan_mla_decode_wgmma_tokens(
+    kv_indptr: torch.Tensor,
+    kv_len: torch.Tensor | None = None,
+    *,
+    heads: int,
+    page_size: int = 1,
+    device: torch.device | None = None,
+    programs: int | None = None,
+    waves: int = 1,
+    min_chunk: int | None = None,
+    q_len: int = 1,
+) -> WgmmaTokensPlan:
     """The batch's work list for 64-token tiles and :func:`heads_per_cta` head columns per CTA (of ``q_len`` x
     ``heads``: ``q_len`` query tokens of ``heads`` heads), one CTA per SM. Default: items sized to fill whole waves
     (:func:`kvwall.kernels.mla_decode.hopper.whole_wave_items`); ``programs``: aim at that many CTAs at once
     instead, times ``waves``."""
-    return hopper.plan_hopper(WgmmaTokensPlan, "plan_mla_decode_wgmma_tokens", kv_indptr, kv_len, heads=heads,
-                              heads_per_cta=heads_per_cta, warps=8, page_size=page_size, device=device,
-                              programs=programs, waves=waves, min_chunk=min_chunk, q_len=q_len)
+    return hopper.plan_hopper(
+        WgmmaTokensPlan,
+        "plan_mla_decode_wgmma_tokens",
+        kv_indptr,
+        kv_len,
+        heads=heads,
+        heads_per_cta=heads_per_cta,
+        warps=8,
+        page_size=page_size,
+        device=device,
+        programs=programs,
+        waves=waves,
+        min_chunk=min_chunk,
+        q_len=q_len,
+    )
 
 
-def mla_decode_fp8_wgmma_tokens(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
-                                kpe_cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                                sm_scale: float, *, ckv_scale: float | torch.Tensor = 1.0,
-                                kpe_scale: float | torch.Tensor = 1.0, out: torch.Tensor | None = None,
-                                return_lse: bool = False, kv_len: torch.Tensor | None = None,
-                                check_range: bool = True, plan: MLADecodePlan | None = None, q_len: int = 1):
+def mla_decode_fp8_wgmma_tokens(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+    *,
+    ckv_scale: float | torch.Tensor = 1.0,
+    kpe_scale: float | torch.Tensor = 1.0,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    kv_len: torch.Tensor | None = None,
+    check_range: bool = True,
+    plan: MLADecodePlan | None = None,
+    q_len: int = 1,
+):
     """:func:`kvwall.kernels.mla_decode_fp8`'s contract on the tokens-on-M kernel and the Triton combine (H100 / H200
     only; latent width 512, rope width 64, 16-byte aligned cache rows). A checked call plans for itself; an
     unchecked one (``check_range=False``, CUDA-graph capture) needs ``plan`` from
     :func:`plan_mla_decode_wgmma_tokens`. ``q_len`` > 1: ``q_nope`` / ``q_pe`` (and ``out``) are folded, ``[batch,
     q_len * heads, D]``."""
-    return hopper.run_checked("wgmma_tokens", WgmmaTokensPlan, plan_mla_decode_wgmma_tokens,
-                              (q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale),
-                              ckv_scale=ckv_scale, kpe_scale=kpe_scale, out=out, return_lse=return_lse, kv_len=kv_len,
-                              check_range=check_range, plan=plan, q_len=q_len)
+    return hopper.run_checked(
+        "wgmma_tokens",
+        WgmmaTokensPlan,
+        plan_mla_decode_wgmma_tokens,
+        (q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale),
+        ckv_scale=ckv_scale,
+        kpe_scale=kpe_scale,
+        out=out,
+        return_lse=return_lse,
+        kv_len=kv_len,
+        check_range=check_range,
+        plan=plan,
+        q_len=q_len,
+    )
 
 
 @dataclass(frozen=True)
@@ -150,9 +216,11 @@ class TokensNvccReport(NvccReport):
     heads_per_cta: int = 16
 
     def summary(self) -> str:
-        return (f"nvcc {'compiled' if self.ok else 'FAILED on'} {TOKENS_SOURCE.name} ({self.heads_per_cta} heads a "
-                f"CTA) for {self.arch} in {self.seconds:.1f} s ({self.nvcc}); {self.registers} registers at launch, "
-                f"{self.stack_bytes} B stack, {self.spill_bytes} B spilled.")
+        return (
+            f"nvcc {'compiled' if self.ok else 'FAILED on'} {TOKENS_SOURCE.name} ({self.heads_per_cta} heads a "
+            f"CTA) for {self.arch} in {self.seconds:.1f} s ({self.nvcc}); {self.registers} registers at launch, "
+            f"{self.stack_bytes} B stack, {self.spill_bytes} B spilled."
+        )
 
 
 def nvcc_compile_check_wgmma_tokens(nvcc: str | None = None, *, multi: bool = False) -> dict[int, TokensNvccReport]:
@@ -162,15 +230,24 @@ def nvcc_compile_check_wgmma_tokens(nvcc: str | None = None, *, multi: bool = Fa
     none = {"registers": None, "spill_bytes": None, "stack_bytes": None}
     reports = {}
     for hn in HEADS_PER_CTA:
-        entry = (f"_ZN10kvwall_mla2wt23mla_wgmma_tokens_kernelILi{hn}ELi{CONSUMERS}ELi{PRODUCERS}ELb{int(multi)}"
-                 "EEEvNS_6ParamsE")
-        reports[hn] = TokensNvccReport(ok and entry in entries, ARCH, seconds, version, log=log, heads_per_cta=hn,
-                                       **entries.get(entry, none))
+        entry = (
+            f"_ZN10kvwall_mla2wt23mla_wgmma_tokens_kernelILi{hn}ELi{CONSUMERS}ELi{PRODUCERS}ELb{int(multi)}"
+            "EEEvNS_6ParamsE"
+        )
+        reports[hn] = TokensNvccReport(
+            ok and entry in entries, ARCH, seconds, version, log=log, heads_per_cta=hn, **entries.get(entry, none)
+        )
     return reports
 
 
 if __name__ == "__main__":
     import sys
 
-    sys.exit(profile_main("kvwall.kernels.mla_decode.wgmma_tokens", mla_decode_fp8_wgmma_tokens,
-                          plan_mla_decode_wgmma_tokens, sys.argv[1:]))
+    sys.exit(
+        profile_main(
+            "kvwall.kernels.mla_decode.wgmma_tokens",
+            mla_decode_fp8_wgmma_tokens,
+            plan_mla_decode_wgmma_tokens,
+            sys.argv[1:],
+        )
+    )

@@ -14,8 +14,8 @@ of the split kernel (per head block): ``(request, first token, end token, partia
 - an empty request gets one empty item (it writes zeros and ``lse = -inf``).
 
 ``chunk`` is the total tokens over the items the machine wants at once (``items_wanted``: programs per head
-block that fit the GPU at its occupancy, :func:`kvwall.kernels.mla_decode.triton_path.plan_mla_decode_triton`), rounded up to
-whole tiles, and at least ``min_chunk`` tokens.
+block that fit the GPU at its occupancy, :func:`kvwall.kernels.mla_decode.triton_path.plan_mla_decode_triton`), rounded
+up to whole tiles, and at least ``min_chunk`` tokens.
 """
 
 from __future__ import annotations
@@ -60,8 +60,14 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def build_work_list(lengths: Sequence[int], *, block_n: int, items_wanted: int, min_chunk: int | None = None,
-                    max_chunk: int | None = None) -> WorkList:
+def build_work_list(
+    lengths: Sequence[int],
+    *,
+    block_n: int,
+    items_wanted: int,
+    min_chunk: int | None = None,
+    max_chunk: int | None = None,
+) -> WorkList:
     """The work list for requests of ``lengths`` tokens (see the module docstring). ``block_n``: tokens per tile;
     ``items_wanted``: about how many items (per head block) the GPU runs at once; ``min_chunk`` (default one tile)
     and ``max_chunk`` bound the chunk size."""
@@ -109,4 +115,3 @@ def work_list_size(lengths: Sequence[int], *, block_n: int, items_wanted: int) -
         per = _cdiv(_cdiv(n, k), block_n) * block_n if n else 0
         items += max(1, _cdiv(n, per)) if per else 1
     return items, chunk
-

@@ -43,7 +43,13 @@ from kvwall.experiments import EXPERIMENTS, missing_prerequisites, run_experimen
 from kvwall.model.cost import GPUS, MODEL_PRESETS, TRANSFER_RULES
 from kvwall.model.original import ORIGINAL
 from kvwall.results import (
-    RESULTS_DIR, ResultFileError, ResultMissingError, check_writable_target, load_result, recorded_scale, save_result,
+    RESULTS_DIR,
+    ResultFileError,
+    ResultMissingError,
+    check_writable_target,
+    load_result,
+    recorded_scale,
+    save_result,
 )
 
 __all__ = ["main"]
@@ -54,6 +60,7 @@ class Refused(Exception):
 
 
 # --- argument types: argparse names the argument in what they raise ------------------------------------------
+
 
 def _path(text: str) -> Path:
     """A path, made absolute against the current directory (so messages say where it is)."""
@@ -69,8 +76,13 @@ def _out_dir(text: str) -> Path:
     try:
         while not existing.exists() and existing.parent != existing:
             existing = existing.parent
-        problem = (None if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK) else
-                   f"{existing} is not a folder" if not existing.is_dir() else f"{existing} is not writable")
+        problem = (
+            None
+            if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+            else f"{existing} is not a folder"
+            if not existing.is_dir()
+            else f"{existing} is not writable"
+        )
     except OSError as exc:  # a name too long, say
         problem = exc.strerror or str(exc)
     if problem:
@@ -109,6 +121,7 @@ class _Parameters(argparse.Action):
 
 # --- the commands ------------------------------------------------------------------------------------------
 
+
 def _list(args: argparse.Namespace) -> int:
     for exp in EXPERIMENTS.values():
         print(f"{exp.name:24s} {exp.about} [requires {', '.join(exp.requires) or 'nothing'}]")
@@ -123,8 +136,10 @@ def _record(args: argparse.Namespace) -> int:
     out, scale = args.out, args.scale
     missing = missing_prerequisites(r for exp in experiments for r in exp.requires)
     lacking = {exp.name: sorted(set(exp.requires) & set(missing)) for exp in experiments}
-    refusals = [f"missing {r} ({why}), needed by {', '.join(n for n, lacks in lacking.items() if r in lacks)}"
-                for r, why in sorted(missing.items())]
+    refusals = [
+        f"missing {r} ({why}), needed by {', '.join(n for n, lacks in lacking.items() if r in lacks)}"
+        for r, why in sorted(missing.items())
+    ]
     full = [e.name for e in experiments if scale == "small" and recorded_scale(e.name, out) == "full"]
     if full:
         refusals.append(f"{', '.join(full)} in {out} are full-scale results; a small-scale run would replace them")
@@ -133,11 +148,17 @@ def _record(args: argparse.Namespace) -> int:
         try:
             check_writable_target(out / f"{exp.name}.json")
         except ResultFileError as exc:
-            in_the_way.append(f"{exc.path}: {exc.problem}; move it out of the way or record into another --out "
-                              "(--force does not lift this: only a result file is ever replaced)")
+            in_the_way.append(
+                f"{exc.path}: {exc.problem}; move it out of the way or record into another --out "
+                "(--force does not lift this: only a result file is ever replaced)"
+            )
     if in_the_way or (refusals and not args.force):
-        hint = ("\nRun where nothing is missing (`python -m kvwall list` shows what each experiment requires), "
-                "record into another --out, or pass --force (results note what their run lacked)." if refusals else "")
+        hint = (
+            "\nRun where nothing is missing (`python -m kvwall list` shows what each experiment requires), "
+            "record into another --out, or pass --force (results note what their run lacked)."
+            if refusals
+            else ""
+        )
         raise Refused("nothing was run:\n" + "\n".join(f"  - {line}" for line in in_the_way + refusals) + hint)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -156,11 +177,14 @@ def _record(args: argparse.Namespace) -> int:
             except Exception as exc:  # noqa: BLE001 - said in one line; the traceback goes to a file, named
                 log = Path(tempfile.gettempdir()) / f"kvwall-record-{exp.name}-{os.getpid()}.txt"
                 log.write_text(traceback.format_exc())
-                done, rest = (", ".join(e.name for e in part) or "none"
-                              for part in (experiments[:i], experiments[i + 1:]))
-                tqdm.write(f"kvwall record: {exp.name} failed after {time.time() - t0:.1f} s: {type(exc).__name__}: "
-                           f"{str(exc)[:500]} (its traceback: {log}); recorded before it: {done}; not run: {rest}.",
-                           file=sys.stderr)
+                done, rest = (
+                    ", ".join(e.name for e in part) or "none" for part in (experiments[:i], experiments[i + 1 :])
+                )
+                tqdm.write(
+                    f"kvwall record: {exp.name} failed after {time.time() - t0:.1f} s: {type(exc).__name__}: "
+                    f"{str(exc)[:500]} (its traceback: {log}); recorded before it: {done}; not run: {rest}.",
+                    file=sys.stderr,
+                )
                 return 1
             result.provenance.missing = lacking[exp.name]
             path = save_result(result, out)
@@ -192,12 +216,16 @@ def _stale_after_recording(saved: list[str], out: Path) -> int:
         except ResultFileError:
             continue  # `check` reports unreadable files; this is about what the run changed
     if others:
-        print(f"kvwall record: other results in {out} are stale now (the code or a table they read changed): "
-              f"{', '.join(others)}; re-record them (`make record` records everything in dependency order).",
-              file=sys.stderr)
+        print(
+            f"kvwall record: other results in {out} are stale now (the code or a table they read changed): "
+            f"{', '.join(others)}; re-record them (`make record` records everything in dependency order).",
+            file=sys.stderr,
+        )
     if stale:
-        print("kvwall record: results of this run are already stale:\n" + "\n".join(f"  - {s}" for s in stale),
-              file=sys.stderr)
+        print(
+            "kvwall record: results of this run are already stale:\n" + "\n".join(f"  - {s}" for s in stale),
+            file=sys.stderr,
+        )
     return 3 if stale else 0
 
 
@@ -218,11 +246,21 @@ def _execute(args: argparse.Namespace) -> int:
         print(f"kvwall execute: {exc}", file=sys.stderr)
         return 1
     except PapermillExecutionError as exc:
-        print(f"kvwall execute: {args.chapter.name} stopped in cell {exc.exec_count} (full traceback in {notebook}):"
-              f"\n{exc.ename}: {exc.evalue}", file=sys.stderr)
+        print(
+            f"kvwall execute: {args.chapter.name} stopped in cell {exc.exec_count} (full traceback in {notebook}):"
+            f"\n{exc.ename}: {exc.evalue}",
+            file=sys.stderr,
+        )
         return 1
-    print(json.dumps({**{k: record.get(k) for k in ("chapter", "mode", "device", "scale", "duration_s")},
-                      "notebook": str(notebook), "record": str(args.out / "execution" / f"{args.chapter.stem}.json")}))
+    print(
+        json.dumps(
+            {
+                **{k: record.get(k) for k in ("chapter", "mode", "device", "scale", "duration_s")},
+                "notebook": str(notebook),
+                "record": str(args.out / "execution" / f"{args.chapter.stem}.json"),
+            }
+        )
+    )
     return 0
 
 
@@ -245,8 +283,13 @@ def _cost(args: argparse.Namespace) -> int:
     base = replace(ORIGINAL_STATE, **{f: getattr(args, f) for f in _STATE if getattr(args, f) is not None})
     if problem := base.problem():
         heads = base.heads or MODEL_PRESETS[base.model].num_heads
-        hint = ("; raise --pool or lower --batch / --context" if not base.fits else
-                f"; give a --tp that divides {heads}" if heads % base.tp else "")
+        hint = (
+            "; raise --pool or lower --batch / --context"
+            if not base.fits
+            else f"; give a --tp that divides {heads}"
+            if heads % base.tp
+            else ""
+        )
         raise Refused(f"{problem}{hint}.")
     try:
         sweep = load_result("path_sweep")
@@ -254,22 +297,41 @@ def _cost(args: argparse.Namespace) -> int:
         raise Refused(f"the cost model is fitted on the recorded path_sweep, which cannot be read: {exc}") from None
     model, rule, g = fit_sweep(sweep).model, _RULES[args.rule], base.geometry
     spread = f"low–high over the rules {' / '.join(TRANSFER_RULES)}" if rule is None else f"rule: {rule}"
-    print(f"Rates: {rates_note(model, model.reference)}. {sweep.caption()} Other GPUs: datasheet ceilings, "
-          f"rates transferred from the {model.reference.name} ({spread}).")
-    print(f"{g.name}: {g.heads_per_gpu} heads per GPU (TP {base.tp}), {base.batch} × {base.context:,} tokens, pool "
-          f"{base.pool:,} tokens. KV work per step = preparation + attention, all {g.num_layers} layers.")
+    print(
+        f"Rates: {rates_note(model, model.reference)}. {sweep.caption()} Other GPUs: datasheet ceilings, "
+        f"rates transferred from the {model.reference.name} ({spread})."
+    )
+    print(
+        f"{g.name}: {g.heads_per_gpu} heads per GPU (TP {base.tp}), {base.batch} × {base.context:,} tokens, pool "
+        f"{base.pool:,} tokens. KV work per step = preparation + attention, all {g.num_layers} layers."
+    )
     for key in GPUS if args.gpu == "all" else [args.gpu or ORIGINAL_STATE.gpu]:
         state, gpu = replace(base, gpu=key), GPUS[key]
-        rows = [(r.path, r.cache, f"{r.kv_bytes_per_token:,}", fmt_range(r.layer_lo_us, r.layer_hi_us),
-                 fmt_range(r.step_lo_ms, r.step_hi_ms, 2), r.label) for r in cost_rows(model, state, rule)]
-        table = tabulate(rows, ("path", "cache", "KV B/token", "µs per layer", "ms KV work/step", "label"),
-                         colalign=("left", "left", "right", "right", "right", "left"), disable_numparse=True)
+        rows = [
+            (
+                r.path,
+                r.cache,
+                f"{r.kv_bytes_per_token:,}",
+                fmt_range(r.layer_lo_us, r.layer_hi_us),
+                fmt_range(r.step_lo_ms, r.step_hi_ms, 2),
+                r.label,
+            )
+            for r in cost_rows(model, state, rule)
+        ]
+        table = tabulate(
+            rows,
+            ("path", "cache", "KV B/token", "µs per layer", "ms KV work/step", "label"),
+            colalign=("left", "left", "right", "right", "right", "left"),
+            disable_numparse=True,
+        )
         print(f"\n{gpu.name} ({gpu.arch}): {rates_note(model, gpu)}\n{textwrap.indent(table, '  ')}")
         if state == ORIGINAL_STATE:
             lo, hi = rest_without_attention_ms(model, state.point, gpu)
-            print(f"  The original's step here: {ORIGINAL.step_ms} ms, {ORIGINAL.cast_ms} ms of it the cast. Without "
-                  f"the cast and its own attention (FlashInfer fa2 BF16, predicted), {fmt_range(lo, hi)} ms remain: "
-                  "a path's step is about that plus its KV work.")
+            print(
+                f"  The original's step here: {ORIGINAL.step_ms} ms, {ORIGINAL.cast_ms} ms of it the cast. Without "
+                f"the cast and its own attention (FlashInfer fa2 BF16, predicted), {fmt_range(lo, hi)} ms remain: "
+                "a path's step is about that plus its KV work."
+            )
     return 0
 
 
@@ -288,10 +350,13 @@ def _check(args: argparse.Namespace) -> int:
         print(f"{kind.upper() if kind != 'ok' else kind:7s} {line}")
     bad = len(EXPERIMENTS) - counts.pop("ok")
     if bad:
-        print(f"kvwall check: {bad} of {len(EXPERIMENTS)} results are not valid and fresh ("
-              + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
-              + "): re-record the stale and missing ones (`python -m kvwall record <experiment>`, on a GPU), restore "
-              "or re-record the invalid ones.", file=sys.stderr)
+        print(
+            f"kvwall check: {bad} of {len(EXPERIMENTS)} results are not valid and fresh ("
+            + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+            + "): re-record the stale and missing ones (`python -m kvwall record <experiment>`, on a GPU), restore "
+            "or re-record the invalid ones.",
+            file=sys.stderr,
+        )
     return 1 if bad else 0
 
 
@@ -307,39 +372,67 @@ def _answer(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m kvwall", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m kvwall", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the experiments and what each requires").set_defaults(run=_list)
     rec = sub.add_parser("record", help="run experiments and write their results (full scale needs a GPU)")
-    rec.add_argument("experiments", nargs="+", choices=["all", *EXPERIMENTS], metavar="experiments",
-                     help=f"'all' or any of: {', '.join(EXPERIMENTS)}")
+    rec.add_argument(
+        "experiments",
+        nargs="+",
+        choices=["all", *EXPERIMENTS],
+        metavar="experiments",
+        help=f"'all' or any of: {', '.join(EXPERIMENTS)}",
+    )
     rec.add_argument("--scale", choices=("full", "small"), default="full")
-    rec.add_argument("--out", type=_out_dir, default=str(RESULTS_DIR),
-                     help=f"folder for the result files (default: {RESULTS_DIR})")
-    rec.add_argument("--force", action="store_true",
-                     help="record even where prerequisites are missing or a full-scale result would be replaced")
+    rec.add_argument(
+        "--out", type=_out_dir, default=str(RESULTS_DIR), help=f"folder for the result files (default: {RESULTS_DIR})"
+    )
+    rec.add_argument(
+        "--force",
+        action="store_true",
+        help="record even where prerequisites are missing or a full-scale result would be replaced",
+    )
     rec.set_defaults(run=_record)
     chk = sub.add_parser("check", help="validate the recorded results and report stale ones")
     chk.add_argument("--dir", type=_path, default=str(RESULTS_DIR))
     chk.set_defaults(run=_check)
     exe = sub.add_parser("execute", help="run a chapter (book/NN_slug.md) headless with papermill")
     exe.add_argument("chapter", type=_path)
-    exe.add_argument("--out", type=_out_dir, required=True,
-                     help="folder (outside book/) for the executed <stem>.ipynb and its record, execution/<stem>.json")
-    exe.add_argument("-p", "--param", action=_Parameters, metavar="NAME=VALUE", type=_parameter,
-                     help="a parameter, VALUE as a Python literal (strings may be bare): -p mode=gpu -p layers=8")
+    exe.add_argument(
+        "--out",
+        type=_out_dir,
+        required=True,
+        help="folder (outside book/) for the executed <stem>.ipynb and its record, execution/<stem>.json",
+    )
+    exe.add_argument(
+        "-p",
+        "--param",
+        action=_Parameters,
+        metavar="NAME=VALUE",
+        type=_parameter,
+        help="a parameter, VALUE as a Python literal (strings may be bare): -p mode=gpu -p layers=8",
+    )
     exe.set_defaults(run=_execute)
     cst = sub.add_parser("cost", help="predict every path's KV work per decode step (chapter 6's cost model)")
     cst.add_argument("--model", choices=list(MODEL_PRESETS), help="model preset (default: the original's, glm-5)")
     cst.add_argument("--gpu", choices=[*GPUS, "all"], help="GPU, or 'all' (default: the original's, rtx-pro-6000)")
-    for option, what in (("tp", "tensor parallel degree: heads per GPU = the model's heads / TP"),
-                         ("context", "tokens per request"), ("batch", "requests, each of --context tokens"),
-                         ("pool", "KV pool tokens"), ("layers", "your model's layers (overrides the preset's)"),
-                         ("heads", "your model's attention heads, all GPUs (overrides the preset's)")):
+    for option, what in (
+        ("tp", "tensor parallel degree: heads per GPU = the model's heads / TP"),
+        ("context", "tokens per request"),
+        ("batch", "requests, each of --context tokens"),
+        ("pool", "KV pool tokens"),
+        ("layers", "your model's layers (overrides the preset's)"),
+        ("heads", "your model's attention heads, all GPUs (overrides the preset's)"),
+    ):
         cst.add_argument(f"--{option}", type=_positive, help=what)
-    cst.add_argument("--rule", choices=list(_RULES), default="both",
-                     help="how the H200's fitted rates transfer to other GPUs: both (a range) or one rule")
+    cst.add_argument(
+        "--rule",
+        choices=list(_RULES),
+        default="both",
+        help="how the H200's fitted rates transfer to other GPUs: both (a range) or one rule",
+    )
     cst.set_defaults(run=_cost)
     ans = sub.add_parser("answer", help="print the book's answer (the front page's table) as Markdown")
     ans.add_argument("--readme", action="store_true", help="write it into README.md between its markers instead")
@@ -377,8 +470,10 @@ class _Stdout:
 def main(argv: list[str] | None = None) -> int:
     if sys.stdout is None or sys.stderr is None:  # started with one closed (`>&-`, `2>&-`)
         closed = "output" if sys.stdout is None else "error"
-        print(f"kvwall: standard {closed} is closed; run with it open (redirect it to /dev/null to discard it).",
-              file=sys.stderr or sys.stdout)
+        print(
+            f"kvwall: standard {closed} is closed; run with it open (redirect it to /dev/null to discard it).",
+            file=sys.stderr or sys.stdout,
+        )
         return 2
     args = _parser().parse_args(argv)  # a usage error exits 2 here, naming the argument
     stream, sys.stdout = sys.stdout, _Stdout(sys.stdout)
@@ -395,12 +490,14 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # so that the interpreter's last flush passes
         if isinstance(failed.args[0], BrokenPipeError):
             return 128 + 13  # the reader went away (`| head`): stop quietly, as a process killed by SIGPIPE
-        print(f"kvwall: cannot write to standard output ({failed.args[0].strerror}); the output is lost.",
-              file=sys.stderr)
+        print(
+            f"kvwall: cannot write to standard output ({failed.args[0].strerror}); the output is lost.", file=sys.stderr
+        )
         return 2
     finally:
         sys.stdout = stream
     return status
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

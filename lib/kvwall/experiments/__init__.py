@@ -13,17 +13,52 @@ from typing import Any
 
 import torch
 
-from kvwall.experiments import (accuracy, answer, chapters, chapters_rest, decode_profile, doors, dsa, dsa_forced, fused_decode,
-                                gather_cast, gpu_tests, multi_token, sglang_patch, wall)
+from kvwall.experiments import (
+    accuracy,
+    answer,
+    chapters,
+    chapters_rest,
+    decode_profile,
+    doors,
+    dsa,
+    dsa_forced,
+    fused_decode,
+    gather_cast,
+    gpu_tests,
+    multi_token,
+    sglang_patch,
+    wall,
+)
 from kvwall.experiments.registry import PREREQUISITES, Experiment, missing_prerequisites
 from kvwall.results import SCALES, Result, register_row_schema, validate_rows
 
-__all__ = ["CHAPTER_MODULES", "EXPERIMENTS", "PREREQUISITES", "Experiment", "missing_prerequisites",
-           "run_experiment", "short_kernel_name"]
+__all__ = [
+    "CHAPTER_MODULES",
+    "EXPERIMENTS",
+    "PREREQUISITES",
+    "Experiment",
+    "missing_prerequisites",
+    "run_experiment",
+    "short_kernel_name",
+]
 
 #: The experiment modules (or packages), in chapter order: what ``record all`` runs, in this order.
-CHAPTER_MODULES = (decode_profile, wall, doors, gather_cast, fused_decode, multi_token, accuracy, dsa, dsa_forced, answer,
-                   sglang_patch, chapters, chapters_rest, gpu_tests)
+CHAPTER_MODULES = (
+    decode_profile,
+    wall,
+    doors,
+    gather_cast,
+    fused_decode,
+    multi_token,
+    accuracy,
+    dsa,
+    dsa_forced,
+    answer,
+    sglang_patch,
+    chapters,
+    chapters_rest,
+    gpu_tests,
+)
 
 
 def _registered() -> dict[str, Experiment]:

@@ -36,33 +36,57 @@ from typing import Any
 
 import torch
 
-from kvwall.experiments.fused_decode.strategies import (FORCED_PATHS, STRATEGIES, BenchPoint, BuildContext,
-                                                       build_strategy, paged_layout, reference_f64)
+from kvwall.experiments.fused_decode.strategies import (
+    FORCED_PATHS,
+    STRATEGIES,
+    BenchPoint,
+    BuildContext,
+    build_strategy,
+    paged_layout,
+    reference_f64,
+)
 from kvwall.experiments.registry import Experiment
 from kvwall.measure.accuracy import finite_or_none, relative_error
 from kvwall.measure.failures import error_text, traceback_tail
 from kvwall.measure.timing import release_memory, synchronize
 from kvwall.model.attention import flashinfer_version
 from kvwall.model.geometry import GLM5
-from kvwall.model.sharp_attention import (N_PROBES, PROBES, PROFILES, Profile, realized, sharp_request)
+from kvwall.model.sharp_attention import N_PROBES, PROBES, PROFILES, Profile, realized, sharp_request
 from kvwall.peers.flashmla import PAGE_SIZE, load_flash_mla
 from kvwall.peers.sglang import load_sglang
 from kvwall.results import Result, collect_provenance
 
-__all__ = ["EXPERIMENTS", "ACCURACY_STRATEGIES", "run_fp8_accuracy", "build_case", "path_metrics", "unmet_needs",
-           "QUERY_QUANTIZATION"]
+__all__ = [
+    "EXPERIMENTS",
+    "ACCURACY_STRATEGIES",
+    "run_fp8_accuracy",
+    "build_case",
+    "path_metrics",
+    "unmet_needs",
+    "QUERY_QUANTIZATION",
+]
 
 #: Every way of decoding the issue names, one entry each of the peer table: ours and each of its paths forced;
 #: FlashMLA dense FP8 and BF16; FlashInfer's native FP8 (BF16 query); gather_cast + FlashInfer BF16 (what every
 #: BF16-on-a-copy path computes); SGLang's Triton MLA.
-ACCURACY_STRATEGIES: list[str] = ["ours", *FORCED_PATHS, "flashmla_dense_fp8", "flashmla_dense_bf16",
-                                  "flashinfer_fp8_fa2", "flashinfer_fp8_fa3", "gather_cast_bf16", "sglang_triton_fp8"]
+ACCURACY_STRATEGIES: list[str] = [
+    "ours",
+    *FORCED_PATHS,
+    "flashmla_dense_fp8",
+    "flashmla_dense_bf16",
+    "flashinfer_fp8_fa2",
+    "flashinfer_fp8_fa3",
+    "gather_cast_bf16",
+    "sglang_triton_fp8",
+]
 
-QUERY_QUANTIZATION = ("FlashMLA dense FP8: the query quantized as SGLang 0.5.23's flashmla backend does "
-                      "(forward_decode: scaled_fp8_quant(q, layer.k_scale), a static per-tensor e4m3 quantization, "
-                      "clamped to +-448, with the KV cache's scale, 1.0 when the checkpoint has none; descale_q = "
-                      "descale_k = that scale). SGLang Triton MLA: its own cast of the query to the cache dtype. "
-                      "Every other path: the BF16 query as given.")
+QUERY_QUANTIZATION = (
+    "FlashMLA dense FP8: the query quantized as SGLang 0.5.23's flashmla backend does "
+    "(forward_decode: scaled_fp8_quant(q, layer.k_scale), a static per-tensor e4m3 quantization, "
+    "clamped to +-448, with the KV cache's scale, 1.0 when the checkpoint has none; descale_q = "
+    "descale_k = that scale). SGLang Triton MLA: its own cast of the query to the cache dtype. "
+    "Every other path: the BF16 query as given."
+)
 
 SM_SCALE = GLM5.sm_scale
 FP8 = torch.float8_e4m3fn
@@ -93,8 +117,9 @@ def _case_lens(context: int, batch: int, gen: torch.Generator) -> list[int]:
     return torch.randint(low, context + 1, (batch,), generator=gen).tolist()
 
 
-def build_case(profile: Profile, heads: int, lens: list[int], *, context: int, seed: int, device: torch.device
-               ) -> tuple[BenchPoint, torch.Tensor, list]:
+def build_case(
+    profile: Profile, heads: int, lens: list[int], *, context: int, seed: int, device: torch.device
+) -> tuple[BenchPoint, torch.Tensor, list]:
     """(the point, the FP8 pool, the requests): each request of ``lens`` a :func:`sharp_request`, written to random
     pages of 64 of a pool a quarter larger than the batch needs; the point's page-size-1 slots are those pages'."""
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -102,13 +127,21 @@ def build_case(profile: Profile, heads: int, lens: list[int], *, context: int, s
     pages = sum(-(-n // PAGE_SIZE) for n in lens)
     pool = torch.zeros((pages + pages // 4 + 1) * PAGE_SIZE, 1, GLM5.kv_dim, dtype=FP8, device=device)
     indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    pt = BenchPoint(heads, context, len(lens), list(lens),
-                    torch.stack([r.q_nope for r in reqs]), torch.stack([r.q_pe for r in reqs]), indptr,
-                    torch.empty(0, dtype=torch.int32, device=device),
-                    torch.tensor(lens, dtype=torch.int32, device=device), seed=seed)
+    pt = BenchPoint(
+        heads,
+        context,
+        len(lens),
+        list(lens),
+        torch.stack([r.q_nope for r in reqs]),
+        torch.stack([r.q_pe for r in reqs]),
+        indptr,
+        torch.empty(0, dtype=torch.int32, device=device),
+        torch.tensor(lens, dtype=torch.int32, device=device),
+        seed=seed,
+    )
     slots = paged_layout(pt, pool)[2]
     for i, r in enumerate(reqs):
-        pool[slots[int(indptr[i]):int(indptr[i + 1])], 0] = r.keys
+        pool[slots[int(indptr[i]) : int(indptr[i + 1])], 0] = r.keys
     pt.idx = slots.to(torch.int32)
     return pt, pool, reqs
 
@@ -148,17 +181,40 @@ def _case_row(case: str, profile: Profile, pt: BenchPoint, reqs: list, want: tor
         return float(torch.tensor(vals, dtype=torch.float64).median()) if vals else None
 
     floor = relative_error(want[..., N_PROBES:].to(torch.bfloat16), want[..., N_PROBES:])
-    return {"section": "case", "case": case, "profile": profile.name, "spread": profile.spread,
-            "sinks": profile.sinks, "sink_mass": profile.sink_mass, "needles": profile.needles,
-            "margin": profile.margin, "heads": pt.heads, "context": pt.context, "batch": pt.batch,
-            "tokens": pt.tokens, "len_min": min(pt.lens), "len_max": max(pt.lens),
-            "saturated": sum(r.saturated for r in reqs), "floor_rel_err": finite_or_none(floor),
-            **{f"realized_{k}": med(k) for k in real[0]}}
+    return {
+        "section": "case",
+        "case": case,
+        "profile": profile.name,
+        "spread": profile.spread,
+        "sinks": profile.sinks,
+        "sink_mass": profile.sink_mass,
+        "needles": profile.needles,
+        "margin": profile.margin,
+        "heads": pt.heads,
+        "context": pt.context,
+        "batch": pt.batch,
+        "tokens": pt.tokens,
+        "len_min": min(pt.lens),
+        "len_max": max(pt.lens),
+        "saturated": sum(r.saturated for r in reqs),
+        "floor_rel_err": finite_or_none(floor),
+        **{f"realized_{k}": med(k) for k in real[0]},
+    }
 
 
-def run_fp8_accuracy(device: torch.device, *, heads: list[int], contexts: list[int], mixed_contexts: list[int],
-                     mixed_batch: int, profiles: list[str], strategies: list[str], cast_backend: str = "fa3",
-                     sglang_max_context: int = 262_144, seed: int = 0) -> Result:
+def run_fp8_accuracy(
+    device: torch.device,
+    *,
+    heads: list[int],
+    contexts: list[int],
+    mixed_contexts: list[int],
+    mixed_batch: int,
+    profiles: list[str],
+    strategies: list[str],
+    cast_backend: str = "fa3",
+    sglang_max_context: int = 262_144,
+    seed: int = 0,
+) -> Result:
     """See the module docstring. Cases: every profile of ``profiles`` (names of
     :data:`~kvwall.model.sharp_attention.PROFILES`) x ``heads`` x (batch 1 at each of ``contexts``, and a batch of
     ``mixed_batch`` requests of lengths uniform in [c / 32, c] for each c of ``mixed_contexts``). Rows: one
@@ -175,12 +231,16 @@ def run_fp8_accuracy(device: torch.device, *, heads: list[int], contexts: list[i
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     ctx = BuildContext(cast_backend=cast_backend, sglang_max_context=sglang_max_context, sm_count=sm_count)
     setup: dict[str, Any] = {
-        "section": "setup", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "strategies": run, "skipped": skipped, "query_quantization": QUERY_QUANTIZATION,
+        "section": "setup",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "strategies": run,
+        "skipped": skipped,
+        "query_quantization": QUERY_QUANTIZATION,
         "precision": {s: {"cache": STRATEGIES[s].cache, "query": STRATEGIES[s].query} for s in run},
         "flashinfer": flashinfer_version() if "flashinfer" not in str(skipped.values()) else None,
         "flash_mla": str(load_flash_mla().get("version")) if "flashmla_dense_fp8" in run else None,
-        "probes": dict(PROBES)}
+        "probes": dict(PROBES),
+    }
     rows: list[dict] = [setup]
     gen = torch.Generator().manual_seed(seed)
     shapes = [(c, 1) for c in contexts] + [(c, mixed_batch) for c in mixed_contexts]
@@ -191,15 +251,20 @@ def run_fp8_accuracy(device: torch.device, *, heads: list[int], contexts: list[i
             for context, batch in shapes:
                 lens = _case_lens(context, batch, gen)
                 case = f"{name} | {h} heads | {'batch 1' if batch == 1 else f'batch {batch} mixed'} | {context}"
-                pt, pool, reqs = build_case(profile, h, lens, context=context, seed=seed + 7919 * n_case,
-                                            device=device)
+                pt, pool, reqs = build_case(profile, h, lens, context=context, seed=seed + 7919 * n_case, device=device)
                 n_case += 1
                 want = reference_f64(pt, pool, paged=False)
                 rows.append(_case_row(case, profile, pt, reqs, want))
                 del reqs
                 for s in run:
-                    row: dict[str, Any] = {"section": "path", "case": case, "strategy": s, "heads": h,
-                                           "context": context, "batch": batch}
+                    row: dict[str, Any] = {
+                        "section": "path",
+                        "case": case,
+                        "strategy": s,
+                        "heads": h,
+                        "context": context,
+                        "batch": batch,
+                    }
                     fn = None
                     try:
                         fn, info = build_strategy(s, pt, pool, ctx)
@@ -217,21 +282,48 @@ def run_fp8_accuracy(device: torch.device, *, heads: list[int], contexts: list[i
                 del pt, pool, want
                 release_memory(device)
     setup["seconds_total"] = round(time.perf_counter() - t0, 1)
-    params = dict(heads=list(heads), contexts=list(contexts), mixed_contexts=list(mixed_contexts),
-                  mixed_batch=mixed_batch, profiles=list(profiles), strategies=list(strategies),
-                  cast_backend=cast_backend, sglang_max_context=sglang_max_context, seed=seed)
+    params = dict(
+        heads=list(heads),
+        contexts=list(contexts),
+        mixed_contexts=list(mixed_contexts),
+        mixed_batch=mixed_batch,
+        profiles=list(profiles),
+        strategies=list(strategies),
+        cast_backend=cast_backend,
+        sglang_max_context=sglang_max_context,
+        seed=seed,
+    )
     return Result("fp8_accuracy", params, rows, collect_provenance(device, __name__))
 
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("fp8_accuracy", run_fp8_accuracy,
-               full=dict(heads=[16, 128], contexts=[4096, 32_768, 131_072, 262_144], mixed_contexts=[32_768],
-                         mixed_batch=8, profiles=[p.name for p in PROFILES], strategies=list(ACCURACY_STRATEGIES),
-                         cast_backend="fa3", sglang_max_context=262_144, seed=0),
-               small=dict(heads=[16], contexts=[512], mixed_contexts=[256], mixed_batch=3,
-                          profiles=[p.name for p in PROFILES], strategies=["ours"], cast_backend="fa3",
-                          sglang_max_context=262_144, seed=0),
-               about="every path on identical sharp / long attention (sinks, needles, spreads 1-10, 4K-256K) "
-                     "against float64: output error, a needle's and a tail token's weight, the tail's mass",
-               requires=("cuda",)),
+    Experiment(
+        "fp8_accuracy",
+        run_fp8_accuracy,
+        full=dict(
+            heads=[16, 128],
+            contexts=[4096, 32_768, 131_072, 262_144],
+            mixed_contexts=[32_768],
+            mixed_batch=8,
+            profiles=[p.name for p in PROFILES],
+            strategies=list(ACCURACY_STRATEGIES),
+            cast_backend="fa3",
+            sglang_max_context=262_144,
+            seed=0,
+        ),
+        small=dict(
+            heads=[16],
+            contexts=[512],
+            mixed_contexts=[256],
+            mixed_batch=3,
+            profiles=[p.name for p in PROFILES],
+            strategies=["ours"],
+            cast_backend="fa3",
+            sglang_max_context=262_144,
+            seed=0,
+        ),
+        about="every path on identical sharp / long attention (sinks, needles, spreads 1-10, 4K-256K) "
+        "against float64: output error, a needle's and a tail token's weight, the tail's mass",
+        requires=("cuda",),
+    ),
 ]

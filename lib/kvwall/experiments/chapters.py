@@ -49,11 +49,24 @@ def run_chapters_gpu_mode(device: torch.device, *, chapters: list[str], timeout_
         raise RuntimeError("chapters_gpu_mode runs every chapter in GPU mode: it needs an NVIDIA GPU.")
     t0 = time.perf_counter()
     paths = [PROJECT_ROOT / "book" / c for c in chapters] if chapters else chapter_sources()
-    rows: list[dict] = [{"section": "setup", "gpu": torch.cuda.get_device_name(device), "budget_s": budget_s,
-                         "timeout_s": timeout_s, "chapters": [p.name for p in paths]}]
+    rows: list[dict] = [
+        {
+            "section": "setup",
+            "gpu": torch.cuda.get_device_name(device),
+            "budget_s": budget_s,
+            "timeout_s": timeout_s,
+            "chapters": [p.name for p in paths],
+        }
+    ]
     for path in paths:
-        row = {"section": "chapter", "chapter": path.name, "source_sha256": source_sha(path),
-               "params": "mode=gpu" if _takes_mode(path) else "", "rc": None, "seconds": None}
+        row = {
+            "section": "chapter",
+            "chapter": path.name,
+            "source_sha256": source_sha(path),
+            "params": "mode=gpu" if _takes_mode(path) else "",
+            "rc": None,
+            "seconds": None,
+        }
         left = budget_s - (time.perf_counter() - t0)
         if left < 30:
             rows.append({**row, "error": f"not run: the run's budget of {budget_s} s was spent"})
@@ -64,29 +77,49 @@ def run_chapters_gpu_mode(device: torch.device, *, chapters: list[str], timeout_
                 cmd += ["-p", row["params"]]
             start = time.perf_counter()
             try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=min(timeout_s, left),
-                                   env=dict(os.environ, PYTHONUNBUFFERED="1"), check=False)
+                p = subprocess.run(
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    timeout=min(timeout_s, left),
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                    check=False,
+                )
                 row.update(rc=p.returncode, seconds=round(time.perf_counter() - start, 1))
                 if p.returncode:
                     row["error"] = (p.stderr or p.stdout)[-1500:]
                 record = Path(out) / "execution" / f"{path.stem}.json"
                 if record.is_file():
                     data = json.loads(record.read_text())
-                    row.update(duration_s=data.get("duration_s"), mode=data.get("mode"), scale=data.get("scale"),
-                               device=data.get("device"))
+                    row.update(
+                        duration_s=data.get("duration_s"),
+                        mode=data.get("mode"),
+                        scale=data.get("scale"),
+                        device=data.get("device"),
+                    )
             except subprocess.TimeoutExpired:
-                row.update(rc=None, seconds=round(time.perf_counter() - start, 1),
-                           error=f"stopped at the timeout of {min(timeout_s, left):.0f} s")
+                row.update(
+                    rc=None,
+                    seconds=round(time.perf_counter() - start, 1),
+                    error=f"stopped at the timeout of {min(timeout_s, left):.0f} s",
+                )
         rows.append(row)
     rows[0]["seconds_total"] = round(time.perf_counter() - t0, 1)
-    return Result("chapters_gpu_mode", dict(chapters=list(chapters), timeout_s=timeout_s, budget_s=budget_s), rows,
-                  collect_provenance(device, __name__))
+    return Result(
+        "chapters_gpu_mode",
+        dict(chapters=list(chapters), timeout_s=timeout_s, budget_s=budget_s),
+        rows,
+        collect_provenance(device, __name__),
+    )
 
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("chapters_gpu_mode", run_chapters_gpu_mode,
-               full=dict(chapters=[], timeout_s=420, budget_s=540),
-               small=dict(chapters=["06a_vllm.md"], timeout_s=120, budget_s=120),
-               about="every chapter executed in GPU mode (full scale, live), each timed",
-               requires=("cuda",)),
+    Experiment(
+        "chapters_gpu_mode",
+        run_chapters_gpu_mode,
+        full=dict(chapters=[], timeout_s=420, budget_s=540),
+        small=dict(chapters=["06a_vllm.md"], timeout_s=120, budget_s=120),
+        about="every chapter executed in GPU mode (full scale, live), each timed",
+        requires=("cuda",),
+    ),
 ]

@@ -23,8 +23,12 @@ def run_rest(device: torch.device, *, chapters: list[str], timeout_s: int, budge
 
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("chapters_gpu_mode_rest", run_rest, full=dict(chapters=list(REST), timeout_s=420, budget_s=540),
-               small=dict(chapters=["06a_vllm.md"], timeout_s=120, budget_s=120),
-               about="the chapters chapters_gpu_mode had no time for, in GPU mode (full scale, live), each timed",
-               requires=("cuda",)),
+    Experiment(
+        "chapters_gpu_mode_rest",
+        run_rest,
+        full=dict(chapters=list(REST), timeout_s=420, budget_s=540),
+        small=dict(chapters=["06a_vllm.md"], timeout_s=120, budget_s=120),
+        about="the chapters chapters_gpu_mode had no time for, in GPU mode (full scale, live), each timed",
+        requires=("cuda",),
+    ),
 ]

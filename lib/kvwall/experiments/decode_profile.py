@@ -33,9 +33,17 @@ def _result(name: str, device: torch.device, params: dict[str, Any], rows: list[
     return Result(name, params, rows, collect_provenance(device, __name__))
 
 
-def run_decode_profile(device: torch.device, *, pool_tokens: int, layers: int, tensor_parallel: int,
-                       context_lens: list[int], timed_steps: int, profile_steps: int,
-                       seed: int = 0) -> Result:
+def run_decode_profile(
+    device: torch.device,
+    *,
+    pool_tokens: int,
+    layers: int,
+    tensor_parallel: int,
+    context_lens: list[int],
+    timed_steps: int,
+    profile_steps: int,
+    seed: int = 0,
+) -> Result:
     """The 86 ms step: whole-pool cast + MLA decode + stand-in, per layer, timed and profiled."""
     geometry = GLM5.with_tensor_parallel(tensor_parallel)
     pool = TokenPool.random(geometry, pool_tokens + 1, layers, device=device, seed=seed)
@@ -48,8 +56,15 @@ def run_decode_profile(device: torch.device, *, pool_tokens: int, layers: int, t
     model.step()  # warm-up: JIT, allocator, first-touch
     ckv, kpe = FullPoolCast().prepare_kv(pool, 0, torch.bfloat16)
     out = attention(model.q_nope, model.q_pe, ckv, kpe).double()
-    ref = mla_decode_reference(model.q_nope, model.q_pe, *split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank),
-                               batch.kv_indptr, batch.kv_indices, geometry.sm_scale, compute_dtype=torch.float64)
+    ref = mla_decode_reference(
+        model.q_nope,
+        model.q_pe,
+        *split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank),
+        batch.kv_indptr,
+        batch.kv_indices,
+        geometry.sm_scale,
+        compute_dtype=torch.float64,
+    )
     rel_err = relative_error(out, ref)
     if not rel_err < 2e-2:
         raise RuntimeError(f"{attention.name} disagrees with the float64 reference: relative error {rel_err:.3g}.")
@@ -87,15 +102,31 @@ def run_decode_profile(device: torch.device, *, pool_tokens: int, layers: int, t
     step_ms = totals[median]
     cast_ms = next((r["ms_per_step"] for r in prof["ops"] if r["name"] == CAST_OP), 0.0)
     cast_bytes = full_pool_cast_bytes(geometry, pool.num_slots)
-    rows.append({
-        "section": "summary", "step_ms": step_ms, "cast_op_ms_per_step": cast_ms,
-        "profiled_step_ms": profiled_step_ms, "cast_share": cast_ms / profiled_step_ms, "layers": layers, "heads_per_gpu": geometry.heads_per_gpu,
-        "pool_slots": pool.num_slots, "cast_bytes_per_layer": cast_bytes["total"],
-        "standin_ms_per_layer": standin.ms_per_layer, "attention": attention.name,
-        "device_kind": "cuda" if device.type == "cuda" else "cpu",
-    })
-    params = dict(pool_tokens=pool_tokens, layers=layers, tensor_parallel=tensor_parallel,
-                  context_lens=list(context_lens), timed_steps=timed_steps, profile_steps=profile_steps, seed=seed)
+    rows.append(
+        {
+            "section": "summary",
+            "step_ms": step_ms,
+            "cast_op_ms_per_step": cast_ms,
+            "profiled_step_ms": profiled_step_ms,
+            "cast_share": cast_ms / profiled_step_ms,
+            "layers": layers,
+            "heads_per_gpu": geometry.heads_per_gpu,
+            "pool_slots": pool.num_slots,
+            "cast_bytes_per_layer": cast_bytes["total"],
+            "standin_ms_per_layer": standin.ms_per_layer,
+            "attention": attention.name,
+            "device_kind": "cuda" if device.type == "cuda" else "cpu",
+        }
+    )
+    params = dict(
+        pool_tokens=pool_tokens,
+        layers=layers,
+        tensor_parallel=tensor_parallel,
+        context_lens=list(context_lens),
+        timed_steps=timed_steps,
+        profile_steps=profile_steps,
+        seed=seed,
+    )
     return _result("decode_profile", device, params, rows)
 
 
@@ -127,13 +158,21 @@ def run_cast_kernels(device: torch.device, *, pool_tokens: int, seed: int = 0) -
             src = random_kv((pool_tokens, 1, GLM5.kv_dim), generator=gen, device=device, dtype=dtype)
         out = fn(src)
         nbytes = values * (src.element_size() + out.element_size())
-        ms = bench_ms(lambda: fn(src), device)
+        ms = bench_ms(lambda: fn(src), device)  # noqa: F821
         kernel = "(CPU: no device kernels)"
         if device.type == "cuda":
-            names = kernel_names(lambda: fn(src), device)
+            names = kernel_names(lambda: fn(src), device)  # noqa: F821
             kernel = short_kernel_name(names[0]) if names else "(none seen)"
-        rows.append({"section": "copies", "copy": label, "kernel": kernel, "bytes": nbytes, "ms": ms,
-                     "gbps": nbytes / (ms * 1e-3) / 1e9})
+        rows.append(
+            {
+                "section": "copies",
+                "copy": label,
+                "kernel": kernel,
+                "bytes": nbytes,
+                "ms": ms,
+                "gbps": nbytes / (ms * 1e-3) / 1e9,
+            }
+        )
         del src, out
     copy_ms, copy_gbps = copy_bandwidth_gbps(device, values * 3 // 2)
     rows.append({"section": "device_copy", "bytes": values * 3, "ms": copy_ms, "gbps": copy_gbps})
@@ -146,16 +185,18 @@ def run_cast_sweep(device: torch.device, *, pool_tokens: list[int], seed: int = 
     rows = []
     for n in pool_tokens:
         pool = random_kv((n + 1, 1, GLM5.kv_dim), generator=gen, device=device)
-        ms = bench_ms(lambda: pool.to(torch.bfloat16), device)
+        ms = bench_ms(lambda: pool.to(torch.bfloat16), device)  # noqa: F821
         nbytes = full_pool_cast_bytes(GLM5, n + 1)["total"]
-        rows.append({"section": "sweep", "pool_tokens": n, "ms": ms, "bytes": nbytes,
-                     "gbps": nbytes / (ms * 1e-3) / 1e9})
+        rows.append(
+            {"section": "sweep", "pool_tokens": n, "ms": ms, "bytes": nbytes, "gbps": nbytes / (ms * 1e-3) / 1e9}
+        )
         del pool
     return _result("cast_sweep", device, {"pool_tokens": list(pool_tokens), "seed": seed}, rows)
 
 
-def run_attention_sweep(device: torch.device, *, context_lens: list[int], tensor_parallel: int,
-                        pool_tokens: int, seed: int = 0) -> Result:
+def run_attention_sweep(
+    device: torch.device, *, context_lens: list[int], tensor_parallel: int, pool_tokens: int, seed: int = 0
+) -> Result:
     """BF16 MLA decode time (one request) against context length, on an already-cast pool."""
     geometry = GLM5.with_tensor_parallel(tensor_parallel)
     gen = torch.Generator().manual_seed(seed)
@@ -165,36 +206,70 @@ def run_attention_sweep(device: torch.device, *, context_lens: list[int], tensor
     for ctx in context_lens:
         batch = make_decode_batch([ctx], pool.shape[0], seed=seed, device=device)
         attention = make_mla_decode("auto", geometry, batch)
-        q_nope = random_kv((1, geometry.heads_per_gpu, geometry.kv_lora_rank), generator=gen, device=device, dtype=torch.bfloat16)
-        q_pe = random_kv((1, geometry.heads_per_gpu, geometry.qk_rope_head_dim), generator=gen, device=device, dtype=torch.bfloat16)
+        q_nope = random_kv(
+            (1, geometry.heads_per_gpu, geometry.kv_lora_rank), generator=gen, device=device, dtype=torch.bfloat16
+        )
+        q_pe = random_kv(
+            (1, geometry.heads_per_gpu, geometry.qk_rope_head_dim), generator=gen, device=device, dtype=torch.bfloat16
+        )
         ms = bench_ms(lambda: attention(q_nope, q_pe, ckv, kpe), device)
         nbytes = attention_read_bytes(geometry, ctx)
-        rows.append({"section": "sweep", "context_len": ctx, "ms": ms, "bytes": nbytes,
-                     "gbps": nbytes / (ms * 1e-3) / 1e9, "attention": attention.name})
-    params = {"context_lens": list(context_lens), "tensor_parallel": tensor_parallel,
-              "pool_tokens": pool_tokens, "seed": seed}
+        rows.append(
+            {
+                "section": "sweep",
+                "context_len": ctx,
+                "ms": ms,
+                "bytes": nbytes,
+                "gbps": nbytes / (ms * 1e-3) / 1e9,
+                "attention": attention.name,
+            }
+        )
+    params = {
+        "context_lens": list(context_lens),
+        "tensor_parallel": tensor_parallel,
+        "pool_tokens": pool_tokens,
+        "seed": seed,
+    }
     return _result("attention_sweep", device, params, rows)
 
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("decode_profile", run_decode_profile,
-               full=dict(pool_tokens=495_000, layers=78, tensor_parallel=4, context_lens=[8192],
-                         timed_steps=5, profile_steps=3),
-               small=dict(pool_tokens=50_000, layers=4, tensor_parallel=4, context_lens=[2048],
-                          timed_steps=3, profile_steps=2),
-               about="one decode step, layer by layer: whole-pool cast, MLA decode, stand-in",
-               requires=("cuda", "flashinfer")),
-    Experiment("cast_kernels", run_cast_kernels, full=dict(pool_tokens=495_000), small=dict(pool_tokens=50_000),
-               about="which kernel each copy gets, and its GB/s against a plain device copy",
-               requires=("cuda",)),
-    Experiment("cast_sweep", run_cast_sweep,
-               full=dict(pool_tokens=[65_536, 131_072, 262_144, 495_000, 1_048_576]),
-               small=dict(pool_tokens=[8_192, 16_384, 32_768, 65_536]),
-               about="whole-pool cast time against pool size", requires=("cuda",)),
-    Experiment("attention_sweep", run_attention_sweep,
-               full=dict(context_lens=[1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
-                         tensor_parallel=4, pool_tokens=495_000),
-               small=dict(context_lens=[256, 1024, 4096], tensor_parallel=4, pool_tokens=16_384),
-               about="MLA decode time against context length, 16 heads per GPU",
-               requires=("cuda", "flashinfer")),
+    Experiment(
+        "decode_profile",
+        run_decode_profile,
+        full=dict(
+            pool_tokens=495_000, layers=78, tensor_parallel=4, context_lens=[8192], timed_steps=5, profile_steps=3
+        ),
+        small=dict(
+            pool_tokens=50_000, layers=4, tensor_parallel=4, context_lens=[2048], timed_steps=3, profile_steps=2
+        ),
+        about="one decode step, layer by layer: whole-pool cast, MLA decode, stand-in",
+        requires=("cuda", "flashinfer"),
+    ),
+    Experiment(
+        "cast_kernels",
+        run_cast_kernels,
+        full=dict(pool_tokens=495_000),
+        small=dict(pool_tokens=50_000),
+        about="which kernel each copy gets, and its GB/s against a plain device copy",
+        requires=("cuda",),
+    ),
+    Experiment(
+        "cast_sweep",
+        run_cast_sweep,
+        full=dict(pool_tokens=[65_536, 131_072, 262_144, 495_000, 1_048_576]),
+        small=dict(pool_tokens=[8_192, 16_384, 32_768, 65_536]),
+        about="whole-pool cast time against pool size",
+        requires=("cuda",),
+    ),
+    Experiment(
+        "attention_sweep",
+        run_attention_sweep,
+        full=dict(
+            context_lens=[1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072], tensor_parallel=4, pool_tokens=495_000
+        ),
+        small=dict(context_lens=[256, 1024, 4096], tensor_parallel=4, pool_tokens=16_384),
+        about="MLA decode time against context length, 16 heads per GPU",
+        requires=("cuda", "flashinfer"),
+    ),
 ]

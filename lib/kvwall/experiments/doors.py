@@ -37,20 +37,30 @@ __all__ = ["EXPERIMENTS", "run_doors_checks", "run_doors_sm90", "build_generated
 
 def _xqa_mla(q_dtype: str, heads: int, about: str) -> GeneratorBuild:
     """XQA MLA for an FP8 cache, page 64, the 576-wide latent, ``heads`` query heads, for sm_120a."""
-    return GeneratorBuild("flashinfer.jit.xqa", "gen_xqa_module_mla", (q_dtype, "float8_e4m3fn", 64, 576, heads),
-                          "12.0a", about)
+    return GeneratorBuild(
+        "flashinfer.jit.xqa", "gen_xqa_module_mla", (q_dtype, "float8_e4m3fn", 64, 576, heads), "12.0a", about
+    )
 
 
 #: nvcc builds of the kernels an SM120 door would need, by name.
 GENERATOR_BUILDS: dict[str, GeneratorBuild] = {
     "xqa_mla_fp8_h128_p64_sm120a": _xqa_mla(
-        "float8_e4m3fn", 128, "XQA MLA, FP8 Q and KV, 128 heads (the only head count it generates), page 64, for sm_120a"),
+        "float8_e4m3fn",
+        128,
+        "XQA MLA, FP8 Q and KV, 128 heads (the only head count it generates), page 64, for sm_120a",
+    ),
     "xqa_mla_fp8_h16_p64_sm120a": _xqa_mla("float8_e4m3fn", 16, "XQA MLA for GLM-5's 16 heads per GPU"),
     "xqa_mla_fp8_h64_p64_sm120a": _xqa_mla("float8_e4m3fn", 64, "XQA MLA for GLM-5's 64 heads"),
-    "xqa_mla_bf16q_fp8kv_h128_p64_sm120a": _xqa_mla("bfloat16", 128, "XQA MLA with SGLang's bf16 query over an FP8 cache"),
+    "xqa_mla_bf16q_fp8kv_h128_p64_sm120a": _xqa_mla(
+        "bfloat16", 128, "XQA MLA with SGLang's bf16 query over an FP8 cache"
+    ),
     "sparse_mla_sm120": GeneratorBuild(
-        "flashinfer.jit.mla", "gen_sparse_mla_sm120_module", (), "12.0a",
-        "the SM120 sparse (DSA) MLA module, GLM and DeepSeek decode kernels, for sm_120a"),
+        "flashinfer.jit.mla",
+        "gen_sparse_mla_sm120_module",
+        (),
+        "12.0a",
+        "the SM120 sparse (DSA) MLA module, GLM and DeepSeek decode kernels, for sm_120a",
+    ),
 }
 
 
@@ -60,8 +70,12 @@ def build_generated_module(name: str, *, timeout_s: float = 400, jobs: int | Non
     if name not in GENERATOR_BUILDS:
         raise ValueError(f"Unknown build {name!r}; one of {', '.join(GENERATOR_BUILDS)}.")
     build = GENERATOR_BUILDS[name]
-    return {"build": name, "arch": build.arch, "about": build.about,
-            **build_generator(build, timeout_s=timeout_s, jobs=jobs)}
+    return {
+        "build": name,
+        "arch": build.arch,
+        "about": build.about,
+        **build_generator(build, timeout_s=timeout_s, jobs=jobs),
+    }
 
 
 def run_doors_checks(device: torch.device, *, builds: list[str], families: list[str], heads: list[int]) -> Result:
@@ -75,8 +89,15 @@ def run_doors_checks(device: torch.device, *, builds: list[str], families: list[
         rows.append({"section": "replays", "release": replays["flashinfer"], **r})
     for name in builds:
         rows.append({"section": "builds", "release": version, **build_generated_module(name)})
-    rows.append({"section": "meta", "release": version, "python": sys.version.split()[0],
-                 "doors": [asdict(d) for d in DOORS], "families": {k: list(v[0]) + [v[1]] for k, v in FAMILIES.items()}})
+    rows.append(
+        {
+            "section": "meta",
+            "release": version,
+            "python": sys.version.split()[0],
+            "doors": [asdict(d) for d in DOORS],
+            "families": {k: list(v[0]) + [v[1]] for k, v in FAMILIES.items()},
+        }
+    )
     params = {"builds": list(builds), "families": list(families), "heads": list(heads)}
     return Result("doors_checks", params, rows, collect_provenance(torch.device("cpu"), __name__))
 
@@ -111,15 +132,31 @@ def _reference(inputs: dict[str, Any]) -> torch.Tensor:
     flat = pool.reshape(-1, 1, pool.shape[-1])
     q = inputs["q"]
     slots = inputs["slots"]
-    indptr = torch.tensor([0] + [sum(len(s) for s in slots[: b + 1]) for b in range(len(slots))], dtype=torch.int32,
-                          device=q.device)
+    indptr = torch.tensor(
+        [0] + [sum(len(s) for s in slots[: b + 1]) for b in range(len(slots))], dtype=torch.int32, device=q.device
+    )
     indices = torch.tensor([x for s in slots for x in s], dtype=torch.int32, device=q.device)
-    return mla_decode_reference(q[..., :rank], q[..., rank:], flat[..., :rank], flat[..., rank:], indptr, indices,
-                                inputs["sm_scale"], compute_dtype=torch.float64)
+    return mla_decode_reference(
+        q[..., :rank],
+        q[..., rank:],
+        flat[..., :rank],
+        flat[..., rank:],
+        indptr,
+        indices,
+        inputs["sm_scale"],
+        compute_dtype=torch.float64,
+    )
 
 
-def run_doors_sm90(device: torch.device, *, heads: list[int], context_lens: list[int], call_timeout_s: float,
-                   budget_s: float, seed: int = 0) -> Result:
+def run_doors_sm90(
+    device: torch.device,
+    *,
+    heads: list[int],
+    context_lens: list[int],
+    call_timeout_s: float,
+    budget_s: float,
+    seed: int = 0,
+) -> Result:
     """Every path, GLM-5's head counts, page 1 and the path's own page size, called for real."""
     version, _ = release_root(None)
     rows: list[dict[str, Any]] = []
@@ -149,13 +186,15 @@ def run_doors_sm90(device: torch.device, *, heads: list[int], context_lens: list
         try:
             ref = _reference(inputs)
             rel = float((out.double() - ref).norm() / ref.norm())
-            row.update(rel_err_vs_float64=rel, output_shape=list(out.shape), output_dtype=str(out.dtype).replace("torch.", ""))
-            st, ms = _guarded(lambda: bench_ms(lambda: call_door(case, inputs, workspace), device), call_timeout_s)
+            row.update(
+                rel_err_vs_float64=rel, output_shape=list(out.shape), output_dtype=str(out.dtype).replace("torch.", "")
+            )
+            st, ms = _guarded(lambda: bench_ms(lambda: call_door(case, inputs, workspace), device), call_timeout_s)  # noqa: F821
             if st == "ok":
                 row["ms_with_plan"] = ms
             # the decode alone: plan once, run many times, as a serving loop does (fa2/fa3)
             if case.door in ("fa2", "fa3"):
-                st2, ms2 = _guarded(lambda: _run_only_ms(case, inputs, workspace, device), call_timeout_s)
+                st2, ms2 = _guarded(lambda: _run_only_ms(case, inputs, workspace, device), call_timeout_s)  # noqa: F821
                 if st2 == "ok":
                     row["ms"] = ms2
                 else:
@@ -165,8 +204,13 @@ def run_doors_sm90(device: torch.device, *, heads: list[int], context_lens: list
             row.update(outcome="check_failed", **outcome_of(exc))
         rows.append(row)
         del inputs
-    params = {"heads": list(heads), "context_lens": list(context_lens), "call_timeout_s": call_timeout_s,
-              "budget_s": budget_s, "seed": seed}
+    params = {
+        "heads": list(heads),
+        "context_lens": list(context_lens),
+        "call_timeout_s": call_timeout_s,
+        "budget_s": budget_s,
+        "seed": seed,
+    }
     return Result("doors_sm90", params, rows, collect_provenance(device, __name__))
 
 
@@ -188,8 +232,20 @@ def _run_only_ms(case: DoorCase, inputs: dict[str, Any], workspace: torch.Tensor
     batch = q.shape[0]
     pages = [table[b, : int(lens[b])] for b in range(batch)]
     kv_indptr = torch.tensor([0] + [sum(len(p) for p in pages[: b + 1]) for b in range(batch)], dtype=torch.int32)
-    w.plan(torch.arange(batch + 1, dtype=torch.int32).to(device), kv_indptr.to(device), torch.cat(pages), lens,
-           case.heads, rank, 64, 1, False, inputs["sm_scale"], q.dtype, pool.dtype)
+    w.plan(
+        torch.arange(batch + 1, dtype=torch.int32).to(device),
+        kv_indptr.to(device),
+        torch.cat(pages),
+        lens,
+        case.heads,
+        rank,
+        64,
+        1,
+        False,
+        inputs["sm_scale"],
+        q.dtype,
+        pool.dtype,
+    )
     q_nope, q_pe = q[..., :rank].contiguous(), q[..., rank:].contiguous()
     ckv, kpe = pool[..., :rank], pool[..., rank:]
     return bench_ms(lambda: w.run(q_nope, q_pe, ckv, kpe, ckv_scale=1.0, kpe_scale=1.0), device)
@@ -197,16 +253,23 @@ def _run_only_ms(case: DoorCase, inputs: dict[str, Any], workspace: torch.Tensor
 
 EXPERIMENTS = [
     Experiment(
-        "doors_checks", run_doors_checks,
+        "doors_checks",
+        run_doors_checks,
         full={"builds": list(GENERATOR_BUILDS), "families": ["SM90", "SM100", "SM120"], "heads": [16, 64]},
-        small={"builds": ["xqa_mla_fp8_h16_p64_sm120a", "xqa_mla_fp8_h64_p64_sm120a"],
-               "families": ["SM90", "SM100", "SM120"], "heads": [16, 64]},
+        small={
+            "builds": ["xqa_mla_fp8_h16_p64_sm120a", "xqa_mla_fp8_h64_p64_sm120a"],
+            "families": ["SM90", "SM100", "SM120"],
+            "heads": [16, 64],
+        },
         about="FlashInfer's MLA paths with FP8 KV: source citations, replayed checks per GPU family, nvcc builds",
-        requires=("flashinfer", "nvcc")),
+        requires=("flashinfer", "nvcc"),
+    ),
     Experiment(
-        "doors_sm90", run_doors_sm90,
+        "doors_sm90",
+        run_doors_sm90,
         full={"heads": [16, 64], "context_lens": [4096, 1000], "call_timeout_s": 150.0, "budget_s": 420.0},
         small={"heads": [16], "context_lens": [300, 77], "call_timeout_s": 60.0, "budget_s": 60.0},
         about="every FlashInfer MLA path called on this GPU with GLM-5's shape and an FP8 KV cache",
-        requires=("cuda", "flashinfer")),
+        requires=("cuda", "flashinfer"),
+    ),
 ]

@@ -35,18 +35,37 @@ def run_dsa_forced_dense(device: torch.device, *, tokens: int, heads: int, seed:
     root = sglang_source()
     failing = set(line.split(":", 1)[0] for line in check_citations(root))
     lines = cite_lines(root)
-    rows: list[dict] = [{"section": "citations", "fact": f.key, "value": f.value if isinstance(f.value, str) else
-                         repr(f.value), "lines": lines[f.key], "ok": f.key not in failing} for f in FACTS]
+    rows: list[dict] = [
+        {
+            "section": "citations",
+            "fact": f.key,
+            "value": f.value if isinstance(f.value, str) else repr(f.value),
+            "lines": lines[f.key],
+            "ok": f.key not in failing,
+        }
+        for f in FACTS
+    ]
     forced = reproduce_forced_dense(tokens=tokens, heads=heads, seed=seed, source=root)
-    rows.append({"section": "forced_dense", "sglang": VERSION, **dataclasses.asdict(forced),
-                 "seconds_total": round(time.perf_counter() - t0, 1)})
-    return Result("dsa_forced_dense", dict(tokens=tokens, heads=heads, seed=seed), rows,
-                  collect_provenance(device, __name__))
+    rows.append(
+        {
+            "section": "forced_dense",
+            "sglang": VERSION,
+            **dataclasses.asdict(forced),
+            "seconds_total": round(time.perf_counter() - t0, 1),
+        }
+    )
+    return Result(
+        "dsa_forced_dense", dict(tokens=tokens, heads=heads, seed=seed), rows, collect_provenance(device, __name__)
+    )
 
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("dsa_forced_dense", run_dsa_forced_dense, full=dict(tokens=64, heads=16, seed=0),
-               small=dict(tokens=64, heads=16, seed=0),
-               about="SGLang 0.5.23's own pools: a dense backend forced on a DSA model's FP8 pool (CPU)",
-               requires=("network",)),
+    Experiment(
+        "dsa_forced_dense",
+        run_dsa_forced_dense,
+        full=dict(tokens=64, heads=16, seed=0),
+        small=dict(tokens=64, heads=16, seed=0),
+        about="SGLang 0.5.23's own pools: a dense backend forced on a DSA model's FP8 pool (CPU)",
+        requires=("network",),
+    ),
 ]

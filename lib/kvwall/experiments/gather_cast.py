@@ -43,8 +43,13 @@ from kvwall.model.strategies import make_strategy
 from kvwall.results import Result, collect_provenance
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "implementations", "run_gather_cast_validation", "run_gather_cast_bench",
-           "run_gather_cast_profile"]
+__all__ = [
+    "EXPERIMENTS",
+    "implementations",
+    "run_gather_cast_validation",
+    "run_gather_cast_bench",
+    "run_gather_cast_profile",
+]
 
 
 def _result(name: str, device: torch.device, params: dict[str, Any], rows: list[dict]) -> Result:
@@ -64,6 +69,7 @@ def implementations(device: torch.device) -> dict[str, Callable[..., torch.Tenso
 # Validation
 # ---------------------------------------------------------------------------------------------------------
 
+
 def _graph_rows(device: torch.device, impl: str, fn, *, seed: int) -> list[dict]:
     """Capture one call with static buffers, then replay it with new indices, lengths and scale."""
     d, capacity, batch, slots = GLM5.kv_dim, 4096, 4, 20_000
@@ -82,8 +88,9 @@ def _graph_rows(device: torch.device, impl: str, fn, *, seed: int) -> list[dict]
     with torch.cuda.graph(graph):
         fn(pool, idx_buf, indptr_buf, out=out, scale=scale_buf, check_range=False)
     rows = []
-    for trial, (lens, scale) in enumerate([([5, 300, 0, 1000], 1.0), ([4000, 1, 1, 90], 0.125),
-                                           ([0, 0, 0, 0], 2.0), ([1024, 1024, 1024, 1024], 3.3e-3)]):
+    for trial, (lens, scale) in enumerate(
+        [([5, 300, 0, 1000], 1.0), ([4000, 1, 1, 90], 0.125), ([0, 0, 0, 0], 2.0), ([1024, 1024, 1024, 1024], 3.3e-3)]
+    ):
         n = sum(lens)
         idx = torch.randint(0, slots, (capacity,), generator=gen, dtype=torch.int32)
         idx[n:] = slots + 7  # garbage past the real rows: the kernel must not read it
@@ -96,9 +103,18 @@ def _graph_rows(device: torch.device, impl: str, fn, *, seed: int) -> list[dict]
         torch.cuda.synchronize(device)
         expected = gather_cast_reference(pool, idx_buf, indptr_buf, scale=scale_buf)
         counts = compare_rows(out, expected, n)
-        rows.append({"section": "graph", "impl": impl, "trial": trial, "real_rows": n, "capacity": capacity,
-                     "scale": scale, **counts,
-                     "ok": counts["mismatched_values"] == 0 and counts["overwritten_poison"] == 0})
+        rows.append(
+            {
+                "section": "graph",
+                "impl": impl,
+                "trial": trial,
+                "real_rows": n,
+                "capacity": capacity,
+                "scale": scale,
+                **counts,
+                "ok": counts["mismatched_values"] == 0 and counts["overwritten_poison"] == 0,
+            }
+        )
     return rows
 
 
@@ -109,15 +125,22 @@ _BAD_INPUTS: list[tuple[str, Callable[[dict], dict], type]] = [
     ("pool last dim not contiguous", lambda a: {**a, "pool": a["pool"].transpose(0, 2)}, ValueError),
     ("out too small", lambda a: {**a, "out": a["out"][:-1]}, ValueError),
     ("index out of range", lambda a: {**a, "kv_indices": a["kv_indices"] + a["pool"].shape[0]}, IndexError),
-    ("kv_indptr past the capacity",
-     lambda a: {**a, "kv_indptr": torch.cat([a["kv_indptr"][:-1], a["kv_indptr"][-1:] + 10_000])}, ValueError),
+    (
+        "kv_indptr past the capacity",
+        lambda a: {**a, "kv_indptr": torch.cat([a["kv_indptr"][:-1], a["kv_indptr"][-1:] + 10_000])},
+        ValueError,
+    ),
 ]
 
 
 def _error_rows(device: torch.device, impl: str, fn) -> list[dict]:
     inp = make_gather_inputs(num_slots=100, dim=GLM5.kv_dim, context_lens=[20, 30], seed=3, device=device)
-    base = {"pool": inp.pool, "kv_indices": inp.kv_indices, "kv_indptr": inp.kv_indptr,
-            "out": torch.empty((50, 1, GLM5.kv_dim), dtype=torch.bfloat16, device=device)}
+    base = {
+        "pool": inp.pool,
+        "kv_indices": inp.kv_indices,
+        "kv_indptr": inp.kv_indptr,
+        "out": torch.empty((50, 1, GLM5.kv_dim), dtype=torch.bfloat16, device=device),
+    }
     rows = []
     for what, edit, kind in _BAD_INPUTS:
         args = edit(base)
@@ -128,37 +151,63 @@ def _error_rows(device: torch.device, impl: str, fn) -> list[dict]:
         except Exception as exc:  # noqa: BLE001 - the row records what was raised
             raised, message = type(exc).__name__, str(exc)
         untouched = bool((bits(args["out"]) == POISON_BITS).all()) if args["out"].device == inp.pool.device else True
-        rows.append({"section": "errors", "impl": impl, "input": what, "expected": kind.__name__, "raised": raised,
-                     "message": message[:240], "out_untouched": untouched,
-                     "ok": raised == kind.__name__ and untouched})
+        rows.append(
+            {
+                "section": "errors",
+                "impl": impl,
+                "input": what,
+                "expected": kind.__name__,
+                "raised": raised,
+                "message": message[:240],
+                "out_untouched": untouched,
+                "ok": raised == kind.__name__ and untouched,
+            }
+        )
     return rows
 
 
-def run_gather_cast_validation(device: torch.device, *, full_scale_slots: int, full_scale_rows: int,
-                               sanitizer: bool, sanitizer_timeout_s: int = 300, seed: int = 0) -> Result:
+def run_gather_cast_validation(
+    device: torch.device,
+    *,
+    full_scale_slots: int,
+    full_scale_rows: int,
+    sanitizer: bool,
+    sanitizer_timeout_s: int = 300,
+    seed: int = 0,
+) -> Result:
     rows: list[dict] = []
     on_gpu = device.type == "cuda"
     for impl, fn in implementations(device).items():
-        for nan in ((False, True) if on_gpu else (False,)):
+        for nan in (False, True) if on_gpu else (False,):
             for case in VALIDATION_CASES:
                 rows.append({"section": "cases", "impl": impl, **check_case(fn, case, device, nan=nan)})
         if full_scale_rows:
-            for index_dtype, lens, capacity in (("int32", (full_scale_rows,), None),
-                                                ("int64", tuple(mixed_lengths(full_scale_rows, 32, seed=seed)),
-                                                 full_scale_rows + 4096)):
-                case = GatherCase(f"{full_scale_slots:,}-slot pool, {len(lens)} request(s), {full_scale_rows:,} rows",
-                                  full_scale_slots, GLM5.kv_dim, lens, index_dtype=index_dtype, capacity=capacity,
-                                  use_indptr=capacity is not None, seed=seed + 1)
+            for index_dtype, lens, capacity in (
+                ("int32", (full_scale_rows,), None),
+                ("int64", tuple(mixed_lengths(full_scale_rows, 32, seed=seed)), full_scale_rows + 4096),
+            ):
+                case = GatherCase(
+                    f"{full_scale_slots:,}-slot pool, {len(lens)} request(s), {full_scale_rows:,} rows",
+                    full_scale_slots,
+                    GLM5.kv_dim,
+                    lens,
+                    index_dtype=index_dtype,
+                    capacity=capacity,
+                    use_indptr=capacity is not None,
+                    seed=seed + 1,
+                )
                 rows.append({"section": "cases", "impl": impl, **check_case(fn, case, device, nan=on_gpu)})
         if on_gpu:
             rows += _graph_rows(device, impl, fn, seed=seed)
             rows += _error_rows(device, impl, fn)
-    pool = make_gather_inputs(num_slots=3001, dim=GLM5.kv_dim, context_lens=[1], seed=seed, nan=on_gpu,
-                              device=device).pool
+    pool = make_gather_inputs(
+        num_slots=3001, dim=GLM5.kv_dim, context_lens=[1], seed=seed, nan=on_gpu, device=device
+    ).pool
     got, want = full_cast(pool), pool.to(torch.bfloat16)
     mismatched = int((~((bits(got) == bits(want)) | (torch.isnan(got) & torch.isnan(want)))).sum())
-    rows.append({"section": "full_cast", "shape": list(pool.shape), "mismatched_values": mismatched,
-                 "ok": mismatched == 0})
+    rows.append(
+        {"section": "full_cast", "shape": list(pool.shape), "mismatched_values": mismatched, "ok": mismatched == 0}
+    )
     try:
         report = nvcc_compile_check("sm_90")
         rows.append({"section": "nvcc", "ok": report.ok, "summary": report.summary(), "registers": report.registers})
@@ -166,8 +215,13 @@ def run_gather_cast_validation(device: torch.device, *, full_scale_slots: int, f
         rows.append({"section": "nvcc", "ok": None, "summary": str(exc), "registers": {}})
     if on_gpu and sanitizer:
         rows.append(memcheck_row(sanitized_program.__name__, sanitizer_timeout_s))
-    params = {"full_scale_slots": full_scale_slots, "full_scale_rows": full_scale_rows, "sanitizer": sanitizer,
-              "sanitizer_timeout_s": sanitizer_timeout_s, "seed": seed}
+    params = {
+        "full_scale_slots": full_scale_slots,
+        "full_scale_rows": full_scale_rows,
+        "sanitizer": sanitizer,
+        "sanitizer_timeout_s": sanitizer_timeout_s,
+        "seed": seed,
+    }
     return _result("gather_cast_validation", device, params, rows)
 
 
@@ -175,8 +229,17 @@ def run_gather_cast_validation(device: torch.device, *, full_scale_slots: int, f
 # Benchmark
 # ---------------------------------------------------------------------------------------------------------
 
-def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list[int], graph_max_n: int,
-                          graph_sets: int, batch: int, seed: int = 0) -> Result:
+
+def run_gather_cast_bench(
+    device: torch.device,
+    *,
+    pool_tokens: int,
+    sizes: list[int],
+    graph_max_n: int,
+    graph_sets: int,
+    batch: int,
+    seed: int = 0,
+) -> Result:
     d = GLM5.kv_dim
     on_gpu = device.type == "cuda"
     gen = torch.Generator().manual_seed(seed)
@@ -190,9 +253,16 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
         impls = {"gather_cast (Triton)": gather_cast, "gather_cast (CUDA C++)": gather_cast_cuda}
         name = torch.cuda.get_device_name(device)
         configs, small_rows = _device_configs(name)
-        rows.append({"section": "config", "gpu": name, "tuned": configs is not DEFAULT_CONFIGS,
-                     "small_rows": small_rows, **{f"{k}_config": v.as_dict() for k, v in configs.items()},
-                     **{f"{k}_label": v.label() for k, v in configs.items()}})
+        rows.append(
+            {
+                "section": "config",
+                "gpu": name,
+                "tuned": configs is not DEFAULT_CONFIGS,
+                "small_rows": small_rows,
+                **{f"{k}_config": v.as_dict() for k, v in configs.items()},
+                **{f"{k}_label": v.label() for k, v in configs.items()},
+            }
+        )
 
     def torch_op(idx):
         return lambda: pool.index_select(0, idx).to(torch.bfloat16)
@@ -210,23 +280,49 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
                 capacity = n
             nbytes = gather_cast_bytes(n)
             out = torch.empty((capacity, 1, d), dtype=torch.bfloat16, device=device)
-            cases = {name: (lambda fn=fn: fn(pool, idx, indptr, out=out, check_range=False))
-                     for name, fn in impls.items()}
+            cases = {
+                name: (lambda fn=fn: fn(pool, idx, indptr, out=out, check_range=False)) for name, fn in impls.items()
+            }
             idx_long = idx.long()
             cases["PyTorch index_select().to(bf16)"] = torch_op(idx_long)
             for name, call in cases.items():
                 ms = bench_ms(call, device)
-                row = {"section": "sweep", "layout": layout, "impl": name, "n": n, "bytes": nbytes, "ms": ms,
-                       "gbps": nbytes / (ms * 1e-3) / 1e9, "of_copy": nbytes / (ms * 1e-3) / 1e9 / copy_gbps}
+                row = {
+                    "section": "sweep",
+                    "layout": layout,
+                    "impl": name,
+                    "n": n,
+                    "bytes": nbytes,
+                    "ms": ms,
+                    "gbps": nbytes / (ms * 1e-3) / 1e9,
+                    "of_copy": nbytes / (ms * 1e-3) / 1e9 / copy_gbps,
+                }
                 rows.append(row)
             if on_gpu and n <= graph_max_n and layout.startswith("batch 1"):
-                sets = [(torch.randint(1, pool_tokens + 1, (n,), generator=gen, dtype=torch.int32).to(device),
-                         torch.empty((n, 1, d), dtype=torch.bfloat16, device=device)) for _ in range(graph_sets)]
+                sets = [
+                    (
+                        torch.randint(1, pool_tokens + 1, (n,), generator=gen, dtype=torch.int32).to(device),
+                        torch.empty((n, 1, d), dtype=torch.bfloat16, device=device),
+                    )
+                    for _ in range(graph_sets)
+                ]
                 for name, fn in impls.items():
-                    ms = graph_ms([lambda fn=fn, i=i, o=o: fn(pool, i, None, out=o, check_range=False)
-                                   for i, o in sets], device, reduce="do_bench")
-                    rows.append({"section": "graph", "impl": name, "n": n, "ms": ms, "bytes": nbytes,
-                                 "gbps": nbytes / (ms * 1e-3) / 1e9, "calls_per_graph": graph_sets})
+                    ms = graph_ms(
+                        [lambda fn=fn, i=i, o=o: fn(pool, i, None, out=o, check_range=False) for i, o in sets],
+                        device,
+                        reduce="do_bench",
+                    )
+                    rows.append(
+                        {
+                            "section": "graph",
+                            "impl": name,
+                            "n": n,
+                            "ms": ms,
+                            "bytes": nbytes,
+                            "gbps": nbytes / (ms * 1e-3) / 1e9,
+                            "calls_per_graph": graph_sets,
+                        }
+                    )
                 del sets
             del out
 
@@ -238,12 +334,25 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
         out = torch.empty((4096, 1, d), dtype=torch.bfloat16, device=device)
         for name, fn in impls.items():
             call = lambda fn=fn: fn(pool, idx, empty, out=out, check_range=False)  # noqa: E731
-            rows.append({"section": "launch", "impl": name, "device_ms": bench_ms(call, device),
-                         "graph_ms": graph_ms([call] * 20, device, reduce="do_bench"),
-                         "host_us_per_call": host_us_per_call(call, device),
-                         "host_us_checked": host_us_per_call(lambda fn=fn: fn(pool, idx, empty, out=out), device)})
-        rows.append({"section": "launch", "impl": "PyTorch index_select().to(bf16)", "device_ms": None,
-                     "graph_ms": None, "host_us_per_call": host_us_per_call(torch_op(idx.long()[:1]), device)})
+            rows.append(
+                {
+                    "section": "launch",
+                    "impl": name,
+                    "device_ms": bench_ms(call, device),
+                    "graph_ms": graph_ms([call] * 20, device, reduce="do_bench"),
+                    "host_us_per_call": host_us_per_call(call, device),
+                    "host_us_checked": host_us_per_call(lambda fn=fn: fn(pool, idx, empty, out=out), device),
+                }
+            )
+        rows.append(
+            {
+                "section": "launch",
+                "impl": "PyTorch index_select().to(bf16)",
+                "device_ms": None,
+                "graph_ms": None,
+                "host_us_per_call": host_us_per_call(torch_op(idx.long()[:1]), device),
+            }
+        )
 
     # The whole pool: PyTorch's cast against the vectorized full_cast.
     full_bytes = full_pool_cast_bytes(GLM5, pool_tokens + 1)["total"]
@@ -252,16 +361,32 @@ def run_gather_cast_bench(device: torch.device, *, pool_tokens: int, sizes: list
         casts["full_cast (Triton)"] = lambda: full_cast(pool)
     for name, call in casts.items():
         ms = bench_ms(call, device)
-        rows.append({"section": "full_pool", "impl": name, "pool_tokens": pool_tokens, "bytes": full_bytes, "ms": ms,
-                     "gbps": full_bytes / (ms * 1e-3) / 1e9, "of_copy": full_bytes / (ms * 1e-3) / 1e9 / copy_gbps})
-    params = {"pool_tokens": pool_tokens, "sizes": list(sizes), "graph_max_n": graph_max_n, "graph_sets": graph_sets,
-              "batch": batch, "seed": seed}
+        rows.append(
+            {
+                "section": "full_pool",
+                "impl": name,
+                "pool_tokens": pool_tokens,
+                "bytes": full_bytes,
+                "ms": ms,
+                "gbps": full_bytes / (ms * 1e-3) / 1e9,
+                "of_copy": full_bytes / (ms * 1e-3) / 1e9 / copy_gbps,
+            }
+        )
+    params = {
+        "pool_tokens": pool_tokens,
+        "sizes": list(sizes),
+        "graph_max_n": graph_max_n,
+        "graph_sets": graph_sets,
+        "batch": batch,
+        "seed": seed,
+    }
     return _result("gather_cast_bench", device, params, rows)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The decode step, after
 # ---------------------------------------------------------------------------------------------------------
+
 
 def _unmarked_steps(model: DecodeStepModel, device: torch.device, steps: int) -> tuple[float, float]:
     """Steps with no phase marks: (median host ms to enqueue one, median device ms between marks around it).
@@ -327,11 +452,19 @@ class _HostAndDeviceClock(PhaseClock):
             elif gen in starts:
                 gc_ms += (t - starts.pop(gen)) * 1e3
                 gc_gen2 += gen == 2
-        return {"step_ms": sum(phases.values()), "phases": phases, "host_ms": sum(host_gaps),
-                "max_host_gap_ms": max(host_gaps), "host_gaps_over_1ms": sum(g > 1.0 for g in host_gaps),
-                "host_ms_in_gaps_over_1ms": sum((g for g in host_gaps if g > 1.0), 0.0),
-                "kv_free_max_us": max(kv_free_layers) * 1e3, "kv_free_layers_over_10us": sum(v > 0.010 for v in kv_free_layers),
-                "gc_passes": sum(1 for ph, _, _ in self.gc if ph == "stop"), "gc_gen2": gc_gen2, "gc_ms": gc_ms}
+        return {
+            "step_ms": sum(phases.values()),
+            "phases": phases,
+            "host_ms": sum(host_gaps),
+            "max_host_gap_ms": max(host_gaps),
+            "host_gaps_over_1ms": sum(g > 1.0 for g in host_gaps),
+            "host_ms_in_gaps_over_1ms": sum((g for g in host_gaps if g > 1.0), 0.0),
+            "kv_free_max_us": max(kv_free_layers) * 1e3,
+            "kv_free_layers_over_10us": sum(v > 0.010 for v in kv_free_layers),
+            "gc_passes": sum(1 for ph, _, _ in self.gc if ph == "stop"),
+            "gc_gen2": gc_gen2,
+            "gc_ms": gc_ms,
+        }
 
 
 def _marked_steps(model: DecodeStepModel, device: torch.device, steps: int, *, gc_off: bool = False) -> list[dict]:
@@ -348,9 +481,19 @@ def _marked_steps(model: DecodeStepModel, device: torch.device, steps: int, *, g
     return out
 
 
-def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: int, tensor_parallel: int,
-                            context_lens: list[int], timed_steps: int, strategies: list[str], capacity: int,
-                            capacity_sweep: list[int], seed: int = 0) -> Result:
+def run_gather_cast_profile(
+    device: torch.device,
+    *,
+    pool_tokens: int,
+    layers: int,
+    tensor_parallel: int,
+    context_lens: list[int],
+    timed_steps: int,
+    strategies: list[str],
+    capacity: int,
+    capacity_sweep: list[int],
+    seed: int = 0,
+) -> Result:
     """Chapter 1's step with each strategy; every attention output checked against float64 first.
 
     Each strategy's step is measured three ways: with a clock on every phase (events between phases,
@@ -373,10 +516,15 @@ def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: i
         ckv, kpe = strategy.prepare_kv(pool, 0, torch.bfloat16)
         out = attention(model.q_nope, model.q_pe, ckv, kpe).double()
         if ref is None:
-            ref = mla_decode_reference(model.q_nope, model.q_pe,
-                                       *split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank),
-                                       batch.kv_indptr, batch.kv_indices, geometry.sm_scale,
-                                       compute_dtype=torch.float64)
+            ref = mla_decode_reference(
+                model.q_nope,
+                model.q_pe,
+                *split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank),
+                batch.kv_indptr,
+                batch.kv_indices,
+                geometry.sm_scale,
+                compute_dtype=torch.float64,
+            )
         rel_err = relative_error(out, ref)
         if not rel_err < 2e-2:
             raise RuntimeError(f"{strategy.name} + {attention.name}: relative error {rel_err:.3g} against float64.")
@@ -388,43 +536,72 @@ def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: i
         # marked steps with the garbage collector off.
         for gc_off, runs in ((False, marked), (True, _marked_steps(model, device, timed_steps, gc_off=True))):
             for i, m in enumerate(runs):
-                rows.append({"section": "marked_steps", "strategy": kind, "gc_off": gc_off, "step": i,
-                             **{k: v for k, v in m.items() if k != "phases"},
-                             "kv_free_ms": m["phases"][PHASES[3]], "kv_strategy_ms": m["phases"][PHASES[1]],
-                             "attention_ms": m["phases"][PHASES[2]]})
+                rows.append(
+                    {
+                        "section": "marked_steps",
+                        "strategy": kind,
+                        "gc_off": gc_off,
+                        "step": i,
+                        **{k: v for k, v in m.items() if k != "phases"},
+                        "kv_free_ms": m["phases"][PHASES[3]],
+                        "kv_strategy_ms": m["phases"][PHASES[1]],
+                        "attention_ms": m["phases"][PHASES[2]],
+                    }
+                )
         host_ms, eager_ms = _unmarked_steps(model, device, timed_steps)
         syncs = count_syncs(model.step, device)
         n_layers = pool.num_layers
-        host_prepare = host_us_per_call(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device,
-                                20 if kind == "full_pool_cast" else 100)
-        host_attention = host_us_per_call(lambda: attention(model.q_nope, model.q_pe, ckv, kpe), device, 100)
+        host_prepare = host_us_per_call(
+            lambda: strategy.prepare_kv(pool, 0, torch.bfloat16),  # noqa: F821
+            device,
+            20 if kind == "full_pool_cast" else 100,
+        )
+        host_attention = host_us_per_call(lambda: attention(model.q_nope, model.q_pe, ckv, kpe), device, 100)  # noqa: F821
         graph_step, graph_error = _graph_ms(model.step, device)
         graph_phases: dict[str, float | None] = {}
         if graph_step is not None:
             slots, new_kv = batch.new_token_slots, model.new_kv
             bodies = {
                 PHASES[0]: lambda: [pool.write_new_tokens(layer, slots, new_kv) for layer in range(n_layers)],
-                PHASES[1]: lambda: [strategy.prepare_kv(pool, layer, torch.bfloat16) for layer in range(n_layers)],
-                PHASES[2]: lambda: [attention(model.q_nope, model.q_pe, ckv, kpe) for _ in range(n_layers)],
+                PHASES[1]: lambda: [strategy.prepare_kv(pool, layer, torch.bfloat16) for layer in range(n_layers)],  # noqa: F821
+                PHASES[2]: lambda: [attention(model.q_nope, model.q_pe, ckv, kpe) for _ in range(n_layers)],  # noqa: F821
                 PHASES[4]: lambda: [standin() for _ in range(n_layers)],
             }
             for phase, body in bodies.items():
                 graph_phases[phase], _ = _graph_ms(body, device)
-                rows.append({"section": "graph_breakdown", "strategy": kind, "phase": phase,
-                             "ms_per_step": graph_phases[phase]})
+                rows.append(
+                    {"section": "graph_breakdown", "strategy": kind, "phase": phase, "ms_per_step": graph_phases[phase]}
+                )
         del ckv, kpe
-        rows.append({"section": "strategies", "strategy": kind, "name": strategy.name, "attention": attention.name,
-                     "rel_err_vs_float64": rel_err, "step_ms": statistics.median(totals),
-                     "step_ms_min": totals[0], "step_ms_max": totals[-1],
-                     "kv_strategy_ms_per_step": phase_ms["kv_strategy"], "layers": layers,
-                     "capacity": getattr(strategy, "capacity", None),
-                     "unmarked_step_ms": eager_ms, "host_enqueue_ms": host_ms,
-                     "host_us_per_layer": host_ms / n_layers * 1e3,
-                     "host_us_prepare_kv": host_prepare, "host_us_attention": host_attention,
-                     "syncs_per_step": syncs, "graph_step_ms": graph_step, "graph_error": graph_error,
-                     "graph_kv_ms_per_step": graph_phases.get(PHASES[1]),
-                     "graph_phase_sum_ms": (sum(graph_phases.values()) if graph_phases and
-                                            all(v is not None for v in graph_phases.values()) else None)})
+        rows.append(
+            {
+                "section": "strategies",
+                "strategy": kind,
+                "name": strategy.name,
+                "attention": attention.name,
+                "rel_err_vs_float64": rel_err,
+                "step_ms": statistics.median(totals),
+                "step_ms_min": totals[0],
+                "step_ms_max": totals[-1],
+                "kv_strategy_ms_per_step": phase_ms["kv_strategy"],
+                "layers": layers,
+                "capacity": getattr(strategy, "capacity", None),
+                "unmarked_step_ms": eager_ms,
+                "host_enqueue_ms": host_ms,
+                "host_us_per_layer": host_ms / n_layers * 1e3,
+                "host_us_prepare_kv": host_prepare,
+                "host_us_attention": host_attention,
+                "syncs_per_step": syncs,
+                "graph_step_ms": graph_step,
+                "graph_error": graph_error,
+                "graph_kv_ms_per_step": graph_phases.get(PHASES[1]),
+                "graph_phase_sum_ms": (
+                    sum(graph_phases.values())
+                    if graph_phases and all(v is not None for v in graph_phases.values())
+                    else None
+                ),
+            }
+        )
         del model, strategy, attention
     # One layer's KV preparation over graph-sized capacities (the real length stays the batch's): timed in a CUDA
     # graph of 20 calls over 20 layers (device time, no host in the loop), with do_bench's per-call events beside
@@ -437,54 +614,107 @@ def run_gather_cast_profile(device: torch.device, *, pool_tokens: int, layers: i
             if kind.startswith("gather") and device.type != "cuda":
                 continue
             strategy = make_strategy(kind, batch, pool, cap)
-            events_ms = bench_ms(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device)
-            cap_graph_ms, _ = _graph_ms(lambda: [strategy.prepare_kv(pool, layer, torch.bfloat16)
-                                             for layer in range(cap_layers)], device)
-            host = host_us_per_call(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device, 50)
-            rows.append({"section": "capacity", "strategy": kind, "capacity": cap,
-                         "ms_per_layer": cap_graph_ms / cap_layers if cap_graph_ms is not None else events_ms,
-                         "ms_per_layer_events": events_ms,
-                         "ms_per_layer_graph": cap_graph_ms / cap_layers if cap_graph_ms is not None else None,
-                         "host_us_per_call": host, "real_tokens": batch.total_tokens})
+            events_ms = bench_ms(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device)  # noqa: F821
+            cap_graph_ms, _ = _graph_ms(
+                lambda: [strategy.prepare_kv(pool, layer, torch.bfloat16) for layer in range(cap_layers)],  # noqa: F821
+                device,
+            )
+            host = host_us_per_call(lambda: strategy.prepare_kv(pool, 0, torch.bfloat16), device, 50)  # noqa: F821
+            rows.append(
+                {
+                    "section": "capacity",
+                    "strategy": kind,
+                    "capacity": cap,
+                    "ms_per_layer": cap_graph_ms / cap_layers if cap_graph_ms is not None else events_ms,
+                    "ms_per_layer_events": events_ms,
+                    "ms_per_layer_graph": cap_graph_ms / cap_layers if cap_graph_ms is not None else None,
+                    "host_us_per_call": host,
+                    "real_tokens": batch.total_tokens,
+                }
+            )
             del strategy
     strat_rows = [r for r in rows if r.get("section") == "strategies"]
     before = next((r for r in strat_rows if r["strategy"] == "full_pool_cast"), None)
     if before is not None:
         for r in strat_rows:
-            graph = (r["graph_step_ms"] is not None and before["graph_step_ms"] is not None)
-            rows.append({"section": "gain", "strategy": r["strategy"], "step_ms": r["step_ms"],
-                         "time_saved": 1 - r["step_ms"] / before["step_ms"],
-                         "speedup": before["step_ms"] / r["step_ms"],
-                         "graph_step_ms": r["graph_step_ms"],
-                         "graph_time_saved": 1 - r["graph_step_ms"] / before["graph_step_ms"] if graph else None,
-                         "graph_speedup": before["graph_step_ms"] / r["graph_step_ms"] if graph else None})
-    params = dict(pool_tokens=pool_tokens, layers=layers, tensor_parallel=tensor_parallel,
-                  context_lens=list(context_lens), timed_steps=timed_steps, strategies=list(strategies),
-                  capacity=capacity, capacity_sweep=list(capacity_sweep), seed=seed)
+            graph = r["graph_step_ms"] is not None and before["graph_step_ms"] is not None
+            rows.append(
+                {
+                    "section": "gain",
+                    "strategy": r["strategy"],
+                    "step_ms": r["step_ms"],
+                    "time_saved": 1 - r["step_ms"] / before["step_ms"],
+                    "speedup": before["step_ms"] / r["step_ms"],
+                    "graph_step_ms": r["graph_step_ms"],
+                    "graph_time_saved": 1 - r["graph_step_ms"] / before["graph_step_ms"] if graph else None,
+                    "graph_speedup": before["graph_step_ms"] / r["graph_step_ms"] if graph else None,
+                }
+            )
+    params = dict(
+        pool_tokens=pool_tokens,
+        layers=layers,
+        tensor_parallel=tensor_parallel,
+        context_lens=list(context_lens),
+        timed_steps=timed_steps,
+        strategies=list(strategies),
+        capacity=capacity,
+        capacity_sweep=list(capacity_sweep),
+        seed=seed,
+    )
     return _result("gather_cast_profile", device, params, rows)
 
 
 _POW2_SIZES = [1024 << k for k in range(10)]  # 1K ... 512K
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("gather_cast_validation", run_gather_cast_validation,
-               full=dict(full_scale_slots=495_001, full_scale_rows=131_072, sanitizer=True, sanitizer_timeout_s=150),
-               small=dict(full_scale_slots=0, full_scale_rows=0, sanitizer=False),
-               about="gather_cast (Triton, CUDA C++) bit-exact vs reference; CUDA graphs; memcheck",
-               requires=("cuda", "nvcc", "compute-sanitizer")),
-    Experiment("gather_cast_bench", run_gather_cast_bench,
-               full=dict(pool_tokens=495_000, sizes=_POW2_SIZES, graph_max_n=65_536, graph_sets=16, batch=32),
-               small=dict(pool_tokens=50_000, sizes=[1024, 4096, 16_384], graph_max_n=0, graph_sets=0, batch=8),
-               about="gather-cast GB/s vs n against PyTorch and the copy ceiling; full_cast; launch floor",
-               requires=("cuda",)),
-    Experiment("gather_cast_profile", run_gather_cast_profile,
-               full=dict(pool_tokens=495_000, layers=78, tensor_parallel=4, context_lens=[8192], timed_steps=5,
-                         strategies=["full_pool_cast", "index_then_cast", "index_then_cast_capacity", "gather_cast",
-                                     "gather_cast_capacity", "gather_cast_cuda", "gather_cast_cuda_capacity"],
-                         capacity=131_072, capacity_sweep=[8192, 32_768, 131_072, 262_144, 495_000]),
-               small=dict(pool_tokens=50_000, layers=4, tensor_parallel=4, context_lens=[2048], timed_steps=3,
-                          strategies=["full_pool_cast", "index_then_cast", "index_then_cast_capacity"],
-                          capacity=16_384, capacity_sweep=[2048, 8192, 16_384, 50_000]),
-               about="chapter 1's decode step after: gather-then-cast strategies beside the whole-pool cast",
-               requires=("cuda", "flashinfer")),
+    Experiment(
+        "gather_cast_validation",
+        run_gather_cast_validation,
+        full=dict(full_scale_slots=495_001, full_scale_rows=131_072, sanitizer=True, sanitizer_timeout_s=150),
+        small=dict(full_scale_slots=0, full_scale_rows=0, sanitizer=False),
+        about="gather_cast (Triton, CUDA C++) bit-exact vs reference; CUDA graphs; memcheck",
+        requires=("cuda", "nvcc", "compute-sanitizer"),
+    ),
+    Experiment(
+        "gather_cast_bench",
+        run_gather_cast_bench,
+        full=dict(pool_tokens=495_000, sizes=_POW2_SIZES, graph_max_n=65_536, graph_sets=16, batch=32),
+        small=dict(pool_tokens=50_000, sizes=[1024, 4096, 16_384], graph_max_n=0, graph_sets=0, batch=8),
+        about="gather-cast GB/s vs n against PyTorch and the copy ceiling; full_cast; launch floor",
+        requires=("cuda",),
+    ),
+    Experiment(
+        "gather_cast_profile",
+        run_gather_cast_profile,
+        full=dict(
+            pool_tokens=495_000,
+            layers=78,
+            tensor_parallel=4,
+            context_lens=[8192],
+            timed_steps=5,
+            strategies=[
+                "full_pool_cast",
+                "index_then_cast",
+                "index_then_cast_capacity",
+                "gather_cast",
+                "gather_cast_capacity",
+                "gather_cast_cuda",
+                "gather_cast_cuda_capacity",
+            ],
+            capacity=131_072,
+            capacity_sweep=[8192, 32_768, 131_072, 262_144, 495_000],
+        ),
+        small=dict(
+            pool_tokens=50_000,
+            layers=4,
+            tensor_parallel=4,
+            context_lens=[2048],
+            timed_steps=3,
+            strategies=["full_pool_cast", "index_then_cast", "index_then_cast_capacity"],
+            capacity=16_384,
+            capacity_sweep=[2048, 8192, 16_384, 50_000],
+        ),
+        about="chapter 1's decode step after: gather-then-cast strategies beside the whole-pool cast",
+        requires=("cuda", "flashinfer"),
+    ),
 ]

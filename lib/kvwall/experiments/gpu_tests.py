@@ -2,8 +2,9 @@
 test file, so the reproducibility page can say when and where the GPU tests last passed.
 
 A row per test file (passed, failed, errors, skipped, seconds, the failing tests' ids, the skip reasons and the file's
-sha256 as it ran: the page compares it with the file as it is now) and a setup row (the command, its exit status). The code the GPU tests exercise is imported below, so this result's fingerprint covers the kernels:
-an edit to them stales the record, as it stales a measurement.
+sha256 as it ran: the page compares it with the file as it is now) and a setup row (the command, its exit status). The
+code the GPU tests exercise is imported below, so this result's fingerprint covers the kernels: an edit to them stales
+the record, as it stales a measurement.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def file_sha256(path: Path) -> str | None:
 
 def junit_rows(xml_text: str, root: Path = PROJECT_ROOT) -> list[dict]:
     """A row per test file from pytest's JUnit XML report, with the file's sha256 (files under ``root``)."""
-    files: dict[str, dict] = defaultdict(lambda: dict(passed=0, failed=0, errors=0, skipped=0, seconds=0.0,
-                                                      failures=[], skip_reasons=[]))
+    files: dict[str, dict] = defaultdict(
+        lambda: dict(passed=0, failed=0, errors=0, skipped=0, seconds=0.0, failures=[], skip_reasons=[])
+    )
     for case in ET.fromstring(xml_text).iter("testcase"):
         parts = case.get("classname", "").split(".")
         name = "/".join(parts[:2]) + ".py" if len(parts) >= 2 else case.get("classname", "?")
@@ -54,16 +56,39 @@ def junit_rows(xml_text: str, root: Path = PROJECT_ROOT) -> list[dict]:
                 row["skip_reasons"].append(reason)
         else:
             row["passed"] += 1
-    return [{"section": "file", "file": f, "sha256": file_sha256(root / f),
-             **{k: (round(v, 1) if k == "seconds" else v) for k, v in r.items()}} for f, r in sorted(files.items())]
+    return [
+        {
+            "section": "file",
+            "file": f,
+            "sha256": file_sha256(root / f),
+            **{k: (round(v, 1) if k == "seconds" else v) for k, v in r.items()},
+        }
+        for f, r in sorted(files.items())
+    ]
 
 
 def _gpu_test_files(marker: str, timeout_s: float) -> list[str]:
     """The test files holding tests ``-m marker`` selects (pytest's own collection; a module that cannot be imported
     here holds none that could run)."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marker, "-p",
-                           "no:cacheprovider", "--continue-on-collection-errors"], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-m",
+            marker,
+            "-p",
+            "no:cacheprovider",
+            "--continue-on-collection-errors",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
     return sorted({line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line})
 
 
@@ -86,8 +111,14 @@ def run_gpu_tests(device: torch.device, *, marker: str, timeout_s: int) -> Resul
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "junit.xml"
             try:
-                proc = subprocess.run([*command, f"--junitxml={report}", name], cwd=PROJECT_ROOT,
-                                      capture_output=True, text=True, timeout=left, check=False)
+                proc = subprocess.run(
+                    [*command, f"--junitxml={report}", name],
+                    cwd=PROJECT_ROOT,
+                    capture_output=True,
+                    text=True,
+                    timeout=left,
+                    check=False,
+                )
                 rcs.append(proc.returncode)
                 if proc.returncode not in (0, 1, 5):
                     errors.append(f"{name}: exit {proc.returncode}: {(proc.stdout + proc.stderr)[-400:]}")
@@ -96,18 +127,28 @@ def run_gpu_tests(device: torch.device, *, marker: str, timeout_s: int) -> Resul
                 errors.append(f"{name}: stopped at the budget's end ({timeout_s} s)")
             if report.is_file():
                 rows.extend(junit_rows(report.read_text()))
-    setup = {"section": "setup", "gpu": torch.cuda.get_device_name(device),
-             "command": " ".join(command[1:]) + " FILE (a process per file)",
-             "rc": max((rc for rc in rcs if rc is not None), default=None) if None not in rcs else None,
-             "seconds_total": round(time.perf_counter() - start, 1), "error": "; ".join(errors) or None}
-    return Result("gpu_tests", dict(marker=marker, timeout_s=timeout_s), [setup, *rows],
-                  collect_provenance(device, __name__))
+    setup = {
+        "section": "setup",
+        "gpu": torch.cuda.get_device_name(device),
+        "command": " ".join(command[1:]) + " FILE (a process per file)",
+        "rc": max((rc for rc in rcs if rc is not None), default=None) if None not in rcs else None,
+        "seconds_total": round(time.perf_counter() - start, 1),
+        "error": "; ".join(errors) or None,
+    }
+    return Result(
+        "gpu_tests", dict(marker=marker, timeout_s=timeout_s), [setup, *rows], collect_provenance(device, __name__)
+    )
 
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("gpu_tests", run_gpu_tests, full=dict(marker="gpu", timeout_s=420),
-               small=dict(marker="gpu", timeout_s=540),
-               about="the GPU tier of the tests (pytest -m gpu), its outcome per test file", requires=("cuda",)),
+    Experiment(
+        "gpu_tests",
+        run_gpu_tests,
+        full=dict(marker="gpu", timeout_s=420),
+        small=dict(marker="gpu", timeout_s=540),
+        about="the GPU tier of the tests (pytest -m gpu), its outcome per test file",
+        requires=("cuda",),
+    ),
 ]
 
 
@@ -116,10 +157,19 @@ def main() -> int:
     file failed. One process for the whole tier failed on the H200 (2026-12-03): after ``tests/test_fused_decode.py``'s
     two tiny experiment runs, every later file's CUDA tests failed."""
     files = _gpu_test_files("gpu", 600)
-    failed = [name for name in files
-              if subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", name],
-                                cwd=PROJECT_ROOT, check=False).returncode not in (0, 5)]
-    print(f"gpu-test: {len(files) - len(failed)} of {len(files)} files passed" + (f"; failed: {failed}" if failed else ""))
+    failed = [
+        name
+        for name in files
+        if subprocess.run(
+            [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", name],
+            cwd=PROJECT_ROOT,
+            check=False,
+        ).returncode
+        not in (0, 5)
+    ]
+    print(
+        f"gpu-test: {len(files) - len(failed)} of {len(files)} files passed" + (f"; failed: {failed}" if failed else "")
+    )
     return 1 if failed else 0
 
 

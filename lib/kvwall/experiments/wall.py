@@ -1,7 +1,7 @@
 """Chapter 2's experiments: the compile-time wall, release by release, and the patch on a GPU.
 
-* ``wall_timeline`` (nvcc, and the network or a filled release cache; no GPU): for each FlashInfer release and each (backend, arch)
-  of FP8-KV MLA (BF16 Q, ``float8_e4m3fn`` KV, ckv 512 / kpe 64), the release's own plan() checks and
+* ``wall_timeline`` (nvcc, and the network or a filled release cache; no GPU): for each FlashInfer release and each
+  (backend, arch) of FP8-KV MLA (BF16 Q, ``float8_e4m3fn`` KV, ckv 512 / kpe 64), the release's own plan() checks and
   JIT build, via :func:`kvwall.peers.flashinfer.build.build_mla`, classified as compiled / static_assert /
   failed elsewhere / refused by a Python-level check / unavailable (the release could not be used).
 * ``wall_on_gpu`` (needs a CUDA GPU): the original patch, live. Each release runs in its own
@@ -37,9 +37,19 @@ from kvwall.peers.flashinfer.releases import install_record, install_release, va
 from kvwall.peers.flashinfer.toolchain import find_nvcc, nvcc_version
 from kvwall.results import Result, collect_provenance
 
-__all__ = ["EXPERIMENTS", "OUTCOMES", "ORIGINAL_ASSERT_CLAIM", "compiler_excerpt", "TIMELINE_RELEASES",
-           "TIMELINE_CONFIGS", "classify", "timeline_row", "replay_fa_plan_checks", "run_wall_timeline",
-           "run_wall_on_gpu"]
+__all__ = [
+    "EXPERIMENTS",
+    "OUTCOMES",
+    "ORIGINAL_ASSERT_CLAIM",
+    "compiler_excerpt",
+    "TIMELINE_RELEASES",
+    "TIMELINE_CONFIGS",
+    "classify",
+    "timeline_row",
+    "replay_fa_plan_checks",
+    "run_wall_timeline",
+    "run_wall_on_gpu",
+]
 
 #: The releases of the timeline: before MLA FP8 work, the wall (0.6.12), the first SM90 FP8 (0.6.14),
 #: the first FA2 FP8 (0.6.18.post1), and the newest.
@@ -53,8 +63,16 @@ OUTCOMES = ("compiled", "static_assert", "failed_elsewhere", "refused", "unavail
 def classify(result: BuildResult) -> dict[str, Any]:
     """The outcome of one build, with the first static_assert's location and whether the
     instantiation chain that reached it passes through ``attention/mla.cuh``."""
-    out: dict[str, Any] = {"outcome": "", "assert_file": "", "assert_line": 0, "assert_source": "",
-                           "assert_message": "", "reached_from_mla": False, "chain": [], "first_error": ""}
+    out: dict[str, Any] = {
+        "outcome": "",
+        "assert_file": "",
+        "assert_line": 0,
+        "assert_source": "",
+        "assert_message": "",
+        "reached_from_mla": False,
+        "chain": [],
+        "first_error": "",
+    }
     if result.status == "compiled":
         out["outcome"] = "compiled"
     elif result.status == "python_refused":
@@ -66,9 +84,15 @@ def classify(result: BuildResult) -> dict[str, Any]:
         out["first_error_chain"] = errors[0].chain if errors else []
         if asserts:
             a = asserts[0]
-            out.update(outcome="static_assert", assert_file=a.file, assert_line=a.line, assert_source=a.source_line,
-                       assert_message=a.message, chain=a.chain,
-                       reached_from_mla=any(f.file.endswith("attention/mla.cuh") for f in a.instantiation_chain))
+            out.update(
+                outcome="static_assert",
+                assert_file=a.file,
+                assert_line=a.line,
+                assert_source=a.source_line,
+                assert_message=a.message,
+                chain=a.chain,
+                reached_from_mla=any(f.file.endswith("attention/mla.cuh") for f in a.instantiation_chain),
+            )
             out["other_asserts"] = [f"{e.file}({e.line}): {e.source_line}" for e in asserts[1:]]
         else:
             out["outcome"] = "failed_elsewhere"
@@ -79,7 +103,7 @@ def compiler_excerpt(output: str, lines: int = 12) -> str:
     """The compiler's own words from the first error on: ``lines`` lines, paths already shortened."""
     text = output.splitlines()
     first = next((i for i, ln in enumerate(text) if ": error" in ln or "error:" in ln), None)
-    return "" if first is None else "\n".join(text[first:first + lines])
+    return "" if first is None else "\n".join(text[first : first + lines])
 
 
 #: The original investigation's words for where the build failed (a claim the chapter checks).
@@ -92,62 +116,109 @@ def replay_fa_plan_checks(release: str, backend: str, arch: str) -> dict[str, An
     validation for FP8 KV runs instead, with ``arch``'s compute capability, in a subprocess with the
     release (the ``"fa_plan"`` task of :mod:`kvwall.peers.flashinfer.jit_driver`).
     ``{"result": "passed" | "refused" | "unavailable", ...}``."""
-    request = {"task": "fa_plan", "release_dir": str(install_release(release)), "backend": backend,
-               "capability": list(arch_capability(arch))}
+    request = {
+        "task": "fa_plan",
+        "release_dir": str(install_release(release)),
+        "backend": backend,
+        "capability": list(arch_capability(arch)),
+    }
     with tempfile.TemporaryDirectory(prefix="kvwall-fa-plan-") as tmp:
-        run = run_jit_driver(request, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, cwd=Path(tmp), timeout_s=300,
-                             description=f"FlashInfer {release} {backend} plan checks for {arch}")
+        run = run_jit_driver(
+            request,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+            cwd=Path(tmp),
+            timeout_s=300,
+            description=f"FlashInfer {release} {backend} plan checks for {arch}",
+        )
     return run.report if run.report is not None else {"result": "unavailable", "message": run.output_tail[-1000:]}
 
 
 def timeline_row(release: str, backend: str, arch: str, *, jobs: int | None = None) -> dict[str, Any]:
     """One cell of the timeline: build (or load from the cache) and classify; a release that cannot
     be installed or driven is an ``unavailable`` row saying why."""
-    row: dict[str, Any] = {"section": "timeline", "release": release, "backend": backend, "arch": arch,
-                           "q_dtype": "bfloat16", "kv_dtype": "float8_e4m3fn"}
+    row: dict[str, Any] = {
+        "section": "timeline",
+        "release": release,
+        "backend": backend,
+        "arch": arch,
+        "q_dtype": "bfloat16",
+        "kv_dtype": "float8_e4m3fn",
+    }
     try:
         r = build_mla(release, backend, "bfloat16", "float8_e4m3fn", arch, jobs=jobs)
     except (InvalidConfigError, NvccNotFoundError):
         raise
     except FlashInferReleaseError as exc:
         return {**row, "status": "error", "outcome": "unavailable", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
-    row.update(status=r.status, duration_s=r.duration_s, from_cache=r.from_cache, nvcc_version=r.nvcc_version,
-               python_checks=r.python_checks, built=r.created, **classify(r))
+    row.update(
+        status=r.status,
+        duration_s=r.duration_s,
+        from_cache=r.from_cache,
+        nvcc_version=r.nvcc_version,
+        python_checks=r.python_checks,
+        built=r.created,
+        **classify(r),
+    )
     row["compiler_excerpt"] = compiler_excerpt(r.compiler_output)
     if r.python_checks.startswith("skipped"):  # 0.7.x: replay its FA backends' own plan validation
         check = replay_fa_plan_checks(release, backend, arch)
         row["plan_check_replay"] = check
         if check.get("result") == "refused":
-            row.update(outcome="refused", refusal_type=check["exc_type"], refusal_message=check["message"],
-                       refusal_where=check["where"], refusal_phase="FA backend plan validation",
-                       compiled_if_forced=r.status == "compiled")
+            row.update(
+                outcome="refused",
+                refusal_type=check["exc_type"],
+                refusal_message=check["message"],
+                refusal_where=check["where"],
+                refusal_phase="FA backend plan validation",
+                compiled_if_forced=r.status == "compiled",
+            )
         elif check.get("result") == "passed":
-            row["python_checks"] = ("ran (FA backend plan validation, up to its device query at "
-                                    f"{check.get('where') or 'the end'})")
+            row["python_checks"] = (
+                f"ran (FA backend plan validation, up to its device query at {check.get('where') or 'the end'})"
+            )
     if r.refusal is not None:
-        row.update(refusal_type=r.refusal.exc_type, refusal_message=r.refusal.message, refusal_where=r.refusal.where,
-                   refusal_phase=r.refusal.phase)
+        row.update(
+            refusal_type=r.refusal.exc_type,
+            refusal_message=r.refusal.message,
+            refusal_where=r.refusal.where,
+            refusal_phase=r.refusal.phase,
+        )
     return row
 
 
-def run_wall_timeline(device: torch.device, *, releases: list[str], configs: list[list[str]],
-                      jobs: int | None = None) -> Result:
+def run_wall_timeline(
+    device: torch.device, *, releases: list[str], configs: list[list[str]], jobs: int | None = None
+) -> Result:
     """FP8-KV MLA across FlashInfer releases: compiled, static_assert, failed elsewhere or refused."""
     for backend, arch in configs:
         validate_config(backend, "bfloat16", "float8_e4m3fn", arch)
     for release in releases:
         validate_release(release)
     nvcc = find_nvcc()
-    rows: list[dict[str, Any]] = [{"section": "toolchain", "nvcc_version": nvcc_version() if nvcc else None,
-                                   "nvcc": str(nvcc) if nvcc else None, "python": sys.version.split()[0],
-                                   "torch": torch.__version__}]
+    rows: list[dict[str, Any]] = [
+        {
+            "section": "toolchain",
+            "nvcc_version": nvcc_version() if nvcc else None,
+            "nvcc": str(nvcc) if nvcc else None,
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+        }
+    ]
     for release in releases:
         for backend, arch in configs:
             rows.append(timeline_row(release, backend, arch, jobs=jobs))
         rec = install_record(release)
-        rows.append({"section": "release", "release": release, "installed_from": rec.get("source", {}).get("from", ""),
-                     "source": rec.get("source", {}), "substituted": rec.get("substituted", {}),
-                     "pinned_headers": rec.get("pinned_headers", {}), "dependencies": rec.get("dependencies", [])})
+        rows.append(
+            {
+                "section": "release",
+                "release": release,
+                "installed_from": rec.get("source", {}).get("from", ""),
+                "source": rec.get("source", {}),
+                "substituted": rec.get("substituted", {}),
+                "pinned_headers": rec.get("pinned_headers", {}),
+                "dependencies": rec.get("dependencies", []),
+            }
+        )
     params = {"releases": list(releases), "configs": [list(c) for c in configs], "jobs": jobs}
     return Result("wall_timeline", params, rows, collect_provenance(device, __name__))
 
@@ -156,13 +227,20 @@ def run_wall_timeline(device: torch.device, *, releases: list[str], configs: lis
 # The patch on a GPU: one subprocess per release
 # ---------------------------------------------------------------------------------------------
 
+
 def _warm_cases(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Plan once per (backend, KV dtype): that is where FlashInfer JIT-builds (and caches) the kernel.
     For the wall release the FP8 case is the whole patch (plan, then run), with a small batch."""
     cases = []
     for backend in spec["backends"]:
-        cases.append({"backend": backend, "kv": "float8_e4m3fn", "context_len": 1024,
-                      "run_in_warm": bool(spec.get("expect_wall"))})
+        cases.append(
+            {
+                "backend": backend,
+                "kv": "float8_e4m3fn",
+                "context_len": 1024,
+                "run_in_warm": bool(spec.get("expect_wall")),
+            }
+        )
         if not spec.get("expect_wall"):
             cases.append({"backend": backend, "kv": "bfloat16", "context_len": 1024})
     return cases
@@ -176,13 +254,28 @@ def _measure_cases(spec: dict[str, Any], warm: dict[str, Any], context_lens: lis
         for ctx in context_lens:
             for kv in ("float8_e4m3fn", "bfloat16"):
                 if (backend, kv) in planned:
-                    cases.append({"backend": backend, "kv": kv, "context_len": ctx,
-                                  "compare_bf16": kv == "float8_e4m3fn" and (backend, "bfloat16") in planned})
+                    cases.append(
+                        {
+                            "backend": backend,
+                            "kv": kv,
+                            "context_len": ctx,
+                            "compare_bf16": kv == "float8_e4m3fn" and (backend, "bfloat16") in planned,
+                        }
+                    )
     return cases
 
 
-def _start_release(release: str, mode: str, cases: list[dict[str, Any]], *, pool_tokens: int, tensor_parallel: int,
-                   seed: int, workdir: Path, device: str = "cuda") -> tuple[subprocess.Popen | None, dict[str, Any]]:
+def _start_release(
+    release: str,
+    mode: str,
+    cases: list[dict[str, Any]],
+    *,
+    pool_tokens: int,
+    tensor_parallel: int,
+    seed: int,
+    workdir: Path,
+    device: str = "cuda",
+) -> tuple[subprocess.Popen | None, dict[str, Any]]:
     """Install ``release`` and start the driver on ``cases`` in a subprocess with it first on sys.path."""
     try:
         rdir = install_release(release)
@@ -190,15 +283,31 @@ def _start_release(release: str, mode: str, cases: list[dict[str, Any]], *, pool
         return None, {"error": "install", "exc_type": type(exc).__name__, "message": str(exc)[-4000:], "cases": []}
     result_path = workdir / f"gpu-{release}-{mode}.json"
     log_path = workdir / f"gpu-{release}-{mode}.log"
-    payload = {"release_dir": str(rdir), "cases": cases, "pool_tokens": pool_tokens, "mode": mode, "device": device,
-               "tensor_parallel": tensor_parallel, "seed": seed, "result_path": str(result_path)}
+    payload = {
+        "release_dir": str(rdir),
+        "cases": cases,
+        "pool_tokens": pool_tokens,
+        "mode": mode,
+        "device": device,
+        "tensor_parallel": tensor_parallel,
+        "seed": seed,
+        "result_path": str(result_path),
+    }
     env = dict(os.environ)
-    env.update(PYTHONPATH=os.pathsep.join([str(rdir)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])),
-               FLASHINFER_WORKSPACE_BASE=str(workdir / f"fi-{release}"),
-               PATH=os.pathsep.join([str(rdir / "bin"), env.get("PATH", "")]))
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(rdir)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])),
+        FLASHINFER_WORKSPACE_BASE=str(workdir / f"fi-{release}"),
+        PATH=os.pathsep.join([str(rdir / "bin"), env.get("PATH", "")]),
+    )
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", patch_driver.__name__, json.dumps(payload)], stdout=log,
-                                stderr=subprocess.STDOUT, text=True, env=env, cwd=str(workdir))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", patch_driver.__name__, json.dumps(payload)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=str(workdir),
+        )
     return proc, {"result_path": str(result_path), "log_path": str(log_path), "started": time.perf_counter()}
 
 
@@ -235,19 +344,37 @@ def _parse_compiler_errors(case: dict[str, Any], d: dict[str, Any]) -> list[dict
         if key in seen:
             continue
         seen.add(key)
-        out.append({"file": e.file, "line": e.line, "message": e.message, "source_line": e.source_line,
-                    "chain": e.chain, "translation_unit": e.translation_unit})
+        out.append(
+            {
+                "file": e.file,
+                "line": e.line,
+                "message": e.message,
+                "source_line": e.source_line,
+                "chain": e.chain,
+                "translation_unit": e.translation_unit,
+            }
+        )
     return out
 
 
 def _release_row(release: str, phase: str, d: dict[str, Any], planned: int) -> dict[str, Any]:
-    return {"section": "release", "release": release, "phase": phase, "error": d.get("error"),
-            "flashinfer_version": d.get("flashinfer_version"), "flashinfer_file": d.get("flashinfer_file"),
-            "gpu": d.get("gpu"), "capability": d.get("capability"), "seconds": d.get("seconds"),
-            "installed_from": install_record(release).get("source", {}).get("from"),
-            "exc_type": d.get("exc_type"), "message": (d.get("message") or "")[-2000:],
-            "output_tail": d.get("output_tail", "")[-2000:], "cases_planned": planned,
-            "cases_done": len(d.get("cases", []))}
+    return {
+        "section": "release",
+        "release": release,
+        "phase": phase,
+        "error": d.get("error"),
+        "flashinfer_version": d.get("flashinfer_version"),
+        "flashinfer_file": d.get("flashinfer_file"),
+        "gpu": d.get("gpu"),
+        "capability": d.get("capability"),
+        "seconds": d.get("seconds"),
+        "installed_from": install_record(release).get("source", {}).get("from"),
+        "exc_type": d.get("exc_type"),
+        "message": (d.get("message") or "")[-2000:],
+        "output_tail": d.get("output_tail", "")[-2000:],
+        "cases_planned": planned,
+        "cases_done": len(d.get("cases", [])),
+    }
 
 
 def _case_rows(release: str, d: dict[str, Any]) -> list[dict[str, Any]]:
@@ -262,8 +389,16 @@ def _case_rows(release: str, d: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_wall_on_gpu(device: torch.device, *, releases: list[dict[str, Any]], context_lens: list[int],
-                    pool_tokens: int, tensor_parallel: int = 4, seed: int = 0, budget_s: float = 540.0) -> Result:
+def run_wall_on_gpu(
+    device: torch.device,
+    *,
+    releases: list[dict[str, Any]],
+    context_lens: list[int],
+    pool_tokens: int,
+    tensor_parallel: int = 4,
+    seed: int = 0,
+    budget_s: float = 540.0,
+) -> Result:
     """The patch on a GPU, one subprocess per release (see the module docstring).
 
     Two phases: all releases *warm* in parallel (plan() once per backend and KV dtype: the JIT
@@ -271,8 +406,10 @@ def run_wall_on_gpu(device: torch.device, *, releases: list[dict[str, Any]], con
     the timings do not share the GPU, *measure* what planned. ``budget_s`` bounds the whole run;
     whatever did not finish is a row saying so."""
     if device.type != "cuda":
-        raise RuntimeError("wall_on_gpu drives FlashInfer's MLA kernels: it needs a CUDA device. On a CPU, the "
-                           "chapter shows the recorded run and builds the kernel with nvcc instead (wall_timeline).")
+        raise RuntimeError(
+            "wall_on_gpu drives FlashInfer's MLA kernels: it needs a CUDA device. On a CPU, the "
+            "chapter shows the recorded run and builds the kernel with nvcc instead (wall_timeline)."
+        )
     t_end = time.perf_counter() + budget_s
     rows: list[dict[str, Any]] = []
     specs = [{**s, "release": validate_release(s["release"])} for s in releases]
@@ -281,8 +418,15 @@ def run_wall_on_gpu(device: torch.device, *, releases: list[dict[str, Any]], con
         started = []
         for spec in specs:
             cases = _warm_cases(spec)
-            proc, info = _start_release(spec["release"], "warm", cases, pool_tokens=pool_tokens,
-                                        tensor_parallel=tensor_parallel, seed=seed, workdir=work)
+            proc, info = _start_release(
+                spec["release"],
+                "warm",
+                cases,
+                pool_tokens=pool_tokens,
+                tensor_parallel=tensor_parallel,
+                seed=seed,
+                workdir=work,
+            )
             started.append((spec, cases, proc, info))
         warm_deadline = t_end - 60.0 * sum(not s.get("expect_wall") for s in specs)  # leave time to measure
         warmed = {}
@@ -297,13 +441,26 @@ def run_wall_on_gpu(device: torch.device, *, releases: list[dict[str, Any]], con
             cases = _measure_cases(spec, warmed[spec["release"]], context_lens)
             if not cases:
                 continue
-            proc, info = _start_release(spec["release"], "measure", cases, pool_tokens=pool_tokens,
-                                        tensor_parallel=tensor_parallel, seed=seed, workdir=work)
+            proc, info = _start_release(
+                spec["release"],
+                "measure",
+                cases,
+                pool_tokens=pool_tokens,
+                tensor_parallel=tensor_parallel,
+                seed=seed,
+                workdir=work,
+            )
             d = _finish_release(proc, info, t_end)
             rows.append(_release_row(spec["release"], "measure", d, len(cases)))
             rows += _case_rows(spec["release"], d)
-    params = {"releases": releases, "context_lens": list(context_lens), "pool_tokens": pool_tokens,
-              "tensor_parallel": tensor_parallel, "seed": seed, "budget_s": budget_s}
+    params = {
+        "releases": releases,
+        "context_lens": list(context_lens),
+        "pool_tokens": pool_tokens,
+        "tensor_parallel": tensor_parallel,
+        "seed": seed,
+        "budget_s": budget_s,
+    }
     return Result("wall_on_gpu", params, rows, collect_provenance(device, __name__))
 
 
@@ -314,16 +471,29 @@ _GPU_RELEASES = [
 ]
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("wall_timeline", run_wall_timeline,
-               full=dict(releases=TIMELINE_RELEASES, configs=TIMELINE_CONFIGS, jobs=None),
-               small=dict(releases=["0.6.12"], configs=[["fa2", "sm_120a"], ["fa2", "sm_90a"]], jobs=None),
-               about="FP8-KV MLA across FlashInfer releases: compiled, static_assert, or refused (nvcc, no GPU)",
-               requires=("nvcc", "network")),
-    Experiment("wall_on_gpu", run_wall_on_gpu,
-               full=dict(releases=_GPU_RELEASES, context_lens=[4096, 32768, 131072], pool_tokens=495_000,
-                         tensor_parallel=4, seed=0, budget_s=540.0),
-               small=dict(releases=_GPU_RELEASES, context_lens=[1024], pool_tokens=8192, tensor_parallel=4, seed=0,
-                          budget_s=540.0),
-               about="the patch on a GPU: 0.6.12 fails in plan(); 0.6.14 / 0.6.18.post1 FP8 against BF16, timed",
-               requires=("cuda", "network")),
+    Experiment(
+        "wall_timeline",
+        run_wall_timeline,
+        full=dict(releases=TIMELINE_RELEASES, configs=TIMELINE_CONFIGS, jobs=None),
+        small=dict(releases=["0.6.12"], configs=[["fa2", "sm_120a"], ["fa2", "sm_90a"]], jobs=None),
+        about="FP8-KV MLA across FlashInfer releases: compiled, static_assert, or refused (nvcc, no GPU)",
+        requires=("nvcc", "network"),
+    ),
+    Experiment(
+        "wall_on_gpu",
+        run_wall_on_gpu,
+        full=dict(
+            releases=_GPU_RELEASES,
+            context_lens=[4096, 32768, 131072],
+            pool_tokens=495_000,
+            tensor_parallel=4,
+            seed=0,
+            budget_s=540.0,
+        ),
+        small=dict(
+            releases=_GPU_RELEASES, context_lens=[1024], pool_tokens=8192, tensor_parallel=4, seed=0, budget_s=540.0
+        ),
+        about="the patch on a GPU: 0.6.12 fails in plan(); 0.6.14 / 0.6.18.post1 FP8 against BF16, timed",
+        requires=("cuda", "network"),
+    ),
 ]

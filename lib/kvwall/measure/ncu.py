@@ -32,9 +32,21 @@ NCU_METRICS = {
     "launch__block_size": "block_size",
     "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue_active_pct",
     "sm__inst_executed.sum": "warp_instructions",
-    **{f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio": f"stall_{r}"
-       for r in ("long_scoreboard", "short_scoreboard", "mio_throttle", "wait", "barrier", "lg_throttle",
-                 "math_pipe_throttle", "not_selected", "dispatch_stall", "no_instruction")},
+    **{
+        f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio": f"stall_{r}"
+        for r in (
+            "long_scoreboard",
+            "short_scoreboard",
+            "mio_throttle",
+            "wait",
+            "barrier",
+            "lg_throttle",
+            "math_pipe_throttle",
+            "not_selected",
+            "dispatch_stall",
+            "no_instruction",
+        )
+    },
 }
 
 #: Metrics asked for too where this ncu knows them: the tensor pipe (on Hopper ``sm__pipe_tensor_cycles_active``
@@ -81,8 +93,9 @@ def unknown_metrics(text: str, asked: Sequence[str]) -> list[str]:
     return [m for m in asked if any(m in line or m.split(".")[0] in line for line in errors)]
 
 
-def profile_kernel(module: str, args: Sequence[str], *, kernel_regex: str, launch_skip: int, timeout_s: int,
-                   launch_count: int = 1) -> dict[str, float | list[str]]:
+def profile_kernel(
+    module: str, args: Sequence[str], *, kernel_regex: str, launch_skip: int, timeout_s: int, launch_count: int = 1
+) -> dict[str, float | list[str]]:
     """Run ``python -m module *args`` under ``ncu`` and read :data:`NCU_METRICS` and :data:`NCU_OPTIONAL_METRICS` of
     the launches of the kernels matching ``kernel_regex`` (after skipping ``launch_skip`` of them). An optional metric
     this ncu does not know is dropped and the run repeated without it; the names dropped are in ``ncu_missing``.
@@ -93,9 +106,24 @@ def profile_kernel(module: str, args: Sequence[str], *, kernel_regex: str, launc
         raise FileNotFoundError("ncu (Nsight Compute) is not installed here: put it on PATH to profile kernels.")
 
     def run(metrics: Sequence[str]) -> str:
-        cmd = [ncu, "--csv", "--print-units", "base", "--kernel-name", f"regex:{kernel_regex}",
-               "--launch-skip", str(launch_skip), "--launch-count", str(launch_count), "--metrics", ",".join(metrics),
-               sys.executable, "-m", module, *args]
+        cmd = [
+            ncu,
+            "--csv",
+            "--print-units",
+            "base",
+            "--kernel-name",
+            f"regex:{kernel_regex}",
+            "--launch-skip",
+            str(launch_skip),
+            "--launch-count",
+            str(launch_count),
+            "--metrics",
+            ",".join(metrics),
+            sys.executable,
+            "-m",
+            module,
+            *args,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
         return proc.stdout + "\n" + proc.stderr
 
@@ -107,7 +135,8 @@ def profile_kernel(module: str, args: Sequence[str], *, kernel_regex: str, launc
         missing = unknown_metrics(text, optional) or optional  # unnamed: retry with the required set only
         if not any("ERROR" in line and "metric" in line.lower() for line in text.splitlines()):
             raise
-    out: dict[str, float | list[str]] = dict(parse_ncu_csv(run([*NCU_METRICS, *(m for m in optional
-                                                                                  if m not in missing)])))
+    out: dict[str, float | list[str]] = dict(
+        parse_ncu_csv(run([*NCU_METRICS, *(m for m in optional if m not in missing)]))
+    )
     out["ncu_missing"] = [NCU_OPTIONAL_METRICS[m] for m in missing]
     return out

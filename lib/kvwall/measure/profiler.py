@@ -36,8 +36,9 @@ def _quiet_native_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def profile_ops(run_step: Callable[[], None], device: torch.device, *, steps: int = 3,
-                top: int = 12, labels: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+def profile_ops(
+    run_step: Callable[[], None], device: torch.device, *, steps: int = 3, top: int = 12, labels: tuple[str, ...] = ()
+) -> dict[str, list[dict]]:
     """Profile ``steps`` calls of ``run_step`` (after one warm-up call).
 
     Returns ``{"ops": [...], "kernels": [...]}``: ops (and profile labels) ranked by self time
@@ -69,11 +70,11 @@ def profile_ops(run_step: Callable[[], None], device: torch.device, *, steps: in
         if is_kernel:
             if ev.key in labels:
                 continue
-            kernels.append({"name": ev.key, "calls_per_step": ev.count / steps,
-                            "ms_per_step": ev.device_time_total / 1e3 / steps})
+            kernels.append(
+                {"name": ev.key, "calls_per_step": ev.count / steps, "ms_per_step": ev.device_time_total / 1e3 / steps}
+            )
         elif self_us > 0 and not (on_cuda and ev.key.startswith(("cuda", "Activity Buffer"))):
-            ops.append({"name": ev.key, "calls_per_step": ev.count / steps,
-                        "ms_per_step": self_us / 1e3 / steps})
+            ops.append({"name": ev.key, "calls_per_step": ev.count / steps, "ms_per_step": self_us / 1e3 / steps})
     ops.sort(key=lambda r: -r["ms_per_step"])
     kernels.sort(key=lambda r: -r["ms_per_step"])
     return {"ops": ops[:top], "kernels": kernels[:top]}

@@ -30,8 +30,15 @@ def memcheck_row(module: str, timeout_s: int, args: Sequence[str] = ()) -> dict[
     command, the output's last 40 lines, and ``passed`` (exit 0 and 0 errors; None when it could not run)."""
     tool = shutil.which("compute-sanitizer")
     if tool is None:
-        return {"section": "sanitizer", "tool": "memcheck", "ran": False, "returncode": None,
-                "summary": "compute-sanitizer not found on PATH", "output_tail": "", "passed": None}
+        return {
+            "section": "sanitizer",
+            "tool": "memcheck",
+            "ran": False,
+            "returncode": None,
+            "summary": "compute-sanitizer not found on PATH",
+            "output_tail": "",
+            "passed": None,
+        }
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     cmd = [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m", module, *args]
     t0 = time.time()
@@ -42,8 +49,14 @@ def memcheck_row(module: str, timeout_s: int, args: Sequence[str] = ()) -> dict[
         output, code = _text(exc.stdout) + _text(exc.stderr), None
     summaries = re.findall(r"ERROR SUMMARY: .*", output)
     summary = summaries[-1] if summaries else "(no summary line)"
-    return {"section": "sanitizer", "tool": "memcheck", "ran": True, "returncode": code,
-            "seconds": round(time.time() - t0, 1), "summary": summary,
-            "command": " ".join(["compute-sanitizer", *cmd[1:5], "python3", "-m", module, *args]),
-            "output_tail": "\n".join(output.strip().splitlines()[-40:]),
-            "passed": code == 0 and summary.startswith("ERROR SUMMARY: 0 errors")}
+    return {
+        "section": "sanitizer",
+        "tool": "memcheck",
+        "ran": True,
+        "returncode": code,
+        "seconds": round(time.time() - t0, 1),
+        "summary": summary,
+        "command": " ".join(["compute-sanitizer", *cmd[1:5], "python3", "-m", module, *args]),
+        "output_tail": "\n".join(output.strip().splitlines()[-40:]),
+        "passed": code == 0 and summary.startswith("ERROR SUMMARY: 0 errors"),
+    }

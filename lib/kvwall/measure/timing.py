@@ -27,8 +27,16 @@ from typing import Callable, Sequence
 import torch
 import triton.testing
 
-__all__ = ["bench_ms", "graph_ms", "host_us_per_call", "synchronize", "release_memory", "PhaseClock", "copy_bandwidth_gbps",
-           "matmul_tflops"]
+__all__ = [
+    "bench_ms",
+    "graph_ms",
+    "host_us_per_call",
+    "synchronize",
+    "release_memory",
+    "PhaseClock",
+    "copy_bandwidth_gbps",
+    "matmul_tflops",
+]
 
 #: How :func:`graph_ms` reduces its replays: the median of ``replays`` event-timed replays, the best of them, or
 #: ``triton.testing.do_bench`` over the replay (L2 flushed between replays, median over ``rep_ms``).
@@ -50,8 +58,9 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def bench_ms(fn: Callable[[], object], device: torch.device, *, warmup_ms: float = 25,
-             rep_ms: float = 100, min_reps: int = 3) -> float:
+def bench_ms(
+    fn: Callable[[], object], device: torch.device, *, warmup_ms: float = 25, rep_ms: float = 100, min_reps: int = 3
+) -> float:
     """Median time of ``fn`` in milliseconds (``triton.testing.do_bench`` on a GPU)."""
     if device.type == "cuda":
         return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
@@ -75,8 +84,9 @@ def _capture(body: Callable[[], object], repeat: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _replays_ms(graph: torch.cuda.CUDAGraph, device: torch.device, replays: int, reduce: str,
-                warmup_ms: float, rep_ms: float) -> float:
+def _replays_ms(
+    graph: torch.cuda.CUDAGraph, device: torch.device, replays: int, reduce: str, warmup_ms: float, rep_ms: float
+) -> float:
     if reduce == "do_bench":
         return bench_ms(graph.replay, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
     graph.replay()  # first replay: uploads the graph
@@ -92,9 +102,18 @@ def _replays_ms(graph: torch.cuda.CUDAGraph, device: torch.device, replays: int,
     return min(times) if reduce == "min" else statistics.median(times)
 
 
-def graph_ms(calls: Sequence[Callable[[], object]], device: torch.device, *, repeat: int = 1,
-             flush: Callable[[], object] | None = None, replays: int = 5, reduce: str = "median",
-             warmup: int = 1, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+def graph_ms(
+    calls: Sequence[Callable[[], object]],
+    device: torch.device,
+    *,
+    repeat: int = 1,
+    flush: Callable[[], object] | None = None,
+    replays: int = 5,
+    reduce: str = "median",
+    warmup: int = 1,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+) -> float:
     """Device milliseconds per call, from CUDA-graph replays.
 
     ``calls`` are warmed up ``warmup`` times each on a side stream (as capture wants), then captured back to back,
@@ -108,8 +127,10 @@ def graph_ms(calls: Sequence[Callable[[], object]], device: torch.device, *, rep
     if reduce not in GRAPH_REDUCTIONS:
         raise ValueError(f"reduce={reduce!r} is not one of {GRAPH_REDUCTIONS}.")
     if not calls or repeat < 1 or replays < 1:
-        raise ValueError(f"graph_ms needs at least one call, repeat >= 1 and replays >= 1 (got {len(calls)} calls, "
-                         f"repeat={repeat}, replays={replays}).")
+        raise ValueError(
+            f"graph_ms needs at least one call, repeat >= 1 and replays >= 1 (got {len(calls)} calls, "
+            f"repeat={repeat}, replays={replays})."
+        )
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):  # compile, load and allocate before capture

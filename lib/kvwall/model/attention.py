@@ -23,8 +23,15 @@ from kvwall.measure.failures import error_text
 from kvwall.model.geometry import GLM5, MLAGeometry
 from kvwall.model.pool import DecodeBatch
 
-__all__ = ["MLADecode", "FlashInferMLADecode", "ReferenceMLADecode", "make_mla_decode", "flashinfer_version",
-           "prebuild_flashinfer_mla", "FLASHINFER_BACKENDS"]
+__all__ = [
+    "MLADecode",
+    "FlashInferMLADecode",
+    "ReferenceMLADecode",
+    "make_mla_decode",
+    "flashinfer_version",
+    "prebuild_flashinfer_mla",
+    "FLASHINFER_BACKENDS",
+]
 
 ATTENTION_BACKENDS = ("auto", "flashinfer", "reference")
 #: FlashInfer's MLA back-ends this wrapper drives ("auto": FlashInfer picks, fa3 on SM90).
@@ -35,8 +42,9 @@ WORKSPACE_BYTES = 128 << 20
 class MLADecode(Protocol):
     name: str
 
-    def __call__(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor,
-                 kpe: torch.Tensor) -> torch.Tensor: ...
+    def __call__(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 def flashinfer_version() -> str | None:
@@ -58,8 +66,9 @@ class ReferenceMLADecode:
         self.batch = batch
 
     def __call__(self, q_nope, q_pe, ckv, kpe):
-        out = mla_decode_reference(q_nope, q_pe, ckv, kpe, self.batch.kv_indptr,
-                                   self.batch.kv_indices, self.geometry.sm_scale)
+        out = mla_decode_reference(
+            q_nope, q_pe, ckv, kpe, self.batch.kv_indptr, self.batch.kv_indices, self.geometry.sm_scale
+        )
         return out.to(q_nope.dtype)
 
 
@@ -70,13 +79,26 @@ class FlashInferMLADecode:
     converted to int32); ``plan()`` runs here, host work timed into :attr:`plan_ms`. Call it (or :meth:`run`) once
     per layer with that layer's cache views ``[slots, 1, kv_lora_rank]`` and ``[slots, 1, qk_rope_head_dim]``."""
 
-    def __init__(self, heads: int, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor,
-                 sm_scale: float, *, kv_dtype: torch.dtype = torch.bfloat16, q_dtype: torch.dtype = torch.bfloat16,
-                 backend: str = "fa2", geometry: MLAGeometry = GLM5, workspace_bytes: int = WORKSPACE_BYTES) -> None:
+    def __init__(
+        self,
+        heads: int,
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_lens: torch.Tensor,
+        sm_scale: float,
+        *,
+        kv_dtype: torch.dtype = torch.bfloat16,
+        q_dtype: torch.dtype = torch.bfloat16,
+        backend: str = "fa2",
+        geometry: MLAGeometry = GLM5,
+        workspace_bytes: int = WORKSPACE_BYTES,
+    ) -> None:
         device = kv_indices.device
         if device.type != "cuda":
-            raise RuntimeError("FlashInfer's MLA kernels need an NVIDIA GPU; the batch is on "
-                               f"{device}. Use ReferenceMLADecode (or mode='cpu') on this machine.")
+            raise RuntimeError(
+                "FlashInfer's MLA kernels need an NVIDIA GPU; the batch is on "
+                f"{device}. Use ReferenceMLADecode (or mode='cpu') on this machine."
+            )
         if backend not in FLASHINFER_BACKENDS:
             raise ValueError(f"FlashInfer MLA backend {backend!r} is not one of {FLASHINFER_BACKENDS}.")
         import flashinfer  # pylint: disable=import-outside-toplevel  # optional: GPU machines only
@@ -89,9 +111,20 @@ class FlashInferMLADecode:
         self.backend = str(getattr(self.wrapper, "_backend", backend))
         qo_indptr = torch.arange(kv_lens.numel() + 1, dtype=torch.int32, device=device)
         t0 = time.perf_counter()
-        self.wrapper.plan(qo_indptr, kv_indptr.to(torch.int32), kv_indices.to(torch.int32), kv_lens.to(torch.int32),
-                          heads, geometry.kv_lora_rank, geometry.qk_rope_head_dim, 1, False, sm_scale, q_dtype,
-                          kv_dtype)
+        self.wrapper.plan(
+            qo_indptr,
+            kv_indptr.to(torch.int32),
+            kv_indices.to(torch.int32),
+            kv_lens.to(torch.int32),
+            heads,
+            geometry.kv_lora_rank,
+            geometry.qk_rope_head_dim,
+            1,
+            False,
+            sm_scale,
+            q_dtype,
+            kv_dtype,
+        )
         self.plan_ms = (time.perf_counter() - t0) * 1e3
         kv = "FP8" if kv_dtype == torch.float8_e4m3fn else "BF16"
         self.name = f"FlashInfer {self.flashinfer_version} BatchMLAPagedAttentionWrapper ({self.backend})"
@@ -100,11 +133,26 @@ class FlashInferMLADecode:
     @classmethod
     def for_batch(cls, geometry: MLAGeometry, batch: DecodeBatch, **kw: Any) -> "FlashInferMLADecode":
         """Planned for a :class:`DecodeBatch` with the geometry's heads per GPU and softmax scale."""
-        return cls(geometry.heads_per_gpu, batch.kv_indptr, batch.kv_indices, batch.context_lens, geometry.sm_scale,
-                   geometry=geometry, **kw)
+        return cls(
+            geometry.heads_per_gpu,
+            batch.kv_indptr,
+            batch.kv_indices,
+            batch.context_lens,
+            geometry.sm_scale,
+            geometry=geometry,
+            **kw,
+        )
 
-    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor,
-            out: torch.Tensor | None = None, *, fp8_scales: tuple[float, float] | None = None) -> torch.Tensor:
+    def run(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        ckv: torch.Tensor,
+        kpe: torch.Tensor,
+        out: torch.Tensor | None = None,
+        *,
+        fp8_scales: tuple[float, float] | None = None,
+    ) -> torch.Tensor:
         """Attention for the planned batch; ``fp8_scales`` = (ckv_scale, kpe_scale), FP8 KV only (FlashInfer
         rejects scales on a BF16 run)."""
         kw = {} if fp8_scales is None else {"ckv_scale": float(fp8_scales[0]), "kpe_scale": float(fp8_scales[1])}
@@ -140,9 +188,13 @@ def prebuild_flashinfer_mla(device: torch.device, geometry: MLAGeometry = GLM5) 
         from flashinfer.jit.core import build_jit_specs  # pylint: disable=import-outside-toplevel
 
         bf16 = torch.bfloat16
-        specs = [gen_batch_mla_module(backend, bf16, kv, bf16, torch.int32, geometry.kv_lora_rank,
-                                      geometry.qk_rope_head_dim, False)
-                 for backend in ("fa2", "fa3") for kv in (bf16, torch.float8_e4m3fn)]
+        specs = [
+            gen_batch_mla_module(
+                backend, bf16, kv, bf16, torch.int32, geometry.kv_lora_rank, geometry.qk_rope_head_dim, False
+            )
+            for backend in ("fa2", "fa3")
+            for kv in (bf16, torch.float8_e4m3fn)
+        ]
         build_jit_specs(specs, verbose=False)
         info["modules"] = len(specs)
     except Exception as exc:  # noqa: BLE001 - plan() builds whatever is missing, one at a time

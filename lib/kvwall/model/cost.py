@@ -33,9 +33,26 @@ import numpy as np
 from kvwall.model.geometry import GLM5, MLAGeometry
 from kvwall.model.roofline import decode_flops, qo_bytes
 
-__all__ = ["GPUSpec", "GPUS", "MODEL_PRESETS", "ATTENTIONS", "PREPARATIONS", "PATHS", "Point", "PathComposition",
-           "ComponentFit", "CostModel", "component_bytes", "fit_cost_model", "validate", "split_train_test",
-           "TRANSFER_RULES", "paths_on", "FUSED_MAX_HEADS", "OFF_REFERENCE"]
+__all__ = [
+    "GPUSpec",
+    "GPUS",
+    "MODEL_PRESETS",
+    "ATTENTIONS",
+    "PREPARATIONS",
+    "PATHS",
+    "Point",
+    "PathComposition",
+    "ComponentFit",
+    "CostModel",
+    "component_bytes",
+    "fit_cost_model",
+    "validate",
+    "split_train_test",
+    "TRANSFER_RULES",
+    "paths_on",
+    "FUSED_MAX_HEADS",
+    "OFF_REFERENCE",
+]
 
 
 @dataclass(frozen=True)
@@ -52,25 +69,76 @@ class GPUSpec:
     source: str
 
 
-GPUS: dict[str, GPUSpec] = {g.key: g for g in (
-    GPUSpec("h200", "NVIDIA H200 SXM", "sm_90", 4800, 989.4, 132, 141,
-            "datasheet ceilings; every path's rates measured on it (path_sweep)"),
-    GPUSpec("h100", "NVIDIA H100 SXM", "sm_90", 3350, 989.4, 132, 80,
-            "datasheet (H100 SXM5: 3.35 TB/s, 989 TFLOP/s dense BF16); rates transferred from the H200"),
-    GPUSpec("b200", "NVIDIA B200", "sm_100", 8000, 2250, 148, 180,
-            "datasheet (HGX B200: 8 TB/s, 2.25 PFLOP/s dense BF16); rates transferred from the H200"),
-    GPUSpec("rtx-pro-6000", "RTX PRO 6000 Blackwell", "sm_120", 1792, 500, 188, 96,
+GPUS: dict[str, GPUSpec] = {
+    g.key: g
+    for g in (
+        GPUSpec(
+            "h200",
+            "NVIDIA H200 SXM",
+            "sm_90",
+            4800,
+            989.4,
+            132,
+            141,
+            "datasheet ceilings; every path's rates measured on it (path_sweep)",
+        ),
+        GPUSpec(
+            "h100",
+            "NVIDIA H100 SXM",
+            "sm_90",
+            3350,
+            989.4,
+            132,
+            80,
+            "datasheet (H100 SXM5: 3.35 TB/s, 989 TFLOP/s dense BF16); rates transferred from the H200",
+        ),
+        GPUSpec(
+            "b200",
+            "NVIDIA B200",
+            "sm_100",
+            8000,
+            2250,
+            148,
+            180,
+            "datasheet (HGX B200: 8 TB/s, 2.25 PFLOP/s dense BF16); rates transferred from the H200",
+        ),
+        GPUSpec(
+            "rtx-pro-6000",
+            "RTX PRO 6000 Blackwell",
+            "sm_120",
+            1792,
+            500,
+            188,
+            96,
             "datasheet (1,792 GB/s GDDR7, 188 SMs; 4,000 AI TOPS FP4 sparse = ~500 TFLOP/s dense BF16); "
-            "the original's GPU; rates transferred from the H200"),
-    GPUSpec("rtx-5090", "GeForce RTX 5090", "sm_120", 1792, 209.5, 170, 32,
-            "datasheet (1,792 GB/s, 170 SMs, 209.5 TFLOP/s BF16 with FP32 accumulate); rates transferred "
-            "from the H200"),
-)}
+            "the original's GPU; rates transferred from the H200",
+        ),
+        GPUSpec(
+            "rtx-5090",
+            "GeForce RTX 5090",
+            "sm_120",
+            1792,
+            209.5,
+            170,
+            32,
+            "datasheet (1,792 GB/s, 170 SMs, 209.5 TFLOP/s BF16 with FP32 accumulate); rates transferred from the H200",
+        ),
+    )
+}
 
 
 def _preset(name: str, layers: int, dense: int, heads: int, nope: int, v: int) -> MLAGeometry:
-    return MLAGeometry(name=name, num_layers=layers, num_dense_layers=dense, num_heads=heads, kv_lora_rank=512,
-                       qk_rope_head_dim=64, qk_nope_head_dim=nope, v_head_dim=v, tensor_parallel=1)
+    return MLAGeometry(
+        name=name,
+        num_layers=layers,
+        num_dense_layers=dense,
+        num_heads=heads,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=nope,
+        v_head_dim=v,
+        tensor_parallel=1,
+    )
 
 
 #: MLA models from their public configs (all: kv_lora_rank 512, qk_rope_head_dim 64: 576 values a token a layer).
@@ -207,9 +275,10 @@ FUSED_MAX_HEADS: dict[str, int] = {}
 
 def paths_on(arch: str, heads: int) -> list[str]:
     """The paths that exist on ``arch`` for ``heads`` per GPU (fa3, FlashInfer FP8 and FlashMLA: SM90 only; ours
-    wherever :data:`FUSED_MAX_HEADS` allows, which is everywhere). Off the H200, ours' prediction assumes the per-SM rate of the shape measured on it; where the launcher must pick a smaller shape
-    (more than 16 heads on SM120 and SM100, compiled offline), that is optimistic. ``triton`` is no choice of its
-    own: it is what ``ours`` runs off Hopper (:data:`OFF_REFERENCE`)."""
+    wherever :data:`FUSED_MAX_HEADS` allows, which is everywhere). Off the H200, ours' prediction assumes the per-SM
+    rate of the shape measured on it; where the launcher must pick a smaller shape (more than 16 heads on SM120 and
+    SM100, compiled offline), that is optimistic. ``triton`` is no choice of its own: it is what ``ours`` runs off
+    Hopper (:data:`OFF_REFERENCE`)."""
     out = []
     for name, comp in PATHS.items():
         if arch not in ATTENTIONS[comp.attention][2] or comp.attention in OFF_REFERENCE.values():
@@ -247,8 +316,9 @@ class CostModel:
         vals = [self.layer_us(path, p, gpu, rule) for rule in TRANSFER_RULES]
         return min(vals), max(vals)
 
-    def step_ms(self, path: str, p: Point, gpu: GPUSpec | None = None, rule: str = "fraction of peak", *,
-                rest_ms: float = 0.0) -> float:
+    def step_ms(
+        self, path: str, p: Point, gpu: GPUSpec | None = None, rule: str = "fraction of peak", *, rest_ms: float = 0.0
+    ) -> float:
         """Per-step ms: the geometry's layers x one layer, plus ``rest_ms`` for everything else in the step."""
         return p.geometry.num_layers * self.layer_us(path, p, gpu, rule) / 1e3 + rest_ms
 
@@ -313,8 +383,9 @@ def fit_cost_model(samples: Iterable[tuple[str, Point, float]], reference: GPUSp
     return CostModel(comps, reference)
 
 
-def split_train_test(samples: Sequence[tuple[str, str, Point, float]]
-                     ) -> tuple[list[tuple[str, Point, float]], list[tuple[str, str, Point, float]]]:
+def split_train_test(
+    samples: Sequence[tuple[str, str, Point, float]],
+) -> tuple[list[tuple[str, Point, float]], list[tuple[str, str, Point, float]]]:
     """Interleave each (axis, path) series by its order of points: even positions fit, odd ones are held out.
     ``samples`` are ``(axis, path, point, us)``."""
     train, test = [], []
@@ -339,6 +410,17 @@ def validate(model: CostModel, held_out: Sequence[tuple[str, str, Point, float]]
         if comp.attention not in model.components or (comp.prep != "none" and comp.prep not in model.components):
             continue
         pred = model.layer_us(path, p)
-        rows.append({"axis": axis, "path": path, "heads": p.heads, "batch": p.batch, "tokens": p.tokens,
-                     "pool_tokens": p.pool_tokens, "measured_us": us, "predicted_us": pred, "rel_err": pred / us - 1})
+        rows.append(
+            {
+                "axis": axis,
+                "path": path,
+                "heads": p.heads,
+                "batch": p.batch,
+                "tokens": p.tokens,
+                "pool_tokens": p.pool_tokens,
+                "measured_us": us,
+                "predicted_us": pred,
+                "rel_err": pred / us - 1,
+            }
+        )
     return rows

@@ -72,9 +72,17 @@ class RestOfLayerStandIn:
 class DecodeStepModel:
     """One decode step over ``pool.num_layers`` layers for the requests in ``batch``."""
 
-    def __init__(self, pool: TokenPool, batch: DecodeBatch, strategy: KVStrategy,
-                 attention: MLADecode, rest_of_layer: RestOfLayerStandIn, *,
-                 q_dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> None:
+    def __init__(
+        self,
+        pool: TokenPool,
+        batch: DecodeBatch,
+        strategy: KVStrategy,
+        attention: MLADecode,
+        rest_of_layer: RestOfLayerStandIn,
+        *,
+        q_dtype: torch.dtype = torch.bfloat16,
+        seed: int = 0,
+    ) -> None:
         self.pool, self.batch, self.strategy = pool, batch, strategy
         self.attention, self.rest_of_layer, self.q_dtype = attention, rest_of_layer, q_dtype
         g = pool.geometry

@@ -23,7 +23,10 @@ RESERVED_SLOT = 0
 
 
 def random_kv(
-    shape: Sequence[int], *, generator: torch.Generator, device: torch.device | str,
+    shape: Sequence[int],
+    *,
+    generator: torch.Generator,
+    device: torch.device | str,
     dtype: torch.dtype = KV_CACHE_DTYPE,
 ) -> torch.Tensor:
     """Standard-normal values quantized to ``dtype`` (the quantization is done by torch)."""
@@ -123,12 +126,17 @@ class DecodeBatch:
         return int(self.kv_indices.numel())
 
     def to(self, device: torch.device | str) -> "DecodeBatch":
-        return DecodeBatch(*(t.to(device) for t in (
-            self.context_lens, self.kv_indptr, self.kv_indices, self.new_token_slots)))
+        return DecodeBatch(
+            *(t.to(device) for t in (self.context_lens, self.kv_indptr, self.kv_indices, self.new_token_slots))
+        )
 
 
 def make_decode_batch(
-    context_lens: Sequence[int], num_slots: int, *, seed: int = 0, max_run: int = 256,
+    context_lens: Sequence[int],
+    num_slots: int,
+    *,
+    seed: int = 0,
+    max_run: int = 256,
     device: torch.device | str = "cpu",
 ) -> DecodeBatch:
     """Random but realistic page tables: the pool's free slots after churn.

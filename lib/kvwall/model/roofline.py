@@ -16,8 +16,16 @@ import torch
 
 from kvwall.model.geometry import GLM5, MLAGeometry, dtype_bytes
 
-__all__ = ["INDEX_BYTES", "kv_read_bytes", "qo_bytes", "decode_flops", "gather_cast_bytes", "full_pool_cast_bytes",
-           "attention_read_bytes", "roofline_us"]
+__all__ = [
+    "INDEX_BYTES",
+    "kv_read_bytes",
+    "qo_bytes",
+    "decode_flops",
+    "gather_cast_bytes",
+    "full_pool_cast_bytes",
+    "attention_read_bytes",
+    "roofline_us",
+]
 
 #: Bytes of one page-table entry (int32 ``kv_indices``).
 INDEX_BYTES = 4
@@ -29,8 +37,14 @@ def _pages(tokens: int, page_size: int) -> int:
     return -(-int(tokens) // page_size)
 
 
-def kv_read_bytes(tokens: int, geometry: MLAGeometry = GLM5, *, kv_dtype: torch.dtype = torch.float8_e4m3fn,
-                  page_size: int = 1, index_bytes: int = INDEX_BYTES) -> int:
+def kv_read_bytes(
+    tokens: int,
+    geometry: MLAGeometry = GLM5,
+    *,
+    kv_dtype: torch.dtype = torch.float8_e4m3fn,
+    page_size: int = 1,
+    index_bytes: int = INDEX_BYTES,
+) -> int:
     """The fewest HBM bytes a decode over ``tokens`` KV tokens must read: each token's latent once in
     ``kv_dtype`` plus one page-table index per page (580 B per token for GLM-5, FP8, page size 1)."""
     return int(tokens) * geometry.kv_dim * dtype_bytes(kv_dtype) + _pages(tokens, page_size) * index_bytes
@@ -50,12 +64,15 @@ def decode_flops(heads: int, tokens: int, geometry: MLAGeometry = GLM5) -> int:
 
 def gather_cast_bytes(rows: int, geometry: MLAGeometry = GLM5, *, index_bytes: int = INDEX_BYTES) -> int:
     """Fewest bytes a gather-cast of ``rows`` pool rows moves: FP8 read + BF16 written + the indices read."""
-    return int(rows) * geometry.kv_dim * (dtype_bytes(torch.float8_e4m3fn) + dtype_bytes(torch.bfloat16)) \
+    return (
+        int(rows) * geometry.kv_dim * (dtype_bytes(torch.float8_e4m3fn) + dtype_bytes(torch.bfloat16))
         + int(rows) * index_bytes
+    )
 
 
-def full_pool_cast_bytes(geometry: MLAGeometry, pool_tokens: int, src: torch.dtype = torch.float8_e4m3fn,
-                         dst: torch.dtype = torch.bfloat16) -> dict[str, int]:
+def full_pool_cast_bytes(
+    geometry: MLAGeometry, pool_tokens: int, src: torch.dtype = torch.float8_e4m3fn, dst: torch.dtype = torch.bfloat16
+) -> dict[str, int]:
     """Bytes one whole-pool cast moves through device memory, for one layer: every slot read once in
     ``src`` and written once in ``dst``."""
     values = int(pool_tokens) * geometry.kv_dim
@@ -68,8 +85,16 @@ def attention_read_bytes(geometry: MLAGeometry, context_tokens: int, kv_dtype: t
     return int(context_tokens) * geometry.kv_dim * dtype_bytes(kv_dtype)
 
 
-def roofline_us(heads: int, tokens: int, copy_gbps: float, bf16_tflops: float, geometry: MLAGeometry = GLM5, *,
-                page_size: int = 1, index_bytes: int = INDEX_BYTES) -> float:
+def roofline_us(
+    heads: int,
+    tokens: int,
+    copy_gbps: float,
+    bf16_tflops: float,
+    geometry: MLAGeometry = GLM5,
+    *,
+    page_size: int = 1,
+    index_bytes: int = INDEX_BYTES,
+) -> float:
     """Lower bound on one FP8 decode call's device time in µs: the larger of moving :func:`kv_read_bytes`
     at the copy bandwidth (GB/s) and doing :func:`decode_flops` at the BF16 matmul rate (TFLOP/s)."""
     if copy_gbps <= 0 or bf16_tflops <= 0:

@@ -43,8 +43,16 @@ import torch
 
 from kvwall.model.geometry import GLM5
 
-__all__ = ["Profile", "PROFILES", "PROBES", "SharpRequest", "sharp_request", "realized", "Realized",
-           "emulate_attention"]
+__all__ = [
+    "Profile",
+    "PROFILES",
+    "PROBES",
+    "SharpRequest",
+    "sharp_request",
+    "realized",
+    "Realized",
+    "emulate_attention",
+]
 
 DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
 D = DC + DR
@@ -72,8 +80,10 @@ class Profile:
         if self.spread < 0 or not math.isfinite(self.spread):
             raise ValueError(f"profile {self.name}: spread must be finite and >= 0, got {self.spread}.")
         if (self.sinks > 0) != (0.0 < self.sink_mass < 1.0):
-            raise ValueError(f"profile {self.name}: sinks ({self.sinks}) need a sink_mass strictly between 0 and 1 "
-                             f"(got {self.sink_mass}), and a sink_mass needs sinks.")
+            raise ValueError(
+                f"profile {self.name}: sinks ({self.sinks}) need a sink_mass strictly between 0 and 1 "
+                f"(got {self.sink_mass}), and a sink_mass needs sinks."
+            )
         if self.needles < 0 or (self.needles == 0 and self.margin != 0.0):
             raise ValueError(f"profile {self.name}: a margin needs needles (needles={self.needles}).")
 
@@ -83,9 +93,10 @@ class Profile:
         return self.sinks + self.needles
 
 
-#: The sharpness sweep, flattest first: Gaussian logits of spread 1 (a little sharper than chapter 5's inputs, whose spread is about 0.5), 3 and 10; four sinks
-#: holding 90 % and 99 % of the attention over a spread-1 tail; retrieval amid sinks -- one needle 4 above the
-#: tail's largest logit, and eight needles 2 above it (one request's needles compete with each other).
+#: The sharpness sweep, flattest first: Gaussian logits of spread 1 (a little sharper than chapter 5's inputs, whose
+#: spread is about 0.5), 3 and 10; four sinks holding 90 % and 99 % of the attention over a spread-1 tail; retrieval
+#: amid sinks -- one needle 4 above the tail's largest logit, and eight needles 2 above it (one request's needles
+#: compete with each other).
 PROFILES: tuple[Profile, ...] = (
     Profile("gaussian, spread 1", 1.0),
     Profile("gaussian, spread 3", 3.0),
@@ -121,13 +132,14 @@ class SharpRequest:
         return mask
 
 
-def _target_logits(profile: Profile, heads: int, n: int, gen: torch.Generator, device: torch.device
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _target_logits(
+    profile: Profile, heads: int, n: int, gen: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits [H, n] float64, sink positions, needle positions) of :data:`Profile` for one request of n tokens."""
     z = torch.randn(heads, n, generator=gen, dtype=torch.float64, device=device) * profile.spread
     sinks = torch.arange(profile.sinks, device=device)
     rest = profile.sinks + torch.randperm(n - profile.sinks, generator=gen, device=device)
-    needles = rest[:profile.needles].sort().values
+    needles = rest[: profile.needles].sort().values
     tail = torch.ones(n, dtype=torch.bool, device=device)
     tail[sinks] = False
     tail[needles] = False
@@ -143,12 +155,15 @@ def _target_logits(profile: Profile, heads: int, n: int, gen: torch.Generator, d
     return z, sinks, needles
 
 
-def sharp_request(profile: Profile, heads: int, n: int, *, sm_scale: float, gen: torch.Generator,
-                  device: torch.device) -> SharpRequest:
+def sharp_request(
+    profile: Profile, heads: int, n: int, *, sm_scale: float, gen: torch.Generator, device: torch.device
+) -> SharpRequest:
     """One request of ``n`` tokens whose stored keys and queries give ``profile``'s logits (module docstring)."""
     if n < profile.special + 2:
-        raise ValueError(f"a request of {n} tokens cannot hold {profile.special} sinks and needles, a probed tail "
-                         "token and another tail token.")
+        raise ValueError(
+            f"a request of {n} tokens cannot hold {profile.special} sinks and needles, a probed tail "
+            "token and another tail token."
+        )
     if not 1 <= heads <= D - N_PROBES:
         raise ValueError(f"heads={heads}: the keys are solved for up to {D - N_PROBES} heads.")
     z, sinks, needles = _target_logits(profile, heads, n, gen, device)
@@ -180,8 +195,9 @@ def sharp_request(profile: Profile, heads: int, n: int, *, sm_scale: float, gen:
     qfull = torch.zeros(heads, D, dtype=torch.float64, device=device)
     qfull[:, N_PROBES:] = q
     qb = qfull.to(BF16)
-    return SharpRequest(keys.to(FP8), qb[:, :DC].contiguous(), qb[:, DC:].contiguous(), z, sinks, needles,
-                        tail_token, top, saturated)
+    return SharpRequest(
+        keys.to(FP8), qb[:, :DC].contiguous(), qb[:, DC:].contiguous(), z, sinks, needles, tail_token, top, saturated
+    )
 
 
 @dataclass(frozen=True)
@@ -215,13 +231,17 @@ def realized(req: SharpRequest, sm_scale: float) -> Realized:
     margin = None
     if req.needles.numel():
         margin = med(z[:, req.needles].amin(dim=1) - z[:, tail].amax(dim=1))
-    return Realized(spread=med(z[:, tail].std(dim=1)), max_gap=med(z.amax(dim=1) - z.median(dim=1).values),
-                    margin=margin,
-                    sink_mass=med(p[:, req.sinks].sum(dim=1)) if req.sinks.numel() else 0.0,
-                    tail_mass=med(p[:, tail].sum(dim=1)), top_weight=med(p[:, req.top]),
-                    tail_token_weight=med(p[:, req.tail_token]),
-                    tail_token_vs_max=med(p[:, req.tail_token] / p.amax(dim=1)),
-                    query_rms=float(q[:, N_PROBES:].pow(2).mean().sqrt()))
+    return Realized(
+        spread=med(z[:, tail].std(dim=1)),
+        max_gap=med(z.amax(dim=1) - z.median(dim=1).values),
+        margin=margin,
+        sink_mass=med(p[:, req.sinks].sum(dim=1)) if req.sinks.numel() else 0.0,
+        tail_mass=med(p[:, tail].sum(dim=1)),
+        top_weight=med(p[:, req.top]),
+        tail_token_weight=med(p[:, req.tail_token]),
+        tail_token_vs_max=med(p[:, req.tail_token] / p.amax(dim=1)),
+        query_rms=float(q[:, N_PROBES:].pow(2).mean().sqrt()),
+    )
 
 
 def emulate_attention(req: SharpRequest, sm_scale: float, *, fp8_query: bool, fp8_weights: bool) -> torch.Tensor:

@@ -43,9 +43,20 @@ from kvwall.model.geometry import MLAGeometry, dtype_bytes
 from kvwall.model.pool import DecodeBatch, TokenPool
 from kvwall.model.strategies import FullPoolCast, GatherCast, IndexThenCast, KVStrategy, compact_batch
 
-__all__ = ["STEP_PATHS", "PathInfo", "PATH_INFO", "CacheViews", "KERNEL_NAMES", "kernel_that_ran", "kernels_that_ran",
-           "OursDecode", "FlashInferFP8Decode", "bf16_backend_for",
-           "build_step_path", "kv_bytes_per_token"]
+__all__ = [
+    "STEP_PATHS",
+    "PathInfo",
+    "PATH_INFO",
+    "CacheViews",
+    "KERNEL_NAMES",
+    "kernel_that_ran",
+    "kernels_that_ran",
+    "OursDecode",
+    "FlashInferFP8Decode",
+    "bf16_backend_for",
+    "build_step_path",
+    "kv_bytes_per_token",
+]
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 
@@ -69,10 +80,10 @@ PATH_INFO: dict[str, PathInfo] = {
     "ours": PathInfo("ours: FP8 MLA decode, the dispatcher's path (chapter 5)", FP8, False),
     "flashinfer_fp8": PathInfo("FlashInfer native FP8 MLA (SM90, >= 0.6.14)", FP8, False, gpu_only=True),
     "bf16_cache": PathInfo("BF16 cache + FlashInfer BF16 (2x memory)", BF16, False),
-    "flashmla_fp8": PathInfo("FlashMLA dense FP8 (SM90, pages of 64, FP8 query)", FP8, False, gpu_only=True,
-                             peer=True),
-    "flashmla_bf16": PathInfo("FlashMLA dense BF16 (SM90, pages of 64, 2x memory)", BF16, False, gpu_only=True,
-                              peer=True),
+    "flashmla_fp8": PathInfo("FlashMLA dense FP8 (SM90, pages of 64, FP8 query)", FP8, False, gpu_only=True, peer=True),
+    "flashmla_bf16": PathInfo(
+        "FlashMLA dense BF16 (SM90, pages of 64, 2x memory)", BF16, False, gpu_only=True, peer=True
+    ),
 }
 #: The paths chapter 6 runs on the decode step, in the order the book shows them.
 STEP_PATHS = tuple(PATH_INFO)
@@ -105,8 +116,11 @@ class CacheViews:
 
 #: The paths of ours, by the dispatcher's name for each (:data:`kvwall.kernels.mla_decode.dispatch.KERNEL_PATHS`, in
 #: its order).
-KERNEL_NAMES: dict[str, str] = {"triton": "Triton path", "wgmma": "wgmma path",
-                                "wgmma_tokens": "tokens-on-M wgmma path"}
+KERNEL_NAMES: dict[str, str] = {
+    "triton": "Triton path",
+    "wgmma": "wgmma path",
+    "wgmma_tokens": "tokens-on-M wgmma path",
+}
 
 
 def kernel_that_ran(row: Mapping[str, Any]) -> str:
@@ -121,14 +135,15 @@ def kernels_that_ran(rows: Iterable[Mapping[str, Any]]) -> Counter[str]:
 
 class OursDecode:
     """Ours on a batch: :func:`kvwall.kernels.mla_decode` with the step's plan (:func:`kvwall.kernels.plan_mla_decode`,
-    made once here (one read of the batch's lengths), on layer 0's FP8 views: every layer has the same layout), reused by
-    every layer -- as a serving engine calls it."""
+    made once here (one read of the batch's lengths), on layer 0's FP8 views: every layer has the same layout), reused
+    by every layer -- as a serving engine calls it."""
 
     def __init__(self, geometry: MLAGeometry, batch: DecodeBatch, pool: TokenPool) -> None:
         heads = geometry.heads_per_gpu
         ckv, kpe = split_latent_cache(pool.key_buffer(0), geometry.kv_lora_rank)
-        self.plan = plan_mla_decode(batch.kv_indptr, batch.kv_indices, heads=heads, sm_scale=geometry.sm_scale,
-                                    ckv_cache=ckv, kpe_cache=kpe)
+        self.plan = plan_mla_decode(
+            batch.kv_indptr, batch.kv_indices, heads=heads, sm_scale=geometry.sm_scale, ckv_cache=ckv, kpe_cache=kpe
+        )
         self.out = torch.empty(batch.batch_size, heads, geometry.kv_lora_rank, dtype=BF16, device=pool.device)
         self.name = f"ours, {KERNEL_NAMES[self.plan.path]} ({self.plan.work.items} work items)"
 
@@ -143,16 +158,19 @@ class FlashInferFP8Decode(FlashInferMLADecode):
         return self.run(q_nope, q_pe, ckv, kpe, fp8_scales=(1.0, 1.0))
 
 
-def build_step_path(path: str, pool: TokenPool, batch: DecodeBatch, *, bf16_backend: str
-                    ) -> tuple[KVStrategy, MLADecode, dict[str, Any]]:
+def build_step_path(
+    path: str, pool: TokenPool, batch: DecodeBatch, *, bf16_backend: str
+) -> tuple[KVStrategy, MLADecode, dict[str, Any]]:
     """``(strategy, attention, info)`` of ``path`` for ``batch`` on ``pool`` (whose dtype must be the path's cache
     dtype). ``info`` says which attention ran and with which FlashInfer backend (``ours``: which path,
     ``kernel_path``, and the dispatcher's reason, ``path_why``)."""
     if path not in PATH_INFO:
         raise ValueError(f"unknown path {path!r}; choose from {STEP_PATHS}.")
     if PATH_INFO[path].peer:
-        raise ValueError(f"path {path!r} runs a peer's kernel (kvwall.peers): kvwall.experiments.answer.step builds "
-                         "it (kvwall.model sits below the peers).")
+        raise ValueError(
+            f"path {path!r} runs a peer's kernel (kvwall.peers): kvwall.experiments.answer.step builds "
+            "it (kvwall.model sits below the peers)."
+        )
     want = PATH_INFO[path].cache_dtype
     if pool.dtype != want:
         raise ValueError(f"path {path!r} reads a {want} cache; the pool holds {pool.dtype}.")
@@ -172,8 +190,16 @@ def build_step_path(path: str, pool: TokenPool, batch: DecodeBatch, *, bf16_back
     attention: MLADecode
     if path == "ours":
         attention = OursDecode(geometry, batch, pool)
-        return strategy, attention, {"attention": attention.name, "backend": attention.plan.path,
-                                     "kernel_path": attention.plan.path, "path_why": attention.plan.why}
+        return (
+            strategy,
+            attention,
+            {
+                "attention": attention.name,
+                "backend": attention.plan.path,
+                "kernel_path": attention.plan.path,
+                "path_why": attention.plan.why,
+            },
+        )
     if path == "flashinfer_fp8":
         attention = FlashInferFP8Decode.for_batch(geometry, batch, kv_dtype=FP8, backend="fa3")
         return strategy, attention, {"attention": attention.name, "backend": attention.backend}

@@ -30,15 +30,21 @@ from kvwall.kernels.gather.kernel import launch_gather, plan_gather
 from kvwall.kernels.mla_decode.reference import split_latent_cache
 from kvwall.model.pool import RESERVED_SLOT, DecodeBatch, TokenPool
 
-__all__ = ["KVStrategy", "FullPoolCast", "compact_batch", "IndexThenCast", "GatherCast", "GATHER_STRATEGIES",
-           "make_strategy"]
+__all__ = [
+    "KVStrategy",
+    "FullPoolCast",
+    "compact_batch",
+    "IndexThenCast",
+    "GatherCast",
+    "GATHER_STRATEGIES",
+    "make_strategy",
+]
 
 
 class KVStrategy(Protocol):
     name: str
 
-    def prepare_kv(self, pool: TokenPool, layer: int, dtype: torch.dtype
-                   ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def prepare_kv(self, pool: TokenPool, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class FullPoolCast:
@@ -60,8 +66,12 @@ def compact_batch(batch: DecodeBatch) -> DecodeBatch:
     """The batch as the attention sees it after a gather: request ``b``'s tokens are rows
     ``kv_indptr[b]..kv_indptr[b+1]-1`` of the compact buffer."""
     n = batch.total_tokens
-    return DecodeBatch(batch.context_lens, batch.kv_indptr,
-                       torch.arange(n, dtype=torch.int32, device=batch.kv_indices.device), batch.new_token_slots)
+    return DecodeBatch(
+        batch.context_lens,
+        batch.kv_indptr,
+        torch.arange(n, dtype=torch.int32, device=batch.kv_indices.device),
+        batch.new_token_slots,
+    )
 
 
 def _capacity_indices(batch: DecodeBatch, capacity: int | None) -> torch.Tensor:
@@ -69,8 +79,10 @@ def _capacity_indices(batch: DecodeBatch, capacity: int | None) -> torch.Tensor:
     if capacity is None:
         return batch.kv_indices
     if capacity < n:
-        raise ValueError(f"capacity={capacity} is smaller than the batch's {n} tokens: a graph captured for "
-                         f"{capacity} rows cannot hold this batch.")
+        raise ValueError(
+            f"capacity={capacity} is smaller than the batch's {n} tokens: a graph captured for "
+            f"{capacity} rows cannot hold this batch."
+        )
     buf = torch.full((capacity,), RESERVED_SLOT, dtype=batch.kv_indices.dtype, device=batch.kv_indices.device)
     buf[:n] = batch.kv_indices
     return buf
@@ -82,8 +94,11 @@ class IndexThenCast:
     def __init__(self, batch: DecodeBatch, capacity: int | None = None) -> None:
         self.kv_indices = _capacity_indices(batch, capacity).long()
         self.capacity = capacity
-        self.name = ("PyTorch index_select().to(bf16), real length" if capacity is None else
-                     f"PyTorch index_select().to(bf16) over a graph-sized capacity of {capacity:,}")
+        self.name = (
+            "PyTorch index_select().to(bf16), real length"
+            if capacity is None
+            else f"PyTorch index_select().to(bf16) over a graph-sized capacity of {capacity:,}"
+        )
 
     def attention_batch(self, batch: DecodeBatch) -> DecodeBatch:
         return compact_batch(batch)
@@ -96,8 +111,9 @@ class IndexThenCast:
 class GatherCast:
     """The fused gather-then-cast kernel into a preallocated ``capacity``-row buffer."""
 
-    def __init__(self, batch: DecodeBatch, pool: TokenPool, *, impl: str = "triton",
-                 capacity: int | None = None) -> None:
+    def __init__(
+        self, batch: DecodeBatch, pool: TokenPool, *, impl: str = "triton", capacity: int | None = None
+    ) -> None:
         if impl not in ("triton", "cuda"):
             raise ValueError(f"impl={impl!r}: use 'triton' or 'cuda'.")
         self.launch = launch_gather if impl == "triton" else launch_gather_cuda
@@ -123,8 +139,15 @@ class GatherCast:
         return split_latent_cache(out, pool.geometry.kv_lora_rank)
 
 
-GATHER_STRATEGIES = ("full_pool_cast", "index_then_cast", "index_then_cast_capacity", "gather_cast",
-                     "gather_cast_capacity", "gather_cast_cuda", "gather_cast_cuda_capacity")
+GATHER_STRATEGIES = (
+    "full_pool_cast",
+    "index_then_cast",
+    "index_then_cast_capacity",
+    "gather_cast",
+    "gather_cast_capacity",
+    "gather_cast_cuda",
+    "gather_cast_cuda_capacity",
+)
 
 
 def make_strategy(kind: str, batch: DecodeBatch, pool: TokenPool, capacity: int):

@@ -33,9 +33,23 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from kvwall.peers.flashmla import PAGE_SIZE, load_flash_mla
 
-__all__ = ["TOPK", "V32_ROW_BYTES", "TILE", "INDEX_HEAD_DIM", "INDEX_ROW_BYTES", "GLM5_INDEX_HEADS",
-           "INDEX_DOT", "padded_heads", "quantize_v32", "dequantize_v32", "quantize_index_keys", "index_logits",
-           "index_logits_reference", "select_topk", "FlashMLASparseDecode"]
+__all__ = [
+    "TOPK",
+    "V32_ROW_BYTES",
+    "TILE",
+    "INDEX_HEAD_DIM",
+    "INDEX_ROW_BYTES",
+    "GLM5_INDEX_HEADS",
+    "INDEX_DOT",
+    "padded_heads",
+    "quantize_v32",
+    "dequantize_v32",
+    "quantize_index_keys",
+    "index_logits",
+    "index_logits_reference",
+    "select_topk",
+    "FlashMLASparseDecode",
+]
 
 #: GLM-5's ``index_topk``: the tokens each query attends to.
 TOPK = 2048
@@ -97,20 +111,33 @@ def quantize_index_keys(keys: torch.Tensor, page_size: int = PAGE_SIZE) -> torch
     """The indexer's key cache: ``keys [pages * page_size, 128]`` (float) -> ``[pages, page_size * 132]`` uint8,
     each page holding its tokens' e4m3 values, then their float32 scales (``max|x| / 448`` per token)."""
     if keys.dim() != 2 or keys.shape[1] != INDEX_HEAD_DIM or keys.shape[0] % page_size:
-        raise ValueError(f"quantize_index_keys takes keys [pages * {page_size}, {INDEX_HEAD_DIM}]; got "
-                         f"{tuple(keys.shape)}.")
+        raise ValueError(
+            f"quantize_index_keys takes keys [pages * {page_size}, {INDEX_HEAD_DIM}]; got {tuple(keys.shape)}."
+        )
     pages = keys.shape[0] // page_size
     x = keys.float()
     scale = x.abs().amax(dim=-1).clamp_min(1e-10) / FP8_MAX
     q = (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     out = torch.empty(pages, page_size * INDEX_ROW_BYTES, dtype=torch.uint8, device=keys.device)
-    out[:, :page_size * INDEX_HEAD_DIM] = q.view(torch.uint8).view(pages, page_size * INDEX_HEAD_DIM)
-    out[:, page_size * INDEX_HEAD_DIM:] = scale.view(torch.uint8).view(pages, page_size * 4)
+    out[:, : page_size * INDEX_HEAD_DIM] = q.view(torch.uint8).view(pages, page_size * INDEX_HEAD_DIM)
+    out[:, page_size * INDEX_HEAD_DIM :] = scale.view(torch.uint8).view(pages, page_size * 4)
     return out
 
 
-def _index_logits_kernel(q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, table_stride, out_stride,
-                         HEADS: tl.constexpr, DIM: tl.constexpr, PAGE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def _index_logits_kernel(
+    q_ptr,
+    w_ptr,
+    cache_ptr,
+    table_ptr,
+    lens_ptr,
+    out_ptr,
+    table_stride,
+    out_stride,
+    HEADS: tl.constexpr,
+    DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
     b = tl.program_id(0)
     p = tl.program_id(1)
     n = tl.load(lens_ptr + b)
@@ -127,7 +154,9 @@ def _index_logits_kernel(q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, 
         s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)))
         s = tl.maximum(s, 0.0) * scale[None, :]
         w = tl.load(w_ptr + b * HEADS + h)
-        logit = tl.reduce(s * w[:, None], 0, tl.standard._sum_combine)  # tl.sum is a jit function the in-process interpreter cannot call
+        logit = tl.reduce(
+            s * w[:, None], 0, tl.standard._sum_combine
+        )  # tl.sum is a jit function the in-process interpreter cannot call
         tl.store(out_ptr + b * out_stride + pos, tl.where(pos < n, logit, float("-inf")))
     else:
         tl.store(out_ptr + b * out_stride + pos, tl.full([PAGE], float("-inf"), tl.float32))
@@ -140,13 +169,20 @@ def _index_logits_launcher(interpreted: bool) -> Any:
     """The kernel compiled for CUDA tensors, or run by Triton's interpreter for CPU tensors (whatever
     ``TRITON_INTERPRET`` said when Triton was imported)."""
     if interpreted not in _INDEX_LOGITS:
-        _INDEX_LOGITS[interpreted] = (InterpretedFunction(_index_logits_kernel) if interpreted
-                                      else triton.jit(_index_logits_kernel))
+        _INDEX_LOGITS[interpreted] = (
+            InterpretedFunction(_index_logits_kernel) if interpreted else triton.jit(_index_logits_kernel)
+        )
     return _INDEX_LOGITS[interpreted]
 
 
-def index_logits(q_fp8: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
-                 lens: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def index_logits(
+    q_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    block_table: torch.Tensor,
+    lens: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
     """The indexer's scores of every token of each request, one launch (a stand-in for DeepGEMM's
     ``fp8_paged_mqa_logits``): ``out[b, t] = sum_h weights[b, h] * relu(q[b, h] . key[t]) * key_scale[t]`` for
     ``t < lens[b]``, ``-inf`` past it (up to ``out``'s width, a multiple of 64).
@@ -157,20 +193,35 @@ def index_logits(q_fp8: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor
     whose FP8 dots are not supported, float32 on the same FP8 values."""
     b, heads, dim = q_fp8.shape
     if dim != INDEX_HEAD_DIM or q_fp8.dtype != FP8 or heads < 16 or heads & (heads - 1):
-        raise ValueError(f"index_logits takes q [B, heads (power of two >= 16), {INDEX_HEAD_DIM}] e4m3; got "
-                         f"{tuple(q_fp8.shape)} {q_fp8.dtype}.")
+        raise ValueError(
+            f"index_logits takes q [B, heads (power of two >= 16), {INDEX_HEAD_DIM}] e4m3; got "
+            f"{tuple(q_fp8.shape)} {q_fp8.dtype}."
+        )
     if out.shape != (b, block_table.shape[1] * PAGE_SIZE) or out.dtype != torch.float32:
-        raise ValueError(f"out must be [B, max pages * {PAGE_SIZE}] float32 = {(b, block_table.shape[1] * PAGE_SIZE)}; "
-                         f"got {tuple(out.shape)} {out.dtype}.")
+        raise ValueError(
+            f"out must be [B, max pages * {PAGE_SIZE}] float32 = {(b, block_table.shape[1] * PAGE_SIZE)}; "
+            f"got {tuple(out.shape)} {out.dtype}."
+        )
     interpreted = q_fp8.device.type != "cuda"
     kernel = _index_logits_launcher(interpreted)
     grid = (b, block_table.shape[1])
     choices = ["float32"] if interpreted else ([INDEX_DOT["gpu"]] if "gpu" in INDEX_DOT else ["fp8", "bf16"])
     for i, choice in enumerate(choices):
         try:
-            kernel[grid](q_fp8.view(torch.uint8), weights, cache, block_table, lens, out,
-                                       block_table.stride(0), out.stride(0), HEADS=heads, DIM=dim, PAGE=PAGE_SIZE,
-                                       DOT_DTYPE=_DOT_DTYPES[choice])
+            kernel[grid](
+                q_fp8.view(torch.uint8),
+                weights,
+                cache,
+                block_table,
+                lens,
+                out,
+                block_table.stride(0),
+                out.stride(0),
+                HEADS=heads,
+                DIM=dim,
+                PAGE=PAGE_SIZE,
+                DOT_DTYPE=_DOT_DTYPES[choice],
+            )
         except Exception:  # noqa: BLE001 - a Triton that cannot compile the FP8 dot takes BF16 products (exact FP8 values)
             if i + 1 == len(choices):
                 raise
@@ -181,25 +232,33 @@ def index_logits(q_fp8: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor
     return out
 
 
-def index_logits_reference(q_fp8: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor,
-                           block_table: torch.Tensor, lens: torch.Tensor) -> list[torch.Tensor]:
+def index_logits_reference(
+    q_fp8: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor
+) -> list[torch.Tensor]:
     """:func:`index_logits` in float64, request by request (``[lens[b]]`` each)."""
     pages, page_bytes = cache.shape
-    vals = cache[:, :PAGE_SIZE * INDEX_HEAD_DIM].contiguous().view(FP8).double().view(pages * PAGE_SIZE,
-                                                                                      INDEX_HEAD_DIM)
-    scales = cache[:, PAGE_SIZE * INDEX_HEAD_DIM:].contiguous().view(torch.float32).double().reshape(-1)
+    vals = (
+        cache[:, : PAGE_SIZE * INDEX_HEAD_DIM].contiguous().view(FP8).double().view(pages * PAGE_SIZE, INDEX_HEAD_DIM)
+    )
+    scales = cache[:, PAGE_SIZE * INDEX_HEAD_DIM :].contiguous().view(torch.float32).double().reshape(-1)
     out = []
     for i, n in enumerate(lens.tolist()):
         np_ = -(-n // PAGE_SIZE)
-        slots = (block_table[i, :np_].long()[:, None] * PAGE_SIZE + torch.arange(PAGE_SIZE, device=cache.device)
-                 ).reshape(-1)[:n]
+        slots = (
+            block_table[i, :np_].long()[:, None] * PAGE_SIZE + torch.arange(PAGE_SIZE, device=cache.device)
+        ).reshape(-1)[:n]
         s = (q_fp8[i].double() @ vals[slots].T).clamp_min(0) * scales[slots][None, :]
         out.append((weights[i].double()[:, None] * s).sum(0))
     return out
 
 
-def select_topk(logits: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor, topk: int = TOPK,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+def select_topk(
+    logits: torch.Tensor,
+    block_table: torch.Tensor,
+    lens: torch.Tensor,
+    topk: int = TOPK,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The selected tokens' pool slots, ``[B, 1, topk]`` int32 (-1 past a request shorter than ``topk``): the top
     ``topk`` scores of each row of ``logits`` (``torch.topk``, a stand-in for SGLang's top-k kernel), turned into slots
     through the page table (what SGLang's ``transform_index_page_table_decode`` gives FlashMLA). ``out``: written in
@@ -224,13 +283,16 @@ class FlashMLASparseDecode:
     with zeros to :func:`padded_heads` (a fresh ``new_zeros`` and a copy, as SGLang does), decodes, and returns the
     first ``H`` heads, ``[B, H, 512]`` BF16."""
 
-    def __init__(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor,
-                 sm_scale: float) -> None:
+    def __init__(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float
+    ) -> None:
         loaded = load_flash_mla()
         if "error" in loaded:
             raise RuntimeError(loaded["error"])
         if k_cache.dim() != 4 or k_cache.shape[1:] != (PAGE_SIZE, 1, V32_ROW_BYTES):
-            raise ValueError(f"the DSA pool must be [pages, {PAGE_SIZE}, 1, {V32_ROW_BYTES}]; got {tuple(k_cache.shape)}.")
+            raise ValueError(
+                f"the DSA pool must be [pages, {PAGE_SIZE}, 1, {V32_ROW_BYTES}]; got {tuple(k_cache.shape)}."
+            )
         if indices.dim() != 3 or indices.shape[1] != 1 or indices.dtype != torch.int32:
             raise ValueError(f"indices must be [B, 1, topk] int32; got {tuple(indices.shape)} {indices.dtype}.")
         module = loaded["module"]
@@ -245,7 +307,8 @@ class FlashMLASparseDecode:
         topk = indices.shape[-1]
         self.cache_seqlens = (indices[:, 0] >= 0).sum(dim=1).to(torch.int32)  # min(len, topk), as SGLang's
         self.tile_meta, self.num_splits = module.get_mla_decoding_metadata(
-            self.cache_seqlens, self.padded, 1, self.padded, is_fp8_kvcache=True, topk=topk, use_legacy=True)
+            self.cache_seqlens, self.padded, 1, self.padded, is_fp8_kvcache=True, topk=topk, use_legacy=True
+        )
         self()  # loads the kernel before anything times it
 
     @property
@@ -256,10 +319,19 @@ class FlashMLASparseDecode:
         q = self.q
         if self.padded != self.heads:
             q = self.q.new_zeros(q.shape[0], 1, self.padded, q.shape[3])
-            q[:, :, :self.heads] = self.q
+            q[:, :, : self.heads] = self.q
         meta = self._interface.FlashMLASchedMeta(tile_scheduler_metadata=self.tile_meta, num_splits=self.num_splits)
-        out, _ = self._run(q, self.k_cache, self.block_table, self.cache_seqlens, 512, meta,
-                           softmax_scale=self.sm_scale, is_fp8_kvcache=True, indices=self.indices, use_legacy=True,
-                           kv_format="V32")
-        return out[:, 0, :self.heads]
-
+        out, _ = self._run(
+            q,
+            self.k_cache,
+            self.block_table,
+            self.cache_seqlens,
+            512,
+            meta,
+            softmax_scale=self.sm_scale,
+            is_fp8_kvcache=True,
+            indices=self.indices,
+            use_legacy=True,
+            kv_format="V32",
+        )
+        return out[:, 0, : self.heads]

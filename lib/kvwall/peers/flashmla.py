@@ -50,31 +50,35 @@ def load_flash_mla() -> dict[str, Any]:
     try:
         module = importlib.import_module("flash_mla")
         has_legacy = bool(module.has_legacy())
-        _FLASH_MLA.update(module=module, version=str(getattr(module, "__version__", "?")), file=module.__file__,
-                          has_legacy=has_legacy)
+        _FLASH_MLA.update(
+            module=module, version=str(getattr(module, "__version__", "?")), file=module.__file__, has_legacy=has_legacy
+        )
         if not has_legacy:
-            _FLASH_MLA["error"] = ("flash_mla has no legacy (SM90 dense) kernels in this build; install "
-                                   "sgl-flash-mla==1.0.0")
+            _FLASH_MLA["error"] = (
+                "flash_mla has no legacy (SM90 dense) kernels in this build; install sgl-flash-mla==1.0.0"
+            )
     except BaseException as exc:  # noqa: BLE001 - an import that fails is the strategy's error row
-        _FLASH_MLA.update(error=f"flash_mla import failed (pip install --no-deps sgl-flash-mla==1.0.0): "
-                                f"{error_text(exc, 500)}")
+        _FLASH_MLA.update(
+            error=f"flash_mla import failed (pip install --no-deps sgl-flash-mla==1.0.0): {error_text(exc, 500)}"
+        )
     return _FLASH_MLA
 
 
-def random_page_table(lens: Sequence[int], pool_pages: int, generator: torch.Generator,
-                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def random_page_table(
+    lens: Sequence[int], pool_pages: int, generator: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(block_table [B, max pages] int32, cache_seqlens [B] int32)``: each request's tokens on random pages of a
     ``pool_pages``-page pool (unused table entries 0): distinct pages while the batch fits the pool, else drawn with
     repeats (as the page-size-1 benchmarks draw slots), so a batch larger than the pool reads some pages twice."""
     pages = [-(-int(n) // PAGE_SIZE) for n in lens]
     if sum(pages) <= pool_pages:
-        chosen = torch.randperm(pool_pages, generator=generator, device=generator.device)[:sum(pages)].to(device)
+        chosen = torch.randperm(pool_pages, generator=generator, device=generator.device)[: sum(pages)].to(device)
     else:
         chosen = torch.randint(0, pool_pages, (sum(pages),), generator=generator, device=generator.device).to(device)
     table = torch.zeros(len(pages), max(max(pages, default=1), 1), dtype=torch.int32, device=device)
     start = 0
     for i, n in enumerate(pages):
-        table[i, :n] = chosen[start:start + n].to(torch.int32)
+        table[i, :n] = chosen[start : start + n].to(torch.int32)
         start += n
     return table, torch.tensor([int(n) for n in lens], dtype=torch.int32, device=device)
 
@@ -108,9 +112,19 @@ class FlashMLADecode:
     first call that fills BF16's scheduler metadata) happens here; calling the object runs one decode (FP8: the
     quantization and the decode) and returns ``[B x q_len, H, 512]`` BF16."""
 
-    def __init__(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
-                 cache_seqlens: torch.Tensor, sm_scale: float, *, fp8: bool = False, k_scale: float = 1.0,
-                 q_len: int = 1) -> None:
+    def __init__(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        k_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        sm_scale: float,
+        *,
+        fp8: bool = False,
+        k_scale: float = 1.0,
+        q_len: int = 1,
+    ) -> None:
         loaded = load_flash_mla()
         if "error" in loaded:
             raise RuntimeError(loaded["error"])
@@ -129,7 +143,12 @@ class FlashMLADecode:
         q = torch.cat([q_nope, q_pe], dim=-1).view(-1, q_len, q_nope.shape[1], q_nope.shape[2] + q_pe.shape[2])
         q = q.contiguous()
         self.causal = q_len > 1
-        self.k_cache, self.block_table, self.cache_seqlens, self.sm_scale = k_cache, block_table, cache_seqlens, sm_scale
+        self.k_cache, self.block_table, self.cache_seqlens, self.sm_scale = (
+            k_cache,
+            block_table,
+            cache_seqlens,
+            sm_scale,
+        )
         interface = importlib.import_module("flash_mla.flash_mla_interface")
         self.meta = interface.FlashMLASchedMeta()
         self.kw: dict[str, Any] = {}
@@ -140,8 +159,9 @@ class FlashMLADecode:
             self.q = torch.empty_like(q, dtype=torch.float8_e4m3fn)
             self.kw = {"is_fp8_kvcache": True, "descale_q": scale, "descale_k": scale}
             heads = q.shape[2]
-            tile_meta, num_splits = module.get_mla_decoding_metadata(cache_seqlens, heads * q_len, 1,
-                                                                     is_fp8_kvcache=True, use_legacy=True)
+            tile_meta, num_splits = module.get_mla_decoding_metadata(
+                cache_seqlens, heads * q_len, 1, is_fp8_kvcache=True, use_legacy=True
+            )
             self.meta.tile_scheduler_metadata, self.meta.num_splits = tile_meta, num_splits
         else:
             self.q = q
@@ -154,6 +174,16 @@ class FlashMLADecode:
     def __call__(self) -> torch.Tensor:
         if self.fp8:
             quantize_query_static(self.q_bf16, self.q_scale, self.q)
-        out, _ = self._run(self.q, self.k_cache, self.block_table, self.cache_seqlens, self.head_dim_v, self.meta,
-                           softmax_scale=self.sm_scale, causal=self.causal, use_legacy=True, **self.kw)
+        out, _ = self._run(
+            self.q,
+            self.k_cache,
+            self.block_table,
+            self.cache_seqlens,
+            self.head_dim_v,
+            self.meta,
+            softmax_scale=self.sm_scale,
+            causal=self.causal,
+            use_legacy=True,
+            **self.kw,
+        )
         return out.flatten(0, 1)  # [B x s_q, H, 512]

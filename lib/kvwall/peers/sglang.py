@@ -44,8 +44,11 @@ def load_sglang() -> dict[str, Any]:
         import sglang.kernels.ops.attention.decode_attention as decode_module
         from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
 
-        info.update(decode_attention_fwd=decode_module.decode_attention_fwd,
-                    get_num_kv_splits_triton=get_num_kv_splits_triton, file=decode_module.__file__)
+        info.update(
+            decode_attention_fwd=decode_module.decode_attention_fwd,
+            get_num_kv_splits_triton=get_num_kv_splits_triton,
+            file=decode_module.__file__,
+        )
     except BaseException as exc:  # noqa: BLE001 - an import that fails is the strategy's error row
         info["error"] = f"sglang import failed: {error_text(exc, 600)}"
     _SGLANG.update(info)
@@ -57,6 +60,7 @@ def sglang_max_kv_splits(sm_count: int, max_context_len: int, base: int = 8) -> 
     ``sglang/srt/layers/attention/triton_backend.py``): ``max(base, min(next_pow2(SMs), next_pow2(ceil(max_context
     / 32))))`` with ``base`` = ``--triton-attention-num-kv-splits`` (default 8). It sizes ``attn_logits``; the
     per-request counts come from SGLang's own ``get_num_kv_splits_triton``."""
+
     def next_pow2(n: int) -> int:
         return 1 << (n - 1).bit_length() if n > 0 else 1
 
@@ -83,8 +87,17 @@ class SGLangTritonMLA:
     kernels: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, q: torch.Tensor, pool: torch.Tensor, out: torch.Tensor, kv_indptr: torch.Tensor,
-             kv_indices: torch.Tensor, kv_lens: torch.Tensor, sm_scale: float, **kw: Any) -> "SGLangTritonMLA":
+    def load(
+        cls,
+        q: torch.Tensor,
+        pool: torch.Tensor,
+        out: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_lens: torch.Tensor,
+        sm_scale: float,
+        **kw: Any,
+    ) -> "SGLangTritonMLA":
         """Loads SGLang (:func:`load_sglang`); raises RuntimeError with the import's error when it cannot."""
         kernels = load_sglang()
         if "error" in kernels:
@@ -98,8 +111,16 @@ class SGLangTritonMLA:
         b, h = self.q.shape[0], self.q.shape[1]
         splits = torch.empty(b, dtype=torch.int32, device=self.q.device)
         self.kernels["get_num_kv_splits_triton"][(1,)](
-            splits, self.kv_lens, b, 1, h, 1, max_kv_splits, sm_count,
-            MAX_NUM_SEQ=256 if b < 256 else 1 << (b - 1).bit_length())
+            splits,
+            self.kv_lens,
+            b,
+            1,
+            h,
+            1,
+            max_kv_splits,
+            sm_count,
+            MAX_NUM_SEQ=256 if b < 256 else 1 << (b - 1).bit_length(),
+        )
         return splits
 
     def call(self, num_kv_splits: torch.Tensor, max_kv_splits: int) -> Callable[[], torch.Tensor]:
@@ -109,12 +130,28 @@ class SGLangTritonMLA:
         logits = torch.empty(b, h, max_kv_splits, self.kv_lora_rank, dtype=torch.float32, device=self.q.device)
         lse = torch.empty(b, h, max_kv_splits, dtype=torch.float32, device=self.q.device)
         forward = self.kernels["decode_attention_fwd"]
-        v_buffer = self.pool[:, :, :self.kv_lora_rank]
+        v_buffer = self.pool[:, :, : self.kv_lora_rank]
 
         def decode() -> torch.Tensor:
-            forward(self.q, self.pool, v_buffer, self.out, self.kv_indptr, self.kv_indices, logits, lse,
-                    num_kv_splits, max_kv_splits, self.sm_scale, 1.0, 1.0, has_mla=True, use_pdl=self.use_pdl)
+            forward(
+                self.q,
+                self.pool,
+                v_buffer,
+                self.out,
+                self.kv_indptr,
+                self.kv_indices,
+                logits,
+                lse,
+                num_kv_splits,
+                max_kv_splits,
+                self.sm_scale,
+                1.0,
+                1.0,
+                has_mla=True,
+                use_pdl=self.use_pdl,
+            )
             return self.out
+
         return decode
 
     def fixed_splits(self, splits: int) -> Callable[[], torch.Tensor]:

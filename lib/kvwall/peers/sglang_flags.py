@@ -75,8 +75,11 @@ def _choice_lists(root: Path) -> dict[str, list[str]]:
 def _input_namespaces(root: Path) -> set[str]:
     tree = ast.parse((root / SERVER_ARGS).read_text())
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES"
-                                                 for t in node.targets) and isinstance(node.value, ast.List)):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in node.targets)
+            and isinstance(node.value, ast.List)
+        ):
             return {e.id for e in node.value.elts if isinstance(e, ast.Name)}
     raise ValueError(f"{SERVER_ARGS}: no _INPUT_NAMESPACES list; the flag parser needs updating for this SGLang")
 
@@ -114,15 +117,22 @@ def _field_flags(root: Path, consts: dict[str, list[str]], namespaces: set[str])
                 if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
                     continue
                 ann = node.annotation
-                if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id == "A"
-                        and isinstance(ann.slice, ast.Tuple) and len(ann.slice.elts) >= 2):
+                if not (
+                    isinstance(ann, ast.Subscript)
+                    and isinstance(ann.value, ast.Name)
+                    and ann.value.id == "A"
+                    and isinstance(ann.slice, ast.Tuple)
+                    and len(ann.slice.elts) >= 2
+                ):
                     continue
                 tp, meta = ann.slice.elts[0], ann.slice.elts[1]
                 call = meta if isinstance(meta, ast.Call) and getattr(meta.func, "id", "") == "Arg" else None
                 if call is None and not (isinstance(meta, ast.Constant) and isinstance(meta.value, str)):
                     continue  # Derived / NS metadata: not a CLI input (arg_utils._unwrap_annotated)
                 field = node.target.id
-                no_cli = call is not None and isinstance(_kw(call, "no_cli"), ast.Constant) and _kw(call, "no_cli").value
+                no_cli = (
+                    call is not None and isinstance(_kw(call, "no_cli"), ast.Constant) and _kw(call, "no_cli").value
+                )
                 if no_cli:
                     continue
                 cli = _kw(call, "cli_name") if call is not None else None
@@ -141,16 +151,20 @@ def _field_flags(root: Path, consts: dict[str, list[str]], namespaces: set[str])
                 else:
                     takes_value = not _is_bool(tp)
                 for name in names:
-                    out.append(FlagSpec(name, field, takes_value, tuple(choices) if choices else None,
-                                        source=f"{rel}:{node.lineno}"))
+                    out.append(
+                        FlagSpec(
+                            name, field, takes_value, tuple(choices) if choices else None, source=f"{rel}:{node.lineno}"
+                        )
+                    )
     return out
 
 
 def _manual_flags(root: Path, consts: dict[str, list[str]]) -> list[FlagSpec]:
     out: list[FlagSpec] = []
     for node in ast.walk(ast.parse((root / SERVER_ARGS).read_text())):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+        ):
             continue
         names = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
         if not names:
@@ -159,16 +173,21 @@ def _manual_flags(root: Path, consts: dict[str, list[str]]) -> list[FlagSpec]:
         action_text = ast.unparse(action) if action is not None else ""
         nargs = _kw(node, "nargs")
         takes_value = not (action_text in ("'store_true'", "'store_false'") or "StoreTrue" in action_text) and not (
-            isinstance(nargs, ast.Constant) and nargs.value == 0)
+            isinstance(nargs, ast.Constant) and nargs.value == 0
+        )
         if "StoreConst" in action_text:  # DeprecatedStoreConstAction takes the old value (nargs=None)
             takes_value = True
         choices_node = _kw(node, "choices")
         choices = _list_literal(choices_node, consts) if choices_node is not None else None
-        field = (_kw(node, "dest").value if isinstance(_kw(node, "dest"), ast.Constant)
-                 else names[0][2:].replace("-", "_"))
+        field = (
+            _kw(node, "dest").value if isinstance(_kw(node, "dest"), ast.Constant) else names[0][2:].replace("-", "_")
+        )
         for name in names:
-            out.append(FlagSpec(name, field, takes_value, tuple(choices) if choices else None,
-                                source=f"{SERVER_ARGS}:{node.lineno}"))
+            out.append(
+                FlagSpec(
+                    name, field, takes_value, tuple(choices) if choices else None, source=f"{SERVER_ARGS}:{node.lineno}"
+                )
+            )
     return out
 
 
@@ -176,12 +195,21 @@ def _speculative_algorithms(root: Path) -> tuple[str, ...]:
     members: list[str] = []
     for cls in ast.parse((root / SPEC_INFO).read_text()).body:
         if isinstance(cls, ast.ClassDef) and cls.name == "SpeculativeAlgorithm":
-            members = [t.id for n in cls.body if isinstance(n, ast.Assign) for t in n.targets
-                       if isinstance(t, ast.Name) and t.id.isupper()]
+            members = [
+                t.id
+                for n in cls.body
+                if isinstance(n, ast.Assign)
+                for t in n.targets
+                if isinstance(t, ast.Name) and t.id.isupper()
+            ]
     aliases: list[str] = []
     for node in ast.parse((root / SPEC_REGISTRY).read_text()).body:
-        if (isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_RESERVED_ALIASES" for t in node.targets)
-                and isinstance(node.value, ast.Call) and node.value.args):
+        if (
+            isinstance(node, ast.Assign)
+            and any(getattr(t, "id", "") == "_RESERVED_ALIASES" for t in node.targets)
+            and isinstance(node.value, ast.Call)
+            and node.value.args
+        ):
             aliases = _list_literal(node.value.args[0], {}) or []
     if not members:
         raise ValueError(f"{SPEC_INFO}: no SpeculativeAlgorithm enum found; the flag parser needs updating")
@@ -197,14 +225,16 @@ def parse_flags(root: Path | str) -> dict[str, FlagSpec]:
         flags.setdefault(f.flag, f)
     spec = flags.get("--speculative-algorithm")
     if spec is not None:
-        flags["--speculative-algorithm"] = FlagSpec(spec.flag, spec.field, True, spec.choices,
-                                                    _speculative_algorithms(root), spec.source)
+        flags["--speculative-algorithm"] = FlagSpec(
+            spec.flag, spec.field, True, spec.choices, _speculative_algorithms(root), spec.source
+        )
     return flags
 
 
 @functools.lru_cache(maxsize=None)
 def sglang_flags() -> dict[str, FlagSpec]:
-    """:func:`parse_flags` of SGLang 0.5.23's wheel (obtained through :func:`kvwall.peers.sglang_source.sglang_source`)."""
+    """:func:`parse_flags` of SGLang 0.5.23's wheel (obtained through
+    :func:`kvwall.peers.sglang_source.sglang_source`)."""
     from kvwall.peers.sglang_source import sglang_source  # pylint: disable=import-outside-toplevel
 
     return parse_flags(sglang_source())
@@ -260,8 +290,10 @@ def check_command(text: str, flags: dict[str, FlagSpec] | None = None) -> list[s
         elif spec.choices is not None and value not in spec.choices:
             problems.append(f"{name} {value}: not one of {', '.join(spec.choices)} ({spec.source})")
         elif spec.resolution_choices is not None and value.upper() not in spec.resolution_choices:
-            problems.append(f"{name} {value}: resolution raises 'Unknown speculative algorithm name'; known: "
-                            f"{', '.join(spec.resolution_choices)}")
+            problems.append(
+                f"{name} {value}: resolution raises 'Unknown speculative algorithm name'; known: "
+                f"{', '.join(spec.resolution_choices)}"
+            )
     return problems
 
 
@@ -321,8 +353,11 @@ def flags_in_python(source: str, flags: dict[str, FlagSpec] | None = None) -> li
             texts = [("".join(v.value if isinstance(v, ast.Constant) else "{...}" for v in node.values))]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in in_fstrings:
             texts = [node.value]
-        elif (isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SGLANG_BACKEND" for t in node.targets)
-              and isinstance(node.value, ast.Dict)):
+        elif (
+            isinstance(node, ast.Assign)
+            and any(getattr(t, "id", "") == "SGLANG_BACKEND" for t in node.targets)
+            and isinstance(node.value, ast.Dict)
+        ):
             out += [f"--attention-backend {v.value}" for v in node.value.values if isinstance(v, ast.Constant)]
         out += [f for t in texts for f in _fragments(t) if _sglang_span(f, flags)]
     return list(dict.fromkeys(out))

@@ -22,8 +22,16 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["VERSION", "WHEEL", "WHEEL_SHA256", "IMPORT_DEPS", "SGLangSourceUnavailable", "cache_root",
-           "sglang_source", "sglang_import_deps"]
+__all__ = [
+    "VERSION",
+    "WHEEL",
+    "WHEEL_SHA256",
+    "IMPORT_DEPS",
+    "SGLangSourceUnavailable",
+    "cache_root",
+    "sglang_source",
+    "sglang_import_deps",
+]
 
 VERSION = "0.5.23"
 WHEEL = f"sglang-{VERSION}-cp311-cp311-manylinux_2_34_x86_64.whl"
@@ -58,8 +66,20 @@ def _pip(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def _download(dest: Path) -> Path:
-    p = _pip(["download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-              "--platform", "manylinux_2_34_x86_64", f"sglang=={VERSION}", "-d", str(dest)])
+    p = _pip(
+        [
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_34_x86_64",
+            f"sglang=={VERSION}",
+            "-d",
+            str(dest),
+        ]
+    )
     wheel = dest / WHEEL
     if p.returncode or not wheel.exists():
         tail = (p.stdout + p.stderr).strip()[-600:]
@@ -67,7 +87,8 @@ def _download(dest: Path) -> Path:
             f"could not download sglang=={VERSION} from PyPI (pip exited {p.returncode}): {tail}\n"
             f"This needs network access to PyPI once; after that the unpacked wheel in {cache_root()} is reused. "
             f"Offline, set KVWALL_SGLANG_SRC to a folder holding the wheel's files (sglang/ inside), or put "
-            f"{WHEEL} (sha256 {WHEEL_SHA256}) in {dest}.")
+            f"{WHEEL} (sha256 {WHEEL_SHA256}) in {dest}."
+        )
     return wheel
 
 
@@ -78,8 +99,10 @@ def sglang_source() -> Path:
     env = os.environ.get("KVWALL_SGLANG_SRC")
     if env:
         if not (Path(env) / "sglang").is_dir():
-            raise SGLangSourceUnavailable(f"KVWALL_SGLANG_SRC={env} has no sglang/ folder; point it at the folder "
-                                          f"the {WHEEL} wheel was unpacked into")
+            raise SGLangSourceUnavailable(
+                f"KVWALL_SGLANG_SRC={env} has no sglang/ folder; point it at the folder "
+                f"the {WHEEL} wheel was unpacked into"
+            )
         return Path(env)
     target = cache_root() / f"sglang-{VERSION}"
     mark = target / _MARK
@@ -93,9 +116,11 @@ def sglang_source() -> Path:
     got = _sha256(wheel)
     if got != WHEEL_SHA256:
         wheel.unlink()
-        raise SGLangSourceUnavailable(f"{WHEEL} has sha256 {got}, expected {WHEEL_SHA256}: refused and deleted. "
-                                      "Run again to download it afresh; if it still differs, PyPI serves a "
-                                      "different file than the one this book was checked against.")
+        raise SGLangSourceUnavailable(
+            f"{WHEEL} has sha256 {got}, expected {WHEEL_SHA256}: refused and deleted. "
+            "Run again to download it afresh; if it still differs, PyPI serves a "
+            "different file than the one this book was checked against."
+        )
     cache_root().mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"sglang-{VERSION}-", dir=cache_root()))
     try:
@@ -124,8 +149,10 @@ def sglang_import_deps() -> Path:
     p = _pip(["install", "--quiet", "--target", str(tmp), *IMPORT_DEPS])
     if p.returncode:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SGLangSourceUnavailable(f"pip could not install {' '.join(IMPORT_DEPS)} (exit {p.returncode}): "
-                                      f"{(p.stdout + p.stderr).strip()[-600:]}")
+        raise SGLangSourceUnavailable(
+            f"pip could not install {' '.join(IMPORT_DEPS)} (exit {p.returncode}): "
+            f"{(p.stdout + p.stderr).strip()[-600:]}"
+        )
     (tmp / ".kvwall-deps").write_text(want)
     if target.exists():
         shutil.rmtree(target)

@@ -18,8 +18,14 @@ from kvwall.model.sharp_attention import PROFILES
 from kvwall.reports.accuracy_report import Row, label, order, rows_of, verdicts
 from kvwall.results import Result
 
-__all__ = ["RANDOM_INPUTS", "REGIME_WORDS", "SHAPE_MAX_TOKENS", "BF16_REFERENCE_OF", "RegimeMultiplier",
-           "fp8_query_multipliers"]
+__all__ = [
+    "RANDOM_INPUTS",
+    "REGIME_WORDS",
+    "SHAPE_MAX_TOKENS",
+    "BF16_REFERENCE_OF",
+    "RegimeMultiplier",
+    "fp8_query_multipliers",
+]
 
 #: Chapter 5's inputs (``fused_decode_bench``'s grid and ``fused_decode_validation``'s case table): queries and
 #: latents drawn independently from Gaussians (:func:`kvwall.kernels.mla_decode.reference.make_mla_inputs`; the
@@ -36,7 +42,8 @@ SHAPE_MAX_TOKENS = 8192
 BF16_REFERENCE_OF = dict(
     fused_decode_bench="FlashMLA dense BF16 at the same point",
     fused_decode_validation="the case table's BF16 path (FlashInfer BF16 on the exactly cast cache)",
-    fp8_accuracy="the BF16 reference (the better of FlashMLA dense BF16 and gather_cast + FlashInfer BF16)")
+    fp8_accuracy="the BF16 reference (the better of FlashMLA dense BF16 and gather_cast + FlashInfer BF16)",
+)
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,8 @@ def _fp8_query_strategies(result: Result) -> list[str]:
     setup = next(iter(rows_of(result, "setup")), Row())
     recorded = {s: Row(p).query for s, p in (setup.precision or {}).items()}
     return [s for s in STRATEGIES if recorded.get(s, STRATEGIES[s].query) == "fp8"] + sorted(
-        s for s, q in recorded.items() if q == "fp8" and s not in STRATEGIES)
+        s for s, q in recorded.items() if q == "fp8" and s not in STRATEGIES
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -89,8 +97,11 @@ def _random_inputs_shape(heads: int, tokens: int, seed: int = 0) -> tuple[float,
     idx = inp.tok_slots[0].long()
     keys = torch.cat([inp.tok_ckv[idx], inp.tok_kpe[idx]], dim=-1).double()
     q = torch.cat([inp.q_nope[0], inp.q_pe[0]], dim=-1).double()
-    return (float(q.pow(2).mean().sqrt()), float(keys.pow(2).mean().sqrt()),
-            *_logits_and_output(q, keys, keys[:, :GLM5.kv_lora_rank], GLM5.sm_scale))
+    return (
+        float(q.pow(2).mean().sqrt()),
+        float(keys.pow(2).mean().sqrt()),
+        *_logits_and_output(q, keys, keys[:, : GLM5.kv_lora_rank], GLM5.sm_scale),
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -106,11 +117,12 @@ def _profile_output_norm(profile: str, heads: int, tokens: int, seed: int = 0) -
     prof = next((p for p in PROFILES if p.name == profile), None)
     if prof is None:
         return None
-    req = sharp_request(prof, heads, tokens, sm_scale=GLM5.sm_scale, gen=torch.Generator().manual_seed(seed),
-                        device=torch.device("cpu"))
+    req = sharp_request(
+        prof, heads, tokens, sm_scale=GLM5.sm_scale, gen=torch.Generator().manual_seed(seed), device=torch.device("cpu")
+    )
     q = torch.cat([req.q_nope, req.q_pe], dim=-1).double()
     keys = req.keys.double()
-    return _logits_and_output(q, keys, keys[:, N_PROBES:GLM5.kv_lora_rank], GLM5.sm_scale)[2]
+    return _logits_and_output(q, keys, keys[:, N_PROBES : GLM5.kv_lora_rank], GLM5.sm_scale)[2]
 
 
 def _logits_and_output(q: Any, keys: Any, values: Any, sm_scale: float) -> tuple[float, float, float]:
@@ -118,8 +130,11 @@ def _logits_and_output(q: Any, keys: Any, values: Any, sm_scale: float) -> tuple
     z = (q @ keys.T) * sm_scale
     out = z.softmax(dim=-1) @ values
     value_norm = values.pow(2).sum(dim=-1).mean().sqrt()
-    return (float(z.std(dim=-1).median()), float((z.amax(dim=-1) - z.median(dim=-1).values).median()),
-            float((out.norm(dim=-1) / value_norm).median()))
+    return (
+        float(z.std(dim=-1).median()),
+        float((z.amax(dim=-1) - z.median(dim=-1).values).median()),
+        float((out.norm(dim=-1) / value_norm).median()),
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -135,8 +150,11 @@ def _random_inputs_draw(heads: int, tokens: int, seed: int = 0) -> tuple[float, 
     idx = inp.tok_slots[0].long()
     keys = torch.cat([inp.tok_ckv[idx], inp.tok_kpe[idx]], dim=-1).double()
     q = torch.cat([inp.q_nope[0], inp.q_pe[0]], dim=-1).double()
-    return (float(q.pow(2).mean().sqrt()), float(keys.pow(2).mean().sqrt()),
-            *_logits_and_output(q, keys, keys[:, :GLM5.kv_lora_rank], GLM5.sm_scale))
+    return (
+        float(q.pow(2).mean().sqrt()),
+        float(keys.pow(2).mean().sqrt()),
+        *_logits_and_output(q, keys, keys[:, : GLM5.kv_lora_rank], GLM5.sm_scale),
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -152,11 +170,12 @@ def _profile_output_norm(profile: str, heads: int, tokens: int, seed: int = 0) -
     prof = next((p for p in PROFILES if p.name == profile), None)
     if prof is None:
         return None
-    req = sharp_request(prof, heads, tokens, sm_scale=GLM5.sm_scale, gen=torch.Generator().manual_seed(seed),
-                        device=torch.device("cpu"))
+    req = sharp_request(
+        prof, heads, tokens, sm_scale=GLM5.sm_scale, gen=torch.Generator().manual_seed(seed), device=torch.device("cpu")
+    )
     q = torch.cat([req.q_nope, req.q_pe], dim=-1).double()
     keys = req.keys.double()
-    return _logits_and_output(q, keys, keys[:, N_PROBES:GLM5.kv_lora_rank], GLM5.sm_scale)[2]
+    return _logits_and_output(q, keys, keys[:, N_PROBES : GLM5.kv_lora_rank], GLM5.sm_scale)[2]
 
 
 def _logits_and_output(q: Any, keys: Any, values: Any, sm_scale: float) -> tuple[float, float, float]:
@@ -164,14 +183,22 @@ def _logits_and_output(q: Any, keys: Any, values: Any, sm_scale: float) -> tuple
     z = (q @ keys.T) * sm_scale
     out = z.softmax(dim=-1) @ values
     value_norm = values.pow(2).sum(dim=-1).mean().sqrt()
-    return (float(z.std(dim=-1).median()), float((z.amax(dim=-1) - z.median(dim=-1).values).median()),
-            float((out.norm(dim=-1) / value_norm).median()))
+    return (
+        float(z.std(dim=-1).median()),
+        float((z.amax(dim=-1) - z.median(dim=-1).values).median()),
+        float((out.norm(dim=-1) / value_norm).median()),
+    )
 
 
 def _one_request_points(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
     """The (heads, tokens) of the one-request cases of ``rows`` short enough to draw here (:data:`SHAPE_MAX_TOKENS`)."""
-    return sorted({(r.heads, r.tokens) for r in map(Row, rows) if r.tokens and 2 <= r.tokens <= SHAPE_MAX_TOKENS
-                   and (r.batch or 1) == 1})
+    return sorted(
+        {
+            (r.heads, r.tokens)
+            for r in map(Row, rows)
+            if r.tokens and 2 <= r.tokens <= SHAPE_MAX_TOKENS and (r.batch or 1) == 1
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -201,8 +228,10 @@ def _profile_shape(profile: str, cases: list[dict[str, Any]], computed: bool = T
     """One of chapter 5b's profiles: its recorded cases' realized values, and its output norm drawn here."""
     points = _one_request_points(cases) if computed else []
     norms = [v for v in (_profile_output_norm(profile, h, n) for h, n in points) if v is not None]
-    spread, gap, query = ([v for v in values if v is not None] for values in zip(
-        *((c.realized_spread, c.realized_max_gap, c.realized_query_rms) for c in map(Row, cases))))
+    spread, gap, query = (
+        [v for v in values if v is not None]
+        for values in zip(*((c.realized_spread, c.realized_max_gap, c.realized_query_rms) for c in map(Row, cases)))
+    )
     return _Shape(_lo_hi(spread), _lo_hi(norms), _lo_hi(gap), _lo_hi(query), None, tuple(points) if norms else ())
 
 
@@ -212,16 +241,28 @@ def _case_label(heads: int, tokens: int, batch: int) -> str:
     return f"{heads} heads, " + (f"{n} tokens" if batch == 1 else f"batch of {batch} at {n} context")
 
 
-def _multiplier(regime: str, shape: _Shape, strategy: str, source: str,
-                triples: list[tuple[str, float, float, float | None]]) -> RegimeMultiplier | None:
+def _multiplier(
+    regime: str, shape: _Shape, strategy: str, source: str, triples: list[tuple[str, float, float, float | None]]
+) -> RegimeMultiplier | None:
     """From (case, FP8-query error, ours' error, BF16 reference's error) per case (errors > 0 only)."""
     usable = [(c, e / o, e / b if b else None) for c, e, o, b in triples if e and o]
     if not usable:
         return None
     lo, hi = min(usable, key=lambda t: t[1]), max(usable, key=lambda t: t[1])
     bf16 = _lo_hi([r for _, _, r in usable if r is not None])
-    return RegimeMultiplier(regime, strategy, label(strategy), source, len(usable), (lo[1], hi[1]), bf16,
-                            BF16_REFERENCE_OF.get(source) if bf16 else None, lo[0], hi[0], **shape.__dict__)
+    return RegimeMultiplier(
+        regime,
+        strategy,
+        label(strategy),
+        source,
+        len(usable),
+        (lo[1], hi[1]),
+        bf16,
+        BF16_REFERENCE_OF.get(source) if bf16 else None,
+        lo[0],
+        hi[0],
+        **shape.__dict__,
+    )
 
 
 def _from_bench(bench: Result, computed: bool = True) -> list[RegimeMultiplier]:
@@ -233,8 +274,11 @@ def _from_bench(bench: Result, computed: bool = True) -> list[RegimeMultiplier]:
     shape = _random_inputs_shape(_one_request_points(cases) if computed else [])
     out = []
     for s in _fp8_query_strategies(bench):
-        triples = [(_case_label(h, n, b), by[(s, h, n, b)], by[(OURS_PATH, h, n, b)], by.get((BENCH_BF16, h, n, b)))
-                   for (st, h, n, b) in by if st == OURS_PATH and (s, h, n, b) in by]
+        triples = [
+            (_case_label(h, n, b), by[(s, h, n, b)], by[(OURS_PATH, h, n, b)], by.get((BENCH_BF16, h, n, b)))
+            for (st, h, n, b) in by
+            if st == OURS_PATH and (s, h, n, b) in by
+        ]
         m = _multiplier(RANDOM_INPUTS, shape, s, bench.experiment, triples)
         if m:
             out.append(m)
@@ -246,13 +290,22 @@ def _from_validation(validation: Result, computed: bool = True) -> list[RegimeMu
     one-token request is exact on every path)."""
     cases = {r.case: r for r in rows_of(validation, "cases") if r.path == OURS_PATH}
     peers = [r for r in rows_of(validation, "fp8_peers") if r.rel_err is not None and r.case in cases]
-    points = _one_request_points([Row(heads=c.heads, tokens=sum(c.lens), batch=len(c.lens))
-                                  for c in cases.values() if c.rel_err])
+    points = _one_request_points(
+        [Row(heads=c.heads, tokens=sum(c.lens), batch=len(c.lens)) for c in cases.values() if c.rel_err]
+    )
     shape = _random_inputs_shape(points if computed else [])
     out = []
     for s in [s for s in STRATEGIES if STRATEGIES[s].query == "fp8" and any(r.peer == s for r in peers)]:
-        triples = [(_case_label(r.heads, sum(r.lens), len(r.lens)), r.rel_err, cases[r.case].rel_err,
-                    cases[r.case].bf16_rel_err) for r in peers if r.peer == s]
+        triples = [
+            (
+                _case_label(r.heads, sum(r.lens), len(r.lens)),
+                r.rel_err,
+                cases[r.case].rel_err,
+                cases[r.case].bf16_rel_err,
+            )
+            for r in peers
+            if r.peer == s
+        ]
         m = _multiplier(RANDOM_INPUTS, shape, s, validation.experiment, triples)
         if m:
             out.append(m)
@@ -267,16 +320,20 @@ def _from_accuracy(accuracy: Result, computed: bool = True) -> list[RegimeMultip
     for prof in sorted({c.profile for c in cases}, key=order):
         shape = _profile_shape(prof, [c for c in cases if c.profile == prof], computed)
         for s in _fp8_query_strategies(accuracy):
-            triples = [(_case_label(r.heads, r.context, r.batch), r.rel_err, ours.get(r.case), r.ref_err)
-                       for r in rows if r.strategy == s and r.profile == prof]
+            triples = [
+                (_case_label(r.heads, r.context, r.batch), r.rel_err, ours.get(r.case), r.ref_err)
+                for r in rows
+                if r.strategy == s and r.profile == prof
+            ]
             m = _multiplier(prof, shape, s, accuracy.experiment, triples)
             if m:
                 out.append(m)
     return out
 
 
-def fp8_query_multipliers(accuracy: Result | None, bench: Result | None, validation: Result | None = None, *,
-                          computed: bool = True) -> list[RegimeMultiplier]:
+def fp8_query_multipliers(
+    accuracy: Result | None, bench: Result | None, validation: Result | None = None, *, computed: bool = True
+) -> list[RegimeMultiplier]:
     """The FP8-query error multiplier per input regime: one row per regime x FP8-query path x source: chapter 5's
     random Gaussian inputs from its grid (``bench``, a ``fused_decode_bench`` run) and its case table
     (``validation``), then each of chapter 5b's profiles (``accuracy``, an ``fp8_accuracy`` run). Multipliers over

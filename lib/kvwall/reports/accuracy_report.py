@@ -16,10 +16,31 @@ from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.sharp_attention import PROFILES
 from kvwall.results import Result
 
-__all__ = ["RULE", "TAIL_KEPT", "TOP_ERR", "BF16_REFERENCES", "FIGURE_PATHS", "COLORS", "Row", "rows_of", "label",
-           "order", "ran", "verdicts", "path_summary", "figure_point", "error_points", "tail_points",
-           "profile_verdicts", "prediction_rows", "tiny_weights", "sink_cases", "ratios_by_profile", "case_spans",
-           "floor_ratios"]
+__all__ = [
+    "RULE",
+    "TAIL_KEPT",
+    "TOP_ERR",
+    "BF16_REFERENCES",
+    "FIGURE_PATHS",
+    "COLORS",
+    "Row",
+    "rows_of",
+    "label",
+    "order",
+    "ran",
+    "verdicts",
+    "path_summary",
+    "figure_point",
+    "error_points",
+    "tail_points",
+    "profile_verdicts",
+    "prediction_rows",
+    "tiny_weights",
+    "sink_cases",
+    "ratios_by_profile",
+    "case_spans",
+    "floor_ratios",
+]
 
 #: A path keeps BF16 accuracy on a case when its error is at most RULE x the BF16 reference's ...
 RULE = 2.0
@@ -30,8 +51,14 @@ TOP_ERR = 0.02
 #: The BF16 paths a case's reference error is taken from (the smaller of those that ran).
 BF16_REFERENCES = ("flashmla_dense_bf16", "gather_cast_bf16")
 #: The paths the figures draw (the table has every path that ran).
-FIGURE_PATHS = ("ours", "flashmla_dense_fp8", "flashmla_dense_bf16", "flashinfer_fp8_fa3", "gather_cast_bf16",
-                "sglang_triton_fp8")
+FIGURE_PATHS = (
+    "ours",
+    "flashmla_dense_fp8",
+    "flashmla_dense_bf16",
+    "flashinfer_fp8_fa3",
+    "gather_cast_bf16",
+    "sglang_triton_fp8",
+)
 _ORDER = [p.name for p in PROFILES]
 #: One color per path in every figure (plotly's default cycle repeats after ten series).
 COLORS = dict(zip(FIGURE_PATHS, ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf")))
@@ -83,8 +110,13 @@ def verdicts(result: Result) -> list[Row]:
     for r in paths:
         base = ref.get(r.case, cases[r.case].floor_rel_err)
         ratio = r.rel_err / base if base else None
-        keeps = (ratio is not None and ratio <= RULE and (r.tail_mass_kept is None or r.tail_mass_kept >= TAIL_KEPT)
-                 and (r.top_err or 0.0) <= TOP_ERR and r.finite is not False)
+        keeps = (
+            ratio is not None
+            and ratio <= RULE
+            and (r.tail_mass_kept is None or r.tail_mass_kept >= TAIL_KEPT)
+            and (r.top_err or 0.0) <= TOP_ERR
+            and r.finite is not False
+        )
         out.append(Row(cases[r.case], **r, ref_err=base, ratio=ratio, keeps=keeps))
     return out
 
@@ -100,13 +132,24 @@ def path_summary(result: Result, strategy: str) -> dict[str, Any] | None:
     rated = [r for r in rows if r.ratio is not None]
     low, high = min(rated, key=lambda r: r.ratio), max(rated, key=lambda r: r.ratio)
     worst_tail = min(rows, key=lambda r: 1.0 if r.tail_mass_kept is None else r.tail_mass_kept)
-    return Row(strategy=strategy, label=label(strategy), cases=len(rows), keeps=sum(r.keeps for r in rows),
-               ratio_min=low.ratio, ratio_max=high.ratio, ratio_min_profile=low.profile, ratio_max_profile=high.profile,
-               profiles=profiles, rel_err_max=max(r.rel_err for r in rows), tail_kept_min=worst_tail.tail_mass_kept,
-               tail_worst_case=worst_tail.case, top_err_max=max((r.top_err or 0.0) for r in rows),
-               sink_flushed_max=max([r.tail_token_flushed or 0.0 for r in rows if r.sinks] or [0.0]),
-               failing_profiles=[p for p in profiles if p in failing],
-               passing_profiles=[p for p in profiles if p not in failing])
+    return Row(
+        strategy=strategy,
+        label=label(strategy),
+        cases=len(rows),
+        keeps=sum(r.keeps for r in rows),
+        ratio_min=low.ratio,
+        ratio_max=high.ratio,
+        ratio_min_profile=low.profile,
+        ratio_max_profile=high.profile,
+        profiles=profiles,
+        rel_err_max=max(r.rel_err for r in rows),
+        tail_kept_min=worst_tail.tail_mass_kept,
+        tail_worst_case=worst_tail.case,
+        top_err_max=max((r.top_err or 0.0) for r in rows),
+        sink_flushed_max=max([r.tail_token_flushed or 0.0 for r in rows if r.sinks] or [0.0]),
+        failing_profiles=[p for p in profiles if p in failing],
+        passing_profiles=[p for p in profiles if p not in failing],
+    )
 
 
 def _pick(rows: list[Row], **want: Any) -> list[Row]:
@@ -149,8 +192,9 @@ def tail_points(result: Result, profile: str) -> tuple[str, dict[tuple[str, int]
     return profile, out
 
 
-def profile_verdicts(result: Result, heads: int | None = None, context: int | None = None
-                     ) -> tuple[int, int, list[str], list[dict[str, Any]]]:
+def profile_verdicts(
+    result: Result, heads: int | None = None, context: int | None = None
+) -> tuple[int, int, list[str], list[dict[str, Any]]]:
     """Per profile, at one request of ``context`` tokens and ``heads`` heads (default: the :func:`figure_point`): each
     :data:`FIGURE_PATHS` path's verdict row (:func:`verdicts`; None where it did not run). Returns the heads, the
     context, the paths and one row per profile (``profile`` and a verdict per path)."""
@@ -159,8 +203,12 @@ def profile_verdicts(result: Result, heads: int | None = None, context: int | No
     rows = _pick(verdicts(result), heads=heads, context=context, batch=1)
     paths = [p for p in FIGURE_PATHS if any(r.strategy == p for r in rows)]
     by = {(r.profile, r.strategy): r for r in rows}
-    return heads, context, paths, [dict(profile=prof, **{p: by.get((prof, p)) for p in paths})
-                                   for prof in _profiles(rows)]
+    return (
+        heads,
+        context,
+        paths,
+        [dict(profile=prof, **{p: by.get((prof, p)) for p in paths}) for prof in _profiles(rows)],
+    )
 
 
 def prediction_rows(contexts: Sequence[int] = (4096, 32_768), heads: int = 16, seed: int = 0) -> list[dict[str, Any]]:
@@ -182,8 +230,13 @@ def prediction_rows(contexts: Sequence[int] = (4096, 32_768), heads: int = 16, s
             want = emulate_attention(req, GLM5.sm_scale, fp8_query=False, fp8_weights=False)[None]
             row = Row(profile=prof.name, tokens=n)
             for key, fq, fw in (("q", True, False), ("p", False, True), ("qp", True, True)):
-                m = Row(path_metrics(emulate_attention(req, GLM5.sm_scale, fp8_query=fq, fp8_weights=fw)[None], want,
-                                     needles=prof.needles > 0))
+                m = Row(
+                    path_metrics(
+                        emulate_attention(req, GLM5.sm_scale, fp8_query=fq, fp8_weights=fw)[None],
+                        want,
+                        needles=prof.needles > 0,
+                    )
+                )
                 row.update({f"{key}_err": m.rel_err, f"{key}_tail": m.tail_mass_kept})
             rows.append(row)
     return rows
@@ -197,10 +250,13 @@ def tiny_weights(result: Result) -> dict[str, Any]:
     cases = {c.case: c for c in rows_of(result, "case") if c.realized_tail_token_vs_max < 2.0**-24}
     rows = [r for r in verdicts(result) if r.case in cases]
     ratios = [c.realized_tail_token_vs_max for c in cases.values()]
-    return dict(cases=len(cases), spreads=sorted({c.spread for c in cases.values()}),
-                vs_max=(min(ratios), max(ratios)) if ratios else None,
-                zero=[s for s in ran(result) if any(r.strategy == s and r.tail_token_flushed > 0.5 for r in rows)],
-                kept=[s for s in ran(result) if all(r.tail_token_flushed == 0 for r in rows if r.strategy == s)])
+    return dict(
+        cases=len(cases),
+        spreads=sorted({c.spread for c in cases.values()}),
+        vs_max=(min(ratios), max(ratios)) if ratios else None,
+        zero=[s for s in ran(result) if any(r.strategy == s and r.tail_token_flushed > 0.5 for r in rows)],
+        kept=[s for s in ran(result) if all(r.tail_token_flushed == 0 for r in rows if r.strategy == s)],
+    )
 
 
 def sink_cases(result: Result, strategies: Sequence[str]) -> tuple[int, dict[str, dict[str, float]]]:
@@ -212,16 +268,22 @@ def sink_cases(result: Result, strategies: Sequence[str]) -> tuple[int, dict[str
     for s in strategies:
         sel = [r for r in rows if r.strategy == s]
         if sel:
-            out[s] = dict(zeroed=max(r.tail_token_flushed for r in sel), kept_min=min(r.tail_mass_kept for r in sel),
-                          kept_max=max(r.tail_mass_kept for r in sel))
+            out[s] = dict(
+                zeroed=max(r.tail_token_flushed for r in sel),
+                kept_min=min(r.tail_mass_kept for r in sel),
+                kept_max=max(r.tail_mass_kept for r in sel),
+            )
     return len({r.case for r in rows}), out
 
 
 def ratios_by_profile(result: Result, strategy: str, *, plain: bool = False) -> list[tuple[str, float, float]]:
     """``strategy``'s error over the BF16 reference's, least and largest per profile (flattest first); ``plain``: only
     the profiles without sinks or needles (Gaussian logits)."""
-    rows = [r for r in verdicts(result) if r.strategy == strategy and r.ratio is not None
-            and not (plain and (r.sinks or r.needles))]
+    rows = [
+        r
+        for r in verdicts(result)
+        if r.strategy == strategy and r.ratio is not None and not (plain and (r.sinks or r.needles))
+    ]
     return [(p, min(x), max(x)) for p in _profiles(rows) for x in [[r.ratio for r in rows if r.profile == p]]]
 
 
@@ -235,10 +297,18 @@ def case_spans(result: Result) -> list[dict[str, Any]]:
         xs = [x for x in xs if x is not None]
         return (min(xs), max(xs)) if xs else None
 
-    return [dict(profile=prof, cases=len(sel), spread=span([c.realized_spread for c in sel]),
-                 gap=span([c.realized_max_gap for c in sel]), margin=span([c.realized_margin for c in sel]),
-                 sinks=span([c.realized_sink_mass for c in sel if c.sinks]))
-            for prof in _profiles(cases) for sel in [[c for c in cases if c.profile == prof]]]
+    return [
+        dict(
+            profile=prof,
+            cases=len(sel),
+            spread=span([c.realized_spread for c in sel]),
+            gap=span([c.realized_max_gap for c in sel]),
+            margin=span([c.realized_margin for c in sel]),
+            sinks=span([c.realized_sink_mass for c in sel if c.sinks]),
+        )
+        for prof in _profiles(cases)
+        for sel in [[c for c in cases if c.profile == prof]]
+    ]
 
 
 def floor_ratios(result: Result, strategy: str) -> tuple[float, float] | None:

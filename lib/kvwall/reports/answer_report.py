@@ -26,10 +26,38 @@ from kvwall.reports.plots import with_caption
 from kvwall.reports.tables import Table
 from kvwall.results import PROJECT_ROOT, Result
 
-__all__ = ["WORDS", "Words", "Filler", "fill", "STEP_NAMES", "SWEEP_COLORS", "SweepFit", "fit_sweep", "step_rows",
-           "step_table", "memory_table", "step_figure", "sweep_figure", "validation_figure", "validation_table",
-           "misses_table", "sweep_samples", "sweep_rows", "headline_point", "CastStep", "cast_step", "Lead", "lead",
-           "memory", "Findings", "findings", "kernels_ran", "front_page_figure", "OURS_PATHS", "MB"]
+__all__ = [
+    "WORDS",
+    "Words",
+    "Filler",
+    "fill",
+    "STEP_NAMES",
+    "SWEEP_COLORS",
+    "SweepFit",
+    "fit_sweep",
+    "step_rows",
+    "step_table",
+    "memory_table",
+    "step_figure",
+    "sweep_figure",
+    "validation_figure",
+    "validation_table",
+    "misses_table",
+    "sweep_samples",
+    "sweep_rows",
+    "headline_point",
+    "CastStep",
+    "cast_step",
+    "Lead",
+    "lead",
+    "memory",
+    "Findings",
+    "findings",
+    "kernels_ran",
+    "front_page_figure",
+    "OURS_PATHS",
+    "MB",
+]
 
 
 class Words(dict):
@@ -79,8 +107,10 @@ def fill(template: Any, case: Any = None, /, **values: Any) -> Any:
 
 def _columns(spec: Mapping[str, Sequence[Any]]) -> dict[str, tables.Column]:
     """A table's columns from :data:`WORDS`: ``[field]`` or ``[field, formatter, its argument]``."""
-    return {head: (c[0], getattr(tables, c[1])(*c[2:]) if c[2:] else getattr(tables, c[1])) if c[1:] else c[0]
-            for head, c in spec.items()}
+    return {
+        head: (c[0], getattr(tables, c[1])(*c[2:]) if c[2:] else getattr(tables, c[1])) if c[1:] else c[0]
+        for head, c in spec.items()
+    }
 
 
 #: Ours in the sweep: the dispatcher's path, and the Triton path forced.
@@ -109,17 +139,26 @@ def _setup(result: Result) -> dict[str, Any]:
 # The step
 # ---------------------------------------------------------------------------------------------------------
 
+
 def step_rows(result: Result) -> list[dict[str, Any]]:
     """One row per path that ran: its step, the original path's step over it, time saved, the KV work per step
     (preparation + attention), and what it costs in memory."""
     paths = [r for r in _rows(result, "path") if r.get("step_ms") is not None]
     base = next((r["step_ms"] for r in paths if r["path"] == "full_pool_cast"), None)
     fp8 = next((r["kv_bytes_per_token"] for r in paths if r.get("cache_dtype") == "float8_e4m3fn"), None)
-    return [dict(r, name=STEP_NAMES.get(r["path"], r["path"]), kv_work_ms=r["kv_ms"] + r["attention_ms"],
-                 speedup=base and base / r["step_ms"], time_saved=base and 1 - r["step_ms"] / base,
-                 tokens_per_fp8_pool=fp8 and fp8 / r["kv_bytes_per_token"],
-                 cache=WORDS.cache_names.get(r.get("cache_dtype"), r.get("cache_dtype")),
-                 transient_mb=None if r.get("transient_bytes") is None else r["transient_bytes"] / MB) for r in paths]
+    return [
+        dict(
+            r,
+            name=STEP_NAMES.get(r["path"], r["path"]),
+            kv_work_ms=r["kv_ms"] + r["attention_ms"],
+            speedup=base and base / r["step_ms"],
+            time_saved=base and 1 - r["step_ms"] / base,
+            tokens_per_fp8_pool=fp8 and fp8 / r["kv_bytes_per_token"],
+            cache=WORDS.cache_names.get(r.get("cache_dtype"), r.get("cache_dtype")),
+            transient_mb=None if r.get("transient_bytes") is None else r["transient_bytes"] / MB,
+        )
+        for r in paths
+    ]
 
 
 def step_table(result: Result, caption: str) -> Table:
@@ -142,31 +181,46 @@ def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure
     x = [r["name"] for r in rows]
     fig = go.Figure()
     for key, name, color in labels.phases:
-        fig.add_bar(name=name, x=x, y=[r[key] for r in rows], marker_color=color,
-                    hovertemplate=labels.hover)
+        fig.add_bar(name=name, x=x, y=[r[key] for r in rows], marker_color=color, hovertemplate=labels.hover)
     for name, r in zip(x, rows):
-        fig.add_annotation(x=name, y=r["step_ms"], text=fill(labels.bar, ms=r["step_ms"]), showarrow=False,
-                           yanchor="bottom", font=dict(size=11))
-    fig.update_layout(barmode="stack", title=title, yaxis_title=labels.y,
-                      yaxis_range=[0, max(r["step_ms"] for r in rows) * 1.12])
+        fig.add_annotation(
+            x=name,
+            y=r["step_ms"],
+            text=fill(labels.bar, ms=r["step_ms"]),
+            showarrow=False,
+            yanchor="bottom",
+            font=dict(size=11),
+        )
+    fig.update_layout(
+        barmode="stack", title=title, yaxis_title=labels.y, yaxis_range=[0, max(r["step_ms"] for r in rows) * 1.12]
+    )
     return with_caption(fig, caption, height=560)
 
 
 def headline_point(result: Result) -> Point:
     """The step's geometry as a cost-model point: GLM-5 at the step's heads per GPU, its batch and pool."""
     p = result.params
-    return Point(heads=_setup(result)["heads_per_gpu"], batch=len(p["context_lens"]), tokens=sum(p["context_lens"]),
-                 pool_tokens=p["pool_tokens"], geometry=GLM5.with_tensor_parallel(p["tensor_parallel"]))
+    return Point(
+        heads=_setup(result)["heads_per_gpu"],
+        batch=len(p["context_lens"]),
+        tokens=sum(p["context_lens"]),
+        pool_tokens=p["pool_tokens"],
+        geometry=GLM5.with_tensor_parallel(p["tensor_parallel"]),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The sweep and the cost model
 # ---------------------------------------------------------------------------------------------------------
 
+
 def sweep_samples(result: Result) -> list[tuple[str, str, Point, float]]:
     """``(axis, path, point, µs per layer)`` for every timed point of a ``path_sweep`` result."""
-    return [(r["axis"], r["path"], Point(r["heads"], r["batch"], r["tokens"], r["pool_tokens"]), float(r["us"]))
-            for r in sweep_rows(result) if r.get("us")]
+    return [
+        (r["axis"], r["path"], Point(r["heads"], r["batch"], r["tokens"], r["pool_tokens"]), float(r["us"]))
+        for r in sweep_rows(result)
+        if r.get("us")
+    ]
 
 
 @dataclass
@@ -198,9 +252,16 @@ def validation_table(fit: SweepFit, caption: str) -> Table:
         errs = [abs(r["rel_err"]) for r in fit.held_out if r["path"] == path]
         if errs:
             att, prep = fit.model.components[comp.attention], fit.model.components.get(comp.prep)
-            rows.append(dict(path=path, held_out=len(errs), median=statistics.median(errs), max=max(errs),
-                             attention=fill(WORDS.fitted.attention, bool(att.tflops), c=att),
-                             preparation=fill(WORDS.fitted.preparation, c=prep) if prep else WORDS.fitted.none))
+            rows.append(
+                dict(
+                    path=path,
+                    held_out=len(errs),
+                    median=statistics.median(errs),
+                    max=max(errs),
+                    attention=fill(WORDS.fitted.attention, bool(att.tflops), c=att),
+                    preparation=fill(WORDS.fitted.preparation, c=prep) if prep else WORDS.fitted.none,
+                )
+            )
     return Table(rows, _columns(WORDS.validation_table), caption)
 
 
@@ -221,9 +282,15 @@ def misses_table(fit: SweepFit, caption: str) -> Table:
     for r in fit.held_out:
         if abs(r["rel_err"]) > MISS:
             groups.setdefault(_why(r), []).append(r)
-    rows = [dict(why=why, misses=len(ms), paths=", ".join(dict.fromkeys(r["path"] for r in ms)),
-                 worst=fill(WORDS.misses.worst, w=max(ms, key=lambda r: abs(r["rel_err"]))))
-            for why, ms in groups.items()]
+    rows = [
+        dict(
+            why=why,
+            misses=len(ms),
+            paths=", ".join(dict.fromkeys(r["path"] for r in ms)),
+            worst=fill(WORDS.misses.worst, w=max(ms, key=lambda r: abs(r["rel_err"]))),
+        )
+        for why, ms in groups.items()
+    ]
     return Table(rows, _columns(WORDS.misses_table), caption)
 
 
@@ -233,14 +300,25 @@ def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.F
     times = [t for r in held for t in (r["measured_us"], r["predicted_us"])]
     lo, hi = min(times) * 0.8, max(times) * 1.25
     for k, dash in ((1.0, "solid"), (1 + MISS, "dot"), (1 - MISS, "dot")):
-        fig.add_scatter(x=[lo, hi], y=[lo * k, hi * k], mode="lines", line=dict(color="#999", dash=dash, width=1),
-                        showlegend=False, hoverinfo="skip")
+        fig.add_scatter(
+            x=[lo, hi],
+            y=[lo * k, hi * k],
+            mode="lines",
+            line=dict(color="#999", dash=dash, width=1),
+            showlegend=False,
+            hoverinfo="skip",
+        )
     for path in dict.fromkeys(r["path"] for r in held):
         sel = [r for r in held if r["path"] == path]
-        fig.add_scatter(name=path, x=[r["measured_us"] for r in sel], y=[r["predicted_us"] for r in sel],
-                        mode="markers", marker=dict(size=8, color=SWEEP_COLORS.get(path.removesuffix("_fa2"))),
-                        customdata=[[r["axis"], r["heads"], r["batch"], r["tokens"], r["rel_err"] * 100] for r in sel],
-                        hovertemplate=labels.hover)
+        fig.add_scatter(
+            name=path,
+            x=[r["measured_us"] for r in sel],
+            y=[r["predicted_us"] for r in sel],
+            mode="markers",
+            marker=dict(size=8, color=SWEEP_COLORS.get(path.removesuffix("_fa2"))),
+            customdata=[[r["axis"], r["heads"], r["batch"], r["tokens"], r["rel_err"] * 100] for r in sel],
+            hovertemplate=labels.hover,
+        )
     fig.update_layout(title=title, xaxis_title=labels.x, yaxis_title=labels.y)
     fig.update_xaxes(type="log", dtick=1)
     fig.update_yaxes(type="log", dtick=1)
@@ -255,16 +333,34 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
     for i, (axis, key, x_title) in enumerate(WORDS.sweep_figure.axes):
         row, col, log_x = i // 2 + 1, i % 2 + 1, axis in ("batch", "heads")
         for path, color in SWEEP_COLORS.items():
-            pts = [(p, us) for a, pa, p, us in samples
-                   if a == axis and pa == path and (axis != "heads" or p.batch == 1)]
+            pts = [
+                (p, us) for a, pa, p, us in samples if a == axis and pa == path and (axis != "heads" or p.batch == 1)
+            ]
             if pts:
                 xs = [getattr(p, key) for p, _ in pts]
-                fig.add_scatter(x=xs, y=[us for _, us in pts], mode="markers", marker=dict(color=color, size=7),
-                                name=path, legendgroup=path, showlegend=i == 0, row=row, col=col,
-                                hovertemplate=WORDS.sweep_figure.hover)
-                fig.add_scatter(x=xs, y=[fit.model.layer_us(path, p) for p, _ in pts], mode="lines",
-                                line=dict(color=color, dash="dash", width=1), legendgroup=path, showlegend=False,
-                                row=row, col=col, hoverinfo="skip")
+                fig.add_scatter(
+                    x=xs,
+                    y=[us for _, us in pts],
+                    mode="markers",
+                    marker=dict(color=color, size=7),
+                    name=path,
+                    legendgroup=path,
+                    showlegend=i == 0,
+                    row=row,
+                    col=col,
+                    hovertemplate=WORDS.sweep_figure.hover,
+                )
+                fig.add_scatter(
+                    x=xs,
+                    y=[fit.model.layer_us(path, p) for p, _ in pts],
+                    mode="lines",
+                    line=dict(color=color, dash="dash", width=1),
+                    legendgroup=path,
+                    showlegend=False,
+                    row=row,
+                    col=col,
+                    hoverinfo="skip",
+                )
         fig.update_xaxes(type="log", dtick="D2" if log_x else 1, title_text=x_title, row=row, col=col)
         fig.update_yaxes(type="log", dtick=1, title_text=WORDS.sweep_figure.y if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title)
@@ -275,9 +371,11 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
 # Readings the chapter's sentences quote (glued into its Markdown)
 # ---------------------------------------------------------------------------------------------------------
 
+
 def _sweep_us(sweep: Result) -> dict[tuple[str, str, int, int, int], float]:
-    return {(r["axis"], r["path"], r["batch"], r["tokens"], r["heads"]): r["us"]
-            for r in sweep_rows(sweep) if r.get("us")}
+    return {
+        (r["axis"], r["path"], r["batch"], r["tokens"], r["heads"]): r["us"] for r in sweep_rows(sweep) if r.get("us")
+    }
 
 
 def _axis(us: Mapping[tuple[Any, ...], float], axis: str, path: str, heads: int = 16) -> dict[int, float]:
@@ -334,16 +432,25 @@ def lead(step: Result, sweep: Result) -> Lead:
     ours_b, gather_b, fm_b = (_axis(us, "batch", p) for p in ("ours", "gather_cast", "flashmla_bf16"))
     batches = sorted(b for b in ours_b if b > 1 and b in gather_b)
     ctx_ours, fm_fp8 = _axis(us, "context", "ours"), _axis(us, "context", "flashmla_fp8")
-    others = [_axis(us, "context", p) for p in ("gather_cast", "bf16_cache", "flashinfer_fp8", "flashmla_bf16",
-                                                "index_then_cast")]
+    others = [
+        _axis(us, "context", p)
+        for p in ("gather_cast", "bf16_cache", "flashinfer_fp8", "flashmla_bf16", "index_then_cast")
+    ]
     lengths = sorted(ctx_ours)
     big = batches[-1] if batches else None
-    return Lead(cast_step(step), min(free, key=lambda r: r["step_ms"]), max(free, key=lambda r: r["step_ms"]),
-                step.params["context_lens"][0], lengths,
-                [t for t in lengths if all(ctx_ours[t] <= o.get(t, float("inf")) for o in others)],
-                [t for t in lengths if t in fm_fp8 and fm_fp8[t] < ctx_ours[t]] if fm_fp8 else None,
-                batches, [b for b in batches if ours_b[b] > gather_b[b]], big and gather_b[big] / ours_b[big],
-                fm_b[big] / ours_b[big] if big in fm_b else None)
+    return Lead(
+        cast_step(step),
+        min(free, key=lambda r: r["step_ms"]),
+        max(free, key=lambda r: r["step_ms"]),
+        step.params["context_lens"][0],
+        lengths,
+        [t for t in lengths if all(ctx_ours[t] <= o.get(t, float("inf")) for o in others)],
+        [t for t in lengths if t in fm_fp8 and fm_fp8[t] < ctx_ours[t]] if fm_fp8 else None,
+        batches,
+        [b for b in batches if ours_b[b] > gather_b[b]],
+        big and gather_b[big] / ours_b[big],
+        fm_b[big] / ours_b[big] if big in fm_b else None,
+    )
 
 
 def memory(step: Result) -> dict[str, Any]:
@@ -353,10 +460,18 @@ def memory(step: Result) -> dict[str, Any]:
     s = {r["path"]: r for r in step_rows(step)}
     fp8, bf16, pool = s["ours"]["kv_bytes_per_token"], s["bf16_cache"]["kv_bytes_per_token"], step.params["pool_tokens"]
     geometry = headline_point(step).geometry
-    return dict(fp8_bytes=fp8, bf16_bytes=bf16, layers=geometry.num_layers, kv_dim=geometry.kv_dim, pool=pool,
-                pool_gb=pool * fp8 / 1e9, bf16_tokens=int(pool * fp8 / bf16),
-                cast_mb=s["full_pool_cast"]["transient_mb"], index_mb=s["index_then_cast"]["transient_mb"],
-                gather_mb=step.params["context_lens"][0] * geometry.kv_dim * 2 / MB)
+    return dict(
+        fp8_bytes=fp8,
+        bf16_bytes=bf16,
+        layers=geometry.num_layers,
+        kv_dim=geometry.kv_dim,
+        pool=pool,
+        pool_gb=pool * fp8 / 1e9,
+        bf16_tokens=int(pool * fp8 / bf16),
+        cast_mb=s["full_pool_cast"]["transient_mb"],
+        index_mb=s["index_then_cast"]["transient_mb"],
+        gather_mb=step.params["context_lens"][0] * geometry.kv_dim * 2 / MB,
+    )
 
 
 @dataclass(frozen=True)
@@ -377,24 +492,41 @@ class Findings:
 
 def findings(sweep: Result) -> Findings:
     us = _sweep_us(sweep)
-    pool = sorted((r["pool_tokens"], r["us"]) for r in sweep_rows(sweep)
-                  if r["axis"] == "pool" and r["path"] == "full_pool_cast" and r.get("us"))
+    pool = sorted(
+        (r["pool_tokens"], r["us"])
+        for r in sweep_rows(sweep)
+        if r["axis"] == "pool" and r["path"] == "full_pool_cast" and r.get("us")
+    )
     lo, hi = min(t for a, _, _, t, _ in us if a == "context"), max(t for a, _, _, t, _ in us if a == "context")
     one = {k: v for k, v in us.items() if k[0] == "heads" and k[2] == 1}
     heads, ctx = sorted({k[4] for k in one}), next(k[3] for k in one)
-    many = next(kernel_that_ran(r) for r in sweep_rows(sweep)
-                if (r["axis"], r["path"], r["batch"], r["heads"]) == ("heads", "ours", 1, heads[-1]))
-    context = {path: (_axis(us, "context", path).get(lo), _axis(us, "context", path).get(hi))
-               for path in {k[1] for k in us}}
-    return Findings((pool[0], pool[-1]), (lo, hi), context, (heads[0], heads[-1]), ctx,
-                    (one[("heads", "ours", 1, ctx, heads[0])], one[("heads", "ours", 1, ctx, heads[-1])]), many)
+    many = next(
+        kernel_that_ran(r)
+        for r in sweep_rows(sweep)
+        if (r["axis"], r["path"], r["batch"], r["heads"]) == ("heads", "ours", 1, heads[-1])
+    )
+    context = {
+        path: (_axis(us, "context", path).get(lo), _axis(us, "context", path).get(hi)) for path in {k[1] for k in us}
+    }
+    return Findings(
+        (pool[0], pool[-1]),
+        (lo, hi),
+        context,
+        (heads[0], heads[-1]),
+        ctx,
+        (one[("heads", "ours", 1, ctx, heads[0])], one[("heads", "ours", 1, ctx, heads[-1])]),
+        many,
+    )
 
 
 def kernels_ran(result: Result) -> tuple[list[tuple[str, int]], int, str | None]:
     """Which of ours' paths a step or sweep ``result`` ran: ``(path, points)`` most first, the points ours ran, and
     the dispatcher's reason where it ran once."""
-    rows = [r for r in (sweep_rows(result) if result.experiment == "path_sweep" else result.rows)
-            if r.get("path") == "ours" and not r.get("error")]
+    rows = [
+        r
+        for r in (sweep_rows(result) if result.experiment == "path_sweep" else result.rows)
+        if r.get("path") == "ours" and not r.get("error")
+    ]
     return kernels_that_ran(rows).most_common(), len(rows), rows[0].get("path_why") if len(rows) == 1 else None
 
 
@@ -405,13 +537,37 @@ def front_page_figure(step: Result, caption: Sequence[str]) -> go.Figure:
     colors = labels.colors
     y = [fill(labels.original, gpu=ORIGINAL.gpu)] + [r["name"] for r in rows]
     x = [ORIGINAL.step_ms] + [r["step_ms"] for r in rows]
-    text = [f"{ORIGINAL.step_ms:g} ms"] + [fill(labels.bar, r["tokens_per_fp8_pool"] >= 1, ms=r["step_ms"],
-                                                tokens=r["tokens_per_fp8_pool"]) for r in rows]
-    marker = [colors.original] + [colors.cast if r["path"] == "full_pool_cast" else colors.bf16_cache
-                                  if r["cache_dtype"] == "bfloat16" else colors.fp8_query if r["path"] == "flashmla_fp8"
-                                  else colors.fp8_cache for r in rows]
-    fig = go.Figure(go.Bar(x=x, y=y, orientation="h", text=text, textposition="outside", marker_color=marker,
-                           cliponaxis=False, hovertemplate=labels.hover))
-    fig.update_layout(title=labels.title, xaxis_title=labels.x, xaxis_range=[0, max(x) * 1.3],
-                      yaxis=dict(autorange="reversed"), showlegend=False, bargap=0.25)
+    text = [f"{ORIGINAL.step_ms:g} ms"] + [
+        fill(labels.bar, r["tokens_per_fp8_pool"] >= 1, ms=r["step_ms"], tokens=r["tokens_per_fp8_pool"]) for r in rows
+    ]
+    marker = [colors.original] + [
+        colors.cast
+        if r["path"] == "full_pool_cast"
+        else colors.bf16_cache
+        if r["cache_dtype"] == "bfloat16"
+        else colors.fp8_query
+        if r["path"] == "flashmla_fp8"
+        else colors.fp8_cache
+        for r in rows
+    ]
+    fig = go.Figure(
+        go.Bar(
+            x=x,
+            y=y,
+            orientation="h",
+            text=text,
+            textposition="outside",
+            marker_color=marker,
+            cliponaxis=False,
+            hovertemplate=labels.hover,
+        )
+    )
+    fig.update_layout(
+        title=labels.title,
+        xaxis_title=labels.x,
+        xaxis_range=[0, max(x) * 1.3],
+        yaxis=dict(autorange="reversed"),
+        showlegend=False,
+        bargap=0.25,
+    )
     return with_caption(fig, caption, height=140 + 34 * len(y), legend="none")

@@ -60,8 +60,10 @@ class ChapterRun:
     def live_caption(self, detail: str = "") -> str:
         """The provenance line of a number measured live in this run."""
         detail = f"; {detail}" if detail else ""
-        return (f"{LIVE_CAPTION}: {_device_description(self.device)}, {self.scale} scale{detail}, "
-                f"torch {torch.__version__}.")
+        return (
+            f"{LIVE_CAPTION}: {_device_description(self.device)}, {self.scale} scale{detail}, "
+            f"torch {torch.__version__}."
+        )
 
     def measure(self, experiment: str, **overrides: Any) -> Result:
         """Run an experiment live at this chapter's scale; with ``record=True`` also save it."""
@@ -74,8 +76,9 @@ class ChapterRun:
         """Load a recorded GPU run, note that this chapter used it, and warn visibly if stale."""
         result = load_result(experiment)
         path = result.path.relative_to(PROJECT_ROOT) if result.path.is_relative_to(PROJECT_ROOT) else result.path
-        self.recorded_used.append(dict(experiment=experiment, file=str(path), caption=result.caption(),
-                                       stale=result.stale))
+        self.recorded_used.append(
+            dict(experiment=experiment, file=str(path), caption=result.caption(), stale=result.stale)
+        )
         if result.stale:
             _show_warning(f"Stale recorded result. {result.caption()}")
         return result
@@ -96,10 +99,19 @@ class ChapterRun:
         out = execution_dir()
         out.mkdir(parents=True, exist_ok=True)
         started = _dt.datetime.fromtimestamp(self.started, _dt.timezone.utc)
-        record = dict(chapter=self.chapter, mode=self.mode, device=_device_description(self.device), scale=self.scale,
-                      knobs=self.knobs, record=self.record, started=started.isoformat(timespec="seconds"),
-                      duration_s=round(time.time() - self.started, 1), torch=torch.__version__,
-                      recorded_used=self.recorded_used, values=values)
+        record = dict(
+            chapter=self.chapter,
+            mode=self.mode,
+            device=_device_description(self.device),
+            scale=self.scale,
+            knobs=self.knobs,
+            record=self.record,
+            started=started.isoformat(timespec="seconds"),
+            duration_s=round(time.time() - self.started, 1),
+            torch=torch.__version__,
+            recorded_used=self.recorded_used,
+            values=values,
+        )
         path = out / f"{self.chapter}.json"
         path.write_text(json.dumps(record, indent=1, default=float) + "\n")
         return path
@@ -109,8 +121,12 @@ def _show_warning(text: str) -> None:
     """A visible warning box (the theme's admonition style in the book; plain HTML in JupyterLab)."""
     from IPython.display import HTML, display  # pylint: disable=import-outside-toplevel
 
-    display(HTML('<div class="admonition warning" style="border-left:4px solid #e0a800;padding:0.4em 0.8em">'
-                 f'<p class="admonition-title"><b>Warning</b></p><p>{html.escape(text)}</p></div>'))
+    display(
+        HTML(
+            '<div class="admonition warning" style="border-left:4px solid #e0a800;padding:0.4em 0.8em">'
+            f'<p class="admonition-title"><b>Warning</b></p><p>{html.escape(text)}</p></div>'
+        )
+    )
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -123,20 +139,25 @@ def step_knobs(experiment: str) -> dict[str, dict[str, int]]:
     """The scale knobs of a chapter built on a decode-step experiment (``pool_tokens``, ``layers``,
     ``context_len``), per world, from that experiment's full and small parameters."""
     exp = EXPERIMENTS[experiment]
-    return {world: {"pool_tokens": p["pool_tokens"], "layers": p["layers"], "context_len": p["context_lens"][0]}
-            for world, p in (("gpu", exp.full), ("cpu", exp.small))}
+    return {
+        world: {"pool_tokens": p["pool_tokens"], "layers": p["layers"], "context_len": p["context_lens"][0]}
+        for world, p in (("gpu", exp.full), ("cpu", exp.small))
+    }
 
 
-def start_chapter(chapter: str, *, mode: str, record: bool, defaults: dict[str, dict[str, Any]],
-                  **knobs: Any) -> ChapterRun:
+def start_chapter(
+    chapter: str, *, mode: str, record: bool, defaults: dict[str, dict[str, Any]], **knobs: Any
+) -> ChapterRun:
     """Validate a chapter's parameters and resolve its world.
 
     ``defaults`` maps "gpu"/"cpu" to the scale knobs' defaults; a knob given as None takes the
     mode's default. Knobs must be positive integers.
     """
     if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is not allowed: use one of {', '.join(map(repr, MODES))} "
-                         "('auto' picks 'gpu' when a CUDA device is present, else 'cpu').")
+        raise ValueError(
+            f"mode={mode!r} is not allowed: use one of {', '.join(map(repr, MODES))} "
+            "('auto' picks 'gpu' when a CUDA device is present, else 'cpu')."
+        )
     if not isinstance(record, bool):
         raise ValueError(f"record={record!r} must be True or False.")
     has_gpu = torch.cuda.is_available()
@@ -148,8 +169,7 @@ def start_chapter(chapter: str, *, mode: str, record: bool, defaults: dict[str, 
     unknown = set(knobs) - set(defaults[resolved])
     if unknown:
         raise ValueError(f"unknown parameters {sorted(unknown)}; this chapter takes {sorted(defaults[resolved])}.")
-    values = {k: _positive_int(k, knobs[k]) if knobs.get(k) is not None else v
-              for k, v in defaults[resolved].items()}
+    values = {k: _positive_int(k, knobs[k]) if knobs.get(k) is not None else v for k, v in defaults[resolved].items()}
     _setup_plotly()
     device = torch.device("cuda" if resolved == "gpu" else "cpu")
     return ChapterRun(chapter, resolved, device, record, values)

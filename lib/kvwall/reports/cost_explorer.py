@@ -32,9 +32,26 @@ from kvwall.model.geometry import MLAGeometry
 from kvwall.model.original import ORIGINAL
 from kvwall.reports.answer_report import SWEEP_COLORS, WORDS, fill
 
-__all__ = ["TENSOR_PARALLEL", "CONTEXTS", "BATCHES", "POOLS", "State", "ORIGINAL_STATE", "CostRow", "cost_rows",
-           "kv_bytes_per_token", "memory", "memory_note", "rates_note", "explorer_states", "explorer_grid",
-           "grid_values", "PAGE", "explorer_html", "cost_explorer"]
+__all__ = [
+    "TENSOR_PARALLEL",
+    "CONTEXTS",
+    "BATCHES",
+    "POOLS",
+    "State",
+    "ORIGINAL_STATE",
+    "CostRow",
+    "cost_rows",
+    "kv_bytes_per_token",
+    "memory",
+    "memory_note",
+    "rates_note",
+    "explorer_states",
+    "explorer_grid",
+    "grid_values",
+    "PAGE",
+    "explorer_html",
+    "cost_explorer",
+]
 
 #: The explorer's choices (any other value still works in :func:`cost_rows` and the CLI).
 TENSOR_PARALLEL = (1, 2, 4, 8)
@@ -72,8 +89,10 @@ class State:
         if min(self.context, self.batch, self.pool) < 1:
             return "context, batch and pool must be positive"
         if not self.fits:
-            return (f"batch {self.batch} × context {self.context:,} = {self.tokens:,} tokens do not fit in a pool of "
-                    f"{self.pool:,} tokens")
+            return (
+                f"batch {self.batch} × context {self.context:,} = {self.tokens:,} tokens do not fit in a pool of "
+                f"{self.pool:,} tokens"
+            )
         return None
 
     @property
@@ -93,9 +112,13 @@ class State:
         preset = MODEL_PRESETS[self.model]
         if self.layers is None and self.heads is None:
             return preset.with_tensor_parallel(self.tp)
-        return replace(preset, name=f"{preset.name} (user shape)",
-                       num_layers=preset.num_layers if self.layers is None else self.layers,
-                       num_heads=preset.num_heads if self.heads is None else self.heads, tensor_parallel=self.tp)
+        return replace(
+            preset,
+            name=f"{preset.name} (user shape)",
+            num_layers=preset.num_layers if self.layers is None else self.layers,
+            num_heads=preset.num_heads if self.heads is None else self.heads,
+            tensor_parallel=self.tp,
+        )
 
     @property
     def point(self) -> Point:
@@ -106,8 +129,14 @@ class State:
 def _original_state() -> State:
     """GLM-5 as the original served it, on its GPU: the book's decode step (``decode_step_paths``, full scale)."""
     full = EXPERIMENTS["decode_step_paths"].full
-    return State("glm-5", "rtx-pro-6000", full["tensor_parallel"], full["context_lens"][0], len(full["context_lens"]),
-                 full["pool_tokens"])
+    return State(
+        "glm-5",
+        "rtx-pro-6000",
+        full["tensor_parallel"],
+        full["context_lens"][0],
+        len(full["context_lens"]),
+        full["pool_tokens"],
+    )
 
 
 #: The original's settings (the explorer's default state).
@@ -151,8 +180,18 @@ def cost_rows(model: CostModel, state: State, rule: str | None = None) -> list[C
             lo = hi = model.layer_us(path, p, gpu, rule)
         cache = PATHS[path].cache_dtype.upper()
         layers = p.geometry.num_layers
-        rows.append(CostRow(path, PATHS[path].label, cache, kv_bytes_per_token(p.geometry, cache), lo, hi,
-                            layers * lo / 1e3, layers * hi / 1e3))
+        rows.append(
+            CostRow(
+                path,
+                PATHS[path].label,
+                cache,
+                kv_bytes_per_token(p.geometry, cache),
+                lo,
+                hi,
+                layers * lo / 1e3,
+                layers * hi / 1e3,
+            )
+        )
     return rows
 
 
@@ -169,8 +208,15 @@ def memory(model_key: str) -> dict[str, Any]:
     """KV bytes per token in an FP8 and a BF16 cache, and the tokens each holds in the original's pool memory."""
     geometry = MODEL_PRESETS[model_key]
     fp8, bf16, pool = kv_bytes_per_token(geometry, "fp8"), kv_bytes_per_token(geometry, "bf16"), ORIGINAL.pool_tokens
-    return dict(g=geometry, fp8=fp8, bf16=bf16, pool=pool, gb=pool * fp8 / 1e9, fp8_tokens=pool * fp8 // fp8,
-                bf16_tokens=pool * fp8 // bf16)
+    return dict(
+        g=geometry,
+        fp8=fp8,
+        bf16=bf16,
+        pool=pool,
+        gb=pool * fp8 / 1e9,
+        fp8_tokens=pool * fp8 // fp8,
+        bf16_tokens=pool * fp8 // bf16,
+    )
 
 
 def memory_note(model_key: str) -> str:
@@ -198,8 +244,9 @@ def explorer_grid(model: CostModel) -> dict[str, Any]:
         if not state.fits:
             states[state.key] = 0
             continue
-        states[state.key] = {str(names.index(r.path)): [_round3(r.step_lo_ms), _round3(r.step_hi_ms)]
-                             for r in cost_rows(model, state)}
+        states[state.key] = {
+            str(names.index(r.path)): [_round3(r.step_lo_ms), _round3(r.step_hi_ms)] for r in cost_rows(model, state)
+        }
     return {"paths": names, "states": states}
 
 
@@ -211,12 +258,17 @@ def grid_values(grid: dict[str, Any], state: State) -> dict[str, list[float]] | 
 
 def _page_data(model: CostModel) -> dict[str, Any]:
     """Everything the page's script needs: the grid, labels, colours, notes, choices and the default state."""
-    return dict(explorer_grid(model), labels={p: c.label for p, c in PATHS.items()},
-                colors={p: SWEEP_COLORS.get(p.removesuffix("_fa2"), "#7f7f7f") for p in PATHS},
-                models={k: dict(name=g.name, heads=g.num_heads, layers=g.num_layers, note=memory_note(k))
-                        for k, g in MODEL_PRESETS.items()},
-                gpus={k: dict(name=g.name, arch=g.arch, rates=rates_note(model, g)) for k, g in GPUS.items()},
-                default={k: str(v) for k, v in asdict(ORIGINAL_STATE).items()})
+    return dict(
+        explorer_grid(model),
+        labels={p: c.label for p, c in PATHS.items()},
+        colors={p: SWEEP_COLORS.get(p.removesuffix("_fa2"), "#7f7f7f") for p in PATHS},
+        models={
+            k: dict(name=g.name, heads=g.num_heads, layers=g.num_layers, note=memory_note(k))
+            for k, g in MODEL_PRESETS.items()
+        },
+        gpus={k: dict(name=g.name, arch=g.arch, rates=rates_note(model, g)) for k, g in GPUS.items()},
+        default={k: str(v) for k, v in asdict(ORIGINAL_STATE).items()},
+    )
 
 
 def _tokens(n: int) -> str:
@@ -235,12 +287,17 @@ def explorer_html(model: CostModel, caption: str) -> str:
     """The explorer as one self-contained HTML block (needs plotly.js on the page; waits for ``window.Plotly``)."""
     data = json.dumps(_page_data(model), separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
     page = PAGE.substitute(
-        uid=f"kvx-{uuid.uuid4().hex[:10]}", data=data, caption=html.escape(caption),
+        uid=f"kvx-{uuid.uuid4().hex[:10]}",
+        data=data,
+        caption=html.escape(caption),
         rules=" and ".join(f"“{r}”" for r in TRANSFER_RULES),
         model=_options([(k, g.name) for k, g in MODEL_PRESETS.items()]),
-        gpu=_options([(k, g.name) for k, g in GPUS.items()]), tp=_options([(t, str(t)) for t in TENSOR_PARALLEL]),
-        context=_options([(c, _tokens(c)) for c in CONTEXTS]), batch=_options([(b, str(b)) for b in BATCHES]),
-        pool=_options([(p, f"{p:,}") for p in POOLS]))
+        gpu=_options([(k, g.name) for k, g in GPUS.items()]),
+        tp=_options([(t, str(t)) for t in TENSOR_PARALLEL]),
+        context=_options([(c, _tokens(c)) for c in CONTEXTS]),
+        batch=_options([(b, str(b)) for b in BATCHES]),
+        pool=_options([(p, f"{p:,}") for p in POOLS]),
+    )
     return re.sub(r">\n<", "><", page.split("-->\n", 1)[1])
 
 

@@ -32,17 +32,45 @@ from kvwall.reports import accuracy_report, dsa_report
 from kvwall.reports.accuracy_regimes import RANDOM_INPUTS, fp8_query_multipliers
 from kvwall.reports.accuracy_report import TAIL_KEPT
 from kvwall.reports.answer_report import WORDS, Filler, fill, headline_point
-from kvwall.reports.evidence import (SOURCES, SPARSE_DOOR, Evidence, batch_comparison, door_cells,
-                                     open_doors, refused_doors, span, step_at, steps_text)
+from kvwall.reports.evidence import (
+    SOURCES,
+    SPARSE_DOOR,
+    Evidence,
+    batch_comparison,
+    door_cells,
+    open_doors,
+    refused_doors,
+    span,
+    step_at,
+    steps_text,
+)
 from kvwall.reports.multi_token_report import verify_rows
 from kvwall.reports.original_gpu_report import original_gpu_rows, rest_without_attention_ms
 from kvwall.reports.tables import Table
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 
-__all__ = ["Evidence", "Decision", "SPARSE_DOOR", "decide", "decision_table", "decision_caption", "door_cells",
-           "open_doors", "batch_comparison", "step_at", "commands", "readme_answer", "write_readme_answer",
-           "README_START", "README_END", "SOURCES", "MODELS", "PATCH_NOTE", "PATCH_NOTE_SHORT"]
+__all__ = [
+    "Evidence",
+    "Decision",
+    "SPARSE_DOOR",
+    "decide",
+    "decision_table",
+    "decision_caption",
+    "door_cells",
+    "open_doors",
+    "batch_comparison",
+    "step_at",
+    "commands",
+    "readme_answer",
+    "write_readme_answer",
+    "README_START",
+    "README_END",
+    "SOURCES",
+    "MODELS",
+    "PATCH_NOTE",
+    "PATCH_NOTE_SHORT",
+]
 
 #: The batch regime the patch row's sweep figures speak for: mixed batches of at least this many requests.
 BIG_BATCH = 16
@@ -54,8 +82,12 @@ SGLANG_BACKEND = {"fa2": "flashinfer", "fa3": "flashinfer", "trtllm-gen": "trtll
 #: FlashInfer), in full and short.
 _ROWS, MODELS = WORDS.rows, WORDS.models
 _EVIDENCE = WORDS.evidence
-MEASURED, COMPOSED, PREDICTED, NOT_MEASURED = (_EVIDENCE.measured, _EVIDENCE.composed, _EVIDENCE.predicted,
-                                               _EVIDENCE.not_measured)
+MEASURED, COMPOSED, PREDICTED, NOT_MEASURED = (
+    _EVIDENCE.measured,
+    _EVIDENCE.composed,
+    _EVIDENCE.predicted,
+    _EVIDENCE.not_measured,
+)
 PATCH_NOTE, PATCH_NOTE_SHORT = WORDS.patch_note, WORDS.patch_note_short
 
 
@@ -105,16 +137,26 @@ def _row(key: str, ev: Evidence, values: Mapping[str, Any], **cases: Any) -> Dec
     the others their pieces'."""
     spec = _ROWS[key]
     cases.setdefault("forced", ev.dsa_forced is not None)
-    values = dict(values, steps=_Lazy(lambda path: steps_text(ev, path)),
-                  forced_dense=ev.dsa_forced and dsa_report.forced_dense(ev.dsa_forced))
+    values = dict(
+        values,
+        steps=_Lazy(lambda path: steps_text(ev, path)),
+        forced_dense=ev.dsa_forced and dsa_report.forced_dense(ev.dsa_forced),
+    )
     filler = Filler(values, {**WORDS.pieces, **spec.get("pieces", {})}, cases)
     text = {name: filler.fill(spec[name], cases.get("row")) for name in Decision.__dataclass_fields__ if name in spec}
     recorded = {r.experiment for r in ev.results()}
-    text.update(key=key, model=MODELS[text["model"]], evidence=_EVIDENCE[text["evidence"]],
-                sources=tuple(s for s in text["sources"] if s in recorded), cases=cases)
+    text.update(
+        key=key,
+        model=MODELS[text["model"]],
+        evidence=_EVIDENCE[text["evidence"]],
+        sources=tuple(s for s in text["sources"] if s in recorded),
+        cases=cases,
+    )
     # The cells the table shows: the setup, the command (or that nothing needs setting), the step with its evidence.
-    shown = {name: Filler(text, {}, {}).fill(t, case) for (name, t), case in
-             zip(WORDS.cells.items(), (None, bool(text["command"]), text["evidence"] == NOT_MEASURED))}
+    shown = {
+        name: Filler(text, {}, {}).fill(t, case)
+        for (name, t), case in zip(WORDS.cells.items(), (None, bool(text["command"]), text["evidence"] == NOT_MEASURED))
+    }
     return Decision(**text, **shown)
 
 
@@ -131,8 +173,10 @@ def _bf16_accuracy(ev: Evidence, strategies: Sequence[str]) -> tuple[dict[str, A
     if acc is None:
         return {}, dict(bf16_accuracy="none")
     failing, passing, tail = acc["failing_profiles"], acc["passing_profiles"], acc["tail_kept_min"]
-    return (dict(acc=acc, failing=len(failing), profiles=len(failing) + len(passing)),
-            dict(bf16_accuracy="fails" if failing else "keeps", tail=tail is not None and tail < TAIL_KEPT))
+    return (
+        dict(acc=acc, failing=len(failing), profiles=len(failing) + len(passing)),
+        dict(bf16_accuracy="fails" if failing else "keeps", tail=tail is not None and tail < TAIL_KEPT),
+    )
 
 
 def _dsa_sm90(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
@@ -141,12 +185,21 @@ def _dsa_sm90(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decisi
         return _row(key, ev, values, row="no_result")
     composed = dsa_report.dsa_step(ev.step, ev.dsa)
     acc = dsa_report.accuracy(ev.dsa)
-    big = max((p for p in dsa_report.points(ev.dsa) if p["heads"] == 16 and p.get("dsa")),
-              key=lambda p: (p["batch"], p["context"]))
-    values.update(composed=composed, acc=acc, big=big, big_k=big["context"] // 1024,
-                  layers=headline_point(ev.step).geometry.num_layers,
-                  ours_ms=step_at(ev, "ours")[1], flashmla_fp8_ms=step_at(ev, "flashmla_fp8").get(1, float("nan")),
-                  sparse_over_ours=acc.sparse[1] / acc.ours[1], random_inputs=RANDOM_INPUTS)
+    big = max(
+        (p for p in dsa_report.points(ev.dsa) if p["heads"] == 16 and p.get("dsa")),
+        key=lambda p: (p["batch"], p["context"]),
+    )
+    values.update(
+        composed=composed,
+        acc=acc,
+        big=big,
+        big_k=big["context"] // 1024,
+        layers=headline_point(ev.step).geometry.num_layers,
+        ours_ms=step_at(ev, "ours")[1],
+        flashmla_fp8_ms=step_at(ev, "flashmla_fp8").get(1, float("nan")),
+        sparse_over_ours=acc.sparse[1] / acc.ours[1],
+        random_inputs=RANDOM_INPUTS,
+    )
     return _row(key, ev, values, row="composed" if composed else "not_composed")
 
 
@@ -156,8 +209,14 @@ def _dsa_sm90_spec(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> D
 
 def _dsa_other(ev: Evidence, key: str, sm: str, cases: Mapping[str, Any], **values: Any) -> Decision:
     glm, ds = _default(sm, "GLM-5"), _default(sm, "DeepSeek-V3.2")
-    return _row(key, ev, dict(values, glm=glm, ds=ds), dsa_decode=glm.decode == ds.decode,
-                dsa_rows=glm.pool_row_bytes == ds.pool_row_bytes, **cases)
+    return _row(
+        key,
+        ev,
+        dict(values, glm=glm, ds=ds),
+        dsa_decode=glm.decode == ds.decode,
+        dsa_rows=glm.pool_row_bytes == ds.pool_row_bytes,
+        **cases,
+    )
 
 
 def _dsa_sm100(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
@@ -175,8 +234,14 @@ def _dsa_sm120(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decis
 def _sparse_build(ev: Evidence) -> dict[str, Any] | None:
     if ev.doors_checks is None:
         return None
-    return next((r for r in ev.doors_checks.rows if r.get("section") == "builds"
-                 and r.get("build") == "sparse_mla_sm120" and r.get("status") == "compiled"), None)
+    return next(
+        (
+            r
+            for r in ev.doors_checks.rows
+            if r.get("section") == "builds" and r.get("build") == "sparse_mla_sm120" and r.get("status") == "compiled"
+        ),
+        None,
+    )
 
 
 def _dsa_sm120_prediction(ev: Evidence) -> tuple[float, float] | None:
@@ -197,12 +262,14 @@ def _dense_sm90_no_patch(ev: Evidence, cells: Sequence[dict[str, Any]], key: str
     if not step_at(ev, "flashmla_fp8"):
         return _row(key, ev, {}, row=False)
     acc = accuracy_report.path_summary(ev.accuracy, "flashmla_dense_fp8") if ev.accuracy is not None else None
-    regimes = [m for m in fp8_query_multipliers(ev.accuracy, ev.bench, computed=False)
-               if m.strategy == "flashmla_dense_fp8"]
+    regimes = [
+        m for m in fp8_query_multipliers(ev.accuracy, ev.bench, computed=False) if m.strategy == "flashmla_dense_fp8"
+    ]
     lo = min(regimes, key=lambda m: m.over_ours[0], default=None)
     hi = max(regimes, key=lambda m: m.over_ours[1], default=None)
-    return _row(key, ev, dict(lo=lo, hi=hi), row=True,
-                caveat=bool(acc and acc["failing_profiles"]), fp8_accuracy=bool(regimes))
+    return _row(
+        key, ev, dict(lo=lo, hi=hi), row=True, caveat=bool(acc and acc["failing_profiles"]), fp8_accuracy=bool(regimes)
+    )
 
 
 def _dense_sm90_patch(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
@@ -214,10 +281,19 @@ def _dense_sm90_patch(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -
     accuracy, cases = _bf16_accuracy(ev, ["ours" if best == "ours" else "gather_cast_bf16"])
     values = dict(accuracy, slower=", ".join(map(str, slower)), cmp=cmp)
     if cmp["batches"]:
-        values.update(last_batch=cmp["batches"][-1], ours_us=span(list(cmp["a_us"].values())),
-                      gather_us=span(list(cmp["b_us"].values())))
-    return _row(key, ev, values, row="mixed" if 0 < len(slower) < len(both) else best,
-                sweep_batches=bool(cmp["batches"]), **cases)
+        values.update(
+            last_batch=cmp["batches"][-1],
+            ours_us=span(list(cmp["a_us"].values())),
+            gather_us=span(list(cmp["b_us"].values())),
+        )
+    return _row(
+        key,
+        ev,
+        values,
+        row="mixed" if 0 < len(slower) < len(both) else best,
+        sweep_batches=bool(cmp["batches"]),
+        **cases,
+    )
 
 
 def _verify(ev: Evidence, pieces: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -230,8 +306,14 @@ def _verify(ev: Evidence, pieces: Mapping[str, Any]) -> tuple[str, dict[str, Any
         at = [r for r in rows if r["q_len"] == q and r.get("ours_vs_q1")]
         peer = [r["flashmla_dense_bf16"] / r["ours"] for r in at if r.get("flashmla_dense_bf16")]
         if at:
-            parts.append(fill(pieces.verify_q, q=q, over_q1=span([r["ours_vs_q1"] for r in at], 2),
-                              peer=fill(pieces.peer, bool(peer), peer_over_ours=peer and span(peer, 2))))
+            parts.append(
+                fill(
+                    pieces.verify_q,
+                    q=q,
+                    over_q1=span([r["ours_vs_q1"] for r in at], 2),
+                    peer=fill(pieces.peer, bool(peer), peer_over_ours=peer and span(peer, 2)),
+                )
+            )
     case = "measured" if rows else "not_at_heads" if ev.multi_token else "no_result"
     return case, dict(heads=heads, kernel="; ".join(parts))
 
@@ -248,10 +330,15 @@ def _dense_sm100(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Dec
     b200, layers = GPUS["b200"], p.geometry.num_layers
     kv = _Lazy(lambda path: [layers * v / 1e3 for v in ev.fit.model.layer_range_us(path, p, b200)])
     accuracy, cases = _bf16_accuracy(ev, ["triton", "ours"])
-    values = dict(accuracy, dense=dense, backends=backends, kv=kv, refused=", ".join(refused_doors(cells, "SM100")),
-                  backend_flags=" or ".join(fill(pieces.backend_flag, backend=b) for b in backends),
-                  open_doors="; ".join(fill(pieces.open_door, label=DOOR_BY_KEY[c["door"]].label, door=c)
-                                       for c in dense))
+    values = dict(
+        accuracy,
+        dense=dense,
+        backends=backends,
+        kv=kv,
+        refused=", ".join(refused_doors(cells, "SM100")),
+        backend_flags=" or ".join(fill(pieces.backend_flag, backend=b) for b in backends),
+        open_doors="; ".join(fill(pieces.open_door, label=DOOR_BY_KEY[c["door"]].label, door=c) for c in dense),
+    )
     return _row(key, ev, values, row=bool(dense), where=bool(dense), **cases)
 
 
@@ -259,19 +346,41 @@ def _dense_sm120(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Dec
     dense = open_doors(cells, "SM120", dense=True)
     spec = _ROWS[key]
     pred = {r["path"]: r for r in original_gpu_rows(ev.fit.model, headline_point(ev.step))}
-    patches = sorted(((name, pred[path]) for name, path in (("ours", "ours"), ("gather_cast", "gather_cast_fa2"))
-                      if path in pred), key=lambda r: r[1]["step_lo"])
+    patches = sorted(
+        ((name, pred[path]) for name, path in (("ours", "ours"), ("gather_cast", "gather_cast_fa2")) if path in pred),
+        key=lambda r: r[1]["step_lo"],
+    )
     accuracy, cases = _bf16_accuracy(ev, ["triton", "ours"])
-    values = dict(accuracy, cast=pred["full_pool_cast_fa2"], first=patches[0][1], first_name=patches[0][0],
-                  original=ORIGINAL, patches=" or ".join(spec.patch_names[n] for n, _ in patches),
-                  open_labels=", ".join(DOOR_BY_KEY[c["door"]].label for c in dense),
-                  patch_steps="; ".join(fill(spec.pieces.patch_step, r=r, name=n) for n, r in patches))
+    values = dict(
+        accuracy,
+        cast=pred["full_pool_cast_fa2"],
+        first=patches[0][1],
+        first_name=patches[0][0],
+        original=ORIGINAL,
+        patches=" or ".join(spec.patch_names[n] for n, _ in patches),
+        open_labels=", ".join(DOOR_BY_KEY[c["door"]].label for c in dense),
+        patch_steps="; ".join(fill(spec.pieces.patch_step, r=r, name=n) for n, r in patches),
+    )
     return _row(key, ev, values, row=bool(dense), **cases)
 
 
 #: The rows of ``book/answer.yml``, each computed by its function here.
-_BUILD = dict(zip(_ROWS, (_dsa_sm90, _dsa_sm90_spec, _dsa_sm100, _dsa_sm120, _dense_sm90_no_patch, _dense_sm90_patch,
-                          _dense_sm90_spec, _dense_sm100, _dense_sm120)))
+_BUILD = dict(
+    zip(
+        _ROWS,
+        (
+            _dsa_sm90,
+            _dsa_sm90_spec,
+            _dsa_sm100,
+            _dsa_sm120,
+            _dense_sm90_no_patch,
+            _dense_sm90_patch,
+            _dense_sm90_spec,
+            _dense_sm100,
+            _dense_sm120,
+        ),
+    )
+)
 
 
 def decide(ev: Evidence) -> list[Decision]:
@@ -302,13 +411,18 @@ def decision_caption(ev: Evidence, rows: Sequence[Decision], *, compact: bool = 
     for res in ev.results():
         if res.experiment in used:
             groups.setdefault(_recorded_where(res.provenance) if compact else res.provenance.short(), []).append(
-                res.experiment)
+                res.experiment
+            )
     stale = sorted(res.experiment for res in ev.results() if res.experiment in used and res.stale)
     caption = WORDS.caption
-    return fill(caption.compact if compact else caption.full, point=headline_point(ev.step), patch_note=PATCH_NOTE,
-                patch_note_short=PATCH_NOTE_SHORT,
-                recorded="; ".join(f"{k} ({', '.join(v)})" for k, v in groups.items()),
-                stale=fill(caption.stale, bool(stale), stale_results=", ".join(stale)))
+    return fill(
+        caption.compact if compact else caption.full,
+        point=headline_point(ev.step),
+        patch_note=PATCH_NOTE,
+        patch_note_short=PATCH_NOTE_SHORT,
+        recorded="; ".join(f"{k} ({', '.join(v)})" for k, v in groups.items()),
+        stale=fill(caption.stale, bool(stale), stale_results=", ".join(stale)),
+    )
 
 
 def decision_table(rows: Sequence[Decision], caption: str, *, compact: bool = False) -> Table:

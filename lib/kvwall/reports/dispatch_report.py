@@ -33,8 +33,20 @@ def _path_points(paths: Grid, points: list[Point], page_size: int) -> list[tuple
         us = {k: u for k in timed_paths(paths) if (u := paths.us(k, p, page_size)) is not None}
         if "triton" in us:
             row = paths.row("triton", p, page_size)
-            out.append((p, us, path_table.path_point(*p, us["triton"], us.get("wgmma"), us.get("wgmma_tokens"),
-                                                     tokens=row.tokens, max_len=row.len_max)))
+            out.append(
+                (
+                    p,
+                    us,
+                    path_table.path_point(
+                        *p,
+                        us["triton"],
+                        us.get("wgmma"),
+                        us.get("wgmma_tokens"),
+                        tokens=row.tokens,
+                        max_len=row.len_max,
+                    ),
+                )
+            )
     return out
 
 
@@ -46,11 +58,22 @@ def dispatcher_table(paths: Grid, caption: str, page_size: int = 1) -> Table:
     for p, us, point in _path_points(paths, paths.floor_points + paths.points, page_size):
         others = [u for k, u in us.items() if k != point[3]]
         ran = (paths.row(OURS[page_size], p, page_size) if page_size in OURS else None) or Row()
-        rows.append(dict(us, point=point_label(p), pick=KERNEL_NAMES[point[3]], ours=ran.us,
-                         x=min(others) / us[point[3]] if others else None,
-                         ours_path=KERNEL_NAMES.get(ran.kernel_path, ran.kernel_path)))
-    cols = {"heads, context, batch": "point", **{f"{KERNEL_NAMES[k]} µs": (k, number(1)) for k in timed_paths(paths)},
-            "the dispatcher picks": "pick", "next fastest / the pick": ("x", times(2))}
+        rows.append(
+            dict(
+                us,
+                point=point_label(p),
+                pick=KERNEL_NAMES[point[3]],
+                ours=ran.us,
+                x=min(others) / us[point[3]] if others else None,
+                ours_path=KERNEL_NAMES.get(ran.kernel_path, ran.kernel_path),
+            )
+        )
+    cols = {
+        "heads, context, batch": "point",
+        **{f"{KERNEL_NAMES[k]} µs": (k, number(1)) for k in timed_paths(paths)},
+        "the dispatcher picks": "pick",
+        "next fastest / the pick": ("x", times(2)),
+    }
     if any(r["ours"] for r in rows):
         cols.update({"the dispatcher ran, µs": ("ours", number(1)), "its path": ("ours_path", plain)})
     return Table(rows, cols, caption)
@@ -61,18 +84,30 @@ def dispatch_counts(paths: Grid, page_size: int = 1) -> dict[str, Any]:
     the points where the Triton path is (``triton_at``)."""
     picks = [(p, point[3]) for p, _, point in _path_points(paths, paths.points, page_size)]
     n = Counter(k for _, k in picks)
-    return dict(dispatch_points=len(picks), **{f"dispatch_{k}": n[k] for k in timed_paths(paths)},
-                triton_at=[point_label(p) for p, k in picks if k == "triton"])
+    return dict(
+        dispatch_points=len(picks),
+        **{f"dispatch_{k}": n[k] for k in timed_paths(paths)},
+        triton_at=[point_label(p) for p, k in picks if k == "triton"],
+    )
 
 
 #: Other GPUs the dispatcher may meet: (name, compute capability); the wgmma paths are built for sm_90a (9.0) only.
 OTHER_GPUS: tuple[tuple[str, tuple[int, int]], ...] = (
-    ("NVIDIA H100 80GB HBM3", (9, 0)), ("NVIDIA B200", (10, 0)), ("NVIDIA RTX PRO 6000 Blackwell", (12, 0)))
+    ("NVIDIA H100 80GB HBM3", (9, 0)),
+    ("NVIDIA B200", (10, 0)),
+    ("NVIDIA RTX PRO 6000 Blackwell", (12, 0)),
+)
 
 
-def other_gpus_table(caption: str, table: Mapping[str, Any] | None = None, heads: int = 16, batch: int = 1,
-                     max_len: int = 131072, measured: Mapping[str, Any] | None = None,
-                     tokens: int | None = None) -> Table:
+def other_gpus_table(
+    caption: str,
+    table: Mapping[str, Any] | None = None,
+    heads: int = 16,
+    batch: int = 1,
+    max_len: int = 131072,
+    measured: Mapping[str, Any] | None = None,
+    tokens: int | None = None,
+) -> Table:
     """What :func:`kvwall.kernels.mla_decode.path_table.decide_path` picks for one call on GPUs other than the one
     measured (an H100 reads the H200's crossovers: the same compute capability), from the shipped
     ``kernel_paths.json``; and the times measured at the point it decided by, from the sidecar ``measured`` (default:
@@ -85,18 +120,29 @@ def other_gpus_table(caption: str, table: Mapping[str, Any] | None = None, heads
     table, measured, rows = dict(table), dict(measured or {}), []
     well_formed = path_table.table_problem(table) is None  # else decide_path says why, and no point is read
     for name, cap in OTHER_GPUS:
-        refusal = (f"compute capability {cap[0]}.{cap[1]}: the wgmma path is built for sm_90a (9.0) only"
-                   if cap != (9, 0) else None)
-        path, why = path_table.decide_path(heads, batch, max_len, tokens=tokens, gpu=name, capability=cap,
-                                           refusal=refusal, table=table)
+        refusal = (
+            f"compute capability {cap[0]}.{cap[1]}: the wgmma path is built for sm_90a (9.0) only"
+            if cap != (9, 0)
+            else None
+        )
+        path, why = path_table.decide_path(
+            heads, batch, max_len, tokens=tokens, gpu=name, capability=cap, refusal=refusal, table=table
+        )
         found = None if refusal or not well_formed else path_table.table_entry(table, name, cap)
         choice = path_table.measured_choice(found[1], heads, batch, max_len, tokens) if found else None
         timed = measured_times(measured, found[0], choice[1]) if choice else None
-        rows.append(dict(gpu=f"{name} ({cap[0]}.{cap[1]})", path=KERNEL_NAMES[path], why=why.split(": ", 1)[-1],
-                         us=", ".join(f"{path_table.SAID[k]} {us:.1f}" for k, us in timed.items()) if timed else None))
+        rows.append(
+            dict(
+                gpu=f"{name} ({cap[0]}.{cap[1]})",
+                path=KERNEL_NAMES[path],
+                why=why.split(": ", 1)[-1],
+                us=", ".join(f"{path_table.SAID[k]} {us:.1f}" for k, us in timed.items()) if timed else None,
+            )
+        )
     cols = {"GPU (compute capability)": "gpu", "path": "path", "why (the dispatcher's words)": "why"}
-    return Table(rows, cols | ({"µs measured at that point": ("us", plain)} if any(r["us"] for r in rows) else {}),
-                 caption)
+    return Table(
+        rows, cols | ({"µs measured at that point": ("us", plain)} if any(r["us"] for r in rows) else {}), caption
+    )
 
 
 def floor_table(paths: Grid, caption: str, bench: Grid | None = None) -> Table:
@@ -108,8 +154,12 @@ def floor_table(paths: Grid, caption: str, bench: Grid | None = None) -> Table:
         r.update({f"{k}{page}": paths.us(k, p, page) for k in timed_paths(paths) for page in (1, 64)})
         r.update({peer: paths.us(peer, p) or (bench.us(peer, p) if bench else None) for peer in (FM_BF16, FM_FP8)})
         rows.append(r)
-    cols = {"one request of": "point", **{f"{KERNEL_NAMES[k]}, page {page}": (f"{k}{page}", number(1))
-                                          for k in timed_paths(paths) for page in (1, 64)}}
+    cols = {
+        "one request of": "point",
+        **{
+            f"{KERNEL_NAMES[k]}, page {page}": (f"{k}{page}", number(1)) for k in timed_paths(paths) for page in (1, 64)
+        },
+    }
     if any(r[FM_BF16] or r[FM_FP8] for r in rows):
         cols.update({label(FM_BF16): (FM_BF16, number(1)), label(FM_FP8): (FM_FP8, number(1))})
     return Table(rows, cols, caption)

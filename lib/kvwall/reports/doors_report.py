@@ -10,8 +10,14 @@ from typing import Any, Mapping, Sequence
 from kvwall.peers.flashinfer.doors import DoorCase
 from kvwall.peers.flashinfer.replay import replay_cases
 
-__all__ = ["MISSING_DOWNLOAD", "is_missing_download", "replay_counts", "calls_for_matrix", "note_missing_downloads",
-           "xqa_padded_replays"]
+__all__ = [
+    "MISSING_DOWNLOAD",
+    "is_missing_download",
+    "replay_counts",
+    "calls_for_matrix",
+    "note_missing_downloads",
+    "xqa_padded_replays",
+]
 
 #: Messages FlashInfer gives when a trtllm-gen artifact (cubin, checksums, header) could not be loaded or fetched:
 #: ``jit/attention/modules.py`` asserts on an empty ``get_artifact`` result, ``jit/cubin_loader.py`` raises under
@@ -45,13 +51,19 @@ def calls_for_matrix(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
 def note_missing_downloads(cells: list[dict[str, Any]], calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Add, to each cell whose GPU calls stopped on a missing download, evidence saying so."""
     for c in cells:
-        missing = [r for r in calls
-                   if r["door"] == c["door"] and r.get("family") == c["family"] and is_missing_download(r)]
+        missing = [
+            r for r in calls if r["door"] == c["door"] and r.get("family") == c["family"] and is_missing_download(r)
+        ]
         if missing:
             pages = ", ".join(sorted({f"{r['heads']} heads / page {r['page_size']}" for r in missing}))
-            c["evidence"].append({"kind": "gpu", "where": missing[0].get("where", ""),
-                                  "text": f"the H200 call ({pages}) stopped before the kernel because FlashInfer could "
-                                          "not download its trtllm-gen cubins offline: not an answer about this path"})
+            c["evidence"].append(
+                {
+                    "kind": "gpu",
+                    "where": missing[0].get("where", ""),
+                    "text": f"the H200 call ({pages}) stopped before the kernel because FlashInfer could "
+                    "not download its trtllm-gen cubins offline: not an answer about this path",
+                }
+            )
     return cells
 
 

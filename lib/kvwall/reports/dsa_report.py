@@ -15,19 +15,45 @@ from plotly.subplots import make_subplots
 
 from kvwall.model.geometry import GLM5
 from kvwall.reports.plots import arrange
-from kvwall.reports.tables import Table, number, scientific, times
+from kvwall.reports.tables import Table, number, times
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 from kvwall.results import Result
 
-__all__ = ["defaults_table", "citations_table", "points", "dsa_table", "dsa_figure", "Accuracy", "accuracy", "Speed",
-           "speed", "forced_dense", "DSAStep", "dsa_step"]
+__all__ = [
+    "defaults_table",
+    "citations_table",
+    "points",
+    "dsa_table",
+    "dsa_figure",
+    "Accuracy",
+    "accuracy",
+    "Speed",
+    "speed",
+    "forced_dense",
+    "DSAStep",
+    "dsa_step",
+]
 
 Span = tuple[float, float]
-_COLORS = {"dsa": "#2ca02c", "sparse": "#98df8a", "ours_page64": "#d62728", "flashmla_dense_fp8": "#1f77b4",
-           "flashmla_dense_bf16": "#9467bd"}
+_COLORS = {
+    "dsa": "#2ca02c",
+    "sparse": "#98df8a",
+    "ours_page64": "#d62728",
+    "flashmla_dense_fp8": "#1f77b4",
+    "flashmla_dense_bf16": "#9467bd",
+}
 #: The accuracy fields each DSA part's row carries, kept on its point.
-_ERRORS = {"sparse_decode": ("rel_err_f64", "rel_err_vs_bf16", "storage_rel_err", "plain_storage_rel_err",
-                             "dense_storage_rel_err"), "indexer_logits": ("logits_rel_err_f64",), "topk": ("topk_recall",)}
+_ERRORS = {
+    "sparse_decode": (
+        "rel_err_f64",
+        "rel_err_vs_bf16",
+        "storage_rel_err",
+        "plain_storage_rel_err",
+        "dense_storage_rel_err",
+    ),
+    "indexer_logits": ("logits_rel_err_f64",),
+    "topk": ("topk_recall",),
+}
 
 
 def points(result: Result) -> list[dict[str, Any]]:
@@ -57,11 +83,21 @@ def dsa_table(result: Result, heads: int, caption: str) -> Table:
     """µs per layer at each context and batch, ``heads`` query heads per GPU: the DSA parts and the dense paths."""
     rows = [{**p, "ctx": f"{p['context'] // 1024}K"} for p in points(result) if p["heads"] == heads]
     us = number(1)
-    return Table(rows, {"batch": "batch", "context": "ctx", "DSA decode": ("sparse_decode", us),
-                        "DSA indexer": ("indexer_logits", us), "DSA top-k (stand-in)": ("topk", us),
-                        "ours": ("ours_page64", us), "FlashMLA FP8": ("flashmla_dense_fp8", us),
-                        "FlashMLA BF16": ("flashmla_dense_bf16", us),
-                        "ours / DSA (>1: DSA faster)": ("ours_over_dsa", times(2))}, caption)
+    return Table(
+        rows,
+        {
+            "batch": "batch",
+            "context": "ctx",
+            "DSA decode": ("sparse_decode", us),
+            "DSA indexer": ("indexer_logits", us),
+            "DSA top-k (stand-in)": ("topk", us),
+            "ours": ("ours_page64", us),
+            "FlashMLA FP8": ("flashmla_dense_fp8", us),
+            "FlashMLA BF16": ("flashmla_dense_bf16", us),
+            "ours / DSA (>1: DSA faster)": ("ours_over_dsa", times(2)),
+        },
+        caption,
+    )
 
 
 def dsa_figure(result: Result, heads: int, title: str, notes: list[str]) -> go.Figure:
@@ -70,20 +106,39 @@ def dsa_figure(result: Result, heads: int, title: str, notes: list[str]) -> go.F
     pts = [p for p in points(result) if p["heads"] == heads]
     batches = sorted({p["batch"] for p in pts})
     fig = make_subplots(rows=1, cols=len(batches), shared_yaxes=True, horizontal_spacing=0.03)
-    series = {"dsa": "DSA: decode + indexer (2,048 tokens)", "sparse": "DSA: decode alone",
-              "ours_page64": "ours (every token)", "flashmla_dense_fp8": "FlashMLA FP8 (every token)",
-              "flashmla_dense_bf16": "FlashMLA BF16 (every token)"}
+    series = {
+        "dsa": "DSA: decode + indexer (2,048 tokens)",
+        "sparse": "DSA: decode alone",
+        "ours_page64": "ours (every token)",
+        "flashmla_dense_fp8": "FlashMLA FP8 (every token)",
+        "flashmla_dense_bf16": "FlashMLA BF16 (every token)",
+    }
     for i, b in enumerate(batches, start=1):
         sel = sorted((p for p in pts if p["batch"] == b), key=lambda p: p["context"])
         for key, name in series.items():
             field = "sparse_decode" if key == "sparse" else key
             xs = [p["context"] for p in sel if p.get(field)]
-            fig.add_trace(go.Scatter(x=xs, y=[p[field] for p in sel if p.get(field)], name=name, legendgroup=key,
-                                     showlegend=i == 1, mode="lines+markers",
-                                     line=dict(color=_COLORS[key], dash="dot" if key == "sparse" else "solid")),
-                          row=1, col=i)
-        fig.update_xaxes(type="log", title_text=f"batch {b}: tokens a request" if i == 1 else f"batch {b}", row=1,
-                         col=i, tickvals=[4096, 32_768, 131_072], ticktext=["4K", "32K", "128K"])
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=[p[field] for p in sel if p.get(field)],
+                    name=name,
+                    legendgroup=key,
+                    showlegend=i == 1,
+                    mode="lines+markers",
+                    line=dict(color=_COLORS[key], dash="dot" if key == "sparse" else "solid"),
+                ),
+                row=1,
+                col=i,
+            )
+        fig.update_xaxes(
+            type="log",
+            title_text=f"batch {b}: tokens a request" if i == 1 else f"batch {b}",
+            row=1,
+            col=i,
+            tickvals=[4096, 32_768, 131_072],
+            ticktext=["4K", "32K", "128K"],
+        )
     fig.update_yaxes(type="log", title_text="µs per layer", row=1, col=1)
     fig.update_layout(title=title)
     return arrange(fig, notes, height=480)
@@ -117,9 +172,17 @@ def accuracy(result: Result) -> Accuracy:
     def span(key: str) -> Span:
         return _span([p[key] for p in pts if p.get(key) is not None])
 
-    return Accuracy(span("rel_err_f64"), span("ours_page64_err"), span("flashmla_dense_fp8_err"),
-                    span("flashmla_dense_bf16_err"), span("storage_rel_err"), span("plain_storage_rel_err"),
-                    span("dense_storage_rel_err"), span("logits_rel_err_f64")[1], span("topk_recall")[0])
+    return Accuracy(
+        span("rel_err_f64"),
+        span("ours_page64_err"),
+        span("flashmla_dense_fp8_err"),
+        span("flashmla_dense_bf16_err"),
+        span("storage_rel_err"),
+        span("plain_storage_rel_err"),
+        span("dense_storage_rel_err"),
+        span("logits_rel_err_f64")[1],
+        span("topk_recall")[0],
+    )
 
 
 @dataclass(frozen=True)
@@ -147,10 +210,18 @@ def speed(result: Result, heads: int) -> Speed:
     one = [p for p in pts if p["batch"] == 1]
     lost = [p for p in pts if p["dsa"] >= p["ours_page64"]]
     big = max(pts, key=lambda p: (p["batch"], p["context"]))
-    return Speed(heads, one[0]["padded_heads"], _span([p["sparse_decode"] for p in one]),
-                 _span([p["indexer_logits"] for p in one]), _span([p["topk"] for p in one]), len(pts) - len(lost),
-                 len(pts), (big["batch"], big["context"], big["dsa"], big["ours_page64"], big["flashmla_dense_fp8"]),
-                 [(p["context"], p["batch"]) for p in lost], _span([p["ours_page64"] for p in lost]))
+    return Speed(
+        heads,
+        one[0]["padded_heads"],
+        _span([p["sparse_decode"] for p in one]),
+        _span([p["indexer_logits"] for p in one]),
+        _span([p["topk"] for p in one]),
+        len(pts) - len(lost),
+        len(pts),
+        (big["batch"], big["context"], big["dsa"], big["ours_page64"], big["flashmla_dense_fp8"]),
+        [(p["context"], p["batch"]) for p in lost],
+        _span([p["ours_page64"] for p in lost]),
+    )
 
 
 def forced_dense(result: Result) -> dict[str, Any]:
@@ -181,30 +252,73 @@ def dsa_step(step: Result, dsa: Result) -> DSAStep | None:
     setup = next(r for r in step.rows if r["section"] == "setup")
     paths = {r["path"]: r for r in step.rows if r["section"] == "path" and r.get("step_ms")}
     lens = step.params["context_lens"]
-    pt = next((p for p in points(dsa) if p["heads"] == setup["heads_per_gpu"] and p["batch"] == len(lens)
-               and p["context"] == lens[0] and p.get("dsa")), None)
+    pt = next(
+        (
+            p
+            for p in points(dsa)
+            if p["heads"] == setup["heads_per_gpu"]
+            and p["batch"] == len(lens)
+            and p["context"] == lens[0]
+            and p.get("dsa")
+        ),
+        None,
+    )
     if "ours" not in paths or pt is None or len(lens) != 1:
         return None
     ours, layers = paths["ours"], GLM5.num_layers
     attention = layers * pt["dsa"] / 1e3
-    return DSAStep(ours["write_kv_ms"] + ours["rest_ms"] + attention, attention, layers * (pt.get("topk") or 0) / 1e3,
-                   lens[0], setup["heads_per_gpu"], len(lens), layers, {k: r["step_ms"] for k, r in paths.items()})
+    return DSAStep(
+        ours["write_kv_ms"] + ours["rest_ms"] + attention,
+        attention,
+        layers * (pt.get("topk") or 0) / 1e3,
+        lens[0],
+        setup["heads_per_gpu"],
+        len(lens),
+        layers,
+        {k: r["step_ms"] for k, r in paths.items()},
+    )
 
 
 def defaults_table(forced: Result, caption: str) -> Table:
     """SGLang 0.5.23's DSA kernels per GPU and cache dtype when no DSA backend is named (read from its source)."""
-    rows = [{"gpu": d.sm, "kv": d.kv_cache_dtype, "model": d.model, "decode": f"`{d.decode}`",
-             "prefill": f"`{d.prefill}`", "bytes": d.pool_row_bytes} for d in DSA_DEFAULTS]
-    return Table(rows, {"GPU": "gpu", "cache dtype": "kv", "model": "model", "decode": "decode", "prefill": "prefill",
-                        "pool bytes a token a layer": "bytes"}, caption)
+    rows = [
+        {
+            "gpu": d.sm,
+            "kv": d.kv_cache_dtype,
+            "model": d.model,
+            "decode": f"`{d.decode}`",
+            "prefill": f"`{d.prefill}`",
+            "bytes": d.pool_row_bytes,
+        }
+        for d in DSA_DEFAULTS
+    ]
+    return Table(
+        rows,
+        {
+            "GPU": "gpu",
+            "cache dtype": "kv",
+            "model": "model",
+            "decode": "decode",
+            "prefill": "prefill",
+            "pool bytes a token a layer": "bytes",
+        },
+        caption,
+    )
 
 
 def citations_table(forced: Result, words: Mapping[str, str], caption: str) -> Table:
     """Each fact the chapter states about SGLang (``words``: the fact's name in
     :data:`kvwall.peers.sglang_dsa.FACTS` -> the chapter's words for it), with the wheel's lines it rests on,
     checked."""
-    rows = [{"fact": words.get(r["fact"], r["fact"]), "where": ", ".join(x.removeprefix("sglang/srt/") for x in
-                                                                         r["lines"]),
-             "ok": "found" if r["ok"] else "NOT FOUND"} for r in forced.rows if r["section"] == "citations"]
-    return Table(rows, {"what SGLang 0.5.23 does": "fact", "its lines (under sglang/srt/)": "where", "checked": "ok"},
-                 caption)
+    rows = [
+        {
+            "fact": words.get(r["fact"], r["fact"]),
+            "where": ", ".join(x.removeprefix("sglang/srt/") for x in r["lines"]),
+            "ok": "found" if r["ok"] else "NOT FOUND",
+        }
+        for r in forced.rows
+        if r["section"] == "citations"
+    ]
+    return Table(
+        rows, {"what SGLang 0.5.23 does": "fact", "its lines (under sglang/srt/)": "where", "checked": "ok"}, caption
+    )

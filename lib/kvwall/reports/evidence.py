@@ -14,10 +14,19 @@ from kvwall.results import Result, ResultMissingError, load_result
 
 #: The recorded results the decision reads, by :class:`Evidence` field (GPU recordings but ``doors_checks`` and
 #: ``dsa_forced_dense``, CPU runs); the first two are required.
-_SOURCE_OF = dict(step="decode_step_paths", sweep="path_sweep", bench="fused_decode_bench",
-                  validation="fused_decode_validation", doors_checks="doors_checks", doors_sm90="doors_sm90",
-                  accuracy="fp8_accuracy", dsa="dsa_decode", dsa_forced="dsa_forced_dense",
-                  step_batches="decode_step_batches", multi_token="multi_token_decode")
+_SOURCE_OF = dict(
+    step="decode_step_paths",
+    sweep="path_sweep",
+    bench="fused_decode_bench",
+    validation="fused_decode_validation",
+    doors_checks="doors_checks",
+    doors_sm90="doors_sm90",
+    accuracy="fp8_accuracy",
+    dsa="dsa_decode",
+    dsa_forced="dsa_forced_dense",
+    step_batches="decode_step_batches",
+    multi_token="multi_token_decode",
+)
 SOURCES = tuple(_SOURCE_OF.values())
 #: The door of chapter 3's matrix that is the DSA (sparse) kernel.
 SPARSE_DOOR = "sm120-sparse"
@@ -46,11 +55,13 @@ class Evidence:
             self.fit = fit_sweep(self.sweep)
 
     @classmethod
-    def load(cls, loader: Callable[[str], Result | None] | None = None, fit: SweepFit | None = None,
-             **known: Result | None) -> Evidence:
+    def load(
+        cls, loader: Callable[[str], Result | None] | None = None, fit: SweepFit | None = None, **known: Result | None
+    ) -> Evidence:
         """Every result of :data:`SOURCES` through ``loader`` (a chapter's ``recorded_or_none``; default: the
         recorded files, a missing optional one as None); ``known``: results already loaded, by field name
         (``step=``, ``sweep=``)."""
+
         def default(name: str) -> Result | None:
             try:
                 return load_result(name)
@@ -58,6 +69,7 @@ class Evidence:
                 if name in SOURCES[:2]:
                     raise
                 return None
+
         get = loader or default
         return cls(**{f: known[f] if f in known else get(n) for f, n in _SOURCE_OF.items()}, fit=fit)
 
@@ -76,13 +88,19 @@ def door_cells(checks: Result | None, sm90: Result | None) -> list[dict[str, Any
 
 def open_doors(cells: Sequence[dict[str, Any]], family: str, *, dense: bool | None = None) -> list[dict[str, Any]]:
     """The cells of ``family`` that are not refused (``dense``: True only dense doors, False only the sparse one)."""
-    return [c for c in cells if c["family"] == family and c["status"] != "refused"
-            and (dense is None or (c["door"] != SPARSE_DOOR) == dense)]
+    return [
+        c
+        for c in cells
+        if c["family"] == family and c["status"] != "refused" and (dense is None or (c["door"] != SPARSE_DOOR) == dense)
+    ]
 
 
 def refused_doors(cells: Sequence[dict[str, Any]], family: str) -> list[str]:
-    return [DOOR_BY_KEY[c["door"]].label.split(" (")[0] for c in cells
-            if c["family"] == family and c["status"] == "refused" and c["door"] != SPARSE_DOOR]
+    return [
+        DOOR_BY_KEY[c["door"]].label.split(" (")[0]
+        for c in cells
+        if c["family"] == family and c["status"] == "refused" and c["door"] != SPARSE_DOOR
+    ]
 
 
 def flashmla_fp8_error(ev: Evidence) -> tuple[float | None, float | None, str]:
@@ -105,8 +123,11 @@ def bench_us(bench: Result | None) -> dict[tuple[str, int, int, int], float]:
     """``(strategy, heads, context, batch) -> µs`` of every timed row of ``fused_decode_bench``."""
     if bench is None:
         return {}
-    return {(r["strategy"], r["heads"], r["context"], r["batch"]): r["us"] for r in bench.rows
-            if r.get("section") == "bench" and r.get("us")}
+    return {
+        (r["strategy"], r["heads"], r["context"], r["batch"]): r["us"]
+        for r in bench.rows
+        if r.get("section") == "bench" and r.get("us")
+    }
 
 
 def _sweep_batch(sweep: Result, heads: int = 16) -> dict[str, dict[int, float]]:
@@ -125,9 +146,14 @@ def batch_comparison(sweep: Result, a: str, b: str, *, min_batch: int = 2) -> di
     batches = sorted(set(us.get(a, {})) & set(us.get(b, {})))
     batches = [n for n in batches if n >= min_batch]
     ratios = [us[b][n] / us[a][n] for n in batches]
-    return {"batches": batches, "slower_at": [n for n in batches if us[a][n] > us[b][n]],
-            "ratio_lo": min(ratios, default=None), "ratio_hi": max(ratios, default=None),
-            "a_us": {n: us[a][n] for n in batches}, "b_us": {n: us[b][n] for n in batches}}
+    return {
+        "batches": batches,
+        "slower_at": [n for n in batches if us[a][n] > us[b][n]],
+        "ratio_lo": min(ratios, default=None),
+        "ratio_hi": max(ratios, default=None),
+        "a_us": {n: us[a][n] for n in batches},
+        "b_us": {n: us[b][n] for n in batches},
+    }
 
 
 def step_at(ev: Evidence, path: str) -> dict[int, float]:
@@ -135,8 +161,13 @@ def step_at(ev: Evidence, path: str) -> dict[int, float]:
     ``decode_step_batches`` where it was recorded."""
     out = {1: r["step_ms"] for r in step_rows(ev.step) if r["path"] == path}
     if ev.step_batches is not None:
-        out.update({r["batch"]: r["step_ms"] for r in ev.step_batches.rows
-                    if r.get("section") == "path" and r.get("path") == path and r.get("step_ms") and r["batch"] > 1})
+        out.update(
+            {
+                r["batch"]: r["step_ms"]
+                for r in ev.step_batches.rows
+                if r.get("section") == "path" and r.get("path") == path and r.get("step_ms") and r["batch"] > 1
+            }
+        )
     return out
 
 

@@ -55,9 +55,17 @@ def chapter_files(book: Path = BOOK_DIR) -> list[Path]:
 
 def _chapter_notebook(path: Path) -> nbformat.NotebookNode:
     """``path`` read by jupytext, or :class:`ChapterError` saying why it is not a chapter and naming the chapters."""
-    problem = ("is a folder" if path.is_dir() else "no such file" if not path.exists() else
-               "is not a plain file (a device or a pipe)" if not path.is_file() else
-               "is not a chapter" if not _CHAPTER_NAME.fullmatch(path.name) else None)
+    problem = (
+        "is a folder"
+        if path.is_dir()
+        else "no such file"
+        if not path.exists()
+        else "is not a plain file (a device or a pipe)"
+        if not path.is_file()
+        else "is not a chapter"
+        if not _CHAPTER_NAME.fullmatch(path.name)
+        else None
+    )
     try:
         if problem is None:
             return jupytext.read(path)
@@ -75,22 +83,34 @@ def _check_declared_name(notebook: nbformat.NotebookNode, path: Path) -> None:
         try:
             calls += [n for n in ast.walk(ast.parse(_MAGIC.sub("", cell.source))) if isinstance(n, ast.Call)]
         except SyntaxError as exc:
-            raise ChapterError(f"{path}: code cell {number} is not valid Python ({exc.msg}, line {exc.lineno}).") \
-                from None
-    names = [ast.literal_eval(c.args[0]) for c in calls if ast.unparse(c.func) == "start_chapter" and c.args
-             and isinstance(c.args[0], ast.Constant)]
+            raise ChapterError(
+                f"{path}: code cell {number} is not valid Python ({exc.msg}, line {exc.lineno})."
+            ) from None
+    names = [
+        ast.literal_eval(c.args[0])
+        for c in calls
+        if ast.unparse(c.func) == "start_chapter" and c.args and isinstance(c.args[0], ast.Constant)
+    ]
     if names[:1] != [path.stem] or not any(ast.unparse(c.func).endswith(".finish") for c in calls):
-        raise ChapterError(f"{path} must call start_chapter({path.stem!r}, ...) and finish() to write its execution "
-                           f"record (its start_chapter names {names[0] if names else None!r}); copy a chapter's calls.")
+        raise ChapterError(
+            f"{path} must call start_chapter({path.stem!r}, ...) and finish() to write its execution "
+            f"record (its start_chapter names {names[0] if names else None!r}); copy a chapter's calls."
+        )
 
 
 def chapter_parameters(notebook: nbformat.NotebookNode) -> dict[str, str]:
     """Names the chapter's ``parameters`` cell assigns, with the source of each default value."""
     cells = [c for c in notebook.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
-    assigns = [node for c in cells for node in ast.parse(c.source).body
-               if isinstance(node, (ast.Assign, ast.AnnAssign))]
-    return {t.id: ast.unparse(node.value) for node in assigns if node.value is not None
-            for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)}
+    assigns = [
+        node for c in cells for node in ast.parse(c.source).body if isinstance(node, (ast.Assign, ast.AnnAssign))
+    ]
+    return {
+        t.id: ast.unparse(node.value)
+        for node in assigns
+        if node.value is not None
+        for t in getattr(node, "targets", [getattr(node, "target", None)])
+        if isinstance(t, ast.Name)
+    }
 
 
 def _outputs(path: Path, out_dir: Path) -> tuple[Path, Path, Path]:
@@ -101,8 +121,9 @@ def _outputs(path: Path, out_dir: Path) -> tuple[Path, Path, Path]:
     notebook, record = out / f"{path.stem}.ipynb", out / "execution" / f"{path.stem}.json"
     try:
         if out.resolve().is_relative_to(BOOK_DIR):
-            raise ChapterError(f"{out_dir} is in the book's sources, where a notebook is built as a page; give a "
-                               "folder outside book/.")
+            raise ChapterError(
+                f"{out_dir} is in the book's sources, where a notebook is built as a page; give a folder outside book/."
+            )
         for target, folder in ((out, True), (record.parent, True), (notebook, False), (record, False)):
             dangling = target.is_symlink() and not target.exists()
             if dangling or target.exists() and target.is_dir() != folder:
@@ -124,8 +145,9 @@ def _stat(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def execute_chapter(path: Path, out_dir: Path, *, timeout_s: int = 900, progress_bar: bool = False,
-                    **parameters: Any) -> dict[str, Any]:
+def execute_chapter(
+    path: Path, out_dir: Path, *, timeout_s: int = 900, progress_bar: bool = False, **parameters: Any
+) -> dict[str, Any]:
     """Run chapter ``path`` with ``parameters`` injected; write ``<out_dir>/<stem>.ipynb`` and the execution record
     ``<out_dir>/execution/<stem>.json`` (``out_dir`` taken against the current directory).
 
@@ -145,17 +167,28 @@ def execute_chapter(path: Path, out_dir: Path, *, timeout_s: int = 900, progress
         raise ChapterError(f"{path.name} has no parameter {', '.join(unknown)}; it takes: {takes}.")
     partial, target, record = _outputs(path, out_dir)
     before = _stat(record)
-    environment = {"KVWALL_EXECUTION_DIR": str(record.parent),
-                   **{v: os.path.abspath(os.environ[v]) for v in _PATH_VARIABLES if os.environ.get(v)}}
+    environment = {
+        "KVWALL_EXECUTION_DIR": str(record.parent),
+        **{v: os.path.abspath(os.environ[v]) for v in _PATH_VARIABLES if os.environ.get(v)},
+    }
     try:
         with mock.patch.dict(os.environ, environment):
-            papermill.execute_notebook(notebook, str(partial), parameters=parameters, kernel_name="python3",
-                                       cwd=str(BOOK_DIR), progress_bar=progress_bar, execution_timeout=timeout_s)
+            papermill.execute_notebook(
+                notebook,
+                str(partial),
+                parameters=parameters,
+                kernel_name="python3",
+                cwd=str(BOOK_DIR),
+                progress_bar=progress_bar,
+                execution_timeout=timeout_s,
+            )
     finally:
         _put_in_place(partial, target)
     if _stat(record) in (None, before):
-        raise ChapterRunError(f"{path.name} ran to its end but wrote no execution record at {record} (does it still "
-                              f"call finish()?); the executed notebook is {target}.")
+        raise ChapterRunError(
+            f"{path.name} ran to its end but wrote no execution record at {record} (does it still "
+            f"call finish()?); the executed notebook is {target}."
+        )
     try:
         return json.loads(record.read_text())
     except (OSError, ValueError) as exc:
@@ -174,5 +207,6 @@ def _put_in_place(partial: Path, target: Path) -> None:
     try:
         os.replace(partial, target)
     except OSError as exc:
-        raise ChapterRunError(f"the executed notebook could not be renamed to {target} ({exc.strerror or exc}); it "
-                              f"is kept as {partial}.") from None
+        raise ChapterRunError(
+            f"the executed notebook could not be renamed to {target} ({exc.strerror or exc}); it is kept as {partial}."
+        ) from None

@@ -37,9 +37,18 @@ LEAD_PEERS = (FM_BF16, FM_FP8, FI_BEST, SGLANG)
 FP8_QUERY = tuple(s.name for s in STRATEGIES.values() if s.query == "fp8")
 COLORS = {OURS: "#d62728", FM_BF16: "#e377c2", FM_FP8: "#8c564b", FI_BEST: "#1f77b4", SGLANG: "#9467bd"}
 #: Short column headers for the appendix's wide tables (the caption spells each out with its label).
-SHORT = {OURS: "ours", FM_BF16: "FM BF16", FM_FP8: "FM FP8", "flashinfer_fp8_fa2": "FI FP8 fa2",
-         "flashinfer_fp8_fa3": "FI FP8 fa3", "flashinfer_bf16_precast": "FI BF16", SGLANG: "SGLang",
-         "gather_cast_bf16": "gather", "index_then_cast": "index", "full_cast_bf16": "full cast"}
+SHORT = {
+    OURS: "ours",
+    FM_BF16: "FM BF16",
+    FM_FP8: "FM FP8",
+    "flashinfer_fp8_fa2": "FI FP8 fa2",
+    "flashinfer_fp8_fa3": "FI FP8 fa3",
+    "flashinfer_bf16_precast": "FI BF16",
+    SGLANG: "SGLang",
+    "gather_cast_bf16": "gather",
+    "index_then_cast": "index",
+    "full_cast_bf16": "full cast",
+}
 
 #: (heads, context, batch)
 Point = tuple[int, int, int]
@@ -165,8 +174,11 @@ def _faster(grid: Grid, a: str, b: str, points: Iterable[Point]) -> tuple[int, i
 def _fastest(grid: Grid, strategy: str, others: Iterable[str], points: Iterable[Point]) -> int:
     """Points where ``strategy`` ran and is at least as fast as every one of ``others`` that ran there."""
     others = list(others)
-    return sum(1 for p in points if grid.us(strategy, p) and all(grid.us(strategy, p) <= u for s in others
-                                                                 if (u := grid.us(s, p))))
+    return sum(
+        1
+        for p in points
+        if grid.us(strategy, p) and all(grid.us(strategy, p) <= u for s in others if (u := grid.us(s, p)))
+    )
 
 
 def lead(grid: Grid, caption: str) -> Lead:
@@ -177,34 +189,67 @@ def lead(grid: Grid, caption: str) -> Lead:
     and a table of it all."""
     pts = [p for p in grid.points if grid.us(OURS, p)]
     values: dict[str, Any] = dict(grid_points=len(pts))
-    rows = [dict(path=label(OURS), reads="FP8 cache, BF16 query", faster="—", speed="—",
-                 err=max((e for p in pts if (e := grid.err(OURS, p))), default=None))]
+    rows = [
+        dict(
+            path=label(OURS),
+            reads="FP8 cache, BF16 query",
+            faster="—",
+            speed="—",
+            err=max((e for p in pts if (e := grid.err(OURS, p))), default=None),
+        )
+    ]
     for peer in LEAD_PEERS:
         wins, both = _faster(grid, peer, OURS, pts)
         speed = [grid.us(OURS, p) / u for p in pts if (u := grid.us(peer, p))]
         s = STRATEGIES.get(peer)
-        rows.append(dict(path=label(peer), faster=f"{wins} of {both}", err=max(
-            (e for p in pts if grid.us(peer, p) and (e := grid.err(peer, p))), default=None),
-            reads=f"{s.cache.upper()} cache, {s.query.upper()} query" if s else "FP8 or BF16 cache, BF16 query",
-            speed=f"{min(speed):.2f}–{max(speed):.2f}×" if speed else "—"))
+        rows.append(
+            dict(
+                path=label(peer),
+                faster=f"{wins} of {both}",
+                err=max((e for p in pts if grid.us(peer, p) and (e := grid.err(peer, p))), default=None),
+                reads=f"{s.cache.upper()} cache, {s.query.upper()} query" if s else "FP8 or BF16 cache, BF16 query",
+                speed=f"{min(speed):.2f}–{max(speed):.2f}×" if speed else "—",
+            )
+        )
         values.update({f"{peer}_faster_than_ours": wins, f"{peer}_points": both})
-    same_inputs = [s for s in grid.strategies() if s != OURS and s not in KERNEL_NAMES and s not in FP8_QUERY
-                   and STRATEGIES.get(s) and STRATEGIES[s].cache == "fp8" and STRATEGIES[s].page_size == 1]
-    worst = max((p for p in pts if grid.us(FM_FP8, p)), key=lambda p: grid.us(OURS, p) / grid.us(FM_FP8, p),
-                default=None)
+    same_inputs = [
+        s
+        for s in grid.strategies()
+        if s != OURS
+        and s not in KERNEL_NAMES
+        and s not in FP8_QUERY
+        and STRATEGIES.get(s)
+        and STRATEGIES[s].cache == "fp8"
+        and STRATEGIES[s].page_size == 1
+    ]
+    worst = max(
+        (p for p in pts if grid.us(FM_FP8, p)), key=lambda p: grid.us(OURS, p) / grid.us(FM_FP8, p), default=None
+    )
     err_x = [e / o for p in pts if (e := grid.err(FM_FP8, p)) and (o := grid.err(OURS, p))]
     failed = next((r.error for r in grid.by.values() if r.strategy == SGLANG and r.error), None)
-    values.update(ours_fastest=_fastest(grid, OURS, LEAD_PEERS, pts),
-                  fm_fp8_fastest=_fastest(grid, FM_FP8, (OURS, *LEAD_PEERS), pts),
-                  ours_fastest_fp8_cache_bf16_query=_fastest(grid, OURS, same_inputs, pts),
-                  ours_faster_than_fm_fp8=values[f"{FM_FP8}_points"] - values[f"{FM_FP8}_faster_than_ours"],
-                  ours_faster_than_fm_bf16=values[f"{FM_BF16}_points"] - values[f"{FM_BF16}_faster_than_ours"],
-                  worst_point=worst, worst_x=grid.us(OURS, worst) / grid.us(FM_FP8, worst) if worst else None,
-                  fm_fp8_err_over_ours_min=min(err_x, default=None), fm_fp8_err_over_ours_max=max(err_x, default=None),
-                  sglang_error=failed)
-    table = Table(rows, {"path": "path", "reads": "reads", "faster than ours at (points)": "faster",
-                         "ours' µs / its µs (>1: it is faster)": ("speed", plain),
-                         "worst error vs float64": ("err", scientific)}, caption)
+    values.update(
+        ours_fastest=_fastest(grid, OURS, LEAD_PEERS, pts),
+        fm_fp8_fastest=_fastest(grid, FM_FP8, (OURS, *LEAD_PEERS), pts),
+        ours_fastest_fp8_cache_bf16_query=_fastest(grid, OURS, same_inputs, pts),
+        ours_faster_than_fm_fp8=values[f"{FM_FP8}_points"] - values[f"{FM_FP8}_faster_than_ours"],
+        ours_faster_than_fm_bf16=values[f"{FM_BF16}_points"] - values[f"{FM_BF16}_faster_than_ours"],
+        worst_point=worst,
+        worst_x=grid.us(OURS, worst) / grid.us(FM_FP8, worst) if worst else None,
+        fm_fp8_err_over_ours_min=min(err_x, default=None),
+        fm_fp8_err_over_ours_max=max(err_x, default=None),
+        sglang_error=failed,
+    )
+    table = Table(
+        rows,
+        {
+            "path": "path",
+            "reads": "reads",
+            "faster than ours at (points)": "faster",
+            "ours' µs / its µs (>1: it is faster)": ("speed", plain),
+            "worst error vs float64": ("err", scientific),
+        },
+        caption,
+    )
     return Lead(table, values)
 
 
@@ -220,8 +265,14 @@ def lead_figure(grid: Grid, caption: str) -> go.Figure:
     heads = sorted({p[0] for p in grid.points})
     cols = 2 if len(heads) > 1 else 1
     nrows = -(-len(heads) // cols)
-    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=[f"{h} heads" for h in heads], shared_yaxes=True,
-                        vertical_spacing=0.16, horizontal_spacing=0.05)
+    fig = make_subplots(
+        rows=nrows,
+        cols=cols,
+        subplot_titles=[f"{h} heads" for h in heads],
+        shared_yaxes=True,
+        vertical_spacing=0.16,
+        horizontal_spacing=0.05,
+    )
     ratios: list[float] = []
     for strategy in (OURS, *[s for s in LEAD_PEERS if s != FM_BF16]):
         errs = [e for p in grid.points if grid.us(strategy, p) and (e := grid.err(strategy, p))]
@@ -230,27 +281,46 @@ def lead_figure(grid: Grid, caption: str) -> go.Figure:
             pts = [p for p in grid.points if p[0] == h]
             ys = [fm / us if (fm := grid.us(FM_BF16, p)) and (us := grid.us(strategy, p)) else None for p in pts]
             ratios += [y for y in ys if y]
-            fig.add_scatter(x=[[context_label(p[1]) for p in pts], [str(p[2]) for p in pts]], y=ys, mode="markers",
-                            name=name, legendgroup=strategy, showlegend=i == 0, row=i // cols + 1, col=i % cols + 1,
-                            marker=dict(color=COLORS[strategy], size=10 if strategy == OURS else 7,
-                                        symbol="circle" if strategy == OURS else "diamond",
-                                        line=dict(width=1, color="white")),
-                            hovertemplate=f"{h} heads, %{{x}}<br>{label(strategy)}: %{{y:.2f}}× FlashMLA BF16's "
-                                          "speed<extra></extra>")
+            fig.add_scatter(
+                x=[[context_label(p[1]) for p in pts], [str(p[2]) for p in pts]],
+                y=ys,
+                mode="markers",
+                name=name,
+                legendgroup=strategy,
+                showlegend=i == 0,
+                row=i // cols + 1,
+                col=i % cols + 1,
+                marker=dict(
+                    color=COLORS[strategy],
+                    size=10 if strategy == OURS else 7,
+                    symbol="circle" if strategy == OURS else "diamond",
+                    line=dict(width=1, color="white"),
+                ),
+                hovertemplate=f"{h} heads, %{{x}}<br>{label(strategy)}: %{{y:.2f}}× FlashMLA BF16's "
+                "speed<extra></extra>",
+            )
     for i in range(len(heads)):
         fig.add_hline(y=1.0, line_dash="dash", line_color="#333", row=i // cols + 1, col=i % cols + 1)
-    ticks = [t for t in (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5) if ratios and
-             min(ratios) * 0.8 <= t <= max(ratios) * 1.25]
-    fig.update_yaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}×" for t in ticks],
-                     range=[math.log10(min(ratios) * 0.8), math.log10(max(ratios) * 1.25)] if ratios else None)
+    ticks = [
+        t
+        for t in (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5)
+        if ratios and min(ratios) * 0.8 <= t <= max(ratios) * 1.25
+    ]
+    fig.update_yaxes(
+        type="log",
+        tickvals=ticks,
+        ticktext=[f"{t:g}×" for t in ticks],
+        range=[math.log10(min(ratios) * 0.8), math.log10(max(ratios) * 1.25)] if ratios else None,
+    )
     fig.update_yaxes(title_text="FlashMLA BF16 µs / its µs", col=1)
     fig.update_layout(title="FlashMLA BF16's time / each path's time, per point (>1: the path is faster)")
     fig = plots.with_caption(fig, caption, height=300 * nrows + 80, legend="top")
     # Room for the first row's panel titles under the legend, and for the second line of category labels
     # (context under batch) above the caption.
     fig.layout.annotations[-1].yshift -= 18
-    fig.update_layout(margin=dict(t=fig.layout.margin.t + 24, b=fig.layout.margin.b + 18),
-                      height=fig.layout.height + 42)
+    fig.update_layout(
+        margin=dict(t=fig.layout.margin.t + 24, b=fig.layout.margin.b + 18), height=fig.layout.height + 42
+    )
     return fig
 
 
@@ -269,16 +339,38 @@ def by_heads(grid: Grid, caption: str) -> tuple[Table, dict[str, Any]]:
         g8, g16 = (geomean(u / grid.us(OURS, p) for p in pts if (u := grid.us(fm, p))) for fm in (FM_FP8, FM_BF16))
         ran = Counter(grid.row(OURS, p).kernel_path or "triton" for p in pts)
         won = [f"{context_label(p[1])}·{p[2]}" for p in pts if (u := grid.us(FM_BF16, p)) and grid.us(OURS, p) < u]
-        rows.append(dict(heads=h, fp8=f"{w8} of {n8}", g8=g8, bf16=f"{w16} of {n16}", g16=g16, won=", ".join(won),
-                         ran=", ".join(f"{KERNEL_NAMES[k]} at {v}" for k, v in ran.most_common())))
-        values[f"h{h}"] = dict(vs_fm_fp8_wins=w8, vs_fm_bf16_wins=w16, points=len(pts), vs_fm_fp8_geomean=g8,
-                               vs_fm_bf16_geomean=g16, paths=dict(ran))
-    return Table(rows, {"heads": "heads", "ours faster than FlashMLA FP8 at (points)": "fp8",
-                        "FlashMLA FP8 µs / ours' µs (geometric mean)": ("g8", times(2)),
-                        "ours faster than FlashMLA BF16 at": "bf16",
-                        "FlashMLA BF16 µs / ours' µs (geometric mean)": ("g16", times(2)),
-                        "where ours beat FlashMLA BF16 (context·batch)": "won", "the path ours ran": "ran"},
-                 caption), values
+        rows.append(
+            dict(
+                heads=h,
+                fp8=f"{w8} of {n8}",
+                g8=g8,
+                bf16=f"{w16} of {n16}",
+                g16=g16,
+                won=", ".join(won),
+                ran=", ".join(f"{KERNEL_NAMES[k]} at {v}" for k, v in ran.most_common()),
+            )
+        )
+        values[f"h{h}"] = dict(
+            vs_fm_fp8_wins=w8,
+            vs_fm_bf16_wins=w16,
+            points=len(pts),
+            vs_fm_fp8_geomean=g8,
+            vs_fm_bf16_geomean=g16,
+            paths=dict(ran),
+        )
+    return Table(
+        rows,
+        {
+            "heads": "heads",
+            "ours faster than FlashMLA FP8 at (points)": "fp8",
+            "FlashMLA FP8 µs / ours' µs (geometric mean)": ("g8", times(2)),
+            "ours faster than FlashMLA BF16 at": "bf16",
+            "FlashMLA BF16 µs / ours' µs (geometric mean)": ("g16", times(2)),
+            "where ours beat FlashMLA BF16 (context·batch)": "won",
+            "the path ours ran": "ran",
+        },
+        caption,
+    ), values
 
 
 def loss_groups(grid: Grid) -> dict[str, dict[str, Any]]:
@@ -286,21 +378,28 @@ def loss_groups(grid: Grid) -> dict[str, dict[str, Any]]:
     128 heads at batch 1) and ``many_heads_batched`` (at batch 8 or more: compute-bound). Per group: its head counts
     and batches, points, ours' geometric-mean speed relative to FlashMLA FP8 and BF16, the share of the roofline ours
     reaches (its range) and the best tensor rates of ours and FlashMLA BF16 (TFLOP/s)."""
-    groups = dict(few_heads=lambda p: p[0] <= 32, many_heads_b1=lambda p: p[0] >= 64 and p[2] == 1,
-                  many_heads_batched=lambda p: p[0] >= 64 and p[2] > 1)
+    groups = dict(
+        few_heads=lambda p: p[0] <= 32,
+        many_heads_b1=lambda p: p[0] >= 64 and p[2] == 1,
+        many_heads_batched=lambda p: p[0] >= 64 and p[2] > 1,
+    )
     out = {}
     for name, keep in groups.items():
         pts = [p for p in grid.points if keep(p) and grid.us(OURS, p)]
         if not pts:
             continue
         share = [grid.row(OURS, p).roofline_us / grid.us(OURS, p) for p in pts]
-        out[name] = dict(points=len(pts), heads=sorted({p[0] for p in pts}), batches=sorted({p[2] for p in pts}),
-                         vs_fm_fp8=geomean(u / grid.us(OURS, p) for p in pts if (u := grid.us(FM_FP8, p))),
-                         vs_fm_bf16=geomean(u / grid.us(OURS, p) for p in pts if (u := grid.us(FM_BF16, p))),
-                         share_min=min(share), share_max=max(share),
-                         tflops_max=max((t for p in pts if (t := grid.row(OURS, p).tflops)), default=None),
-                         fm_bf16_tflops_max=max((t for p in pts if (t := (grid.row(FM_BF16, p) or Row()).tflops)),
-                                                default=None))
+        out[name] = dict(
+            points=len(pts),
+            heads=sorted({p[0] for p in pts}),
+            batches=sorted({p[2] for p in pts}),
+            vs_fm_fp8=geomean(u / grid.us(OURS, p) for p in pts if (u := grid.us(FM_FP8, p))),
+            vs_fm_bf16=geomean(u / grid.us(OURS, p) for p in pts if (u := grid.us(FM_BF16, p))),
+            share_min=min(share),
+            share_max=max(share),
+            tflops_max=max((t for p in pts if (t := grid.row(OURS, p).tflops)), default=None),
+            fm_bf16_tflops_max=max((t for p in pts if (t := (grid.row(FM_BF16, p) or Row()).tflops)), default=None),
+        )
     return out
 
 
@@ -308,11 +407,16 @@ def worst_errors(grid: Grid, paths: Grid | None = None) -> dict[str, float]:
     """Every output of the benchmark (and of the paths run) was checked against float64 before it was timed: the
     worst relative error of ours, of each path forced, and of FlashMLA's kernels over the grid (those that have
     one)."""
+
     def worst(g: Grid, strategy: str) -> float | None:
         return max((r.rel_err_f64 for (s, *_), r in g.by.items() if s == strategy and r.rel_err_f64), default=None)
 
-    found = {OURS: worst(grid, OURS), **{k: worst(paths, k) for k in KERNEL_NAMES if paths},
-             FM_BF16: worst(grid, FM_BF16), FM_FP8: worst(grid, FM_FP8)}
+    found = {
+        OURS: worst(grid, OURS),
+        **{k: worst(paths, k) for k in KERNEL_NAMES if paths},
+        FM_BF16: worst(grid, FM_BF16),
+        FM_FP8: worst(grid, FM_FP8),
+    }
     return {k: v for k, v in found.items() if v}
 
 
@@ -335,14 +439,28 @@ def what_to_run(grid: Grid, caption: str) -> Table:
                 continue
             wins = Counter(min((s for s in accurate if grid.us(s, p)), key=lambda s: grid.us(s, p)) for p in pts)
             (top, k), fm = wins.most_common(1)[0], {p: grid.us(FM_BF16, p) for p in pts}
-            rows.append(dict(heads=heads, batch=name, winner=label(top), fastest=f"{label(top)} ({k} of {len(pts)})",
-                             vs=geomean(u / grid.us(OURS, p) for p, u in fm.items() if u),
-                             fp8=geomean(u / f8 for p, u in fm.items() if u and (f8 := grid.us(FM_FP8, p)))))
+            rows.append(
+                dict(
+                    heads=heads,
+                    batch=name,
+                    winner=label(top),
+                    fastest=f"{label(top)} ({k} of {len(pts)})",
+                    vs=geomean(u / grid.us(OURS, p) for p, u in fm.items() if u),
+                    fp8=geomean(u / f8 for p, u in fm.items() if u and (f8 := grid.us(FM_FP8, p))),
+                )
+            )
     fp8_x = f"; {err_x:.0f}× our error on {accuracy_regimes.RANDOM_INPUTS})" if err_x else ")"
-    return Table(rows, {"heads per GPU": "heads", "batch": "batch", "fastest BF16-accurate kernel": ("fastest", plain),
-                        "FlashMLA BF16 µs / ours' µs (>1: ours faster)": ("vs", times(2)),
-                        "FlashMLA BF16 µs / FlashMLA FP8's µs (>1: FP8 faster" + fp8_x: ("fp8", times(2))},
-                 caption)
+    return Table(
+        rows,
+        {
+            "heads per GPU": "heads",
+            "batch": "batch",
+            "fastest BF16-accurate kernel": ("fastest", plain),
+            "FlashMLA BF16 µs / ours' µs (>1: ours faster)": ("vs", times(2)),
+            "FlashMLA BF16 µs / FlashMLA FP8's µs (>1: FP8 faster" + fp8_x: ("fp8", times(2)),
+        },
+        caption,
+    )
 
 
 def flashmla_fp8_error(validation: Result | None) -> tuple[float | None, float | None]:

@@ -20,10 +20,30 @@ import plotly.graph_objects as go
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.step_paths import KERNEL_NAMES
 from kvwall.reports import plots
-from kvwall.reports.dispatch_report import (dispatch_counts, dispatcher_table, floor_ranges, floor_table,  # noqa: F401
-                                             other_gpus_table, timed_paths)
-from kvwall.reports.fused_bench_report import (FLASHINFER, FM_BF16, FM_FP8, OURS, OURS_PAGE64, SGLANG, SHORT, Grid, Row,
-                                               context_label, label, point_label, rows_of, us_cell)
+from kvwall.reports.dispatch_report import (
+    dispatch_counts,  # noqa: F401 - re-exported
+    dispatcher_table,  # noqa: F401 - re-exported
+    floor_ranges,  # noqa: F401 - re-exported
+    floor_table,  # noqa: F401 - re-exported
+    other_gpus_table,  # noqa: F401 - re-exported
+    timed_paths,
+)
+from kvwall.reports.fused_bench_report import (
+    FLASHINFER,
+    FM_BF16,
+    FM_FP8,
+    OURS,
+    OURS_PAGE64,
+    SGLANG,
+    SHORT,
+    Grid,
+    Row,
+    context_label,
+    label,
+    point_label,
+    rows_of,
+    us_cell,
+)
 from kvwall.reports.tables import Table, number, percent, plain, scientific, times
 from kvwall.results import Result
 
@@ -37,10 +57,21 @@ def launch_shape(row: Mapping[str, Any]) -> str:
     retired name them too: a second load of the tile with its own cache hint, FP8 scores, tokens as M, another
     conversion)."""
     r = Row(row)
-    retired = [("two loads", r.cfg_cache_v not in (None, r.cfg_cache_k or "")), ("FP8 scores", r.cfg_s_fp8),
-               ("tokens as M", r.cfg_tokens_m), (f"{r.cfg_convert} conversion", r.cfg_convert not in (None, "cvt"))]
-    return ", ".join([f"{r.cfg_block_h}×{r.cfg_block_n}", f"{r.cfg_num_warps} warps", f"{r.cfg_num_stages} stages",
-                      "16-bit pairs" if r.cfg_pairs else "FP8 bytes", *(said for said, used in retired if used)])
+    retired = [
+        ("two loads", r.cfg_cache_v not in (None, r.cfg_cache_k or "")),
+        ("FP8 scores", r.cfg_s_fp8),
+        ("tokens as M", r.cfg_tokens_m),
+        (f"{r.cfg_convert} conversion", r.cfg_convert not in (None, "cvt")),
+    ]
+    return ", ".join(
+        [
+            f"{r.cfg_block_h}×{r.cfg_block_n}",
+            f"{r.cfg_num_warps} warps",
+            f"{r.cfg_num_stages} stages",
+            "16-bit pairs" if r.cfg_pairs else "FP8 bytes",
+            *(said for said, used in retired if used),
+        ]
+    )
 
 
 def _share(r: Row) -> float | None:
@@ -51,26 +82,56 @@ def screen_table(tuning: Result, heads: int, caption: str) -> Table:
     """The tuning screen of one head count: each candidate's resources, error against float32, µs (or why it did not
     run) and share of the roofline, fastest first."""
     screen = sorted((r for r in rows_of(tuning, "screen") if r.heads == heads), key=lambda r: r.us or float("inf"))
-    rows = [dict(r, shape=launch_shape(r), smem_kb=(r.shared_bytes or 0) / 1024, share=_share(r),
-                 us_or_error=f"{r.us:.1f}" if r.us else (r.error or "")[:40]) for r in screen]
-    return Table(rows, {"launch shape": "shape", "registers": "regs", "spills": "spills",
-                        "smem KB": ("smem_kb", number(0)), "error vs fp32": ("rel_err", scientific),
-                        "µs": "us_or_error", "of roofline": ("share", percent)}, caption)
+    rows = [
+        dict(
+            r,
+            shape=launch_shape(r),
+            smem_kb=(r.shared_bytes or 0) / 1024,
+            share=_share(r),
+            us_or_error=f"{r.us:.1f}" if r.us else (r.error or "")[:40],
+        )
+        for r in screen
+    ]
+    return Table(
+        rows,
+        {
+            "launch shape": "shape",
+            "registers": "regs",
+            "spills": "spills",
+            "smem KB": ("smem_kb", number(0)),
+            "error vs fp32": ("rel_err", scientific),
+            "µs": "us_or_error",
+            "of roofline": ("share", percent),
+        },
+        caption,
+    )
 
 
 def split_sweep_figure(tuning: Result, caption: str, heads: int = 16) -> go.Figure:
     """Time against chunks per request, for the winning shape at each context."""
     sweep, fig = rows_of(tuning, "sweep"), go.Figure()
     for w in sorted((w for w in rows_of(tuning, "winner") if w.heads == heads), key=lambda w: w.tokens):
-        same = [r for r in sweep if (r.heads, r.tokens) == (heads, w.tokens) and r.splits and r.us
-                and all(r.get(k) == v for k, v in w.items() if k.startswith("cfg_"))]
+        same = [
+            r
+            for r in sweep
+            if (r.heads, r.tokens) == (heads, w.tokens)
+            and r.splits
+            and r.us
+            and all(r.get(k) == v for k, v in w.items() if k.startswith("cfg_"))
+        ]
         if same:
             points = sorted((r.splits, r.us) for r in same)
-            fig.add_scatter(name=f"{w.tokens // 1024}K tokens", x=[p[0] for p in points], y=[p[1] for p in points],
-                            mode="lines+markers")
-    fig.update_layout(title=f"The Triton path, {heads} heads, batch 1: time against chunks per request",
-                      xaxis_title="chunks per request (the plan's items at batch 1)",
-                      yaxis_title="µs (CUDA graph, L2 flushed)")
+            fig.add_scatter(
+                name=f"{w.tokens // 1024}K tokens",
+                x=[p[0] for p in points],
+                y=[p[1] for p in points],
+                mode="lines+markers",
+            )
+    fig.update_layout(
+        title=f"The Triton path, {heads} heads, batch 1: time against chunks per request",
+        xaxis_title="chunks per request (the plan's items at batch 1)",
+        yaxis_title="µs (CUDA graph, L2 flushed)",
+    )
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     return plots.with_caption(fig, caption, legend="top")
@@ -78,12 +139,31 @@ def split_sweep_figure(tuning: Result, caption: str, heads: int = 16) -> go.Figu
 
 def winners_table(tuning: Result, caption: str) -> Table:
     """The shape and chunks the launcher uses at each (heads, context), with its two kernels' times."""
-    rows = [dict(point=f"{w.heads} h, {w.tokens // 1024}K", shape=launch_shape(w), splits=w.splits or "default",
-                 us=w.us, split_us=w.split_kernel_us, combine_us=w.combine_kernel_us, share=_share(w))
-            for w in sorted(rows_of(tuning, "winner"), key=lambda r: (r.heads, r.tokens))]
-    return Table(rows, {"point": "point", "winning shape": "shape", "chunks": "splits", "µs": ("us", number(1)),
-                        "split µs": ("split_us", number(1)), "combine µs": ("combine_us", number(1)),
-                        "of roofline": ("share", percent)}, caption)
+    rows = [
+        dict(
+            point=f"{w.heads} h, {w.tokens // 1024}K",
+            shape=launch_shape(w),
+            splits=w.splits or "default",
+            us=w.us,
+            split_us=w.split_kernel_us,
+            combine_us=w.combine_kernel_us,
+            share=_share(w),
+        )
+        for w in sorted(rows_of(tuning, "winner"), key=lambda r: (r.heads, r.tokens))
+    ]
+    return Table(
+        rows,
+        {
+            "point": "point",
+            "winning shape": "shape",
+            "chunks": "splits",
+            "µs": ("us", number(1)),
+            "split µs": ("split_us", number(1)),
+            "combine µs": ("combine_us", number(1)),
+            "of roofline": ("share", percent),
+        },
+        caption,
+    )
 
 
 def spill_rule_table(tuning: Result, caption: str) -> Table:
@@ -91,13 +171,33 @@ def spill_rule_table(tuning: Result, caption: str) -> Table:
     one the launcher ships), at the screening point."""
     rows = []
     for f in sorted(rows_of(tuning, "fastest_any"), key=lambda r: r.heads):
-        clean = min((r for r in rows_of(tuning, "screen") if r.heads == f.heads and r.us and r.spills == 0),
-                    key=lambda r: r.us, default=Row())
-        rows.append(dict(heads=f.heads, fastest=launch_shape(f), f_us=f.us, f_spills=f.spills, c_us=clean.us,
-                         x=clean.us / f.us if clean.us and f.us else None))
-    return Table(rows, {"heads": "heads", "fastest candidate": "fastest", "µs": ("f_us", number(1)),
-                        "its spills": "f_spills", "fastest without spills, µs": ("c_us", number(1)),
-                        "cost of the rule: µs without spills / fastest µs": ("x", times(2))}, caption)
+        clean = min(
+            (r for r in rows_of(tuning, "screen") if r.heads == f.heads and r.us and r.spills == 0),
+            key=lambda r: r.us,
+            default=Row(),
+        )
+        rows.append(
+            dict(
+                heads=f.heads,
+                fastest=launch_shape(f),
+                f_us=f.us,
+                f_spills=f.spills,
+                c_us=clean.us,
+                x=clean.us / f.us if clean.us and f.us else None,
+            )
+        )
+    return Table(
+        rows,
+        {
+            "heads": "heads",
+            "fastest candidate": "fastest",
+            "µs": ("f_us", number(1)),
+            "its spills": "f_spills",
+            "fastest without spills, µs": ("c_us", number(1)),
+            "cost of the rule: µs without spills / fastest µs": ("x", times(2)),
+        },
+        caption,
+    )
 
 
 def pairs_numbers(tuning: Result, heads: int = 16) -> dict[str, Any]:
@@ -109,10 +209,17 @@ def pairs_numbers(tuning: Result, heads: int = 16) -> dict[str, Any]:
         return {}
     best = min(timed, key=lambda r: r.us)
     keep = [k for k in best if k.startswith("cfg_") and k != "cfg_pairs" and not k.startswith("cfg_combine")]
-    twin = next((r for r in timed if best.cfg_pairs and not r.cfg_pairs and all(r.get(k) == best[k] for k in keep)),
-                Row())
-    return dict(shape=launch_shape(best), us=best.us, regs=best.regs, smem_kb=best.shared_bytes / 1024,
-                bytes_us=twin.us, bytes_regs=twin.regs)
+    twin = next(
+        (r for r in timed if best.cfg_pairs and not r.cfg_pairs and all(r.get(k) == best[k] for k in keep)), Row()
+    )
+    return dict(
+        shape=launch_shape(best),
+        us=best.us,
+        regs=best.regs,
+        smem_kb=best.shared_bytes / 1024,
+        bytes_us=twin.us,
+        bytes_regs=twin.regs,
+    )
 
 
 def loop_mix(config: Any, cap: int = 90) -> dict[str, Any]:
@@ -127,8 +234,11 @@ def loop_mix(config: Any, cap: int = 90) -> dict[str, Any]:
     from kvwall.kernels.mla_decode.launch_shape import compile_offline, split_constexprs
 
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    ptx = compile_offline("split", split_constexprs(config), config.num_warps, config.num_stages,
-                          cap).asm["ptx"].splitlines()
+    ptx = (
+        compile_offline("split", split_constexprs(config), config.num_warps, config.num_stages, cap)
+        .asm["ptx"]
+        .splitlines()
+    )
     labels = {m.group(1): i for i, line in enumerate(ptx) if (m := re.match(r"^\s*(\$L__BB\d+_\d+):", line))}
     loop = (0, 0)
     for i, line in enumerate(ptx):
@@ -137,7 +247,7 @@ def loop_mix(config: Any, cap: int = 90) -> dict[str, Any]:
             loop = (labels[m.group(1)], i)
     counts: Counter = Counter()
     byte_loads = 0
-    for stmt in (s for line in ptx[loop[0]:loop[1]] for s in re.split(r"[{};]", line)):
+    for stmt in (s for line in ptx[loop[0] : loop[1]] for s in re.split(r"[{};]", line)):
         m = re.match(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9_]*)((?:\.[a-z0-9_]+)*)", stmt)
         if not m or m.group(1) == "reg":
             continue
@@ -145,19 +255,27 @@ def loop_mix(config: Any, cap: int = 90) -> dict[str, Any]:
         counts[op + (f".{mods[1]}" if op in ("ld", "st", "cp", "mma", "wgmma", "cvt") and len(mods) > 1 else "")] += 1
         byte_loads += op == "ld" and m.group(2).startswith(".shared") and m.group(2).endswith(".b8")
     row = {f"cfg_{k}": v for k, v in dataclasses.asdict(config).items()}
-    return dict(counts=counts, total=sum(counts.values()), byte_loads=byte_loads, shape=launch_shape(row),
-                triton=triton.__version__)
+    return dict(
+        counts=counts,
+        total=sum(counts.values()),
+        byte_loads=byte_loads,
+        shape=launch_shape(row),
+        triton=triton.__version__,
+    )
 
 
-def instruction_mix_table(mix: Mapping[str, Any], caption: str, other: Mapping[str, Any] | None = None,
-                          top: int = 12) -> Table:
+def instruction_mix_table(
+    mix: Mapping[str, Any], caption: str, other: Mapping[str, Any] | None = None, top: int = 12
+) -> Table:
     """The PTX instruction counts of the split kernel's token loop (:func:`loop_mix`) per thread per tile, and beside
     them another shape's (``other``)."""
     mix, other = Row(mix), Row(other or dict(counts=Counter()))
     ops = [k for k, _ in (mix.counts + other.counts).most_common(top)]
     rows = [dict(op=k, n=mix.counts.get(k, 0), m=other.counts.get(k, 0) if other.total else None) for k in ops]
-    rows += [dict(op="all instructions", n=mix.total, m=other.total),
-             dict(op="of them one-byte shared-memory loads", n=mix.byte_loads, m=other.byte_loads)]
+    rows += [
+        dict(op="all instructions", n=mix.total, m=other.total),
+        dict(op="of them one-byte shared-memory loads", n=mix.byte_loads, m=other.byte_loads),
+    ]
     columns = {"PTX instruction (token loop)": "op", mix.shape: "n", **({other.shape: "m"} if other.total else {})}
     return Table(rows, columns, caption)
 
@@ -185,13 +303,24 @@ def _ncu_point(r: Row) -> str:
 def ncu_summary(profile: Result, caption: str) -> Table:
     """The chapter's view of Nsight Compute: per path and point, HBM's share of its peak, the tensor pipe's busy
     share, achieved occupancy, issue slots busy and the largest stall reason."""
-    rows = [dict(r, point=_ncu_point(r), stall=f"{s[0][6:].replace('_', ' ')} ({r[s[0]]:.1f})" if (s := _stalls(r))
-                 else "—") for r in ncu_rows(profile)]
-    return Table(rows, {"path, heads, tokens (batch 1)": "point", "HBM % of peak": ("dram_pct_of_peak", number(0)),
-                        "tensor pipe busy %": ("tensor_pipe_pct", number(0)),
-                        "occupancy %": ("achieved_occupancy_pct", number(1)),
-                        "issue slots busy %": ("issue_active_pct", number(0)),
-                        "largest stall (warps per issue)": "stall"}, caption)
+    rows = [
+        dict(
+            r, point=_ncu_point(r), stall=f"{s[0][6:].replace('_', ' ')} ({r[s[0]]:.1f})" if (s := _stalls(r)) else "—"
+        )
+        for r in ncu_rows(profile)
+    ]
+    return Table(
+        rows,
+        {
+            "path, heads, tokens (batch 1)": "point",
+            "HBM % of peak": ("dram_pct_of_peak", number(0)),
+            "tensor pipe busy %": ("tensor_pipe_pct", number(0)),
+            "occupancy %": ("achieved_occupancy_pct", number(1)),
+            "issue slots busy %": ("issue_active_pct", number(0)),
+            "largest stall (warps per issue)": "stall",
+        },
+        caption,
+    )
 
 
 def ncu_ranges(profile: Result) -> dict[str, Any]:
@@ -200,32 +329,56 @@ def ncu_ranges(profile: Result) -> dict[str, Any]:
     prof = ncu_rows(profile)
     keys = ("dram_pct_of_peak", "achieved_occupancy_pct", "issue_active_pct", "tensor_pipe_pct")
     spans = {k: [r[k] for r in prof if r[k] is not None] for k in keys}
-    return dict(launches=len(prof), paths=[k for k in KERNEL_NAMES if any(r.path == k for r in prof)],
-                **{k: (min(xs), max(xs)) if xs else None for k, xs in spans.items()})
+    return dict(
+        launches=len(prof),
+        paths=[k for k in KERNEL_NAMES if any(r.path == k for r in prof)],
+        **{k: (min(xs), max(xs)) if xs else None for k, xs in spans.items()},
+    )
 
 
 def ncu_table(profile: Result, caption: str) -> Table:
     """Nsight Compute's view of each path's split kernel: bytes against the minimum, rates, resources, occupancy."""
-    rows = [dict(r, point=_ncu_point(r), us=r.duration_ns / 1e3, dram=(r.dram_read_bytes or 0) / r.min_bytes,
-                 l2=(r.l2_bytes or 0) / r.min_bytes, gbps=(r.dram_read_bytes or 0) / r.duration_ns,
-                 smem_kb=(r.dynamic_smem_bytes or 0) / 1024,
-                 occ=f"{r.theoretical_occupancy_pct or 0:.1f} / {r.achieved_occupancy_pct or 0:.1f}")
-            for r in ncu_rows(profile)]
-    return Table(rows, {"point": "point", "µs under ncu": ("us", number(1)), "HBM read / minimum": ("dram", times(2)),
-                        "HBM GB/s": ("gbps", number(0)), "L2 / minimum": ("l2", times(1)),
-                        "tensor pipe busy %": ("tensor_pipe_pct", number(0)),
-                        "shared ld/st % of peak": ("shared_lsu_pct", number(0)),
-                        "registers": ("registers_per_thread", number(0)), "smem KB": ("smem_kb", number(0)),
-                        "occupancy % (theory / achieved)": ("occ", plain)}, caption)
+    rows = [
+        dict(
+            r,
+            point=_ncu_point(r),
+            us=r.duration_ns / 1e3,
+            dram=(r.dram_read_bytes or 0) / r.min_bytes,
+            l2=(r.l2_bytes or 0) / r.min_bytes,
+            gbps=(r.dram_read_bytes or 0) / r.duration_ns,
+            smem_kb=(r.dynamic_smem_bytes or 0) / 1024,
+            occ=f"{r.theoretical_occupancy_pct or 0:.1f} / {r.achieved_occupancy_pct or 0:.1f}",
+        )
+        for r in ncu_rows(profile)
+    ]
+    return Table(
+        rows,
+        {
+            "point": "point",
+            "µs under ncu": ("us", number(1)),
+            "HBM read / minimum": ("dram", times(2)),
+            "HBM GB/s": ("gbps", number(0)),
+            "L2 / minimum": ("l2", times(1)),
+            "tensor pipe busy %": ("tensor_pipe_pct", number(0)),
+            "shared ld/st % of peak": ("shared_lsu_pct", number(0)),
+            "registers": ("registers_per_thread", number(0)),
+            "smem KB": ("smem_kb", number(0)),
+            "occupancy % (theory / achieved)": ("occ", plain),
+        },
+        caption,
+    )
 
 
 def stall_table(profile: Result, caption: str) -> Table:
     """Each profiled launch's stall reasons (warps per issued instruction), largest first by the first launch."""
     prof = ncu_rows(profile)
-    rows = [dict(reason=k[6:].replace("_", " "), **{str(i): r.get(k) for i, r in enumerate(prof)})
-            for k in (_stalls(prof[0]) if prof else [])]
-    return Table(rows, {"stall reason": "reason", **{_ncu_point(r): (str(i), number(2)) for i, r in enumerate(prof)}},
-                 caption)
+    rows = [
+        dict(reason=k[6:].replace("_", " "), **{str(i): r.get(k) for i, r in enumerate(prof)})
+        for k in (_stalls(prof[0]) if prof else [])
+    ]
+    return Table(
+        rows, {"stall reason": "reason", **{_ncu_point(r): (str(i), number(2)) for i, r in enumerate(prof)}}, caption
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -240,8 +393,11 @@ def contracts_table(validation: Result, caption: str) -> Table:
     checks: dict[str, dict[str, Any]] = {}
     for r in con:
         checks.setdefault(r.check, dict(check=r.check))[r.path] = "yes" if r.ok else "NO"
-    return Table(list(checks.values()), {"contract": "check", **{names[p]: p for p in names
-                                                                 if any(r.path == p for r in con)}}, caption)
+    return Table(
+        list(checks.values()),
+        {"contract": "check", **{names[p]: p for p in names if any(r.path == p for r in con)}},
+        caption,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -256,15 +412,29 @@ def bench_tables(grid: Grid, caption: str) -> list[Table]:
     fi8 = "flashinfer_fp8"
     names = {**SHORT, fi8: "FI FP8"}
     present = set(grid.strategies())
-    shown = [s for s in (OURS, FM_BF16, FM_FP8, fi8, FLASHINFER[2], SGLANG, "gather_cast_bf16", "full_cast_bf16")
-             if s in present or (s == fi8 and present & set(FLASHINFER[:2]))]
+    shown = [
+        s
+        for s in (OURS, FM_BF16, FM_FP8, fi8, FLASHINFER[2], SGLANG, "gather_cast_bf16", "full_cast_bf16")
+        if s in present or (s == fi8 and present & set(FLASHINFER[:2]))
+    ]
     labels = {s: label(s) for s in shown if s in STRATEGIES} | {fi8: "FlashInfer native FP8, the faster of fa2 and fa3"}
     legend = "; ".join(f"{names[s]} = {labels[s]}" for s in shown if s != OURS)
     tables = []
     for h in sorted({p[0] for p in grid.points}):
-        rows = [dict({s: min(filter(None, (grid.us(f, p) for f in FLASHINFER[:2])), default=None) if s == fi8
-                      else grid.us(s, p) for s in shown}, point=f"{context_label(p[1])}·{p[2]}",
-                     roof=(grid.row(OURS, p) or Row()).roofline_us) for p in grid.points if p[0] == h]
+        rows = [
+            dict(
+                {
+                    s: min(filter(None, (grid.us(f, p) for f in FLASHINFER[:2])), default=None)
+                    if s == fi8
+                    else grid.us(s, p)
+                    for s in shown
+                },
+                point=f"{context_label(p[1])}·{p[2]}",
+                roof=(grid.row(OURS, p) or Row()).roofline_us,
+            )
+            for p in grid.points
+            if p[0] == h
+        ]
         cols = {f"{h} h: ctx·batch": "point", "roofline": ("roof", us_cell), **{names[s]: (s, us_cell) for s in shown}}
         tables.append(Table(rows, cols, f"{caption} {legend}."))
     return tables
@@ -273,16 +443,25 @@ def bench_tables(grid: Grid, caption: str) -> list[Table]:
 def page_table(bench: Grid, caption: str, paths: Grid | None = None) -> Table:
     """Per head count, the time on SGLang's page-1 layout over the time on FlashMLA's 64-token pages (the same tokens
     per request), its range over the grid's points: ours (the bench), and each path forced (the paths run)."""
+
     def ratios(grid: Grid, h: int, one: Any, many: Any) -> str:
         xs = [a / b for p in grid.points if p[0] == h and (a := one(p)) and (b := many(p))]
         return f"{min(xs):.2f}–{max(xs):.2f}×" if xs else "—"
 
     kinds = timed_paths(paths) if paths else []
-    rows = [dict(heads=h, ours=ratios(bench, h, lambda p: bench.us(OURS, p), lambda p: bench.us(OURS_PAGE64, p)),
-                 **{k: ratios(paths, h, lambda p, k=k: paths.us(k, p, 1), lambda p, k=k: paths.us(k, p, 64))
-                    for k in kinds}) for h in sorted({p[0] for p in bench.points})]
-    cols = {"heads": "heads", "ours: page 1 / page 64": "ours", **{f"{KERNEL_NAMES[k]}: page 1 / page 64": k
-                                                                   for k in kinds}}
+    rows = [
+        dict(
+            heads=h,
+            ours=ratios(bench, h, lambda p: bench.us(OURS, p), lambda p: bench.us(OURS_PAGE64, p)),
+            **{k: ratios(paths, h, lambda p, k=k: paths.us(k, p, 1), lambda p, k=k: paths.us(k, p, 64)) for k in kinds},
+        )
+        for h in sorted({p[0] for p in bench.points})
+    ]
+    cols = {
+        "heads": "heads",
+        "ours: page 1 / page 64": "ours",
+        **{f"{KERNEL_NAMES[k]}: page 1 / page 64": k for k in kinds},
+    }
     return Table(rows, cols, caption)
 
 
@@ -292,15 +471,34 @@ def balance_table(grid: Grid, caption: str) -> Table:
     rows = []
     for p in (p for p in grid.points if p[2] > 1 and grid.us(OURS, p)):
         r = grid.row(OURS, p)
-        single = max((q for q in grid.points if q[0] == p[0] and q[2] == 1 and grid.us(OURS, q)), key=lambda q: q[1],
-                     default=None)
+        single = max(
+            (q for q in grid.points if q[0] == p[0] and q[2] == 1 and grid.us(OURS, q)),
+            key=lambda q: q[1],
+            default=None,
+        )
         b1 = grid.row(OURS, single) if single else Row()
-        rows.append(dict(point=point_label(p), lens=f"{r.len_min:,}–{r.len_max:,}", items=r.work_items,
-                         imbalance=r.imbalance, per_token=r.us / r.tokens * 1e3,
-                         b1=b1.us / b1.tokens * 1e3 if b1.us else None))
-    return Table(rows, {"point": "point", "request lengths": "lens", "work items": "items",
-                        "largest item / mean": ("imbalance", times(2)), "ns per token": ("per_token", number(2)),
-                        "batch 1, longest context: ns per token": ("b1", number(2))}, caption)
+        rows.append(
+            dict(
+                point=point_label(p),
+                lens=f"{r.len_min:,}–{r.len_max:,}",
+                items=r.work_items,
+                imbalance=r.imbalance,
+                per_token=r.us / r.tokens * 1e3,
+                b1=b1.us / b1.tokens * 1e3 if b1.us else None,
+            )
+        )
+    return Table(
+        rows,
+        {
+            "point": "point",
+            "request lengths": "lens",
+            "work items": "items",
+            "largest item / mean": ("imbalance", times(2)),
+            "ns per token": ("per_token", number(2)),
+            "batch 1, longest context: ns per token": ("b1", number(2)),
+        },
+        caption,
+    )
 
 
 def host_table(grid: Grid, caption: str, heads: int = 16) -> Table:
@@ -308,5 +506,8 @@ def host_table(grid: Grid, caption: str, heads: int = 16) -> Table:
     contexts = sorted({p[1] for p in grid.points if p[0] == heads and p[2] == 1})
     host = {s: {c: (grid.row(s, (heads, c, 1)) or Row()).host_us for c in contexts} for s in grid.strategies()}
     rows = [dict(by, s=label(s)) for s, by in host.items() if any(by.values())]
-    return Table(rows, {f"{heads} heads, batch 1": "s", **{f"{context_label(c)} host µs": (c, number(0))
-                                                           for c in contexts}}, caption)
+    return Table(
+        rows,
+        {f"{heads} heads, batch 1": "s", **{f"{context_label(c)} host µs": (c, number(0)) for c in contexts}},
+        caption,
+    )

@@ -68,14 +68,27 @@ def cost_numbers(ceilings: Mapping[str, float] | None, geometry: MLAGeometry = G
     measured ``copy_gbps`` and ``bf16_tflops``) the ceilings and the ridge point in FLOP per byte; None where the
     ceilings are not given."""
     per_token, c = kv_read_bytes(1, geometry), Row(ceilings or {})
-    return dict(per_token_bytes=per_token, kv_dim=geometry.kv_dim, kv_lora_rank=geometry.kv_lora_rank,
-                index_bytes=per_token - geometry.kv_dim, flops=decode_flops(1, 1, geometry),
-                bf16_per_token_bytes=kv_read_bytes(1, geometry, kv_dtype=torch.bfloat16),
-                copy_gbps=c.copy_gbps, bf16_tflops=c.bf16_tflops, ridge=_ridge(c) if c else None)
+    return dict(
+        per_token_bytes=per_token,
+        kv_dim=geometry.kv_dim,
+        kv_lora_rank=geometry.kv_lora_rank,
+        index_bytes=per_token - geometry.kv_dim,
+        flops=decode_flops(1, 1, geometry),
+        bf16_per_token_bytes=kv_read_bytes(1, geometry, kv_dtype=torch.bfloat16),
+        copy_gbps=c.copy_gbps,
+        bf16_tflops=c.bf16_tflops,
+        ridge=_ridge(c) if c else None,
+    )
 
 
-def cost_table(ceilings: Mapping[str, float] | None, caption: str, *, heads: Iterable[int] = GRID_HEADS,
-               tokens: int = 131072, geometry: MLAGeometry = GLM5) -> Table:
+def cost_table(
+    ceilings: Mapping[str, float] | None,
+    caption: str,
+    *,
+    heads: Iterable[int] = GRID_HEADS,
+    tokens: int = 131072,
+    geometry: MLAGeometry = GLM5,
+) -> Table:
     """Per head count: arithmetic intensity, which ceiling binds (given the ceilings), and the roofline of one
     ``tokens``-token request per layer, with the time at each ceiling alone."""
     rows = []
@@ -84,29 +97,55 @@ def cost_table(ceilings: Mapping[str, float] | None, caption: str, *, heads: Ite
         row: dict[str, Any] = dict(heads=h, intensity=flops / nbytes)
         if ceilings:
             copy, tflops = Row(ceilings).copy_gbps, Row(ceilings).bf16_tflops
-            row.update(bound="memory" if flops / nbytes < _ridge(ceilings) else "compute", mem_us=nbytes / copy / 1e3,
-                       math_us=flops / tflops / 1e6, roof=roofline_us(h, tokens, copy, tflops, geometry))
+            row.update(
+                bound="memory" if flops / nbytes < _ridge(ceilings) else "compute",
+                mem_us=nbytes / copy / 1e3,
+                math_us=flops / tflops / 1e6,
+                roof=roofline_us(h, tokens, copy, tflops, geometry),
+            )
         rows.append(row)
     cols: dict[str, Any] = {"heads": "heads", "FLOP per byte": ("intensity", number(0))}
     if ceilings:
-        cols.update({"bound by": "bound", "bytes at copy speed, µs": ("mem_us", number(1)),
-                     "FLOPs at matmul rate, µs": ("math_us", number(1)), "roofline µs": ("roof", number(1))})
+        cols.update(
+            {
+                "bound by": "bound",
+                "bytes at copy speed, µs": ("mem_us", number(1)),
+                "FLOPs at matmul rate, µs": ("math_us", number(1)),
+                "roofline µs": ("roof", number(1)),
+            }
+        )
     return Table(rows, cols, caption)
 
 
-def bytes_by_path(caption: str, context: int = 131072, *, pool_tokens: int = ORIGINAL.pool_tokens,
-                  geometry: MLAGeometry = GLM5) -> Table:
+def bytes_by_path(
+    caption: str, context: int = 131072, *, pool_tokens: int = ORIGINAL.pool_tokens, geometry: MLAGeometry = GLM5
+) -> Table:
     """HBM bytes per layer each way of computing the decode moves for one request of ``context`` tokens: the
     original's whole-pool cast, chapter 4's gather-then-cast (each followed by BF16 attention), a BF16 cache, ours."""
     bf16_attention = kv_read_bytes(context, geometry, kv_dtype=torch.bfloat16)
     ours = kv_read_bytes(context, geometry)
-    moved = (full_pool_cast_bytes(geometry, pool_tokens)["total"] + bf16_attention,
-             gather_cast_bytes(context, geometry) + bf16_attention, bf16_attention, ours)
-    paths = ("whole-pool cast + BF16 attention (the original)", "gather-then-cast + BF16 attention (chapter 4)",
-             "BF16 cache (twice the memory)", "ours: attention straight from FP8")
+    moved = (
+        full_pool_cast_bytes(geometry, pool_tokens)["total"] + bf16_attention,
+        gather_cast_bytes(context, geometry) + bf16_attention,
+        bf16_attention,
+        ours,
+    )
+    paths = (
+        "whole-pool cast + BF16 attention (the original)",
+        "gather-then-cast + BF16 attention (chapter 4)",
+        "BF16 cache (twice the memory)",
+        "ours: attention straight from FP8",
+    )
     rows = [dict(path=p, mb=b / 1e6, x=b / ours) for p, b in zip(paths, moved)]
-    return Table(rows, {f"per layer, one {context // 1024}K-token request": "path", "MB moved": ("mb", number(1)),
-                        "MB / ours' MB": ("x", times(1))}, caption)
+    return Table(
+        rows,
+        {
+            f"per layer, one {context // 1024}K-token request": "path",
+            "MB moved": ("mb", number(1)),
+            "MB / ours' MB": ("x", times(1)),
+        },
+        caption,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,8 +167,8 @@ def query_scaling_is_exact(rows: int = 64, decades: float = 6.0, seed: int = 5) 
     magnitudes = 10.0 ** torch.empty(rows, 1, dtype=torch.float64).uniform_(-decades, decades, generator=g)
     q = (torch.randn(rows, GLM5.kv_dim, generator=g, dtype=torch.float64) * magnitudes).to(torch.bfloat16)
     exponent = 13 - torch.floor(torch.log2(q.double().abs().amax(1, keepdim=True)))
-    q16 = (q.double() * 2.0 ** exponent).to(torch.float16)
-    return bool(((q16.double() * 2.0 ** -exponent) == q.double()).all()), float(q16.abs().max())
+    q16 = (q.double() * 2.0**exponent).to(torch.float16)
+    return bool(((q16.double() * 2.0**-exponent) == q.double()).all()), float(q16.abs().max())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,8 +183,15 @@ def tile_floors(geometry: MLAGeometry = GLM5) -> dict[str, float]:
     d, dc, m, n = geometry.kv_dim, geometry.kv_lora_rank, HEADS_PER_CTA, BLOCK_N
     scores, out = 2 * m * n * d / TENSOR_FLOP_PER_CYCLE, 2 * m * n * dc / TENSOR_FLOP_PER_CYCLE
     traffic = (m * d + n * d) * 2 + n * dc * 2 + 2 * m * n * 2 + n * d * 2
-    return dict(flops=2 * m * n * (d + dc), scores=scores, outputs=out, tensor=scores + out, smem_bytes=traffic,
-                smem=traffic / SMEM_BYTES_PER_CYCLE, fp8_bytes=n * d)
+    return dict(
+        flops=2 * m * n * (d + dc),
+        scores=scores,
+        outputs=out,
+        tensor=scores + out,
+        smem_bytes=traffic,
+        smem=traffic / SMEM_BYTES_PER_CYCLE,
+        fp8_bytes=n * d,
+    )
 
 
 def tokens_tile_cycles(geometry: MLAGeometry = GLM5) -> dict[int, float]:
@@ -164,15 +210,26 @@ def build_resources(paths: Result | Mapping[str, Any] | None) -> dict[str, dict[
     build = Row(next(iter(rows_of(paths, "build")), {}) if isinstance(paths, Result) else paths or {})
     w, t = Row(build.wgmma or {}), Row(build.wgmma_tokens or {})
     per_cta = (t.per_cta or {}) if t.runs else {}
-    found = {"wgmma": (w, w if w.runs and w.registers else None),
-             **{f"wgmma_tokens_{hn}": (t, per_cta.get(str(hn))) for hn in wgmma_tokens.HEADS_PER_CTA}}
+    found = {
+        "wgmma": (w, w if w.runs and w.registers else None),
+        **{f"wgmma_tokens_{hn}": (t, per_cta.get(str(hn))) for hn in wgmma_tokens.HEADS_PER_CTA},
+    }
     m = re.search(r"cuda_(\d+\.\d+)|release (\d+\.\d+)", build.nvcc or "")
     out: dict[str, dict[str, Any] | None] = {}
     for name, (built, k) in found.items():
         k = Row(k or {})
         per_sm = min(SM90_SMEM_PER_SM // k.smem, SM90_REGS_PER_SM // (k.registers * k.threads)) if k else 0
-        out[name] = dict(k, arch=built.arch, nvcc=(m.group(1) or m.group(2)) if m else build.nvcc,
-                         smem_kb=(k.smem or 0) / 1024, ctas_per_sm=per_sm) if k else None
+        out[name] = (
+            dict(
+                k,
+                arch=built.arch,
+                nvcc=(m.group(1) or m.group(2)) if m else build.nvcc,
+                smem_kb=(k.smem or 0) / 1024,
+                ctas_per_sm=per_sm,
+            )
+            if k
+            else None
+        )
     return out
 
 
@@ -189,16 +246,27 @@ def design_table(tuning: Result | None, caption: str, heads: Iterable[int] = GRI
             bh, bn = shapes[h].cfg_block_h, shapes[h].cfg_block_n
             row.update(t_block=f"{bh} × {bn}", t_conv=-(-h // bh), t_pad=1 - h / (-(-h // bh) * bh))
         ctas, hn = -(-h // HEADS_PER_CTA), wgmma_tokens.heads_per_cta(h)
-        row.update(w_conv=ctas, w_pad=1 - h / (ctas * HEADS_PER_CTA), k_conv=-(-h // hn),
-                   k_pad=1 - h / (-(-h // hn) * hn))
+        row.update(
+            w_conv=ctas, w_pad=1 - h / (ctas * HEADS_PER_CTA), k_conv=-(-h // hn), k_pad=1 - h / (-(-h // hn) * hn)
+        )
         rows.append(row)
     cols: dict[str, Any] = {"heads": "heads"}
     if shapes:
-        cols.update({"Triton path: heads × tokens per step": "t_block", "programs converting each token": "t_conv",
-                     "padded MMA rows": ("t_pad", percent)})
-    cols.update({"wgmma path: CTAs converting each token": "w_conv", "padded MMA rows ": ("w_pad", percent),
-                 "tokens-on-M wgmma path: CTAs converting each token": "k_conv",
-                 "padded MMA columns": ("k_pad", percent)})
+        cols.update(
+            {
+                "Triton path: heads × tokens per step": "t_block",
+                "programs converting each token": "t_conv",
+                "padded MMA rows": ("t_pad", percent),
+            }
+        )
+    cols.update(
+        {
+            "wgmma path: CTAs converting each token": "w_conv",
+            "padded MMA rows ": ("w_pad", percent),
+            "tokens-on-M wgmma path: CTAs converting each token": "k_conv",
+            "padded MMA columns": ("k_pad", percent),
+        }
+    )
     return Table(rows, cols, caption)
 
 
@@ -245,32 +313,58 @@ def validation_table(result: Result, caption: str) -> Table:
         ran = sorted({r.kernel_path for r in sel if r.kernel_path})
         what = f"{PATH_NAMES[path]}: {n} case{'s' * (n != 1)}, heads {', '.join(map(str, heads))}"
         what += f" (ran {paths_said(ran)})" if path == "ours" and ran else ""
-        rows.append(dict(what=what, passed=_passed(sel),
-                         err=max((r.rel_err for r in sel if r.rel_err is not None), default=None),
-                         ratio=_range([r.ratio for r in _inexact(sel)])))
+        rows.append(
+            dict(
+                what=what,
+                passed=_passed(sel),
+                err=max((r.rel_err for r in sel if r.rel_err is not None), default=None),
+                ratio=_range([r.ratio for r in _inexact(sel)]),
+            )
+        )
     peers = [r for r in rows_of(result, "fp8_peers") if r.rel_err is not None]
     for peer in sorted({r.peer for r in peers}):
         sel = [r for r in peers if r.peer == peer]
-        rows.append(dict(what=f"{label(peer)}, same inputs", passed=f"{len(sel)} ran", err=max(r.rel_err for r in sel),
-                         ratio=_range([r.ratio_vs_bf16 for r in sel if r.ratio_vs_bf16], ".1f")))
+        rows.append(
+            dict(
+                what=f"{label(peer)}, same inputs",
+                passed=f"{len(sel)} ran",
+                err=max(r.rel_err for r in sel),
+                ratio=_range([r.ratio_vs_bf16 for r in sel if r.ratio_vs_bf16], ".1f"),
+            )
+        )
     if con := rows_of(result, "contract"):
         paths = sorted({r.path for r in con}, key=list(PATH_NAMES).index)
         rows.append(dict(what=f"contracts ({len({r.check for r in con})}, on {', '.join(paths)})", passed=_passed(con)))
-    for section, what in (("errors", "bad inputs raise before launch, out untouched"),
-                          ("graph", "CUDA graph: capture once, replay with new lengths, indices and scales")):
+    for section, what in (
+        ("errors", "bad inputs raise before launch, out untouched"),
+        ("graph", "CUDA graph: capture once, replay with new lengths, indices and scales"),
+    ):
         if checks := rows_of(result, section):
             rows.append(dict(what=what, passed=_passed(checks)))
     for san in rows_of(result, "sanitizer")[:1]:  # a row without paths was recorded when it ran the Triton path only
-        rows.append(dict(what=f"`compute-sanitizer --tool memcheck` on {paths_said(san.paths or ['triton'])}",
-                         passed={True: "clean", False: "FAILED", None: "not run"}[san.passed]))
-    return Table(rows, {"check": "what", "passed": "passed", "worst error vs float64": ("err", scientific),
-                        "error / the BF16 path's": ("ratio", plain)}, caption)
+        rows.append(
+            dict(
+                what=f"`compute-sanitizer --tool memcheck` on {paths_said(san.paths or ['triton'])}",
+                passed={True: "clean", False: "FAILED", None: "not run"}[san.passed],
+            )
+        )
+    return Table(
+        rows,
+        {
+            "check": "what",
+            "passed": "passed",
+            "worst error vs float64": ("err", scientific),
+            "error / the BF16 path's": ("ratio", plain),
+        },
+        caption,
+    )
 
 
 def validation_passed(result: Result) -> bool:
     """Every row of the run that has a verdict passed (``passed`` or, for contracts, ``ok``)."""
-    return all(bool(v) for r in result.rows if r.get("section") != "setup" and (v := r.get("passed", r.get("ok")))
-               is not None)
+    return all(
+        bool(v) for r in result.rows if r.get("section") != "setup" and (v := r.get("passed", r.get("ok"))) is not None
+    )
 
 
 def validation_ratios(result: Result) -> dict[str, tuple[float, float]]:

@@ -18,8 +18,20 @@ from kvwall.reports.gather_step_report import Row, rows_of
 from kvwall.reports.tables import CHECK_COLUMNS, Table
 from kvwall.results import Result
 
-__all__ = ["Prediction", "predict", "suite_table", "bench_series", "Targets", "targets", "launch", "of_copy",
-           "TORCH_OP", "KERNELS", "RANDOM_SLOTS", "FULL_CASTS"]
+__all__ = [
+    "Prediction",
+    "predict",
+    "suite_table",
+    "bench_series",
+    "Targets",
+    "targets",
+    "launch",
+    "of_copy",
+    "TORCH_OP",
+    "KERNELS",
+    "RANDOM_SLOTS",
+    "FULL_CASTS",
+]
 
 #: Implementation names the benchmark records.
 TORCH_OP = "PyTorch index_select().to(bf16)"
@@ -58,9 +70,15 @@ class Prediction:
     time_saved: float | None = None
 
 
-def predict(context: int, capacity: int, *, copy_gbps: float | None = None,
-            before: Mapping[str, float] | None = None, pool_tokens: int = ORIGINAL.pool_tokens,
-            geometry: MLAGeometry = GLM5) -> Prediction:
+def predict(
+    context: int,
+    capacity: int,
+    *,
+    copy_gbps: float | None = None,
+    before: Mapping[str, float] | None = None,
+    pool_tokens: int = ORIGINAL.pool_tokens,
+    geometry: MLAGeometry = GLM5,
+) -> Prediction:
     """Bytes per layer of the whole-pool cast, a gather-cast of one ``context``-token request and PyTorch's
     two-kernel gather over a graph's ``capacity``; with the copy bandwidth and chapter 1's recorded step summary
     (``before``: ``step_ms``, ``cast_op_ms_per_step``), the step the gather-cast should give."""
@@ -68,17 +86,36 @@ def predict(context: int, capacity: int, *, copy_gbps: float | None = None,
     gather, per_row = gather_cast_bytes(context, geometry), gather_cast_bytes(1, geometry)
     # index_select().to(): the FP8 rows gathered into an FP8 temporary (written, then read again) with int64 indices.
     torch_capacity = gather_cast_bytes(capacity, geometry, index_bytes=8) + 2 * capacity * geometry.kv_dim
-    p = Prediction(geometry.kv_dim, 2 * geometry.kv_dim, per_row - 3 * geometry.kv_dim, per_row, pool_tokens, full,
-                   context, gather, capacity, torch_capacity, attention_read_bytes(geometry, context),
-                   geometry.num_layers)
+    p = Prediction(
+        geometry.kv_dim,
+        2 * geometry.kv_dim,
+        per_row - 3 * geometry.kv_dim,
+        per_row,
+        pool_tokens,
+        full,
+        context,
+        gather,
+        capacity,
+        torch_capacity,
+        attention_read_bytes(geometry, context),
+        geometry.num_layers,
+    )
     if not (copy_gbps and before):
         return p
     per_layer_us, b = gather / (copy_gbps * 1e3), Row(before)
     kv_ms = geometry.num_layers * per_layer_us / 1e3
     after = b.step_ms - b.cast_op_ms_per_step + kv_ms
-    return dataclasses.replace(p, copy_gbps=copy_gbps, per_layer_us=per_layer_us, kv_ms_per_step=kv_ms,
-                               cast_ms_per_step=b.cast_op_ms_per_step, cast_ms_at_copy=full / (copy_gbps * 1e6),
-                               before_step_ms=b.step_ms, step_ms=after, time_saved=1 - after / b.step_ms)
+    return dataclasses.replace(
+        p,
+        copy_gbps=copy_gbps,
+        per_layer_us=per_layer_us,
+        kv_ms_per_step=kv_ms,
+        cast_ms_per_step=b.cast_op_ms_per_step,
+        cast_ms_at_copy=full / (copy_gbps * 1e6),
+        before_step_ms=b.step_ms,
+        step_ms=after,
+        time_saved=1 - after / b.step_ms,
+    )
 
 
 def _count(rows: list[Row]) -> str:
@@ -86,8 +123,10 @@ def _count(rows: list[Row]) -> str:
 
 
 #: The suite's sections past the cases, as the table names them.
-_SECTIONS = {"graph": "CUDA graph: capture once, replay with new indices/lengths/scale",
-             "errors": "bad inputs raise before launch"}
+_SECTIONS = {
+    "graph": "CUDA graph: capture once, replay with new indices/lengths/scale",
+    "errors": "bad inputs raise before launch",
+}
 
 
 def suite_table(result: Result, caption: str) -> Table:
@@ -96,17 +135,29 @@ def suite_table(result: Result, caption: str) -> Table:
     rows, cases = [], rows_of(result, "cases")
     for impl, nan in sorted({(r.impl, r.nan_inputs) for r in cases}):
         sel = [r for r in cases if (r.impl, r.nan_inputs) == (impl, nan)]
-        rows.append(dict(what=f"{impl}: cases" + (" (FP8 NaNs in the pool)" if nan else ""), passed=_count(sel),
-                         detail=f"{sum(r.mismatched_values for r in sel)} mismatched values, "
-                                f"{sum(r.overwritten_poison for r in sel)} poisoned values overwritten"))
+        rows.append(
+            dict(
+                what=f"{impl}: cases" + (" (FP8 NaNs in the pool)" if nan else ""),
+                passed=_count(sel),
+                detail=f"{sum(r.mismatched_values for r in sel)} mismatched values, "
+                f"{sum(r.overwritten_poison for r in sel)} poisoned values overwritten",
+            )
+        )
     for section, what in _SECTIONS.items():
         checks = rows_of(result, section)
-        rows += [dict(what=f"{impl}: {what}", passed=_count([r for r in checks if r.impl == impl]), detail="")
-                 for impl in sorted({r.impl for r in checks})]
+        rows += [
+            dict(what=f"{impl}: {what}", passed=_count([r for r in checks if r.impl == impl]), detail="")
+            for impl in sorted({r.impl for r in checks})
+        ]
     full_cast, nvcc = rows_of(result, "full_cast")[0], rows_of(result, "nvcc")[0]
     rows.append(dict(what="full_cast, whole pool", passed=_count([full_cast]), detail=f"shape {full_cast.shape}"))
-    rows.append(dict(what="nvcc, CUDA C++ twin", passed={True: "compiled", False: "FAILED", None: "no nvcc"}[nvcc.ok],
-                     detail=nvcc.summary))
+    rows.append(
+        dict(
+            what="nvcc, CUDA C++ twin",
+            passed={True: "compiled", False: "FAILED", None: "no nvcc"}[nvcc.ok],
+            detail=nvcc.summary,
+        )
+    )
     return Table(rows, CHECK_COLUMNS, caption)
 
 
@@ -133,8 +184,11 @@ def _at(result: Result, impl: str, n: int, layout: str = RANDOM_SLOTS, section: 
     for r in rows_of(result, section):
         if r.impl == impl and r.n == n and (not sweep or r.layout == layout):
             return r
-    raise KeyError(f"{result.path or result.experiment}: no {section} row for {impl!r} at n={n}"
-                   + (f" ({layout})" if sweep else "") + ".")
+    raise KeyError(
+        f"{result.path or result.experiment}: no {section} row for {impl!r} at n={n}"
+        + (f" ({layout})" if sweep else "")
+        + "."
+    )
 
 
 def of_copy(result: Result, n: int, impl: str = KERNELS[0]) -> float:
@@ -166,18 +220,29 @@ def targets(result: Result, sizes: tuple[int, ...] = (4096, 32768, 131072, 52428
     batch_layout, kernels, rows = f"batch {Row(result.params).batch}, mixed lengths", _kernels(result), []
     for n in sizes:
         torch_ms = _at(result, TORCH_OP, n).ms
-        rows += [Row(r, us=r.ms * 1e3, vs_torch=torch_ms / r.ms, batch=_at(result, r.impl, n, batch_layout).of_copy)
-                 for r in (_at(result, impl, n) for impl in [*kernels, TORCH_OP])]
+        rows += [
+            Row(r, us=r.ms * 1e3, vs_torch=torch_ms / r.ms, batch=_at(result, r.impl, n, batch_layout).of_copy)
+            for r in (_at(result, impl, n) for impl in [*kernels, TORCH_OP])
+        ]
     best, sweep = kernels[0], rows_of(result, "sweep")
     large = [r for r in sweep if r.impl == best and r.n >= 32768]
     torch_ms = {r.n: r.ms for r in sweep if r.impl == TORCH_OP and r.layout == RANDOM_SLOTS}
     full_pool = {r.impl: r.of_copy for r in rows_of(result, "full_pool")}
-    return Targets(rows, batch_layout, dict(
-        kernel=best, copy_gbps=_copy(result), pool_tokens=Row(result.params).pool_tokens,
-        min_of_copy_n_ge_32k=min(r.of_copy for r in large),
-        min_speedup_vs_torch_n_ge_32k=min(torch_ms[r.n] / r.ms for r in large if r.layout == RANDOM_SLOTS),
-        us_at_4k=_at(result, best, 4096).ms * 1e3, us_at_4k_graph=_at(result, best, 4096, section="graph").ms * 1e3,
-        full_cast_of_copy=full_pool[FULL_CASTS[0]], torch_cast_of_copy=full_pool[FULL_CASTS[1]]))
+    return Targets(
+        rows,
+        batch_layout,
+        dict(
+            kernel=best,
+            copy_gbps=_copy(result),
+            pool_tokens=Row(result.params).pool_tokens,
+            min_of_copy_n_ge_32k=min(r.of_copy for r in large),
+            min_speedup_vs_torch_n_ge_32k=min(torch_ms[r.n] / r.ms for r in large if r.layout == RANDOM_SLOTS),
+            us_at_4k=_at(result, best, 4096).ms * 1e3,
+            us_at_4k_graph=_at(result, best, 4096, section="graph").ms * 1e3,
+            full_cast_of_copy=full_pool[FULL_CASTS[0]],
+            torch_cast_of_copy=full_pool[FULL_CASTS[1]],
+        ),
+    )
 
 
 def launch(result: Result, n: int = 32768) -> dict[str, Any]:
@@ -191,7 +256,14 @@ def launch(result: Result, n: int = 32768) -> dict[str, Any]:
     empty = next(r for r in rows_of(result, "launch") if r.impl == best)
     config = next(iter(rows_of(result, "config")), None)
     large = config and Row(config.large_config)
-    return dict(n=n, floor_us=gather_cast_bytes(n) / (copy * 1e3), timed_us=_at(result, best, n).ms * 1e3,
-                empty_us=empty.device_ms * 1e3, empty_graph_us=empty.graph_ms * 1e3, graph_of_copy=graph.get(n),
-                graph_of_copy_2n=graph.get(2 * n), config=config,
-                bytes_in_flight=large and large.block * 64 // (32 * large.num_warps))
+    return dict(
+        n=n,
+        floor_us=gather_cast_bytes(n) / (copy * 1e3),
+        timed_us=_at(result, best, n).ms * 1e3,
+        empty_us=empty.device_ms * 1e3,
+        empty_graph_us=empty.graph_ms * 1e3,
+        graph_of_copy=graph.get(n),
+        graph_of_copy_2n=graph.get(2 * n),
+        config=config,
+        bytes_in_flight=large and large.block * 64 // (32 * large.num_warps),
+    )

@@ -11,9 +11,24 @@ from typing import Any, Mapping
 from kvwall.model.original import ORIGINAL
 from kvwall.results import Result
 
-__all__ = ["Row", "rows_of", "SLOW_STEP", "CAPACITY_LABELS", "live_profile_params", "finding", "host_bound",
-           "host_summary", "stalls", "breakdown", "gain_rows", "capacity_gain", "capacity_series", "capacity_for",
-           "capacity_readings", "closing"]
+__all__ = [
+    "Row",
+    "rows_of",
+    "SLOW_STEP",
+    "CAPACITY_LABELS",
+    "live_profile_params",
+    "finding",
+    "host_bound",
+    "host_summary",
+    "stalls",
+    "breakdown",
+    "gain_rows",
+    "capacity_gain",
+    "capacity_series",
+    "capacity_for",
+    "capacity_readings",
+    "closing",
+]
 
 #: Slower than this × its strategy's graph step, a phase-clocked step "ran long".
 SLOW_STEP = 1.1
@@ -21,8 +36,10 @@ SLOW_STEP = 1.1
 _BEFORE, _TORCH, _FUSED = "full_pool_cast", "index_then_cast", "gather_cast"
 #: The capacity sweep's strategies (PyTorch's two kernels over the capacity, the fused kernel), as its figure names
 #: them.
-CAPACITY_LABELS = {"index_then_cast_capacity": "PyTorch index_select().to(), over the capacity",
-                   "gather_cast_capacity": "gather_cast (Triton), real length from kv_indptr"}
+CAPACITY_LABELS = {
+    "index_then_cast_capacity": "PyTorch index_select().to(), over the capacity",
+    "gather_cast_capacity": "gather_cast (Triton), real length from kv_indptr",
+}
 
 
 class Row(dict):
@@ -60,10 +77,20 @@ def finding(result: Result) -> dict[str, Any] | None:
     gains = {r.strategy: r for r in rows_of(result, "gain")}
     torch, fused, graphs = gains[_TORCH], gains[_FUSED], strategies[_TORCH].graph_step_ms is not None
     if graphs:
-        return dict(graphs=True, torch_saved=torch.graph_time_saved, torch_speedup=torch.graph_speedup,
-                    fused_saved=fused.graph_time_saved, fused_speedup=fused.graph_speedup)
-    return dict(graphs=False, torch_saved=torch.time_saved, torch_speedup=torch.speedup, fused_saved=fused.time_saved,
-                fused_speedup=fused.speedup)
+        return dict(
+            graphs=True,
+            torch_saved=torch.graph_time_saved,
+            torch_speedup=torch.graph_speedup,
+            fused_saved=fused.graph_time_saved,
+            fused_speedup=fused.graph_speedup,
+        )
+    return dict(
+        graphs=False,
+        torch_saved=torch.time_saved,
+        torch_speedup=torch.speedup,
+        fused_saved=fused.time_saved,
+        fused_speedup=fused.speedup,
+    )
 
 
 def live_profile_params(knobs: Mapping[str, int], small: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,9 +98,13 @@ def live_profile_params(knobs: Mapping[str, int], small: Mapping[str, Any]) -> d
     the experiment's small-scale capacity (at least the context, at most the pool) and the capacities of its sweep
     that fit the pool."""
     k, s = Row(knobs), Row(small)
-    return dict(pool_tokens=k.pool_tokens, layers=k.layers, context_lens=[k.context_len],
-                capacity=min(max(s.capacity, k.context_len), k.pool_tokens),
-                capacity_sweep=[c for c in s.capacity_sweep if c <= k.pool_tokens])
+    return dict(
+        pool_tokens=k.pool_tokens,
+        layers=k.layers,
+        context_lens=[k.context_len],
+        capacity=min(max(s.capacity, k.context_len), k.pool_tokens),
+        capacity_sweep=[c for c in s.capacity_sweep if c <= k.pool_tokens],
+    )
 
 
 def host_bound(result: Result) -> list[Row]:
@@ -91,10 +122,13 @@ def host_summary(result: Result) -> dict[str, Any] | None:
     others = [s for s in graphed if s not in bound]
     if not graphed:
         return None
-    return dict(strategies=len(graphed), bound=bound,
-                share=max((s.host_enqueue_ms / s.graph_step_ms for s in others), default=None),
-                eager_excess_ms=max((s.unmarked_step_ms - s.graph_step_ms for s in others), default=None),
-                phase_sum_gap_ms=max(abs(s.graph_step_ms - s.graph_phase_sum_ms) for s in graphed))
+    return dict(
+        strategies=len(graphed),
+        bound=bound,
+        share=max((s.host_enqueue_ms / s.graph_step_ms for s in others), default=None),
+        eager_excess_ms=max((s.unmarked_step_ms - s.graph_step_ms for s in others), default=None),
+        phase_sum_gap_ms=max(abs(s.graph_step_ms - s.graph_phase_sum_ms) for s in graphed),
+    )
 
 
 def stalls(result: Result) -> dict[str, Any] | None:
@@ -112,12 +146,18 @@ def stalls(result: Result) -> dict[str, Any] | None:
     def median(rows: list[Row], field: str) -> float | None:
         return statistics.median(r[field] for r in rows) if rows else None
 
-    return dict(marked=len(marked), slow=len(slow), slow_strategies=sorted({r.strategy for r in slow}),
-                syncs=max(s.syncs_per_step for k, s in strategies.items() if k != _BEFORE),
-                host_ms_slow=median(slow, "host_ms"), host_ms_normal=median(normal, "host_ms"),
-                kv_free_ms_slow=median(slow, "kv_free_ms"), kv_free_ms_normal=median(normal, "kv_free_ms"),
-                gc_passes=sum(r.gc_passes for r in slow) if slow else None,
-                max_host_gap_ms=max((r.max_host_gap_ms for r in slow), default=None))
+    return dict(
+        marked=len(marked),
+        slow=len(slow),
+        slow_strategies=sorted({r.strategy for r in slow}),
+        syncs=max(s.syncs_per_step for k, s in strategies.items() if k != _BEFORE),
+        host_ms_slow=median(slow, "host_ms"),
+        host_ms_normal=median(normal, "host_ms"),
+        kv_free_ms_slow=median(slow, "kv_free_ms"),
+        kv_free_ms_normal=median(normal, "kv_free_ms"),
+        gc_passes=sum(r.gc_passes for r in slow) if slow else None,
+        max_host_gap_ms=max((r.max_host_gap_ms for r in slow), default=None),
+    )
 
 
 def breakdown(result: Result) -> tuple[dict[str, dict[str, float]], bool]:
@@ -126,9 +166,12 @@ def breakdown(result: Result) -> tuple[dict[str, dict[str, float]], bool]:
     else from the phase clock."""
     strategies, graphs = _by_strategy(result), rows_of(result, "graph_breakdown")
     rows = graphs or rows_of(result, "breakdown")
-    return {strategies[s].name.replace(", ", "<br>", 1): {r.phase: r.ms_per_step for r in rows
-                                                          if r.strategy == s and r.ms_per_step is not None}
-            for s in result.params["strategies"]}, bool(graphs)
+    return {
+        strategies[s].name.replace(", ", "<br>", 1): {
+            r.phase: r.ms_per_step for r in rows if r.strategy == s and r.ms_per_step is not None
+        }
+        for s in result.params["strategies"]
+    }, bool(graphs)
 
 
 def gain_rows(result: Result) -> list[Row]:
@@ -141,8 +184,11 @@ def capacity_gain(result: Result) -> list[Row]:
     """Each capacity row with the step it gives (``step_ms``: the measured 'before' step − its KV time + layers × the
     per-layer KV time at that capacity; CUDA graphs where recorded) and the share of the 'before' step it saves."""
     before = _by_strategy(result)[_BEFORE]
-    step0, kv0 = ((before.graph_step_ms, before.graph_kv_ms_per_step) if before.graph_step_ms is not None
-                  else (before.step_ms, before.kv_strategy_ms_per_step))  # device time where recorded
+    step0, kv0 = (
+        (before.graph_step_ms, before.graph_kv_ms_per_step)
+        if before.graph_step_ms is not None
+        else (before.step_ms, before.kv_strategy_ms_per_step)
+    )  # device time where recorded
     steps = [(r, step0 - kv0 + before.layers * r.ms_per_layer) for r in rows_of(result, "capacity")]
     return [Row(r, step_ms=step, time_saved=1 - step / step0) for r, step in steps]
 
@@ -183,8 +229,13 @@ def capacity_readings(rows: list[Row]) -> dict[str, Any]:
     for key, reading in dict(time_saved=ORIGINAL.gain_as_time_saved, speedup=ORIGINAL.gain_as_speedup).items():
         saved = Row(reading).time_saved
         capacity, a, b = capacity_for(torch_rows, saved) or (None, None, None)
-        out[key] = dict(saved=saved, capacity=capacity, a=a, b=b, nearest=min(
-            torch_rows, key=lambda r: abs(r.time_saved - saved), default=None))
+        out[key] = dict(
+            saved=saved,
+            capacity=capacity,
+            a=a,
+            b=b,
+            nearest=min(torch_rows, key=lambda r: abs(r.time_saved - saved), default=None),
+        )
     return out
 
 
@@ -197,5 +248,6 @@ def closing(profile: Result) -> dict[str, Any] | None:
         return None
     graphed = {g.strategy: g for g in _graphed(profile)}
     marked = [r for r in rows_of(profile, "marked_steps") if r.strategy in graphed]
-    return dict(before=s[_BEFORE], torch=s[_TORCH], fused=s[_FUSED], slow=len(_slow(marked, graphed)),
-                marked=len(marked))
+    return dict(
+        before=s[_BEFORE], torch=s[_TORCH], fused=s[_FUSED], slow=len(_slow(marked, graphed)), marked=len(marked)
+    )

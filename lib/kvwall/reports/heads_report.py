@@ -34,10 +34,20 @@ def kernel_rows(ev: Evidence) -> list[dict[str, Any]]:
                 continue
             best = min(acc, key=acc.__getitem__)
             fm_bf16, fm_fp8 = us.get(("flashmla_dense_bf16", h, ctx, b)), us.get(("flashmla_dense_fp8", h, ctx, b))
-            rows.append(dict(heads=h, batch=b, context=ctx, best=ACCURATE_FP8[best], best_us=acc[best],
-                             other_us=next((v for k, v in acc.items() if k != best), None), fm_bf16=fm_bf16,
-                             fm_fp8=fm_fp8, bf16_x=fm_bf16 and fm_bf16 / acc[best],
-                             fp8_x=fm_fp8 and fm_fp8 / acc[best]))
+            rows.append(
+                dict(
+                    heads=h,
+                    batch=b,
+                    context=ctx,
+                    best=ACCURATE_FP8[best],
+                    best_us=acc[best],
+                    other_us=next((v for k, v in acc.items() if k != best), None),
+                    fm_bf16=fm_bf16,
+                    fm_fp8=fm_fp8,
+                    bf16_x=fm_bf16 and fm_bf16 / acc[best],
+                    fp8_x=fm_fp8 and fm_fp8 / acc[best],
+                )
+            )
     return rows
 
 
@@ -45,11 +55,22 @@ def kernel_table(ev: Evidence, caption: str) -> Table | None:
     """:func:`kernel_rows` as a table (None without a recorded benchmark)."""
     rows = kernel_rows(ev)
     us = number(0)
-    return Table([{**r, "point": f"{r['heads']} heads, batch {r['batch']}"} for r in rows],
-                 {"heads, batch": "point", "fastest accurate on FP8": "best", "µs": ("best_us", us),
-                  "other accurate µs": ("other_us", us), "FlashMLA BF16 µs / its µs (>1: it is faster)": ("bf16_x",
-                                                                                                       times(2)),
-                  "FlashMLA FP8 µs / its µs (>1: it is faster)": ("fp8_x", times(2))}, caption) if rows else None
+    return (
+        Table(
+            [{**r, "point": f"{r['heads']} heads, batch {r['batch']}"} for r in rows],
+            {
+                "heads, batch": "point",
+                "fastest accurate on FP8": "best",
+                "µs": ("best_us", us),
+                "other accurate µs": ("other_us", us),
+                "FlashMLA BF16 µs / its µs (>1: it is faster)": ("bf16_x", times(2)),
+                "FlashMLA FP8 µs / its µs (>1: it is faster)": ("fp8_x", times(2)),
+            },
+            caption,
+        )
+        if rows
+        else None
+    )
 
 
 def fastest_by_heads(ev: Evidence) -> dict[int, tuple[list[int], list[int], int]]:
@@ -58,6 +79,9 @@ def fastest_by_heads(ev: Evidence) -> dict[int, tuple[list[int], list[int], int]
     rows, out = kernel_rows(ev), {}
     for h in sorted({r["heads"] for r in rows}):
         sel = [r for r in rows if r["heads"] == h]
-        out[h] = ([r["batch"] for r in sel if r["best"] == ACCURATE_FP8["ours"]], [r["batch"] for r in sel],
-                  sum(bool(r["fm_bf16"] and r["fm_bf16"] < r["best_us"]) for r in sel))
+        out[h] = (
+            [r["batch"] for r in sel if r["best"] == ACCURATE_FP8["ours"]],
+            [r["batch"] for r in sel],
+            sum(bool(r["fm_bf16"] and r["fm_bf16"] < r["best_us"]) for r in sel),
+        )
     return out

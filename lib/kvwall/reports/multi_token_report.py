@@ -17,8 +17,13 @@ from kvwall.reports.tables import Table, number, scientific, times
 from kvwall.results import Result
 
 #: The host-cost table's strategies of chapter 5's benchmark, in order, and how its headers name them.
-HOST_STRATEGIES = {OURS: OURS, "flashinfer_fp8_fa2": "FlashInfer FP8 (fa2)",
-                   "flashinfer_bf16_precast": "FlashInfer BF16", FM_BF16: "FlashMLA BF16", FM_FP8: "FlashMLA FP8"}
+HOST_STRATEGIES = {
+    OURS: OURS,
+    "flashinfer_fp8_fa2": "FlashInfer FP8 (fa2)",
+    "flashinfer_bf16_precast": "FlashInfer BF16",
+    FM_BF16: "FlashMLA BF16",
+    FM_FP8: "FlashMLA FP8",
+}
 
 
 def verify_rows(result: Result) -> list[dict[str, Any]]:
@@ -33,18 +38,32 @@ def verify_rows(result: Result) -> list[dict[str, Any]]:
             row.update(kernel_path=r.kernel_path, plan_us=r.plan_us, ours_host_us=r.host_us)
     for (h, c, b, q), row in out.items():
         one = out.get((h, c, b, 1), Row()).ours
-        row.update(ours_vs_q1=row.ours / one if row.ours and one else None,
-                   ours_vs_bf16=row[FM_BF16] / row.ours if row.get(FM_BF16) and row.ours else None)
+        row.update(
+            ours_vs_q1=row.ours / one if row.ours and one else None,
+            ours_vs_bf16=row[FM_BF16] / row.ours if row.get(FM_BF16) and row.ours else None,
+        )
     return [out[k] for k in sorted(out)]
 
 
 def verify_table(result: Result, caption: str) -> Table:
-    return Table(verify_rows(result), {
-        "heads": "heads", "context": ("context", number(0)), "batch": "batch", "q_len": "q_len",
-        "ours µs": ("ours", number(1)), "ours' path": "kernel_path", "ours / ours at q_len 1": ("ours_vs_q1", times(2)),
-        "FlashMLA BF16 µs": (FM_BF16, number(1)), "FlashMLA FP8 µs": (FM_FP8, number(1)),
-        "FlashMLA BF16 / ours": ("ours_vs_bf16", times(2)), "ours' error": ("ours_err", scientific),
-        "FlashMLA FP8's error": (f"{FM_FP8}_err", scientific)}, caption)
+    return Table(
+        verify_rows(result),
+        {
+            "heads": "heads",
+            "context": ("context", number(0)),
+            "batch": "batch",
+            "q_len": "q_len",
+            "ours µs": ("ours", number(1)),
+            "ours' path": "kernel_path",
+            "ours / ours at q_len 1": ("ours_vs_q1", times(2)),
+            "FlashMLA BF16 µs": (FM_BF16, number(1)),
+            "FlashMLA FP8 µs": (FM_FP8, number(1)),
+            "FlashMLA BF16 / ours": ("ours_vs_bf16", times(2)),
+            "ours' error": ("ours_err", scientific),
+            "FlashMLA FP8's error": (f"{FM_FP8}_err", scientific),
+        },
+        caption,
+    )
 
 
 def verify_figure(result: Result, title: str, caption: str) -> go.Figure:
@@ -58,17 +77,28 @@ def verify_figure(result: Result, title: str, caption: str) -> go.Figure:
     for col, h in enumerate(heads, start=1):
         for i, (c, b) in enumerate(shapes):
             for path, dash in ((OURS, "solid"), (FM_BF16, "dot")):
-                mine = sorted((r for r in rows if (r.heads, r.context, r.batch) == (h, c, b) and r.get(path)),
-                              key=lambda r: r.q_len)
+                mine = sorted(
+                    (r for r in rows if (r.heads, r.context, r.batch) == (h, c, b) and r.get(path)),
+                    key=lambda r: r.q_len,
+                )
                 one = next((r[path] for r in mine if r.q_len == 1), None)
                 if not one:
                     continue
-                fig.add_trace(go.Scatter(
-                    x=[r.q_len for r in mine], y=[r[path] / one for r in mine], mode="lines+markers",
-                    line=dict(dash=dash, color=colors[i % len(colors)]), legendgroup=f"{c}{b}",
-                    showlegend=col == 1 and path == OURS, name=f"{c // 1024}K tokens × {b}",
-                    hovertemplate=f"{HOST_STRATEGIES[path]}, {h} heads, {c // 1024}K × {b}, q_len %{{x}}: "
-                                  f"%{{y:.2f}}× its q_len-1 µs<extra></extra>"), row=1, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[r.q_len for r in mine],
+                        y=[r[path] / one for r in mine],
+                        mode="lines+markers",
+                        line=dict(dash=dash, color=colors[i % len(colors)]),
+                        legendgroup=f"{c}{b}",
+                        showlegend=col == 1 and path == OURS,
+                        name=f"{c // 1024}K tokens × {b}",
+                        hovertemplate=f"{HOST_STRATEGIES[path]}, {h} heads, {c // 1024}K × {b}, q_len %{{x}}: "
+                        f"%{{y:.2f}}× its q_len-1 µs<extra></extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
         fig.update_xaxes(type="log", tickvals=[1, 2, 4, 8], title_text=f"q_len, {h} heads", row=1, col=col)
     fig.update_yaxes(title_text="µs / µs at q_len 1", row=1, col=1)
     fig.update_layout(title=title)
@@ -84,12 +114,17 @@ def verify_numbers(result: Result, q_lens: tuple[int, ...] = (2, 4)) -> dict[str
     out: dict[str, Any] = {}
     for q in q_lens:
         at = [r for r in rows if r.q_len == q and r.ours]
-        out[f"q{q}"] = dict(points=len(at), ratio=median(r.ours_vs_q1 for r in at if r.ours_vs_q1) if at else None,
-                            beat_bf16=sum(1 for r in at if r.get(FM_BF16) and r.ours < r[FM_BF16]),
-                            beat_fp8=sum(1 for r in at if r.get(FM_FP8) and r.ours < r[FM_FP8]),
-                            timed=sum(1 for r in at if r.get(FM_BF16)))
-    out.update(ours_err=max((r.ours_err for r in rows if r.ours_err is not None), default=None),
-               fp8_err=max((r[f"{FM_FP8}_err"] for r in rows if r.get(f"{FM_FP8}_err") is not None), default=None))
+        out[f"q{q}"] = dict(
+            points=len(at),
+            ratio=median(r.ours_vs_q1 for r in at if r.ours_vs_q1) if at else None,
+            beat_bf16=sum(1 for r in at if r.get(FM_BF16) and r.ours < r[FM_BF16]),
+            beat_fp8=sum(1 for r in at if r.get(FM_FP8) and r.ours < r[FM_FP8]),
+            timed=sum(1 for r in at if r.get(FM_BF16)),
+        )
+    out.update(
+        ours_err=max((r.ours_err for r in rows if r.ours_err is not None), default=None),
+        fp8_err=max((r[f"{FM_FP8}_err"] for r in rows if r.get(f"{FM_FP8}_err") is not None), default=None),
+    )
     return out
 
 
@@ -111,11 +146,15 @@ def host_rows(bench: Result, multi: Result | None = None) -> list[dict[str, Any]
 
 
 def host_table(bench: Result, caption: str, multi: Result | None = None) -> Table:
-    cols: dict[str, Any] = {"heads": "heads", "context": ("context", number(0)), "batch": "batch",
-                            **{f"{name} host µs": (s, number(1)) for s, name in HOST_STRATEGIES.items()},
-                            "ours device µs": ("ours_device_us", number(1)),
-                            "ours' plan µs": ("ours_plan_us", number(0)),
-                            "FlashInfer's plan µs": ("flashinfer_plan_us", number(0))}
+    cols: dict[str, Any] = {
+        "heads": "heads",
+        "context": ("context", number(0)),
+        "batch": "batch",
+        **{f"{name} host µs": (s, number(1)) for s, name in HOST_STRATEGIES.items()},
+        "ours device µs": ("ours_device_us", number(1)),
+        "ours' plan µs": ("ours_plan_us", number(0)),
+        "FlashInfer's plan µs": ("flashinfer_plan_us", number(0)),
+    }
     return Table(host_rows(bench, multi), cols, caption)
 
 
@@ -124,8 +163,14 @@ def host_ranges(bench: Result, multi: Result | None = None) -> dict[str, tuple[f
     FlashInfer's planned run (``flashinfer``: FP8 fa2), FlashMLA BF16's (``flashmla``), ours' plan of a step with host
     lengths (``ours_plan``) and FlashInfer's ``plan()`` (``flashinfer_plan``); None where none was timed."""
     rows = host_rows(bench, multi)
-    keys = dict(ours=OURS, flashinfer="flashinfer_fp8_fa2", flashmla=FM_BF16, ours_plan="ours_plan_us",
-                flashinfer_plan="flashinfer_plan_us")
+    keys = dict(
+        ours=OURS,
+        flashinfer="flashinfer_fp8_fa2",
+        flashmla=FM_BF16,
+        ours_plan="ours_plan_us",
+        flashinfer_plan="flashinfer_plan_us",
+    )
     found = {name: [r[k] for r in rows if r.get(k) is not None] for name, k in keys.items()}
-    return {name: (min(xs), max(xs), *([median(xs)] if name == OURS else [])) if xs else None
-            for name, xs in found.items()}
+    return {
+        name: (min(xs), max(xs), *([median(xs)] if name == OURS else [])) if xs else None for name, xs in found.items()
+    }

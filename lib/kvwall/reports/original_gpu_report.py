@@ -12,8 +12,19 @@ from kvwall.model.original import ORIGINAL
 from kvwall.model.step_paths import KERNEL_NAMES
 from kvwall.reports.tables import Table, fmt_range
 
-__all__ = ["rest_without_attention_ms", "original_gpu_rows", "original_gpu_table", "cast_check", "arch_table",
-           "build_label", "NOT_BUILT", "RULES", "spilled_builds", "wgmma_build_rows", "wgmma_build_values"]
+__all__ = [
+    "rest_without_attention_ms",
+    "original_gpu_rows",
+    "original_gpu_table",
+    "cast_check",
+    "arch_table",
+    "build_label",
+    "NOT_BUILT",
+    "RULES",
+    "spilled_builds",
+    "wgmma_build_rows",
+    "wgmma_build_values",
+]
 
 RULES = ("fraction of peak", "per-SM rate")
 
@@ -32,16 +43,30 @@ def original_gpu_rows(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6
     layers, rows = p.geometry.num_layers, []
     for path in paths_on(gpu.arch, p.heads):
         lo, hi = model.layer_range_us(path, p, gpu)
-        rows.append(dict(path=path, label=PATHS[path].label, layer_lo=lo, layer_hi=hi, cache=PATHS[path].cache_dtype.upper(),
-                         step_lo=rest_lo + layers * lo / 1e3, step_hi=rest_hi + layers * hi / 1e3))
+        rows.append(
+            dict(
+                path=path,
+                label=PATHS[path].label,
+                layer_lo=lo,
+                layer_hi=hi,
+                cache=PATHS[path].cache_dtype.upper(),
+                step_lo=rest_lo + layers * lo / 1e3,
+                step_hi=rest_hi + layers * hi / 1e3,
+            )
+        )
     return rows
 
 
 def original_gpu_table(rows: Sequence[dict[str, Any]], caption: str) -> Table:
-    shaped = [{**r, "layer": fmt_range(r["layer_lo"], r["layer_hi"], 0), "step": fmt_range(r["step_lo"], r["step_hi"])}
-              for r in rows]
-    return Table(shaped, {"path": "label", "cache": "cache", "µs per layer (predicted)": "layer",
-                          "ms per step (predicted)": "step"}, caption)
+    shaped = [
+        {**r, "layer": fmt_range(r["layer_lo"], r["layer_hi"], 0), "step": fmt_range(r["step_lo"], r["step_hi"])}
+        for r in rows
+    ]
+    return Table(
+        shaped,
+        {"path": "label", "cache": "cache", "µs per layer (predicted)": "layer", "ms per step (predicted)": "step"},
+        caption,
+    )
 
 
 def cast_check(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6000"]) -> dict[str, float]:
@@ -51,19 +76,30 @@ def cast_check(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6000"]) 
     fit = model.components["full_cast"]
     bytes_per_layer = p.pool_tokens * p.geometry.kv_dim * 3
     original_gbps = bytes_per_layer * p.geometry.num_layers / (ORIGINAL.cast_ms * 1e6)
-    out = dict(original_cast_ms=ORIGINAL.cast_ms, original_gbps=original_gbps, h200_gbps=fit.gbps,
-               h200_share_of_peak=fit.gbps / model.reference.hbm_gbps, original_share_of_peak=original_gbps / gpu.hbm_gbps)
+    out = dict(
+        original_cast_ms=ORIGINAL.cast_ms,
+        original_gbps=original_gbps,
+        h200_gbps=fit.gbps,
+        h200_share_of_peak=fit.gbps / model.reference.hbm_gbps,
+        original_share_of_peak=original_gbps / gpu.hbm_gbps,
+    )
     for rule in RULES:
-        out[rule] = p.geometry.num_layers * (model.layer_us("full_pool_cast_fa2", p, gpu, rule)
-                                             - model.layer_us("bf16_cache_fa2", p, gpu, rule)) / 1e3
+        out[rule] = (
+            p.geometry.num_layers
+            * (model.layer_us("full_pool_cast_fa2", p, gpu, rule) - model.layer_us("bf16_cache_fa2", p, gpu, rule))
+            / 1e3
+        )
     return out
 
 
 def _cell(b: dict[str, Any]) -> str:
     """A build's cell of :func:`arch_table`: whether it would launch, and what the compiler reports."""
     if b["error"]:
-        return "not checked (this Triton could not compile it)" if b.get("triton") else \
-            f"not checked (not compiled: {b['error'][:80]})"
+        return (
+            "not checked (this Triton could not compile it)"
+            if b.get("triton")
+            else f"not checked (not compiled: {b['error'][:80]})"
+        )
     used = f"{b['shared_bytes'] / 1024:,.0f} of {b['shared_limit'] / 1024:,.0f} KB shared, {b['regs']} regs"
     if b["trap_only"]:
         return "**no**: a trap-only kernel"
@@ -73,8 +109,11 @@ def _cell(b: dict[str, Any]) -> str:
 def build_label(b: dict[str, Any]) -> str:
     """A build row's kernel: the kernel, its head count (a Triton shape's) or heads per CTA (a wgmma
     instantiation's)."""
-    return (b["kernel"] + (f", {b['heads']} heads" if b["heads"] else "")
-            + (f", {b['heads_per_cta']} heads per CTA" if b.get("heads_per_cta") else ""))
+    return (
+        b["kernel"]
+        + (f", {b['heads']} heads" if b["heads"] else "")
+        + (f", {b['heads_per_cta']} heads per CTA" if b.get("heads_per_cta") else "")
+    )
 
 
 #: What a kernel built for one architecture only says in the other architectures' columns.
@@ -112,15 +151,19 @@ def spilled_builds(builds: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any
 def wgmma_build_rows(builds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of ours' wgmma paths (``role`` the dispatcher's name of a wgmma path), in the dispatcher's order."""
     order = [k for k in KERNEL_NAMES if k != "triton"]
-    return sorted((b for b in builds if b.get("role") in order), key=lambda b: (order.index(b["role"]),
-                                                                              b.get("heads_per_cta") or 0))
+    return sorted(
+        (b for b in builds if b.get("role") in order),
+        key=lambda b: (order.index(b["role"]), b.get("heads_per_cta") or 0),
+    )
 
 
 def wgmma_build_values(builds: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """What the compile says of each wgmma build, ``{"role:heads_per_cta": {regs, spills, stack_bytes, shared_bytes,
     fits, clean}}``; ``clean``: compiled with no spill and no stack frame, within the block's shared memory."""
-    return {f"{b['role']}:{b.get('heads_per_cta')}": {**{k: b.get(k) for k in ("regs", "spills", "stack_bytes",
-                                                                              "shared_bytes", "fits")},
-                                                      "clean": not (b["error"] or b["spills"] or b["stack_bytes"]
-                                                                    or not b["fits"])}
-            for b in wgmma_build_rows(builds)}
+    return {
+        f"{b['role']}:{b.get('heads_per_cta')}": {
+            **{k: b.get(k) for k in ("regs", "spills", "stack_bytes", "shared_bytes", "fits")},
+            "clean": not (b["error"] or b["spills"] or b["stack_bytes"] or not b["fits"]),
+        }
+        for b in wgmma_build_rows(builds)
+    }

@@ -3,9 +3,9 @@
 Two checks share the result. ``checks`` (+ ``meta``): the backend's source executed with stand-ins for its sglang
 imports, eagerly, on SGLang-shaped inputs (:func:`stand_in_summary`, :func:`patch_check_table`). ``real_*``: inside
 SGLang 0.5.23's real modules, decode and target-verify, eager and CUDA-graph capture/replay, timed in a graph
-(:func:`real_meta`, :func:`real_findings`, :func:`real_check_table`, :func:`real_timing_table`, :func:`real_memory_table`).
-The functions return numbers and tables; chapter 6 writes the sentences. A row that failed shows as failing in the
-tables, with its problems."""
+(:func:`real_meta`, :func:`real_findings`, :func:`real_check_table`, :func:`real_timing_table`,
+:func:`real_memory_table`). The functions return numbers and tables; chapter 6 writes the sentences. A row that failed
+shows as failing in the tables, with its problems."""
 
 from __future__ import annotations
 
@@ -16,13 +16,33 @@ from kvwall.peers.sglang_source import SGLangSourceUnavailable, sglang_source
 from kvwall.reports.tables import Table, number, plain, scientific, times
 from kvwall.results import Result
 
-__all__ = ["FORWARD_MODES", "VARIANTS", "VariantSummary", "StandIn", "stand_in_summary", "patch_check_table", "real_meta",
-           "real_check_rows", "real_timing_rows", "real_memory_rows", "Findings", "real_findings", "extra_bytes",
-           "real_check_table", "real_timing_table", "real_memory_table", "sglang_pins"]
+__all__ = [
+    "FORWARD_MODES",
+    "VARIANTS",
+    "VariantSummary",
+    "StandIn",
+    "stand_in_summary",
+    "patch_check_table",
+    "real_meta",
+    "real_check_rows",
+    "real_timing_rows",
+    "real_memory_rows",
+    "Findings",
+    "real_findings",
+    "extra_bytes",
+    "real_check_table",
+    "real_timing_table",
+    "real_memory_table",
+    "sglang_pins",
+]
 
 #: The forward modes whose whole-pool casts the diffs remove (UPSTREAM.md), by the real check's ``mode`` name.
-FORWARD_MODES = {"decode": "decode", "verify": "target-verify", "draft_extend": "draft-extend",
-                 "prefill": "paged prefill with a cached prefix"}
+FORWARD_MODES = {
+    "decode": "decode",
+    "verify": "target-verify",
+    "draft_extend": "draft-extend",
+    "prefill": "paged prefill with a cached prefix",
+}
 VARIANTS = ("unpatched", "gather_cast", "fused")
 
 
@@ -56,10 +76,15 @@ class VariantSummary:
 def _summary(rows: list[dict[str, Any]], tol_key: str) -> VariantSummary:
     errors = [r["rel_err_vs_f64"] for r in rows if r.get("rel_err_vs_f64") is not None]
     diffs = [r["max_abs_diff_vs_unpatched"] for r in rows if r.get("max_abs_diff_vs_unpatched") is not None]
-    return VariantSummary(sum(bool(r.get("ok")) for r in rows), len(rows), tuple(sorted({r["whole_pool_casts"] for r in
-                          rows if r["whole_pool_casts"] is not None})), max(errors, default=float("nan")),
-                          sum(bool(r.get("bit_identical_vs_unpatched")) for r in rows),
-                          sum(bool(r.get(tol_key)) for r in rows), max(diffs, default=0.0))
+    return VariantSummary(
+        sum(bool(r.get("ok")) for r in rows),
+        len(rows),
+        tuple(sorted({r["whole_pool_casts"] for r in rows if r["whole_pool_casts"] is not None})),
+        max(errors, default=float("nan")),
+        sum(bool(r.get("bit_identical_vs_unpatched")) for r in rows),
+        sum(bool(r.get(tol_key)) for r in rows),
+        max(diffs, default=0.0),
+    )
 
 
 def _by_variant(rows: list[dict[str, Any]], tol_key: str) -> dict[str, VariantSummary]:
@@ -70,6 +95,7 @@ def _by_variant(rows: list[dict[str, Any]], tol_key: str) -> dict[str, VariantSu
 # ---------------------------------------------------------------------------------------------------------
 # The check with stand-ins for SGLang's imports (``checks``)
 # ---------------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class StandIn:
@@ -83,24 +109,48 @@ class StandIn:
 def stand_in_summary(result: Result) -> StandIn | None:
     """:class:`StandIn` of the check with stand-ins for SGLang's imports (None when the run had none)."""
     checks = _rows(result, "checks")
-    return StandIn(len({r["case"] for r in checks}), sorted({r["layers"] for r in checks}),
-                   _by_variant(checks, "within_bf16_tolerance")) if checks else None
+    return (
+        StandIn(
+            len({r["case"] for r in checks}),
+            sorted({r["layers"] for r in checks}),
+            _by_variant(checks, "within_bf16_tolerance"),
+        )
+        if checks
+        else None
+    )
 
 
 def patch_check_table(result: Result, caption: str) -> Table:
     """``checks``: per case and variant, the backend's own decode code run unpatched and patched (stand-ins for its
     sglang imports): how many whole-pool casts it made, how far its output is from the unpatched one's, its error
     against float64."""
-    rows = [{**r, "what": f"{r['case']}: {r['batch']} req., {r['tokens']:,} tok.", "verdict": _verdict(r),
-             "vs_unpatched": "—" if r["variant"] == "unpatched" else _vs_unpatched(r)} for r in _rows(result, "checks")]
-    return Table(rows, {"case": "what", "variant": "variant", "whole-pool casts": "whole_pool_casts",
-                        "vs unpatched (max abs.)": "vs_unpatched", "error vs float64": ("rel_err_vs_f64", scientific),
-                        "ok": "verdict"}, caption)
+    rows = [
+        {
+            **r,
+            "what": f"{r['case']}: {r['batch']} req., {r['tokens']:,} tok.",
+            "verdict": _verdict(r),
+            "vs_unpatched": "—" if r["variant"] == "unpatched" else _vs_unpatched(r),
+        }
+        for r in _rows(result, "checks")
+    ]
+    return Table(
+        rows,
+        {
+            "case": "what",
+            "variant": "variant",
+            "whole-pool casts": "whole_pool_casts",
+            "vs unpatched (max abs.)": "vs_unpatched",
+            "error vs float64": ("rel_err_vs_f64", scientific),
+            "ok": "verdict",
+        },
+        caption,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The check inside SGLang's real modules (``real_meta``, ``real_check``, ``real_timing``, ``real_memory``)
 # ---------------------------------------------------------------------------------------------------------
+
 
 def real_meta(result: Result) -> dict[str, Any] | None:
     """What the check inside SGLang's real modules imported, stood in for and drove (None: not part of the run)."""
@@ -159,11 +209,19 @@ def real_findings(result: Result) -> Findings | None:
     modes = list(dict.fromkeys(r["mode"].split("_")[0] if r["mode"].startswith("verify") else r["mode"] for r in rows))
     graph = [r for r in rows if r["variant"] == first["variant"] and r["mode"] == first["mode"]]
     patched = [r for r in rows if r["variant"] != VARIANTS[0]]
-    return Findings(modes, [m for m in FORWARD_MODES if m not in modes],
-                    sorted({r["draft_tokens"] for r in rows if r.get("draft_tokens")}), first["layers"],
-                    first["pool_slots"], first["batch"], next((r["tokens"] for r in graph if r["phase"] == "eager"), None),
-                    [r["tokens"] for r in graph if str(r["phase"]).startswith("replay")], len(patched),
-                    sum(r["whole_pool_casts"] != 0 for r in patched), _by_variant(rows, "within_tol_vs_unpatched"))
+    return Findings(
+        modes,
+        [m for m in FORWARD_MODES if m not in modes],
+        sorted({r["draft_tokens"] for r in rows if r.get("draft_tokens")}),
+        first["layers"],
+        first["pool_slots"],
+        first["batch"],
+        next((r["tokens"] for r in graph if r["phase"] == "eager"), None),
+        [r["tokens"] for r in graph if str(r["phase"]).startswith("replay")],
+        len(patched),
+        sum(r["whole_pool_casts"] != 0 for r in patched),
+        _by_variant(rows, "within_tol_vs_unpatched"),
+    )
 
 
 def real_check_table(result: Result, caption: str) -> Table:
@@ -183,30 +241,60 @@ def real_check_table(result: Result, caption: str) -> Table:
     rows = []
     for (mode, phase), by in groups.items():
         failed = [f"{v}: " + _verdict(r).removeprefix("**no**: ") for v, r in by.items() if not r.get("ok")]
-        rows.append({"mode": "verify" if mode == "verify" else FORWARD_MODES.get(mode, mode),
-                     "phase": phase.replace(" ", "\u00a0"), "tokens": next(iter(by.values())).get("tokens"),
-                     "casts": each(by, variants, lambda r: str(r.get("whole_pool_casts"))),
-                     "errors": each(by, variants, lambda r: scientific(r.get("rel_err_vs_f64"))),
-                     "vs_unpatched": each(by, patches, _vs_unpatched),
-                     "verdict": "yes" if not failed else "**no**: " + "; ".join(failed)})
+        rows.append(
+            {
+                "mode": "verify" if mode == "verify" else FORWARD_MODES.get(mode, mode),
+                "phase": phase.replace(" ", "\u00a0"),
+                "tokens": next(iter(by.values())).get("tokens"),
+                "casts": each(by, variants, lambda r: str(r.get("whole_pool_casts"))),
+                "errors": each(by, variants, lambda r: scientific(r.get("rel_err_vs_f64"))),
+                "vs_unpatched": each(by, patches, _vs_unpatched),
+                "verdict": "yes" if not failed else "**no**: " + "; ".join(failed),
+            }
+        )
     order, patched = " / ".join(variants), " / ".join(patches)
-    return Table(rows, {"mode": "mode", "phase": "phase", "tokens": ("tokens", number(0)),
-                        f"casts a step ({order})": "casts", f"error vs float64 ({order})": "errors",
-                        f"vs unpatched, max abs. ({patched})": "vs_unpatched", "all ok": "verdict"}, caption)
+    return Table(
+        rows,
+        {
+            "mode": "mode",
+            "phase": "phase",
+            "tokens": ("tokens", number(0)),
+            f"casts a step ({order})": "casts",
+            f"error vs float64 ({order})": "errors",
+            f"vs unpatched, max abs. ({patched})": "vs_unpatched",
+            "all ok": "verdict",
+        },
+        caption,
+    )
 
 
 def real_timing_table(result: Result, caption: str) -> Table:
     """``real_timing``: each variant's decode step (every layer) replayed in a CUDA graph: median, min–max, speed-up
     over unpatched; for the fused patch, its µs a layer beside ours alone on the same plan and inputs, in a graph."""
-    rows = [{**r, "span": "—" if r.get("ms_min") is None else f"{r['ms_min']:.3f}–{r['ms_max']:.3f}",
-             "what": f"{r['batch']} × {r['lens'][0]:,}" if len(set(r["lens"])) == 1 else
-             f"{r['batch']} req., {sum(r['lens']):,} tok."} for r in real_timing_rows(result)]
-    cols: dict[str, Any] = {"variant": "variant", "batch × tokens": "what", "layers": "layers",
-                            "ms per step (median)": ("ms_per_step", number(3)), "min–max": "span",
-                            "speed-up: unpatched ms / this ms": ("speedup_vs_unpatched", times(1))}
+    rows = [
+        {
+            **r,
+            "span": "—" if r.get("ms_min") is None else f"{r['ms_min']:.3f}–{r['ms_max']:.3f}",
+            "what": f"{r['batch']} × {r['lens'][0]:,}"
+            if len(set(r["lens"])) == 1
+            else f"{r['batch']} req., {sum(r['lens']):,} tok.",
+        }
+        for r in real_timing_rows(result)
+    ]
+    cols: dict[str, Any] = {
+        "variant": "variant",
+        "batch × tokens": "what",
+        "layers": "layers",
+        "ms per step (median)": ("ms_per_step", number(3)),
+        "min–max": "span",
+        "speed-up: unpatched ms / this ms": ("speedup_vs_unpatched", times(1)),
+    }
     if any(r.get("kernel_us_per_layer") for r in rows):  # ours inside SGLang's backend against ours alone
-        cols |= {"µs a layer": ("us_per_layer", number(1)),
-                 "ours alone, µs a layer": ("kernel_us_per_layer", number(1)), "ours' path": "kernel_path"}
+        cols |= {
+            "µs a layer": ("us_per_layer", number(1)),
+            "ours alone, µs a layer": ("kernel_us_per_layer", number(1)),
+            "ours' path": "kernel_path",
+        }
     if any(r.get("error") for r in rows):
         cols["error"] = ("error", plain)
     return Table(rows, cols, caption)
@@ -216,17 +304,32 @@ def real_memory_table(result: Result, caption: str) -> Table:
     """What each variant reserves per GPU, measured with ``torch.cuda.memory_allocated``: at set-up (construction +
     ``init_cuda_graph_state``) and at each capture (metadata buffers, the graph's pool), in MB (10^6 bytes)."""
     mb = 1e6
-    rows = [{**r, "setup_mb": r["setup_bytes"] / mb, "total_mb": r["total_bytes"] / mb,
-             "capture": ", ".join(f"{k} {v / mb:,.1f}" for k, v in r["capture_bytes"].items()) or "—",
-             "compact": f"{r['compact_rows_reserved']:,}" if r.get("compact_rows_reserved") else "none"}
-            for r in real_memory_rows(result)]
-    return Table(rows, {"variant": "variant", "set-up MB": ("setup_mb", number(1)), "captures, MB": "capture",
-                        "total MB": ("total_mb", number(1)), "compact BF16 rows reserved": "compact"}, caption)
+    rows = [
+        {
+            **r,
+            "setup_mb": r["setup_bytes"] / mb,
+            "total_mb": r["total_bytes"] / mb,
+            "capture": ", ".join(f"{k} {v / mb:,.1f}" for k, v in r["capture_bytes"].items()) or "—",
+            "compact": f"{r['compact_rows_reserved']:,}" if r.get("compact_rows_reserved") else "none",
+        }
+        for r in real_memory_rows(result)
+    ]
+    return Table(
+        rows,
+        {
+            "variant": "variant",
+            "set-up MB": ("setup_mb", number(1)),
+            "captures, MB": "capture",
+            "total MB": ("total_mb", number(1)),
+            "compact BF16 rows reserved": "compact",
+        },
+        caption,
+    )
 
 
 def sglang_pins(names: tuple[str, ...] = ("torch", "flashinfer_python")) -> dict[str, str]:
-    """The versions SGLang 0.5.23 pins for ``names``, read from its wheel's ``METADATA`` (``Requires-Dist: torch==...``);
-    empty where the wheel cannot be had (offline, empty cache)."""
+    """The versions SGLang 0.5.23 pins for ``names``, read from its wheel's ``METADATA``
+    (``Requires-Dist: torch==...``); empty where the wheel cannot be had (offline, empty cache)."""
     try:
         meta = next(sglang_source().glob("sglang-*.dist-info/METADATA"), None)
     except SGLangSourceUnavailable:

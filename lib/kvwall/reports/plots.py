@@ -14,8 +14,10 @@ from kvwall.model.decode_step import PHASES, STANDIN_LABEL
 BR = "<br>"
 #: The decode-step phases: reader-facing name and colour.
 _PHASES = {
-    "write_kv": ("write new token's KV", "#8c8c8c"), "kv_strategy": ("whole-pool FP8→BF16 cast", "#d62728"),
-    "attention": ("MLA decode attention", "#1f77b4"), "kv_free": ("free the cast buffer", "#ff9896"),
+    "write_kv": ("write new token's KV", "#8c8c8c"),
+    "kv_strategy": ("whole-pool FP8→BF16 cast", "#d62728"),
+    "attention": ("MLA decode attention", "#1f77b4"),
+    "kv_free": ("free the cast buffer", "#ff9896"),
     STANDIN_LABEL: (f"rest of layer (stand-in,{BR}original's non-cast time)", "#c7c7c7"),
     "original_cast": ("cast, as the original reported", "#d62728"),
     "original_rest": ("rest, as the original reported", "#c7c7c7"),
@@ -48,8 +50,9 @@ def _lines(text: str) -> int:
 
 def _wrap(text: str, width: int) -> str:
     """Wrap a plotly string at ``width`` characters, keeping its own ``<br>`` breaks."""
-    return BR.join(BR.join(textwrap.wrap(part, width, break_long_words=False, break_on_hyphens=False)) for part in
-                   text.split(BR))
+    return BR.join(
+        BR.join(textwrap.wrap(part, width, break_long_words=False, break_on_hyphens=False)) for part in text.split(BR)
+    )
 
 
 def _wrap_label(text: str, width: int) -> str:
@@ -73,8 +76,13 @@ def _category_axes(fig: go.Figure) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for trace in fig.data:
         xs = getattr(trace, "x", None)
-        if trace.type in ("bar", "scatter", "box") and xs is not None and len(xs) and isinstance(xs[0], str) \
-                and getattr(trace, "orientation", None) != "h":
+        if (
+            trace.type in ("bar", "scatter", "box")
+            and xs is not None
+            and len(xs)
+            and isinstance(xs[0], str)
+            and getattr(trace, "orientation", None) != "h"
+        ):
             name = "xaxis" + (trace.xaxis[1:] if getattr(trace, "xaxis", None) not in (None, "x") else "")
             out.setdefault(name, [])
             out[name] += [x for x in xs if x not in out[name]]
@@ -112,8 +120,9 @@ def _legend_rows(names: Sequence[str], width_px: int) -> int:
     return rows
 
 
-def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, legend: str = "top",
-            measured: bool = True) -> go.Figure:
+def arrange(
+    fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, legend: str = "top", measured: bool = True
+) -> go.Figure:
     """Lay out a figure's text so that nothing overlaps and nothing is clipped at the book's column width.
 
     Top to bottom, in pixels of the figure: the title (wrapped, under plotly's mode bar), the legend when
@@ -171,19 +180,35 @@ def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, 
     y_title = 22 if fig.layout.yaxis.title.text else 0
     left = round(max(fig.layout.margin.l or 0, 24 + y_title + max(36.0, _category_y_width(fig))))
     # x: from the figure's left edge (the plot starts ``left`` px in), so a full caption line fits the width.
-    fig.add_annotation(text=caption_text, xref="paper", yref="paper", x=0, y=0, xanchor="left", yanchor="top",
-                       xshift=-(left - _PAD), yshift=-round(axis_h + _PAD), showarrow=False, align="left",
-                       font=dict(size=CAPTION_FONT, color="#555"))
+    fig.add_annotation(
+        text=caption_text,
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=0,
+        xanchor="left",
+        yanchor="top",
+        xshift=-(left - _PAD),
+        yshift=-round(axis_h + _PAD),
+        showarrow=False,
+        align="left",
+        font=dict(size=CAPTION_FONT, color="#555"),
+    )
     total = top + plot_h + bottom
     # Title and a top legend are placed in the figure's own coordinates (plotly's "container"), from its left edge.
     at_left = dict(x=_PAD / FIGURE_WIDTH_PX, xref="container", xanchor="left", yref="container", yanchor="top")
-    legends = {"top": dict(at_left, orientation="h", y=1 - (_TITLE_TOP + title_h + _PAD) / total),
-               "right": dict(orientation="v", x=1.02, y=1.0, xanchor="left", yanchor="top")}
-    fig.update_layout(template="plotly_white", height=total, showlegend=show_legend,
-                      margin=dict(t=top, b=bottom, l=left,
-                                  r=fig.layout.margin.r if fig.layout.margin.r is not None else 20),
-                      title=dict(at_left, text=title, y=1 - _TITLE_TOP / total, font_size=TITLE_FONT, automargin=False),
-                      legend=dict(legends.get(legend, legends["right"]), font_size=LEGEND_FONT))
+    legends = {
+        "top": dict(at_left, orientation="h", y=1 - (_TITLE_TOP + title_h + _PAD) / total),
+        "right": dict(orientation="v", x=1.02, y=1.0, xanchor="left", yanchor="top"),
+    }
+    fig.update_layout(
+        template="plotly_white",
+        height=total,
+        showlegend=show_legend,
+        margin=dict(t=top, b=bottom, l=left, r=fig.layout.margin.r if fig.layout.margin.r is not None else 20),
+        title=dict(at_left, text=title, y=1 - _TITLE_TOP / total, font_size=TITLE_FONT, automargin=False),
+        legend=dict(legends.get(legend, legends["right"]), font_size=LEGEND_FONT),
+    )
     fig.update_xaxes(automargin=False, title_standoff=10)
     fig.update_yaxes(automargin=True)
     return fig
@@ -193,8 +218,13 @@ def arrange(fig: go.Figure, caption: str | Sequence[str], *, height: int = 460, 
 with_caption = arrange
 
 
-def step_breakdown(columns: Mapping[str, Mapping[str, float]], title: str, caption: Sequence[str], *,
-                   names: Mapping[str, str] | None = None) -> go.Figure:
+def step_breakdown(
+    columns: Mapping[str, Mapping[str, float]],
+    title: str,
+    caption: Sequence[str],
+    *,
+    names: Mapping[str, str] | None = None,
+) -> go.Figure:
     """Stacked horizontal bars: one bar per source (ours live, ours recorded, the original), ms per phase, read
     top to bottom in the order of ``columns``; the legend on top, in the phases' stacking order.
 
@@ -205,18 +235,37 @@ def step_breakdown(columns: Mapping[str, Mapping[str, float]], title: str, capti
     # Bar labels on the left, wrapped at words (a source's name may be long: "gather_cast (Triton), capacity ...").
     labels = {name: _wrap(name.replace(BR, " "), 30) for name in columns}
     for phase in phases:
-        fig.add_bar(name=names.get(phase, phase).replace(BR, " "), orientation="h", y=list(labels.values()),
-                    x=[col.get(phase, 0.0) for col in columns.values()], marker_color=PHASE_COLORS.get(phase),
-                    hovertemplate=f"%{{y}}{BR}{names.get(phase, phase)}: %{{x:.2f}} ms<extra></extra>")
+        fig.add_bar(
+            name=names.get(phase, phase).replace(BR, " "),
+            orientation="h",
+            y=list(labels.values()),
+            x=[col.get(phase, 0.0) for col in columns.values()],
+            marker_color=PHASE_COLORS.get(phase),
+            hovertemplate=f"%{{y}}{BR}{names.get(phase, phase)}: %{{x:.2f}} ms<extra></extra>",
+        )
     for name, col in columns.items():
         total = sum(col.values())
         cast = col.get("kv_strategy", col.get("original_cast", 0.0))
-        fig.add_annotation(x=total, y=labels[name], text=f"{total:,.1f} ms · cast {cast / total:.0%}", showarrow=False,
-                           xanchor="left", xshift=4, font=dict(size=11))
+        fig.add_annotation(
+            x=total,
+            y=labels[name],
+            text=f"{total:,.1f} ms · cast {cast / total:.0%}",
+            showarrow=False,
+            xanchor="left",
+            xshift=4,
+            font=dict(size=11),
+        )
     longest = max((sum(col.values()) for col in columns.values()), default=1.0)
     # Room right of the longest bar for its total, inside the plot.
-    fig.update_layout(barmode="stack", title=title, xaxis_title="ms per decode step", xaxis_range=[0, longest * 1.32],
-                      yaxis=dict(autorange="reversed"), bargap=0.3, legend_traceorder="normal")
+    fig.update_layout(
+        barmode="stack",
+        title=title,
+        xaxis_title="ms per decode step",
+        xaxis_range=[0, longest * 1.32],
+        yaxis=dict(autorange="reversed"),
+        bargap=0.3,
+        legend_traceorder="normal",
+    )
     rows = sum(_lines(label) for label in labels.values())
     return with_caption(fig, caption, height=max(300, 150 + 22 * rows + 14 * len(columns)), legend="top")
 
@@ -230,30 +279,62 @@ def layer_timeline(rows: Iterable[Mapping[str, float | int | str]], title: str, 
     fig = go.Figure()
     for phase in PHASES:
         sel = [r for r in rows if r["phase"] == phase]
-        fig.add_bar(name=PHASE_NAMES[phase], orientation="h", y=[r["layer"] for r in sel], x=[r["ms"] for r in sel],
-                    base=[float(r["start_ms"]) - layer_start[r["layer"]] for r in sel],
-                    marker_color=PHASE_COLORS[phase], customdata=[r["start_ms"] for r in sel],
-                    hovertemplate=f"layer %{{y}}{BR}{PHASE_NAMES[phase]}: %{{x:.3f}} ms{BR}"
-                    "starts %{customdata:.2f} ms into the step<extra></extra>")
-    fig.update_layout(barmode="overlay", title=title, xaxis_title="ms since the layer began",
-                      yaxis=dict(title="layer", autorange="reversed", dtick=max(1, len(layer_start) // 13)),
-                      bargap=0.15)
+        fig.add_bar(
+            name=PHASE_NAMES[phase],
+            orientation="h",
+            y=[r["layer"] for r in sel],
+            x=[r["ms"] for r in sel],
+            base=[float(r["start_ms"]) - layer_start[r["layer"]] for r in sel],
+            marker_color=PHASE_COLORS[phase],
+            customdata=[r["start_ms"] for r in sel],
+            hovertemplate=f"layer %{{y}}{BR}{PHASE_NAMES[phase]}: %{{x:.3f}} ms{BR}"
+            "starts %{customdata:.2f} ms into the step<extra></extra>",
+        )
+    fig.update_layout(
+        barmode="overlay",
+        title=title,
+        xaxis_title="ms since the layer began",
+        yaxis=dict(title="layer", autorange="reversed", dtick=max(1, len(layer_start) // 13)),
+        bargap=0.15,
+    )
     return with_caption(fig, caption, height=max(420, 7 * len(layer_start) + 260))
 
 
-def bar(x: Sequence[str], series: Mapping[str, Sequence[float]], title: str, yaxis: str,
-        caption: Sequence[str], *, texts: Mapping[str, Sequence[str]] | None = None, legend: str = "top") -> go.Figure:
+def bar(
+    x: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    title: str,
+    yaxis: str,
+    caption: Sequence[str],
+    *,
+    texts: Mapping[str, Sequence[str]] | None = None,
+    legend: str = "top",
+) -> go.Figure:
     fig = go.Figure()
     for name, ys in series.items():
         fig.add_bar(name=name, x=list(x), y=list(ys), text=(texts or {}).get(name), textposition="outside")
     tallest = max((max(ys, default=0.0) for ys in series.values()), default=1.0)
-    fig.update_layout(barmode="group", title=title, yaxis_title=yaxis, showlegend=len(series) > 1,
-                      yaxis_range=[0, tallest * (1.15 if texts else 1.05)])
+    fig.update_layout(
+        barmode="group",
+        title=title,
+        yaxis_title=yaxis,
+        showlegend=len(series) > 1,
+        yaxis_range=[0, tallest * (1.15 if texts else 1.05)],
+    )
     return with_caption(fig, caption, height=500, legend=legend)
 
 
-def lines(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], title: str, xaxis: str, yaxis: str,
-          caption: Sequence[str], *, log_x: bool = True, log_y: bool = True, legend: str = "top") -> go.Figure:
+def lines(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    title: str,
+    xaxis: str,
+    yaxis: str,
+    caption: Sequence[str],
+    *,
+    log_x: bool = True,
+    log_y: bool = True,
+    legend: str = "top",
+) -> go.Figure:
     fig = go.Figure()
     for name, (xs, ys) in series.items():
         fig.add_scatter(name=name, x=list(xs), y=list(ys), mode="lines+markers")

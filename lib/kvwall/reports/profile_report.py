@@ -15,8 +15,19 @@ from kvwall.model.original import ORIGINAL
 from kvwall.model.roofline import attention_read_bytes, full_pool_cast_bytes
 from kvwall.results import Result
 
-__all__ = ["CastBytes", "cast_bytes", "StepShares", "step_shares", "phases", "ranked", "copy_rows", "CastRate",
-           "cast_rate", "SweepComparison", "sweep_comparison"]
+__all__ = [
+    "CastBytes",
+    "cast_bytes",
+    "StepShares",
+    "step_shares",
+    "phases",
+    "ranked",
+    "copy_rows",
+    "CastRate",
+    "cast_rate",
+    "SweepComparison",
+    "sweep_comparison",
+]
 
 
 @dataclass(frozen=True)
@@ -37,8 +48,9 @@ def cast_bytes(context: int, pool_tokens: int = ORIGINAL.pool_tokens, geometry: 
     cast = full_pool_cast_bytes(geometry, pool_tokens)
     read, written, total = (cast[k] for k in ("read", "written", "total"))
     attention = attention_read_bytes(geometry, context)
-    return CastBytes(read / 1e6, written / 1e6, total / 1e6, total * geometry.num_layers / 1e9, attention / 1e6,
-                     total / attention)
+    return CastBytes(
+        read / 1e6, written / 1e6, total / 1e6, total * geometry.num_layers / 1e9, attention / 1e6, total / attention
+    )
 
 
 @dataclass(frozen=True)
@@ -74,8 +86,17 @@ def step_shares(result: Result) -> StepShares:
     step, cast = sum(by_phase.values()), by_phase["kv_strategy"]
     copy, profiled = summary["cast_op_ms_per_step"], summary.get("profiled_step_ms")
     calls = next((r["calls_per_step"] for r in result.table("ops") if r["name"] == "aten::copy_"), None)
-    return StepShares(step, cast, cast / step, copy, calls, profiled, copy / profiled if profiled else None,
-                      len(result.table("step")), result.params.get("profile_steps"))
+    return StepShares(
+        step,
+        cast,
+        cast / step,
+        copy,
+        calls,
+        profiled,
+        copy / profiled if profiled else None,
+        len(result.table("step")),
+        result.params.get("profile_steps"),
+    )
 
 
 def ranked(result: Result, table: str, top: int) -> list[dict[str, Any]]:
@@ -111,8 +132,15 @@ def cast_rate(result: Result, geometry: MLAGeometry = GLM5) -> CastRate:
     """The cast's rate against the copies it is measured beside (see :class:`CastRate`)."""
     cast, integer = copy_rows(result)[0][:2]
     original = ORIGINAL.cast_mb_per_layer * 1e6 * geometry.num_layers / (ORIGINAL.cast_ms * 1e-3) / 1e9
-    return CastRate(cast["gbps"], cast["of_copy"], integer["kernel"], integer["of_copy"],
-                    cast["gbps"] / integer["gbps"], original, original / cast["gbps"])
+    return CastRate(
+        cast["gbps"],
+        cast["of_copy"],
+        integer["kernel"],
+        integer["of_copy"],
+        cast["gbps"] / integer["gbps"],
+        original,
+        original / cast["gbps"],
+    )
 
 
 @dataclass(frozen=True)
@@ -127,10 +155,14 @@ class SweepComparison:
     cast_over_attention: float
 
 
-def sweep_comparison(cast_sweep: Sequence[Mapping[str, Any]], attention_sweep: Sequence[Mapping[str, Any]],
-                     pool_tokens: int = ORIGINAL.pool_tokens) -> SweepComparison:
+def sweep_comparison(
+    cast_sweep: Sequence[Mapping[str, Any]],
+    attention_sweep: Sequence[Mapping[str, Any]],
+    pool_tokens: int = ORIGINAL.pool_tokens,
+) -> SweepComparison:
     """The cast sweep's row at ``pool_tokens`` against the attention sweep's longest context."""
     pool_cast_ms = next(r["ms"] for r in cast_sweep if r["pool_tokens"] == pool_tokens)
     longest = max(attention_sweep, key=lambda r: r["context_len"])
-    return SweepComparison(pool_tokens, pool_cast_ms, longest["context_len"], longest["ms"],
-                           pool_cast_ms / longest["ms"])
+    return SweepComparison(
+        pool_tokens, pool_cast_ms, longest["context_len"], longest["ms"], pool_cast_ms / longest["ms"]
+    )

@@ -13,20 +13,29 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from kvwall.experiments.gpu_tests import file_sha256
 from kvwall.results import PROJECT_ROOT, Result, awaiting_rerecord, load_result
 
 __all__ = ["pins", "recorded_runs", "version_rows", "run_rows", "gpu_versions", "build_time", "gpu_mode_rows"]
 
 #: The requirement files the pins are read from, and the packages pinned.
-_PIN_FILES, _PINNED = ("requirements.txt", "requirements-flashinfer.txt", "requirements-triton-cpu.txt"), re.compile(
-    r"^\s*(torch|triton|flashinfer-python)==(\S+)")
+_PIN_FILES, _PINNED = (
+    ("requirements.txt", "requirements-flashinfer.txt", "requirements-triton-cpu.txt"),
+    re.compile(r"^\s*(torch|triton|flashinfer-python)==(\S+)"),
+)
 
 
 def pins() -> dict[str, str]:
     """``{package: pinned version}`` for torch, triton (CPU) and flashinfer-python, from the requirement files."""
     paths = [PROJECT_ROOT / name for name in _PIN_FILES]
-    return {m.group(1): m.group(2) for path in paths if path.is_file() for line in path.read_text().splitlines()
-            for m in [_PINNED.match(line)] if m}
+    return {
+        m.group(1): m.group(2)
+        for path in paths
+        if path.is_file()
+        for line in path.read_text().splitlines()
+        for m in [_PINNED.match(line)]
+        if m
+    }
 
 
 class _Row(dict):
@@ -56,9 +65,15 @@ def version_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ``triton``, ``flashinfer``): each against the pin where one applies (Triton's only on a CPU machine: on a GPU,
     torch's CUDA build pins Triton)."""
     torch_pin, triton_pin, flashinfer_pin = (pins().get(k) for k in ("torch", "triton", "flashinfer-python"))
-    return [_Row(r, torch=_mark(r.provenance.torch, torch_pin),
-                 triton=_mark(r.provenance.triton, triton_pin if r.provenance.device == "cpu" else None),
-                 flashinfer=_mark(r.provenance.flashinfer, flashinfer_pin)) for r in map(_Row, runs)]
+    return [
+        _Row(
+            r,
+            torch=_mark(r.provenance.torch, torch_pin),
+            triton=_mark(r.provenance.triton, triton_pin if r.provenance.device == "cpu" else None),
+            flashinfer=_mark(r.provenance.flashinfer, flashinfer_pin),
+        )
+        for r in map(_Row, runs)
+    ]
 
 
 def run_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -80,8 +95,9 @@ def build_time(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     rows = [_Row(r) for r in records]
     if not rows:
         return None
-    return dict(chapters=len(rows), total_s=sum(r.duration_s for r in rows),
-                slowest=max(rows, key=lambda r: r.duration_s))
+    return dict(
+        chapters=len(rows), total_s=sum(r.duration_s for r in rows), slowest=max(rows, key=lambda r: r.duration_s)
+    )
 
 
 def gpu_mode_rows(result: Result) -> list[dict[str, Any]]:
@@ -89,5 +105,22 @@ def gpu_mode_rows(result: Result) -> list[dict[str, Any]]:
     source is still the one that ran (its sha256 then against the file now)."""
     book = PROJECT_ROOT / "book"
     rows = [(r, book / r.chapter) for r in map(_Row, result.table("chapter"))]
-    return [_Row(r, same=path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == r.source_sha256)
-            for r, path in rows]
+    return [
+        _Row(r, same=path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == r.source_sha256)
+        for r, path in rows
+    ]
+
+
+def gpu_test_rows(result: Result) -> list[dict[str, Any]]:
+    """Each test file as ``gpu_tests`` ran it on a GPU, with ``same``: True or False where the run kept the file's
+    sha256 (as it ran, against the file now), None where it did not."""
+    return [
+        _Row(r, same=None if r.sha256 is None else file_sha256(PROJECT_ROOT / r.file) == r.sha256)
+        for r in map(_Row, result.table("file"))
+    ]
+
+
+def gpu_test_totals(result: Result) -> dict[str, int]:
+    """Tests passed, failed (errors included) and skipped over every file of a ``gpu_tests`` run."""
+    rows = result.table("file")
+    return {k: sum(r[k] for r in rows) for k in ("passed", "failed", "errors", "skipped")}

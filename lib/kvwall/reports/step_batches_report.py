@@ -33,16 +33,29 @@ def paths(result: Result) -> list[str]:
 
 
 def batch_table(result: Result, caption: str) -> Table:
-    return Table(batch_rows(result), {"batch": "batch", "tokens": ("tokens", number(0)),
-                                      **{f"{STEP_NAMES.get(p, p)} ms": (p, number(1)) for p in paths(result)}}, caption)
+    return Table(
+        batch_rows(result),
+        {
+            "batch": "batch",
+            "tokens": ("tokens", number(0)),
+            **{f"{STEP_NAMES.get(p, p)} ms": (p, number(1)) for p in paths(result)},
+        },
+        caption,
+    )
 
 
 def batch_figure(result: Result, title: str, notes: list[str]) -> go.Figure:
     rows = batch_rows(result)
     fig = go.Figure()
     for p in paths(result):
-        fig.add_trace(go.Scatter(x=[str(r["batch"]) for r in rows if p in r], y=[r[p] for r in rows if p in r],
-                                 name=STEP_NAMES.get(p, p), mode="lines+markers"))
+        fig.add_trace(
+            go.Scatter(
+                x=[str(r["batch"]) for r in rows if p in r],
+                y=[r[p] for r in rows if p in r],
+                name=STEP_NAMES.get(p, p),
+                mode="lines+markers",
+            )
+        )
     fig.update_layout(title=title, xaxis_title="requests in the batch", yaxis_title="ms a step")
     return arrange(fig, notes)
 
@@ -51,8 +64,11 @@ def kv_work(result: Result) -> dict[str, tuple[float, float]]:
     """Each path's KV work a step (preparation + attention, every layer), ms, at the smallest and the largest batch
     (paths recorded at both)."""
     rows = batch_rows(result)
-    return {p: (rows[0][p + "_attention"], rows[-1][p + "_attention"]) for p in paths(result)
-            if p in rows[0] and p in rows[-1]}
+    return {
+        p: (rows[0][p + "_attention"], rows[-1][p + "_attention"])
+        for p in paths(result)
+        if p in rows[0] and p in rows[-1]
+    }
 
 
 def shortest(result: Result) -> dict[int, str]:

@@ -54,8 +54,13 @@ def fmt_range(lo: float, hi: float, d: int = 1) -> str:
 
 
 #: How a table names a torch dtype: short, so a column of them stays narrow.
-DTYPE_NAMES = {"float8_e4m3fn": "fp8 e4m3", "float8_e5m2": "fp8 e5m2", "bfloat16": "bf16", "float16": "fp16",
-               "float32": "fp32"}
+DTYPE_NAMES = {
+    "float8_e4m3fn": "fp8 e4m3",
+    "float8_e5m2": "fp8 e5m2",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+}
 
 
 def dtype(v: Any) -> str:
@@ -83,14 +88,17 @@ def breakable(text: str) -> str:
     :data:`LONG_WORD` characters (``flashinfer/mla/_core.py:4498`` may break after a ``/``); inline code, links
     and HTML are left alone -- a path or a command copied from a table must be exactly that path (the book's CSS
     lets inline code in a table wrap anywhere instead). Short words, numbers included, never break."""
+
     def word(w: str) -> str:
         if len(w) <= LONG_WORD or "](" in w or "://" in w:
             return w
         pieces = _SEPARATORS.sub(r"\1" + _ZWSP, w).split(_ZWSP)
-        return _ZWSP.join(p[i:i + LONG_RUN] for p in pieces for i in range(0, len(p), LONG_RUN))
+        return _ZWSP.join(p[i : i + LONG_RUN] for p in pieces for i in range(0, len(p), LONG_RUN))
 
-    return "".join(part if _KEEP_WHOLE.fullmatch(part) else " ".join(map(word, part.split(" ")))
-                   for part in _KEEP_WHOLE.split(text))
+    return "".join(
+        part if _KEEP_WHOLE.fullmatch(part) else " ".join(map(word, part.split(" ")))
+        for part in _KEEP_WHOLE.split(text)
+    )
 
 
 def _cell(value: Any) -> str:

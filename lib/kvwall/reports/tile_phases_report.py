@@ -39,21 +39,52 @@ class TilePhases:
             return None
         floors = tile_floors()
         labels = [f"{r.heads} h · {r.context // 1024}K · b{r.batch} · wg {wg}" for r in rows for wg in (0, 1)]
-        color = iter(["#c7c7c7", "#1f77b4", "#ff7f0e", "#d9d9d9", "#9467bd", "#aec7e8",
-                      "#bdbdbd", "#17becf", "#e0e0e0", "#2ca02c", "#98df8a"])
+        color = iter(
+            [
+                "#c7c7c7",
+                "#1f77b4",
+                "#ff7f0e",
+                "#d9d9d9",
+                "#9467bd",
+                "#aec7e8",
+                "#bdbdbd",
+                "#17becf",
+                "#e0e0e0",
+                "#2ca02c",
+                "#98df8a",
+            ]
+        )
         fig = go.Figure()
         for wg in (0, 1):
             for phase in TRACE_PHASES[wg]:
                 xs = [r.per_tile[str(w)].get(phase) if w == wg else None for r in rows for w in (0, 1)]
-                fig.add_bar(name=f"wg {wg}: {phase}", y=labels, x=xs, orientation="h", marker_color=next(color),
-                            hovertemplate=f"%{{y}}<br>{phase}: %{{x:.0f}} cycles per tile<extra></extra>")
-        for key, name, dash, line, side in (("tensor", "tensor", "dash", "#333", "left"),
-                                            ("smem", "shared-memory", "dot", "#d62728", "right")):
-            fig.add_vline(x=floors[key], line_dash=dash, line_color=line, annotation=dict(yshift=14),
-                          annotation_text=f"{name} floor {floors[key]:,.0f}", annotation_position=f"top {side}")
-        fig.update_layout(barmode="stack", title="Where a 64-token tile's cycles go, per warpgroup",
-                          xaxis_title="cycles per tile (lane 0 of each warpgroup, clock64)",
-                          yaxis=dict(autorange="reversed"), legend=dict(font=dict(size=10), traceorder="normal"))
+                fig.add_bar(
+                    name=f"wg {wg}: {phase}",
+                    y=labels,
+                    x=xs,
+                    orientation="h",
+                    marker_color=next(color),
+                    hovertemplate=f"%{{y}}<br>{phase}: %{{x:.0f}} cycles per tile<extra></extra>",
+                )
+        for key, name, dash, line, side in (
+            ("tensor", "tensor", "dash", "#333", "left"),
+            ("smem", "shared-memory", "dot", "#d62728", "right"),
+        ):
+            fig.add_vline(
+                x=floors[key],
+                line_dash=dash,
+                line_color=line,
+                annotation=dict(yshift=14),
+                annotation_text=f"{name} floor {floors[key]:,.0f}",
+                annotation_position=f"top {side}",
+            )
+        fig.update_layout(
+            barmode="stack",
+            title="Where a 64-token tile's cycles go, per warpgroup",
+            xaxis_title="cycles per tile (lane 0 of each warpgroup, clock64)",
+            yaxis=dict(autorange="reversed"),
+            legend=dict(font=dict(size=10), traceorder="normal"),
+        )
         return with_caption(fig, caption, height=560)
 
     def table(self, caption: str) -> tuple[Table, dict[str, Any]]:
@@ -65,26 +96,49 @@ class TilePhases:
         for r in rows:
             wg0, wg1 = (r.per_tile[w] for w in ("0", "1"))
             slower = max(sum(wg0.values()), sum(wg1.values()))
-            out.append(dict(point=f"{r.heads} h, {r.context // 1024}K, b{r.batch}", tiles=r.tiles / r.ctas,
-                            wg0=sum(wg0.values()), wg1=sum(wg1.values()), slower=slower, scores=wg0[WG0[1]],
-                            softmax=wg0[WG0[2]] + wg0[WG0[4]], convert=wg1[WG1[3]] + wg1[WG1[4]],
-                            vs_tensor=slower / tile_floors()["tensor"], vs_smem=slower / tile_floors()["smem"],
-                            wait=max(wg0[WG0[0]] + wg0[WG0[3]], wg1[WG1[0]] + wg1[WG1[2]]) / slower,
-                            fixed=max(sum(v.values()) for v in r.per_cta.values()),
-                            cost=r.us_traced / r.us - 1 if r.us and r.us_traced else None))
-        table = Table(out, {"point": "point", "wg 0 cycles per tile": ("wg0", number(0)), "wg 1": ("wg1", number(0)),
-                            "wg 0's scores": ("scores", number(0)),
-                            "wg 1's conversion and loads": ("convert", number(0)),
-                            "slower wg / tensor floor": ("vs_tensor", times(2)),
-                            "slower wg / shared-memory floor": ("vs_smem", times(2)),
-                            "clock reads' cost": ("cost", lambda v: "—" if v is None else f"{v:+.0%}")}, caption)
+            out.append(
+                dict(
+                    point=f"{r.heads} h, {r.context // 1024}K, b{r.batch}",
+                    tiles=r.tiles / r.ctas,
+                    wg0=sum(wg0.values()),
+                    wg1=sum(wg1.values()),
+                    slower=slower,
+                    scores=wg0[WG0[1]],
+                    softmax=wg0[WG0[2]] + wg0[WG0[4]],
+                    convert=wg1[WG1[3]] + wg1[WG1[4]],
+                    vs_tensor=slower / tile_floors()["tensor"],
+                    vs_smem=slower / tile_floors()["smem"],
+                    wait=max(wg0[WG0[0]] + wg0[WG0[3]], wg1[WG1[0]] + wg1[WG1[2]]) / slower,
+                    fixed=max(sum(v.values()) for v in r.per_cta.values()),
+                    cost=r.us_traced / r.us - 1 if r.us and r.us_traced else None,
+                )
+            )
+        table = Table(
+            out,
+            {
+                "point": "point",
+                "wg 0 cycles per tile": ("wg0", number(0)),
+                "wg 1": ("wg1", number(0)),
+                "wg 0's scores": ("scores", number(0)),
+                "wg 1's conversion and loads": ("convert", number(0)),
+                "slower wg / tensor floor": ("vs_tensor", times(2)),
+                "slower wg / shared-memory floor": ("vs_smem", times(2)),
+                "clock reads' cost": ("cost", lambda v: "—" if v is None else f"{v:+.0%}"),
+            },
+            caption,
+        )
         if not out:
             return table, {}
         pick = [o for o, r in zip(out, rows) if r.heads >= 64 and r.batch >= 8] or out
         scores = [o["scores"] / tile_floors()["scores"] for o in pick]
         slower = [o["slower"] for o in out]
-        return table, dict(phase_points=len(out), phase_cycles_min=min(slower), phase_cycles_max=max(slower),
-                           phase_scores_over_floor_min=min(scores), phase_scores_over_floor_max=max(scores),
-                           phase_vs_tensor_min=min(o["vs_tensor"] for o in out),
-                           phase_vs_smem_min=min(o["vs_smem"] for o in out),
-                           phase_wait_share_max=max(o["wait"] for o in out))
+        return table, dict(
+            phase_points=len(out),
+            phase_cycles_min=min(slower),
+            phase_cycles_max=max(slower),
+            phase_scores_over_floor_min=min(scores),
+            phase_scores_over_floor_max=max(scores),
+            phase_vs_tensor_min=min(o["vs_tensor"] for o in out),
+            phase_vs_smem_min=min(o["vs_smem"] for o in out),
+            phase_wait_share_max=max(o["wait"] for o in out),
+        )

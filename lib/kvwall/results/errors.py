@@ -6,8 +6,10 @@ from pathlib import Path
 
 __all__ = ["ResultFileError", "ResultMissingError", "ResultTargetError", "RowSchemaError", "shown"]
 
-_HINT = ("Result files are written by `python -m kvwall record <experiment>` (on a GPU for GPU measurements); "
-         "re-record it, or restore it with `git checkout -- book/results/`.")
+_HINT = (
+    "Result files are written by `python -m kvwall record <experiment>` (on a GPU for GPU measurements); "
+    "re-record it, or restore it with `git checkout -- book/results/`."
+)
 
 
 class ResultFileError(ValueError):
@@ -27,8 +29,12 @@ class ResultTargetError(ResultFileError):
     """A place a result cannot be written to (a folder, a named pipe, a device or a link where the file would go)."""
 
     def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(path, problem, "Nothing was written there and nothing was replaced: move it out of the way, "
-                                        "or record into another folder (`--out`).")
+        super().__init__(
+            path,
+            problem,
+            "Nothing was written there and nothing was replaced: move it out of the way, "
+            "or record into another folder (`--out`).",
+        )
 
 
 class RowSchemaError(ValueError):
@@ -38,4 +44,4 @@ class RowSchemaError(ValueError):
 def shown(value: object, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters: what a hostile file holds is quoted, never pasted whole."""
     text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."

@@ -31,9 +31,14 @@ MAX_DEPTH = 64
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
         if test(mode):
             return name
     return "not a plain file"
@@ -44,8 +49,10 @@ def _not_plain(mode: int) -> str | None:
     if stat.S_ISREG(mode):
         return None
     if stat.S_ISLNK(mode):
-        return ("is a symbolic link: result files are read and written only as plain files in their folder (a link "
-                "could lead anywhere: a device, a pipe, a file outside it); put the file itself there")
+        return (
+            "is a symbolic link: result files are read and written only as plain files in their folder (a link "
+            "could lead anywhere: a device, a pipe, a file outside it); put the file itself there"
+        )
     return f"is {_kind(mode)}, not a plain file: move it out of the way"
 
 
@@ -85,13 +92,18 @@ def _parse(path: Path, raw: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise ResultFileError(path, f"not UTF-8 text (byte {exc.start}); not a result file") from None
     if too_deep(text):
-        raise ResultFileError(path, f"its JSON nests more than {MAX_DEPTH} levels deep (result files nest a few "
-                                    "levels); not a result file")
+        raise ResultFileError(
+            path,
+            f"its JSON nests more than {MAX_DEPTH} levels deep (result files nest a few levels); not a result file",
+        )
     try:
         return json.loads(text, object_pairs_hook=_object)
     except _DuplicateKey as exc:
-        raise ResultFileError(path, f"the key {shown(str(exc))} appears twice in one JSON object (edited by hand? "
-                                    "which one counts is up to the reader, so neither is believed)") from None
+        raise ResultFileError(
+            path,
+            f"the key {shown(str(exc))} appears twice in one JSON object (edited by hand? "
+            "which one counts is up to the reader, so neither is believed)",
+        ) from None
     except (ValueError, RecursionError) as exc:
         raise ResultFileError(path, f"not valid JSON ({exc}); truncated?") from None
 
@@ -125,14 +137,20 @@ def read_json(path: Path) -> Any:
             if problem:
                 raise ResultFileError(path, problem)
             if info.st_size > MAX_FILE_BYTES:
-                raise ResultFileError(path, f"is {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} bytes a "
-                                            "result file may have; not a result file")
+                raise ResultFileError(
+                    path,
+                    f"is {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} bytes a "
+                    "result file may have; not a result file",
+                )
             raw = file.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ResultFileError(path, f"cannot be read ({exc.strerror or exc})") from None
     if len(raw) > MAX_FILE_BYTES:
-        raise ResultFileError(path, f"is more than the {MAX_FILE_BYTES:,} bytes a result file may have (it grew "
-                                    "while being read); not a result file")
+        raise ResultFileError(
+            path,
+            f"is more than the {MAX_FILE_BYTES:,} bytes a result file may have (it grew "
+            "while being read); not a result file",
+        )
     return _parse(path, raw)
 
 
@@ -149,9 +167,12 @@ def check_writable_target(path: Path) -> None:
     except OSError as exc:
         raise ResultTargetError(path, f"cannot be examined ({exc.strerror or exc})") from None
     if mode is not None and not stat.S_ISREG(mode):
-        raise ResultTargetError(path, "is a symbolic link (a result is written only as a plain file, and replacing "
-                                      "the link would drop it)" if stat.S_ISLNK(mode) else
-                                f"is {_kind(mode)}: a result file cannot replace it")
+        raise ResultTargetError(
+            path,
+            "is a symbolic link (a result is written only as a plain file, and replacing the link would drop it)"
+            if stat.S_ISLNK(mode)
+            else f"is {_kind(mode)}: a result file cannot replace it",
+        )
     folder = path.parent
     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
         raise ResultTargetError(path, f"its folder {folder} is not writable by this user")
@@ -164,8 +185,7 @@ def write_atomically(path: Path, text: str) -> None:
     umask)."""
     umask = os.umask(0)
     os.umask(umask)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                     delete=False) as tmp:
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as tmp:
         tmp_path = Path(tmp.name)
         try:
             tmp.write(text)

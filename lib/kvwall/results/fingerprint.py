@@ -3,11 +3,11 @@
 An experiment's fingerprint covers the import closure of its module inside ``kvwall`` (``lib/kvwall/``)
 and ``kvwall.kernels`` (``kernels/``): every project module an ``import`` or ``from ... import``
 statement of the module names (function-local imports too), followed transitively; plus the data
-files (``*.json``, ``*.cu``, ``*.cuh``: tuned tables, CUDA twins) that the kernel modules in the closure read. A package's ``__init__.py`` belongs to the closure only where its own code is used
-(``import kvwall.kernels``, or a name it defines); a name it re-exports leads to the module that defines it
-(``from kvwall.kernels import gather_cast`` reaches ``kernels/gather/kernel.py``, not every kernel).
-The bookkeeping modules (:data:`BOOKKEEPING`: recording results, describing experiments) are not
-followed: they file the numbers, they do not produce them.
+files (``*.json``, ``*.cu``, ``*.cuh``: tuned tables, CUDA twins) that the kernel modules in the closure read. A
+package's ``__init__.py`` belongs to the closure only where its own code is used (``import kvwall.kernels``, or a name
+it defines); a name it re-exports leads to the module that defines it (``from kvwall.kernels import gather_cast``
+reaches ``kernels/gather/kernel.py``, not every kernel). The bookkeeping modules (:data:`BOOKKEEPING`: recording
+results, describing experiments) are not followed: they file the numbers, they do not produce them.
 
 Python files are hashed after normalizing (parse, drop docstrings, write out the syntax tree without
 positions): comments, docstrings and formatting do not change a fingerprint, a line of code does. CUDA sources
@@ -16,15 +16,15 @@ positions): comments, docstrings and formatting do not change a fingerprint, a l
 data files (tuned tables, diffs) are hashed by their bytes.
 
 What a data file holds is what its readers depend on, so a table the code reads holds only that: the dispatcher's
-``kernels/mla_decode/kernel_paths.json`` holds its choices (the fastest path per measured point), and re-timing every point
-without changing a choice writes the same bytes. The times behind the choices, the run's caption and date live in a
-sidecar, ``kernels/mla_decode/kernel_paths_measured.json``, that no code of the kernels reads. It is kept out of every
+``kernels/mla_decode/kernel_paths.json`` holds its choices (the fastest path per measured point), and re-timing every
+point without changing a choice writes the same bytes. The times behind the choices, the run's caption and date live in
+a sidecar, ``kernels/mla_decode/kernel_paths_measured.json``, that no code of the kernels reads. It is kept out of every
 fingerprint by the rule for data files, not by an exception (:func:`_kernel_data_files`): a data file counts only
 where a closure module *of its own folder* names it in a string (by name, or by suffix), and the sidecar is named
-only by the experiment that writes it (``kvwall.experiments.fused_decode.kernel_paths``, whose ``MEASURED_FILE`` chapter 5's
-report imports). A module of ``kernels/mla_decode/`` that named it -- or a string that is just ``".json"`` there --
-would put it in the fingerprint of every result that runs the dispatcher (``tests/test_fingerprint.py`` checks that
-none does).
+only by the experiment that writes it (``kvwall.experiments.fused_decode.kernel_paths``, whose ``MEASURED_FILE``
+chapter 5's report imports). A module of ``kernels/mla_decode/`` that named it -- or a string that is just
+``".json"`` there -- would put it in the fingerprint of every result that runs the dispatcher
+(``tests/test_fingerprint.py`` checks that none does).
 """
 
 from __future__ import annotations
@@ -39,8 +39,16 @@ from typing import Iterable
 
 from kvwall.results.locations import PACKAGE_DIRS, PROJECT_ROOT
 
-__all__ = ["BOOKKEEPING", "CUDA_SUFFIXES", "DATA_SUFFIXES", "import_closure", "normalized_code",
-           "normalized_cuda", "source_fingerprint", "source_hashes"]
+__all__ = [
+    "BOOKKEEPING",
+    "CUDA_SUFFIXES",
+    "DATA_SUFFIXES",
+    "import_closure",
+    "normalized_code",
+    "normalized_cuda",
+    "source_fingerprint",
+    "source_hashes",
+]
 
 #: Files of a kernel folder that its code reads at run time or compiles (tuned tables, CUDA sources).
 DATA_SUFFIXES = (".json", ".cu", ".cuh", ".diff")
@@ -49,6 +57,8 @@ CUDA_SUFFIXES = (".cu", ".cuh")
 _PROJECT_PACKAGE = "kvwall"
 #: Modules (and their submodules) left out of every closure: they record and describe results.
 BOOKKEEPING = ("kvwall.results", "kvwall.experiments.registry", "kvwall.experiments.schemas")
+
+
 def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
@@ -58,7 +68,7 @@ def _module_file(module: str, root: Path) -> Path | None:
     for package, folder in PACKAGE_DIRS:
         if not _within(module, package):
             continue
-        parts = module[len(package) + 1:].split(".") if module != package else []
+        parts = module[len(package) + 1 :].split(".") if module != package else []
         base = root.joinpath(folder, *parts)
         candidates = ([base.with_name(base.name + ".py")] if parts else []) + [base / "__init__.py"]
         return next((c for c in candidates if c.is_file()), None)
@@ -133,8 +143,11 @@ def import_closure(module: str, root: Path = PROJECT_ROOT) -> list[Path]:
     """
     start = _module_file(module, root)
     if start is None:
-        raise ModuleNotFoundError(f"{module!r} is not a module of this project under {root} (folders: "
-                                  + ", ".join(f"{p} -> {f}/" for p, f in PACKAGE_DIRS) + ").")
+        raise ModuleNotFoundError(
+            f"{module!r} is not a module of this project under {root} (folders: "
+            + ", ".join(f"{p} -> {f}/" for p, f in PACKAGE_DIRS)
+            + ")."
+        )
     seen: dict[str, Path] = {module: start}
     todo = [module]
     while todo:
@@ -160,8 +173,11 @@ def _kernel_data_files(files: Iterable[Path], root: Path) -> list[Path]:
         data = [p for p in f.parent.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES]
         if not data:
             continue
-        strings = {node.value for node in ast.walk(ast.parse(f.read_bytes()))
-                   if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+        strings = {
+            node.value
+            for node in ast.walk(ast.parse(f.read_bytes()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        }
         found.update(p for p in data if p.name in strings or p.suffix in strings)
     return sorted(found)
 
@@ -175,8 +191,9 @@ def _canonical(node: object) -> str:
         # 3.13 do not write: empty parts of an f-string are left out, so all three give the same text.
         node = ast.JoinedStr(values=[v for v in node.values if not (isinstance(v, ast.Constant) and v.value == "")])
     if isinstance(node, ast.AST):
-        fields = ", ".join(f"{name}={_canonical(value)}" for name, value in ast.iter_fields(node)
-                           if value is not None and value != [])
+        fields = ", ".join(
+            f"{name}={_canonical(value)}" for name, value in ast.iter_fields(node) if value is not None and value != []
+        )
         return f"{type(node).__name__}({fields})"
     if isinstance(node, list):
         return "[" + ", ".join(_canonical(item) for item in node) + "]"

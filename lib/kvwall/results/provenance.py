@@ -63,8 +63,9 @@ class Provenance:
 
 def _git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -78,8 +79,12 @@ def _version(module: str) -> str | None:
 
 def _driver_version() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
         return out.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return None
@@ -105,9 +110,15 @@ def collect_provenance(device: torch.device, module_name: str, *, derives: Itera
         dirty = (status != "") if status is not None else None
     return Provenance(
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        device=str(device), gpu=torch.cuda.get_device_name(device) if on_gpu else None,
-        driver=_driver_version() if on_gpu else None, cuda=torch.version.cuda,
-        torch=torch.__version__, triton=_version("triton"), flashinfer=_version("flashinfer"),
-        python=platform.python_version(), git_commit=commit, git_dirty=dirty,
+        device=str(device),
+        gpu=torch.cuda.get_device_name(device) if on_gpu else None,
+        driver=_driver_version() if on_gpu else None,
+        cuda=torch.version.cuda,
+        torch=torch.__version__,
+        triton=_version("triton"),
+        flashinfer=_version("flashinfer"),
+        python=platform.python_version(),
+        git_commit=commit,
+        git_dirty=dirty,
         sources={k: v for k, v in source_fingerprint(module_name).items() if k not in set(derives)},
     )

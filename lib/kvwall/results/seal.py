@@ -59,8 +59,10 @@ def content_digest(data: dict[str, Any]) -> dict[str, Any]:
     ``{"seal": sha256 of everything but the digest, "parts": {part: sha256 of [seal, part, value]}}``."""
     content = _sealed_content(data)
     seal = _seal(content)
-    return {"seal": seal, "parts": {name: _part_hash(seal, name, value)
-                                    for name, value in _part_values(content).items()}}
+    return {
+        "seal": seal,
+        "parts": {name: _part_hash(seal, name, value) for name, value in _part_values(content).items()},
+    }
 
 
 def _names(names: list[str], most: int = 24) -> str:
@@ -83,10 +85,17 @@ def digest_problem(data: dict[str, Any]) -> str | None:
     digest = provenance.get("digest") if isinstance(provenance, dict) else None
     if not digest:
         return "provenance has no digest (recorded before digests existed, or the digest was removed)"
-    if not isinstance(digest, dict) or set(digest) != {"seal", "parts"} or not _is_sha256(digest["seal"]) \
-            or not isinstance(digest["parts"], dict) or not all(_is_sha256(v) for v in digest["parts"].values()):
-        return ("provenance.digest is not a digest of this format ({\"seal\": sha256, \"parts\": {part: sha256}}): "
-                "edited, or written by other code")
+    if (
+        not isinstance(digest, dict)
+        or set(digest) != {"seal", "parts"}
+        or not _is_sha256(digest["seal"])
+        or not isinstance(digest["parts"], dict)
+        or not all(_is_sha256(v) for v in digest["parts"].values())
+    ):
+        return (
+            'provenance.digest is not a digest of this format ({"seal": sha256, "parts": {part: sha256}}): '
+            "edited, or written by other code"
+        )
     stored_seal, stored_parts = digest["seal"], digest["parts"]
     content = _sealed_content(data)
     values = _part_values(content)
@@ -94,14 +103,22 @@ def digest_problem(data: dict[str, Any]) -> str | None:
     differ = sorted(n for n in keyed.keys() | stored_parts.keys() if keyed.get(n) != stored_parts.get(n))
     if _seal(content) == stored_seal:
         if differ:
-            return (f"provenance.digest.parts was edited (the hashes of {_names(differ)} are not the recorded "
-                    "ones, although the content matches its seal)")
+            return (
+                f"provenance.digest.parts was edited (the hashes of {_names(differ)} are not the recorded "
+                "ones, although the content matches its seal)"
+            )
         return None
     if not differ:
-        return ("the seal (provenance.digest.seal) does not match the content, though every part's hash does: parts "
-                "were edited and their hashes recomputed by hand")
+        return (
+            "the seal (provenance.digest.seal) does not match the content, though every part's hash does: parts "
+            "were edited and their hashes recomputed by hand"
+        )
     if len(differ) == len(keyed.keys() | stored_parts.keys()):
-        return ("the seal (provenance.digest.seal) matches none of the parts: the seal was edited, or every part "
-                f"replaced ({_names(differ)})")
-    return (f"field(s) {_names(differ)} differ from what was recorded: the file's seal does not match them "
-            "(edited by hand? spliced in from another recording?)")
+        return (
+            "the seal (provenance.digest.seal) matches none of the parts: the seal was edited, or every part "
+            f"replaced ({_names(differ)})"
+        )
+    return (
+        f"field(s) {_names(differ)} differ from what was recorded: the file's seal does not match them "
+        "(edited by hand? spliced in from another recording?)"
+    )

@@ -35,17 +35,39 @@ from pydantic import TypeAdapter, ValidationError
 
 from kvwall.results.errors import ResultFileError, ResultMissingError, ResultTargetError, RowSchemaError, shown
 from kvwall.results.files import (
-    MAX_DEPTH, MAX_FILE_BYTES, check_writable_target, read_json, too_deep, write_atomically,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    check_writable_target,
+    read_json,
+    too_deep,
+    write_atomically,
 )
 from kvwall.results.fingerprint import source_hashes
 from kvwall.results.locations import PROJECT_ROOT, RESULTS_DIR
 from kvwall.results.provenance import SCALES, Provenance
 from kvwall.results.seal import content_digest, digest_problem
 
-__all__ = ["SCHEMA", "MAX_FILE_BYTES", "MAX_DEPTH", "Result", "ResultFileError", "ResultMissingError",
-           "ResultTargetError", "RowSchemaError", "check_writable_target", "content_digest", "digest_problem",
-           "read_json", "write_atomically", "result_text", "recorded_scale", "register_row_schema", "validate_rows",
-           "save_result", "load_result"]
+__all__ = [
+    "SCHEMA",
+    "MAX_FILE_BYTES",
+    "MAX_DEPTH",
+    "Result",
+    "ResultFileError",
+    "ResultMissingError",
+    "ResultTargetError",
+    "RowSchemaError",
+    "check_writable_target",
+    "content_digest",
+    "digest_problem",
+    "read_json",
+    "write_atomically",
+    "result_text",
+    "recorded_scale",
+    "register_row_schema",
+    "validate_rows",
+    "save_result",
+    "load_result",
+]
 
 #: Version of the file format; files of another version are refused (re-record them).
 #: 4: one seal (sha256) over the whole file, with per-part hashes keyed by it. 3: one sha256 per part, each on its
@@ -77,8 +99,9 @@ def _as_stored(value: Any, what: str) -> Any:
     try:
         return json.loads(json.dumps(value))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise RowSchemaError(f"{what} cannot be stored as JSON ({exc}); convert such values to int, float or str "
-                             "before returning them") from None
+        raise RowSchemaError(
+            f"{what} cannot be stored as JSON ({exc}); convert such values to int, float or str before returning them"
+        ) from None
 
 
 def validate_rows(experiment: str, rows: list[Any]) -> None:
@@ -86,17 +109,20 @@ def validate_rows(experiment: str, rows: list[Any]) -> None:
     hold them) do not match the experiment's registered row schema."""
     adapter = _ROW_SCHEMAS.get(experiment)
     if adapter is None:
-        raise LookupError(f"no row schema registered for experiment {experiment!r} (known: {sorted(_ROW_SCHEMAS)}); "
-                          "import kvwall.experiments, which registers every experiment's schema, before "
-                          "saving or loading its results.")
+        raise LookupError(
+            f"no row schema registered for experiment {experiment!r} (known: {sorted(_ROW_SCHEMAS)}); "
+            "import kvwall.experiments, which registers every experiment's schema, before "
+            "saving or loading its results."
+        )
     rows = _as_stored(rows, f"rows of {experiment!r}")
     try:
         adapter.validate_python(rows)
     except ValidationError as exc:
         problems = [_describe(e, rows) for e in exc.errors()]
         more = f"; and {len(problems) - _MAX_ERRORS_SHOWN} more" if len(problems) > _MAX_ERRORS_SHOWN else ""
-        raise RowSchemaError(f"rows do not match the schema of {experiment!r}: "
-                             + "; ".join(problems[:_MAX_ERRORS_SHOWN]) + more) from None
+        raise RowSchemaError(
+            f"rows do not match the schema of {experiment!r}: " + "; ".join(problems[:_MAX_ERRORS_SHOWN]) + more
+        ) from None
 
 
 def result_text(data: dict[str, Any]) -> str:
@@ -138,8 +164,11 @@ class Result:
         text = f"Recorded on {self.provenance.short()} ({self.path.name if self.path else self.experiment})."
         changed = self.changed_sources()
         if changed:
-            text += (" STALE: the code it depends on changed since this run (" + ", ".join(changed)
-                     + "); re-record with `make record`.")
+            text += (
+                " STALE: the code it depends on changed since this run ("
+                + ", ".join(changed)
+                + "); re-record with `make record`."
+            )
         return text
 
 
@@ -155,8 +184,10 @@ def save_result(result: Result, directory: Path = RESULTS_DIR) -> Path:
     directory = Path(directory)
     path = directory / f"{result.experiment}.json"
     if result.provenance.scale not in SCALES:
-        raise ValueError(f"{path}: provenance.scale={result.provenance.scale!r}, expected one of {SCALES}; "
-                         "results are made by kvwall.experiments.run_experiment, which stamps the scale.")
+        raise ValueError(
+            f"{path}: provenance.scale={result.provenance.scale!r}, expected one of {SCALES}; "
+            "results are made by kvwall.experiments.run_experiment, which stamps the scale."
+        )
     try:
         params, rows = _as_stored([result.params, result.rows], "params and rows")
         validate_rows(result.experiment, rows)
@@ -164,17 +195,20 @@ def save_result(result: Result, directory: Path = RESULTS_DIR) -> Path:
         raise RowSchemaError(f"{path} not written: {exc}") from None
     check_writable_target(path)
     provenance = _as_stored({**asdict(result.provenance), "digest": None}, "provenance")
-    data = {"schema": SCHEMA, "experiment": result.experiment, "params": params, "rows": rows,
-            "provenance": provenance}
+    data = {"schema": SCHEMA, "experiment": result.experiment, "params": params, "rows": rows, "provenance": provenance}
     digest = content_digest(data)  # over exactly what the file holds
     provenance["digest"] = digest
     text = result_text(data)
     size = len(text.encode())
     if size > MAX_FILE_BYTES or too_deep(text):
-        why = f"{size:,} bytes, more than {MAX_FILE_BYTES:,}" if size > MAX_FILE_BYTES else \
-            f"nested more than {MAX_DEPTH} deep"
-        raise RowSchemaError(f"{path} not written: the file would be {why}, which loading refuses; keep less in the "
-                             "rows")
+        why = (
+            f"{size:,} bytes, more than {MAX_FILE_BYTES:,}"
+            if size > MAX_FILE_BYTES
+            else f"nested more than {MAX_DEPTH} deep"
+        )
+        raise RowSchemaError(
+            f"{path} not written: the file would be {why}, which loading refuses; keep less in the rows"
+        )
     try:
         directory.mkdir(parents=True, exist_ok=True)
         write_atomically(path, text)
@@ -189,9 +223,21 @@ _TOP_KEYS = {"schema": int, "experiment": str, "params": dict, "rows": list, "pr
 _OPTIONAL = (str, type(None))
 #: The type of each provenance field (``sources``, ``missing``, ``digest`` and ``scale`` are checked further).
 _PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {
-    "date": (str,), "device": (str,), "gpu": _OPTIONAL, "driver": _OPTIONAL, "cuda": _OPTIONAL, "torch": (str,),
-    "triton": _OPTIONAL, "flashinfer": _OPTIONAL, "python": (str,), "git_commit": (str,),
-    "git_dirty": (bool, type(None)), "sources": (dict,), "scale": _OPTIONAL, "missing": (list,), "digest": (dict,),
+    "date": (str,),
+    "device": (str,),
+    "gpu": _OPTIONAL,
+    "driver": _OPTIONAL,
+    "cuda": _OPTIONAL,
+    "torch": (str,),
+    "triton": _OPTIONAL,
+    "flashinfer": _OPTIONAL,
+    "python": (str,),
+    "git_commit": (str,),
+    "git_dirty": (bool, type(None)),
+    "sources": (dict,),
+    "scale": _OPTIONAL,
+    "missing": (list,),
+    "digest": (dict,),
 }
 assert set(_PROVENANCE_TYPES) == {f.name for f in fields(Provenance)}
 
@@ -205,13 +251,18 @@ def _read(path: Path, experiment: str) -> dict[str, Any]:
     provenance = data.get("provenance")
     digest = provenance.get("digest") if isinstance(provenance, dict) else None
     if schema != SCHEMA and not (isinstance(digest, dict) and "seal" in digest):
-        raise ResultFileError(path, f"written in file format {shown(schema)}, this code reads format {SCHEMA} only (one "
-                                    "seal over the whole file); older files cannot be vouched for as one recording",
-                              f"Re-record it: `python -m kvwall record {experiment}` (on a GPU for GPU "
-                              "measurements), or restore it with `git checkout -- book/results/`.")
+        raise ResultFileError(
+            path,
+            f"written in file format {shown(schema)}, this code reads format {SCHEMA} only (one "
+            "seal over the whole file); older files cannot be vouched for as one recording",
+            f"Re-record it: `python -m kvwall record {experiment}` (on a GPU for GPU "
+            "measurements), or restore it with `git checkout -- book/results/`.",
+        )
     unknown = sorted(set(data) - set(_TOP_KEYS))
     if unknown:
-        raise ResultFileError(path, f"unknown top-level field(s) {shown(unknown)} (not part of a result file: added by hand?)")
+        raise ResultFileError(
+            path, f"unknown top-level field(s) {shown(unknown)} (not part of a result file: added by hand?)"
+        )
     for key, kind in _TOP_KEYS.items():
         if not isinstance(data.get(key), kind) or (kind is int and isinstance(data.get(key), bool)):
             raise ResultFileError(path, f"field {key!r} missing or not a {kind.__name__}")
@@ -219,8 +270,11 @@ def _read(path: Path, experiment: str) -> dict[str, Any]:
     if problem:
         raise ResultFileError(path, problem)
     if data["experiment"] != experiment:
-        raise ResultFileError(path, f"says experiment {shown(data['experiment'])}, expected {experiment!r} (the file's "
-                                    "name): a result copied under another name")
+        raise ResultFileError(
+            path,
+            f"says experiment {shown(data['experiment'])}, expected {experiment!r} (the file's "
+            "name): a result copied under another name",
+        )
     return data
 
 
@@ -237,12 +291,16 @@ def _source_problem(sources: dict[str, Any]) -> str | None:
 def _provenance(path: Path, raw: dict[str, Any]) -> Provenance:
     if set(raw) != set(_PROVENANCE_TYPES):
         missing, extra = sorted(set(_PROVENANCE_TYPES) - set(raw)), sorted(set(raw) - set(_PROVENANCE_TYPES))
-        raise ResultFileError(path, f"provenance does not have the expected fields (missing {missing}, "
-                                    f"unknown {shown(extra)})")
+        raise ResultFileError(
+            path, f"provenance does not have the expected fields (missing {missing}, unknown {shown(extra)})"
+        )
     for name, kinds in _PROVENANCE_TYPES.items():
         if not isinstance(raw[name], kinds):
-            raise ResultFileError(path, f"provenance.{name} is {type(raw[name]).__name__}, expected "
-                                        + " or ".join("null" if k is type(None) else k.__name__ for k in kinds))
+            raise ResultFileError(
+                path,
+                f"provenance.{name} is {type(raw[name]).__name__}, expected "
+                + " or ".join("null" if k is type(None) else k.__name__ for k in kinds),
+            )
     prov = Provenance(**raw)
     if not prov.sources or not prov.git_commit or not prov.date:
         raise ResultFileError(path, "provenance lacks sources, git_commit or date")

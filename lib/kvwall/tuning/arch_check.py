@@ -71,11 +71,31 @@ from kvwall.results.locations import PROJECT_ROOT
 from kvwall.tuning.arch_check_cuda import tokens_rows, wgmma_rows
 from kvwall.tuning.fused import candidates
 
-__all__ = ["ARCHS", "ArchLimits", "KernelBuild", "ROLES", "CANDIDATE_HEADS", "PINNED_TRITON_ENV", "PinnedTritonMissing",
-           "PINNED_TRITON_REQUIREMENTS", "pinned_triton_requirement",
-           "pinned_triton_dir", "pinned_triton_version", "fallback_config", "tuned_shapes", "tuned_arch",
-           "tmem_columns", "compile_split", "compile_gather", "cuda_twin_builds", "wgmma_builds",
-           "check_architectures", "check_every_shape", "format_rows", "main"]
+__all__ = [
+    "ARCHS",
+    "ArchLimits",
+    "KernelBuild",
+    "ROLES",
+    "CANDIDATE_HEADS",
+    "PINNED_TRITON_ENV",
+    "PinnedTritonMissing",
+    "PINNED_TRITON_REQUIREMENTS",
+    "pinned_triton_requirement",
+    "pinned_triton_dir",
+    "pinned_triton_version",
+    "fallback_config",
+    "tuned_shapes",
+    "tuned_arch",
+    "tmem_columns",
+    "compile_split",
+    "compile_gather",
+    "cuda_twin_builds",
+    "wgmma_builds",
+    "check_architectures",
+    "check_every_shape",
+    "format_rows",
+    "main",
+]
 
 
 @dataclass(frozen=True)
@@ -90,8 +110,11 @@ class ArchLimits:
     tmem_columns: int = 0
 
 
-ARCHS = (ArchLimits(90, "sm_90: H100, H200", 232_448), ArchLimits(100, "sm_100: B200", 232_448, tmem_columns=512),
-         ArchLimits(120, "sm_120: RTX PRO 6000, 5090", 101_376))
+ARCHS = (
+    ArchLimits(90, "sm_90: H100, H200", 232_448),
+    ArchLimits(100, "sm_100: B200", 232_448, tmem_columns=512),
+    ArchLimits(120, "sm_120: RTX PRO 6000, 5090", 101_376),
+)
 ROLES = ("fallback", "tuned", "candidate")
 #: Head counts whose tuner candidates are compiled (the tuner's own: 16, 64 and 128 heads per GPU).
 CANDIDATE_HEADS = (16, 64, 128)
@@ -100,8 +123,8 @@ FUSED = "fused split"
 
 def fallback_config(heads: int, limits: ArchLimits | None = None) -> MLADecodeConfig:
     """The launch shape ``mla_decode_fp8`` picks for ``heads`` on a GPU of architecture ``limits`` missing from the
-    tuned table: the launcher's own rule (:func:`kvwall.kernels.mla_decode.launch_shape.fallback_config`), which compiles
-    its preferences for that architecture. Without ``limits``: its first preference, unfiltered."""
+    tuned table: the launcher's own rule (:func:`kvwall.kernels.mla_decode.launch_shape.fallback_config`), which
+    compiles its preferences for that architecture. Without ``limits``: its first preference, unfiltered."""
     if limits is None:
         return mla.fallback_shapes(heads)[0]
     return mla.fallback_config(heads, limits.cap, limits.shared_per_block)
@@ -198,29 +221,49 @@ def _report(compile_it) -> _Report:
     except Exception as exc:  # noqa: BLE001
         return _Report(None, None, None, None, False, error_text(exc, 300))
     regs, spills = mla.cubin_resources(compiled.asm)  # Triton's n_regs is filled only when a GPU loads it
-    return _Report(int(compiled.metadata.shared), regs, spills, tmem_columns(compiled), mla.is_trap_only(compiled),
-                   None)
+    return _Report(
+        int(compiled.metadata.shared), regs, spills, tmem_columns(compiled), mla.is_trap_only(compiled), None
+    )
 
 
 @functools.cache
 def _split_report(cfg: MLADecodeConfig, cap: int) -> _Report:
     """The split kernel with ``cfg`` compiled for ``cap`` exactly as the launcher's resource check compiles it."""
-    return _report(lambda: mla.compile_offline("split", mla.split_constexprs(cfg), cfg.num_warps, cfg.num_stages,
-                                               cap))
+    return _report(lambda: mla.compile_offline("split", mla.split_constexprs(cfg), cfg.num_warps, cfg.num_stages, cap))
 
 
-def _build(kernel: str, rep: _Report, limits: ArchLimits, *, heads: int, shape: str, threads: int, **extra
-           ) -> KernelBuild:
+def _build(
+    kernel: str, rep: _Report, limits: ArchLimits, *, heads: int, shape: str, threads: int, **extra
+) -> KernelBuild:
     """A compile's report held against ``limits``."""
     tmem_ok = rep.tmem is None or rep.tmem <= limits.tmem_columns
-    fits = rep.error is None and rep.shared is not None and rep.shared <= limits.shared_per_block \
-        and not rep.trap_only and tmem_ok
-    return KernelBuild(kernel=kernel, heads=heads, shape=shape, arch=limits.name, cap=limits.cap,
-                       shared_bytes=rep.shared, shared_limit=limits.shared_per_block, regs=rep.regs,
-                       spills=rep.spills, threads=threads,
-                       blocks_per_sm_by_regs=(limits.regs_per_sm // (rep.regs * threads)) if rep.regs else None,
-                       fits=fits, trap_only=rep.trap_only, error=rep.error, tmem_columns=rep.tmem,
-                       tmem_limit=limits.tmem_columns, triton=triton.__version__, **extra)
+    fits = (
+        rep.error is None
+        and rep.shared is not None
+        and rep.shared <= limits.shared_per_block
+        and not rep.trap_only
+        and tmem_ok
+    )
+    return KernelBuild(
+        kernel=kernel,
+        heads=heads,
+        shape=shape,
+        arch=limits.name,
+        cap=limits.cap,
+        shared_bytes=rep.shared,
+        shared_limit=limits.shared_per_block,
+        regs=rep.regs,
+        spills=rep.spills,
+        threads=threads,
+        blocks_per_sm_by_regs=(limits.regs_per_sm // (rep.regs * threads)) if rep.regs else None,
+        fits=fits,
+        trap_only=rep.trap_only,
+        error=rep.error,
+        tmem_columns=rep.tmem,
+        tmem_limit=limits.tmem_columns,
+        triton=triton.__version__,
+        **extra,
+    )
 
 
 def _shape_text(cfg: MLADecodeConfig) -> str:
@@ -235,13 +278,22 @@ def _shape_text(cfg: MLADecodeConfig) -> str:
     return text
 
 
-def compile_split(config: MLADecodeConfig, limits: ArchLimits, heads: int, role: str = "fallback",
-                  shipped: bool | None = None) -> KernelBuild:
+def compile_split(
+    config: MLADecodeConfig, limits: ArchLimits, heads: int, role: str = "fallback", shipped: bool | None = None
+) -> KernelBuild:
     """The fused kernel's split launch with ``config``, compiled for ``limits.cap`` (once per shape and
     architecture) and held against its limits. ``shipped`` defaults to ``role == "fallback"``."""
-    return _build(FUSED, _split_report(config, limits.cap), limits, heads=heads, shape=_shape_text(config),
-                  threads=32 * config.num_warps, role=role,
-                  shipped=(role == "fallback") if shipped is None else shipped, config=dataclasses.asdict(config))
+    return _build(
+        FUSED,
+        _split_report(config, limits.cap),
+        limits,
+        heads=heads,
+        shape=_shape_text(config),
+        threads=32 * config.num_warps,
+        role=role,
+        shipped=(role == "fallback") if shipped is None else shipped,
+        config=dataclasses.asdict(config),
+    )
 
 
 def _gather_compiled(const: dict[str, Any], num_warps: int, cap: int):
@@ -250,38 +302,85 @@ def _gather_compiled(const: dict[str, Any], num_warps: int, cap: int):
     from triton.compiler import ASTSource
 
     fn = _gather_kernel("gather_cast", False)
-    types = {"pool_ptr": "*fp8e4nv", "kv_indices_ptr": "*i32", "out_ptr": "*bf16", "indptr_end_ptr": "*i32",
-             "scale_ptr": "*fp32", "scale_value": "fp32"}
+    types = {
+        "pool_ptr": "*fp8e4nv",
+        "kv_indices_ptr": "*i32",
+        "out_ptr": "*bf16",
+        "indptr_end_ptr": "*i32",
+        "scale_ptr": "*fp32",
+        "scale_value": "fp32",
+    }
     sig = {a: "constexpr" if a in const else types.get(a, "i32") for a in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig) if sig[a].startswith("*") or "stride" in a}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
-                          target=GPUTarget("cuda", cap, 32), options=dict(num_warps=num_warps, num_stages=1))
+    return triton.compile(
+        ASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
+        target=GPUTarget("cuda", cap, 32),
+        options=dict(num_warps=num_warps, num_stages=1),
+    )
 
 
 def compile_gather(limits: ArchLimits) -> KernelBuild:
     """Chapter 4's gather_cast (Triton) with its default large-launch configuration, for ``limits.cap``."""
     cfg, d = DEFAULT_CONFIGS["large"], GLM5.kv_dim
-    const = dict(D=d, PAGE=1, CHUNK=chunk_width(d), BLOCK=cfg.block, HAS_INDPTR=True, SCALE_MODE=0, WIDE=False,
-                 POOL_WIDE=False, EVICT_LOADS=cfg.evict_loads, EVICT_STORES=cfg.evict_stores, LOAD_VEC=cfg.load_vec)
+    const = dict(
+        D=d,
+        PAGE=1,
+        CHUNK=chunk_width(d),
+        BLOCK=cfg.block,
+        HAS_INDPTR=True,
+        SCALE_MODE=0,
+        WIDE=False,
+        POOL_WIDE=False,
+        EVICT_LOADS=cfg.evict_loads,
+        EVICT_STORES=cfg.evict_stores,
+        LOAD_VEC=cfg.load_vec,
+    )
     rep = _report(lambda: _gather_compiled(const, cfg.num_warps, limits.cap))
-    return _build("gather_cast (Triton)", rep, limits, heads=0, threads=32 * cfg.num_warps,
-                  shape=f"{cfg.block} × {chunk_width(d)}-value chunks, {cfg.num_warps} warps", shipped=True)
+    return _build(
+        "gather_cast (Triton)",
+        rep,
+        limits,
+        heads=0,
+        threads=32 * cfg.num_warps,
+        shape=f"{cfg.block} × {chunk_width(d)}-value chunks, {cfg.num_warps} warps",
+        shipped=True,
+    )
 
 
 def cuda_twin_builds() -> list[dict[str, Any]]:
     """Chapter 4's CUDA C++ twin compiled by nvcc for each architecture (registers per instantiation, spills)."""
     rows = []
     for limits in ARCHS:
-        base = dict(kernel="gather_cast (CUDA C++)", heads=0, arch=limits.name, cap=limits.cap,
-                    shared_limit=limits.shared_per_block, threads=0, blocks_per_sm_by_regs=None, trap_only=False,
-                    role="", shipped=True, tmem_columns=0, tmem_limit=limits.tmem_columns, config=None,
-                    triton=None)
+        base = dict(
+            kernel="gather_cast (CUDA C++)",
+            heads=0,
+            arch=limits.name,
+            cap=limits.cap,
+            shared_limit=limits.shared_per_block,
+            threads=0,
+            blocks_per_sm_by_regs=None,
+            trap_only=False,
+            role="",
+            shipped=True,
+            tmem_columns=0,
+            tmem_limit=limits.tmem_columns,
+            config=None,
+            triton=None,
+        )
         try:
             rep = nvcc_compile_check(f"sm_{limits.cap}")
             spilled = max((int(n) for n in re.findall(r"(\d+) bytes spill stores", rep.log)), default=0)
-            rows.append(dict(base, shape="every vector width (most registers)", shared_bytes=0,
-                             regs=max(rep.registers.values()) if rep.registers else None, spills=spilled,
-                             fits=rep.ok, error=None if rep.ok else rep.log[-300:]))
+            rows.append(
+                dict(
+                    base,
+                    shape="every vector width (most registers)",
+                    shared_bytes=0,
+                    regs=max(rep.registers.values()) if rep.registers else None,
+                    spills=spilled,
+                    fits=rep.ok,
+                    error=None if rep.ok else rep.log[-300:],
+                )
+            )
         except FileNotFoundError as exc:
             rows.append(dict(base, shape="", shared_bytes=None, regs=None, spills=None, fits=False, error=str(exc)))
     return rows
@@ -323,9 +422,11 @@ def _check_here(heads: tuple[int, ...], cast_kernels: bool, every_shape: bool) -
 def _every_shape_rows(heads: tuple[int, ...]) -> list[dict[str, Any]]:
     tuned = tuned_shapes()
     cands = [(h, cfg) for h in CANDIDATE_HEADS for cfg in candidates(h)]
-    _compile_all([(cfg, a.cap) for h in heads for cfg in mla.fallback_shapes(h) for a in ARCHS]
-                 + [(cfg, a.cap) for _, cfg, _ in tuned for a in ARCHS]
-                 + [(cfg, a.cap) for _, cfg in cands for a in ARCHS])
+    _compile_all(
+        [(cfg, a.cap) for h in heads for cfg in mla.fallback_shapes(h) for a in ARCHS]
+        + [(cfg, a.cap) for _, cfg, _ in tuned for a in ARCHS]
+        + [(cfg, a.cap) for _, cfg in cands for a in ARCHS]
+    )
     builds = _fallback_rows(heads)
     builds += [compile_split(cfg, a, h, "tuned", shipped=a.cap in caps) for h, cfg, caps in tuned for a in ARCHS]
     builds += [compile_split(cfg, a, h, "candidate") for h, cfg in cands for a in ARCHS]
@@ -362,12 +463,17 @@ def pinned_triton_version(folder: Path | None = None) -> str | None:
     folder = folder or pinned_triton_dir()
     if not (folder / "triton" / "__init__.py").is_file():
         return None
-    return next((d.version for d in metadata.distributions(path=[str(folder)])
-                 if (d.metadata["Name"] or "").lower() == "triton"), None)
+    return next(
+        (
+            d.version
+            for d in metadata.distributions(path=[str(folder)])
+            if (d.metadata["Name"] or "").lower() == "triton"
+        ),
+        None,
+    )
 
 
-def _check_pinned(version: str, heads: tuple[int, ...], cast_kernels: bool, every_shape: bool
-                  ) -> list[dict[str, Any]]:
+def _check_pinned(version: str, heads: tuple[int, ...], cast_kernels: bool, every_shape: bool) -> list[dict[str, Any]]:
     """:func:`check_architectures`' rows from a child Python whose ``PYTHONPATH`` puts the pinned Triton first
     (``python -m kvwall.tuning.arch_check --here --json``: the rows as JSON on its last line of output)."""
     folder = pinned_triton_dir()
@@ -375,12 +481,13 @@ def _check_pinned(version: str, heads: tuple[int, ...], cast_kernels: bool, ever
     argv += ([] if every_shape else ["--fallback-only"]) + ([] if cast_kernels else ["--no-cast-kernels"])
     argv += ["--no-wgmma"]  # nvcc's rows need no Triton: check_architectures adds them in this process
     path = os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
-    proc = subprocess.run(argv, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True,
-                          timeout=3600)
+    proc = subprocess.run(argv, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=3600)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the offline compile with Triton {version} ({folder}) failed (exit {proc.returncode}):\n"
-                           + proc.stderr[-3000:])
+        raise RuntimeError(
+            f"the offline compile with Triton {version} ({folder}) failed (exit {proc.returncode}):\n"
+            + proc.stderr[-3000:]
+        )
     rows = json.loads(lines[-1])
     other = {r["triton"] for r in rows if r["triton"] not in (None, version)}
     if other:
@@ -388,9 +495,14 @@ def _check_pinned(version: str, heads: tuple[int, ...], cast_kernels: bool, ever
     return rows
 
 
-def check_architectures(heads: tuple[int, ...] = (16, 32, 64, 128), *, cast_kernels: bool = False,
-                        every_shape: bool = False, current_triton: bool = False, wgmma: bool = False
-                        ) -> list[dict[str, Any]]:
+def check_architectures(
+    heads: tuple[int, ...] = (16, 32, 64, 128),
+    *,
+    cast_kernels: bool = False,
+    every_shape: bool = False,
+    current_triton: bool = False,
+    wgmma: bool = False,
+) -> list[dict[str, Any]]:
     """Every head count's fallback launch shape of the fused kernel -- the one the launcher picks on each
     architecture -- compiled for every architecture of :data:`ARCHS`; with ``every_shape``, the tuned and
     candidate shapes too (:func:`check_every_shape`); with ``cast_kernels``, chapter 4's Triton gather_cast and
@@ -413,11 +525,13 @@ def check_architectures(heads: tuple[int, ...] = (16, 32, 64, 128), *, cast_kern
         f"machines' {pin} (requirements-triton-gpu.txt): the offline architecture check compiles with the pinned "
         f"one, which `make setup` installs there (or set {PINNED_TRITON_ENV} to a folder holding it; or ask for "
         f"this environment's Triton {triton.__version__}, whose registers and spills differ, with "
-        "current_triton=True / --current-triton)")
+        "current_triton=True / --current-triton)"
+    )
 
 
-def check_every_shape(heads: tuple[int, ...] = (16, 32, 64, 128), *, current_triton: bool = False
-                      ) -> list[dict[str, Any]]:
+def check_every_shape(
+    heads: tuple[int, ...] = (16, 32, 64, 128), *, current_triton: bool = False
+) -> list[dict[str, Any]]:
     """Rows of every role (module docstring) on every architecture: the fallbacks for ``heads``, every tuned
     shape, every tuner candidate for :data:`CANDIDATE_HEADS`; each (shape, architecture) compiled once, with the
     GPU machines' Triton (:func:`check_architectures`)."""
@@ -432,8 +546,10 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     """The rows as a plain-text table: role, architecture, heads, shape, shared / limit, registers, spills, tensor
     memory, fits (and why not)."""
     kw = max([24] + [len(r["kernel"]) + 1 for r in rows])
-    head = (f"{'kernel':<{kw}}{'role':<14}{'arch':<8}{'heads':>5}  {'shape':<68}{'shared / limit B':>20}{'regs':>6}"
-            f"{'spills':>8}{'tmem':>6}  fits")
+    head = (
+        f"{'kernel':<{kw}}{'role':<14}{'arch':<8}{'heads':>5}  {'shape':<68}{'shared / limit B':>20}{'regs':>6}"
+        f"{'spills':>8}{'tmem':>6}  fits"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         why = []
@@ -448,9 +564,11 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
                 why.append(f"tensor memory > {r.get('tmem_limit', 0)} columns")
         verdict = "yes" if r["fits"] else "NO" + (f" ({', '.join(why)})" if why else "")
         shipped = "  [shipped]" if r.get("shipped") and r.get("role") else ""
-        lines.append(f"{r['kernel']:<{kw}}{r.get('role') or '-':<14}{r['arch'].split(':')[0]:<8}{r['heads'] or '':>5}  "
-                     f"{r['shape'][:67]:<68}{_num(r['shared_bytes']) + ' / ' + _num(r['shared_limit']):>20}"
-                     f"{_num(r['regs']):>6}{_num(r['spills']):>8}{_num(r.get('tmem_columns')):>6}  {verdict}{shipped}")
+        lines.append(
+            f"{r['kernel']:<{kw}}{r.get('role') or '-':<14}{r['arch'].split(':')[0]:<8}{r['heads'] or '':>5}  "
+            f"{r['shape'][:67]:<68}{_num(r['shared_bytes']) + ' / ' + _num(r['shared_limit']):>20}"
+            f"{_num(r['regs']):>6}{_num(r['spills']):>8}{_num(r.get('tmem_columns')):>6}  {verdict}{shipped}"
+        )
     return "\n".join(lines)
 
 
@@ -461,30 +579,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cast-kernels", action="store_true", help="leave out chapter 4's cast kernels")
     parser.add_argument("--no-wgmma", action="store_true", help="leave out the fused kernel's wgmma paths (nvcc)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON (one line), not as a table")
-    parser.add_argument("--current-triton", action="store_true",
-                        help="where the GPU machines' Triton is not installed, compile with this environment's own")
-    parser.add_argument("--here", action="store_true",
-                        help="compile in this process with the Triton it imports (what the pinned run's child does)")
+    parser.add_argument(
+        "--current-triton",
+        action="store_true",
+        help="where the GPU machines' Triton is not installed, compile with this environment's own",
+    )
+    parser.add_argument(
+        "--here",
+        action="store_true",
+        help="compile in this process with the Triton it imports (what the pinned run's child does)",
+    )
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     which = dict(cast_kernels=not args.no_cast_kernels, every_shape=not args.fallback_only)
     if args.here:
         rows = _check_here(tuple(args.heads), **which) + ([] if args.no_wgmma else wgmma_builds())
     else:
-        rows = check_architectures(tuple(args.heads), current_triton=args.current_triton,
-                                   wgmma=not args.no_wgmma, **which)
+        rows = check_architectures(
+            tuple(args.heads), current_triton=args.current_triton, wgmma=not args.no_wgmma, **which
+        )
     if args.json:
         print(json.dumps(rows))
         return 0
     versions = ", ".join(sorted({r["triton"] for r in rows if r["triton"]}))
     print(f"triton {versions}; {len(rows)} rows in {time.perf_counter() - t0:.0f} s")
     print(format_rows(rows))
-    for what, bad in (("do not fit", [r for r in rows if r.get("shipped") and not r["fits"]]),
-                      ("spill registers", [r for r in rows if r.get("shipped") and r["spills"]])):
-        print(f"\nshipped rows that {what}: {len(bad)}" + "".join(
-            f"\n  {r['kernel']}, {r['role'] or 'shipped'}, {r['arch'].split(':')[0]}"
-            + (f", {r['heads']} heads" if r["heads"] else "") + f": {r['shape']}: {r['spills']} B spilled"
-            for r in bad))
+    for what, bad in (
+        ("do not fit", [r for r in rows if r.get("shipped") and not r["fits"]]),
+        ("spill registers", [r for r in rows if r.get("shipped") and r["spills"]]),
+    ):
+        print(
+            f"\nshipped rows that {what}: {len(bad)}"
+            + "".join(
+                f"\n  {r['kernel']}, {r['role'] or 'shipped'}, {r['arch'].split(':')[0]}"
+                + (f", {r['heads']} heads" if r["heads"] else "")
+                + f": {r['shape']}: {r['spills']} B spilled"
+                for r in bad
+            )
+        )
     return 0
 
 

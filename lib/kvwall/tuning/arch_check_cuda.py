@@ -25,8 +25,17 @@ from typing import Any
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 
-__all__ = ["WGMMA_KERNEL", "TOKENS_KERNEL", "WGMMA_ROLES", "WGMMA_ARCH_NAME", "WGMMA_SHARED_LIMIT", "wgmma_report",
-           "tokens_reports", "wgmma_rows", "tokens_rows"]
+__all__ = [
+    "WGMMA_KERNEL",
+    "TOKENS_KERNEL",
+    "WGMMA_ROLES",
+    "WGMMA_ARCH_NAME",
+    "WGMMA_SHARED_LIMIT",
+    "wgmma_report",
+    "tokens_reports",
+    "wgmma_rows",
+    "tokens_rows",
+]
 
 #: The ``kernel`` of the wgmma path's row.
 WGMMA_KERNEL = "fused split (wgmma, CUDA C++)"
@@ -71,29 +80,68 @@ def _error(rep: wgmma_path.NvccReport | str, kernel: str) -> str | None:
     return None
 
 
-def _row(kernel: str, role: str, rep: wgmma_path.NvccReport | str, what: str, *, heads_per_cta: int,
-         shared: int, threads: int, shape: str, regs_per_sm: int) -> dict[str, Any]:
+def _row(
+    kernel: str,
+    role: str,
+    rep: wgmma_path.NvccReport | str,
+    what: str,
+    *,
+    heads_per_cta: int,
+    shared: int,
+    threads: int,
+    shape: str,
+    regs_per_sm: int,
+) -> dict[str, Any]:
     """One wgmma row: ``rep`` (ptxas's report, or why there is none) held against an H100 / H200 block."""
     error = _error(rep, what)
     regs = None if error else rep.registers
     return dict(
-        kernel=kernel, heads=0, shape=shape, arch=WGMMA_ARCH_NAME, cap=90, shared_bytes=shared,
-        shared_limit=WGMMA_SHARED_LIMIT, regs=regs, spills=None if error else rep.spill_bytes,
-        stack_bytes=None if error else rep.stack_bytes, threads=threads,
+        kernel=kernel,
+        heads=0,
+        shape=shape,
+        arch=WGMMA_ARCH_NAME,
+        cap=90,
+        shared_bytes=shared,
+        shared_limit=WGMMA_SHARED_LIMIT,
+        regs=regs,
+        spills=None if error else rep.spill_bytes,
+        stack_bytes=None if error else rep.stack_bytes,
+        threads=threads,
         blocks_per_sm_by_regs=regs_per_sm // (regs * threads) if regs else None,
-        fits=error is None and shared <= WGMMA_SHARED_LIMIT, trap_only=False, error=error, role=role, shipped=True,
-        tmem_columns=0, tmem_limit=0, config=None, triton=None, heads_per_cta=heads_per_cta)
+        fits=error is None and shared <= WGMMA_SHARED_LIMIT,
+        trap_only=False,
+        error=error,
+        role=role,
+        shipped=True,
+        tmem_columns=0,
+        tmem_limit=0,
+        config=None,
+        triton=None,
+        heads_per_cta=heads_per_cta,
+    )
 
 
 def wgmma_rows(regs_per_sm: int = 65_536) -> list[dict[str, Any]]:
     """The wgmma split kernel's row on sm_90a. ``spills``: spill stores + loads (bytes); ``fits``: compiled, and
     its shared memory within an H100 / H200 block's."""
     threads = wgmma_path.THREADS
-    shape = (f"{wgmma_path.HEADS_PER_CTA} heads × {wgmma_path.BLOCK_N} tokens, {threads // 32} warps (two "
-             "warpgroups), one CTA per SM")
-    return [_row(WGMMA_KERNEL, "wgmma", wgmma_report(), "the wgmma split kernel",
-                 heads_per_cta=wgmma_path.HEADS_PER_CTA, shared=wgmma_path.SMEM_BYTES, threads=threads, shape=shape,
-                 regs_per_sm=regs_per_sm)]
+    shape = (
+        f"{wgmma_path.HEADS_PER_CTA} heads × {wgmma_path.BLOCK_N} tokens, {threads // 32} warps (two "
+        "warpgroups), one CTA per SM"
+    )
+    return [
+        _row(
+            WGMMA_KERNEL,
+            "wgmma",
+            wgmma_report(),
+            "the wgmma split kernel",
+            heads_per_cta=wgmma_path.HEADS_PER_CTA,
+            shared=wgmma_path.SMEM_BYTES,
+            threads=threads,
+            shape=shape,
+            regs_per_sm=regs_per_sm,
+        )
+    ]
 
 
 def tokens_rows(regs_per_sm: int = 65_536) -> list[dict[str, Any]]:
@@ -103,10 +151,19 @@ def tokens_rows(regs_per_sm: int = 65_536) -> list[dict[str, Any]]:
     rows = []
     for hn in tokens_path.HEADS_PER_CTA:
         smem, block_n, threads = tokens_path.host_shape(hn)
-        shape = (f"{block_n} tokens × {hn} heads, {threads // 32} warps ({threads // 128} warpgroups), one CTA "
-                 "per SM")
+        shape = f"{block_n} tokens × {hn} heads, {threads // 32} warps ({threads // 128} warpgroups), one CTA per SM"
         rep = reports if isinstance(reports, str) else reports[hn]
-        rows.append(_row(TOKENS_KERNEL, "wgmma_tokens", rep,
-                         f"the tokens-on-M split kernel ({hn} heads per CTA)", heads_per_cta=hn, shared=smem,
-                         threads=threads, shape=shape, regs_per_sm=regs_per_sm))
+        rows.append(
+            _row(
+                TOKENS_KERNEL,
+                "wgmma_tokens",
+                rep,
+                f"the tokens-on-M split kernel ({hn} heads per CTA)",
+                heads_per_cta=hn,
+                shared=smem,
+                threads=threads,
+                shape=shape,
+                regs_per_sm=regs_per_sm,
+            )
+        )
     return rows

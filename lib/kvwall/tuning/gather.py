@@ -65,16 +65,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", type=Path, help="merge the winners into this tuned table (JSON)")
     ap.add_argument("--out", type=Path, help="folder for gather_tune.json (all numbers)")
     ap.add_argument("--rep-ms", type=float, default=40.0)
-    ap.add_argument("--cpu-smoke", action="store_true",
-                    help="run the script's logic on a CPU at toy sizes (interpreter; numbers mean nothing)")
+    ap.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="run the script's logic on a CPU at toy sizes (interpreter; numbers mean nothing)",
+    )
     ap.add_argument("--summary", type=Path, help="print the recorded gather_cast_* results in this folder, then exit")
     args = ap.parse_args(argv)
     if args.summary:
         return summarize(args.summary)
     smoke = args.cpu_smoke
     if not smoke and not torch.cuda.is_available():
-        print("gather_tune needs an NVIDIA GPU (it times compiled kernels); --cpu-smoke checks the script.",
-              file=sys.stderr)
+        print(
+            "gather_tune needs an NVIDIA GPU (it times compiled kernels); --cpu-smoke checks the script.",
+            file=sys.stderr,
+        )
         return 2
     t_start = time.time()
     dev = torch.device("cpu" if smoke else "cuda")
@@ -125,20 +130,48 @@ def main(argv: list[str] | None = None) -> int:
         out = torch.empty((n, 1, D), dtype=torch.bfloat16, device=dev)
         plan = plan_gather(pool, idx, out=out, check_range=False)
         for label, (cfg, launch) in impls.items():
-            ms = bench(lambda: launch(plan))
-            rows.append({"kind": "events", "impl": label, "n": n, "ms": ms, "gbps": gather_cast_bytes(n) / ms / 1e6,
-                         "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps})
+            ms = bench(lambda: launch(plan))  # noqa: F821
+            rows.append(
+                {
+                    "kind": "events",
+                    "impl": label,
+                    "n": n,
+                    "ms": ms,
+                    "gbps": gather_cast_bytes(n) / ms / 1e6,
+                    "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps,
+                }
+            )
         ms = bench(lambda: pool.index_select(0, idx_long).to(torch.bfloat16))
-        rows.append({"kind": "events", "impl": torch_label, "n": n, "ms": ms, "gbps": gather_cast_bytes(n) / ms / 1e6,
-                     "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps})
+        rows.append(
+            {
+                "kind": "events",
+                "impl": torch_label,
+                "n": n,
+                "ms": ms,
+                "gbps": gather_cast_bytes(n) / ms / 1e6,
+                "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps,
+            }
+        )
         del out, plan
     for n in graph_sizes:
-        plans = [plan_gather(pool, rand_idx(n), out=torch.empty((n, 1, D), dtype=torch.bfloat16, device=dev),
-                             check_range=False) for _ in range(2 if smoke else 16)]
+        plans = [
+            plan_gather(
+                pool, rand_idx(n), out=torch.empty((n, 1, D), dtype=torch.bfloat16, device=dev), check_range=False
+            )
+            for _ in range(2 if smoke else 16)
+        ]
         for label, (cfg, launch) in impls.items():
             ms = graph_ms_per_call([lambda p=p, launch=launch: launch(p) for p in plans])
-            rows.append({"kind": "graph", "impl": label, "n": n, "ms": ms, "gbps": gather_cast_bytes(n) / ms / 1e6,
-                         "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps})
+            rows.append(
+                {
+                    "kind": "graph",
+                    "impl": label,
+                    "n": n,
+                    "ms": ms,
+                    "gbps": gather_cast_bytes(n) / ms / 1e6,
+                    "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps,
+                }
+            )
         del plans
 
     def pick(kind: str, ns) -> str:
@@ -156,28 +189,46 @@ def main(argv: list[str] | None = None) -> int:
     # Index layouts for the large winner: what random rows cost against sorted rows and allocator runs.
     layouts = []
     cfg_large = winners["large"]
-    for n in ((512,) if smoke else (131072, 524288)):
+    for n in (512,) if smoke else (131072, 524288):
         runs = make_decode_batch([min(n, pool_tokens)], pool_tokens + 1, seed=n).kv_indices
-        for layout, idx in (("random", rand_idx(n)),
-                            ("sorted (sequential rows)",
-                             torch.arange(n, dtype=torch.int32).remainder(pool_tokens).add(1).to(dev)),
-                            ("allocator runs of 1-256", runs.repeat(-(-n // runs.numel()))[:n].to(dev))):
+        for layout, idx in (
+            ("random", rand_idx(n)),
+            ("sorted (sequential rows)", torch.arange(n, dtype=torch.int32).remainder(pool_tokens).add(1).to(dev)),
+            ("allocator runs of 1-256", runs.repeat(-(-n // runs.numel()))[:n].to(dev)),
+        ):
             out = torch.empty((n, 1, D), dtype=torch.bfloat16, device=dev)
             plan = plan_gather(pool, idx, out=out, check_range=False)
             pair = [(large, lambda p: launch_gather(p, config=cfg_large, variant="chunks"))]
             if not smoke:
                 pair.append(("CUDA C++ twin", launch_gather_cuda))
             for label, launch in pair:
-                ms = bench(lambda: launch(plan))
-                layouts.append({"layout": layout, "impl": label, "n": n, "ms": ms, "gbps": gather_cast_bytes(n) / ms / 1e6,
-                                "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps})
+                ms = bench(lambda: launch(plan))  # noqa: F821
+                layouts.append(
+                    {
+                        "layout": layout,
+                        "impl": label,
+                        "n": n,
+                        "ms": ms,
+                        "gbps": gather_cast_bytes(n) / ms / 1e6,
+                        "of_copy": gather_cast_bytes(n) / ms / 1e6 / copy_gbps,
+                    }
+                )
             del out, plan
 
-    result = {"device": name, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-              "torch": torch.__version__, "triton": triton.__version__, "copy_gbps": copy_gbps, "copy_ms": copy_ms,
-              "failed_checks": failures, "rows": rows, "layouts": layouts,
-              "winners": {k: v.as_dict() for k, v in winners.items()}, "winner_labels": {"small": small, "large": large},
-              "seconds": time.time() - t_start}
+    result = {
+        "device": name,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_gbps": copy_gbps,
+        "copy_ms": copy_ms,
+        "failed_checks": failures,
+        "rows": rows,
+        "layouts": layouts,
+        "winners": {k: v.as_dict() for k, v in winners.items()},
+        "winner_labels": {"small": small, "large": large},
+        "seconds": time.time() - t_start,
+    }
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gather_tune.json").write_text(json.dumps(result, indent=1))
@@ -186,9 +237,14 @@ def main(argv: list[str] | None = None) -> int:
             table = json.loads(args.write.read_text())
         except (OSError, ValueError):
             table = {}
-        table[name] = {**{k: v.as_dict() for k, v in winners.items()}, "small_rows": 16384,
-                       "tuned": result["date"], "by": "python -m kvwall.tuning.gather",
-                       "torch": torch.__version__, "triton": triton.__version__}
+        table[name] = {
+            **{k: v.as_dict() for k, v in winners.items()},
+            "small_rows": 16384,
+            "tuned": result["date"],
+            "by": "python -m kvwall.tuning.gather",
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+        }
         args.write.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
     # The short table: every implementation's % of copy per n (events), and graph µs at 4K.
@@ -213,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def summarize(folder: Path) -> int:
     """A few lines from recorded gather_cast_bench / gather_cast_profile results."""
+
     def load(name):
         try:
             return json.loads((folder / f"{name}.json").read_text())
@@ -223,7 +280,10 @@ def summarize(folder: Path) -> int:
     bench, prof, val = load("gather_cast_bench"), load("gather_cast_profile"), load("gather_cast_validation")
     if val:
         bad = [r for r in val["rows"] if r.get("ok") is False]
-        print(f"validation: {len(val['rows'])} rows, {len(bad)} not ok: {[r.get('case', r.get('input')) for r in bad][:5]}")
+        print(
+            f"validation: {len(val['rows'])} rows, {len(bad)} not ok: "
+            f"{[r.get('case', r.get('input')) for r in bad][:5]}"
+        )
     if bench:
         rows = bench["rows"]
         cfg = [r for r in rows if r["section"] == "config"]
@@ -232,34 +292,48 @@ def summarize(folder: Path) -> int:
         copy = next(r for r in rows if r["section"] == "copy")["gbps"]
         print(f"copy {copy:,.0f} GB/s")
         for r in rows:
-            if r["section"] == "sweep" and r["n"] in (4096, 32768, 131072, 524288) and r["layout"].startswith("batch 1,"):
-                print(f"  {r['layout'][:8]} {r['impl'][:24]:24s} n={r['n']:>7,} {r['ms'] * 1e3:8.1f} us {r['gbps']:6,.0f} GB/s"
-                      f" {r['of_copy']:.0%}")
+            if (
+                r["section"] == "sweep"
+                and r["n"] in (4096, 32768, 131072, 524288)
+                and r["layout"].startswith("batch 1,")
+            ):
+                print(
+                    f"  {r['layout'][:8]} {r['impl'][:24]:24s} n={r['n']:>7,} {r['ms'] * 1e3:8.1f} us "
+                    f"{r['gbps']:6,.0f} GB/s"
+                    f" {r['of_copy']:.0%}"
+                )
             if r["section"] == "graph" and r["n"] in (4096, 16384):
                 print(f"  graph {r['impl'][:24]:24s} n={r['n']:>7,} {r['ms'] * 1e3:8.2f} us")
     if prof:
         for r in prof["rows"]:
             if r["section"] == "strategies":
                 f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-                print(f"  {r['strategy'][:26]:26s} marked {f(r['step_ms'])} unmarked {f(r.get('unmarked_step_ms'))} "
-                      f"host {f(r.get('host_enqueue_ms'))} graph {f(r.get('graph_step_ms'))} "
-                      f"(phases {f(r.get('graph_phase_sum_ms'))}, kv {f(r.get('graph_kv_ms_per_step'))}) "
-                      f"syncs {r.get('syncs_per_step')} prep {f(r.get('host_us_prepare_kv'))}us "
-                      f"attn {f(r.get('host_us_attention'))}us {r.get('graph_error') or ''}")
+                print(
+                    f"  {r['strategy'][:26]:26s} marked {f(r['step_ms'])} unmarked {f(r.get('unmarked_step_ms'))} "
+                    f"host {f(r.get('host_enqueue_ms'))} graph {f(r.get('graph_step_ms'))} "
+                    f"(phases {f(r.get('graph_phase_sum_ms'))}, kv {f(r.get('graph_kv_ms_per_step'))}) "
+                    f"syncs {r.get('syncs_per_step')} prep {f(r.get('host_us_prepare_kv'))}us "
+                    f"attn {f(r.get('host_us_attention'))}us {r.get('graph_error') or ''}"
+                )
             if r["section"] == "capacity":
                 g = r.get("ms_per_layer_graph")
-                print(f"  cap {r['strategy'][:24]:24s} {r['capacity']:>7,} graph {(g or 0) * 1e3:.1f} us "
-                      f"events {r.get('ms_per_layer_events', 0) * 1e3:.1f} us host {r.get('host_us_per_call', 0):.1f} us")
+                print(
+                    f"  cap {r['strategy'][:24]:24s} {r['capacity']:>7,} graph {(g or 0) * 1e3:.1f} us "
+                    f"events {r.get('ms_per_layer_events', 0) * 1e3:.1f} us host {r.get('host_us_per_call', 0):.1f} us"
+                )
         marked = [r for r in prof["rows"] if r["section"] == "marked_steps"]
         for strategy in dict.fromkeys(r["strategy"] for r in marked):
             for gc_off in (False, True):
                 sel = [r for r in marked if r["strategy"] == strategy and r["gc_off"] == gc_off]
                 med = lambda k: statistics.median(r[k] for r in sel)  # noqa: E731
-                print(f"  marked {strategy[:24]:24s} gc_off={gc_off!s:5s} step {med('step_ms'):.2f} host {med('host_ms'):.2f} "
-                      f"kv_free {med('kv_free_ms'):.2f} maxgap {max(r['max_host_gap_ms'] for r in sel):.2f} "
-                      f"gaps>1ms {sum(r['host_gaps_over_1ms'] for r in sel)} gc {sum(r['gc_passes'] for r in sel)} "
-                      f"gen2 {sum(r['gc_gen2'] for r in sel)} gc_ms {sum(r['gc_ms'] for r in sel):.1f} "
-                      f"steps {[round(r['step_ms'], 1) for r in sel]}")
+                print(
+                    f"  marked {strategy[:24]:24s} gc_off={gc_off!s:5s} step {med('step_ms'):.2f} "
+                    f"host {med('host_ms'):.2f} "
+                    f"kv_free {med('kv_free_ms'):.2f} maxgap {max(r['max_host_gap_ms'] for r in sel):.2f} "
+                    f"gaps>1ms {sum(r['host_gaps_over_1ms'] for r in sel)} gc {sum(r['gc_passes'] for r in sel)} "
+                    f"gen2 {sum(r['gc_gen2'] for r in sel)} gc_ms {sum(r['gc_ms'] for r in sel):.1f} "
+                    f"steps {[round(r['step_ms'], 1) for r in sel]}"
+                )
     return 0
 
 

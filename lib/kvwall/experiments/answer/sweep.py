@@ -55,8 +55,9 @@ assert {s for s, _ in SWEEP_PATHS.values()} <= set(STRATEGIES), "every sweep pat
 POOL_BOUND = ("full_pool_cast", "full_pool_cast_fa2")
 
 
-def build_sweep_path(path: str, pt: BenchPoint, pool: torch.Tensor, sm_count: int
-                     ) -> tuple[Callable[[], Any], dict[str, Any]]:
+def build_sweep_path(
+    path: str, pt: BenchPoint, pool: torch.Tensor, sm_count: int
+) -> tuple[Callable[[], Any], dict[str, Any]]:
     """(the call, the row's fields) of sweep path ``path`` at ``pt``: its peer-table entry, built with its backend."""
     strategy, backend = SWEEP_PATHS[path]
     ctx = BuildContext(cast_backend=backend if backend != "-" else "fa3", sglang_max_context=0, sm_count=sm_count)
@@ -64,28 +65,51 @@ def build_sweep_path(path: str, pt: BenchPoint, pool: torch.Tensor, sm_count: in
     return fn, {"strategy": strategy, **info}
 
 
-def sweep_points(contexts: list[int], pools: list[int], batches: list[int], heads: list[int], *,
-                 pool_tokens: int, batch_context: int, head_points: list[list[int]]) -> list[dict[str, Any]]:
+def sweep_points(
+    contexts: list[int],
+    pools: list[int],
+    batches: list[int],
+    heads: list[int],
+    *,
+    pool_tokens: int,
+    batch_context: int,
+    head_points: list[list[int]],
+) -> list[dict[str, Any]]:
     """The sweep's points, each ``{axis, heads, context, batch, pool_tokens}``: contexts at batch 1 / 16 heads;
     pool sizes at batch 1 / 16 heads / 8K tokens; batches of mixed lengths (``batch_context`` tokens a request on
     average x 1/4, as chapter 5's bench) at 16 heads; heads at each ``[batch, context]`` of ``head_points``."""
     pts = [dict(axis="context", heads=16, context=c, batch=1, pool_tokens=pool_tokens) for c in contexts]
     pts += [dict(axis="pool", heads=16, context=8192, batch=1, pool_tokens=p) for p in pools]
     pts += [dict(axis="batch", heads=16, context=batch_context, batch=b, pool_tokens=pool_tokens) for b in batches]
-    pts += [dict(axis="heads", heads=h, context=c, batch=b, pool_tokens=pool_tokens)
-            for b, c in head_points for h in heads]
+    pts += [
+        dict(axis="heads", heads=h, context=c, batch=b, pool_tokens=pool_tokens) for b, c in head_points for h in heads
+    ]
     return pts
 
 
-def run_path_sweep(device: torch.device, *, contexts: list[int], pools: list[int], batches: list[int],
-                   heads: list[int], head_points: list[list[int]], pool_tokens: int = 495_000,
-                   batch_context: int = 16_384, paths: list[str] | None = None, reps: int = 10, rounds: int = 3,
-                   flush_mb: int = 256, seed: int = 0) -> Result:
+def run_path_sweep(
+    device: torch.device,
+    *,
+    contexts: list[int],
+    pools: list[int],
+    batches: list[int],
+    heads: list[int],
+    head_points: list[list[int]],
+    pool_tokens: int = 495_000,
+    batch_context: int = 16_384,
+    paths: list[str] | None = None,
+    reps: int = 10,
+    rounds: int = 3,
+    flush_mb: int = 256,
+    seed: int = 0,
+) -> Result:
     """Rows: one ``ceilings`` header (copy GB/s, BF16 TFLOP/s, versions), then one ``point`` row per (point, path):
     µs per layer, or the ``error`` that stopped it. On the ``pool`` axis only :data:`POOL_BOUND` paths run."""
     if device.type != "cuda":
-        raise RuntimeError("path_sweep times CUDA kernels in CUDA graphs: it needs an NVIDIA GPU. On a CPU, chapter 6 "
-                           "shows the recorded sweep and fits the cost model on it.")
+        raise RuntimeError(
+            "path_sweep times CUDA kernels in CUDA graphs: it needs an NVIDIA GPU. On a CPU, chapter 6 "
+            "shows the recorded sweep and fits the cost model on it."
+        )
     paths = list(SWEEP_PATHS) if paths is None else list(paths)
     unknown = set(paths) - set(SWEEP_PATHS)
     if unknown:
@@ -94,15 +118,25 @@ def run_path_sweep(device: torch.device, *, contexts: list[int], pools: list[int
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     copy_ms, copy_gbps = copy_bandwidth_gbps(device, 1 << 30)
     fm = load_flash_mla()
-    rows: list[dict] = [{"section": "ceilings", "gpu": torch.cuda.get_device_name(device), "sms": sm_count,
-                         "copy_gbps": copy_gbps, "copy_ms": copy_ms, "bf16_tflops": matmul_tflops(device),
-                         "flashinfer": flashinfer_version(), "flash_mla": str(fm.get("version", fm.get("error"))),
-                         "flashinfer_prebuild": prebuild_flashinfer_mla(device)}]
+    rows: list[dict] = [
+        {
+            "section": "ceilings",
+            "gpu": torch.cuda.get_device_name(device),
+            "sms": sm_count,
+            "copy_gbps": copy_gbps,
+            "copy_ms": copy_ms,
+            "bf16_tflops": matmul_tflops(device),
+            "flashinfer": flashinfer_version(),
+            "flash_mla": str(fm.get("version", fm.get("error"))),
+            "flashinfer_prebuild": prebuild_flashinfer_mla(device),
+        }
+    ]
     gen = torch.Generator(device=device).manual_seed(seed)
     scratch = torch.empty(flush_mb << 20, dtype=torch.uint8, device=device)
     pools_by_size: dict[int, torch.Tensor] = {}
-    points = sweep_points(contexts, pools, batches, heads, pool_tokens=pool_tokens, batch_context=batch_context,
-                          head_points=head_points)
+    points = sweep_points(
+        contexts, pools, batches, heads, pool_tokens=pool_tokens, batch_context=batch_context, head_points=head_points
+    )
     for p in points:
         size = p["pool_tokens"]
         if size not in pools_by_size:
@@ -110,13 +144,20 @@ def run_path_sweep(device: torch.device, *, contexts: list[int], pools: list[int
             release_memory(device)
             pools_by_size[size] = (torch.randn(size, 1, D, generator=gen, device=device) * 0.7).to(FP8)
         pool = pools_by_size[size]
-        pt = make_point(p["heads"], p["context"], p["batch"], pool_slots=size, max_total=size - 1, gen=gen,
-                        seed=seed, device=device)
-        for path in (POOL_BOUND if p["axis"] == "pool" else paths):
+        pt = make_point(
+            p["heads"], p["context"], p["batch"], pool_slots=size, max_total=size - 1, gen=gen, seed=seed, device=device
+        )
+        for path in POOL_BOUND if p["axis"] == "pool" else paths:
             if path not in paths:
                 continue
-            row: dict[str, Any] = {"section": "point", **p, "path": path, "tokens": pt.tokens,
-                                   "len_max": max(pt.lens), "us": None}
+            row: dict[str, Any] = {
+                "section": "point",
+                **p,
+                "path": path,
+                "tokens": pt.tokens,
+                "len_max": max(pt.lens),
+                "us": None,
+            }
             try:
                 fn, info = build_sweep_path(path, pt, pool, sm_count)
                 row.update({k: v for k, v in info.items() if isinstance(v, (str, int, float, bool)) or v is None})
@@ -131,22 +172,56 @@ def run_path_sweep(device: torch.device, *, contexts: list[int], pools: list[int
                 release_memory(device)
             rows.append(row)
     rows[0]["seconds_total"] = round(time.perf_counter() - t0, 1)
-    params = dict(contexts=list(contexts), pools=list(pools), batches=list(batches), heads=list(heads),
-                  head_points=[list(x) for x in head_points], pool_tokens=pool_tokens, batch_context=batch_context,
-                  paths=paths, reps=reps, rounds=rounds, flush_mb=flush_mb, seed=seed)
+    params = dict(
+        contexts=list(contexts),
+        pools=list(pools),
+        batches=list(batches),
+        heads=list(heads),
+        head_points=[list(x) for x in head_points],
+        pool_tokens=pool_tokens,
+        batch_context=batch_context,
+        paths=paths,
+        reps=reps,
+        rounds=rounds,
+        flush_mb=flush_mb,
+        seed=seed,
+    )
     return Result("path_sweep", params, rows, collect_provenance(device, __name__))
 
 
-
 EXPERIMENTS: list[Experiment] = [
-    Experiment("path_sweep", run_path_sweep,
-               full=dict(contexts=[1024, 2048, 4096, 8192, 16_384, 32_768, 65_536, 131_072, 262_144],
-                         pools=[65_536, 131_072, 262_144, 495_000, 1_048_576], batches=[1, 4, 16, 32, 64],
-                         heads=[8, 16, 32, 64, 128], head_points=[[1, 32_768], [16, 16_384]], pool_tokens=495_000,
-                         batch_context=16_384, paths=list(SWEEP_PATHS), reps=10, rounds=3, flush_mb=256, seed=0),
-               small=dict(contexts=[1024, 4096], pools=[16_384, 65_536], batches=[1, 4], heads=[16, 64],
-                          head_points=[[1, 4096]], pool_tokens=65_536, batch_context=4096,
-                          paths=list(SWEEP_PATHS), reps=3, rounds=2, flush_mb=64, seed=0),
-               about="one layer of each path (and FlashMLA) along context, pool, batch and heads; CUDA graphs",
-               requires=("cuda", "flashinfer")),
+    Experiment(
+        "path_sweep",
+        run_path_sweep,
+        full=dict(
+            contexts=[1024, 2048, 4096, 8192, 16_384, 32_768, 65_536, 131_072, 262_144],
+            pools=[65_536, 131_072, 262_144, 495_000, 1_048_576],
+            batches=[1, 4, 16, 32, 64],
+            heads=[8, 16, 32, 64, 128],
+            head_points=[[1, 32_768], [16, 16_384]],
+            pool_tokens=495_000,
+            batch_context=16_384,
+            paths=list(SWEEP_PATHS),
+            reps=10,
+            rounds=3,
+            flush_mb=256,
+            seed=0,
+        ),
+        small=dict(
+            contexts=[1024, 4096],
+            pools=[16_384, 65_536],
+            batches=[1, 4],
+            heads=[16, 64],
+            head_points=[[1, 4096]],
+            pool_tokens=65_536,
+            batch_context=4096,
+            paths=list(SWEEP_PATHS),
+            reps=3,
+            rounds=2,
+            flush_mb=64,
+            seed=0,
+        ),
+        about="one layer of each path (and FlashMLA) along context, pool, batch and heads; CUDA graphs",
+        requires=("cuda", "flashinfer"),
+    ),
 ]

@@ -1,6 +1,6 @@
-"""Chapter 5's experiments: ours (:func:`kvwall.kernels.mla_decode`, planned by :func:`kvwall.kernels.plan_mla_decode`) and its paths -- the
-Triton path, the wgmma path and the tokens-on-M wgmma path -- tuned, timed, checked and profiled, one module each, in
-recording order (each reads what the one before it wrote):
+"""Chapter 5's experiments: ours (:func:`kvwall.kernels.mla_decode`, planned by :func:`kvwall.kernels.plan_mla_decode`)
+and its paths -- the Triton path, the wgmma path and the tokens-on-M wgmma path -- tuned, timed, checked and profiled,
+one module each, in recording order (each reads what the one before it wrote):
 
 - :mod:`.tuning`: ``fused_decode_tuning`` (the Triton path's launch shapes screened and swept; writes tuned.json);
 - :mod:`.kernel_paths`: ``fused_decode_paths`` (each path forced over the grid; ``record`` writes the dispatcher's
@@ -21,5 +21,6 @@ __all__ = ["EXPERIMENTS"]
 
 #: In recording order: the tuning writes the table the Triton path reads, the paths experiment the table the
 #: dispatcher reads; the validation and the bench run ours with both.
-EXPERIMENTS: list[Experiment] = (tuning.EXPERIMENTS + kernel_paths.EXPERIMENTS + validation.EXPERIMENTS + bench.EXPERIMENTS
-                                 + profile.EXPERIMENTS)
+EXPERIMENTS: list[Experiment] = (
+    tuning.EXPERIMENTS + kernel_paths.EXPERIMENTS + validation.EXPERIMENTS + bench.EXPERIMENTS + profile.EXPERIMENTS
+)

@@ -33,8 +33,15 @@ from kvwall.measure.timing import synchronize
 from kvwall.model.geometry import GLM5
 from kvwall.model.step_paths import KERNEL_NAMES
 
-__all__ = ["error_rows", "graph_rows", "GRAPH_TRIALS", "CONTRACT_PATHS", "path_contract_rows", "path_refusal",
-           "ours_call"]
+__all__ = [
+    "error_rows",
+    "graph_rows",
+    "GRAPH_TRIALS",
+    "CONTRACT_PATHS",
+    "path_contract_rows",
+    "path_refusal",
+    "ours_call",
+]
 
 DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
 D = DC + DR
@@ -46,8 +53,14 @@ def _bad_inputs(device: torch.device):
     """(what, kwargs change, expected exception) -- each must raise before any launch."""
     case = DecodeCase("errors", 2, (3, 5), "pool_view", 1.0, 1.0, "int32", None, 10)
     inp = make_case_inputs(case, device, 64)
-    ok = dict(q_nope=inp.q_nope, q_pe=inp.q_pe, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache,
-              kv_indptr=inp.kv_indptr, kv_indices=inp.kv_indices)
+    ok = dict(
+        q_nope=inp.q_nope,
+        q_pe=inp.q_pe,
+        ckv_cache=inp.ckv_cache,
+        kpe_cache=inp.kpe_cache,
+        kv_indptr=inp.kv_indptr,
+        kv_indices=inp.kv_indices,
+    )
     paged = (torch.randn(32, 2, D, device=device) * 0.5).to(FP8)
     other = "cpu" if device.type == "cuda" else "meta"
     i32 = dict(dtype=torch.int32, device=device)
@@ -60,15 +73,32 @@ def _bad_inputs(device: torch.device):
         ("negative index", dict(kv_indices=torch.tensor([0, -1, 2, 3, 4, 5, 6, 7], **i32)), IndexError),
         ("kv_indptr decreasing", dict(kv_indptr=torch.tensor([0, 5, 3], **i32)), ValueError),
         ("kv_indptr past kv_indices", dict(kv_indptr=torch.tensor([0, 3, 99], **i32)), ValueError),
-        ("paged: kv_len past its pages", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:],
-                                              kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], **i32),
-                                              kv_len=torch.tensor([3, 17], **i32)), ValueError),
-        ("paged: page index out of range", dict(ckv_cache=paged[..., :DC], kpe_cache=paged[..., DC:],
-                                                kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 32], **i32),
-                                                kv_len=torch.tensor([3, 5], **i32)), IndexError),
+        (
+            "paged: kv_len past its pages",
+            dict(
+                ckv_cache=paged[..., :DC],
+                kpe_cache=paged[..., DC:],
+                kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], **i32),
+                kv_len=torch.tensor([3, 17], **i32),
+            ),
+            ValueError,
+        ),
+        (
+            "paged: page index out of range",
+            dict(
+                ckv_cache=paged[..., :DC],
+                kpe_cache=paged[..., DC:],
+                kv_indices=torch.tensor([0, 1, 2, 3, 4, 5, 6, 32], **i32),
+                kv_len=torch.tensor([3, 5], **i32),
+            ),
+            IndexError,
+        ),
         ("tensors on two devices", dict(kv_indptr=inp.kv_indptr.to(other)), ValueError),
-        ("out of the wrong shape", dict(out=torch.full((2, 3, DC), float("nan"), dtype=BF16, device=device)),
-         ValueError),
+        (
+            "out of the wrong shape",
+            dict(out=torch.full((2, 3, DC), float("nan"), dtype=BF16, device=device)),
+            ValueError,
+        ),
         ("out aliases q_nope", dict(out=inp.q_nope), ValueError),
         ("num_splits 0", dict(num_splits=0), ValueError),
         ("scale tensor float64", dict(ckv_scale=torch.ones(1, dtype=torch.float64, device=device)), ValueError),
@@ -78,8 +108,15 @@ def _bad_inputs(device: torch.device):
 
 
 def _error_row(what: str, expected: str, raised: str, message: str, untouched: bool) -> dict[str, Any]:
-    return {"section": "errors", "input": what, "expected": expected, "raised": raised, "message": message[:300],
-            "out_untouched": untouched, "passed": raised == expected and untouched}
+    return {
+        "section": "errors",
+        "input": what,
+        "expected": expected,
+        "raised": raised,
+        "message": message[:300],
+        "out_untouched": untouched,
+        "passed": raised == expected and untouched,
+    }
 
 
 def error_rows(device: torch.device) -> list[dict]:
@@ -87,14 +124,26 @@ def error_rows(device: torch.device) -> list[dict]:
     ok, cases = _bad_inputs(device)
     rows = []
     for what, change, kind in cases:
-        args = {**ok, "sm_scale": SM_SCALE, "out": torch.full((2, 2, DC), float("nan"), dtype=BF16, device=device),
-                **change}
+        args = {
+            **ok,
+            "sm_scale": SM_SCALE,
+            "out": torch.full((2, 2, DC), float("nan"), dtype=BF16, device=device),
+            **change,
+        }
         out = args["out"]
         before = bf16_bits(out).clone()
         raised, message = "nothing", ""
         try:
-            mla_decode_fp8(args.pop("q_nope"), args.pop("q_pe"), args.pop("ckv_cache"), args.pop("kpe_cache"),
-                           args.pop("kv_indptr"), args.pop("kv_indices"), args.pop("sm_scale"), **args)
+            mla_decode_fp8(
+                args.pop("q_nope"),
+                args.pop("q_pe"),
+                args.pop("ckv_cache"),
+                args.pop("kpe_cache"),
+                args.pop("kv_indptr"),
+                args.pop("kv_indices"),
+                args.pop("sm_scale"),
+                **args,
+            )
             synchronize(device)
         except Exception as exc:  # noqa: BLE001 - the row records what was raised
             raised, message = type(exc).__name__, str(exc)
@@ -113,14 +162,27 @@ def error_rows(device: torch.device) -> list[dict]:
             raised, message = type(exc).__name__, str(exc)
         del graph
         synchronize(device)
-        rows.append(_error_row("checked call inside CUDA-graph capture", "RuntimeError", raised, message,
-                               bool(torch.equal(bf16_bits(out), before))))
+        rows.append(
+            _error_row(
+                "checked call inside CUDA-graph capture",
+                "RuntimeError",
+                raised,
+                message,
+                bool(torch.equal(bf16_bits(out), before)),
+            )
+        )
     return rows
 
 
 #: Graph trials: (request lengths, ckv_scale, kpe_scale); the capture saw the first.
-GRAPH_TRIALS = [([100, 3000, 0, 5], 1.0, 1.0), ([0, 8000, 1, 4097], 1.5, 0.75), ([4000, 4000, 4000, 4000], 0.37, 0.74),
-                ([0, 0, 0, 0], 2.0, 2.0), ([16_384, 0, 0, 0], 0.5, 0.25), ([1, 1, 1, 1], 1.0, 1.0)]
+GRAPH_TRIALS = [
+    ([100, 3000, 0, 5], 1.0, 1.0),
+    ([0, 8000, 1, 4097], 1.5, 0.75),
+    ([4000, 4000, 4000, 4000], 0.37, 0.74),
+    ([0, 0, 0, 0], 2.0, 2.0),
+    ([16_384, 0, 0, 0], 0.5, 0.25),
+    ([1, 1, 1, 1], 1.0, 1.0),
+]
 
 
 def graph_rows(device: torch.device, heads: int, *, seed: int, planned: bool = False) -> list[dict]:
@@ -171,14 +233,32 @@ def graph_rows(device: torch.device, heads: int, *, seed: int, planned: bool = F
         with torch.cuda.graph(graph):
             mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, **kw)
     except Exception as exc:  # noqa: BLE001
-        return [{"section": "graph", "heads": heads, "trial": None, "planned": planned, "error": error_text(exc),
-                 "passed": False}]
+        return [
+            {
+                "section": "graph",
+                "heads": heads,
+                "trial": None,
+                "planned": planned,
+                "error": error_text(exc),
+                "passed": False,
+            }
+        ]
     for trial, (lens, cs, ks) in enumerate(GRAPH_TRIALS):
-        row: dict[str, Any] = {"section": "graph", "heads": heads, "trial": trial, "lens": lens, "ckv_scale": cs,
-                               "kpe_scale": ks, "num_splits": splits, "planned": planned,
-                               "work_items": launch["plan"].items if planned else None,
-                               "config": dataclasses.asdict(cfg), "capacity": capacity, "rel_err": None,
-                               "passed": False}
+        row: dict[str, Any] = {
+            "section": "graph",
+            "heads": heads,
+            "trial": trial,
+            "lens": lens,
+            "ckv_scale": cs,
+            "kpe_scale": ks,
+            "num_splits": splits,
+            "planned": planned,
+            "work_items": launch["plan"].items if planned else None,
+            "config": dataclasses.asdict(cfg),
+            "capacity": capacity,
+            "rel_err": None,
+            "passed": False,
+        }
         try:
             load(lens, cs, ks)
             out.fill_(float("nan"))
@@ -186,18 +266,35 @@ def graph_rows(device: torch.device, heads: int, *, seed: int, planned: bool = F
             synchronize(device)
             keep = nonempty_requests(lens)
             empties = [i for i in range(batch) if i not in keep]
-            eager = mla_decode_fp8(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, ckv_scale=cs_t, kpe_scale=ks_t,
-                                   config=cfg, **launch)  # checked; same variant, config, splits or plan: same bits
+            eager = mla_decode_fp8(
+                q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, SM_SCALE, ckv_scale=cs_t, kpe_scale=ks_t, config=cfg, **launch
+            )  # checked; same variant, config, splits or plan: same bits
             row["equal_to_eager"] = same_bits(out, eager)
             row["empty_out_zero"] = bool((out[empties] == 0).all()) if empties else True
             row["finite"] = bool(torch.isfinite(out).all())
             if keep:
                 ptr = ptr_buf.tolist()
-                inp = CaseInputs(q_nope, q_pe, ckv, kpe, ptr_buf, idx_buf, None, ckv, kpe, ckv, kpe,
-                                 [idx_buf[ptr[i]:ptr[i + 1]].long() for i in range(batch)])
+                inp = CaseInputs(
+                    q_nope,
+                    q_pe,
+                    ckv,
+                    kpe,
+                    ptr_buf,
+                    idx_buf,
+                    None,
+                    ckv,
+                    kpe,
+                    ckv,
+                    kpe,
+                    [idx_buf[ptr[i] : ptr[i + 1]].long() for i in range(batch)],
+                )
                 row["rel_err"] = finite_or_none(relative_error(out[keep], reference64(inp, keep, cs, ks, SM_SCALE)))
-            row["passed"] = bool(row["equal_to_eager"] and row["empty_out_zero"] and row["finite"]
-                                 and (not keep or (row["rel_err"] is not None and row["rel_err"] <= 1e-2)))
+            row["passed"] = bool(
+                row["equal_to_eager"]
+                and row["empty_out_zero"]
+                and row["finite"]
+                and (not keep or (row["rel_err"] is not None and row["rel_err"] <= 1e-2))
+            )
         except Exception as exc:  # noqa: BLE001
             row["error"] = error_text(exc)
         rows.append(row)
@@ -215,9 +312,21 @@ CONTRACT_PATHS = (*dispatch.KERNEL_PATHS, "ours")
 WGMMA_PATHS = ("wgmma", "wgmma_tokens")
 
 
-def ours_call(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
-              kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float, *, plan: Any = None,
-              kv_len: torch.Tensor | None = None, check_range: bool = True, path: str = "auto", **run: Any):
+def ours_call(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+    *,
+    plan: Any = None,
+    kv_len: torch.Tensor | None = None,
+    check_range: bool = True,
+    path: str = "auto",
+    **run: Any,
+):
     """Ours -- :func:`~kvwall.kernels.plan_mla_decode` then :func:`~kvwall.kernels.mla_decode` -- in the per-path
     calls' argument order, so one contract body runs every path: the plan is made here from the call's page table
     (with the caches: the page table is checked against them) unless one is given; ``run``: the call's keywords.
@@ -226,13 +335,24 @@ def ours_call(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
     if isinstance(plan, DecodePlan) and (plan.kv_indices is not kv_indices or plan.kv_indptr is not kv_indptr):
         # another page table than the plan's: a checked call plans it again (ours checks at plan time), an
         # unchecked one runs the plan on it (as a graph replays with refilled buffers)
-        plan = None if check_range else dataclasses.replace(plan, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                                                            kv_len=kv_len)
+        plan = (
+            None
+            if check_range
+            else dataclasses.replace(plan, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len=kv_len)
+        )
     if plan is None:
         paged = ckv_cache.dim() == 3 and ckv_cache.shape[1] > 1
-        plan = plan_mla_decode(kv_indptr, kv_indices, heads=q_nope.shape[1], sm_scale=sm_scale, kv_len=kv_len,
-                               page_size=ckv_cache.shape[1] if paged else 1, path=path, ckv_cache=ckv_cache,
-                               kpe_cache=kpe_cache)
+        plan = plan_mla_decode(
+            kv_indptr,
+            kv_indices,
+            heads=q_nope.shape[1],
+            sm_scale=sm_scale,
+            kv_len=kv_len,
+            page_size=ckv_cache.shape[1] if paged else 1,
+            path=path,
+            ckv_cache=ckv_cache,
+            kpe_cache=kpe_cache,
+        )
     return mla_decode(q_nope, q_pe, ckv_cache, kpe_cache, plan, **run)
 
 
@@ -251,13 +371,20 @@ def _planned(path: str, inp, heads: int, device: torch.device) -> tuple[Any, Cal
         plan = plan_mla_decode_triton(inp.kv_indptr, heads=heads, device=device)
         return plan, mla_decode_fp8, None
     if path == "wgmma":
-        return wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=heads, device=device), \
-            wgmma_path.mla_decode_fp8_wgmma, None
+        return (
+            wgmma_path.plan_mla_decode_wgmma(inp.kv_indptr, heads=heads, device=device),
+            wgmma_path.mla_decode_fp8_wgmma,
+            None,
+        )
     if path == "wgmma_tokens":
-        return tokens_path.plan_mla_decode_wgmma_tokens(inp.kv_indptr, heads=heads, device=device), \
-            tokens_path.mla_decode_fp8_wgmma_tokens, None
-    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=heads, sm_scale=SM_SCALE, ckv_cache=inp.ckv_cache,
-                           kpe_cache=inp.kpe_cache)
+        return (
+            tokens_path.plan_mla_decode_wgmma_tokens(inp.kv_indptr, heads=heads, device=device),
+            tokens_path.mla_decode_fp8_wgmma_tokens,
+            None,
+        )
+    plan = plan_mla_decode(
+        inp.kv_indptr, inp.kv_indices, heads=heads, sm_scale=SM_SCALE, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache
+    )
     return plan, ours_call, plan.why
 
 
@@ -280,15 +407,16 @@ def _misaligned(inp) -> tuple[torch.Tensor, torch.Tensor]:
     ckv, kpe = inp.ckv_cache, inp.kpe_cache
     slots = ckv.shape[0]
     raw = torch.empty(slots * 577 + 16, dtype=torch.uint8, device=ckv.device)
-    odd = raw[1:1 + slots * 577].view(slots, 577)
+    odd = raw[1 : 1 + slots * 577].view(slots, 577)
     odd[:, :DC].copy_(ckv.reshape(slots, DC).view(torch.uint8))
     odd[:, DC:D].copy_(kpe.reshape(slots, DR).view(torch.uint8))
     rows = odd.view(FP8)
     return rows[:, :DC], rows[:, DC:D]
 
 
-def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: list[int], seed: int = 3
-                       ) -> list[dict[str, Any]]:
+def path_contract_rows(
+    device: torch.device, path: str, *, heads: int, lens: list[int], seed: int = 3
+) -> list[dict[str, Any]]:
     """One ``contract`` row per check that applies to ``path`` (see the module docstring); a check that crashes is a
     failed row, the others still run. ``lens``: the requests (at least three, the second longer than 10 tokens)."""
     if len(lens) < 3 or lens[1] <= 10:
@@ -317,8 +445,9 @@ def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: lis
         synchronize(device)
         nan_rows = [bool(out[b].isnan().all()) for b in range(len(lens))]
         want = [b == 1 for b in range(len(lens))]
-        return _row(path, "an unchecked out-of-range index makes only its request NaN", nan_rows == want,
-                    f"NaN rows {nan_rows}")
+        return _row(
+            path, "an unchecked out-of-range index makes only its request NaN", nan_rows == want, f"NaN rows {nan_rows}"
+        )
 
     def graph_replay() -> dict[str, Any]:
         eager = call(*args, inp.kv_indices, SM_SCALE, check_range=False, plan=plan)
@@ -334,52 +463,93 @@ def path_contract_rows(device: torch.device, path: str, *, heads: int, lens: lis
         graphed.fill_(float("nan"))
         graph.replay()
         synchronize(device)
-        return _row(path, "a planned call replayed in a CUDA graph equals the eager call",
-                    torch.equal(graphed, eager), "bitwise comparison after a NaN-poisoned out")
+        return _row(
+            path,
+            "a planned call replayed in a CUDA graph equals the eager call",
+            torch.equal(graphed, eager),
+            "bitwise comparison after a NaN-poisoned out",
+        )
 
     def checked_out_of_range() -> dict[str, Any]:
         bad = inp.kv_indices.clone()
         bad[5] = -1
-        return _refused(path, "a checked call with an out-of-range index is refused",
-                        lambda: call(*args, bad, SM_SCALE, plan=plan), "outside", "range", "negative")
+        return _refused(
+            path,
+            "a checked call with an out-of-range index is refused",
+            lambda: call(*args, bad, SM_SCALE, plan=plan),
+            "outside",
+            "range",
+            "negative",
+        )
 
     def misaligned_rows() -> dict[str, Any]:
         c_odd, k_odd = _misaligned(inp)
         name = "cache rows not 16-byte aligned are refused before the launch"
         if path in WGMMA_PATHS:
-            return _refused(path, name, lambda: call(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr,
-                                                     inp.kv_indices, SM_SCALE), "align", "16-byte")
+            return _refused(
+                path,
+                name,
+                lambda: call(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE),
+                "align",
+                "16-byte",
+            )
         aligned = call(*args, inp.kv_indices, SM_SCALE, plan=plan)
         if path == "ours":
-            odd = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=heads, sm_scale=SM_SCALE, ckv_cache=c_odd,
-                                  kpe_cache=k_odd)
+            odd = plan_mla_decode(
+                inp.kv_indptr, inp.kv_indices, heads=heads, sm_scale=SM_SCALE, ckv_cache=c_odd, kpe_cache=k_odd
+            )
             got = mla_decode(inp.q_nope, inp.q_pe, c_odd, k_odd, odd)
             synchronize(device)
             err = relative_error(got, aligned)
-            return _row(path, "cache rows not 16-byte aligned run on the Triton path, as the aligned call",
-                        odd.path == "triton" and err <= 1e-3, f"path {odd.path} ({odd.why}); "
-                        f"relative difference {err:.2e}")
-        got = mla_decode_fp8(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE,
-                             plan=plan)
+            return _row(
+                path,
+                "cache rows not 16-byte aligned run on the Triton path, as the aligned call",
+                odd.path == "triton" and err <= 1e-3,
+                f"path {odd.path} ({odd.why}); relative difference {err:.2e}",
+            )
+        got = mla_decode_fp8(inp.q_nope, inp.q_pe, c_odd, k_odd, inp.kv_indptr, inp.kv_indices, SM_SCALE, plan=plan)
         synchronize(device)
         err = relative_error(got, aligned)
-        return _row(path, "cache rows not 16-byte aligned run, as the aligned call", err <= 1e-3,
-                    f"relative difference {err:.2e}")
+        return _row(
+            path,
+            "cache rows not 16-byte aligned run, as the aligned call",
+            err <= 1e-3,
+            f"relative difference {err:.2e}",
+        )
 
     check("nan isolation", nan_isolation)
     if device.type == "cuda":
         check("graph replay", graph_replay)
     check("checked out-of-range", checked_out_of_range)
     if path in WGMMA_PATHS:
-        check("unchecked without a plan", lambda: _refused(
-            path, "an unchecked call without a plan is refused",
-            lambda: call(*args, inp.kv_indices, SM_SCALE, check_range=False), "plan"))
+        check(
+            "unchecked without a plan",
+            lambda: _refused(
+                path,
+                "an unchecked call without a plan is refused",
+                lambda: call(*args, inp.kv_indices, SM_SCALE, check_range=False),
+                "plan",
+            ),
+        )
     for other in (p for p in dispatch.KERNEL_PATHS if path in dispatch.KERNEL_PATHS and p != path):
-        other_plan = {"triton": plan_mla_decode_triton, "wgmma": wgmma_path.plan_mla_decode_wgmma,
-                      "wgmma_tokens": tokens_path.plan_mla_decode_wgmma_tokens}[other]
-        check(f"{other} plan", lambda other=other, other_plan=other_plan: _refused(
-            path, f"a plan of the {KERNEL_NAMES[other]} is refused",
-            lambda: call(*args, inp.kv_indices, SM_SCALE, plan=other_plan(
-                inp.kv_indptr, heads=heads, device=inp.q_nope.device)), "plan"))
+        other_plan = {
+            "triton": plan_mla_decode_triton,
+            "wgmma": wgmma_path.plan_mla_decode_wgmma,
+            "wgmma_tokens": tokens_path.plan_mla_decode_wgmma_tokens,
+        }[other]
+        check(
+            f"{other} plan",
+            lambda other=other, other_plan=other_plan: _refused(
+                path,
+                f"a plan of the {KERNEL_NAMES[other]} is refused",
+                lambda: call(
+                    *args,
+                    inp.kv_indices,
+                    SM_SCALE,
+                    plan=other_plan(inp.kv_indptr, heads=heads, device=inp.q_nope.device),
+                ),
+                "plan",
+            ),
+        )
     check("misaligned rows", misaligned_rows)
     return rows

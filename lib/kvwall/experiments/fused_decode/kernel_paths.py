@@ -19,8 +19,8 @@ From it, :func:`write_path_table` derives two files beside the dispatcher:
   fingerprint of every result that ran the dispatcher, and it changes only when a choice does: re-recording this
   experiment stales them only where a faster path changed. The page-64 rows are not a key of their own: the check
   below holds the page-1 choice to them.
-- ``kernels/mla_decode/kernel_paths_measured.json`` (:data:`MEASURED_FILE`, :func:`measured_table`): the times behind the
-  choices -- ``{gpu: {"by", "recorded", "page_size", "columns", "points": [[heads, context, batch, triton_us,
+- ``kernels/mla_decode/kernel_paths_measured.json`` (:data:`MEASURED_FILE`, :func:`measured_table`): the times behind
+  the choices -- ``{gpu: {"by", "recorded", "page_size", "columns", "points": [[heads, context, batch, triton_us,
   wgmma_us, wgmma_tokens_us], ...]}}`` (µs rounded to 0.01, None: not timed) -- and the run's caption, for chapter 5's
   report. The dispatcher never reads it, and no module beside it names it, so it is in no result's fingerprint.
 
@@ -60,17 +60,33 @@ from kvwall.experiments.fused_decode.bench import bench_point_rows, time_call
 from kvwall.experiments.fused_decode.strategies import FORCED_PATHS, OURS, BuildContext, make_point
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "PATHS_FILE", "MEASURED_FILE", "MEASURED_COLUMNS", "DISPATCH_TOLERANCE",
-           "run_fused_decode_paths", "paths_rows", "timed_entries", "path_points", "measured_points", "path_table",
-           "measured_table", "read_measured", "measured_times", "write_path_table", "points_of", "check_problem",
-           "dispatch_check"]
+__all__ = [
+    "EXPERIMENTS",
+    "PATHS_FILE",
+    "MEASURED_FILE",
+    "MEASURED_COLUMNS",
+    "DISPATCH_TOLERANCE",
+    "run_fused_decode_paths",
+    "paths_rows",
+    "timed_entries",
+    "path_points",
+    "measured_points",
+    "path_table",
+    "measured_table",
+    "read_measured",
+    "measured_times",
+    "write_path_table",
+    "points_of",
+    "check_problem",
+    "dispatch_check",
+]
 
 D = GLM5.kv_dim
 FP8 = torch.float8_e4m3fn
 #: The dispatcher's measured table (read by :func:`kvwall.kernels.mla_decode.dispatch.choose_path`): its choices only.
 PATHS_FILE = table_rule.PATHS_FILE
-#: The times behind ``kernel_paths.json``'s choices, for readers other than the dispatcher (chapter 5's report imports this
-#: name). Named here only: a module of ``kernels/mla_decode/`` naming it would put it in the fingerprints of every
+#: The times behind ``kernel_paths.json``'s choices, for readers other than the dispatcher (chapter 5's report imports
+#: this name). Named here only: a module of ``kernels/mla_decode/`` naming it would put it in the fingerprints of every
 #: result that runs the dispatcher (:mod:`kvwall.results.fingerprint`), and a re-timing would stale them.
 MEASURED_FILE = PATHS_FILE.with_name("kernel_paths_measured.json")
 #: What a point of :data:`MEASURED_FILE` holds.
@@ -81,8 +97,9 @@ WRITTEN_BY = "fused_decode_paths (python -m kvwall record fused_decode_paths)"
 DISPATCH_TOLERANCE = 1.05
 
 
-def points_of(heads: list[int], contexts: list[int], batches: list[int],
-              floor_contexts: list[int]) -> list[tuple[int, int, int]]:
+def points_of(
+    heads: list[int], contexts: list[int], batches: list[int], floor_contexts: list[int]
+) -> list[tuple[int, int, int]]:
     """The grid: ``floor_contexts`` at batch 1 (fixed cost), then heads x contexts x batches."""
     points = [(h, c, 1) for h in heads for c in floor_contexts]
     return points + [(h, c, b) for h in heads for c in contexts for b in batches]
@@ -100,11 +117,21 @@ def _tokens_build(why: str | None) -> dict[str, Any]:
         per_cta = {}
         for hn, report in reports.items():
             smem, block_n, threads = tokens_path.kernel_shape(lib, hn)
-            per_cta[str(hn)] = dict(smem=smem, block_n=block_n, threads=threads, ptxas_ok=report.ok,
-                                    registers=report.registers, stack_bytes=report.stack_bytes,
-                                    spill_bytes=report.spill_bytes)
-        built.update(arch=wgmma_path.ARCH, build_s=round(build_s, 2), heads_per_cta=list(tokens_path.HEADS_PER_CTA),
-                     per_cta=per_cta)
+            per_cta[str(hn)] = dict(
+                smem=smem,
+                block_n=block_n,
+                threads=threads,
+                ptxas_ok=report.ok,
+                registers=report.registers,
+                stack_bytes=report.stack_bytes,
+                spill_bytes=report.spill_bytes,
+            )
+        built.update(
+            arch=wgmma_path.ARCH,
+            build_s=round(build_s, 2),
+            heads_per_cta=list(tokens_path.HEADS_PER_CTA),
+            per_cta=per_cta,
+        )
     return built
 
 
@@ -119,29 +146,60 @@ def _build_row(device: torch.device, copy_ms: float, copy_gbps: float, tflops: f
         build_s = time.perf_counter() - t0
         report = wgmma_path.nvcc_compile_check_wgmma()
         nvcc = report.nvcc
-        wgmma.update(arch=wgmma_path.ARCH, build_s=round(build_s, 2), smem=wgmma_path.SMEM_BYTES,
-                     heads_per_cta=wgmma_path.HEADS_PER_CTA, block_n=wgmma_path.BLOCK_N, threads=wgmma_path.THREADS,
-                     ptxas_ok=getattr(report, "ok", None), registers=report.registers,
-                     stack_bytes=report.stack_bytes, spill_bytes=report.spill_bytes)
-    return {"section": "build", "gpu": torch.cuda.get_device_name(device),
-            "capability": list(torch.cuda.get_device_capability(device)),
-            "sms": torch.cuda.get_device_properties(device).multi_processor_count, "nvcc": nvcc,
-            "copy_gbps": copy_gbps, "copy_ms": copy_ms, "bf16_tflops": tflops, "wgmma": wgmma,
-            "wgmma_tokens": _tokens_build(why), "seconds_total": None}
+        wgmma.update(
+            arch=wgmma_path.ARCH,
+            build_s=round(build_s, 2),
+            smem=wgmma_path.SMEM_BYTES,
+            heads_per_cta=wgmma_path.HEADS_PER_CTA,
+            block_n=wgmma_path.BLOCK_N,
+            threads=wgmma_path.THREADS,
+            ptxas_ok=getattr(report, "ok", None),
+            registers=report.registers,
+            stack_bytes=report.stack_bytes,
+            spill_bytes=report.spill_bytes,
+        )
+    return {
+        "section": "build",
+        "gpu": torch.cuda.get_device_name(device),
+        "capability": list(torch.cuda.get_device_capability(device)),
+        "sms": torch.cuda.get_device_properties(device).multi_processor_count,
+        "nvcc": nvcc,
+        "copy_gbps": copy_gbps,
+        "copy_ms": copy_ms,
+        "bf16_tflops": tflops,
+        "wgmma": wgmma,
+        "wgmma_tokens": _tokens_build(why),
+        "seconds_total": None,
+    }
 
 
 def timed_entries(paths: list[str], page_sizes: list[int]) -> list[tuple[str, int]]:
     """What a point times, ``(strategy, page size)``: on each page size the dispatcher's own choice first (``ours``,
     ``ours_page64``: the forced rows are compared with its output) where the peer table has one, then each path of
     ``paths`` forced."""
-    return [e for page in page_sizes for e in ([(OURS[page], page)] if page in OURS else []) + [(p, page)
-                                                                                              for p in paths]]
+    return [
+        e for page in page_sizes for e in ([(OURS[page], page)] if page in OURS else []) + [(p, page) for p in paths]
+    ]
 
 
-def paths_rows(points: list[tuple[int, int, int]], pool: torch.Tensor, device: torch.device,
-               entries: list[tuple[str, int]], flush, *, gen: torch.Generator, pool_slots: int,
-               max_total_tokens: int, copy_gbps: float, bf16_tflops: float, reps: int, rounds: int, seed: int,
-               ctx: BuildContext, timer=time_call) -> list[dict[str, Any]]:
+def paths_rows(
+    points: list[tuple[int, int, int]],
+    pool: torch.Tensor,
+    device: torch.device,
+    entries: list[tuple[str, int]],
+    flush,
+    *,
+    gen: torch.Generator,
+    pool_slots: int,
+    max_total_tokens: int,
+    copy_gbps: float,
+    bf16_tflops: float,
+    reps: int,
+    rounds: int,
+    seed: int,
+    ctx: BuildContext,
+    timer=time_call,
+) -> list[dict[str, Any]]:
     """The ``bench`` rows of ``points`` (``(heads, context, batch)``), every one of ``entries`` at each: the point's
     requests made as ``fused_decode_bench`` makes them (:func:`.strategies.make_point`, queries and slots drawn from
     ``gen`` after the pool, as the bench draws them), each entry built, checked against float64 and timed by
@@ -149,8 +207,21 @@ def paths_rows(points: list[tuple[int, int, int]], pool: torch.Tensor, device: t
     rows: list[dict[str, Any]] = []
     for h, c, b in points:
         pt = make_point(h, c, b, pool_slots=pool_slots, max_total=max_total_tokens, gen=gen, seed=seed, device=device)
-        rows += bench_point_rows(pt, pool, device, entries, flush, copy_gbps=copy_gbps, bf16_tflops=bf16_tflops,
-                                 reps=reps, rounds=rounds, host_calls=0, ctx=ctx, sglang_split_sweep=[], timer=timer)
+        rows += bench_point_rows(
+            pt,
+            pool,
+            device,
+            entries,
+            flush,
+            copy_gbps=copy_gbps,
+            bf16_tflops=bf16_tflops,
+            reps=reps,
+            rounds=rounds,
+            host_calls=0,
+            ctx=ctx,
+            sglang_split_sweep=[],
+            timer=timer,
+        )
         del pt
         release_memory(device)
     return rows
@@ -163,22 +234,38 @@ def _dispatch_table(gpu: str) -> dict[str, Any]:
     cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     found = table_rule.table_entry(table, gpu, cap)
     entry = read_measured().get(found[0]) if found else None
-    return {"file": PATHS_FILE.relative_to(PROJECT_ROOT).as_posix(), "entry": found[0] if found else None,
-            "recorded": entry.get("recorded") if isinstance(entry, dict) else None,
-            "refused": table_rule.table_refusal(PATHS_FILE)}
+    return {
+        "file": PATHS_FILE.relative_to(PROJECT_ROOT).as_posix(),
+        "entry": found[0] if found else None,
+        "recorded": entry.get("recorded") if isinstance(entry, dict) else None,
+        "refused": table_rule.table_refusal(PATHS_FILE),
+    }
 
 
-def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: list[int], batches: list[int],
-                           floor_contexts: list[int], page_sizes: list[int], pool_slots: int = 495_000,
-                           max_total_tokens: int = 2_000_000, reps: int = 10, rounds: int = 3, flush_mb: int = 256,
-                           seed: int = 0) -> Result:
+def run_fused_decode_paths(
+    device: torch.device,
+    *,
+    heads: list[int],
+    contexts: list[int],
+    batches: list[int],
+    floor_contexts: list[int],
+    page_sizes: list[int],
+    pool_slots: int = 495_000,
+    max_total_tokens: int = 2_000_000,
+    reps: int = 10,
+    rounds: int = 3,
+    flush_mb: int = 256,
+    seed: int = 0,
+) -> Result:
     """See the module docstring. Rows: one ``build``, then ``bench`` rows, per point and page size the dispatcher's
     own (``ours`` / ``ours_page64``) and one per path forced, in ``fused_decode_bench``'s row format (``strategy``
     ``ours``, ``ours_page64`` or one of :data:`.strategies.FORCED_PATHS`, ``page_size``)."""
     if device.type != "cuda":
-        raise RuntimeError("fused_decode_paths times ours' paths on a GPU (CUDA graphs): it needs an NVIDIA GPU. "
-                           "On a CPU the chapter shows the recorded run; the dispatcher reads the kernel_paths.json written "
-                           "from it.")
+        raise RuntimeError(
+            "fused_decode_paths times ours' paths on a GPU (CUDA graphs): it needs an NVIDIA GPU. "
+            "On a CPU the chapter shows the recorded run; the dispatcher reads the kernel_paths.json written "
+            "from it."
+        )
     t_start = time.perf_counter()
     copy_ms, copy_gbps = copy_bandwidth_gbps(device, 1 << 30)
     tflops = matmul_tflops(device)
@@ -190,14 +277,36 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
     pool = (torch.randn(pool_slots, 1, D, generator=gen, device=device) * 0.7).to(FP8)
     scratch = torch.empty(flush_mb << 20, dtype=torch.uint8, device=device)
     rows: list[dict[str, Any]] = [build]
-    rows += paths_rows(points_of(heads, contexts, batches, floor_contexts), pool, device,
-                       timed_entries(paths, page_sizes), scratch.zero_, gen=gen, pool_slots=pool_slots,
-                       max_total_tokens=max_total_tokens, copy_gbps=copy_gbps, bf16_tflops=tflops, reps=reps,
-                       rounds=rounds, seed=seed, ctx=ctx)
+    rows += paths_rows(
+        points_of(heads, contexts, batches, floor_contexts),
+        pool,
+        device,
+        timed_entries(paths, page_sizes),
+        scratch.zero_,
+        gen=gen,
+        pool_slots=pool_slots,
+        max_total_tokens=max_total_tokens,
+        copy_gbps=copy_gbps,
+        bf16_tflops=tflops,
+        reps=reps,
+        rounds=rounds,
+        seed=seed,
+        ctx=ctx,
+    )
     build["seconds_total"] = round(time.perf_counter() - t_start, 1)
-    params = dict(heads=list(heads), contexts=list(contexts), batches=list(batches),
-                  floor_contexts=list(floor_contexts), page_sizes=list(page_sizes), pool_slots=pool_slots,
-                  max_total_tokens=max_total_tokens, reps=reps, rounds=rounds, flush_mb=flush_mb, seed=seed)
+    params = dict(
+        heads=list(heads),
+        contexts=list(contexts),
+        batches=list(batches),
+        floor_contexts=list(floor_contexts),
+        page_sizes=list(page_sizes),
+        pool_slots=pool_slots,
+        max_total_tokens=max_total_tokens,
+        reps=reps,
+        rounds=rounds,
+        flush_mb=flush_mb,
+        seed=seed,
+    )
     # kernel_paths.json is this run's output (after_record); its dispatcher rows read the one in place (build's
     # dispatch_table), the forced rows none.
     derived = PATHS_FILE.relative_to(PROJECT_ROOT).as_posix()
@@ -208,14 +317,19 @@ def run_fused_decode_paths(device: torch.device, *, heads: list[int], contexts: 
 # The dispatcher's table
 # ---------------------------------------------------------------------------------------------------------
 
+
 def _timed(result: Result, page_size: int) -> dict[tuple[int, int, int], dict[str, float]]:
     """``{(heads, context, batch): {path: µs}}`` of the bench rows timed on ``page_size``, where the Triton path was
     timed (a wgmma path missing where it was not: a recording made before the tokens-on-M path has none of its
     times)."""
     by_point: dict[tuple[int, int, int], dict[str, float]] = {}
     for row in result.rows:
-        if (row.get("section") == "bench" and row.get("us") and row.get("page_size") == page_size
-                and row.get("strategy") in FORCED_PATHS):
+        if (
+            row.get("section") == "bench"
+            and row.get("us")
+            and row.get("page_size") == page_size
+            and row.get("strategy") in FORCED_PATHS
+        ):
             by_point.setdefault((row["heads"], row["context"], row["batch"]), {})[row["strategy"]] = row["us"]
     return {point: us for point, us in sorted(by_point.items()) if "triton" in us}
 
@@ -223,8 +337,11 @@ def _timed(result: Result, page_size: int) -> dict[tuple[int, int, int], dict[st
 def _shapes(result: Result) -> dict[tuple[int, int, int], tuple[int, int]]:
     """``{(heads, context, batch): (tokens, longest request)}`` of the run's bench rows (the point's requests: the
     same for every strategy and page size)."""
-    return {(r["heads"], r["context"], r["batch"]): (r["tokens"], r["len_max"]) for r in result.rows
-            if r.get("section") == "bench"}
+    return {
+        (r["heads"], r["context"], r["batch"]): (r["tokens"], r["len_max"])
+        for r in result.rows
+        if r.get("section") == "bench"
+    }
 
 
 def path_points(result: Result, page_size: int = 1) -> list[list[Any]]:
@@ -232,34 +349,56 @@ def path_points(result: Result, page_size: int = 1) -> list[list[Any]]:
     ``path`` the fastest (:func:`kvwall.kernels.mla_decode.path_table.path_point`), ``tokens`` / ``max_len`` the
     point's requests as timed. What ``kernel_paths.json`` holds."""
     shapes = _shapes(result)
-    return [table_rule.path_point(h, c, b, *(us.get(p) for p in table_rule.KERNEL_PATHS), tokens=shapes[h, c, b][0],
-                                  max_len=shapes[h, c, b][1])
-            for (h, c, b), us in _timed(result, page_size).items()]
+    return [
+        table_rule.path_point(
+            h,
+            c,
+            b,
+            *(us.get(p) for p in table_rule.KERNEL_PATHS),
+            tokens=shapes[h, c, b][0],
+            max_len=shapes[h, c, b][1],
+        )
+        for (h, c, b), us in _timed(result, page_size).items()
+    ]
 
 
 def measured_points(result: Result, page_size: int = 1) -> list[list[Any]]:
     """``[heads, context, batch, triton_us, wgmma_us, wgmma_tokens_us]`` (:data:`MEASURED_COLUMNS`) at the points of
     :func:`path_points`, µs rounded to 0.01 as the choice compared them; None: not timed."""
-    return [[h, c, b, *(None if (t := us.get(p)) is None else round(t, 2) for p in table_rule.KERNEL_PATHS)]
-            for (h, c, b), us in _timed(result, page_size).items()]
+    return [
+        [h, c, b, *(None if (t := us.get(p)) is None else round(t, 2) for p in table_rule.KERNEL_PATHS)]
+        for (h, c, b), us in _timed(result, page_size).items()
+    ]
 
 
 def path_table(result: Result, page_size: int = 1) -> dict[str, Any]:
-    """One GPU's entry of ``kernel_paths.json`` from a ``fused_decode_paths`` result: ``{gpu: {"capability", "page_size",
-    "points"}}`` (points of :func:`path_points`, page size 1 by default: ours' layout in chapters 5 and 6; on pages of
-    64 the page-1 choice is within 2 % of the fastest at every point of the 2026-12-02 recording, and
-    :func:`dispatch_check` holds it to 5 %). Only what the dispatcher reads."""
+    """One GPU's entry of ``kernel_paths.json`` from a ``fused_decode_paths`` result:
+    ``{gpu: {"capability", "page_size", "points"}}`` (points of :func:`path_points`, page size 1 by default: ours'
+    layout in chapters 5 and 6; on pages of 64 the page-1 choice is within 2 % of the fastest at every point of the
+    2026-12-02 recording, and :func:`dispatch_check` holds it to 5 %). Only what the dispatcher reads."""
     build = next(r for r in result.rows if r.get("section") == "build")
-    return {build["gpu"]: {"capability": list(build["capability"]), "page_size": page_size,
-                           "points": path_points(result, page_size)}}
+    return {
+        build["gpu"]: {
+            "capability": list(build["capability"]),
+            "page_size": page_size,
+            "points": path_points(result, page_size),
+        }
+    }
 
 
 def measured_table(result: Result, page_size: int = 1) -> dict[str, Any]:
     """One GPU's entry of :data:`MEASURED_FILE`: ``{gpu: {"by", "recorded", "page_size", "columns", "points"}}``
     (points of :func:`measured_points`; ``recorded``: the result's caption)."""
     build = next(r for r in result.rows if r.get("section") == "build")
-    return {build["gpu"]: {"by": WRITTEN_BY, "recorded": result.caption(), "page_size": page_size,
-                           "columns": list(MEASURED_COLUMNS), "points": measured_points(result, page_size)}}
+    return {
+        build["gpu"]: {
+            "by": WRITTEN_BY,
+            "recorded": result.caption(),
+            "page_size": page_size,
+            "columns": list(MEASURED_COLUMNS),
+            "points": measured_points(result, page_size),
+        }
+    }
 
 
 def read_measured(path: Path = MEASURED_FILE) -> dict[str, Any]:
@@ -300,17 +439,18 @@ def check_problem(result: Result) -> str | None:
         ran.setdefault((r["heads"], r["context"], r["batch"], r["page_size"]), set()).add(r["strategy"])
     short = [k for k, names in ran.items() if not set(FORCED_PATHS) <= names]
     if short:
-        return (f"it has no row of every forced path ({', '.join(FORCED_PATHS)}) at {len(short)} of its {len(ran)} "
-                f"points and page sizes (e.g. heads, context, batch, page {short[0]})")
+        return (
+            f"it has no row of every forced path ({', '.join(FORCED_PATHS)}) at {len(short)} of its {len(ran)} "
+            f"points and page sizes (e.g. heads, context, batch, page {short[0]})"
+        )
     return None
 
 
-def dispatch_check(result: Result, table: dict | None = None, source: str | Path | None = None
-                   ) -> list[dict[str, Any]]:
+def dispatch_check(result: Result, table: dict | None = None, source: str | Path | None = None) -> list[dict[str, Any]]:
     """At every (point, page size) of ``result`` (:func:`check_problem` says where it cannot): the path
     :func:`~kvwall.kernels.mla_decode.path_table.decide_path` picks for the row's shape (its heads, batch, tokens and
-    longest request) on the run's GPU by ``table`` (default: the shipped ``kernel_paths.json``, read as the dispatcher reads
-    it), and why; its time forced in this run (None: it failed there); the fastest forced path there and its time;
+    longest request) on the run's GPU by ``table`` (default: the shipped ``kernel_paths.json``, read as the dispatcher
+    reads it), and why; its time forced in this run (None: it failed there); the fastest forced path there and its time;
     ``ratio`` the pick's time / the fastest (None: the pick was not timed), ``ok`` within :data:`DISPATCH_TOLERANCE`;
     and, where the run has them, the dispatcher's own row (``ours_path``, ``ours_us``: what it ran by the table in
     place when the run started)."""
@@ -328,20 +468,43 @@ def dispatch_check(result: Result, table: dict | None = None, source: str | Path
     for (h, c, b, page), rows in sorted(by.items()):
         any_row = next(iter(rows.values()))
         tokens, max_len = any_row["tokens"], any_row["len_max"]
-        pick, why = table_rule.decide_path(h, b, max_len, tokens=tokens, gpu=build["gpu"],
-                                           capability=tuple(build["capability"]), refusal=refusal, table=table,
-                                           source=source, refused=refused)
+        pick, why = table_rule.decide_path(
+            h,
+            b,
+            max_len,
+            tokens=tokens,
+            gpu=build["gpu"],
+            capability=tuple(build["capability"]),
+            refusal=refusal,
+            table=table,
+            source=source,
+            refused=refused,
+        )
         forced = {p: rows[p].get("us") or None for p in FORCED_PATHS if p in rows}
         timed = {p: us for p, us in forced.items() if us is not None}
         best = table_rule.fastest(timed) if timed else None
         pick_us = forced.get(pick)
         ratio = pick_us / timed[best] if pick_us is not None and best else None
         ours = rows.get(OURS.get(page, ""), {})
-        out.append({"heads": h, "context": c, "batch": b, "page_size": page, "tokens": tokens, "max_len": max_len,
-                    "pick": pick, "why": why, "pick_us": pick_us, "best": best,
-                    "best_us": timed[best] if best else None, "ratio": ratio,
-                    "ok": ratio is not None and ratio <= DISPATCH_TOLERANCE, "ours_path": ours.get("kernel_path"),
-                    "ours_us": ours.get("us")})
+        out.append(
+            {
+                "heads": h,
+                "context": c,
+                "batch": b,
+                "page_size": page,
+                "tokens": tokens,
+                "max_len": max_len,
+                "pick": pick,
+                "why": why,
+                "pick_us": pick_us,
+                "best": best,
+                "best_us": timed[best] if best else None,
+                "ratio": ratio,
+                "ok": ratio is not None and ratio <= DISPATCH_TOLERANCE,
+                "ours_path": ours.get("kernel_path"),
+                "ours_us": ours.get("us"),
+            }
+        )
     return out
 
 
@@ -370,10 +533,15 @@ def write_path_table(result: Result, path: Path = PATHS_FILE) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvwall.experiments.fused_decode.kernel_paths",
-                                     description="the dispatcher's table from the recorded fused_decode_paths")
-    parser.add_argument("--write", action="store_true",
-                        help=f"write {PATHS_FILE.name} and {MEASURED_FILE.name} from the recorded result")
+    parser = argparse.ArgumentParser(
+        prog="python -m kvwall.experiments.fused_decode.kernel_paths",
+        description="the dispatcher's table from the recorded fused_decode_paths",
+    )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help=f"write {PATHS_FILE.name} and {MEASURED_FILE.name} from the recorded result",
+    )
     args = parser.parse_args(argv)
     result = load_result("fused_decode_paths")
     if args.write:
@@ -388,14 +556,36 @@ def main(argv: list[str] | None = None) -> int:
 
 EXPERIMENTS: list[Experiment] = [
     Experiment(
-        "fused_decode_paths", run_fused_decode_paths,
-        full=dict(heads=[16, 32, 64, 128], contexts=[4096, 32_768, 131_072], batches=[1, 8, 32, 64],
-                  floor_contexts=[64], page_sizes=[1, PAGE_SIZE], pool_slots=495_000, max_total_tokens=2_000_000,
-                  reps=10, rounds=3, flush_mb=256, seed=0),
-        small=dict(heads=[16, 64], contexts=[4096], batches=[1, 8], floor_contexts=[64], page_sizes=[1, PAGE_SIZE],
-                   pool_slots=50_000, max_total_tokens=2_000_000, reps=3, rounds=2, flush_mb=256, seed=0),
+        "fused_decode_paths",
+        run_fused_decode_paths,
+        full=dict(
+            heads=[16, 32, 64, 128],
+            contexts=[4096, 32_768, 131_072],
+            batches=[1, 8, 32, 64],
+            floor_contexts=[64],
+            page_sizes=[1, PAGE_SIZE],
+            pool_slots=495_000,
+            max_total_tokens=2_000_000,
+            reps=10,
+            rounds=3,
+            flush_mb=256,
+            seed=0,
+        ),
+        small=dict(
+            heads=[16, 64],
+            contexts=[4096],
+            batches=[1, 8],
+            floor_contexts=[64],
+            page_sizes=[1, PAGE_SIZE],
+            pool_slots=50_000,
+            max_total_tokens=2_000_000,
+            reps=3,
+            rounds=2,
+            flush_mb=256,
+            seed=0,
+        ),
         about="ours' paths forced (Triton, wgmma, tokens-on-M wgmma), page 1 and 64, over the grid: the dispatcher's "
-              "measured table",
+        "measured table",
         requires=("cuda", "nvcc"),
         after_record=write_path_table,
     ),

@@ -50,22 +50,44 @@ PROFILED: dict[str, tuple[str, str]] = {
 
 
 def _profile_row(heads: int, tokens: int, path: str, timeout_s: int) -> dict[str, Any]:
-    row: dict[str, Any] = {"section": "profile", "heads": heads, "tokens": tokens, "path": path,
-                           "min_bytes": kv_read_bytes(tokens), "flops": decode_flops(heads, tokens)}
+    row: dict[str, Any] = {
+        "section": "profile",
+        "heads": heads,
+        "tokens": tokens,
+        "path": path,
+        "min_bytes": kv_read_bytes(tokens),
+        "flops": decode_flops(heads, tokens),
+    }
     if ncu_path() is None:
         row["error"] = "ncu (Nsight Compute) is not installed here"
         return row
     try:
         module, regex = PROFILED[path]
-        row.update(profile_kernel(module, ["--profile-one", str(heads), str(tokens)], kernel_regex=regex,
-                                  launch_skip=3, timeout_s=timeout_s))
+        row.update(
+            profile_kernel(
+                module,
+                ["--profile-one", str(heads), str(tokens)],
+                kernel_regex=regex,
+                launch_skip=3,
+                timeout_s=timeout_s,
+            )
+        )
     except Exception as exc:  # noqa: BLE001 - a failed profile is a row, not a crash
         row["error"] = f"{type(exc).__name__}: {str(exc)[-600:]}"
     return row
 
 
-def _phase_rows(points: list[list[int]], device: torch.device, *, pool_slots: int, max_total: int, seed: int,
-                reps: int, rounds: int, flush_mb: int) -> list[dict]:
+def _phase_rows(
+    points: list[list[int]],
+    device: torch.device,
+    *,
+    pool_slots: int,
+    max_total: int,
+    seed: int,
+    reps: int,
+    rounds: int,
+    flush_mb: int,
+) -> list[dict]:
     """The wgmma kernel's per-phase cycles (the ``KVWALL_TRACE`` build) at each ``[heads, context, batch]``, beside the
     shipped and the traced build's µs (what the clock reads cost)."""
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -75,8 +97,14 @@ def _phase_rows(points: list[list[int]], device: torch.device, *, pool_slots: in
     rows = []
     for h, c, b in points:
         pt = make_point(h, c, b, pool_slots=pool_slots, max_total=max_total, gen=gen, seed=seed, device=device)
-        row: dict[str, Any] = {"section": "phases", "heads": h, "context": c, "batch": b, "tokens": pt.tokens,
-                               "page_size": PAGE_SIZE}
+        row: dict[str, Any] = {
+            "section": "phases",
+            "heads": h,
+            "context": c,
+            "batch": b,
+            "tokens": pt.tokens,
+            "page_size": PAGE_SIZE,
+        }
         call = None
         try:
             call, info = build_strategy("wgmma", pt, pool, ctx)
@@ -85,9 +113,13 @@ def _phase_rows(points: list[list[int]], device: torch.device, *, pool_slots: in
             trace = wgmma_path.trace_wgmma_phases(call)
             with wgmma_path.traced_build():
                 row["us_traced"] = time_call(call, flush, device, reps, rounds)[0]
-            row.update(work_items=info["work_items"], ctas=trace.ctas, tiles=trace.tiles,
-                       per_tile={str(wg): v for wg, v in trace.per_tile.items()},
-                       per_cta={str(wg): v for wg, v in trace.per_cta.items()})
+            row.update(
+                work_items=info["work_items"],
+                ctas=trace.ctas,
+                tiles=trace.tiles,
+                per_tile={str(wg): v for wg, v in trace.per_tile.items()},
+                per_cta={str(wg): v for wg, v in trace.per_cta.items()},
+            )
         except Exception as exc:  # noqa: BLE001 - a failed trace is a row
             row.update(error=error_text(exc, 500), traceback_tail=traceback_tail())
         finally:
@@ -97,16 +129,28 @@ def _phase_rows(points: list[list[int]], device: torch.device, *, pool_slots: in
     return rows
 
 
-def run_fused_decode_profile(device: torch.device, *, profile_points: list[list[Any]], trace_points: list[list[int]],
-                             pool_slots: int = 495_000, max_total_tokens: int = 2_000_000, reps: int = 10,
-                             rounds: int = 3, flush_mb: int = 256, timeout_s: int = 120, seed: int = 0) -> Result:
+def run_fused_decode_profile(
+    device: torch.device,
+    *,
+    profile_points: list[list[Any]],
+    trace_points: list[list[int]],
+    pool_slots: int = 495_000,
+    max_total_tokens: int = 2_000_000,
+    reps: int = 10,
+    rounds: int = 3,
+    flush_mb: int = 256,
+    timeout_s: int = 120,
+    seed: int = 0,
+) -> Result:
     """See the module docstring. ``profile_points``: ``[heads, tokens, path]`` (path a key of :data:`PROFILED`);
     ``trace_points``: ``[heads, context, batch]`` of the wgmma phase trace. Rows: ``profile`` (one per point, the
     metrics of :data:`kvwall.measure.ncu.NCU_METRICS` or the ``error``; a wgmma path's row says why where it cannot
     run), ``phases`` (one per trace point; none where the wgmma path cannot run)."""
     if device.type != "cuda":
-        raise RuntimeError("fused_decode_profile profiles GPU kernels (Nsight Compute, a clock64 trace): it needs an "
-                           "NVIDIA GPU. On a CPU the appendix shows the recorded run.")
+        raise RuntimeError(
+            "fused_decode_profile profiles GPU kernels (Nsight Compute, a clock64 trace): it needs an "
+            "NVIDIA GPU. On a CPU the appendix shows the recorded run."
+        )
     unknown = {p[2] for p in profile_points} - set(PROFILED)
     if unknown:
         raise ValueError(f"profile_points name paths {sorted(unknown)}; known: {sorted(PROFILED)}.")
@@ -115,33 +159,78 @@ def run_fused_decode_profile(device: torch.device, *, profile_points: list[list[
     rows: list[dict[str, Any]] = []
     for h, tokens, path in profile_points:
         if path in ("wgmma", "wgmma_tokens") and why:  # both refuse what the wgmma path refuses
-            rows.append({"section": "profile", "heads": h, "tokens": tokens, "path": path,
-                         "min_bytes": kv_read_bytes(tokens), "flops": decode_flops(h, tokens), "error": why})
+            rows.append(
+                {
+                    "section": "profile",
+                    "heads": h,
+                    "tokens": tokens,
+                    "path": path,
+                    "min_bytes": kv_read_bytes(tokens),
+                    "flops": decode_flops(h, tokens),
+                    "error": why,
+                }
+            )
             continue
         rows.append(_profile_row(h, tokens, path, timeout_s))
     if not why:
-        rows += _phase_rows(trace_points, device, pool_slots=pool_slots, max_total=max_total_tokens, seed=seed,
-                            reps=reps, rounds=rounds, flush_mb=flush_mb)
-    params = dict(profile_points=[list(p) for p in profile_points], trace_points=[list(p) for p in trace_points],
-                  pool_slots=pool_slots, max_total_tokens=max_total_tokens, reps=reps, rounds=rounds,
-                  flush_mb=flush_mb, timeout_s=timeout_s, seed=seed, seconds=round(time.perf_counter() - t0, 1))
+        rows += _phase_rows(
+            trace_points,
+            device,
+            pool_slots=pool_slots,
+            max_total=max_total_tokens,
+            seed=seed,
+            reps=reps,
+            rounds=rounds,
+            flush_mb=flush_mb,
+        )
+    params = dict(
+        profile_points=[list(p) for p in profile_points],
+        trace_points=[list(p) for p in trace_points],
+        pool_slots=pool_slots,
+        max_total_tokens=max_total_tokens,
+        reps=reps,
+        rounds=rounds,
+        flush_mb=flush_mb,
+        timeout_s=timeout_s,
+        seed=seed,
+        seconds=round(time.perf_counter() - t0, 1),
+    )
     return Result("fused_decode_profile", params, rows, collect_provenance(device, __name__))
 
 
 EXPERIMENTS: list[Experiment] = [
     Experiment(
-        "fused_decode_profile", run_fused_decode_profile,
-        full=dict(profile_points=[[16, 131_072, "triton"], [128, 131_072, "triton"], [16, 131_072, "wgmma"],
-                                  [128, 131_072, "wgmma"], [16, 131_072, "wgmma_tokens"],
-                                  [32, 131_072, "wgmma_tokens"]],
-                  trace_points=[[16, 131_072, 1], [64, 131_072, 1], [64, 131_072, 8], [128, 131_072, 8],
-                                [128, 4096, 64]],
-                  pool_slots=495_000, max_total_tokens=2_000_000, reps=10, rounds=3, flush_mb=256, timeout_s=120,
-                  seed=0),
-        small=dict(profile_points=[[16, 4096, "triton"], [16, 4096, "wgmma"], [16, 4096, "wgmma_tokens"]],
-                   trace_points=[[16, 4096, 1]],
-                   pool_slots=50_000, max_total_tokens=2_000_000, reps=3, rounds=2, flush_mb=256, timeout_s=120,
-                   seed=0),
+        "fused_decode_profile",
+        run_fused_decode_profile,
+        full=dict(
+            profile_points=[
+                [16, 131_072, "triton"],
+                [128, 131_072, "triton"],
+                [16, 131_072, "wgmma"],
+                [128, 131_072, "wgmma"],
+                [16, 131_072, "wgmma_tokens"],
+                [32, 131_072, "wgmma_tokens"],
+            ],
+            trace_points=[[16, 131_072, 1], [64, 131_072, 1], [64, 131_072, 8], [128, 131_072, 8], [128, 4096, 64]],
+            pool_slots=495_000,
+            max_total_tokens=2_000_000,
+            reps=10,
+            rounds=3,
+            flush_mb=256,
+            timeout_s=120,
+            seed=0,
+        ),
+        small=dict(
+            profile_points=[[16, 4096, "triton"], [16, 4096, "wgmma"], [16, 4096, "wgmma_tokens"]],
+            trace_points=[[16, 4096, 1]],
+            pool_slots=50_000,
+            max_total_tokens=2_000_000,
+            reps=3,
+            rounds=2,
+            flush_mb=256,
+            timeout_s=120,
+            seed=0,
+        ),
         about="Nsight Compute on each path's split kernel (DRAM/L2 bytes, occupancy, stalls) and the wgmma phase trace",
         requires=("cuda", "ncu", "nvcc"),
     ),

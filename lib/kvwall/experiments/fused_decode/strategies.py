@@ -49,8 +49,21 @@ from kvwall.model.pool import mixed_lengths
 from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode, random_page_table
 from kvwall.peers.sglang import SGLangTritonMLA, sglang_max_kv_splits
 
-__all__ = ["STRATEGIES", "Strategy", "BuildContext", "BenchPoint", "Call", "bench_lengths", "make_point",
-           "build_strategy", "paged_layout", "paged_pool", "reference_f64", "OURS", "FORCED_PATHS"]
+__all__ = [
+    "STRATEGIES",
+    "Strategy",
+    "BuildContext",
+    "BenchPoint",
+    "Call",
+    "bench_lengths",
+    "make_point",
+    "build_strategy",
+    "paged_layout",
+    "paged_pool",
+    "reference_f64",
+    "OURS",
+    "FORCED_PATHS",
+]
 
 DC, DR = GLM5.kv_lora_rank, GLM5.qk_rope_head_dim
 D = DC + DR
@@ -126,18 +139,33 @@ def bench_lengths(context: int, batch: int, *, max_total: int, seed: int) -> lis
     return mixed_lengths(total, batch, seed=seed)
 
 
-def make_point(heads: int, context: int, batch: int, *, pool_slots: int, max_total: int, gen: torch.Generator,
-               seed: int, device: torch.device) -> BenchPoint:
+def make_point(
+    heads: int,
+    context: int,
+    batch: int,
+    *,
+    pool_slots: int,
+    max_total: int,
+    gen: torch.Generator,
+    seed: int,
+    device: torch.device,
+) -> BenchPoint:
     """One bench point: :func:`bench_lengths`, random slots (repeats allowed) of a ``pool_slots`` pool, BF16 queries."""
     point_seed = seed + 1000 * batch + context
     lens = bench_lengths(context, batch, max_total=max_total, seed=point_seed)
     n = sum(lens)
-    return BenchPoint(heads, context, batch, lens,
-                      (torch.randn(batch, heads, DC, generator=gen, device=device) * 0.5).to(BF16),
-                      (torch.randn(batch, heads, DR, generator=gen, device=device) * 0.5).to(BF16),
-                      torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device),
-                      torch.randint(0, pool_slots, (n,), generator=gen, device=device, dtype=torch.int32),
-                      torch.tensor(lens, dtype=torch.int32, device=device), seed=point_seed)
+    return BenchPoint(
+        heads,
+        context,
+        batch,
+        lens,
+        (torch.randn(batch, heads, DC, generator=gen, device=device) * 0.5).to(BF16),
+        (torch.randn(batch, heads, DR, generator=gen, device=device) * 0.5).to(BF16),
+        torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device),
+        torch.randint(0, pool_slots, (n,), generator=gen, device=device, dtype=torch.int32),
+        torch.tensor(lens, dtype=torch.int32, device=device),
+        seed=point_seed,
+    )
 
 
 def paged_layout(pt: BenchPoint, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -147,15 +175,19 @@ def paged_layout(pt: BenchPoint, pool: torch.Tensor) -> tuple[torch.Tensor, torc
     gen = torch.Generator(device=device).manual_seed(pt.seed)
     table, seqlens = random_page_table(pt.lens, pool.shape[0] // PAGE_SIZE, gen, device)
     offsets = torch.arange(PAGE_SIZE, device=device)
-    slots = torch.cat([(table[i, :-(-n // PAGE_SIZE)].long()[:, None] * PAGE_SIZE + offsets).flatten()[:n]
-                       for i, n in enumerate(pt.lens)])
+    slots = torch.cat(
+        [
+            (table[i, : -(-n // PAGE_SIZE)].long()[:, None] * PAGE_SIZE + offsets).flatten()[:n]
+            for i, n in enumerate(pt.lens)
+        ]
+    )
     return table, seqlens, slots
 
 
 def paged_pool(pool: torch.Tensor) -> torch.Tensor:
     """The ``[slots, 1, 576]`` pool seen as ``[pages, 64, 576]`` (its whole pages; no copy)."""
     pages = pool.shape[0] // PAGE_SIZE
-    return pool[:pages * PAGE_SIZE].view(pages, PAGE_SIZE, D)
+    return pool[: pages * PAGE_SIZE].view(pages, PAGE_SIZE, D)
 
 
 def reference_f64(pt: BenchPoint, pool: torch.Tensor, paged: bool) -> torch.Tensor:
@@ -163,8 +195,9 @@ def reference_f64(pt: BenchPoint, pool: torch.Tensor, paged: bool) -> torch.Tens
     paged layout (:func:`paged_layout`)."""
     slots = paged_layout(pt, pool)[2] if paged else pt.idx.long()
     indptr = torch.tensor([0, *torch.tensor(pt.lens).cumsum(0).tolist()], dtype=torch.int64, device=pool.device)
-    return mla_decode_reference(pt.q_nope, pt.q_pe, pool[:, 0, :DC], pool[:, 0, DC:], indptr, slots, SM_SCALE,
-                                compute_dtype=torch.float64)
+    return mla_decode_reference(
+        pt.q_nope, pt.q_pe, pool[:, 0, :DC], pool[:, 0, DC:], indptr, slots, SM_SCALE, compute_dtype=torch.float64
+    )
 
 
 def _out(pt: BenchPoint, pool: torch.Tensor) -> torch.Tensor:
@@ -174,6 +207,7 @@ def _out(pt: BenchPoint, pool: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------
 # Ours and its paths
 # ---------------------------------------------------------------------------------------------------------
+
 
 def _our_kernel(path: str) -> Build:
     """Ours (``path="auto"``: the dispatcher's choice) or one path forced, on the page size the context asks for: the
@@ -192,11 +226,24 @@ def _our_kernel(path: str) -> Build:
             n_pages = [-(-n // PAGE_SIZE) for n in pt.lens]
             indptr = torch.tensor([0, *torch.tensor(n_pages).cumsum(0).tolist()], dtype=torch.int32, device=device)
             indices = torch.cat([table[i, :n] for i, n in enumerate(n_pages)]).contiguous()
-        plan = plan_mla_decode(indptr, indices, heads=pt.heads, sm_scale=SM_SCALE, kv_len=kv_len, page_size=page,
-                               lengths=pt.lens, path=path, ckv_cache=c, kpe_cache=k)
-        info: dict[str, Any] = dict(kernel_path=plan.path, work_items=plan.work.items,
-                                    chunk_tokens=plan.work.work_list.chunk_tokens,
-                                    imbalance=plan.work.work_list.imbalance())
+        plan = plan_mla_decode(
+            indptr,
+            indices,
+            heads=pt.heads,
+            sm_scale=SM_SCALE,
+            kv_len=kv_len,
+            page_size=page,
+            lengths=pt.lens,
+            path=path,
+            ckv_cache=c,
+            kpe_cache=k,
+        )
+        info: dict[str, Any] = dict(
+            kernel_path=plan.path,
+            work_items=plan.work.items,
+            chunk_tokens=plan.work.work_list.chunk_tokens,
+            imbalance=plan.work.work_list.imbalance(),
+        )
         if path == "auto":
             info["path_why"] = plan.why
         if plan.path == "triton":
@@ -210,22 +257,28 @@ def _our_kernel(path: str) -> Build:
 # FlashInfer: the casts before its BF16 attention, and its native FP8
 # ---------------------------------------------------------------------------------------------------------
 
-def _bf16_wrapper(backend: str, pt: BenchPoint, indices: torch.Tensor, info: dict[str, Any],
-                  check: Callable[[FlashInferMLADecode], object]) -> FlashInferMLADecode:
+
+def _bf16_wrapper(
+    backend: str,
+    pt: BenchPoint,
+    indices: torch.Tensor,
+    info: dict[str, Any],
+    check: Callable[[FlashInferMLADecode], object],
+) -> FlashInferMLADecode:
     """FlashInfer BF16 planned with ``backend`` (its first run ``check``-ed), else with fa2; ``info`` gets the
     backend that ran, plan ms, and ``<backend>_error`` when the first refused."""
     tried: dict[str, str] = {}
     for name in dict.fromkeys((backend, "fa2")):
         try:
-            wrapper = FlashInferMLADecode(pt.heads, pt.indptr, indices, pt.lens_t, SM_SCALE, kv_dtype=BF16,
-                                          backend=name)
+            wrapper = FlashInferMLADecode(
+                pt.heads, pt.indptr, indices, pt.lens_t, SM_SCALE, kv_dtype=BF16, backend=name
+            )
             check(wrapper)
             synchronize(pt.idx.device)
         except Exception as exc:  # noqa: BLE001 - fa3 may not run a shape: fall back to fa2, say so
             tried[name] = error_text(exc)
             continue
-        info.update(backend=wrapper.backend, plan_ms=wrapper.plan_ms,
-                    **{f"{k}_error": v for k, v in tried.items()})
+        info.update(backend=wrapper.backend, plan_ms=wrapper.plan_ms, **{f"{k}_error": v for k, v in tried.items()})
         return wrapper
     raise RuntimeError(f"no FlashInfer BF16 backend ran: {tried}")
 
@@ -286,8 +339,10 @@ def _flashinfer_fp8(backend: str) -> Build:
         out = _out(pt, pool)
         wrapper = FlashInferMLADecode(pt.heads, pt.indptr, pt.idx, pt.lens_t, SM_SCALE, kv_dtype=FP8, backend=backend)
         ckv8, kpe8 = pool[:, :, :DC], pool[:, :, DC:]
-        return (lambda: wrapper.run(pt.q_nope, pt.q_pe, ckv8, kpe8, out, fp8_scales=(1.0, 1.0)),
-                {"backend": wrapper.backend, "plan_ms": wrapper.plan_ms})
+        return (
+            lambda: wrapper.run(pt.q_nope, pt.q_pe, ckv8, kpe8, out, fp8_scales=(1.0, 1.0)),
+            {"backend": wrapper.backend, "plan_ms": wrapper.plan_ms},
+        )
 
     return build
 
@@ -295,6 +350,7 @@ def _flashinfer_fp8(backend: str) -> Build:
 # ---------------------------------------------------------------------------------------------------------
 # SGLang and FlashMLA
 # ---------------------------------------------------------------------------------------------------------
+
 
 def _sglang(pt: BenchPoint, pool: torch.Tensor, ctx: BuildContext) -> tuple[Call, dict[str, Any]]:
     """SGLang's kernel with its own split policy. ``info["_fixed_splits"]``: ``S -> call`` with every request on
@@ -312,9 +368,15 @@ def _sglang(pt: BenchPoint, pool: torch.Tensor, ctx: BuildContext) -> tuple[Call
     except Exception as exc:  # noqa: BLE001 - PDL launch refused: SGLang without PDL, recorded
         info["pdl_error"] = error_text(exc)
         sg.use_pdl = False
-    info.update(max_kv_splits=max_splits, num_kv_splits_min=min(chosen), num_kv_splits_max=max(chosen),
-                use_pdl=sg.use_pdl, sglang_file=sg.kernels.get("file"), sglang_source=sg.kernels.get("source"),
-                _fixed_splits=sg.fixed_splits)
+    info.update(
+        max_kv_splits=max_splits,
+        num_kv_splits_min=min(chosen),
+        num_kv_splits_max=max(chosen),
+        use_pdl=sg.use_pdl,
+        sglang_file=sg.kernels.get("file"),
+        sglang_source=sg.kernels.get("source"),
+        _fixed_splits=sg.fixed_splits,
+    )
     return call, info
 
 
@@ -322,7 +384,7 @@ def _flashmla(fp8: bool) -> Build:
     def build(pt: BenchPoint, pool: torch.Tensor, ctx: BuildContext) -> tuple[Call, dict[str, Any]]:
         del ctx
         pages = pool.shape[0] // PAGE_SIZE
-        paged = pool[:pages * PAGE_SIZE].view(pages, PAGE_SIZE, 1, D)
+        paged = pool[: pages * PAGE_SIZE].view(pages, PAGE_SIZE, 1, D)
         table, seqlens, _ = paged_layout(pt, pool)
         cache = paged if fp8 else paged.to(BF16)
         decode = FlashMLADecode(pt.q_nope, pt.q_pe, cache, table, seqlens, SM_SCALE, fp8=fp8)
@@ -341,30 +403,78 @@ def _entries(*entries: Strategy) -> dict[str, Strategy]:
 #: The peer table, in the order tables show it. Ours first, then each of its paths forced, then everyone else.
 STRATEGIES: dict[str, Strategy] = _entries(
     Strategy("ours", "ours (dispatcher's path)", "fp8", "bf16", 1, (), _our_kernel("auto")),
-    Strategy("ours_page64", "ours, pages of 64", "fp8", "bf16", PAGE_SIZE, (), _our_kernel("auto"),
-             page_sizes=(PAGE_SIZE,)),
+    Strategy(
+        "ours_page64", "ours, pages of 64", "fp8", "bf16", PAGE_SIZE, (), _our_kernel("auto"), page_sizes=(PAGE_SIZE,)
+    ),
     Strategy("triton", KERNEL_NAMES["triton"], "fp8", "bf16", 1, (), _our_kernel("triton"), page_sizes=(1, PAGE_SIZE)),
-    Strategy("wgmma", KERNEL_NAMES["wgmma"], "fp8", "bf16", 1, ("sm90",), _our_kernel("wgmma"),
-             page_sizes=(1, PAGE_SIZE)),
-    Strategy("wgmma_tokens", KERNEL_NAMES["wgmma_tokens"], "fp8", "bf16", 1, ("sm90",), _our_kernel("wgmma_tokens"),
-             page_sizes=(1, PAGE_SIZE)),
-    Strategy("full_cast_bf16", "whole-pool cast + FlashInfer BF16 (the original)", "fp8", "bf16", 1, ("flashinfer",),
-             _full_cast),
-    Strategy("index_then_cast", "index_select().to(bf16) + FlashInfer BF16", "fp8", "bf16", 1, ("flashinfer",),
-             _index_then_cast),
-    Strategy("gather_cast_bf16", "gather_cast + FlashInfer BF16 (chapter 4)", "fp8", "bf16", 1, ("flashinfer",),
-             _gather_cast),
-    Strategy("flashinfer_fp8_fa2", "FlashInfer native FP8 (fa2)", "fp8", "bf16", 1, ("flashinfer",),
-             _flashinfer_fp8("fa2")),
-    Strategy("flashinfer_fp8_fa3", "FlashInfer native FP8 (fa3)", "fp8", "bf16", 1, ("flashinfer", "sm90"),
-             _flashinfer_fp8("fa3")),
-    Strategy("flashinfer_bf16_precast", "FlashInfer BF16 on a BF16 copy of the pool", "bf16", "bf16", 1,
-             ("flashinfer",), _precast),
+    Strategy(
+        "wgmma", KERNEL_NAMES["wgmma"], "fp8", "bf16", 1, ("sm90",), _our_kernel("wgmma"), page_sizes=(1, PAGE_SIZE)
+    ),
+    Strategy(
+        "wgmma_tokens",
+        KERNEL_NAMES["wgmma_tokens"],
+        "fp8",
+        "bf16",
+        1,
+        ("sm90",),
+        _our_kernel("wgmma_tokens"),
+        page_sizes=(1, PAGE_SIZE),
+    ),
+    Strategy(
+        "full_cast_bf16",
+        "whole-pool cast + FlashInfer BF16 (the original)",
+        "fp8",
+        "bf16",
+        1,
+        ("flashinfer",),
+        _full_cast,
+    ),
+    Strategy(
+        "index_then_cast",
+        "index_select().to(bf16) + FlashInfer BF16",
+        "fp8",
+        "bf16",
+        1,
+        ("flashinfer",),
+        _index_then_cast,
+    ),
+    Strategy(
+        "gather_cast_bf16", "gather_cast + FlashInfer BF16 (chapter 4)", "fp8", "bf16", 1, ("flashinfer",), _gather_cast
+    ),
+    Strategy(
+        "flashinfer_fp8_fa2", "FlashInfer native FP8 (fa2)", "fp8", "bf16", 1, ("flashinfer",), _flashinfer_fp8("fa2")
+    ),
+    Strategy(
+        "flashinfer_fp8_fa3",
+        "FlashInfer native FP8 (fa3)",
+        "fp8",
+        "bf16",
+        1,
+        ("flashinfer", "sm90"),
+        _flashinfer_fp8("fa3"),
+    ),
+    Strategy(
+        "flashinfer_bf16_precast",
+        "FlashInfer BF16 on a BF16 copy of the pool",
+        "bf16",
+        "bf16",
+        1,
+        ("flashinfer",),
+        _precast,
+    ),
     Strategy("sglang_triton_fp8", "SGLang Triton MLA (FP8 query)", "fp8", "fp8", 1, ("sglang",), _sglang),
-    Strategy("flashmla_dense_bf16", "FlashMLA dense BF16", "bf16", "bf16", PAGE_SIZE, ("flash_mla", "sm90"),
-             _flashmla(False)),
-    Strategy("flashmla_dense_fp8", "FlashMLA dense FP8 (FP8 query)", "fp8", "fp8", PAGE_SIZE, ("flash_mla", "sm90"),
-             _flashmla(True)),
+    Strategy(
+        "flashmla_dense_bf16", "FlashMLA dense BF16", "bf16", "bf16", PAGE_SIZE, ("flash_mla", "sm90"), _flashmla(False)
+    ),
+    Strategy(
+        "flashmla_dense_fp8",
+        "FlashMLA dense FP8 (FP8 query)",
+        "fp8",
+        "fp8",
+        PAGE_SIZE,
+        ("flash_mla", "sm90"),
+        _flashmla(True),
+    ),
 )
 #: The strategy that is ours (the dispatcher's path), per page size.
 OURS: dict[int, str] = {1: "ours", PAGE_SIZE: "ours_page64"}
@@ -372,8 +482,9 @@ OURS: dict[int, str] = {1: "ours", PAGE_SIZE: "ours_page64"}
 FORCED_PATHS: tuple[str, ...] = tuple(KERNEL_NAMES)
 
 
-def build_strategy(name: str, pt: BenchPoint, pool: torch.Tensor, ctx: BuildContext = BuildContext()
-                   ) -> tuple[Call, dict[str, Any]]:
+def build_strategy(
+    name: str, pt: BenchPoint, pool: torch.Tensor, ctx: BuildContext = BuildContext()
+) -> tuple[Call, dict[str, Any]]:
     """(the call to time, the row's fields) for strategy ``name`` at one point; ``info["page_size"]`` always says the
     layout it ran on (the context's page size, where the strategy takes it, else its own)."""
     if name not in STRATEGIES:

@@ -26,8 +26,16 @@ def _flat(row: dict[str, Any], section: str) -> dict[str, Any]:
     return out
 
 
-def run_fused_decode_tuning(device: torch.device, *, heads: list[int], screen_tokens: int, contexts: list[int],
-                            splits: list[int], keep: int, write_table: bool) -> Result:
+def run_fused_decode_tuning(
+    device: torch.device,
+    *,
+    heads: list[int],
+    screen_tokens: int,
+    contexts: list[int],
+    splits: list[int],
+    keep: int,
+    write_table: bool,
+) -> Result:
     if device.type != "cuda":
         raise RuntimeError("fused_decode_tuning times compiled kernels: it needs a CUDA device.")
     report = tune(heads, screen_tokens=screen_tokens, contexts=contexts, splits=splits, keep=keep, log=lambda m: None)
@@ -38,16 +46,30 @@ def run_fused_decode_tuning(device: torch.device, *, heads: list[int], screen_to
     rows += [_flat(r, "fastest_any") for r in report.get("fastest_any", {}).values() if r]
     if write_table:
         write_tuned_table(report)
-    params = {"heads": heads, "screen_tokens": screen_tokens, "contexts": contexts, "splits": splits, "keep": keep,
-              "write_table": write_table, "seconds": round(report["seconds"], 1)}
+    params = {
+        "heads": heads,
+        "screen_tokens": screen_tokens,
+        "contexts": contexts,
+        "splits": splits,
+        "keep": keep,
+        "write_table": write_table,
+        "seconds": round(report["seconds"], 1),
+    }
     return Result("fused_decode_tuning", params, rows, collect_provenance(device, __name__))
 
 
 EXPERIMENTS: list[Experiment] = [
     Experiment(
-        "fused_decode_tuning", run_fused_decode_tuning,
-        full=dict(heads=[16, 64, 128], screen_tokens=131072, contexts=[4096, 32768, 131072],
-                  splits=[0, 66, 132, 264], keep=2, write_table=True),
+        "fused_decode_tuning",
+        run_fused_decode_tuning,
+        full=dict(
+            heads=[16, 64, 128],
+            screen_tokens=131072,
+            contexts=[4096, 32768, 131072],
+            splits=[0, 66, 132, 264],
+            keep=2,
+            write_table=True,
+        ),
         small=dict(heads=[16], screen_tokens=4096, contexts=[4096], splits=[0], keep=1, write_table=False),
         about="Launch shapes of the fused FP8 MLA decode kernel screened and swept on the GPU; writes the tuned table.",
         requires=("cuda",),

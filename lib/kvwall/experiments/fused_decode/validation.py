@@ -51,8 +51,13 @@ from kvwall.model.attention import FlashInferMLADecode, flashinfer_version, preb
 from kvwall.model.geometry import GLM5
 from kvwall.peers.flashmla import PAGE_SIZE, FlashMLADecode
 from kvwall.results import Result, collect_provenance
-from kvwall.experiments.fused_decode.contracts import (CONTRACT_PATHS, error_rows, graph_rows, path_contract_rows,
-                                                      path_refusal)
+from kvwall.experiments.fused_decode.contracts import (
+    CONTRACT_PATHS,
+    error_rows,
+    graph_rows,
+    path_contract_rows,
+    path_refusal,
+)
 from kvwall.experiments.registry import Experiment
 
 __all__ = ["EXPERIMENTS", "run_fused_decode_validation", "sanitizer_row"]
@@ -91,8 +96,9 @@ def _defaults_used(case: DecodeCase, inp: CaseInputs, device: torch.device) -> t
     cfg = default_config(case.heads, DC, device, max_len)
     items = None
     if case.num_splits is None:
-        items = plan_mla_decode_triton(inp.kv_indptr, inp.kv_len, heads=case.heads, page_size=case.page_size, device=device,
-                                config=cfg).items
+        items = plan_mla_decode_triton(
+            inp.kv_indptr, inp.kv_len, heads=case.heads, page_size=case.page_size, device=device, config=cfg
+        ).items
     return case.num_splits, items, dataclasses.asdict(cfg)
 
 
@@ -110,8 +116,9 @@ def _bf16_path(case: DecodeCase, inp: CaseInputs, keep: list[int], row: dict) ->
             wrapper = FlashInferMLADecode(case.heads, ptr, idx, sub_lens, sm_b, kv_dtype=BF16, backend="fa2")
             out = _bf16_output(wrapper.run(q_n, q_p, ckv_b, kpe_b), mul)
             synchronize(device)
-            row["bf16_path"] = (f"FlashInfer {wrapper.flashinfer_version} BatchMLAPagedAttentionWrapper "
-                                f"{wrapper.backend}, BF16 KV")
+            row["bf16_path"] = (
+                f"FlashInfer {wrapper.flashinfer_version} BatchMLAPagedAttentionWrapper {wrapper.backend}, BF16 KV"
+            )
             return out
         except Exception as exc:  # noqa: BLE001 - fall back to the stand-in, saying why
             row["bf16_path_error"] = error_text(exc)
@@ -119,25 +126,39 @@ def _bf16_path(case: DecodeCase, inp: CaseInputs, keep: list[int], row: dict) ->
     selk = inp.tok_kpe.index_select(0, idx.long()).to(BF16)
     compact = torch.arange(idx.numel(), device=device)
     row["bf16_path"] = "torch reference, bfloat16 compute"
-    return _bf16_output(mla_decode_reference(q_n, q_p, sel, selk, ptr, compact, sm_b, compute_dtype=torch.bfloat16),
-                        mul)
+    return _bf16_output(
+        mla_decode_reference(q_n, q_p, sel, selk, ptr, compact, sm_b, compute_dtype=torch.bfloat16), mul
+    )
 
 
 def _peer_row(case: DecodeCase, peer: str) -> dict[str, Any]:
-    return {"section": "fp8_peers", "case": case.name, "heads": case.heads, "lens": list(case.lens),
-            "layout": case.layout, "peer": peer, "flashinfer": flashinfer_version(), "rel_err": None,
-            "rel_diff_vs_ours": None, "ratio_vs_bf16": None}
+    return {
+        "section": "fp8_peers",
+        "case": case.name,
+        "heads": case.heads,
+        "lens": list(case.lens),
+        "layout": case.layout,
+        "peer": peer,
+        "flashinfer": flashinfer_version(),
+        "rel_err": None,
+        "rel_diff_vs_ours": None,
+        "ratio_vs_bf16": None,
+    }
 
 
 def _score(prow: dict, got: torch.Tensor, want: torch.Tensor, ours: torch.Tensor, bf16_err: float) -> None:
     err = relative_error(got, want)
-    prow.update(rel_err=finite_or_none(err), rel_diff_vs_ours=finite_or_none(relative_error(got, ours)),
-                ratio_vs_bf16=finite_or_none(err / bf16_err) if bf16_err > 0 else None,
-                finite=bool(torch.isfinite(got).all()))
+    prow.update(
+        rel_err=finite_or_none(err),
+        rel_diff_vs_ours=finite_or_none(relative_error(got, ours)),
+        ratio_vs_bf16=finite_or_none(err / bf16_err) if bf16_err > 0 else None,
+        finite=bool(torch.isfinite(got).all()),
+    )
 
 
-def _flashinfer_fp8_rows(case: DecodeCase, inp: CaseInputs, keep: list[int], want: torch.Tensor,
-                         ours: torch.Tensor, bf16_err: float) -> list[dict]:
+def _flashinfer_fp8_rows(
+    case: DecodeCase, inp: CaseInputs, keep: list[int], want: torch.Tensor, ours: torch.Tensor, bf16_err: float
+) -> list[dict]:
     """FlashInfer 0.6.18.post1's native FP8 MLA (fa2, fa3) on the case's page-size-1 token view."""
     ptr, idx, sub_lens = inp.token_batch(keep)
     rows = []
@@ -145,8 +166,13 @@ def _flashinfer_fp8_rows(case: DecodeCase, inp: CaseInputs, keep: list[int], wan
         prow = _peer_row(case, f"flashinfer_fp8_{backend}")
         try:
             wrapper = FlashInferMLADecode(case.heads, ptr, idx, sub_lens, SM_SCALE, kv_dtype=FP8, backend=backend)
-            got = wrapper.run(inp.q_nope[keep], inp.q_pe[keep], inp.tok3_ckv, inp.tok3_kpe,
-                              fp8_scales=(case.ckv_scale, case.kpe_scale))
+            got = wrapper.run(
+                inp.q_nope[keep],
+                inp.q_pe[keep],
+                inp.tok3_ckv,
+                inp.tok3_kpe,
+                fp8_scales=(case.ckv_scale, case.kpe_scale),
+            )
             synchronize(got.device)
             _score(prow, got, want, ours, bf16_err)
         except Exception as exc:  # noqa: BLE001 - one failing peer is a row with an error
@@ -167,15 +193,16 @@ def _paged_rows(inp: CaseInputs, keep: list[int]) -> tuple[torch.Tensor, torch.T
     first = 0
     for row, (i, n, p) in enumerate(zip(keep, lens, pages)):
         slots = inp.tok_slots[i]
-        flat[first * PAGE_SIZE:first * PAGE_SIZE + n, :DC] = inp.tok_ckv.index_select(0, slots)
-        flat[first * PAGE_SIZE:first * PAGE_SIZE + n, DC:] = inp.tok_kpe.index_select(0, slots)
+        flat[first * PAGE_SIZE : first * PAGE_SIZE + n, :DC] = inp.tok_ckv.index_select(0, slots)
+        flat[first * PAGE_SIZE : first * PAGE_SIZE + n, DC:] = inp.tok_kpe.index_select(0, slots)
         table[row, :p] = torch.arange(first, first + p, dtype=torch.int32, device=device)
         first += p
     return cache, table, torch.tensor(lens, dtype=torch.int32, device=device)
 
 
-def _flashmla_rows(case: DecodeCase, inp: CaseInputs, keep: list[int], want: torch.Tensor, ours: torch.Tensor,
-                   bf16_err: float) -> list[dict]:
+def _flashmla_rows(
+    case: DecodeCase, inp: CaseInputs, keep: list[int], want: torch.Tensor, ours: torch.Tensor, bf16_err: float
+) -> list[dict]:
     """FlashMLA dense BF16 (the scales folded as the BF16 path folds them) and, with unit scales, dense FP8 (the
     query quantized as SGLang's flashmla backend does: static, the cache's scale 1), on the case's rows laid out in
     pages of 64; cases with 16 heads or more."""
@@ -221,10 +248,26 @@ def _run_path(path: str, case: DecodeCase, inp: CaseInputs, out: torch.Tensor) -
         return wgmma_path.mla_decode_fp8_wgmma(*args, **kw), {}
     if path == "wgmma_tokens":
         return tokens_path.mla_decode_fp8_wgmma_tokens(*args, **kw), {}
-    plan = plan_mla_decode(inp.kv_indptr, inp.kv_indices, heads=case.heads, sm_scale=SM_SCALE, kv_len=inp.kv_len,
-                           page_size=case.page_size, ckv_cache=inp.ckv_cache, kpe_cache=inp.kpe_cache)
-    got = mla_decode(inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, plan, ckv_scale=case.ckv_scale,
-                     kpe_scale=case.kpe_scale, out=out)
+    plan = plan_mla_decode(
+        inp.kv_indptr,
+        inp.kv_indices,
+        heads=case.heads,
+        sm_scale=SM_SCALE,
+        kv_len=inp.kv_len,
+        page_size=case.page_size,
+        ckv_cache=inp.ckv_cache,
+        kpe_cache=inp.kpe_cache,
+    )
+    got = mla_decode(
+        inp.q_nope,
+        inp.q_pe,
+        inp.ckv_cache,
+        inp.kpe_cache,
+        plan,
+        ckv_scale=case.ckv_scale,
+        kpe_scale=case.kpe_scale,
+        out=out,
+    )
     return got, {"kernel_path": plan.path, "path_why": plan.why, "work_items": plan.work.items}
 
 
@@ -234,13 +277,29 @@ def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: b
     lens = list(case.lens)
     keep = nonempty_requests(lens)
     empties = [i for i in range(len(lens)) if i not in keep]
-    base: dict[str, Any] = {"section": "cases", "case": case.name, "heads": case.heads, "lens": lens,
-                            "batch": len(lens), "tokens": sum(lens), "layout": case.layout,
-                            "page_size": case.page_size, "index_dtype": case.index_dtype,
-                            "ckv_scale": case.ckv_scale, "kpe_scale": case.kpe_scale, "seed": case.seed,
-                            "num_splits": None, "rel_err": None, "bf16_path": None, "bf16_rel_err": None,
-                            "ratio": None, "finite": None, "empty_requests": len(empties), "empty_out_zero": None,
-                            "passed": False}
+    base: dict[str, Any] = {
+        "section": "cases",
+        "case": case.name,
+        "heads": case.heads,
+        "lens": lens,
+        "batch": len(lens),
+        "tokens": sum(lens),
+        "layout": case.layout,
+        "page_size": case.page_size,
+        "index_dtype": case.index_dtype,
+        "ckv_scale": case.ckv_scale,
+        "kpe_scale": case.kpe_scale,
+        "seed": case.seed,
+        "num_splits": None,
+        "rel_err": None,
+        "bf16_path": None,
+        "bf16_rel_err": None,
+        "ratio": None,
+        "finite": None,
+        "empty_requests": len(empties),
+        "empty_out_zero": None,
+        "passed": False,
+    }
     try:
         inp = make_case_inputs(case, device, pool_slots)
     except Exception as exc:  # noqa: BLE001 - inputs that cannot be made fail every path's row
@@ -277,16 +336,22 @@ def _case_rows(case: DecodeCase, device: torch.device, pool_slots: int, peers: b
         return rows
     for row in ran:
         err = relative_error(outs[row["path"]][keep], want)
-        row.update(bf16_info, rel_err=finite_or_none(err), bf16_rel_err=finite_or_none(bf16_err),
-                   ratio=finite_or_none(err / bf16_err) if bf16_err > 0 else (1.0 if err == 0 else None))
+        row.update(
+            bf16_info,
+            rel_err=finite_or_none(err),
+            bf16_rel_err=finite_or_none(bf16_err),
+            ratio=finite_or_none(err / bf16_err) if bf16_err > 0 else (1.0 if err == 0 else None),
+        )
         # the issue's rule: at most twice the BF16 path's error (both 0 passes)
         row["passed"] = bool(row["finite"] and row["empty_out_zero"] and err <= 2.0 * bf16_err)
     if device.type != "cuda" or not peers or not outs:
         return rows
     ours = outs.get("ours", next(iter(outs.values())))[keep]
     try:
-        return rows + (_flashinfer_fp8_rows(case, inp, keep, want, ours, bf16_err)
-                       + _flashmla_rows(case, inp, keep, want, ours, bf16_err))
+        return rows + (
+            _flashinfer_fp8_rows(case, inp, keep, want, ours, bf16_err)
+            + _flashmla_rows(case, inp, keep, want, ours, bf16_err)
+        )
     except Exception as exc:  # noqa: BLE001 - the peers' comparison failing is one peer row, not a crash
         prow = _peer_row(case, "flashinfer_fp8_fa2")
         prow["error"] = error_text(exc)
@@ -300,11 +365,23 @@ def sanitizer_row(device: torch.device, timeout_s: int) -> dict[str, Any]:
     return {**memcheck_row(sanitized_program.__name__, timeout_s, ["--paths", *paths]), "paths": paths}
 
 
-def run_fused_decode_validation(device: torch.device, *, heads: list[int], length_sets: list[list[int]],
-                                paged_length_sets: list[list[int]], page_size: int, pool_slots: int, peers: bool,
-                                graph: bool, sanitizer: bool, paths: list[str] = list(CONTRACT_PATHS),
-                                contract_heads: int = 64, contract_lens: list[int] = [300, 5000, 70],
-                                sanitizer_timeout_s: int = 300, seed: int = 0) -> Result:
+def run_fused_decode_validation(
+    device: torch.device,
+    *,
+    heads: list[int],
+    length_sets: list[list[int]],
+    paged_length_sets: list[list[int]],
+    page_size: int,
+    pool_slots: int,
+    peers: bool,
+    graph: bool,
+    sanitizer: bool,
+    paths: list[str] = list(CONTRACT_PATHS),
+    contract_heads: int = 64,
+    contract_lens: list[int] = [300, 5000, 70],
+    sanitizer_timeout_s: int = 300,
+    seed: int = 0,
+) -> Result:
     """See the module docstring. Row sections: ``setup`` (the paths that ran, why others did not, FlashInfer's
     prebuild on a GPU, seconds), ``cases`` (one per case and path), ``fp8_peers`` (GPU), ``contract`` (per path),
     ``errors``, ``graph`` (GPU), ``sanitizer`` (GPU, with ``sanitizer``)."""
@@ -315,9 +392,14 @@ def run_fused_decode_validation(device: torch.device, *, heads: list[int], lengt
     on_gpu = device.type == "cuda"
     skipped = {p: why for p in paths if (why := path_refusal(p, device))}
     runs = [p for p in paths if p not in skipped]
-    setup: dict[str, Any] = {"section": "setup", "device": device.type, "paths": runs, "skipped": skipped,
-                             "flashinfer_prebuild": prebuild_flashinfer_mla(device) if on_gpu and peers else None,
-                             "seconds_total": None}
+    setup: dict[str, Any] = {
+        "section": "setup",
+        "device": device.type,
+        "paths": runs,
+        "skipped": skipped,
+        "flashinfer_prebuild": prebuild_flashinfer_mla(device) if on_gpu and peers else None,
+        "seconds_total": None,
+    }
     rows: list[dict] = [setup]
     for case in validation_cases(heads, length_sets, paged_length_sets, page_size, seed):
         rows += _case_rows(case, device, pool_slots, peers, runs)
@@ -326,8 +408,15 @@ def run_fused_decode_validation(device: torch.device, *, heads: list[int], lengt
         try:
             rows += path_contract_rows(device, path, heads=contract_heads, lens=list(contract_lens), seed=seed + 3)
         except Exception as exc:  # noqa: BLE001 - contracts that crash are a failed row, the run goes on
-            rows.append({"section": "contract", "path": path, "check": "contracts ran", "ok": False,
-                         "detail": error_text(exc, 300)})
+            rows.append(
+                {
+                    "section": "contract",
+                    "path": path,
+                    "check": "contracts ran",
+                    "ok": False,
+                    "detail": error_text(exc, 300),
+                }
+            )
         release_memory(device)
     rows += error_rows(device)
     if on_gpu and graph:
@@ -338,26 +427,69 @@ def run_fused_decode_validation(device: torch.device, *, heads: list[int], lengt
     if on_gpu and sanitizer:
         rows.append(sanitizer_row(device, sanitizer_timeout_s))
     setup["seconds_total"] = round(time.perf_counter() - t0, 1)
-    params = dict(heads=list(heads), length_sets=[list(x) for x in length_sets],
-                  paged_length_sets=[list(x) for x in paged_length_sets], page_size=page_size, pool_slots=pool_slots,
-                  peers=peers, graph=graph, sanitizer=sanitizer, paths=list(paths), contract_heads=contract_heads,
-                  contract_lens=list(contract_lens), sanitizer_timeout_s=sanitizer_timeout_s, seed=seed)
+    params = dict(
+        heads=list(heads),
+        length_sets=[list(x) for x in length_sets],
+        paged_length_sets=[list(x) for x in paged_length_sets],
+        page_size=page_size,
+        pool_slots=pool_slots,
+        peers=peers,
+        graph=graph,
+        sanitizer=sanitizer,
+        paths=list(paths),
+        contract_heads=contract_heads,
+        contract_lens=list(contract_lens),
+        sanitizer_timeout_s=sanitizer_timeout_s,
+        seed=seed,
+    )
     return Result("fused_decode_validation", params, rows, collect_provenance(device, __name__))
 
 
 EXPERIMENTS: list[Experiment] = [
-    Experiment("fused_decode_validation", run_fused_decode_validation,
-               full=dict(heads=[16, 32, 64, 128],
-                         length_sets=[[1], [7], [4097], [32_768], [131_072], [0, 1, 777, 4096, 33, 20_000, 130, 5],
-                                      [65, 0, 129, 2], [0, 0]],
-                         paged_length_sets=[[1, 0, 4097, 30_000, 64, 65]], page_size=64, pool_slots=495_000,
-                         peers=True, graph=True, sanitizer=True, paths=list(CONTRACT_PATHS), contract_heads=64,
-                         contract_lens=[300, 5000, 70], sanitizer_timeout_s=300, seed=0),
-               small=dict(heads=[1, 3, 16], length_sets=[[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
-                          paged_length_sets=[[1, 0, 63, 64, 65, 200]], page_size=64, pool_slots=4096,
-                          peers=True, graph=True, sanitizer=False, paths=list(CONTRACT_PATHS), contract_heads=16,
-                          contract_lens=[30, 200, 7], sanitizer_timeout_s=300, seed=0),
-               about="ours and each of its paths (Triton, wgmma, tokens-on-M wgmma) vs float64 and the BF16 path "
-                     "(<= 2x its error); FP8 peers and FlashMLA; every path's contracts; errors; graphs; memcheck",
-               requires=("cuda", "flashinfer", "compute-sanitizer")),
+    Experiment(
+        "fused_decode_validation",
+        run_fused_decode_validation,
+        full=dict(
+            heads=[16, 32, 64, 128],
+            length_sets=[
+                [1],
+                [7],
+                [4097],
+                [32_768],
+                [131_072],
+                [0, 1, 777, 4096, 33, 20_000, 130, 5],
+                [65, 0, 129, 2],
+                [0, 0],
+            ],
+            paged_length_sets=[[1, 0, 4097, 30_000, 64, 65]],
+            page_size=64,
+            pool_slots=495_000,
+            peers=True,
+            graph=True,
+            sanitizer=True,
+            paths=list(CONTRACT_PATHS),
+            contract_heads=64,
+            contract_lens=[300, 5000, 70],
+            sanitizer_timeout_s=300,
+            seed=0,
+        ),
+        small=dict(
+            heads=[1, 3, 16],
+            length_sets=[[1], [7], [0, 7, 130, 1, 33], [65, 0, 129, 2], [333], [0, 0]],
+            paged_length_sets=[[1, 0, 63, 64, 65, 200]],
+            page_size=64,
+            pool_slots=4096,
+            peers=True,
+            graph=True,
+            sanitizer=False,
+            paths=list(CONTRACT_PATHS),
+            contract_heads=16,
+            contract_lens=[30, 200, 7],
+            sanitizer_timeout_s=300,
+            seed=0,
+        ),
+        about="ours and each of its paths (Triton, wgmma, tokens-on-M wgmma) vs float64 and the BF16 path "
+        "(<= 2x its error); FP8 peers and FlashMLA; every path's contracts; errors; graphs; memcheck",
+        requires=("cuda", "flashinfer", "compute-sanitizer"),
+    ),
 ]

@@ -17,7 +17,11 @@ from kvwall.experiments.schemas.decode_profile import AttentionSweepRow, CastKer
 from kvwall.experiments.schemas.dsa import ChaptersGpuModeRow, DSADecodeRow, DSAForcedDenseRow
 from kvwall.experiments.schemas.doors import DoorsChecksRow, DoorsSm90Row
 from kvwall.experiments.schemas.fused_decode import (
-    FusedDecodeBenchRow, FusedDecodePathsRow, FusedDecodeProfileRow, FusedDecodeTuningRow, FusedDecodeValidationRow,
+    FusedDecodeBenchRow,
+    FusedDecodePathsRow,
+    FusedDecodeProfileRow,
+    FusedDecodeTuningRow,
+    FusedDecodeValidationRow,
 )
 from kvwall.experiments.schemas.gpu_tests import GpuTestsRow
 from kvwall.experiments.schemas.gather_cast import GatherCastBenchRow, GatherCastProfileRow, GatherCastValidationRow

@@ -73,10 +73,7 @@ class DoorsChecksMeta(Row):
 
 #: One row of ``doors_checks``, by its section.
 DoorsChecksRow = Annotated[
-    DoorsChecksCitations
-    | DoorsChecksReplays
-    | DoorsChecksBuilds
-    | DoorsChecksMeta,
+    DoorsChecksCitations | DoorsChecksReplays | DoorsChecksBuilds | DoorsChecksMeta,
     Field(discriminator="section"),
 ]
 

@@ -9,8 +9,14 @@ from pydantic import Field
 
 from kvwall.experiments.schemas.base import ErrorCheck, Row, SanitizerRun
 
-__all__ = ["KernelPath", "FusedDecodeTuningRow", "FusedDecodePathsRow", "FusedDecodeValidationRow",
-           "FusedDecodeBenchRow", "FusedDecodeProfileRow"]
+__all__ = [
+    "KernelPath",
+    "FusedDecodeTuningRow",
+    "FusedDecodePathsRow",
+    "FusedDecodeValidationRow",
+    "FusedDecodeBenchRow",
+    "FusedDecodeProfileRow",
+]
 
 #: Ours' paths (:data:`kvwall.kernels.mla_decode.dispatch.KernelPath`).
 KernelPath = Literal["triton", "wgmma", "wgmma_tokens"]

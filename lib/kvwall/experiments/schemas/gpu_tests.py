@@ -23,7 +23,7 @@ class GpuTestsSetup(Row):
 class GpuTestsFile(Row):
     section: Literal["file"]
     file: str
-    sha256: str | None = None  # the file as it ran (recordings from before 2026-12-03 14:30 lack it)
+    sha256: str | None  # the file as it ran (None: gone)
     passed: int
     failed: int
     errors: int

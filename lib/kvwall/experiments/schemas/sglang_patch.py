@@ -163,5 +163,7 @@ class SGLangRealTiming(Row):
     kernel_error: str | None = None
 
 
-SGLangPatchCheckRow = Annotated[Union[SGLangPatchCheck, SGLangPatchMeta, SGLangRealMeta, SGLangRealCheck,
-                                      SGLangRealTiming, SGLangRealMemory], Field(discriminator="section")]
+SGLangPatchCheckRow = Annotated[
+    Union[SGLangPatchCheck, SGLangPatchMeta, SGLangRealMeta, SGLangRealCheck, SGLangRealTiming, SGLangRealMemory],
+    Field(discriminator="section"),
+]

@@ -63,9 +63,7 @@ class WallTimelineRelease(Row):
 
 #: One row of ``wall_timeline``, by its section.
 WallTimelineRow = Annotated[
-    WallTimelineToolchain
-    | WallTimelineTimeline
-    | WallTimelineRelease,
+    WallTimelineToolchain | WallTimelineTimeline | WallTimelineRelease,
     Field(discriminator="section"),
 ]
 

@@ -28,14 +28,33 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from kvwall.peers.flashinfer.errors import BuildTimeoutError, InvalidConfigError, ReleaseImportError
 from kvwall.peers.flashinfer.jit_driver import run_jit_driver
-from kvwall.peers.flashinfer.nvcc_errors import (CompilerError, InstantiationFrame, clean_compiler_output,
-                                                 parse_nvcc_output, path_roots, shorten_path)
+from kvwall.peers.flashinfer.nvcc_errors import (
+    CompilerError,
+    InstantiationFrame,
+    clean_compiler_output,
+    parse_nvcc_output,
+    path_roots,
+    shorten_path,
+)
 from kvwall.peers.flashinfer.releases import CacheRoot, cache_root_path, install_release, validate_release
 from kvwall.peers.flashinfer.toolchain import find_nvcc, nvcc_version, require_nvcc
 
 __all__ = [
-    "BACKENDS", "Q_DTYPES", "KV_DTYPES", "ARCH_TO_FLASHINFER", "ARCHS", "HEAD_DIM_CKV", "HEAD_DIM_KPE", "STATUSES", "BuildConfig",
-    "PythonRefusal", "BuildResult", "validate_config", "arch_capability", "cached_result", "build_mla",
+    "BACKENDS",
+    "Q_DTYPES",
+    "KV_DTYPES",
+    "ARCH_TO_FLASHINFER",
+    "ARCHS",
+    "HEAD_DIM_CKV",
+    "HEAD_DIM_KPE",
+    "STATUSES",
+    "BuildConfig",
+    "PythonRefusal",
+    "BuildResult",
+    "validate_config",
+    "arch_capability",
+    "cached_result",
+    "build_mla",
 ]
 
 #: FlashInfer's two in-wrapper MLA backends: ``fa2`` (portable, mma.sync) and ``fa3`` (SM90 wgmma).
@@ -81,10 +100,7 @@ class BuildConfig:
     @property
     def key(self) -> str:
         """File-name-safe identity of this config, e.g. ``fa2-bfloat16-float8_e4m3fn-sm_120a-512-64``."""
-        return (
-            f"{self.backend}-{self.q_dtype}-{self.kv_dtype}-{self.arch}-"
-            f"{self.head_dim_ckv}-{self.head_dim_kpe}"
-        )
+        return f"{self.backend}-{self.q_dtype}-{self.kv_dtype}-{self.arch}-{self.head_dim_ckv}-{self.head_dim_kpe}"
 
     def describe(self) -> str:
         return (
@@ -202,7 +218,7 @@ def validate_config(
 
     def dt(x):
         s = str(x)
-        return s[len("torch."):] if s.startswith("torch.") else s
+        return s[len("torch.") :] if s.startswith("torch.") else s
 
     _check_choice("backend", backend, BACKENDS)
     _check_choice("Q dtype", dt(q_dtype), Q_DTYPES, "(the query and output are 16-bit in FlashInfer's MLA.)")
@@ -309,8 +325,9 @@ def build_mla(
             "or pip install ninja) and retry."
         )
 
-    work = Path(tempfile.mkdtemp(prefix=f"build-{release}-{config.key}-",
-                                 dir=_ensure(cache_root_path(cache_root) / "work")))
+    work = Path(
+        tempfile.mkdtemp(prefix=f"build-{release}-{config.key}-", dir=_ensure(cache_root_path(cache_root) / "work"))
+    )
     arch_list = ARCH_TO_FLASHINFER[config.arch]
     env = dict(os.environ)
     env.update(
@@ -335,8 +352,13 @@ def build_mla(
     }
     t0 = time.perf_counter()
     try:
-        run = run_jit_driver(request, env=env, cwd=work, timeout_s=timeout_s + 120,
-                             description=f"building FlashInfer {release} MLA {config.backend} {config.arch}")
+        run = run_jit_driver(
+            request,
+            env=env,
+            cwd=work,
+            timeout_s=timeout_s + 120,
+            description=f"building FlashInfer {release} MLA {config.backend} {config.arch}",
+        )
         if run.timed_out:
             raise BuildTimeoutError(
                 f"FlashInfer {release} build of {config.describe()} ran past {timeout_s + 120:.0f} s; "
@@ -364,8 +386,9 @@ def _ensure(p: Path) -> Path:
     return p
 
 
-def _interpret(release: str, config: BuildConfig, d: Dict[str, Any], duration: float, nv_version: str,
-               arch_list: str, rdir: Path) -> BuildResult:
+def _interpret(
+    release: str, config: BuildConfig, d: Dict[str, Any], duration: float, nv_version: str, arch_list: str, rdir: Path
+) -> BuildResult:
     """The driver's report as a :class:`BuildResult`; a release we could not drive raises."""
     err = d.get("error")
     common = dict(

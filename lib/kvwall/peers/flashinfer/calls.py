@@ -27,7 +27,9 @@ SPARSE_TOPK = 2048  # GLM-5's DSA index_topk
 SPARSE_BYTES_PER_TOKEN = 656  # 512 FP8 + 4 fp32 scales + 64 bf16 rope values
 
 
-def make_inputs(case: DoorCase, device: torch.device | str, context_lens: Sequence[int] = (4096, 1000), seed: int = 0) -> dict[str, Any]:
+def make_inputs(
+    case: DoorCase, device: torch.device | str, context_lens: Sequence[int] = (4096, 1000), seed: int = 0
+) -> dict[str, Any]:
     """GLM-5-shaped decode inputs for ``case`` on ``device``: a paged FP8 pool (pages in random
     order, every request's tokens on its own pages), a bf16 (or FP8) query, and the slot list of
     each request so :func:`kvwall.kernels.mla_decode_reference` can check an output."""
@@ -44,7 +46,7 @@ def make_inputs(case: DoorCase, device: torch.device | str, context_lens: Sequen
     table = torch.zeros(len(context_lens), width, dtype=torch.int32)
     slots, start = [], 0
     for b, n in enumerate(pages_per_req):
-        pages = order[start:start + n]
+        pages = order[start : start + n]
         start += n
         table[b, :n] = torch.tensor(pages, dtype=torch.int32)
         slots.append([p * ps + o for p in pages for o in range(ps)][: context_lens[b]])
@@ -52,8 +54,15 @@ def make_inputs(case: DoorCase, device: torch.device | str, context_lens: Sequen
     pool = (torch.randn(total_pages, ps, rank + rope, generator=g) * 0.5).to(kv_dtype)
     q = torch.randn(len(context_lens), case.heads, rank + rope, generator=g).to(getattr(torch, case.q_dtype))
     lens = torch.tensor(list(context_lens), dtype=torch.int32)
-    inputs = {"pool": pool.to(device), "q": q.to(device), "table": table.to(device), "lens": lens.to(device),
-              "slots": slots, "context_lens": list(context_lens), "sm_scale": GLM5.sm_scale}
+    inputs = {
+        "pool": pool.to(device),
+        "q": q.to(device),
+        "table": table.to(device),
+        "lens": lens.to(device),
+        "slots": slots,
+        "context_lens": list(context_lens),
+        "sm_scale": GLM5.sm_scale,
+    }
     if case.door == "sm120-sparse":  # the DSA indexer's top-k slot list and the packed cache
         topk = torch.full((len(context_lens), 1, SPARSE_TOPK), -1, dtype=torch.int32)
         for b, s in enumerate(slots):
@@ -86,8 +95,20 @@ def call_door(case: DoorCase, inputs: dict[str, Any], workspace: torch.Tensor | 
         kv_indptr = torch.tensor([0] + [sum(len(p) for p in pages[: b + 1]) for b in range(batch)], dtype=torch.int32)
         kv_indices = torch.cat(pages).to(torch.int32)
         qo_indptr = torch.arange(batch + 1, dtype=torch.int32)
-        w.plan(qo_indptr.to(device), kv_indptr.to(device), kv_indices, lens, case.heads, rank, rope, ps, False,
-               inputs["sm_scale"], q.dtype, pool.dtype)
+        w.plan(
+            qo_indptr.to(device),
+            kv_indptr.to(device),
+            kv_indices,
+            lens,
+            case.heads,
+            rank,
+            rope,
+            ps,
+            False,
+            inputs["sm_scale"],
+            q.dtype,
+            pool.dtype,
+        )
         scales = {"ckv_scale": 1.0, "kpe_scale": 1.0} if pool.dtype == torch.float8_e4m3fn else {}
         return w.run(q_nope, q_pe, ckv, kpe, **scales)
     if case.door == "cutlass":
@@ -96,18 +117,51 @@ def call_door(case: DoorCase, inputs: dict[str, Any], workspace: torch.Tensor | 
     max_len = int(max(inputs["context_lens"]))
     if case.door == "trtllm-gen":
         return fmla.trtllm_batch_decode_with_kv_cache_mla(
-            q.unsqueeze(1), pool, workspace, GLM5.qk_nope_head_dim, rank, rope, table, lens, max_len,
-            bmm1_scale=inputs["sm_scale"], bmm2_scale=1.0, backend="trtllm-gen").squeeze(1)
+            q.unsqueeze(1),
+            pool,
+            workspace,
+            GLM5.qk_nope_head_dim,
+            rank,
+            rope,
+            table,
+            lens,
+            max_len,
+            bmm1_scale=inputs["sm_scale"],
+            bmm2_scale=1.0,
+            backend="trtllm-gen",
+        ).squeeze(1)
     if case.door == "xqa":
         return fmla.xqa_batch_decode_with_kv_cache_mla(
-            q.unsqueeze(1), pool, workspace, GLM5.qk_nope_head_dim, rank, rope, table, lens, max_len,
-            bmm1_scale=inputs["sm_scale"], bmm2_scale=1.0).squeeze(1)
+            q.unsqueeze(1),
+            pool,
+            workspace,
+            GLM5.qk_nope_head_dim,
+            rank,
+            rope,
+            table,
+            lens,
+            max_len,
+            bmm1_scale=inputs["sm_scale"],
+            bmm2_scale=1.0,
+        ).squeeze(1)
     if case.door == "sm120-sparse":
         packed = inputs["packed"]
         return fmla.trtllm_batch_decode_with_kv_cache_mla(
-            q.unsqueeze(1), packed, workspace, GLM5.qk_nope_head_dim, rank, rope, inputs["topk_indices"],
-            inputs["topk_lens"], max_len, sparse_mla_top_k=SPARSE_TOPK, bmm1_scale=inputs["sm_scale"],
-            bmm2_scale=1.0, backend="sparse", kv_scale_format="arbitrary_fp32").squeeze(1)
+            q.unsqueeze(1),
+            packed,
+            workspace,
+            GLM5.qk_nope_head_dim,
+            rank,
+            rope,
+            inputs["topk_indices"],
+            inputs["topk_lens"],
+            max_len,
+            sparse_mla_top_k=SPARSE_TOPK,
+            bmm1_scale=inputs["sm_scale"],
+            bmm2_scale=1.0,
+            backend="sparse",
+            kv_scale_format="arbitrary_fp32",
+        ).squeeze(1)
     raise ValueError(f"Unknown path {case.door!r}.")  # pragma: no cover - DoorCase validates
 
 

@@ -38,17 +38,36 @@ class Door:
 
 
 DOORS: tuple[Door, ...] = (
-    Door("fa2", "fa2 (BatchMLAPagedAttentionWrapper)", "BatchMLAPagedAttentionWrapper(backend='fa2').plan/run",
-         (1,), "what SGLang's flashinfer_mla backend calls"),
+    Door(
+        "fa2",
+        "fa2 (BatchMLAPagedAttentionWrapper)",
+        "BatchMLAPagedAttentionWrapper(backend='fa2').plan/run",
+        (1,),
+        "what SGLang's flashinfer_mla backend calls",
+    ),
     Door("fa3", "fa3 (BatchMLAPagedAttentionWrapper)", "BatchMLAPagedAttentionWrapper(backend='fa3').plan/run", (1,)),
-    Door("cutlass", "cutlass MLA", "BatchMLAPagedAttentionWrapper(backend='cutlass').run(kv_len=, page_table=)",
-         (1, 128), "SGLang's cutlass_mla backend uses 128-token pages"),
-    Door("trtllm-gen", "trtllm-gen MLA", "trtllm_batch_decode_with_kv_cache_mla(backend='trtllm-gen')", (1, 64),
-         "SGLang's trtllm_mla backend uses 32- or 64-token pages"),
+    Door(
+        "cutlass",
+        "cutlass MLA",
+        "BatchMLAPagedAttentionWrapper(backend='cutlass').run(kv_len=, page_table=)",
+        (1, 128),
+        "SGLang's cutlass_mla backend uses 128-token pages",
+    ),
+    Door(
+        "trtllm-gen",
+        "trtllm-gen MLA",
+        "trtllm_batch_decode_with_kv_cache_mla(backend='trtllm-gen')",
+        (1, 64),
+        "SGLang's trtllm_mla backend uses 32- or 64-token pages",
+    ),
     Door("xqa", "XQA MLA", "xqa_batch_decode_with_kv_cache_mla", (1, 64)),
-    Door("sm120-sparse", "SM120 sparse MLA (DSA, top-k 2048)",
-         "trtllm_batch_decode_with_kv_cache_mla(backend='sparse', sparse_mla_top_k=2048)", (1, 64),
-         "DeepSeek-sparse-attention decode: a packed 656-byte FP8 cache and the indexer's top-k slots"),
+    Door(
+        "sm120-sparse",
+        "SM120 sparse MLA (DSA, top-k 2048)",
+        "trtllm_batch_decode_with_kv_cache_mla(backend='sparse', sparse_mla_top_k=2048)",
+        (1, 64),
+        "DeepSeek-sparse-attention decode: a packed 656-byte FP8 cache and the indexer's top-k slots",
+    ),
 )
 #: The doors by key.
 DOOR_BY_KEY: dict[str, Door] = {d.key: d for d in DOORS}
@@ -88,7 +107,9 @@ def glm5_cases(families: Iterable[str] = tuple(FAMILIES), heads: Sequence[int] =
     return cases
 
 
-def door_matrix(citations: Sequence[dict], replays: Sequence[dict], gpu_calls: Sequence[dict] = ()) -> list[dict[str, Any]]:
+def door_matrix(
+    citations: Sequence[dict], replays: Sequence[dict], gpu_calls: Sequence[dict] = ()
+) -> list[dict[str, Any]]:
     """One cell per (path, family): can GLM-5's decode (16 or 64 heads, 512 + 64 latent, bf16 query,
     FP8 KV) run there? Evidence, strongest first:
 
@@ -105,7 +126,11 @@ def door_matrix(citations: Sequence[dict], replays: Sequence[dict], gpu_calls: S
     for door in DOORS:
         for fam in FAMILIES:
             cites = [c for c in citations if c["door"] == door.key and fam in c["families"] and c.get("line")]
-            gpu = [r for r in gpu_calls if r["door"] == door.key and r.get("family") == fam and r.get("outcome") != "skipped"]
+            gpu = [
+                r
+                for r in gpu_calls
+                if r["door"] == door.key and r.get("family") == fam and r.get("outcome") != "skipped"
+            ]
             rep = [r for r in replays if r["door"] == door.key and r["family"] == fam]
             rep_q = [r for r in rep if r["q_dtype"] == "bfloat16"]
             decisive = [c for c in cites if c.get("decisive")]
@@ -116,35 +141,61 @@ def door_matrix(citations: Sequence[dict], replays: Sequence[dict], gpu_calls: S
                 if ran:
                     status = "runs"
                     for r in ran:
-                        evidence.append({"kind": "gpu", "where": f"{r['heads']} heads, page {r['page_size']}",
-                                         "text": f"ran on the GPU; relative error {r['rel_err_vs_float64']:.2e} against float64"
-                                                 + (f"; {r['ms']:.3f} ms" if r.get("ms") is not None else "")})
+                        evidence.append(
+                            {
+                                "kind": "gpu",
+                                "where": f"{r['heads']} heads, page {r['page_size']}",
+                                "text": f"ran on the GPU; relative error {r['rel_err_vs_float64']:.2e} against float64"
+                                + (f"; {r['ms']:.3f} ms" if r.get("ms") is not None else ""),
+                            }
+                        )
                     conditions = ", ".join(sorted({f"{r['heads']} heads / page {r['page_size']}" for r in ran}))
                 else:
                     status = "refused"
                     for r in gpu:
-                        evidence.append({"kind": "gpu", "where": r.get("where", ""),
-                                         "text": f"{r['heads']} heads, page {r['page_size']}, Q {r['q_dtype']}: "
-                                                 f"{r.get('exc_type', r['outcome'])}: {r.get('message', '')}"})
+                        evidence.append(
+                            {
+                                "kind": "gpu",
+                                "where": r.get("where", ""),
+                                "text": f"{r['heads']} heads, page {r['page_size']}, Q {r['q_dtype']}: "
+                                f"{r.get('exc_type', r['outcome'])}: {r.get('message', '')}",
+                            }
+                        )
             elif decisive:
                 status = "refused"
                 for c in decisive:
                     evidence.append({"kind": "source", "where": c["where"], "text": f"{c['claim']}: {c['text']}"})
                 reached = [r for r in rep_q if r["outcome"] == "kernel_reached"]
                 if reached:
-                    evidence.append({"kind": "replay", "where": reached[0]["kernel"],
-                                     "text": "the Python checks pass (replayed); the refusal comes after them, in C++"})
+                    evidence.append(
+                        {
+                            "kind": "replay",
+                            "where": reached[0]["kernel"],
+                            "text": "the Python checks pass (replayed); the refusal comes after them, in C++",
+                        }
+                    )
             else:
                 reached = [r for r in rep_q if r["outcome"] == "kernel_reached"]
                 if reached:
                     status = "accepted"
                     conditions = ", ".join(sorted({f"{r['heads']} heads / page {r['page_size']}" for r in reached}))
-                    evidence.append({"kind": "replay", "where": reached[0]["kernel"],
-                                     "text": f"the release's checks accept it ({conditions}); the kernel was not run here"})
+                    evidence.append(
+                        {
+                            "kind": "replay",
+                            "where": reached[0]["kernel"],
+                            "text": f"the release's checks accept it ({conditions}); the kernel was not run here",
+                        }
+                    )
                     for r in rep_q:
                         if r["outcome"] == "refused":
-                            evidence.append({"kind": "replay", "where": r.get("where", ""),
-                                             "text": f"{r['heads']} heads, page {r['page_size']}: {r.get('exc_type')}: {r.get('message', '')}"})
+                            evidence.append(
+                                {
+                                    "kind": "replay",
+                                    "where": r.get("where", ""),
+                                    "text": f"{r['heads']} heads, page {r['page_size']}: "
+                                    f"{r.get('exc_type')}: {r.get('message', '')}",
+                                }
+                            )
                 else:
                     status = "refused"
                     seen = set()
@@ -153,10 +204,23 @@ def door_matrix(citations: Sequence[dict], replays: Sequence[dict], gpu_calls: S
                         if key in seen:
                             continue
                         seen.add(key)
-                        evidence.append({"kind": "replay", "where": r.get("where", ""),
-                                         "text": f"{r['heads']} heads, page {r['page_size']}, Q {r['q_dtype']}: "
-                                                 f"{r.get('exc_type', r['outcome'])}: {r.get('message', '')}"})
-            cells.append({"door": door.key, "label": door.label, "family": fam, "status": status,
-                          "conditions": conditions, "evidence": evidence,
-                          "citations": [{"where": c["where"], "claim": c["claim"], "text": c["text"]} for c in cites]})
+                        evidence.append(
+                            {
+                                "kind": "replay",
+                                "where": r.get("where", ""),
+                                "text": f"{r['heads']} heads, page {r['page_size']}, Q {r['q_dtype']}: "
+                                f"{r.get('exc_type', r['outcome'])}: {r.get('message', '')}",
+                            }
+                        )
+            cells.append(
+                {
+                    "door": door.key,
+                    "label": door.label,
+                    "family": fam,
+                    "status": status,
+                    "conditions": conditions,
+                    "evidence": evidence,
+                    "citations": [{"where": c["where"], "claim": c["claim"], "text": c["text"]} for c in cites],
+                }
+            )
     return cells

@@ -9,8 +9,13 @@ exist or cannot be driven).
 from __future__ import annotations
 
 __all__ = [
-    "FlashInferReleaseError", "InvalidConfigError", "NvccNotFoundError", "NetworkUnavailableError",
-    "ReleaseNotFoundError", "ReleaseImportError", "BuildTimeoutError",
+    "FlashInferReleaseError",
+    "InvalidConfigError",
+    "NvccNotFoundError",
+    "NetworkUnavailableError",
+    "ReleaseNotFoundError",
+    "ReleaseImportError",
+    "BuildTimeoutError",
 ]
 
 

@@ -48,18 +48,40 @@ def build_generator(build: GeneratorBuild, *, timeout_s: float = 400, jobs: Opti
     ninja = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
     row: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix=f"kvwall-generator-{build.generator}-") as tmp:
-        env = dict(os.environ, FLASHINFER_CUDA_ARCH_LIST=build.arch, TORCH_CUDA_ARCH_LIST=build.arch,
-                   FLASHINFER_WORKSPACE_BASE=tmp, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore",
-                   PATH=os.pathsep.join(([str(nvcc.parent)] if nvcc else []) + [str(Path(sys.executable).parent),
-                                                                               os.environ.get("PATH", "")]))
-        request = {"task": "generator", "module": build.module, "generator": build.generator,
-                   "args": list(build.args), "compile": nvcc is not None, "ninja": ninja,
-                   "jobs": jobs or os.cpu_count() or 2, "timeout_s": timeout_s}
+        env = dict(
+            os.environ,
+            FLASHINFER_CUDA_ARCH_LIST=build.arch,
+            TORCH_CUDA_ARCH_LIST=build.arch,
+            FLASHINFER_WORKSPACE_BASE=tmp,
+            CUDA_VISIBLE_DEVICES="",
+            PYTHONWARNINGS="ignore",
+            PATH=os.pathsep.join(
+                ([str(nvcc.parent)] if nvcc else []) + [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+            ),
+        )
+        request = {
+            "task": "generator",
+            "module": build.module,
+            "generator": build.generator,
+            "args": list(build.args),
+            "compile": nvcc is not None,
+            "ninja": ninja,
+            "jobs": jobs or os.cpu_count() or 2,
+            "timeout_s": timeout_s,
+        }
         t0 = time.perf_counter()
-        run = run_jit_driver(request, env=env, cwd=Path(tmp), timeout_s=timeout_s + 120,
-                             description=f"building {build.generator} for {build.arch}")
-        d = run.report if run.report is not None else {
-            "status": "timeout" if run.timed_out else "driver_error", "message": "no result"}
+        run = run_jit_driver(
+            request,
+            env=env,
+            cwd=Path(tmp),
+            timeout_s=timeout_s + 120,
+            description=f"building {build.generator} for {build.arch}",
+        )
+        d = (
+            run.report
+            if run.report is not None
+            else {"status": "timeout" if run.timed_out else "driver_error", "message": "no result"}
+        )
         row["seconds"] = round(time.perf_counter() - t0, 1)
     if d.get("status") == "generator_accepted":
         d = {"status": "no_nvcc", "message": "the generator accepted the configuration; no nvcc here to compile it"}
@@ -69,8 +91,9 @@ def build_generator(build: GeneratorBuild, *, timeout_s: float = 400, jobs: Opti
         if k in d:
             row[k] = d[k]
     if d.get("status") in ("compiled", "nvcc_failed"):
-        errors = parse_nvcc_output(d.get("output", ""), path_roots({"include_dir": d.get("include_dir"),
-                                                                    "csrc_dir": d.get("csrc_dir")}))
+        errors = parse_nvcc_output(
+            d.get("output", ""), path_roots({"include_dir": d.get("include_dir"), "csrc_dir": d.get("csrc_dir")})
+        )
         row["errors"] = [{"file": e.file, "line": e.line, "message": e.message} for e in errors][:20]
         row["sources"] = [re.sub(r".*/flashinfer/data/", "", s) for s in d.get("sources", [])]
     return row

@@ -60,8 +60,7 @@ def _failure(exc: BaseException, root: str = "") -> Report:
     return {"exc_type": type(exc).__name__, "message": str(exc), "where": _where(exc.__traceback__, root)}
 
 
-def run_streaming(cmd: list[str], on_line: Callable[[str], None], timeout_s: float,
-                  **popen: Any) -> tuple[int, bool]:
+def run_streaming(cmd: list[str], on_line: Callable[[str], None], timeout_s: float, **popen: Any) -> tuple[int, bool]:
     """Run ``cmd`` (stderr into stdout), handing each output line to ``on_line`` as it comes; kill
     it after ``timeout_s``. Returns (exit code, whether it was killed for time)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
@@ -86,8 +85,10 @@ def _ninja_objects(ninja_file: str) -> list[str]:
     """The object files a FlashInfer ninja file builds, with its top-level variables expanded."""
     text = Path(ninja_file).read_text()
     variables = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", text, re.M))
-    return [re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), o)
-            for o in re.findall(r"^build (\S+?\.o)\s*:", text, re.M)]
+    return [
+        re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), o)
+        for o in re.findall(r"^build (\S+?\.o)\s*:", text, re.M)
+    ]
 
 
 def compile_objects(spec: Any, build_dir: str, ninja: str, jobs: Optional[int], timeout_s: float) -> Report:
@@ -96,10 +97,12 @@ def compile_objects(spec: Any, build_dir: str, ninja: str, jobs: Optional[int], 
     ninja's and the compiler's words."""
     from flashinfer.jit import env as jit_env  # the release's own, from sys.path
 
-    report: Report = {"include_dir": str(jit_env.FLASHINFER_INCLUDE_DIR),
-                      "csrc_dir": str(getattr(jit_env, "FLASHINFER_CSRC_DIR", "")),
-                      "gen_dir": str(getattr(jit_env, "FLASHINFER_GEN_SRC_DIR", "")),
-                      "sources": [str(s) for s in spec.sources]}
+    report: Report = {
+        "include_dir": str(jit_env.FLASHINFER_INCLUDE_DIR),
+        "csrc_dir": str(getattr(jit_env, "FLASHINFER_CSRC_DIR", "")),
+        "gen_dir": str(getattr(jit_env, "FLASHINFER_GEN_SRC_DIR", "")),
+        "sources": [str(s) for s in spec.sources],
+    }
     spec.write_ninja()
     ninja_file = str(spec.ninja_path)
     objs = _ninja_objects(ninja_file)
@@ -118,10 +121,15 @@ def compile_objects(spec: Any, build_dir: str, ninja: str, jobs: Optional[int], 
     returncode, timed_out = run_streaming(cmd, follow, timeout_s)
     if timed_out:
         return {**report, "status": "timeout", "message": f"ninja ran past {timeout_s:.0f} s"}
-    report.update(status="compiled" if returncode == 0 else "nvcc_failed", returncode=returncode,
-                  output="".join(output), compile_seconds=time.perf_counter() - t0, objects=len(objs),
-                  built=[Path(o).name for o in objs if os.path.exists(o)],
-                  failed=[Path(o).name for o in objs if not os.path.exists(o)])
+    report.update(
+        status="compiled" if returncode == 0 else "nvcc_failed",
+        returncode=returncode,
+        output="".join(output),
+        compile_seconds=time.perf_counter() - t0,
+        objects=len(objs),
+        built=[Path(o).name for o in objs if os.path.exists(o)],
+        failed=[Path(o).name for o in objs if not os.path.exists(o)],
+    )
     return report
 
 
@@ -134,8 +142,20 @@ class _Reached(Exception):
     """Raised by the stand-in for ``get_batch_mla_module``: plan() got past every check."""
 
 
-_PLAN_PARAMETERS = {"qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr", "num_heads", "head_dim_ckv",
-                    "head_dim_kpe", "page_size", "causal", "sm_scale", "q_data_type", "kv_data_type"}
+_PLAN_PARAMETERS = {
+    "qo_indptr",
+    "kv_indptr",
+    "kv_indices",
+    "kv_len_arr",
+    "num_heads",
+    "head_dim_ckv",
+    "head_dim_kpe",
+    "page_size",
+    "causal",
+    "sm_scale",
+    "q_data_type",
+    "kv_data_type",
+}
 
 
 def _find_mla_generator() -> Callable[..., Any]:
@@ -161,10 +181,13 @@ def _replay_plan_checks(cfg: dict[str, Any], capability: tuple[int, int], root: 
         wrapper_class = getattr(fmla, "BatchMLAPagedAttentionWrapper")
         core = sys.modules[wrapper_class.__module__]
         if not _PLAN_PARAMETERS <= set(inspect.signature(wrapper_class.plan).parameters) or not hasattr(
-                core, "get_batch_mla_module"):
-            raise LookupError(f"this release's BatchMLAPagedAttentionWrapper.plan() (in {wrapper_class.__module__}) "
-                              "is not the 0.6.x shape whose checks this module can replay; only the JIT generator "
-                              "and nvcc were run")
+            core, "get_batch_mla_module"
+        ):
+            raise LookupError(
+                f"this release's BatchMLAPagedAttentionWrapper.plan() (in {wrapper_class.__module__}) "
+                "is not the 0.6.x shape whose checks this module can replay; only the JIT generator "
+                "and nvcc were run"
+            )
     except Exception as e:  # noqa: BLE001 - a release we cannot replay is reported, not fatal
         return {"python_checks": f"skipped: {type(e).__name__}: {e}"}
 
@@ -180,11 +203,21 @@ def _replay_plan_checks(cfg: dict[str, Any], capability: tuple[int, int], root: 
     wrapper._use_cuda_graph = False
     i32 = torch.int32
     try:
-        wrapper_class.plan(wrapper, qo_indptr=torch.tensor([0, 1], dtype=i32), kv_indptr=torch.tensor([0, 1], dtype=i32),
-                           kv_indices=torch.tensor([0], dtype=i32), kv_len_arr=torch.tensor([1], dtype=i32),
-                           num_heads=16, head_dim_ckv=cfg["head_dim_ckv"], head_dim_kpe=cfg["head_dim_kpe"],
-                           page_size=1, causal=False, sm_scale=1.0 / (192 ** 0.5),
-                           q_data_type=getattr(torch, cfg["q_dtype"]), kv_data_type=getattr(torch, cfg["kv_dtype"]))
+        wrapper_class.plan(
+            wrapper,
+            qo_indptr=torch.tensor([0, 1], dtype=i32),
+            kv_indptr=torch.tensor([0, 1], dtype=i32),
+            kv_indices=torch.tensor([0], dtype=i32),
+            kv_len_arr=torch.tensor([1], dtype=i32),
+            num_heads=16,
+            head_dim_ckv=cfg["head_dim_ckv"],
+            head_dim_kpe=cfg["head_dim_kpe"],
+            page_size=1,
+            causal=False,
+            sm_scale=1.0 / (192**0.5),
+            q_data_type=getattr(torch, cfg["q_dtype"]),
+            kv_data_type=getattr(torch, cfg["kv_dtype"]),
+        )
     except _Reached:
         return {"python_checks": "ran"}
     except Exception as e:  # noqa: BLE001 - the release's refusal is the result
@@ -286,10 +319,19 @@ def fa_plan_task(args: dict[str, Any]) -> Report:
     i32 = torch.int32
     try:
         fa._validate_generated_fa_plan(  # noqa: SLF001 - the release's own check is the point
-            backend=args["backend"], device=torch.device("cpu"), qo_indptr=torch.tensor([0, 1], dtype=i32),
-            kv_indptr=torch.tensor([0, 1], dtype=i32), kv_indices=torch.tensor([0], dtype=i32),
-            kv_len_arr=torch.tensor([1], dtype=i32), head_dim_ckv=512, head_dim_kpe=64, q_data_type=torch.bfloat16,
-            kv_data_type=torch.float8_e4m3fn, output_dtype=torch.bfloat16, scale_mode="kv-per-tensor")
+            backend=args["backend"],
+            device=torch.device("cpu"),
+            qo_indptr=torch.tensor([0, 1], dtype=i32),
+            kv_indptr=torch.tensor([0, 1], dtype=i32),
+            kv_indices=torch.tensor([0], dtype=i32),
+            kv_len_arr=torch.tensor([1], dtype=i32),
+            head_dim_ckv=512,
+            head_dim_kpe=64,
+            q_data_type=torch.bfloat16,
+            kv_data_type=torch.float8_e4m3fn,
+            output_dtype=torch.bfloat16,
+            scale_mode="kv-per-tensor",
+        )
     except Exception as e:  # noqa: BLE001 - the release's refusal is the result
         failure = _failure(e, root)
         on_device = failure["where"].startswith("flashinfer/utils.py") and "CUDA" in failure["message"]
@@ -312,8 +354,9 @@ class DriverRun:
     timed_out: bool = False
 
 
-def run_jit_driver(request: dict[str, Any], *, env: dict[str, str], cwd: Path, timeout_s: float,
-                   description: str) -> DriverRun:
+def run_jit_driver(
+    request: dict[str, Any], *, env: dict[str, str], cwd: Path, timeout_s: float, description: str
+) -> DriverRun:
     """Run ``python -m kvwall.peers.flashinfer.jit_driver`` on ``request`` (its ``result_path`` is
     set here, inside ``cwd``), killing it after ``timeout_s``. On a terminal, a progress bar
     follows ninja's ``[k/N]`` while it compiles."""
@@ -334,7 +377,9 @@ def run_jit_driver(request: dict[str, Any], *, env: dict[str, str], cwd: Path, t
 
 
 TASKS: dict[str, Callable[[dict[str, Any]], Report]] = {
-    "mla": mla_task, "generator": generator_task, "fa_plan": fa_plan_task,
+    "mla": mla_task,
+    "generator": generator_task,
+    "fa_plan": fa_plan_task,
 }
 
 

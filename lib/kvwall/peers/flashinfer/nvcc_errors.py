@@ -13,8 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["InstantiationFrame", "CompilerError", "parse_nvcc_output", "path_roots", "shorten_path",
-           "clean_compiler_output"]
+__all__ = [
+    "InstantiationFrame",
+    "CompilerError",
+    "parse_nvcc_output",
+    "path_roots",
+    "shorten_path",
+    "clean_compiler_output",
+]
 
 #: ``(absolute prefix, short prefix)`` pairs, longest first.
 PathRoots = Sequence[Tuple[str, str]]
@@ -77,7 +83,7 @@ def shorten_path(path: str, roots: PathRoots) -> str:
     path = path.strip()
     for prefix, short in roots:
         if path.startswith(prefix):
-            rest = path[len(prefix):]
+            rest = path[len(prefix) :]
             if short == "generated/":  # generated/<arch>/generated/<uri>/file -> generated/file
                 rest = rest.split("/")[-1]
             return short + rest
@@ -150,8 +156,14 @@ def _short_name(sig: str) -> str:
 
 
 def _new_error(file: str, line: int, message: str, source_line: str = "") -> dict[str, Any]:
-    return {"file": file, "line": line, "message": message, "source_line": source_line, "instantiation_chain": [],
-            "translation_unit": ""}
+    return {
+        "file": file,
+        "line": line,
+        "message": message,
+        "source_line": source_line,
+        "instantiation_chain": [],
+        "translation_unit": "",
+    }
 
 
 def parse_nvcc_output(output: str, roots: PathRoots = ()) -> list[CompilerError]:
@@ -199,6 +211,14 @@ def parse_nvcc_output(output: str, roots: PathRoots = ()) -> list[CompilerError]
             continue
         if ln.startswith(("[", "FAILED:", "ninja:")):
             cur = None
-    return [CompilerError(file=e["file"], line=e["line"], message=e["message"], source_line=e["source_line"],
-                          instantiation_chain=tuple(e["instantiation_chain"]), translation_unit=e["translation_unit"])
-            for e in errors]
+    return [
+        CompilerError(
+            file=e["file"],
+            line=e["line"],
+            message=e["message"],
+            source_line=e["source_line"],
+            instantiation_chain=tuple(e["instantiation_chain"]),
+            translation_unit=e["translation_unit"],
+        )
+        for e in errors
+    ]

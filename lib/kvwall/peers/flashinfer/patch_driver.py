@@ -61,8 +61,20 @@ class _Session:
         g = self.g
         w = self.flashinfer.mla.BatchMLAPagedAttentionWrapper(self.workspace, backend=backend)
         qo = torch.arange(batch.batch_size + 1, dtype=torch.int32, device=self.dev)
-        w.plan(qo, batch.kv_indptr, batch.kv_indices, batch.context_lens, g.heads_per_gpu, g.kv_lora_rank,
-               g.qk_rope_head_dim, 1, False, g.sm_scale, torch.bfloat16, kv_dtype)
+        w.plan(
+            qo,
+            batch.kv_indptr,
+            batch.kv_indices,
+            batch.context_lens,
+            g.heads_per_gpu,
+            g.kv_lora_rank,
+            g.qk_rope_head_dim,
+            1,
+            False,
+            g.sm_scale,
+            torch.bfloat16,
+            kv_dtype,
+        )
         return w
 
 
@@ -93,8 +105,9 @@ def run_case(session: _Session, case: dict[str, Any], row: Report) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize()
     row["stage"] = "check"
-    ref = mla_decode_reference(q_nope, q_pe, s.ckv8, s.kpe8, batch.kv_indptr, batch.kv_indices, g.sm_scale,
-                               compute_dtype=torch.float64)
+    ref = mla_decode_reference(
+        q_nope, q_pe, s.ckv8, s.kpe8, batch.kv_indptr, batch.kv_indices, g.sm_scale, compute_dtype=torch.float64
+    )
     row["rel_err_vs_float64"] = _relative_error(out, ref)
     row["finite"] = bool(torch.isfinite(out).all())
     if case.get("compare_bf16") and fp8:
@@ -122,10 +135,14 @@ def main(argv: list[str]) -> int:
         import flashinfer  # noqa: PLC0415 - the release first on sys.path, not this environment's
         from flashinfer.jit import env as jit_env  # noqa: PLC0415
 
-        out.update(flashinfer_version=flashinfer.__version__, flashinfer_file=flashinfer.__file__,
-                   include_dir=str(jit_env.FLASHINFER_INCLUDE_DIR),
-                   gen_dir=str(getattr(jit_env, "FLASHINFER_GEN_SRC_DIR", "")),
-                   csrc_dir=str(getattr(jit_env, "FLASHINFER_CSRC_DIR", "")), device=args["device"])
+        out.update(
+            flashinfer_version=flashinfer.__version__,
+            flashinfer_file=flashinfer.__file__,
+            include_dir=str(jit_env.FLASHINFER_INCLUDE_DIR),
+            gen_dir=str(getattr(jit_env, "FLASHINFER_GEN_SRC_DIR", "")),
+            csrc_dir=str(getattr(jit_env, "FLASHINFER_CSRC_DIR", "")),
+            device=args["device"],
+        )
         if args["device"] == "cuda":
             out.update(gpu=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)))
         session = _Session(flashinfer, args)
@@ -135,16 +152,24 @@ def main(argv: list[str]) -> int:
         return 0
     out["phase"] = "cases"
     for case in args["cases"]:
-        row: Report = {"backend": case["backend"], "kv": case["kv"], "context_len": case["context_len"],
-                       "mode": args["mode"]}
+        row: Report = {
+            "backend": case["backend"],
+            "kv": case["kv"],
+            "context_len": case["context_len"],
+            "mode": args["mode"],
+        }
         out["cases"].append(row)
         t0 = time.perf_counter()
         try:
             run_case(session, case, row)
             del row["stage"]
         except Exception as e:  # noqa: BLE001 - every failure is a case row
-            row.update(status="failed", exc_type=type(e).__module__ + "." + type(e).__name__,
-                       message=str(e)[-60000:], traceback=traceback.format_exc()[-3000:])
+            row.update(
+                status="failed",
+                exc_type=type(e).__module__ + "." + type(e).__name__,
+                message=str(e)[-60000:],
+                traceback=traceback.format_exc()[-3000:],
+            )
         row["seconds"] = round(time.perf_counter() - t0, 2)
         emit()
     out["phase"] = "done"

@@ -29,8 +29,7 @@ def on_a_terminal() -> bool:
 def progress(description: str, total: Optional[int] = None, unit: str = "step") -> Iterator[tqdm]:
     """A tqdm bar for ``description`` (disabled when stderr is not a terminal), refreshed every
     second while the ``with`` block runs, and closed after it."""
-    bar = tqdm(total=total, desc=description, unit=unit, disable=not on_a_terminal(), leave=False,
-               dynamic_ncols=True)
+    bar = tqdm(total=total, desc=description, unit=unit, disable=not on_a_terminal(), leave=False, dynamic_ncols=True)
     stop = threading.Event()
 
     def refresh() -> None:

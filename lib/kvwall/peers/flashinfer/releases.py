@@ -30,15 +30,30 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
-from kvwall.peers.flashinfer.errors import (FlashInferReleaseError, InvalidConfigError, NetworkUnavailableError,
-                                            ReleaseImportError, ReleaseNotFoundError)
+from kvwall.peers.flashinfer.errors import (
+    FlashInferReleaseError,
+    InvalidConfigError,
+    NetworkUnavailableError,
+    ReleaseImportError,
+    ReleaseNotFoundError,
+)
 from packaging.version import InvalidVersion, Version
 from tqdm import tqdm
 
 from kvwall.peers.flashinfer.progress import progress
 
-__all__ = ["CacheRoot", "default_cache_root", "cache_root_path", "validate_release", "release_dir", "is_installed",
-           "wheelhouse", "install_release", "install_record", "release_root"]
+__all__ = [
+    "CacheRoot",
+    "default_cache_root",
+    "cache_root_path",
+    "validate_release",
+    "release_dir",
+    "is_installed",
+    "wheelhouse",
+    "install_release",
+    "install_record",
+    "release_root",
+]
 
 #: Where releases are cached: ``None`` for :func:`default_cache_root`, or a folder.
 CacheRoot = Union[str, Path, None]
@@ -85,7 +100,6 @@ _NETWORK_PATTERNS = (
     "Connection refused",
     "SSLError",
 )
-
 
 
 def default_cache_root() -> Path:
@@ -136,8 +150,9 @@ def wheelhouse() -> Optional[Path]:
     return p
 
 
-def _pip(args: List[str], timeout: float = 900, *, command: str = "install",
-         binary_only: bool = True) -> subprocess.CompletedProcess:
+def _pip(
+    args: List[str], timeout: float = 900, *, command: str = "install", binary_only: bool = True
+) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pip", command, "--no-deps", "--no-input", "--disable-pip-version-check"]
     if binary_only:
         cmd.append("--only-binary=:all:")
@@ -263,9 +278,7 @@ def _install_from_sdist(release: str, target: Path, wheel_failure: FlashInferRel
         if proc.returncode != 0 or not sdists:
             out = (proc.stdout or "") + (proc.stderr or "")
             if "No matching distribution" in out:
-                raise ReleaseNotFoundError(
-                    f"{wheel_failure} It has no source distribution either."
-                ) from wheel_failure
+                raise ReleaseNotFoundError(f"{wheel_failure} It has no source distribution either.") from wheel_failure
             raise _pip_failure(spec + " (source distribution)", proc, release)
         proc = _pip(["-w", str(work / "wheel"), "--no-build-isolation", str(sdists[0])], command="wheel",
                     binary_only=False)  # fmt: skip
@@ -313,8 +326,9 @@ def _overlay_pinned_headers(pin: str, target: Path) -> str:
     return f"{folder}/ from commit {commit} (the commit that declared {pin.split('==')[1]})"
 
 
-def _pip_install_into(release: str, target: Path, house: Optional[Path],
-                      bar: tqdm) -> Tuple[Dict[str, str], List[str], Dict[str, str]]:
+def _pip_install_into(
+    release: str, target: Path, house: Optional[Path], bar: tqdm
+) -> Tuple[Dict[str, str], List[str], Dict[str, str]]:
     """The pip steps of :func:`install_release`: the release (from its sdist when the index has no
     wheel), then its import dependencies, an exact pin the index no longer carries swapped for the
     nearest published version. Returns (where the release came from, the dependencies, the swaps)."""
@@ -429,7 +443,8 @@ def release_root(release: Optional[str] = None) -> Tuple[str, Path]:
         if here is None:
             raise ReleaseImportError(
                 "FlashInfer is not importable here: install flashinfer-python (make setup does), or name a "
-                "release to install into the cache.")
+                "release to install into the cache."
+            )
         return here
     if here is not None and here[0] == release:
         return here

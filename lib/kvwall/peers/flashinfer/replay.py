@@ -86,6 +86,7 @@ def replay(case: DoorCase) -> dict[str, Any]:
     def make_gen(name: str) -> Callable[..., _KernelStub]:
         def gen(*args: Any, **_kwargs: Any) -> _KernelStub:
             return _KernelStub(f"{name}({', '.join(_dtype_arg(a) for a in args)})")
+
         return gen
 
     mods = {}
@@ -101,8 +102,13 @@ def replay(case: DoorCase) -> dict[str, Any]:
             patch(mod, "device_support_pdl", lambda device=None: cap[0] >= 9)
             for g in _GENERATORS.get(modname, ()):
                 patch(mod, g, make_gen(g))
-            for cached in ("get_batch_mla_module", "get_mla_module", "get_trtllm_gen_fmha_module",
-                           "get_xqa_module_mla", "get_sparse_mla_sm120_module"):
+            for cached in (
+                "get_batch_mla_module",
+                "get_mla_module",
+                "get_trtllm_gen_fmha_module",
+                "get_xqa_module_mla",
+                "get_sparse_mla_sm120_module",
+            ):
                 fn = getattr(mod, cached, None)
                 if hasattr(fn, "cache_clear"):
                     fn.cache_clear()
@@ -150,19 +156,34 @@ def replay_cases(cases: Sequence[DoorCase], release: Optional[str] = None, timeo
     version, root = release_root(release)
     with tempfile.TemporaryDirectory(prefix="kvwall-replay-") as tmp:
         out = Path(tmp) / "replay.json"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root)] + [p for p in sys.path if p and "site-packages" not in p]),
-                   CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore", FLASHINFER_WORKSPACE_BASE=tmp,
-                   FLASHINFER_LOGLEVEL="0")
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(root)] + [p for p in sys.path if p and "site-packages" not in p]),
+            CUDA_VISIBLE_DEVICES="",
+            PYTHONWARNINGS="ignore",
+            FLASHINFER_WORKSPACE_BASE=tmp,
+            FLASHINFER_LOGLEVEL="0",
+        )
         payload = {"cases": [asdict(c) for c in cases], "out": str(out)}
-        proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(payload)],
-                              capture_output=True, text=True, env=env, timeout=timeout_s, cwd=tmp)
+        proc = subprocess.run(
+            [sys.executable, "-m", __name__, json.dumps(payload)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout_s,
+            cwd=tmp,
+        )
         if not out.exists():
-            raise RuntimeError(f"Replaying FlashInfer {version}'s checks failed (exit {proc.returncode}):\n"
-                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+            raise RuntimeError(
+                f"Replaying FlashInfer {version}'s checks failed (exit {proc.returncode}):\n"
+                f"{(proc.stdout + proc.stderr)[-3000:]}"
+            )
         data = json.loads(out.read_text())
     if data["flashinfer"] != version:
-        raise RuntimeError(f"Asked to replay FlashInfer {version} but the subprocess imported {data['flashinfer']} "
-                           f"(from {root}); is another copy first on sys.path?")
+        raise RuntimeError(
+            f"Asked to replay FlashInfer {version} but the subprocess imported {data['flashinfer']} "
+            f"(from {root}); is another copy first on sys.path?"
+        )
     return data
 
 

@@ -17,7 +17,14 @@ from typing import List, Tuple
 from kvwall.peers.flashinfer.errors import FlashInferReleaseError, InvalidConfigError, ReleaseImportError
 from kvwall.peers.flashinfer.releases import CacheRoot, install_release, release_dir
 
-__all__ = ["SourceExcerpt", "SourceLocation", "include_dir", "why_sources_unavailable", "read_source", "find_definition"]
+__all__ = [
+    "SourceExcerpt",
+    "SourceLocation",
+    "include_dir",
+    "why_sources_unavailable",
+    "read_source",
+    "find_definition",
+]
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ def _resolve_source(release: str, file: str, cache_root: CacheRoot) -> Tuple[Pat
     candidates = []
     for prefix in ("include/", "flashinfer/data/include/", "data/include/"):
         if f.startswith(prefix):
-            candidates.append((inc / f[len(prefix):], f[len(prefix):]))
+            candidates.append((inc / f[len(prefix) :], f[len(prefix) :]))
     candidates += [(inc / f, f), (inc / "flashinfer" / f, "flashinfer/" + f), (data / f, f)]
     if f.startswith("csrc/"):
         candidates.append((data / f, f))
@@ -153,7 +160,7 @@ def find_definition(release: str, function: str, *, cache_root: CacheRoot = None
                 if not re.search(r"[\w>*&]$", prev) or prev.strip().startswith(("//", "#")):
                     continue
             # a definition has its body before the next ';'
-            rest = "\n".join(lines[i : i + 40])[m.end():]
+            rest = "\n".join(lines[i : i + 40])[m.end() :]
             brace, semi = rest.find("{"), rest.find(";")
             if brace == -1 or (semi != -1 and semi < brace):
                 continue

@@ -32,9 +32,23 @@ import torch
 
 from kvwall.peers.sglang_patch.stubs import BLOCKER, StubSettings, device_torch, stub_modules
 
-__all__ = ["PATCHES", "VARIANTS", "UPSTREAM_PATH", "UPSTREAM_VERSION", "UPSTREAM_SHA256", "WHEEL_PATH", "BLOCKER",
-           "PatchError", "upstream_source", "upstream_file",
-           "patch_text", "apply_patch", "apply_diff", "patched_source", "load_patched_backend"]
+__all__ = [
+    "PATCHES",
+    "VARIANTS",
+    "UPSTREAM_PATH",
+    "UPSTREAM_VERSION",
+    "UPSTREAM_SHA256",
+    "WHEEL_PATH",
+    "BLOCKER",
+    "PatchError",
+    "upstream_source",
+    "upstream_file",
+    "patch_text",
+    "apply_patch",
+    "apply_diff",
+    "patched_source",
+    "load_patched_backend",
+]
 
 #: The patches, by name (``<name>.diff`` in this package).
 PATCHES = ("gather_cast", "fused")
@@ -73,8 +87,10 @@ def upstream_file():
         raise PatchError(f"{path} is missing from the unpacked SGLang wheel.")
     got = hashlib.sha256(path.read_bytes()).hexdigest()
     if got != UPSTREAM_SHA256:
-        raise PatchError(f"{path} has sha256 {got}, expected {UPSTREAM_SHA256} (SGLang 0.5.23's file): the diffs are "
-                         "made against that file only.")
+        raise PatchError(
+            f"{path} has sha256 {got}, expected {UPSTREAM_SHA256} (SGLang 0.5.23's file): the diffs are "
+            "made against that file only."
+        )
     return path
 
 
@@ -130,8 +146,10 @@ def _hunks(diff: str) -> list[tuple[int, int, list[str]]]:
                 raise PatchError(f"diff line {i + 1} is not a hunk line: {line!r}")
             i += 1
         if (seen_old, seen_new) != (old_count, new_count):
-            raise PatchError(f"hunk @@ -{old_start},{old_count} is truncated: {seen_old} old and {seen_new} new lines "
-                             f"of {old_count} and {new_count}.")
+            raise PatchError(
+                f"hunk @@ -{old_start},{old_count} is truncated: {seen_old} old and {seen_new} new lines "
+                f"of {old_count} and {new_count}."
+            )
         while i < len(lines) and lines[i].startswith("\\"):
             body[-1] = body[-1].rstrip("\n")
             i += 1
@@ -152,13 +170,16 @@ def apply_diff(source: str, diff: str, *, label: str = "diff") -> str:
             raise PatchError(f"{label}: hunk {n} (@@ -{old_start},{old_count}) overlaps the hunk before it.")
         old = [line[1:] for line in body if line[0] != "+"]
         if start + len(old) > len(src):
-            raise PatchError(f"{label}: hunk {n} (@@ -{old_start},{old_count}) runs past the end of the file "
-                             f"({len(src)} lines).")
+            raise PatchError(
+                f"{label}: hunk {n} (@@ -{old_start},{old_count}) runs past the end of the file ({len(src)} lines)."
+            )
         for k, want in enumerate(old):
             have = src[start + k]
             if have != want:
-                raise PatchError(f"{label}: hunk {n} (@@ -{old_start},{old_count}) does not apply: line "
-                                 f"{start + k + 1} should be {want!r} but the file has {have!r}.")
+                raise PatchError(
+                    f"{label}: hunk {n} (@@ -{old_start},{old_count}) does not apply: line "
+                    f"{start + k + 1} should be {want!r} but the file has {have!r}."
+                )
         out.extend(src[pos:start])
         out.extend(line[1:] for line in body if line[0] != "-")
         pos = start + len(old)
@@ -179,8 +200,9 @@ def patched_source(variant: str) -> str:
     return upstream_source() if variant == "unpatched" else apply_patch(variant)
 
 
-def load_patched_backend(name: str, *, wrappers: dict[str, Any] | None = None,
-                         device: torch.device | None = None) -> types.ModuleType:
+def load_patched_backend(
+    name: str, *, wrappers: dict[str, Any] | None = None, device: torch.device | None = None
+) -> types.ModuleType:
     """The backend module for ``name`` (one of :data:`VARIANTS`), executed from its (patched) source with the
     stand-ins of :mod:`~kvwall.peers.sglang_patch.stubs` in ``sys.modules`` for its sglang imports (removed
     afterwards, so a real sglang imported later is unaffected).

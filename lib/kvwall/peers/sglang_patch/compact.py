@@ -62,8 +62,7 @@ class CompactKV:
 
     def _arange(self, n: int, device: torch.device) -> torch.Tensor:
         if self._eager_arange.numel() < n or self._eager_arange.device != device:
-            self._eager_arange = torch.arange(max(n, 2 * self._eager_arange.numel()), dtype=torch.int32,
-                                              device=device)
+            self._eager_arange = torch.arange(max(n, 2 * self._eager_arange.numel()), dtype=torch.int32, device=device)
         return self._eager_arange[:n]
 
     def plan(self, kv_indices: torch.Tensor, n: int, *, graph: bool) -> torch.Tensor:
@@ -99,8 +98,10 @@ class CompactKV:
         slots, count, out = self.step
         if count is None and pool.is_cuda and torch.cuda.is_current_stream_capturing():
             # an eager step's rows (their number fixed now) captured into a graph would be replayed for other steps
-            raise RuntimeError("CompactKV: an eager step's gather is being captured into a CUDA graph; plan it with "
-                               "graph=True (SGLang's piecewise/breakable prefill graphs run attention eagerly).")
+            raise RuntimeError(
+                "CompactKV: an eager step's gather is being captured into a CUDA graph; plan it with "
+                "graph=True (SGLang's piecewise/breakable prefill graphs run attention eagerly)."
+            )
         if self.gather is None:  # host checks only (no sync): also under capture
             self.gather = plan_gather(pool, slots, count, out=out, check_range=False)
         return launch_gather(self.gather, pool=pool)

@@ -32,8 +32,10 @@ def front_door():
 
     plan, run = getattr(k, "plan_mla_decode", None), getattr(k, "mla_decode", None)
     if plan is None or run is None:
-        raise ImportError("kvwall.kernels exports no plan_mla_decode / mla_decode (ours' front door, issue 34): "
-                          "fused.diff needs them; install a kvwall that has them")
+        raise ImportError(
+            "kvwall.kernels exports no plan_mla_decode / mla_decode (ours' front door, issue 34): "
+            "fused.diff needs them; install a kvwall that has them"
+        )
     return plan, run
 
 
@@ -54,20 +56,46 @@ def uniform_q_len(qo_indptr: torch.Tensor | Sequence[int] | None, batch: int) ->
     return n if n >= 1 else None
 
 
-def step_plan(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, heads: int, sm_scale: float,
-              lengths: Sequence[int], q_len: int = 1, graph_max_len: int | None = None,
-              ckv_cache: torch.Tensor | None = None, kpe_cache: torch.Tensor | None = None, path: str = "auto"):
+def step_plan(
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    *,
+    heads: int,
+    sm_scale: float,
+    lengths: Sequence[int],
+    q_len: int = 1,
+    graph_max_len: int | None = None,
+    ckv_cache: torch.Tensor | None = None,
+    kpe_cache: torch.Tensor | None = None,
+    path: str = "auto",
+):
     """The step's plan (see the module docstring); ``kv_indptr`` / ``kv_indices`` are kept by reference (a CUDA
     graph's must be its capture-stable buffers), ``lengths`` the host KV token counts per request (KV of the draft
     tokens included)."""
     plan_mla_decode, _ = front_door()
-    return plan_mla_decode(kv_indptr, kv_indices, heads=heads, sm_scale=float(sm_scale), q_len=int(q_len),
-                           lengths=[int(n) for n in lengths], graph_max_len=graph_max_len, path=path,
-                           ckv_cache=ckv_cache, kpe_cache=kpe_cache)
+    return plan_mla_decode(
+        kv_indptr,
+        kv_indices,
+        heads=heads,
+        sm_scale=float(sm_scale),
+        q_len=int(q_len),
+        lengths=[int(n) for n in lengths],
+        graph_max_len=graph_max_len,
+        path=path,
+        ckv_cache=ckv_cache,
+        kpe_cache=kpe_cache,
+    )
 
 
-def ours(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, plan, *,
-         out: torch.Tensor | None = None) -> torch.Tensor:
+def ours(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv: torch.Tensor,
+    kpe: torch.Tensor,
+    plan,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One layer of ours on ``plan`` (module docstring): ``[tokens, heads, 512]`` BF16 into ``out``."""
     _, mla_decode = front_door()
     return mla_decode(q_nope, q_pe, ckv, kpe, plan, out=out)

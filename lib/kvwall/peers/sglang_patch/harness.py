@@ -28,8 +28,15 @@ from kvwall.model.geometry import MLAGeometry
 from kvwall.peers.sglang_patch import load_patched_backend
 from kvwall.peers.sglang_patch.stubs import ForwardMode
 
-__all__ = ["SGLangDecodeInputs", "make_decode_inputs", "recording_wrapper", "WholePoolCastCounter", "DecodeRun",
-           "run_decode", "REFERENCE_ATTENTION"]
+__all__ = [
+    "SGLangDecodeInputs",
+    "make_decode_inputs",
+    "recording_wrapper",
+    "WholePoolCastCounter",
+    "DecodeRun",
+    "run_decode",
+    "REFERENCE_ATTENTION",
+]
 
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
@@ -59,8 +66,16 @@ class SGLangDecodeInputs:
         return torch.tensor(ptr, dtype=torch.int32, device=self.req_to_token.device)
 
 
-def make_decode_inputs(geometry: MLAGeometry, lens: list[int], *, pool_slots: int, layers: int, seed: int,
-                       shared_prefix: int = 0, device: torch.device | str = "cpu") -> SGLangDecodeInputs:
+def make_decode_inputs(
+    geometry: MLAGeometry,
+    lens: list[int],
+    *,
+    pool_slots: int,
+    layers: int,
+    seed: int,
+    shared_prefix: int = 0,
+    device: torch.device | str = "cpu",
+) -> SGLangDecodeInputs:
     """Seeded inputs (generated on the CPU, so every device sees the same numbers): pools ~ N(0, 0.7^2) in FP8,
     queries ~ N(0, 0.5^2) in BF16, each request's slots distinct and random; with ``shared_prefix`` = k, every
     request after the first starts with the first request's first k slots (a radix-cache prefix)."""
@@ -74,15 +89,16 @@ def make_decode_inputs(geometry: MLAGeometry, lens: list[int], *, pool_slots: in
     table = torch.zeros(len(lens), max(lens), dtype=torch.int32)
     at = 0
     for b, n in enumerate(lens):
-        table[b, :n] = free[at:at + n].to(torch.int32)
+        table[b, :n] = free[at : at + n].to(torch.int32)
         at += n
         if b and shared_prefix:
             k = min(shared_prefix, n, lens[0])
             table[b, :k] = table[0, :k]
     queries = [(torch.randn(len(lens), heads, d, generator=g) * 0.5).to(BF16) for _ in range(layers)]
     dev = torch.device(device)
-    return SGLangDecodeInputs(geometry, [p.to(dev) for p in pools], table.to(dev), list(lens),
-                              [q.to(dev) for q in queries])
+    return SGLangDecodeInputs(
+        geometry, [p.to(dev) for p in pools], table.to(dev), list(lens), [q.to(dev) for q in queries]
+    )
 
 
 @dataclass
@@ -106,17 +122,55 @@ def recording_wrapper(inner: type | None = None) -> type:
             self.kv_rows: list[int] = []  # per run: rows of the KV buffer handed to run
             self.kv_dtypes: list[torch.dtype] = []
 
-        def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
-                 page_size, causal, sm_scale, q_data_type, kv_data_type, *args: Any, **kwargs: Any) -> None:
+        def plan(
+            self,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            kv_len_arr,
+            num_heads,
+            head_dim_ckv,
+            head_dim_kpe,
+            page_size,
+            causal,
+            sm_scale,
+            q_data_type,
+            kv_data_type,
+            *args: Any,
+            **kwargs: Any,
+        ) -> None:
             n = int(kv_indptr[-1])
-            self.plans.append(_Plan(kv_indptr.clone(), kv_indices[:n].clone(), kv_len_arr.clone(), float(sm_scale),
-                                    kv_data_type))
+            self.plans.append(
+                _Plan(kv_indptr.clone(), kv_indices[:n].clone(), kv_len_arr.clone(), float(sm_scale), kv_data_type)
+            )
             if self.inner is not None:
-                self.inner.plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
-                                page_size, causal, sm_scale, q_data_type, kv_data_type, *args, **kwargs)
+                self.inner.plan(
+                    qo_indptr,
+                    kv_indptr,
+                    kv_indices,
+                    kv_len_arr,
+                    num_heads,
+                    head_dim_ckv,
+                    head_dim_kpe,
+                    page_size,
+                    causal,
+                    sm_scale,
+                    q_data_type,
+                    kv_data_type,
+                    *args,
+                    **kwargs,
+                )
 
-        def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor,
-                out: torch.Tensor | None = None, return_lse: bool = False, **kwargs: Any) -> Any:
+        def run(
+            self,
+            q_nope: torch.Tensor,
+            q_pe: torch.Tensor,
+            ckv: torch.Tensor,
+            kpe: torch.Tensor,
+            out: torch.Tensor | None = None,
+            return_lse: bool = False,
+            **kwargs: Any,
+        ) -> Any:
             plan = self.plans[-1]
             rows = torch.cat([ckv.reshape(ckv.shape[0], -1), kpe.reshape(kpe.shape[0], -1)], dim=-1)
             self.reads.append(rows.index_select(0, plan.kv_indices.long()).clone())
@@ -154,10 +208,14 @@ class WholePoolCastCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105 - torch's protocol
         out = func(*args, **(kwargs or {}))
-        if any(isinstance(t, torch.Tensor) and t.dtype == FP8 and t.numel() >= self.pool_numel
-               for t in tree_leaves((args, kwargs or {}))):
-            if any(isinstance(t, torch.Tensor) and t.dtype == BF16 and t.numel() >= self.pool_numel
-                   for t in tree_leaves(out)):
+        if any(
+            isinstance(t, torch.Tensor) and t.dtype == FP8 and t.numel() >= self.pool_numel
+            for t in tree_leaves((args, kwargs or {}))
+        ):
+            if any(
+                isinstance(t, torch.Tensor) and t.dtype == BF16 and t.numel() >= self.pool_numel
+                for t in tree_leaves(out)
+            ):
                 self.count += 1
         return out
 
@@ -188,11 +246,18 @@ class _Translator:
     def __init__(self, req_to_token: torch.Tensor) -> None:
         self.req_to_token = req_to_token
 
-    def pack_read_stream(self, plan: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-                         indptr: torch.Tensor, out: torch.Tensor) -> bool:
+    def pack_read_stream(
+        self,
+        plan: Any,
+        *,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        indptr: torch.Tensor,
+        out: torch.Tensor,
+    ) -> bool:
         at = 0
         for r, n in zip(req_pool_indices.tolist(), seq_lens.tolist()):
-            out[at:at + n] = self.req_to_token[r, :n]
+            out[at : at + n] = self.req_to_token[r, :n]
             at += n
         return True
 
@@ -211,8 +276,7 @@ class DecodeRun:
     gather_out_rows: int | None = None
 
 
-def run_decode(variant: str, inp: SGLangDecodeInputs, *, flashinfer: bool,
-               module: Any = None) -> DecodeRun:
+def run_decode(variant: str, inp: SGLangDecodeInputs, *, flashinfer: bool, module: Any = None) -> DecodeRun:
     """One eager decode step, every layer, through the backend of ``variant`` (or ``module``, an already loaded
     backend module, e.g. one a test altered): FlashInfer when ``flashinfer`` (GPU), else the recording wrapper's
     torch reference."""
@@ -225,40 +289,76 @@ def run_decode(variant: str, inp: SGLangDecodeInputs, *, flashinfer: bool,
         inner = fi.BatchMLAPagedAttentionWrapper
     wrapper_cls = recording_wrapper(inner)
     if module is None:
-        module = load_patched_backend(variant, device=device,
-                                      wrappers={"BatchMLAPagedAttentionWrapper": wrapper_cls,
-                                                "BatchPrefillWithRaggedKVCacheWrapper": ragged})
+        module = load_patched_backend(
+            variant,
+            device=device,
+            wrappers={"BatchMLAPagedAttentionWrapper": wrapper_cls, "BatchPrefillWithRaggedKVCacheWrapper": ragged},
+        )
     else:
         module.__dict__.update(BatchMLAPagedAttentionWrapper=wrapper_cls, BatchPrefillWithRaggedKVCacheWrapper=ragged)
     geo = inp.geometry
     heads = geo.heads_per_gpu
     pool = _Pool(inp.pools, geo)
     req_pool = SimpleNamespace(size=inp.req_to_token.shape[0], req_to_token=inp.req_to_token)
-    config = SimpleNamespace(context_len=inp.req_to_token.shape[1], num_attention_heads=heads,
-                             kv_lora_rank=geo.kv_lora_rank, qk_nope_head_dim=geo.kv_lora_rank,
-                             qk_rope_head_dim=geo.qk_rope_head_dim, v_head_dim=geo.kv_lora_rank,
-                             scaling=geo.sm_scale)
-    runner = SimpleNamespace(model_config=config, device=device, req_to_token_pool=req_pool, token_to_kv_pool=pool,
-                             kv_index_translator=_Translator(inp.req_to_token), page_size=1, dtype=BF16)
+    config = SimpleNamespace(
+        context_len=inp.req_to_token.shape[1],
+        num_attention_heads=heads,
+        kv_lora_rank=geo.kv_lora_rank,
+        qk_nope_head_dim=geo.kv_lora_rank,
+        qk_rope_head_dim=geo.qk_rope_head_dim,
+        v_head_dim=geo.kv_lora_rank,
+        scaling=geo.sm_scale,
+    )
+    runner = SimpleNamespace(
+        model_config=config,
+        device=device,
+        req_to_token_pool=req_pool,
+        token_to_kv_pool=pool,
+        kv_index_translator=_Translator(inp.req_to_token),
+        page_size=1,
+        dtype=BF16,
+    )
     backend = module.FlashInferMLAAttnBackend(runner, skip_prefill=True)
     b = len(inp.lens)
     seq_lens = torch.tensor(inp.lens, dtype=torch.int32, device=device)
-    batch = SimpleNamespace(forward_mode=ForwardMode(decode=True), batch_size=b, seq_lens=seq_lens,
-                            seq_lens_sum=sum(inp.lens), seq_lens_cpu=seq_lens.cpu(),
-                            req_pool_indices=torch.arange(b, dtype=torch.int64, device=device),
-                            kv_loc_plan=None, spec_info=None, out_cache_loc=None)
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode(decode=True),
+        batch_size=b,
+        seq_lens=seq_lens,
+        seq_lens_sum=sum(inp.lens),
+        seq_lens_cpu=seq_lens.cpu(),
+        req_pool_indices=torch.arange(b, dtype=torch.int64, device=device),
+        kv_loc_plan=None,
+        spec_info=None,
+        out_cache_loc=None,
+    )
     backend.init_forward_metadata(batch)
     counter = WholePoolCastCounter(inp.pools[0].numel())
     outputs = []
     with counter:
         for layer_id, q in enumerate(inp.queries):
-            layer = SimpleNamespace(layer_id=layer_id, tp_q_head_num=heads, tp_k_head_num=1, tp_v_head_num=1,
-                                    head_dim=geo.kv_dim, v_head_dim=geo.kv_lora_rank, scaling=geo.sm_scale,
-                                    logit_cap=0.0)
+            layer = SimpleNamespace(
+                layer_id=layer_id,
+                tp_q_head_num=heads,
+                tp_k_head_num=1,
+                tp_v_head_num=1,
+                head_dim=geo.kv_dim,
+                v_head_dim=geo.kv_lora_rank,
+                scaling=geo.sm_scale,
+                logit_cap=0.0,
+            )
             outputs.append(backend.forward_decode(q.reshape(b, -1), None, None, layer, batch, save_kv_cache=False))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     w = backend.decode_wrapper
     gather_out = getattr(backend, "kvwall_out", None)
-    return DecodeRun(variant, [o.clone() for o in outputs], counter.count, w.plans, w.reads, w.kv_rows, w.kv_dtypes,
-                     None if gather_out is None else int(gather_out.shape[0]))
+    return DecodeRun(
+        variant,
+        [o.clone() for o in outputs],
+        counter.count,
+        w.plans,
+        w.reads,
+        w.kv_rows,
+        w.kv_dtypes,
+        None if gather_out is None else int(gather_out.shape[0]),
+    )

@@ -42,13 +42,19 @@ import types
 from importlib import resources
 from typing import Any
 
-__all__ = ["StandInFinder", "StandInUsed", "StandInValue", "import_sglang", "load_variant", "git_apply",
-           "BACKEND_MODULE"]
+__all__ = [
+    "StandInFinder",
+    "StandInUsed",
+    "StandInValue",
+    "import_sglang",
+    "load_variant",
+    "git_apply",
+    "BACKEND_MODULE",
+]
 
 BACKEND_MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
 #: Never stood in for: what the check is about (or what must be real for it to mean anything).
-NEVER = frozenset({"sglang", "torch", "triton", "kvwall", "flashinfer", "numpy", "transformers", "pydantic",
-                   "msgspec"})
+NEVER = frozenset({"sglang", "torch", "triton", "kvwall", "flashinfer", "numpy", "transformers", "pydantic", "msgspec"})
 _CATCHES_IMPORT = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
 
@@ -117,7 +123,7 @@ def _call_site() -> tuple[str, bool]:
         return "?", False
     fn, line = f.f_code.co_filename, f.f_lineno
     src = linecache.getline(fn, line).lstrip()
-    short = fn[fn.rfind(os.sep + "sglang" + os.sep) + 1:] if os.sep + "sglang" + os.sep in fn else fn
+    short = fn[fn.rfind(os.sep + "sglang" + os.sep) + 1 :] if os.sep + "sglang" + os.sep in fn else fn
     return f"{short}:{line}", src.startswith("@")
 
 
@@ -139,9 +145,11 @@ class StandInValue:
         top = what.split(".")[0]
         f = _StandInMeta.finder
         where = f.standins.get(top, "?") if f is not None else "?"
-        raise StandInUsed(f"{what}(...) called at {object.__getattribute__(self, '_site')} returned a stand-in, and "
-                          f"its {how} was used: module {top!r} is missing on this machine (imported unguarded at "
-                          f"{where}) and a stand-in has no behaviour; install or carry {top!r}")
+        raise StandInUsed(
+            f"{what}(...) called at {object.__getattribute__(self, '_site')} returned a stand-in, and "
+            f"its {how} was used: module {top!r} is missing on this machine (imported unguarded at "
+            f"{where}) and a stand-in has no behaviour; install or carry {top!r}"
+        )
 
     def __getattr__(self, name):
         self._used(f".{name}")
@@ -188,11 +196,18 @@ class StandInValue:
 
 
 def _stand_in_class(name: str) -> type:
-    return _StandInMeta(name.rsplit(".", 1)[-1], (), {"__qualname__": name, "__init__": lambda self, *a, **k: None,
-                                                      "__kvwall_standin__": True,
-                                                      "__init_subclass__": classmethod(lambda c, **k: None),
-                                                      "__get_pydantic_core_schema__": classmethod(_any_schema),
-                                                      "__getattr__": lambda self, n: _stand_in_class(n)})
+    return _StandInMeta(
+        name.rsplit(".", 1)[-1],
+        (),
+        {
+            "__qualname__": name,
+            "__init__": lambda self, *a, **k: None,
+            "__kvwall_standin__": True,
+            "__init_subclass__": classmethod(lambda c, **k: None),
+            "__get_pydantic_core_schema__": classmethod(_any_schema),
+            "__getattr__": lambda self, n: _stand_in_class(n),
+        },
+    )
 
 
 class _StandInModule(types.ModuleType):
@@ -266,7 +281,7 @@ class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         real = os.path.realpath(fn) if fn else ""
         if not real.startswith(self.root):
             return None
-        rel = real[len(self.root) - len(os.sep) - len("sglang"):] if "sglang" in real else real
+        rel = real[len(self.root) - len(os.sep) - len("sglang") :] if "sglang" in real else real
         if _guarded(real, line, self._spans):
             self.guarded_missing.setdefault(top, f"{rel}:{line}")
             return None
@@ -313,8 +328,13 @@ def import_sglang(root: str, *, server_args: dict[str, Any] | None = None) -> di
     rc.reset_context()
     rc.publish(args, role="test", ranks=rc.SpawnRanks(world_rank=0))
     finder.arm()
-    files = sorted({os.path.realpath(m.__file__) for k, m in list(sys.modules.items())
-                    if (k == "sglang" or k.startswith("sglang.")) and getattr(m, "__file__", None)})
+    files = sorted(
+        {
+            os.path.realpath(m.__file__)
+            for k, m in list(sys.modules.items())
+            if (k == "sglang" or k.startswith("sglang.")) and getattr(m, "__file__", None)
+        }
+    )
     record = _wheel_record(root)
     mismatched = []
     checked = 0
@@ -326,9 +346,18 @@ def import_sglang(root: str, *, server_args: dict[str, Any] | None = None) -> di
         checked += 1
         if _record_hash(open(f, "rb").read()) != want:
             mismatched.append(rel)
-    return {"modules": mods, "finder": finder, "root": root, "sglang_files": len(files),
-            "files_checked_against_record": checked, "files_mismatched": mismatched, "has_record": bool(record),
-            "import_s": t_import, "server_args": dict(server_args or {}), "published": args}
+    return {
+        "modules": mods,
+        "finder": finder,
+        "root": root,
+        "sglang_files": len(files),
+        "files_checked_against_record": checked,
+        "files_mismatched": mismatched,
+        "has_record": bool(record),
+        "import_s": t_import,
+        "server_args": dict(server_args or {}),
+        "published": args,
+    }
 
 
 def _record_hash(data: bytes) -> str:
@@ -384,8 +413,11 @@ def load_variant(variant: str, imported: dict[str, Any]) -> tuple[types.ModuleTy
     wheel_sha = _sha(upstream_source().encode("utf-8"))
     if variant == "unpatched":
         sha = _sha(open(real.__file__, "rb").read())
-        return real, {"source": os.path.relpath(real.__file__, imported["root"]), "sha256": sha,
-                      "identical_to_wheel": sha == wheel_sha}
+        return real, {
+            "source": os.path.relpath(real.__file__, imported["root"]),
+            "sha256": sha,
+            "identical_to_wheel": sha == wheel_sha,
+        }
     work = tempfile.mkdtemp(prefix=f"kvwall_sglang_{variant}_")
     info = git_apply(variant, work)
     if info.get("apply_rc", 1):
@@ -395,6 +427,9 @@ def load_variant(variant: str, imported: dict[str, Any]) -> tuple[types.ModuleTy
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
-    info.update(source=f"git apply {variant}.diff onto the pinned wheel's file", sha256=_sha(open(info["path"], "rb").read()),
-                identical_to_wheel=False)
+    info.update(
+        source=f"git apply {variant}.diff onto the pinned wheel's file",
+        sha256=_sha(open(info["path"], "rb").read()),
+        identical_to_wheel=False,
+    )
     return module, info

@@ -61,8 +61,16 @@ class CpuMLAWrapper:
     FlashInfer's), with its cuda-graph buffers: with ``use_cuda_graph`` the planned indptrs/indices are copied into
     the buffers given at construction, and ``run`` reads them (what a replayed FlashInfer kernel reads)."""
 
-    def __init__(self, workspace, use_cuda_graph=False, qo_indptr=None, kv_indptr=None, kv_indices=None,
-                 kv_len_arr=None, backend="auto"):
+    def __init__(
+        self,
+        workspace,
+        use_cuda_graph=False,
+        qo_indptr=None,
+        kv_indptr=None,
+        kv_indices=None,
+        kv_len_arr=None,
+        backend="auto",
+    ):
         self.graph = use_cuda_graph
         self._qo_indptr_buf, self._kv_indptr_buf, self._kv_indices_buf = qo_indptr, kv_indptr, kv_indices
         self._kv_len_arr_buf = kv_len_arr
@@ -73,8 +81,23 @@ class CpuMLAWrapper:
         self._causal = False
         self._sm_scale = 1.0
 
-    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
-             causal, sm_scale, q_data_type, kv_data_type, *a, **k):
+    def plan(
+        self,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_len_arr,
+        num_heads,
+        head_dim_ckv,
+        head_dim_kpe,
+        page_size,
+        causal,
+        sm_scale,
+        q_data_type,
+        kv_data_type,
+        *a,
+        **k,
+    ):
         self._causal, self._sm_scale = causal, float(sm_scale)
         self._cached_module = _CpuModule(self)
         n = int(kv_indptr[-1])
@@ -94,8 +117,18 @@ class CpuMLAWrapper:
             qo = self._qo_indptr_buf if qo_h is None else qo_h
             kv = self._kv_indptr_buf if kv_h is None else kv_h
             idx = self._kv_indices_buf
-        res = _causal_reference(q_nope, q_pe, ckv[:, 0], kpe[:, 0], qo.long().cpu(), kv.long().cpu(), idx.long(),
-                                self._sm_scale, self._causal, torch.float32)
+        res = _causal_reference(
+            q_nope,
+            q_pe,
+            ckv[:, 0],
+            kpe[:, 0],
+            qo.long().cpu(),
+            kv.long().cpu(),
+            idx.long(),
+            self._sm_scale,
+            self._causal,
+            torch.float32,
+        )
         out.copy_(res)
         return out
 
@@ -109,12 +142,19 @@ def _causal_reference(q_nope, q_pe, ckv, kpe, qo_indptr, kv_indptr, kv_indices, 
         k0, k1 = int(kv_indptr[b]), int(kv_indptr[b + 1])
         for j in range(q1 - q0):
             n = (k1 - k0) - (q1 - q0) + j + 1 if causal else k1 - k0
-            idx.append(kv_indices[k0:k0 + n])
+            idx.append(kv_indices[k0 : k0 + n])
             ptr.append(ptr[-1] + n)
     dev = q_nope.device
-    return mla_decode_reference(q_nope[: ptr.__len__() - 1].to(dtype), q_pe[: len(ptr) - 1].to(dtype),
-                                ckv.to(dtype), kpe.to(dtype), torch.tensor(ptr, device=dev, dtype=torch.int32),
-                                torch.cat(idx).to(dev), sm_scale, compute_dtype=dtype)
+    return mla_decode_reference(
+        q_nope[: ptr.__len__() - 1].to(dtype),
+        q_pe[: len(ptr) - 1].to(dtype),
+        ckv.to(dtype),
+        kpe.to(dtype),
+        torch.tensor(ptr, device=dev, dtype=torch.int32),
+        torch.cat(idx).to(dev),
+        sm_scale,
+        compute_dtype=dtype,
+    )
 
 
 class _Ragged:
@@ -125,31 +165,54 @@ class _Ragged:
 class RealCheck:
     """See the module docstring. ``imported``: :func:`kvwall.peers.sglang_patch.real.import_sglang`'s result."""
 
-    def __init__(self, imported: dict[str, Any], *, device: torch.device, pool_slots: int, layers: int,
-                 context_len: int, max_bs: int, heads: int = 16, seed: int = 0, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        imported: dict[str, Any],
+        *,
+        device: torch.device,
+        pool_slots: int,
+        layers: int,
+        context_len: int,
+        max_bs: int,
+        heads: int = 16,
+        seed: int = 0,
+        log: Callable[[str], None] = print,
+    ):
         self.imp, self.dev, self.log = imported, torch.device(device), log
         self.cuda = self.dev.type == "cuda"
         self.layers, self.heads, self.ctx, self.max_bs = layers, heads, context_len, max_bs
         self.rank, self.rope = 512, 64
         self.dim = self.rank + self.rope
-        self.sm_scale = 1.0 / (192 ** 0.5)
+        self.sm_scale = 1.0 / (192**0.5)
         m = imported["modules"]
         self.ForwardMode = m["forward_batch_info"].ForwardMode
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
         t0 = time.perf_counter()
         self.pool = m["memory_pool"].MLATokenToKVPool(
-            size=pool_slots, page_size=1, dtype=FP8, kv_lora_rank=self.rank, qk_rope_head_dim=self.rope,
-            layer_num=layers, device=str(self.dev), enable_memory_saver=False)
+            size=pool_slots,
+            page_size=1,
+            dtype=FP8,
+            kv_lora_rank=self.rank,
+            qk_rope_head_dim=self.rope,
+            layer_num=layers,
+            device=str(self.dev),
+            enable_memory_saver=False,
+        )
         g = torch.Generator(device=self.dev).manual_seed(seed)
         for buf in self.pool.kv_buffer:  # FP8 values ~ N(0, 0.7^2), stored as SGLang stores FP8 (uint8 bytes)
             vals = torch.randn(buf.shape, generator=g, device=self.dev) * 0.7
             buf.copy_(vals.to(FP8).view(buf.dtype))
             del vals
-        self.req_pool = m["memory_pool"].ReqToTokenPool(size=max_bs, max_context_len=context_len,
-                                                        device=str(self.dev), enable_memory_saver=False)
+        self.req_pool = m["memory_pool"].ReqToTokenPool(
+            size=max_bs, max_context_len=context_len, device=str(self.dev), enable_memory_saver=False
+        )
         self.translator = m["translator"].KVIndexTranslator(
-            req_to_token=self.req_pool.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=self.pool,
-            page_size=1, device=str(self.dev))
+            req_to_token=self.req_pool.req_to_token,
+            token_to_kv_pool_allocator=None,
+            token_to_kv_pool=self.pool,
+            page_size=1,
+            device=str(self.dev),
+        )
         self.pool_numel = self.pool.get_key_buffer(0).numel()
         self.setup_s = time.perf_counter() - t0
         self.modules: dict[str, Any] = {}
@@ -159,12 +222,24 @@ class RealCheck:
 
     # -- construction ------------------------------------------------------------------------------------------
     def runner(self) -> SimpleNamespace:
-        cfg = SimpleNamespace(context_len=self.ctx, num_attention_heads=self.heads, kv_lora_rank=self.rank,
-                              qk_nope_head_dim=self.rank, qk_rope_head_dim=self.rope, v_head_dim=self.rank,
-                              scaling=self.sm_scale)
-        return SimpleNamespace(model_config=cfg, device=str(self.dev), req_to_token_pool=self.req_pool,
-                               token_to_kv_pool=self.pool, kv_index_translator=self.translator, page_size=1,
-                               dtype=BF16)
+        cfg = SimpleNamespace(
+            context_len=self.ctx,
+            num_attention_heads=self.heads,
+            kv_lora_rank=self.rank,
+            qk_nope_head_dim=self.rank,
+            qk_rope_head_dim=self.rope,
+            v_head_dim=self.rank,
+            scaling=self.sm_scale,
+        )
+        return SimpleNamespace(
+            model_config=cfg,
+            device=str(self.dev),
+            req_to_token_pool=self.req_pool,
+            token_to_kv_pool=self.pool,
+            kv_index_translator=self.translator,
+            page_size=1,
+            dtype=BF16,
+        )
 
     def module(self, variant: str):
         if variant not in self.modules:
@@ -177,8 +252,12 @@ class RealCheck:
                 copy.torch = device_torch(self.dev)
                 copy.BatchMLAPagedAttentionWrapper = CpuMLAWrapper
                 copy.BatchPrefillWithRaggedKVCacheWrapper = _Ragged
-                for name in ("FlashInferMLAAttnBackend", "FlashInferMLAIndicesUpdaterDecode",
-                             "FlashInferMLAIndicesUpdaterPrefill", "FlashInferMhaChunkKVRunner"):
+                for name in (
+                    "FlashInferMLAAttnBackend",
+                    "FlashInferMLAIndicesUpdaterDecode",
+                    "FlashInferMLAIndicesUpdaterPrefill",
+                    "FlashInferMhaChunkKVRunner",
+                ):
                     cls = getattr(mod, name)
                     new = type(name, (cls,), {})
                     for k, v in list(cls.__dict__.items()):
@@ -227,20 +306,31 @@ class RealCheck:
         slots = torch.randperm(self.pool.size, generator=self.gen)[:need] + 1  # slot 0: SGLang's padding slot
         at = 0
         for b, n in enumerate(lens):
-            self.req_pool.req_to_token[1 + b, : n + extra] = slots[at: at + n + extra].to(self.dev, torch.int32)
+            self.req_pool.req_to_token[1 + b, : n + extra] = slots[at : at + n + extra].to(self.dev, torch.int32)
             at += n + extra
         return slots
 
     def queries(self, rows: int) -> list[torch.Tensor]:
-        return [(torch.randn(rows, self.heads, self.dim, generator=self.gen) * 0.5).to(BF16).to(self.dev)
-                for _ in range(self.layers)]
+        return [
+            (torch.randn(rows, self.heads, self.dim, generator=self.gen) * 0.5).to(BF16).to(self.dev)
+            for _ in range(self.layers)
+        ]
 
     def layer(self, i: int) -> SimpleNamespace:
-        return SimpleNamespace(layer_id=i, tp_q_head_num=self.heads, tp_k_head_num=1, tp_v_head_num=1,
-                               head_dim=self.dim, v_head_dim=self.rank, scaling=self.sm_scale, logit_cap=0.0)
+        return SimpleNamespace(
+            layer_id=i,
+            tp_q_head_num=self.heads,
+            tp_k_head_num=1,
+            tp_v_head_num=1,
+            head_dim=self.dim,
+            v_head_dim=self.rank,
+            scaling=self.sm_scale,
+            logit_cap=0.0,
+        )
 
-    def batch(self, lens: list[int], *, verify: int = 0, mode: str | None = None,
-              extend: list[int] | None = None) -> SimpleNamespace:
+    def batch(
+        self, lens: list[int], *, verify: int = 0, mode: str | None = None, extend: list[int] | None = None
+    ) -> SimpleNamespace:
         """The ``ForwardBatch`` fields the backend reads. ``mode``: ``decode``, ``verify`` (``verify`` draft tokens
         a request after its ``lens`` tokens), ``draft_extend`` (SGLang's DRAFT_EXTEND_V2: ``verify`` tokens a
         request, uniform, after ``lens`` prefix tokens; ``seq_lens`` include them) or ``prefill`` (EXTEND with a
@@ -253,25 +343,42 @@ class RealCheck:
             total = [n + e for n, e in zip(lens, new)]
             seq = torch.tensor(total, dtype=torch.int64, device=self.dev)
             fb = SimpleNamespace(
-                forward_mode=fm.DRAFT_EXTEND_V2 if mode == "draft_extend" else fm.EXTEND, batch_size=bs,
-                seq_lens=seq, seq_lens_cpu=seq.cpu(), seq_lens_sum=int(sum(total)),
+                forward_mode=fm.DRAFT_EXTEND_V2 if mode == "draft_extend" else fm.EXTEND,
+                batch_size=bs,
+                seq_lens=seq,
+                seq_lens_cpu=seq.cpu(),
+                seq_lens_sum=int(sum(total)),
                 req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int64, device=self.dev),
                 positions=torch.zeros(sum(new), dtype=torch.int64, device=self.dev),
-                kv_loc_plan=None, spec_info=None, out_cache_loc=None, attn_dcp_metadata=None,
+                kv_loc_plan=None,
+                spec_info=None,
+                out_cache_loc=None,
+                attn_dcp_metadata=None,
                 attn_attend_prefix_cache=None,
                 extend_prefix_lens=torch.tensor(lens, dtype=torch.int32, device=self.dev),
-                extend_prefix_lens_cpu=list(lens), extend_seq_lens_cpu=list(new))
+                extend_prefix_lens_cpu=list(lens),
+                extend_seq_lens_cpu=list(new),
+            )
             if mode == "draft_extend":  # what the backend reads of SGLang's EagleDraftExtendInput
                 fb.spec_info = SimpleNamespace(num_tokens_per_req=verify)
             return fb
         seq = torch.tensor(lens, dtype=torch.int64, device=self.dev)
         fb = SimpleNamespace(
-            forward_mode=fm.TARGET_VERIFY if verify else fm.DECODE, batch_size=bs,
-            seq_lens=seq, seq_lens_cpu=seq.cpu(), seq_lens_sum=int(sum(lens)),
+            forward_mode=fm.TARGET_VERIFY if verify else fm.DECODE,
+            batch_size=bs,
+            seq_lens=seq,
+            seq_lens_cpu=seq.cpu(),
+            seq_lens_sum=int(sum(lens)),
             req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int64, device=self.dev),
             positions=torch.zeros(bs * max(verify, 1), dtype=torch.int64, device=self.dev),
-            kv_loc_plan=None, spec_info=None, out_cache_loc=None, attn_dcp_metadata=None,
-            attn_attend_prefix_cache=None, extend_prefix_lens=None, extend_prefix_lens_cpu=None)
+            kv_loc_plan=None,
+            spec_info=None,
+            out_cache_loc=None,
+            attn_dcp_metadata=None,
+            attn_attend_prefix_cache=None,
+            extend_prefix_lens=None,
+            extend_prefix_lens_cpu=None,
+        )
         if verify:
             fb.spec_info = self.verify_input(lens, verify)
         return fb
@@ -289,13 +396,19 @@ class RealCheck:
             retrieve_index=torch.arange(bs * ndt, **i64).view(bs, ndt),
             retrieve_next_token=torch.full((bs, ndt), -1, **i64),
             retrieve_next_sibling=torch.full((bs, ndt), -1, **i64),
-            retrieve_cum_len=None, spec_steps=ndt - 1, topk=1, draft_token_num=ndt,
-            capture_hidden_mode=m["forward_batch_info"].CaptureHiddenMode.FULL, seq_lens_sum=int(sum(lens)),
-            seq_lens_cpu=torch.tensor(lens, dtype=torch.int64))
+            retrieve_cum_len=None,
+            spec_steps=ndt - 1,
+            topk=1,
+            draft_token_num=ndt,
+            capture_hidden_mode=m["forward_batch_info"].CaptureHiddenMode.FULL,
+            seq_lens_sum=int(sum(lens)),
+            seq_lens_cpu=torch.tensor(lens, dtype=torch.int64),
+        )
 
     # -- reference ---------------------------------------------------------------------------------------------
-    def reference(self, lens: list[int], qs: list[torch.Tensor], ndt: int = 0,
-                  extend: list[int] | None = None) -> list[torch.Tensor]:
+    def reference(
+        self, lens: list[int], qs: list[torch.Tensor], ndt: int = 0, extend: list[int] | None = None
+    ) -> list[torch.Tensor]:
         """float64 attention over the dequantized pool: decode (every position), verify / draft-extend (``ndt``
         tokens a request, causal over them) or prefill (``extend[b]`` tokens after ``lens[b]``, causal)."""
         q_lens = list(extend) if extend is not None else [max(ndt, 1)] * len(lens)
@@ -309,8 +422,18 @@ class RealCheck:
             buf = self.pool.get_key_buffer(i)[:, 0]
             rows = buf.index_select(0, idx.to(self.dev)).double()
             compact = torch.arange(idx.numel(), device=self.dev)
-            o = _causal_reference(q[..., : self.rank], q[..., self.rank:], rows[:, : self.rank], rows[:, self.rank:],
-                                  qo, kv, compact, self.sm_scale, bool(ndt), torch.float64)
+            o = _causal_reference(
+                q[..., : self.rank],
+                q[..., self.rank :],
+                rows[:, : self.rank],
+                rows[:, self.rank :],
+                qo,
+                kv,
+                compact,
+                self.sm_scale,
+                bool(ndt),
+                torch.float64,
+            )
             outs.append(o.reshape(q.shape[0], -1))
         return outs
 
@@ -325,8 +448,16 @@ class RealCheck:
                 outs.append(be.forward_decode(flat, None, None, self.layer(i), fb, save_kv_cache=False))
         return outs
 
-    def eager(self, variant: str, lens: list[int], qs: list[torch.Tensor], ndt: int, *, mode: str | None = None,
-              extend: list[int] | None = None) -> dict[str, Any]:
+    def eager(
+        self,
+        variant: str,
+        lens: list[int],
+        qs: list[torch.Tensor],
+        ndt: int,
+        *,
+        mode: str | None = None,
+        extend: list[int] | None = None,
+    ) -> dict[str, Any]:
         be = self.backend(variant, graph_state=False)
         fb = self.batch(lens, verify=ndt, mode=mode, extend=extend)
         counter = WholePoolCastCounter(self.pool_numel)
@@ -343,8 +474,9 @@ class RealCheck:
         fill = be.get_cuda_graph_seq_len_fill_value()
         self.fill_requests([fill] * bs, extra=ndt)
         fb = self.batch([fill] * bs, verify=ndt)
-        qs = [torch.zeros(bs * max(ndt, 1), self.heads, self.dim, dtype=BF16, device=self.dev)
-              for _ in range(self.layers)]
+        qs = [
+            torch.zeros(bs * max(ndt, 1), self.heads, self.dim, dtype=BF16, device=self.dev) for _ in range(self.layers)
+        ]
         before = self._allocated()  # after the model's query buffers: what follows is the backend's
         warm = WholePoolCastCounter(self.pool_numel)
         with warm:
@@ -362,8 +494,17 @@ class RealCheck:
         self._sync()
         if before is not None:  # what this capture left allocated: its metadata's buffers and the graph's pool
             self.memory[variant]["capture_bytes"][f"verify_{ndt}" if ndt else "decode"] = self._allocated() - before
-        return {"backend": be, "graph": graph, "qs": qs, "outs": outs, "warmup_casts": warm.count,
-                "capture_casts": captured, "bs": bs, "ndt": ndt, "variant": variant}
+        return {
+            "backend": be,
+            "graph": graph,
+            "qs": qs,
+            "outs": outs,
+            "warmup_casts": warm.count,
+            "capture_casts": captured,
+            "bs": bs,
+            "ndt": ndt,
+            "variant": variant,
+        }
 
     def replay(self, cap: dict[str, Any], lens: list[int], qs: list[torch.Tensor]) -> dict[str, Any]:
         be, ndt = cap["backend"], cap["ndt"]
@@ -394,8 +535,13 @@ class RealCheck:
             b.record()
         torch.cuda.synchronize()
         ms = sorted(a.elapsed_time(b) for a, b in ev)
-        res = {"ms_per_step": ms[len(ms) // 2], "ms_min": ms[0], "ms_max": ms[-1], "iters": iters,
-               "us_per_layer": ms[len(ms) // 2] * 1000 / self.layers}
+        res = {
+            "ms_per_step": ms[len(ms) // 2],
+            "ms_min": ms[0],
+            "ms_max": ms[-1],
+            "iters": iters,
+            "us_per_layer": ms[len(ms) // 2] * 1000 / self.layers,
+        }
         if cap["variant"] == "fused":
             res.update(self.time_kernel_alone(cap, iters))
         return res
@@ -406,8 +552,7 @@ class RealCheck:
         from kvwall.peers.sglang_patch.graph_plan import ours, plan_path  # pylint: disable=import-outside-toplevel
 
         be = cap["backend"]
-        plan = next((p for w, p in be.kvwall_steps.items() if w is be.decode_cuda_graph_metadata.get(cap["bs"])),
-                    None)
+        plan = next((p for w, p in be.kvwall_steps.items() if w is be.decode_cuda_graph_metadata.get(cap["bs"])), None)
         if plan is None:
             return {"kernel_error": "no plan of ours for the captured decode wrapper"}
         outs = [torch.empty(q.shape[0], self.heads, self.rank, dtype=BF16, device=self.dev) for q in cap["qs"]]
@@ -415,8 +560,14 @@ class RealCheck:
         def run():
             for i, q in enumerate(cap["qs"]):
                 k = self.pool.get_key_buffer(i)
-                ours(q[..., : self.rank], q[..., self.rank:], k[:, :, : self.rank], k[:, :, self.rank:], plan,
-                     out=outs[i])
+                ours(
+                    q[..., : self.rank],
+                    q[..., self.rank :],
+                    k[:, :, : self.rank],
+                    k[:, :, self.rank :],
+                    plan,
+                    out=outs[i],
+                )
 
         run()
         torch.cuda.synchronize()

@@ -94,6 +94,7 @@ class StubSettings:
 def _unreached(name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{name} is a kvwall stand-in: the decode path under test should not call it.")
+
     return call
 
 
@@ -115,32 +116,46 @@ def stub_modules(settings: StubSettings) -> dict[str, types.ModuleType]:
     parallel = SimpleNamespace(attn_tp_size=1, attn_dcp_size=1, dcp_enabled=False)
     leaves = {
         "sglang.srt.runtime_context": dict(
-            get_buffer=get_buffer, get_parallel=lambda: parallel,
+            get_buffer=get_buffer,
+            get_parallel=lambda: parallel,
             get_disagg=lambda: SimpleNamespace(disaggregation_mode="null"),
             get_exec=lambda: SimpleNamespace(kernel=SimpleNamespace(flashinfer_mla_disable_ragged=True)),
             get_platform=lambda: SimpleNamespace(is_sm100=False),
-            get_schedule=lambda: SimpleNamespace(disable_chunked_prefix_cache=True, page_size=1)),
+            get_schedule=lambda: SimpleNamespace(disable_chunked_prefix_cache=True, page_size=1),
+        ),
         "sglang.kernels.ops.attention.utils": dict(assert_buffer_fits=_unreached("assert_buffer_fits")),
-        "sglang.srt.environ": dict(envs=SimpleNamespace(
-            SGLANG_ENABLE_TORCH_COMPILE=_Env(False), SGLANG_FLASHINFER_WORKSPACE_SIZE=_Env(settings.workspace_bytes))),
+        "sglang.srt.environ": dict(
+            envs=SimpleNamespace(
+                SGLANG_ENABLE_TORCH_COMPILE=_Env(False), SGLANG_FLASHINFER_WORKSPACE_SIZE=_Env(settings.workspace_bytes)
+            )
+        ),
         "sglang.srt.layers.attention.base_attn_backend": dict(AttentionBackend=_AttentionBackend),
-        "sglang.srt.layers.dcp": dict(DecodeContextParallelMetadata=object,
-                                      update_local_kv_lens_for_dcp=_unreached("update_local_kv_lens_for_dcp")),
+        "sglang.srt.layers.dcp": dict(
+            DecodeContextParallelMetadata=object,
+            update_local_kv_lens_for_dcp=_unreached("update_local_kv_lens_for_dcp"),
+        ),
         "sglang.srt.layers.dcp.planner": dict(plan_dcp_decode_metadata=_unreached("plan_dcp_decode_metadata")),
         "sglang.srt.mem_cache.memory_pool": dict(KVWriteLoc=_KVWriteLoc),
         "sglang.srt.model_executor.forward_batch_info": dict(ForwardBatch=object, ForwardMode=ForwardMode),
         "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph": dict(
-            is_in_breakable_cuda_graph=lambda: False),
+            is_in_breakable_cuda_graph=lambda: False
+        ),
         "sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph": dict(
-            is_in_tc_piecewise_cuda_graph=lambda: False),
-        "sglang.srt.speculative.spec_info": dict(SpecInput=object, SpecInputType=SimpleNamespace(DFLASH_VERIFY="dflash")),
+            is_in_tc_piecewise_cuda_graph=lambda: False
+        ),
+        "sglang.srt.speculative.spec_info": dict(
+            SpecInput=object, SpecInputType=SimpleNamespace(DFLASH_VERIFY="dflash")
+        ),
         "sglang.srt.speculative.spec_utils": dict(
             draft_kv_indices_buffer_width=_unreached("draft_kv_indices_buffer_width"),
             draft_kv_indices_used_len=_unreached("draft_kv_indices_used_len"),
-            generate_draft_decode_kv_indices=_unreached("generate_draft_decode_kv_indices")),
-        "sglang.srt.utils": dict(get_cuda_graph_max_batch_size=lambda size: size,
-                                 is_flashinfer_available=lambda: settings.flashinfer_available,
-                                 next_power_of_2=lambda n: 1 << (n - 1).bit_length() if n > 0 else 1),
+            generate_draft_decode_kv_indices=_unreached("generate_draft_decode_kv_indices"),
+        ),
+        "sglang.srt.utils": dict(
+            get_cuda_graph_max_batch_size=lambda size: size,
+            is_flashinfer_available=lambda: settings.flashinfer_available,
+            next_power_of_2=lambda n: 1 << (n - 1).bit_length() if n > 0 else 1,
+        ),
     }
     mods: dict[str, types.ModuleType] = {}
     for name, names in leaves.items():
@@ -162,6 +177,7 @@ def device_torch(device: torch.device) -> types.ModuleType:
                 kwargs["device"] = device
             kwargs.pop("pin_memory", None)
             return fn(*args, **kwargs)
+
         return call
 
     shim.__getattr__ = lambda name: getattr(torch, name)  # type: ignore[attr-defined]

@@ -15,8 +15,7 @@ __all__ = ["TOL", "casts_per_step", "cast_problems", "compare", "guarded"]
 TOL = {"rtol": 1.6e-2, "atol": 1e-2}
 
 
-def casts_per_step(*, eager: int | None = None, captured: int | None = None,
-                   replay: int | None = None) -> int | None:
+def casts_per_step(*, eager: int | None = None, captured: int | None = None, replay: int | None = None) -> int | None:
     """Whole-pool casts one step makes: an eager step's; a graph step's, the captured ones (replayed every step) plus
     those at replay outside the graph; without a CUDA graph (CPU), those of the forward run at replay."""
     if eager is not None:
@@ -26,8 +25,16 @@ def casts_per_step(*, eager: int | None = None, captured: int | None = None,
     return replay + (captured or 0)
 
 
-def cast_problems(variant: str, layers: int, *, eager: int | None = None, warmup: int | None = None,
-                  captured: int | None = None, replay: int | None = None, graph: bool = False) -> list[str]:
+def cast_problems(
+    variant: str,
+    layers: int,
+    *,
+    eager: int | None = None,
+    warmup: int | None = None,
+    captured: int | None = None,
+    replay: int | None = None,
+    graph: bool = False,
+) -> list[str]:
     """What is wrong with a row's whole-pool casts, in words (empty: nothing). The unpatched backend casts the whole
     pool once per layer wherever it runs a forward; a patch never does. An eager row: ``eager`` (metadata + forward).
     A graph row: ``warmup`` (capture-time metadata + warm-up forward), ``captured`` (what the graph holds) and
@@ -61,15 +68,20 @@ def compare(outs: list[torch.Tensor], base: list[torch.Tensor] | None, ref: list
     """Errors of ``outs`` vs the unpatched outputs ``base`` and the float64 reference ``ref`` (all layers)."""
     o = torch.cat([x.float().reshape(-1) for x in outs]).double()
     r = torch.cat([x.reshape(-1) for x in ref]).double().to(o.device)
-    res = {"finite": bool(torch.isfinite(o).all()), "max_abs_err_vs_f64": float((o - r).abs().max()),
-           "rel_err_vs_f64": float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r)),
-           "within_tol_vs_f64": bool(torch.allclose(o, r, **TOL))}
+    res = {
+        "finite": bool(torch.isfinite(o).all()),
+        "max_abs_err_vs_f64": float((o - r).abs().max()),
+        "rel_err_vs_f64": float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r)),
+        "within_tol_vs_f64": bool(torch.allclose(o, r, **TOL)),
+    }
     if base is not None:
         u = torch.cat([x.float().reshape(-1) for x in base]).double()
-        res.update(max_abs_diff_vs_unpatched=float((o - u).abs().max()),
-                   rel_err_vs_unpatched=float(torch.linalg.vector_norm(o - u) / torch.linalg.vector_norm(u)),
-                   within_tol_vs_unpatched=bool(torch.allclose(o, u, **TOL)),
-                   bit_identical_vs_unpatched=bool(torch.equal(o, u)))
+        res.update(
+            max_abs_diff_vs_unpatched=float((o - u).abs().max()),
+            rel_err_vs_unpatched=float(torch.linalg.vector_norm(o - u) / torch.linalg.vector_norm(u)),
+            within_tol_vs_unpatched=bool(torch.allclose(o, u, **TOL)),
+            bit_identical_vs_unpatched=bool(torch.equal(o, u)),
+        )
     return res
 
 
@@ -81,4 +93,3 @@ def guarded(log: Callable[[str], None], what: str, fn: Callable[[], Any]) -> tup
         tb = traceback.format_exc()
         log(f"!! {what} failed: {type(e).__name__}: {e}\n{tb}")
         return None, f"{type(e).__name__}: {e}"[:400]
-
