@@ -381,6 +381,9 @@ def test_streams(args, popen, close_stdout, rc, stream, words):
 def test_interrupting_a_command_is_one_line_not_a_traceback(tmp_path):
     """Ctrl-C while `record` waits (a fake experiment that sleeps): exit 130, one line, nothing half-written."""
     script = (
+        # Python ignores Ctrl-C in a process started with SIGINT ignored (a background job of a non-interactive shell,
+        # as CI may run the tests): restore the terminal's default, as a reader's shell has it.
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
         "import sys, time; from kvwall import cli; import kvwall.experiments.registry as r; "
         "r.PREREQUISITES = {k: (lambda: None) for k in r.PREREQUISITES}; "
         "cli.run_experiment = lambda *a: (print('running', file=sys.stderr, flush=True), time.sleep(60)); "

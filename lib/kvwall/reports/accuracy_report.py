@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.sharp_attention import PROFILES
 from kvwall.results import Result
+from kvwall.reports.rows import Row, rows_of
 
 __all__ = [
     "RULE",
@@ -62,18 +63,6 @@ FIGURE_PATHS = (
 _ORDER = [p.name for p in PROFILES]
 #: One color per path in every figure (plotly's default cycle repeats after ten series).
 COLORS = dict(zip(FIGURE_PATHS, ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf")))
-
-
-class Row(dict):
-    """A recorded row whose fields also read as attributes: ``r.rel_err`` is ``r.get("rel_err")`` (None where it
-    has none)."""
-
-    __getattr__ = dict.get
-
-
-def rows_of(result: Result, section: str) -> list[Row]:
-    """The rows of one section of ``result`` (none where it has no such section), fields readable as attributes."""
-    return [Row(r) for r in result.rows if r.get("section") == section]
 
 
 def label(strategy: str) -> str:

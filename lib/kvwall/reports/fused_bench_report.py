@@ -24,6 +24,7 @@ from kvwall.model.step_paths import KERNEL_NAMES
 from kvwall.reports import accuracy_regimes, plots
 from kvwall.reports.tables import Table, plain, scientific, times
 from kvwall.results import Result
+from kvwall.reports.rows import Row, rows_of
 
 OURS, OURS_PAGE64 = "ours", "ours_page64"
 FM_BF16, FM_FP8 = "flashmla_dense_bf16", "flashmla_dense_fp8"
@@ -52,17 +53,6 @@ SHORT = {
 
 #: (heads, context, batch)
 Point = tuple[int, int, int]
-
-
-class Row(dict):
-    """A recorded row whose fields also read as attributes: ``r.us`` is ``r.get("us")`` (None where it has none)."""
-
-    __getattr__ = dict.get
-
-
-def rows_of(result: Result, section: str) -> list[Row]:
-    """The rows of one section of ``result`` (none where it has no such section), fields readable as attributes."""
-    return [Row(r) for r in result.rows if r.get("section") == section]
 
 
 def label(strategy: str) -> str:

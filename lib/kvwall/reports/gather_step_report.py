@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from kvwall.model.original import ORIGINAL
 from kvwall.results import Result
+from kvwall.reports.rows import Row, rows_of
 
 __all__ = [
     "Row",
@@ -40,17 +41,6 @@ CAPACITY_LABELS = {
     "index_then_cast_capacity": "PyTorch index_select().to(), over the capacity",
     "gather_cast_capacity": "gather_cast (Triton), real length from kv_indptr",
 }
-
-
-class Row(dict):
-    """A recorded row whose fields also read as attributes: ``r.ms`` is ``r.get("ms")`` (None where it has none)."""
-
-    __getattr__ = dict.get
-
-
-def rows_of(result: Result, section: str) -> list[Row]:
-    """The rows of one section of ``result`` (none where it has no such section), fields readable as attributes."""
-    return [Row(r) for r in result.rows if r.get("section") == section]
 
 
 def _by_strategy(result: Result) -> dict[str, Row]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kvwall.experiments.gpu_tests import file_sha256
+from kvwall.reports.rows import Row as _Row
 from kvwall.results import PROJECT_ROOT, Result, awaiting_rerecord, load_result
 
 __all__ = ["pins", "recorded_runs", "version_rows", "run_rows", "gpu_versions", "build_time", "gpu_mode_rows"]
@@ -36,12 +37,6 @@ def pins() -> dict[str, str]:
         for m in [_PINNED.match(line)]
         if m
     }
-
-
-class _Row(dict):
-    """A record whose fields also read as attributes (``r.chapter``; None where it has none)."""
-
-    __getattr__ = dict.get
 
 
 def recorded_runs(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
