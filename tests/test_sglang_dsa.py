@@ -91,10 +91,7 @@ def test_layout_arithmetic():
 
 def _book_fragments(flags):
     for path in sorted((REPO / "book").glob("*.md")):
-        # A chapter's code cells are its program, not commands it shows (chapter 6's descriptions of SGLang's flags,
-        # "`--kv-cache-dtype` takes `fp8_e4m3` (not `fp8`)", live in one); the commands it prints are checked below.
-        text = re.sub(r"^```\{code-cell\}.*?^```$", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
-        for frag in flags_in_markdown(text, flags):
+        for frag in flags_in_markdown(path.read_text(encoding="utf-8"), flags):
             yield path.relative_to(REPO).as_posix(), frag
     # The answer's rows: the templates of book/answer.yml (a placeholder read as "{...}"), and decision.py's
     # SGLANG_BACKEND (the --attention-backend value of each FlashInfer door).
@@ -153,3 +150,13 @@ def test_forced_dense_flashinfer_read_is_wrong(forced_dense):
 
 def test_forced_dense_flashmla_triton_write_raises(forced_dense):
     assert forced_dense.set_kv_buffer_error.startswith("AssertionError")
+
+
+def test_code_cells_are_not_commands_but_shell_blocks_are(flags):
+    page = (
+        "# A page\n\n```{code-cell} ipython3\nwords = '`--kv-cache-dtype` takes `fp8_e4m3`'\n```\n\n"
+        "```bash\npython -m sglang.launch_server --kv-cache-dtype fp8\n```\n"
+    )
+    frags = flags_in_markdown(page, flags)
+    assert frags == ["python -m sglang.launch_server --kv-cache-dtype fp8"]
+    assert check_command(frags[0], flags)  # `fp8` is not among the choices

@@ -67,22 +67,16 @@ def junit_rows(xml_text: str, root: Path = PROJECT_ROOT) -> list[dict]:
     ]
 
 
+def _pytest(marker: str) -> list[str]:
+    """The command that runs the tests ``-m marker`` selects (a file or pytest option appended)."""
+    return [sys.executable, "-m", "pytest", "-m", marker, "-q", "-p", "no:cacheprovider"]
+
+
 def _gpu_test_files(marker: str, timeout_s: float) -> list[str]:
     """The test files holding tests ``-m marker`` selects (pytest's own collection; a module that cannot be imported
     here holds none that could run)."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-m",
-            marker,
-            "-p",
-            "no:cacheprovider",
-            "--continue-on-collection-errors",
-        ],
+        [*_pytest(marker), "--collect-only", "--continue-on-collection-errors"],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
@@ -97,7 +91,7 @@ def run_gpu_tests(device: torch.device, *, marker: str, timeout_s: int) -> Resul
     process of its own, so a CUDA error that poisons a process's context fails one file, not the rest."""
     if device.type != "cuda":
         raise RuntimeError("gpu_tests runs the GPU tier of the tests: it needs an NVIDIA GPU.")
-    command = [sys.executable, "-m", "pytest", "-m", marker, "-q", "-p", "no:cacheprovider"]
+    command = _pytest(marker)
     start = time.perf_counter()
     files = _gpu_test_files(marker, timeout_s)
     rows: list[dict] = []
@@ -160,12 +154,7 @@ def main() -> int:
     failed = [
         name
         for name in files
-        if subprocess.run(
-            [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", name],
-            cwd=PROJECT_ROOT,
-            check=False,
-        ).returncode
-        not in (0, 5)
+        if subprocess.run([*_pytest("gpu"), name], cwd=PROJECT_ROOT, check=False).returncode not in (0, 5)
     ]
     print(
         f"gpu-test: {len(files) - len(failed)} of {len(files)} files passed" + (f"; failed: {failed}" if failed else "")

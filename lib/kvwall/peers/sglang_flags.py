@@ -307,23 +307,26 @@ def _sglang_span(span: str, flags: dict[str, FlagSpec]) -> bool:
 
 def flags_in_markdown(text: str, flags: dict[str, FlagSpec] | None = None) -> list[str]:
     """The SGLang command fragments in a MyST page: the lines of fenced code blocks and the inline code spans of
-    each paragraph, that name an SGLang flag and no other tool. In a page about vLLM (its title names vLLM) a
-    fragment counts only if it names SGLang."""
+    each paragraph, that name an SGLang flag and no other tool. A notebook's code cells (```{code-cell}``) are its
+    program, not commands it shows, and are left out (chapter 6 describes SGLang's flags in one). In a page about
+    vLLM (its title names vLLM) a fragment counts only if it names SGLang."""
     flags = sglang_flags() if flags is None else flags
     title = next((ln for ln in text.splitlines() if ln.startswith("# ")), "")
     about_vllm = "vllm" in title.lower()
     spans: list[str] = []
     prose: list[str] = []
     fence = None
+    code_cell = False
     for ln in text.splitlines():
         opener = re.match(r"^\s*(`{3,}|~{3,})", ln)
         if fence is None and opener:
             fence = opener.group(1)
+            code_cell = ln.strip()[len(fence) :].startswith("{code-cell}")
             prose.append("")
         elif fence is not None:
             if ln.strip().startswith(fence):
                 fence = None
-            else:
+            elif not code_cell:
                 spans.append(ln)
         else:
             prose.append(ln)

@@ -85,59 +85,6 @@ def _fp8_query_strategies(result: Result) -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _random_inputs_shape(heads: int, tokens: int, seed: int = 0) -> tuple[float, float, float, float, float]:
-    """Chapter 5's draw of one request (``make_mla_inputs``), in float64: (query element RMS, latent element RMS,
-    logits' spread, largest − median logit, the output's norm over a value's), medians over heads."""
-    import torch
-
-    from kvwall.kernels.mla_decode.reference import make_mla_inputs
-    from kvwall.model.geometry import GLM5
-
-    inp = make_mla_inputs([tokens], heads, seed=seed, pool_slots=tokens)
-    idx = inp.tok_slots[0].long()
-    keys = torch.cat([inp.tok_ckv[idx], inp.tok_kpe[idx]], dim=-1).double()
-    q = torch.cat([inp.q_nope[0], inp.q_pe[0]], dim=-1).double()
-    return (
-        float(q.pow(2).mean().sqrt()),
-        float(keys.pow(2).mean().sqrt()),
-        *_logits_and_output(q, keys, keys[:, : GLM5.kv_lora_rank], GLM5.sm_scale),
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _profile_output_norm(profile: str, heads: int, tokens: int, seed: int = 0) -> float | None:
-    """One request of chapter 5b's ``profile`` (:func:`kvwall.model.sharp_attention.sharp_request`): the output's norm
-    over a value's (the channels the error is measured on, probes left out), median over heads; None: no such
-    profile."""
-    import torch
-
-    from kvwall.model.geometry import GLM5
-    from kvwall.model.sharp_attention import N_PROBES, sharp_request
-
-    prof = next((p for p in PROFILES if p.name == profile), None)
-    if prof is None:
-        return None
-    req = sharp_request(
-        prof, heads, tokens, sm_scale=GLM5.sm_scale, gen=torch.Generator().manual_seed(seed), device=torch.device("cpu")
-    )
-    q = torch.cat([req.q_nope, req.q_pe], dim=-1).double()
-    keys = req.keys.double()
-    return _logits_and_output(q, keys, keys[:, N_PROBES : GLM5.kv_lora_rank], GLM5.sm_scale)[2]
-
-
-def _logits_and_output(q: Any, keys: Any, values: Any, sm_scale: float) -> tuple[float, float, float]:
-    """(the logits' spread, largest − median logit, ‖output‖ / RMS ‖value‖), medians over heads, float64."""
-    z = (q @ keys.T) * sm_scale
-    out = z.softmax(dim=-1) @ values
-    value_norm = values.pow(2).sum(dim=-1).mean().sqrt()
-    return (
-        float(z.std(dim=-1).median()),
-        float((z.amax(dim=-1) - z.median(dim=-1).values).median()),
-        float((out.norm(dim=-1) / value_norm).median()),
-    )
-
-
-@functools.lru_cache(maxsize=64)
 def _random_inputs_draw(heads: int, tokens: int, seed: int = 0) -> tuple[float, float, float, float, float]:
     """Chapter 5's draw of one request (``make_mla_inputs``), in float64: (query element RMS, latent element RMS,
     logits' spread, largest − median logit, the output's norm over a value's), medians over heads."""
