@@ -308,7 +308,7 @@ def build_refusal(kind: Kind) -> str | None:
         try:
             _bind(kind, ctypes.CDLL(str(build_library(kind))))
             _REFUSALS[kind] = None
-        except Exception as exc:  # pylint: disable=broad-except  # every failure is a reason to fall back
+        except Exception as exc:  # noqa: BLE001 - every failure is a reason to fall back
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
             errors = [ln for ln in lines[1:] if "error" in ln.lower()] or lines[1:]
             _REFUSALS[kind] = f"{kind} library unavailable: " + " | ".join(lines[:1] + errors[:2])[:400]

@@ -104,7 +104,7 @@ def _parameter(item: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(f"{item!r} is not NAME=VALUE (for example -p mode=cpu)")
     try:
         return name, ast.literal_eval(raw)
-    except Exception:  # pylint: disable=broad-exception-caught  # not a literal ({[]: 1} raises TypeError): text
+    except Exception:  # noqa: BLE001 - not a literal ({[]: 1} raises TypeError): text
         return name, raw
 
 

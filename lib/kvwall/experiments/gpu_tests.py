@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-import kvwall.kernels.gather.sanitize  # noqa: F401  (fingerprint: the code the GPU tests run)
-import kvwall.kernels.mla_decode.dispatch  # noqa: F401
+import kvwall.kernels.gather.sanitize  # fingerprint: the code the GPU tests run
+import kvwall.kernels.mla_decode.dispatch
 import kvwall.kernels.mla_decode.sanitize  # noqa: F401
 from kvwall.experiments.registry import Experiment
 from kvwall.results import PROJECT_ROOT, Result, collect_provenance

@@ -272,18 +272,18 @@ class _Hiding(importlib.abc.MetaPathFinder):
     def __init__(self, inner: Any, tops: set[str], dists: set[str]) -> None:
         self.inner, self.tops, self.dists = inner, tops, dists
 
-    def find_spec(self, name, path=None, target=None):  # noqa: D102 - importlib's protocol
+    def find_spec(self, name, path=None, target=None):  # importlib's protocol
         if name.partition(".")[0] in self.tops or not hasattr(self.inner, "find_spec"):
             return None
         return self.inner.find_spec(name, path, target)
 
-    def find_distributions(self, *args, **kwargs):  # noqa: D102 - importlib.metadata's protocol
+    def find_distributions(self, *args, **kwargs):  # importlib.metadata's protocol
         find = getattr(self.inner, "find_distributions", None)
         if find is None:
             return iter(())
         return (d for d in find(*args, **kwargs) if _norm(d.metadata["Name"] or "") not in self.dists)
 
-    def invalidate_caches(self):  # noqa: D102
+    def invalidate_caches(self):
         if hasattr(self.inner, "invalidate_caches"):
             self.inner.invalidate_caches()
 

@@ -168,7 +168,7 @@ def run_path_sweep(
             except Exception as exc:  # noqa: BLE001 - a path that cannot run a point is a row with its error
                 row["error"] = error_text(exc, 400)
             finally:
-                fn = None  # noqa: F841 - drop the call's buffers before the next path
+                fn = None  # drop the call's buffers before the next path
                 release_memory(device)
             rows.append(row)
     rows[0]["seconds_total"] = round(time.perf_counter() - t0, 1)

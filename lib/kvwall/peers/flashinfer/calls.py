@@ -78,7 +78,7 @@ def make_inputs(
 def call_door(case: DoorCase, inputs: dict[str, Any], workspace: torch.Tensor | None = None) -> torch.Tensor:
     """Call ``case.door`` as a serving stack would; returns its output ``[batch, heads, 512]``.
     Whatever the library raises propagates."""
-    from flashinfer import mla as fmla  # noqa: PLC0415 - optional; in a replay, the release under test
+    from flashinfer import mla as fmla  # optional; in a replay, the release under test
 
     pool, q, table, lens = inputs["pool"], inputs["q"], inputs["table"], inputs["lens"]
     device = q.device

@@ -132,8 +132,8 @@ def main(argv: list[str]) -> int:
         result_path.write_text(json.dumps(out))
 
     try:
-        import flashinfer  # noqa: PLC0415 - the release first on sys.path, not this environment's
-        from flashinfer.jit import env as jit_env  # noqa: PLC0415
+        import flashinfer  # the release first on sys.path, not this environment's
+        from flashinfer.jit import env as jit_env
 
         out.update(
             flashinfer_version=flashinfer.__version__,

@@ -136,7 +136,7 @@ def replay(case: DoorCase) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     """The subprocess: replay ``argv[1]``'s cases, write ``{"flashinfer": version, "rows": [...]}``."""
     args = json.loads(argv[1])
-    import flashinfer  # noqa: PLC0415 - the release first on sys.path, after the caller set it
+    import flashinfer  # the release first on sys.path, after the caller set it
 
     rows = []
     for c in args["cases"]:

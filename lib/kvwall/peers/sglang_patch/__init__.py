@@ -224,7 +224,7 @@ def load_patched_backend(
     sys.modules.update(stubs)
     sys.modules[module_name] = module  # dataclasses look their module up while the file executes
     try:
-        exec(code, module.__dict__)  # noqa: S102 - the upstream file (or its patch), as SGLang would import it
+        exec(code, module.__dict__)  # the upstream file (or its patch), as SGLang would import it
     finally:
         for k in stubs:
             sys.modules.pop(k, None)

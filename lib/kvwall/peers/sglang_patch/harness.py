@@ -206,7 +206,7 @@ class WholePoolCastCounter(TorchDispatchMode):
         self.pool_numel = pool_numel
         self.count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105 - torch's protocol
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # torch's protocol
         out = func(*args, **(kwargs or {}))
         if any(
             isinstance(t, torch.Tensor) and t.dtype == FP8 and t.numel() >= self.pool_numel

@@ -269,7 +269,7 @@ class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             f = f.f_back
         return "", 0
 
-    def find_spec(self, name, path=None, target=None):  # noqa: D102 - importlib's protocol
+    def find_spec(self, name, path=None, target=None):  # importlib's protocol
         top = name.split(".")[0]
         if top in NEVER:
             return None
@@ -289,12 +289,12 @@ class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.standins.setdefault(top, f"{rel}:{line}")
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
-    def create_module(self, spec):  # noqa: D102
+    def create_module(self, spec):
         m = _StandInModule(spec.name)
         m.__path__ = []
         return m
 
-    def exec_module(self, module):  # noqa: D102
+    def exec_module(self, module):
         pass
 
 
@@ -309,7 +309,7 @@ def import_sglang(root: str, *, server_args: dict[str, Any] | None = None) -> di
         sys.path.insert(0, root)
     try:  # before any stand-in exists: transformers probes optional packages with find_spec at import
         importlib.import_module("transformers.processing_utils")
-    except Exception:  # pylint: disable=broad-except  # transformers is optional here; SGLang says if it needs it
+    except Exception:  # noqa: BLE001 - transformers is optional here; SGLang says if it needs it
         pass
     finder = StandInFinder(os.path.join(root, "sglang"))
     sys.meta_path.append(finder)

@@ -89,7 +89,7 @@ def guarded(log: Callable[[str], None], what: str, fn: Callable[[], Any]) -> tup
     """``fn()``, or its error (logged with its traceback): a stage that fails leaves the others running."""
     try:
         return fn(), None
-    except Exception as e:  # pylint: disable=broad-except  # reported in the result rows, never swallowed silently
+    except Exception as e:  # noqa: BLE001 - reported in the result rows, never swallowed silently
         tb = traceback.format_exc()
         log(f"!! {what} failed: {type(e).__name__}: {e}\n{tb}")
         return None, f"{type(e).__name__}: {e}"[:400]
