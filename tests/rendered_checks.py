@@ -8,7 +8,8 @@ is also a function of its own, tested on broken inputs in ``test_rendered_conven
 The book's conventions, as checked here:
 
 - **Placeholders**: no ``{name}`` / ``{name:,}`` / ``{a.b[0]!r:>4}`` left in rendered text (a string that lost its
-  ``f``). Code (fenced or inline) and LaTeX groups (``\\frac{a}{b}``, ``x^{2}``) are not text.
+  ``f``), glued values (myst-nb ``glue``, shown where the chapter's Markdown names them) included. Code (fenced or
+  inline) and LaTeX groups (``\\frac{a}{b}``, ``x^{2}``) are not text.
 - **Ratios**: a column whose cells are ratios (``1.50×``, ``0.5–1.2×``), or whose header says "ratio", names its
   direction as ``numerator / denominator`` in the header (``FlashMLA BF16 µs / ours' µs (>1: ours faster)``);
   "vs" never names a ratio's direction ("error vs float64" is a comparison, not a ratio).
@@ -141,6 +142,14 @@ def notebook_problems(path: Path) -> list[str]:
         for output in cell.get("outputs", []):
             data = output.get("data", {})
             where = f"{path.name}, cell {n}"
+            glued = output.get("metadata", {}).get("scrapbook")
+            if glued:  # a myst-nb glue: its value is what the page shows where a sentence names the key
+                prefix = glued.get("mime_prefix", "")
+                data = {k.removeprefix(prefix): v for k, v in data.items()}
+                where += f", glue {glued.get('name')!r}"
+                out += [
+                    f"{where}: unformatted placeholder {p}" for p in placeholders(_text_of(data.get("text/plain", "")))
+                ]
             if "text/markdown" in data:
                 text = _text_of(data["text/markdown"])
                 out += [f"{where}: unformatted placeholder {p}" for p in placeholders(text)]
