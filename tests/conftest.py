@@ -1,5 +1,6 @@
-"""Shared fixtures: each chapter executed once per session under papermill (``executed``), and the book built once
-per session from those executed notebooks (``built_book``)."""
+"""Shared fixtures: each chapter executed once per session under papermill (``executed``), the book built once
+per session from those executed notebooks (``built_book``), and slow work of other tests done in the same
+background process (``background``)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,57 @@ class ChapterRunFailed(AssertionError):
     """A session run of a chapter failed (in the background process): the error as it was raised there."""
 
 
+#: Slow work some tests check that reads no chapter run (registered with :func:`background_job`), by
+#: ``module:name``. When the session builds the book, :meth:`ExecutedChapters.start` queues each after the book
+#: in the background process; the test process takes one back and runs it itself when a test (or a wait for a
+#: chapter run) reaches it before the background has started it (:meth:`ExecutedChapters.job`): each runs once,
+#: where a core is free first.
+BACKGROUND_JOBS: dict[str, object] = {}
+
+
+def background_job(fn):
+    """Register ``fn(out: Path)`` (a module-level function of a test module; ``out`` a folder of its own) as a
+    background job: a test reads what it returns with ``background(fn)`` (the ``background`` fixture). It may call
+    ``pytest.skip``: the test skips with its reason."""
+    BACKGROUND_JOBS[f"{fn.__module__}:{fn.__name__}"] = fn
+    return fn
+
+
+def _claim(folder: Path) -> bool:
+    """Whether this process is the first to take the job whose folder is ``folder`` (one winner, across processes:
+    the first to create ``<folder>.claimed``); the winner's ``folder`` is made."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(folder.with_name(f"{folder.name}.claimed"), os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    folder.mkdir()
+    return True
+
+
+def _do_job(key: str, out: str, claimed: bool = False) -> tuple[str, object]:
+    """Run background job ``key`` into ``out`` unless another process took it: ("ok", what it returned),
+    ("skip", the reason), ("error", the error in words) or ("taken", None)."""
+    import importlib
+    import time
+    import traceback
+
+    if not claimed and not _claim(Path(out)):
+        return "taken", None
+    module, name = key.split(":")
+    t0 = time.time()
+    try:
+        return "ok", getattr(importlib.import_module(module), name)(Path(out))
+    except pytest.skip.Exception as exc:
+        return "skip", str(exc.msg)
+    except pytest.fail.Exception as exc:
+        return "error", str(exc.msg)
+    except Exception as exc:  # noqa: BLE001 - said to the test that reads it
+        return "error", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()[-6000:]}"
+    finally:
+        print(f"[{time.strftime('%H:%M:%S')}] {key}: {time.time() - t0:.1f} s (pid {os.getpid()})", flush=True)
+
+
 def _quiet_worker(log: str) -> None:
     """The background process: its output (and its kernels') into ``log``, not into a test's captured output."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -55,20 +107,28 @@ def _run_job(path: str, out: str, offline: bool, parameters: dict) -> tuple[dict
     """One chapter run in the background process: (its execution record, None), or (None, the error, in words)."""
     import traceback
 
+    import time
+
+    t0 = time.time()
     try:
         with pytest.MonkeyPatch.context() as monkeypatch:
+            monkeypatch.setenv("KVWALL_LIVE_DIR", str(Path(out) / "live"))
             if offline:
                 go_offline(monkeypatch, Path(out) / "empty-cache")
             return run_chapter(Path(path), Path(out), **parameters), None
     except Exception as exc:  # noqa: BLE001 - said to every test that reads this run
         return None, f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()[-6000:]}"
+    finally:
+        print(f"[{time.strftime('%H:%M:%S')}] {Path(path).name}: {time.time() - t0:.1f} s", flush=True)
 
 
 def _build_job(root: str, runs: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     """The book built from the session's runs (``runs``: each chapter and its executed notebook), in the background
     process: (the built site, None), or (None, what went wrong)."""
+    import time
     import traceback
 
+    t0 = time.time()
     try:
         root_dir = Path(root)
         cache, records = root_dir / "jupyter_cache", root_dir / "execution"
@@ -90,6 +150,8 @@ def _build_job(root: str, runs: list[tuple[str, str]]) -> tuple[str | None, str 
         return str(root_dir / "_build" / "html"), None
     except Exception as exc:  # noqa: BLE001
         return None, f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()[-6000:]}"
+    finally:
+        print(f"[{time.strftime('%H:%M:%S')}] the book: {time.time() - t0:.1f} s", flush=True)
 
 
 class ExecutedChapters:
@@ -100,18 +162,22 @@ class ExecutedChapters:
 
     ``executed(path)`` is the chapter's session run (``mode="cpu"`` where the chapter takes a mode; chapter 3
     offline, :data:`SESSION_RUNS`): its execution record, a copy a test may change. A run that failed fails
-    every test that reads it, with the same error, without running again.
+    every test that reads it, with the same error, without running again. ``executed.live(path, experiment)`` is
+    the live run of an experiment the chapter measured in that run (the tests of that run read it, not a second run).
 
     When the session builds the book, :meth:`start` runs every chapter and then the build in one background process
     while the other tests run (two CPU cores: the tests on one, the chapters on the other), in the order of
-    :func:`kvwall.reports.execute.chapter_files`; the tests that read them run last (``pytest_collection_modifyitems``).
-    Other runs (other parameters or environment) run in the test process when a test asks."""
+    :func:`kvwall.reports.execute.chapter_files`, and after them the background jobs (:func:`background_job`); the
+    tests that read them run last (``pytest_collection_modifyitems``). While a test waits for a run, the test process
+    takes a job the background process has not started. Other runs (other parameters or environment) run in the test
+    process when a test asks."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._runs: dict[tuple, list] = {}  # key -> [record, notebook, error, future or None]
         self._pool = None
         self._book = None
+        self._jobs: dict[str, list] = {}  # background job -> [its folder, future or None, outcome or None]
 
     def _key(self, path: Path, offline: bool | None, parameters: dict) -> tuple:
         from kvwall.reports.execute import chapter_parameters
@@ -128,8 +194,9 @@ class ExecutedChapters:
     def _out(self, key: tuple) -> Path:
         return self.root / f"{len(self._runs):02d}-{key[0]}"
 
-    def start(self, chapters: list[Path], book: bool) -> None:
-        """Run ``chapters`` (their session runs) and then, with ``book``, the book build, in a background process."""
+    def start(self, chapters: list[Path], book: bool, jobs: list[str] = ()) -> None:
+        """Run ``chapters`` (their session runs) and then, with ``book``, the book build, then the background
+        ``jobs`` (:data:`BACKGROUND_JOBS` keys) not yet taken by the test process, in a background process."""
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
@@ -149,6 +216,45 @@ class ExecutedChapters:
             runs.append((str(path), str(self._runs[key][1])))
         if book:
             self._book = self._pool.submit(_build_job, str(self.root / "book"), runs)
+        for key in jobs:
+            folder = self._job_folder(key)
+            self._jobs[key] = [folder, self._pool.submit(_do_job, key, str(folder)), None]
+
+    def _job_folder(self, key: str) -> Path:
+        return self.root / "jobs" / key.replace(":", "-")
+
+    def _take_a_job(self) -> bool:
+        """Run here one background job the background process has not started (False: none is left)."""
+        for key, job in self._jobs.items():
+            if job[2] is None and _claim(job[0]):
+                job[2] = _do_job(key, str(job[0]), claimed=True)
+                return True
+        return False
+
+    def _wait(self, future):
+        """``future``'s result, running background jobs here while the background process works on it."""
+        while not future.done() and self._take_a_job():
+            pass
+        return future.result()
+
+    def job(self, fn):
+        """What background job ``fn`` (:func:`background_job`) returned: from the background process where it ran
+        there, else run here now (once per session)."""
+        key = f"{fn.__module__}:{fn.__name__}"
+        if key not in BACKGROUND_JOBS:
+            raise KeyError(f"{key} is not a background job: decorate it with @background_job")
+        job = self._jobs.setdefault(key, [self._job_folder(key), None, None])
+        if job[2] is None:
+            if _claim(job[0]):
+                job[2] = _do_job(key, str(job[0]), claimed=True)
+            else:  # started in the background: its answer (or, where the process was stopped, a failure)
+                job[2] = self._wait(job[1])
+        kind, value = job[2]
+        if kind == "skip":
+            pytest.skip(value)
+        if kind != "ok":
+            raise ChapterRunFailed(f"background job {key} failed in this session:\n{value}")
+        return value
 
     def stop(self) -> None:
         if self._pool is not None:
@@ -160,7 +266,7 @@ class ExecutedChapters:
             from kvwall.reports.execute import chapter_files
 
             self.start(chapter_files(), book=True)
-        site, error = self._book.result()
+        site, error = self._wait(self._book)
         if error:
             raise ChapterRunFailed(error)
         return Path(site)
@@ -172,6 +278,7 @@ class ExecutedChapters:
             record, error = None, None
             try:
                 with pytest.MonkeyPatch.context() as monkeypatch:
+                    monkeypatch.setenv("KVWALL_LIVE_DIR", str(out / "live"))
                     if key[1]:
                         go_offline(monkeypatch, out / "empty-cache")
                     record = run_chapter(Path(path), out, **dict(key[2]))
@@ -180,7 +287,7 @@ class ExecutedChapters:
             self._runs[key] = [record, out / f"{key[0]}.ipynb", error, None]
         run = self._runs[key]
         if run[3] is not None:  # in the background: wait for it
-            record, text = run[3].result()
+            record, text = self._wait(run[3])
             run[:] = [
                 record,
                 run[1],
@@ -196,9 +303,17 @@ class ExecutedChapters:
         self(path, offline=offline, **parameters)
         return self._runs[self._key(path, offline, parameters)][1]
 
+    def live(self, path: Path, experiment: str, *, offline: bool | None = None, **parameters):
+        """The live run of ``experiment`` that ``executed(path, ...)`` measured (``chapter.measure``, at the
+        chapter's scale, with the chapter's overrides), read back from the result file the chapter saved
+        (``KVWALL_LIVE_DIR``): the tests that check that run read it here instead of running it again."""
+        from kvwall.results import load_result
 
-#: The fixtures whose tests read the session's chapter runs: they run after every other test.
-CHAPTER_FIXTURES = {"executed", "built_book"}
+        return load_result(experiment, self.notebook(path, offline=offline, **parameters).parent / "live")
+
+
+#: The fixtures whose tests read the session's chapter runs or background jobs: they run after every other test.
+CHAPTER_FIXTURES = {"executed", "built_book", "background"}
 
 
 @pytest.fixture(scope="session")
@@ -209,14 +324,49 @@ def executed(tmp_path_factory) -> ExecutedChapters:
     runs.stop()
 
 
+@pytest.fixture(scope="session")
+def background(executed):
+    """``background(fn)``: what background job ``fn`` (:func:`background_job`) returned in this session."""
+    return executed.job
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _chapters_in_background(request):
     """When this session builds the book, every chapter runs (once) and the book is built in the background from
-    the start, while the tests that do not read them run."""
-    if any("built_book" in item.fixturenames for item in request.session.items):
+    the start, while the tests that do not read them run; then the background jobs of the modules whose tests read
+    them, where the test process has not taken them first."""
+    items = request.session.items
+    if any("built_book" in item.fixturenames for item in items):
         from kvwall.reports.execute import chapter_files
 
-        request.getfixturevalue("executed").start(chapter_files(), book=True)
+        modules = {getattr(item.module, "__name__", None) for item in items if "background" in item.fixturenames}
+        jobs = [key for key in BACKGROUND_JOBS if key.split(":")[0] in modules]
+        request.getfixturevalue("executed").start(chapter_files(), book=True, jobs=jobs)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_ptxas_report_per_build():
+    """ptxas's report on a Hopper kernel's object build (``hopper.ptxas_check``: nvcc for sm_90a, 5-10 s) made once
+    per session per build -- what :func:`~kvwall.kernels.mla_decode.hopper.build_key` hashes: the kind's source and
+    headers, nvcc's flags and version, the architecture -- and read again after: one compile holds the decode and
+    the multi-token instantiations that tests/test_mla_decode_wgmma*.py check one by one, and the rows
+    tests/test_arch_check.py checks."""
+    from kvwall.kernels.mla_decode import hopper
+
+    ptxas_check, reports = hopper.ptxas_check, {}
+
+    def once(kind, nvcc=None, *, trace=False):
+        nvcc = nvcc or hopper.find_nvcc()
+        if nvcc is None:  # no nvcc: its own error, each time
+            return ptxas_check(kind, nvcc, trace=trace)
+        key = (kind, nvcc, trace, hopper.build_key(kind, nvcc, hopper._flags(trace, shared=False)))
+        if key not in reports:
+            reports[key] = ptxas_check(kind, nvcc, trace=trace)
+        return reports[key]
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(hopper, "ptxas_check", once)
+        yield
 
 
 def seed_execution_cache(cache: Path, chapter: Path, executed_notebook: Path) -> None:
@@ -342,11 +492,17 @@ def pytest_collection_modifyitems(config, items):
             gap = _interpreter_gap() if gap is None else gap
             if gap:
                 item.add_marker(pytest.mark.skip(reason=gap))
-    # The modules that read the session's chapter runs (and its book) run last, whole, the book's last: by then the
-    # background process (_chapters_in_background) has run the chapters while the other tests ran.
-    late = {item.path for item in items if CHAPTER_FIXTURES & set(item.fixturenames)}
-    rank = {path: (1 + any("built_book" in i.fixturenames for i in items if i.path == path)) for path in late}
-    items[:] = sorted(items, key=lambda item: rank.get(item.path, 0))  # stable: each module keeps its order
+
+    # The tests that read the session's chapter runs, then those that read background jobs, then the book's, run last:
+    # by then the background process (_chapters_in_background) has run the chapters (and maybe the jobs queued after
+    # the book) while every other test ran, those of the same modules included. The sort is stable: within each of
+    # the four groups the tests keep their order, each module's together (a module-scoped fixture that both a test
+    # that reads a run and one that does not use is made once for each group: tests/test_sglang_dsa.py's source).
+    def group(item) -> int:
+        uses = CHAPTER_FIXTURES & set(item.fixturenames)
+        return 3 if "built_book" in uses else 2 if "background" in uses else 1 if uses else 0
+
+    items[:] = sorted(items, key=group)
 
 
 #: A skip for want of a GPU (the reasons the GPU tests give): such a test must be marked ``gpu``, or `make gpu-test`

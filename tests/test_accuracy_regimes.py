@@ -13,11 +13,14 @@ from conftest import BOOK
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.sharp_attention import PROFILES
 from kvwall.reports import fused_bench_report
-from kvwall.reports.accuracy_regimes import RANDOM_INPUTS, REGIME_WORDS, fp8_query_multipliers
+from kvwall.reports.accuracy_regimes import BF16_REFERENCE_OF, RANDOM_INPUTS, REGIME_WORDS, fp8_query_multipliers
 from kvwall.results import Provenance, Result, load_result
 
 FP8_QUERY = {s for s, spec in STRATEGIES.items() if spec.query == "fp8"}
 CHAPTERS = ("05_fused_fp8_decode.md", "05b_fp8_accuracy.md")
+#: Two of chapter 5b's input profiles, by what they are: Gaussian logits of spread 1; 4 sinks holding 99 % of the mass.
+SPREAD_1 = next(p.name for p in PROFILES if (p.spread, p.sinks) == (1.0, 0))
+SINKS_99 = next(p.name for p in PROFILES if p.sink_mass == 0.99 and not p.needles)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +146,7 @@ def test_the_regimes_differ_as_the_chapters_say(recorded):
     ch5 = fm[RANDOM_INPUTS]
     assert ch5.logit_spread[1] < 1.0
     assert all(ch5.output_norm[1] < m.output_norm[0] for r, m in fm.items() if r != RANDOM_INPUTS)
-    assert fm["gaussian, spread 1"].over_ours[0] < ch5.over_ours[0]
+    assert fm[SPREAD_1].over_ours[0] < ch5.over_ours[0]
     assert ch5.max_gap[1] < 2.0 and ch5.query_rms == pytest.approx((0.5, 0.5), abs=0.01)  # near-uniform attention
     assert ch5.latent_rms == pytest.approx((0.7, 0.7), abs=0.01) and ch5.norm_points
     assert all(m.logit_spread[0] > ch5.logit_spread[1] for r, m in fm.items() if r != RANDOM_INPUTS)
@@ -175,7 +178,7 @@ def _synthetic_accuracy() -> Result:
     """Two profiles, two cases each: ours 1e-3, the BF16 paths 2e-3 and 4e-3 (the better one counts), FlashMLA FP8
     3e-3 and 6e-3 on the Gaussian cases, 1e-2 and 2e-2 on the sink cases."""
     rows: list[dict] = []
-    fm = {"gaussian, spread 1": (3e-3, 6e-3), "4 sinks hold 99 %": (1e-2, 2e-2)}
+    fm = {SPREAD_1: (3e-3, 6e-3), SINKS_99: (1e-2, 2e-2)}
     for prof, errs in fm.items():
         for ctx, e in zip((4096, 32768), errs):
             case = f"{prof} | 16 heads | batch 1 | {ctx}"
@@ -189,7 +192,7 @@ def _synthetic_accuracy() -> Result:
                     "batch": 1,
                     "tokens": ctx,
                     "floor_rel_err": 1e-3,
-                    "sinks": 4 if "sinks" in prof else 0,
+                    "sinks": 4 if prof == SINKS_99 else 0,
                 }
             )
             for s, err in (
@@ -246,21 +249,25 @@ def test_a_synthetic_result_gives_known_multipliers():
     assert set(by) == {
         (RANDOM_INPUTS, "flashmla_dense_fp8"),
         (RANDOM_INPUTS, "sglang_triton_fp8"),
-        ("gaussian, spread 1", "flashmla_dense_fp8"),
-        ("4 sinks hold 99 %", "flashmla_dense_fp8"),
+        (SPREAD_1, "flashmla_dense_fp8"),
+        (SINKS_99, "flashmla_dense_fp8"),
     }
-    g = by[("gaussian, spread 1", "flashmla_dense_fp8")]
+    g = by[(SPREAD_1, "flashmla_dense_fp8")]
     assert g.cases == 2 and g.over_ours == pytest.approx((3.0, 6.0)) and g.over_bf16 == pytest.approx((1.5, 3.0))
-    assert (g.lowest_case, g.highest_case) == ("16 heads, 4K tokens", "16 heads, 32K tokens")
-    s = by[("4 sinks hold 99 %", "flashmla_dense_fp8")]
+    # the cases at the ends: 16 heads, 4K and 32K tokens
+    assert [c.split(", ") for c in (g.lowest_case, g.highest_case)] == [
+        ["16 heads", "4K tokens"],
+        ["16 heads", "32K tokens"],
+    ]
+    s = by[(SINKS_99, "flashmla_dense_fp8")]
     assert s.over_ours == pytest.approx((10.0, 20.0)) and s.over_bf16 == pytest.approx((5.0, 10.0))
     assert s.source == "fp8_accuracy" and s.output_norm is None and s.norm_points == ()  # computed=False: not drawn
     b = by[(RANDOM_INPUTS, "flashmla_dense_fp8")]
     assert b.cases == 2 and b.over_ours == pytest.approx((15.0, 20.0)) and b.over_bf16 == pytest.approx((7.5, 10.0))
-    assert b.bf16_reference.startswith("FlashMLA dense BF16")
+    assert b.bf16_reference == BF16_REFERENCE_OF["fused_decode_bench"]  # FlashMLA BF16 at the same point
     assert by[(RANDOM_INPUTS, "sglang_triton_fp8")].over_ours == pytest.approx((10.0, 10.0))
     assert fp8_query_multipliers(None, None) == []
-    assert list(dict.fromkeys(m.regime for m in rows)) == [RANDOM_INPUTS, "gaussian, spread 1", "4 sinks hold 99 %"]
+    assert list(dict.fromkeys(m.regime for m in rows)) == [RANDOM_INPUTS, SPREAD_1, SINKS_99]
     fm = [m for m in rows if m.strategy == "flashmla_dense_fp8"]  # what chapter 5b's sentence quotes: least, most
     assert min(fm, key=lambda m: m.over_ours[0]) is g and max(fm, key=lambda m: m.over_ours[1]) is b
 
@@ -312,14 +319,18 @@ def _glued(notebook) -> dict[str, str]:
 
 
 def test_the_checker_catches_an_unnamed_multiplier():
-    assert unnamed_citations("FlashMLA FP8's error is 17× ours' error. It is fast.") == [
-        "FlashMLA FP8's error is 17× ours' error."
-    ]
-    assert unnamed_citations("Its error is **16–17×** ours at every point.")
-    assert unnamed_citations("It is 2.9–48× the BF16 reference's.")
-    assert not unnamed_citations(f"On {RANDOM_INPUTS} its error is 17× ours' error.")
-    assert not unnamed_citations("On 'gaussian, spread 1' it is 2.9× the BF16 reference's.")
-    assert not unnamed_citations("Ours moves 2.0× the bytes.")
+    unnamed = (
+        "FlashMLA FP8's error is 17× ours' error.",
+        "Its error is **16–17×** ours at every point.",
+        "It is 2.9–48× the BF16 reference's.",
+    )
+    named = (
+        f"On {RANDOM_INPUTS} its error is 17× ours' error.",
+        f"On '{SPREAD_1}' it is 2.9× the BF16 reference's.",
+        "Ours moves 2.0× the bytes.",  # no error multiplier
+    )
+    assert unnamed_citations(f"{unnamed[0]} {named[2]}") == [unnamed[0]]  # the sentence, not its neighbour
+    assert [bool(unnamed_citations(s)) for s in unnamed + named] == [True] * 3 + [False] * 3
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -352,6 +363,5 @@ def test_the_reports_name_the_regime_of_every_multiplier(recorded, regimes):
     assert all(texts)
     for text in texts:
         assert unnamed_citations(text) == [], text
-    # what used to be said, unnamed, is gone: 5b calling its spread-1 profile chapter 5's inputs
-    assert "(chapter 5's inputs)" not in (BOOK / "05b_fp8_accuracy.md").read_text()
+    # no profile of 5b is named after chapter 5's inputs (their multipliers differ: test_the_regimes_differ_...)
     assert not [p for p in PROFILES if "chapter 5" in p.name]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kvwall.experiments  # noqa: F401 - registers the row schemas
-from conftest import _interpreter_gap
+from conftest import BOOK, _interpreter_gap
 from kvwall.experiments import EXPERIMENTS
 from kvwall.experiments.answer import step, sweep
 from kvwall.experiments.fused_decode.strategies import STRATEGIES, make_point
@@ -68,8 +68,9 @@ def test_the_step_paths_are_named_as_the_book_names_them():
         "flashmla_fp8",
         "flashmla_bf16",
     )
-    assert KERNEL_NAMES == {"triton": "Triton path", "wgmma": "wgmma path", "wgmma_tokens": "tokens-on-M wgmma path"}
-    assert tuple(KERNEL_NAMES) == dispatch.KERNEL_PATHS
+    assert tuple(KERNEL_NAMES) == dispatch.KERNEL_PATHS and len(set(KERNEL_NAMES.values())) == len(KERNEL_NAMES)
+    chapter_5 = (BOOK / "05_fused_fp8_decode.md").read_text()  # where the book introduces each path by its name
+    assert all(name in chapter_5 for name in KERNEL_NAMES.values())
     assert all(PATH_INFO[p].gpu_only and PATH_INFO[p].peer for p in ("flashmla_fp8", "flashmla_bf16"))
     assert PATH_INFO["flashmla_bf16"].cache_dtype == torch.bfloat16
     full, small = EXPERIMENTS["decode_step_paths"].full, EXPERIMENTS["decode_step_paths"].small
@@ -106,7 +107,7 @@ def test_the_steps_ours_plans_once_and_launches_the_path_the_dispatcher_chooses(
     monkeypatch.setattr(dispatch.wgmma_path, "wgmma_refusal", lambda device: None)
     _, attention, info = build_step_path("ours", pool, batch, bf16_backend="fa2")
     assert type(attention.plan.work) is plan_type
-    assert info["backend"] == info["kernel_path"] == path and info["path_why"] == f"{path}: chosen by the test"
+    assert info["backend"] == info["kernel_path"] == path and info["path_why"] == _choose(path)()[1]  # its reason
     assert KERNEL_NAMES[path] in attention.name
     launches = []
     monkeypatch.setattr(
@@ -187,7 +188,7 @@ def test_the_sweep_records_the_path_the_dispatcher_chose(sweep_point, monkeypatc
     monkeypatch.setattr(dispatch, "choose_path", _choose("wgmma"))
     monkeypatch.setattr(dispatch.wgmma_path, "wgmma_refusal", lambda device: None)
     _, info = sweep.build_sweep_path("ours", pt, pool, sm_count=1)
-    assert info["kernel_path"] == "wgmma" and info["path_why"] == "wgmma: chosen by the test"
+    assert info["kernel_path"] == "wgmma" and info["path_why"] == _choose("wgmma")()[1]
 
 
 def _ours_row(**kw) -> dict:
@@ -245,10 +246,12 @@ def test_off_hopper_ours_is_predicted_from_the_triton_path():
 
 
 @interpreted
-def test_the_step_experiment_runs_on_cpu_at_small_scale():
-    result = EXPERIMENTS["decode_step_paths"].run(
-        CPU, **{**EXPERIMENTS["decode_step_paths"].small, "pool_tokens": 20_000, "layers": 1, "steps": 1}
-    )
+def test_the_step_experiment_runs_on_cpu_at_small_scale(executed):
+    """The small run chapter 6 makes live on a CPU (the session's run of the chapter), read from the result file it
+    saved."""
+    result = executed.live(BOOK / "06_the_answer.md", "decode_step_paths")
+    small = EXPERIMENTS["decode_step_paths"].small
+    assert result.provenance.scale == "small" and {k: result.params[k] for k in small} == small, result.params
     validate_rows("decode_step_paths", result.rows)
     rows = {r["path"]: r for r in result.table("path")}
     assert list(rows) == [p for p in STEP_PATHS if not PATH_INFO[p].gpu_only]

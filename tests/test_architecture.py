@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import background_job
+
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "lib" / "kvwall"
 KERNELS = ROOT / "kernels"
@@ -105,12 +107,10 @@ def cuda_repeats(paths: list[Path], least: int = CUDA_MIN_SIMILAR) -> list[str]:
     return found
 
 
-def test_no_duplicate_code():
-    """pylint's check on the Python; on the CUDA sources (``kernels/**/*.cu``, ``*.cuh``) a line-window check of the
-    same threshold across files (what two kernels share belongs in a header)."""
-    cuda = sorted([*KERNELS.rglob("*.cu"), *KERNELS.rglob("*.cuh")])
-    assert cuda and not cuda_repeats(cuda), cuda_repeats(cuda)[:20]
-    proc = subprocess.run(
+@background_job
+def pylint_duplicate_code(out: Path) -> subprocess.CompletedProcess:
+    """pylint's duplicate-code check of the library and the kernels (~12 s of CPU): a background job."""
+    return subprocess.run(
         [
             _bin("pylint"),
             "--disable=all",
@@ -130,6 +130,14 @@ def test_no_duplicate_code():
         text=True,
         timeout=900,
     )
+
+
+def test_no_duplicate_code(background):
+    """pylint's check on the Python; on the CUDA sources (``kernels/**/*.cu``, ``*.cuh``) a line-window check of the
+    same threshold across files (what two kernels share belongs in a header)."""
+    cuda = sorted([*KERNELS.rglob("*.cu"), *KERNELS.rglob("*.cuh")])
+    assert cuda and not cuda_repeats(cuda), cuda_repeats(cuda)[:20]
+    proc = background(pylint_duplicate_code)
     assert proc.returncode == 0 and "R0801" not in proc.stdout, proc.stdout[-6000:]
 
 

@@ -131,7 +131,7 @@ def test_bad_parameter_stops_in_the_first_cell(tmp_path):
 
     with pytest.raises(papermill.PapermillExecutionError) as info:
         run_chapter(BOOK / "01_the_86ms_profile.md", tmp_path, mode="cpu", layers=0)
-    assert "layers=0 must be a positive integer" in str(info.value)
+    assert info.value.ename == "ValueError" and "layers=0" in info.value.evalue  # start_chapter's, naming the value
     assert info.value.exec_count <= 3, "the error must come from the set-up cell, before any work"
 
 
@@ -147,13 +147,13 @@ def test_start_chapter_validation():
     # runs one end to end; test_parameters_reach_start_chapter_in_the_first_cell: every chapter calls it there).
     with pytest.raises(ValueError) as info:
         start_chapter("x", mode="tpu", record=False, defaults=knobs)
-    assert "mode='tpu' is not allowed: use one of 'auto', 'gpu', 'cpu'" in str(info.value)
+    assert "mode='tpu'" in str(info.value) and all(repr(m) in str(info.value) for m in ("auto", "gpu", "cpu"))
     with pytest.raises(ValueError) as info:
         start_chapter("x", mode="cpu", record=False, defaults=knobs, layers=0)
     assert "layers=0 must be a positive integer" in str(info.value)
     with pytest.raises(ValueError) as info:
         start_chapter("x", mode="cpu", record=True, defaults=knobs)
-    assert "record=True writes full-scale GPU results" in str(info.value)
+    assert "record=True" in str(info.value) and "mode='gpu'" in str(info.value)  # the mode it needs
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             start_chapter("x", mode="gpu", record=False, defaults=knobs)
@@ -208,7 +208,7 @@ def test_corrupt_result_file_stops_the_chapter_naming_the_file(tmp_path, monkeyp
     broken = _corrupt_copy(tmp_path, monkeypatch, "fused_decode_profile")
     with pytest.raises(papermill.PapermillExecutionError) as info:
         run_chapter(BOOK / "05a_fused_decode_lab.md", tmp_path, mode="cpu")
-    assert str(broken) in str(info.value) and "not valid JSON" in str(info.value)
+    assert str(broken) in str(info.value) and "JSON" in str(info.value)
     assert info.value.ename == "ResultFileError"
 
 
@@ -226,7 +226,7 @@ def test_a_corrupt_result_raises_naming_the_file(tmp_path, monkeypatch, read):
         run = start_chapter("x", mode="cpu", record=False, defaults={"gpu": {}, "cpu": {}})
         with pytest.raises(ResultFileError) as info:
             getattr(run, read)(experiment)
-        assert str(broken) in str(info.value) and "not valid JSON" in str(info.value)
+        assert info.value.path == broken and str(broken) in str(info.value) and "JSON" in info.value.problem
         assert not isinstance(info.value, ResultMissingError), "a corrupt file is not 'not recorded yet'"
 
 
@@ -282,6 +282,8 @@ def test_a_corrupt_result_is_never_caught_by_a_chapter(chapter, experiment):
 def test_stale_result_is_shown_with_a_visible_warning(tmp_path, monkeypatch):
     import json
 
+    import html
+
     import IPython.display
 
     import kvwall.reports.chapter as chapter_module
@@ -300,6 +302,6 @@ def test_stale_result_is_shown_with_a_visible_warning(tmp_path, monkeypatch):
     result = run.recorded("cast_sweep")
     assert result.stale and run.recorded_used[0]["stale"]
     assert "STALE" in result.caption() and first in result.caption()
-    assert (
-        len(shown) == 1 and "Stale recorded result" in shown[0].data and 'class="admonition warning"' in shown[0].data
-    )
+    # one warning box, quoting the stale result's caption
+    assert len(shown) == 1 and 'class="admonition warning"' in shown[0].data
+    assert html.escape(result.caption()) in shown[0].data

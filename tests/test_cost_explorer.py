@@ -16,8 +16,11 @@ import pytest
 import kvwall.experiments  # noqa: F401  (registers the row schemas load_result checks)
 from kvwall import cli
 from kvwall.model.cost import GPUS, MODEL_PRESETS, OFF_REFERENCE, PATHS, TRANSFER_RULES, Point, paths_on
+from kvwall.model.original import ORIGINAL
 from kvwall.reports import cost_explorer as ce
 from kvwall.reports.answer_report import fit_sweep
+from kvwall.reports.original_gpu_report import rest_without_attention_ms
+from kvwall.reports.tables import fmt_range
 from kvwall.results import load_result
 
 SIZE_BOUND = 300_000
@@ -103,7 +106,9 @@ def test_grid_flags_states_that_do_not_fit_and_covers_every_state(grid):
     )
     oversize = ce.State("glm-5", "h200", 4, 131072, 8, 495_000)
     assert not oversize.fits and ce.grid_values(grid, oversize) is None
-    assert "do not fit" in oversize.problem()
+    # why: the batch, context and their tokens against the pool
+    numbers = [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", oversize.problem())]
+    assert numbers == [8, 131072, oversize.tokens, 495_000] and oversize.tokens > oversize.pool
     assert ce.grid_values(grid, ce.State("glm-5", "h200", 4, 131072, 8, 1_048_576)) is not None  # exactly fits
     assert all((grid["states"][s.key] == 0) == (not s.fits) for s in states)
     with pytest.raises(ValueError, match="do not fit"):
@@ -162,7 +167,10 @@ def test_cli_cost_prints_every_available_path(model, datasheet, capsys):
         line = next(ln for ln in out.splitlines() if ln.split()[:1] == [path])
         assert f"{r.step_lo_ms:,.2f}–{r.step_hi_ms:,.2f}" in line and r.cache in line
     assert not {"full_pool_cast", "flashinfer_fp8"} & {ln.split()[0] for ln in out.splitlines() if ln.startswith("  ")}
-    assert "The original's step here: 86.0 ms" in out, "the original's rest-of-step note is missing"
+    # the original's rest-of-step note: its step and cast, and what remains without them (predicted here)
+    lo, hi = rest_without_attention_ms(model, ce.ORIGINAL_STATE.point, GPUS[ce.ORIGINAL_STATE.gpu])
+    note = f"{ORIGINAL.step_ms} ms, {ORIGINAL.cast_ms} ms"
+    assert note in out and f"{fmt_range(lo, hi)} ms" in out, "the original's rest-of-step note is missing"
 
 
 def test_cli_cost_takes_a_users_own_shape(model, capsys):
@@ -171,10 +179,12 @@ def test_cli_cost_takes_a_users_own_shape(model, capsys):
     argv = ["cost", "--gpu", "h200", "--layers", "40", "--heads", "32", "--tp", "2", "--context", "32768"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert "(user shape)" in out and "all 40 layers" in out
+    assert "(user shape)" in out and f"all {state.geometry.num_layers} layers" in out
     gather = next(r for r in ce.cost_rows(model, state) if r.path == "gather_cast")
     assert f"{gather.step_lo_ms:.2f}" in out  # 40 layers x the model's µs per layer, as printed
-    assert ce.State("glm-5", "h200", 3, 8192, 1, 495_000, heads=32).problem().startswith("tensor parallel 3")
+    problem = ce.State("glm-5", "h200", 3, 8192, 1, 495_000, heads=32).problem()
+    numbers = re.findall(r"\d+", problem)  # the TP and the user's heads (not the preset's 64)
+    assert numbers[0] == "3" and numbers[-1] == "32"
     with pytest.raises(SystemExit) as stop:  # refused by argparse, naming the option, before anything runs
         cli.main(["cost", "--heads", "0"])
     assert stop.value.code == 2 and "--heads" in capsys.readouterr().err
@@ -186,7 +196,7 @@ def test_cli_cost_all_gpus_and_one_rule(capsys):
     for gpu in GPUS.values():
         assert f"{gpu.name} ({gpu.arch})" in out
     assert "flashmla_fp8" in out and "–" not in out.split("\n", 2)[2], "one rule: single values, no ranges"
-    assert "The original's step" not in out
+    assert f"{ORIGINAL.step_ms} ms, {ORIGINAL.cast_ms} ms" not in out  # not the original's state: no note
 
 
 @pytest.mark.parametrize(
@@ -203,10 +213,15 @@ def test_cli_cost_rejects_unknown_model_and_gpu(argv, message, capsys):
 
 
 def test_cli_cost_rejects_states_it_cannot_predict(capsys):
-    assert cli.main(["cost", "--tp", "3"]) == 2
-    assert "tensor parallel 3 does not divide glm-5's 64 heads" in capsys.readouterr().err
-    assert cli.main(["cost", "--batch", "64", "--context", "131072"]) == 2
-    assert "do not fit in a pool of 495,000 tokens; raise --pool" in capsys.readouterr().err
+    # each refusal says the state's problem and the option that fixes it
+    for argv, change, option in (
+        (["--tp", "3"], {"tp": 3}, "--tp"),
+        (["--batch", "64", "--context", "131072"], {"batch": 64, "context": 131072}, "--pool"),
+    ):
+        assert cli.main(["cost", *argv]) == 2
+        err = capsys.readouterr().err
+        problem = ce.State(**{**ce.ORIGINAL_STATE.__dict__, **change}).problem()
+        assert problem and problem in err and option in err.split(problem)[1]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -295,7 +310,7 @@ def test_explorer_draws_the_models_prediction_in_headless_chromium(page, model, 
     want = ce.grid_values(grid, state)
     if want is None:
         assert drawn["fits"] is False and drawn["values"] == {}
-        assert "do not fit in a pool of 495,000 tokens" in dom
+        assert f"{state.tokens:,} tokens" in dom and f"{state.pool:,} tokens" in dom  # the message says why
         return
     assert drawn["values"] == want, "the page drew other numbers than the cost model's grid"
     rows = {r.path: r for r in ce.cost_rows(model, state)}

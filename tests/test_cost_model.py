@@ -3,6 +3,7 @@ errors; transfer rules and architecture rules do what the chapter says; on the r
 accuracy chapter 6 states."""
 
 import math
+import re
 
 import pytest
 
@@ -10,6 +11,7 @@ import kvwall.experiments  # noqa: F401 - registers the row schemas the recorded
 from kvwall.model.cost import (
     GPUS,
     PATHS,
+    TRANSFER_RULES,
     ComponentFit,
     CostModel,
     Point,
@@ -91,11 +93,12 @@ def test_transfer_rules_and_architectures():
     p = Point(16, 1, 131_072, 495_000)
     h200, pro = GPUS["h200"], GPUS["rtx-pro-6000"]
     assert truth.layer_range_us("gather_cast", p, h200)[0] == truth.layer_range_us("gather_cast", p, h200)[1]
-    frac = truth.layer_us("full_pool_cast_fa2", p, pro, "fraction of peak")
-    per_sm = truth.layer_us("full_pool_cast_fa2", p, pro, "per-SM rate")
+    fraction_rule, per_sm_rule = TRANSFER_RULES  # fraction of peak bandwidth, per-SM rate
+    frac = truth.layer_us("full_pool_cast_fa2", p, pro, fraction_rule)
+    per_sm = truth.layer_us("full_pool_cast_fa2", p, pro, per_sm_rule)
     # Less bandwidth, more SMs: the fraction-of-peak rule predicts the slower cast on the RTX PRO 6000.
     assert frac > truth.layer_us("full_pool_cast_fa2", p) and per_sm < frac
-    with pytest.raises(ValueError, match="unknown transfer rule"):
+    with pytest.raises(ValueError, match=r"'guess'.*" + re.escape(str(TRANSFER_RULES))):  # given, and allowed
         truth.layer_us("gather_cast", p, pro, "guess")
     assert set(paths_on("sm_120", 16)) == {
         "full_pool_cast_fa2",
@@ -128,6 +131,7 @@ def test_original_gpu_prediction_brackets_the_originals_cast():
     step = load_result("decode_step_paths")
     fit = answer_report.fit_sweep(load_result("path_sweep"))
     check = original_gpu_report.cast_check(fit.model, answer_report.headline_point(step))
-    assert check["per-SM rate"] < check["original_cast_ms"] < check["fraction of peak"]
+    fraction, per_sm = TRANSFER_RULES
+    assert check[per_sm] < check["original_cast_ms"] < check[fraction]
     rows = original_gpu_report.original_gpu_rows(fit.model, answer_report.headline_point(step))
     assert rows[0]["path"] == "full_pool_cast_fa2" and all(r["step_lo"] <= r["step_hi"] for r in rows)

@@ -21,6 +21,7 @@ import kvwall.experiments  # noqa: F401  (registers the row schemas)
 from kvwall.reports import answer_report, decision, heads_report, patch_report
 from kvwall.model.original import ORIGINAL
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
+from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.reports.accuracy_regimes import fp8_query_multipliers
 from kvwall.peers.sglang_patch import upstream_source
 from kvwall.peers.sglang_source import SGLangSourceUnavailable
@@ -250,7 +251,9 @@ def test_hopper_patch_rows_do_not_credit_flashinfer_with_removing_the_cast(evide
 def test_no_patch_row_quotes_flashmla_fp8_speed_and_accuracy_per_regime(evidence, rows):
     row = next(r for r in rows if r.key == "dense-sm90-no-patch")
     fm = decision.step_at(evidence, "flashmla_fp8")
-    assert "--attention-backend flashmla --page-size 64" in row.command
+    flags = row.command.split()  # SGLang's FlashMLA backend, on FlashMLA's pages (the page size it was measured on)
+    assert flags[flags.index("--attention-backend") + 1] == "flashmla"
+    assert flags[flags.index("--page-size") + 1] == str(STRATEGIES["flashmla_dense_fp8"].page_size)
     assert f"{fm[1]:.1f}" in row.step and row.evidence == decision.MEASURED
     if evidence.accuracy is not None:  # the lowest and the highest multiplier, each with its regime named
         regimes = [
@@ -317,7 +320,8 @@ def test_patch_check_table_shows_its_result_columns(evidence):
     if check is None:
         pytest.skip("no recorded sglang_patch_check")
     table = patch_report.patch_check_table(check, "c")
-    assert len(table.columns) <= 6 and {"vs unpatched (max abs.)", "error vs float64", "ok"} <= set(table.columns)
+    shown = {spec if isinstance(spec, str) else spec[0] for spec in table.columns.values()}  # the rows' keys
+    assert len(table.columns) <= 6 and {"vs_unpatched", "rel_err_vs_f64", "verdict"} <= shown
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")

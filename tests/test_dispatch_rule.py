@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import re
+
 import pytest
 import torch
 
@@ -133,7 +135,11 @@ def test_the_check_passes_the_table_derived_from_the_run_and_matches_each_point_
     table = paths.path_table(result)
     checked = paths.dispatch_check(result, table=table, source="derived")
     assert len(checked) == 8 and not failures(checked)
-    assert all("at this shape" in c["why"] for c in checked)
+    # each pick read the table's point of that very shape (not the nearest): its batch, tokens and longest request
+    entry = path_table.table_entry(table, H200, (9, 0))[1]
+    for c in checked:
+        pick, point = path_table.measured_choice(entry, c["heads"], c["batch"], c["max_len"], c["tokens"])
+        assert pick == c["pick"] and (point[2], point[4], point[5]) == (c["batch"], c["tokens"], c["max_len"])
     at = {(c["heads"], c["batch"], c["page_size"]): c for c in checked}
     assert at[64, 8, 1]["pick"] == "wgmma" and at[64, 8, 1]["ratio"] == 1.0  # the point: heads-on-M, 76.3
 
@@ -151,9 +157,12 @@ def test_the_check_fails_a_pick_more_than_5_percent_off():
         }
     }
     checked = paths.dispatch_check(result, table=wrong, source="wrong")
-    bad = failures(checked)
-    assert len(bad) == 2 and all(b.startswith("64 heads, context 32768, batch 8") for b in bad)
-    assert "picks wgmma_tokens 90.7 µs, the fastest wgmma 76.3 µs" in bad[0]
+    bad = [c for c in checked if not c["ok"]]
+    assert len(failures(checked)) == len(bad) == 2  # both page sizes of the 64-head point
+    assert {(c["heads"], c["context"], c["batch"]) for c in bad} == {(64, 32768, 8)}
+    page1 = next(c for c in bad if c["page_size"] == 1)
+    assert (page1["pick"], page1["best"]) == ("wgmma_tokens", "wgmma")
+    assert (page1["pick_us"], page1["best_us"]) == pytest.approx((90.7, 76.3))
     at = {(c["heads"], c["batch"], c["page_size"]): c for c in checked}
     assert at[128, 8, 1]["ok"] and at[128, 8, 1]["ratio"] == pytest.approx(41.0 / 40.0)
 
@@ -175,8 +184,10 @@ def test_the_check_fails_a_pick_that_was_not_timed_and_a_table_without_the_head_
             "points": [[*p[:3], "wgmma", *p[4:]] if p[0] == 64 and p[2] == 8 else p for p in table[H200]["points"]],
         }
     }
-    bad = failures(paths.dispatch_check(result, table=wrong))
-    assert len(bad) == 1 and "picks wgmma (not timed)" in bad[0] and "page 1" in bad[0]
+    checked = paths.dispatch_check(result, table=wrong)
+    bad = [c for c in checked if not c["ok"]]
+    assert len(failures(checked)) == len(bad) == 1
+    assert (bad[0]["pick"], bad[0]["pick_us"], bad[0]["page_size"]) == ("wgmma", None, 1)  # picked, not timed there
     # a table that measured no 64- or 128-head point: the capability rule (heads-on-M above 32 heads) decides there
     only16 = {H200: {**table[H200], "points": [p for p in table[H200]["points"] if p[0] == 16]}}
     checked = paths.dispatch_check(_synthetic(), table=only16)
@@ -188,13 +199,14 @@ def test_the_check_fails_a_pick_that_was_not_timed_and_a_table_without_the_head_
         checked = paths.dispatch_check(
             _synthetic(), table={H200: {"capability": [9, 0], "points": [[0]]}}, source="broken.json"
         )
-    assert all("the measured table broken.json was refused" in c["why"] for c in checked)
+    assert all("broken.json" in c["why"] and c["pick"] == path_table.capability_rule(c["heads"]) for c in checked)
 
 
 def test_a_recording_without_every_forced_path_is_not_checked():
     older = _synthetic(drop=tuple((h, c, b, page, "wgmma_tokens") for h, c, b, _, _ in GRID for page in (1, 64)))
     problem = paths.check_problem(older)
-    assert problem and "no row of every forced path" in problem and "8 of its 8" in problem
+    # names the forced paths and how many of the run's points and page sizes lack one: all 8
+    assert problem and all(p in problem for p in FORCED_PATHS) and re.findall(r"\d+", problem)[:2] == ["8", "8"]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import BOOK
-from kvwall.experiments import run_experiment
+from kvwall.experiments import EXPERIMENTS
 from kvwall.experiments.accuracy import build_case, path_metrics, unmet_needs
 from kvwall.experiments.fused_decode.strategies import reference_f64
 from kvwall.kernels.mla_decode.reference import mla_decode_reference
@@ -21,6 +21,9 @@ from kvwall.results import Provenance, Result, load_result
 CPU = torch.device("cpu")
 SM = GLM5.sm_scale
 BY_NAME = {p.name: p for p in PROFILES}
+#: Two of the profiles, by what they are: Gaussian logits of spread 1; 4 sinks holding 99 % of the mass.
+SPREAD_1 = next(p.name for p in PROFILES if (p.spread, p.sinks) == (1.0, 0))
+SINKS_99 = next(p.name for p in PROFILES if p.sink_mass == 0.99 and not p.needles)
 
 
 def _req(profile: Profile, heads: int = 16, n: int = 2048, seed: int = 0):
@@ -103,12 +106,17 @@ def test_every_path_reads_the_same_values():
     """The page-size-1 slots are the paged layout's: the float64 reference is the same through both."""
     pt, pool, _ = build_case(BY_NAME["4 sinks hold 90 %"], 16, [100, 300], context=300, seed=3, device=CPU)
     assert torch.equal(reference_f64(pt, pool, paged=False), reference_f64(pt, pool, paged=True))
-    assert unmet_needs("flashmla_dense_fp8", CPU) == "needs a CUDA GPU" and unmet_needs("ours", CPU) is None
+    assert "CUDA" in (unmet_needs("flashmla_dense_fp8", CPU) or "") and unmet_needs("ours", CPU) is None
 
 
 @pytest.fixture(scope="module")
-def small_run() -> Result:
-    return run_experiment("fp8_accuracy", CPU, "small")
+def small_run(executed) -> Result:
+    """``run_experiment("fp8_accuracy", CPU, "small")``: the run chapter 5b makes live on a CPU (the session's run of
+    the chapter), read from the result file it saved instead of running it a second time."""
+    result = executed.live(BOOK / "05b_fp8_accuracy.md", "fp8_accuracy")
+    small = EXPERIMENTS["fp8_accuracy"].small
+    assert result.provenance.scale == "small" and {k: result.params[k] for k in small} == small, result.params
+    return result
 
 
 def test_experiment_runs_small_on_cpu(small_run):
@@ -143,7 +151,7 @@ def _synthetic() -> Result:
         sources={},
     )
     rows: list[dict] = []
-    for prof in ("gaussian, spread 1", "4 sinks hold 99 %"):
+    for prof in (SPREAD_1, SINKS_99):
         case = f"{prof} | 16 heads | batch 1 | 131072"
         rows.append(
             {
@@ -156,7 +164,7 @@ def _synthetic() -> Result:
                 "floor_rel_err": 1.1e-3,
             }
         )
-        sink = prof.startswith("4 sinks")
+        sink = prof == SINKS_99
         rows.append(
             {
                 "section": "path",
@@ -202,25 +210,21 @@ def _synthetic() -> Result:
 def test_report_verdicts_and_sentences():
     res = _synthetic()
     fm = accuracy_report.path_summary(res, "flashmla_dense_fp8")
-    assert (
-        fm["keeps"] == 0
-        and fm["tail_kept_min"] == 0.0
-        and fm["failing_profiles"] == ["gaussian, spread 1", "4 sinks hold 99 %"]
-    )
+    assert fm["keeps"] == 0 and fm["tail_kept_min"] == 0.0 and fm["failing_profiles"] == [SPREAD_1, SINKS_99]
     ours = accuracy_report.path_summary(res, "ours")
     assert ours["keeps"] == 2 and ours["ratio_max"] == pytest.approx(1.65 / 1.7)
-    assert fm["cases"] == 2 and fm["passing_profiles"] == [] and fm["tail_worst_case"].startswith("4 sinks")
-    assert fm["ratio_min"] == pytest.approx(9e-3 / 1.7e-3) and fm["ratio_max_profile"] == "gaussian, spread 1"
+    assert fm["cases"] == 2 and fm["passing_profiles"] == [] and fm["tail_worst_case"].startswith(SINKS_99)
+    assert fm["ratio_min"] == pytest.approx(9e-3 / 1.7e-3) and fm["ratio_max_profile"] == SPREAD_1
     assert ours["cases"] == 2 and ours["failing_profiles"] == [] and accuracy_report.path_summary(res, "x") is None
     heads, context, paths, rows = accuracy_report.profile_verdicts(res)
     assert (heads, context, paths) == (16, 131_072, ["ours", "flashmla_dense_fp8", "flashmla_dense_bf16"])
-    assert [r["profile"] for r in rows] == ["gaussian, spread 1", "4 sinks hold 99 %"]
+    assert [r["profile"] for r in rows] == [SPREAD_1, SINKS_99]
     assert not rows[1]["flashmla_dense_fp8"]["keeps"] and rows[1]["ours"]["keeps"]
     profiles, errors, floor = accuracy_report.error_points(res)
-    assert profiles == ["gaussian, spread 1", "4 sinks hold 99 %"] and floor == [1.1e-3, 1.1e-3]
+    assert profiles == [SPREAD_1, SINKS_99] and floor == [1.1e-3, 1.1e-3]
     assert errors["ours"] == [1.65e-3, 1.65e-3] and errors["flashmla_dense_fp8"] == [2.7e-2, 9e-3]
-    profile, tails = accuracy_report.tail_points(res, "4 sinks hold 99 %")
-    assert profile == "4 sinks hold 99 %" and tails[("flashmla_dense_fp8", 16)] == ([131_072], [0.0])
+    profile, tails = accuracy_report.tail_points(res, SINKS_99)
+    assert profile == SINKS_99 and tails[("flashmla_dense_fp8", 16)] == ([131_072], [0.0])
 
 
 @pytest.mark.slow

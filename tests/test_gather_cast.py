@@ -8,6 +8,7 @@ checked here too: the interpreter path keeps them NaN, as the GPU does.
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -62,7 +63,8 @@ def test_launch_for_another_layer_checks_the_layout():
     other = inp.pool.clone()
     got = gc_module.launch_gather(plan, pool=other)
     assert torch.equal(bits(got), bits(gather_cast_reference(other, inp.kv_indices)))
-    with pytest.raises(ValueError, match="does not match the planned"):
+    given, planned = (re.escape(str(tuple(p.shape))) for p in (inp.pool[:-1], inp.pool))
+    with pytest.raises(ValueError, match=f"^gather_cast: pool {given} .*{planned}"):  # the layout given, the planned
         gc_module.launch_gather(plan, pool=inp.pool[:-1])
 
 
@@ -244,11 +246,11 @@ def test_out_sharing_memory_with_an_input_is_refused(monkeypatch):
     storage = torch.zeros(2 * 50 * 576, dtype=torch.uint8)
     pool = storage[: 50 * 576].view(torch.float8_e4m3fn).view(50, 1, 576)
     over_pool = storage.view(torch.bfloat16)[: 30 * 576].view(30, 1, 576)  # starts at the pool's first byte
-    with pytest.raises(ValueError, match="shares memory with pool"):
+    with pytest.raises(ValueError, match=r"\bout\b.*\bpool\b"):  # the two tensors that overlap
         gather_cast(pool, args["kv_indices"], args["kv_indptr"], out=over_pool)
     words = torch.zeros(30 * 576, dtype=torch.int32)
     indices = words[:30]  # the page table lives in the first bytes of the out buffer
-    with pytest.raises(ValueError, match="shares memory with kv_indices"):
+    with pytest.raises(ValueError, match=r"\bout\b.*\bkv_indices\b"):
         gather_cast(args["pool"], indices, out=words.view(torch.bfloat16)[: 30 * 576].view(30, 1, 576))
 
 
@@ -321,14 +323,17 @@ def test_full_cast_refuses_an_out_over_the_pool():
     storage = torch.zeros(4 * 6 * 3, dtype=torch.uint8)
     pool = storage[:24].view(torch.float8_e4m3fn).view(4, 6)
     out = storage.view(torch.bfloat16)[:24].view(4, 6)  # its first bytes are the pool's
-    with pytest.raises(ValueError, match="shares memory with pool"):
+    with pytest.raises(ValueError, match=r"^full_cast: out\b.*\bpool\b"):
         full_cast(pool, out=out)
 
 
 def test_sanitizer_program_runs_chosen_cases_on_cpu(capsys):
-    assert sanitize.main(["--device", "cpu", "--cases", "dim_1", "paged_3_odd_dim_mixed"]) == 0
-    text = capsys.readouterr().out
-    assert "triton dim_1" in text and "cuda" not in text and "wrong results: none" in text
+    chosen = ["dim_1", "paged_3_odd_dim_mixed"]
+    assert sanitize.main(["--device", "cpu", "--cases", *chosen]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    want = [name for name, _ in sanitize.checks(torch.device("cpu"), chosen)]  # the Triton kernel's alone on a CPU
+    assert [line.rsplit(None, 1) for line in lines[:-1]] == [[n, "ok"] for n in want]
+    assert all(n.split()[0] == "triton" for n in want) and lines[-1].endswith("none")
 
 
 def test_compact_indices_and_batch():
@@ -336,7 +341,7 @@ def test_compact_indices_and_batch():
     assert compact_kv_indices(batch.kv_indptr).tolist() == list(range(14))
     # issue 24, finding 6: an empty kv_indptr is refused in words (it was an IndexError)
     for bad in (torch.tensor([], dtype=torch.int32), torch.tensor(3), [0, 5]):
-        with pytest.raises(ValueError, match="^compact_kv_indices: kv_indptr must be a 1-D tensor of batch \\+ 1"):
+        with pytest.raises(ValueError, match="^compact_kv_indices: kv_indptr"):
             compact_kv_indices(bad)
     cb = compact_batch(batch)
     assert cb.kv_indices.tolist() == list(range(14)) and torch.equal(cb.kv_indptr, batch.kv_indptr)
@@ -355,7 +360,7 @@ def test_strategies_agree_and_refuse_a_too_small_capacity():
         ckv, kpe = strategy.prepare_kv(pool, 1, torch.bfloat16)
         got = torch.cat([ckv, kpe], dim=-1)[: batch.total_tokens]
         assert torch.equal(bits(got), bits(want)), strategy.name
-    with pytest.raises(ValueError, match="smaller than the batch's 341 tokens"):
+    with pytest.raises(ValueError, match=rf"capacity=100\b.*\b{batch.total_tokens}\b"):  # the capacity, the tokens
         IndexThenCast(batch, capacity=100)
 
 
@@ -363,7 +368,7 @@ def test_cuda_twin_says_what_it_needs_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the GPU tests run the twin")
     inp = make_gather_inputs(num_slots=10, dim=8, context_lens=[3], seed=0)
-    with pytest.raises(RuntimeError, match="needs them on a GPU"):
+    with pytest.raises(RuntimeError, match=r"^gather_cast_cuda: .*\bcpu\b.*\bGPU"):  # where they are, where they go
         gather_cast_cuda(inp.pool, inp.kv_indices)
 
 

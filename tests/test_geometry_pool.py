@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ def test_glm5_shape():
 
 
 def test_tensor_parallel_must_divide_heads():
-    with pytest.raises(ValueError, match="divisor of num_heads=64"):
+    with pytest.raises(ValueError, match=rf"tensor_parallel=3\b.*num_heads={GLM5.num_heads}\b"):
         GLM5.with_tensor_parallel(3)
 
 
@@ -43,7 +45,7 @@ def test_decode_batch_page_tables(lens):
 def test_decode_batch_rejects_what_does_not_fit():
     with pytest.raises(ValueError, match="usable ones"):
         make_decode_batch([100], 100)
-    with pytest.raises(ValueError, match=">= 1 token"):
+    with pytest.raises(ValueError, match=re.escape("context_lens=[0]")):  # the lengths given
         make_decode_batch([0], 100)
 
 
@@ -56,5 +58,5 @@ def test_pool_layout_and_write_round_trip():
     slots = torch.tensor([5, 17, 49])
     pool.write_new_tokens(1, slots, kv)
     assert torch.equal(pool.key_buffer(1)[slots].to(torch.float32), kv.to(torch.float8_e4m3fn).to(torch.float32))
-    with pytest.raises(ValueError, match="reserved slot 0"):
+    with pytest.raises(ValueError, match=r"^num_slots=1\b"):
         TokenPool.random(geom, 1, 1)

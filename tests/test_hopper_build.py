@@ -10,6 +10,7 @@ library builds, loads and has the host's ``Params`` (the refusal is None).
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import threading
@@ -105,7 +106,7 @@ def test_without_nvcc_the_refusal_says_so_once(fake_nvcc, tmp_path, monkeypatch)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
     why = hopper.build_refusal("wgmma_tokens")
-    assert why is not None and "\n" not in why and "nvcc is not on PATH" in why, why
+    assert why is not None and "\n" not in why and re.search(r"\bnvcc\b.*\bPATH\b", why), why  # what to install where
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
     assert hopper.find_nvcc() is None
     monkeypatch.setenv("CUDA_HOME", str(fake_nvcc.parent.parent))  # $CUDA_HOME/bin/nvcc is found
@@ -118,14 +119,16 @@ def test_a_failing_nvcc_is_one_line_with_its_error(fake_nvcc, tmp_path, monkeypa
     monkeypatch.setenv("FAKE_NVCC_FAIL", "1")
     why = hopper.build_refusal("wgmma")
     assert why is not None and "\n" not in why
-    assert "nvcc failed to build mla_decode_wgmma.cu" in why and 'identifier "oops" is undefined' in why, why
+    # the source that failed, and nvcc's own error (the stand-in's, in nvcc's words)
+    assert hopper.SOURCES["wgmma"].name in why and 'identifier "oops" is undefined' in why, why
     assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.tmp"))
 
 
 def test_a_library_that_does_not_load_is_refused(fake_nvcc):
     """The stand-in's output is no shared library: loading it fails, and that is the reason given."""
     why = hopper.build_refusal("wgmma")
-    assert why is not None and "\n" not in why and "wgmma library unavailable" in why, why
+    assert why is not None and "\n" not in why and why.startswith("wgmma"), why
+    assert str(hopper.build_library("wgmma")) in why, why  # the loader's error names the file it could not load
 
 
 @pytest.mark.skipif(hopper.find_nvcc() is None, reason="no nvcc on this machine")

@@ -16,7 +16,7 @@ from plotly.offline import get_plotlyjs
 
 from kvwall.reports import plots
 from kvwall.reports.tables import markdown_table
-from layout_check import check_page, chromium, problems
+from layout_check import MAX_TABLE_PX, check_page, chromium, problems
 
 #: About the width of the book's content column at a 1300 px window.
 COLUMN_PX = 692
@@ -83,15 +83,24 @@ def test_checker_flags_overlaps_clipped_text_and_wide_tables(browser, tmp_path):
         + "</tr></tbody></table>"
     )
     assert markdown_table(rows, {k: k for k in rows[0]})  # the same shape of table a chapter prints
-    report = check_page(_page(tmp_path, [_broken_figure(), _clipped_title_figure()], f"<div>{wide}</div>"), browser)
+    broken, clipped = _broken_figure(), _clipped_title_figure()
+    report = check_page(_page(tmp_path, [broken, clipped], f"<div>{wide}</div>"), browser)
+    # the boxes that overlap, by their text ("kind: text"): the legend (its series' names) over the title, and the
+    # caption over the x axis title
+    overlaps = [{box.split(": ", 1)[1] for box in pair} for pair in report["figures"][0]["overlaps"]]
+    legend = "".join(trace.name for trace in broken.data)
+    assert {broken.layout.title.text, legend} in overlaps, overlaps
+    assert {broken.layout.xaxis.title.text, broken.layout.annotations[0].text} in overlaps, overlaps
+    # the second figure's title drawn outside it (the report keeps the text's start)
+    (outside,) = report["figures"][1]["outside"]
+    assert clipped.layout.title.text.startswith(outside.split(": ", 1)[1]), outside
+    # the wide table, clipped with nothing to scroll it, its last column out of view
+    (table,) = report["tables"]
+    assert table["clipped"] and not table["scrolls"] and table["width"] > table["column_width"], table
+    assert [h["visible"] for h in table["headers"] if h["text"] == "column 5"] == [False]
+    # one problem a finding, each naming its figure or table
     found = problems(report, visible_headers={"column 5": "the last column"})
-    joined = "\n".join(found)
-    assert "figure 1" in joined and "overlaps" in joined, found
-    assert any("legend" in p and "title" in p for p in found), f"legend over the title not flagged: {found}"
-    assert any("x axis title" in p and "annotation" in p for p in found), f"caption over the axis title: {found}"
-    assert any("figure 2" in p and "outside the figure" in p for p in found), f"clipped title not flagged: {found}"
-    assert any("nothing scrolls it" in p for p in found), f"wide table not flagged: {found}"
-    assert any("column 5" in p and "out of view" in p for p in found), found
+    assert [p.split(" (")[0] for p in found] == ["figure 1", "figure 1", "figure 2", "table 1", "table 1"], found
 
 
 def test_checker_flags_a_long_table_inline_and_passes_it_folded(browser, tmp_path):
@@ -110,8 +119,11 @@ def test_checker_flags_a_long_table_inline_and_passes_it_folded(browser, tmp_pat
         .replace("</details>", "")
         .replace(f"<summary>The full table: {len(rows)} rows (click to open)</summary>", "")
     )
-    found = problems(check_page(_page(tmp_path, [], inline), browser))
-    assert any("px tall (72 rows) inline" in p for p in found), found
+    report = check_page(_page(tmp_path, [], inline), browser)
+    (drawn,) = report["tables"]
+    assert drawn["rows"] == len(rows) and not drawn["folded"] and drawn["height"] > MAX_TABLE_PX, drawn
+    found = problems(report)
+    assert len(found) == 1 and "tall" in found[0] and str(len(rows)) in found[0], found
     assert len(rows) > MAX_INLINE_ROWS and "<details>" in table.markdown()
     folded = problems(check_page(_page(tmp_path, [], render(table.markdown())), browser))
     assert not [p for p in folded if "tall" in p], folded

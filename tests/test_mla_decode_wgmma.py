@@ -12,6 +12,7 @@ graph replay, refusals) are one parametrized test body each, in ``tests/test_mla
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import subprocess
 
@@ -103,8 +104,7 @@ def test_cpu_tensors_are_refused_naming_the_triton_path():
     inp = make_mla_inputs([7, 65], 64, seed=6, layout="pool_view", pool_slots=512, device="cpu")
     with pytest.raises(
         ValueError,
-        match=r"^mla_decode_fp8_wgmma: the wgmma path cannot run here: tensors are on cpu"
-        r".*mla_decode_fp8",
+        match=rf"^mla_decode_fp8_wgmma: .*{re.escape(wgmma.wgmma_refusal(torch.device('cpu')))}",  # the Triton call
     ):
         mla_decode_fp8_wgmma(
             inp.q_nope, inp.q_pe, inp.ckv_cache, inp.kpe_cache, inp.kv_indptr, inp.kv_indices, SM_SCALE
@@ -125,6 +125,10 @@ def test_plans_hold_whole_tiles_of_64_tokens(heads):
     assert covered == dict(enumerate(lens))
 
 
+def _numbers(text: str) -> set[int]:
+    return {int(n) for n in re.findall(r"\d+", text)}
+
+
 def test_rows_the_kernel_cannot_read_are_named():
     """Widths other than 512 / 64, rows not starting 16-byte aligned, row strides not a multiple of 16 bytes; a
     [slots, 1, 576] pool's views and a paged [pages, 64, 576] pool's views qualify."""
@@ -134,8 +138,9 @@ def test_rows_the_kernel_cannot_read_are_named():
     assert wgmma.rows_refusal((512, 64), {"ckv_cache": pool.view(8, 64, 576)[:, :, :512]}) is None
     odd = torch.zeros(64 * 577 + 16, dtype=torch.uint8)[1 : 1 + 64 * 577].view(-1, 577).view(torch.float8_e4m3fn)
     why = wgmma.rows_refusal((512, 64), {"ckv_cache": odd[:, :512]})
-    assert why and "ckv_cache" in why and "data_ptr % 16 = " in why and "row stride 577 bytes" in why
-    assert "latent width 512 and rope width 64; got 256 and 64" in wgmma.rows_refusal((256, 64), {})
+    # the cache, its data_ptr % 16 and its row stride in bytes
+    assert why and why.startswith("ckv_cache") and {1, 577} <= _numbers(why), why
+    assert {512, 64, 256} <= _numbers(wgmma.rows_refusal((256, 64), {}))  # the widths built, and those given
 
 
 # ----------------------------------------------------------------------------------------------

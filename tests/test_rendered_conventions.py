@@ -15,6 +15,7 @@ Each check is shown failing on a deliberately broken input first."""
 from __future__ import annotations
 
 import io
+import math
 import re
 import tokenize
 from pathlib import Path
@@ -86,11 +87,13 @@ def _table_problems(table: Table) -> list[str]:
 
 
 def test_the_placeholder_check_finds_a_lost_f_and_nothing_else():
-    assert placeholders("Attention over an {context:,}-token request reads {attention / 1e6:,.1f} MB") == [
-        "{context:,}"
-    ]  # (an expression with spaces is not read as a name; the first is enough to fail)
-    assert placeholders("{x['k']} and {a.b!r} and {n}") == ["{x['k']}", "{a.b!r}", "{n}"]
-    assert placeholders("`{n}` in code, $x^{n}$, \\frac{a}{b}, a set {} and {1, 2}\n```\n{n}\n```") == []
+    lost = "Attention over an {context:,}-token request reads {attention / 1e6:,.1f} MB"
+    names = "{x['k']} and {a.b!r} and {n}"
+    not_placeholders = "`{n}` in code, $x^{n}$, \\frac{a}{b}, a set {} and {1, 2}\n```\n{n}\n```"
+    # (an expression with spaces is not read as a name; the first is enough to fail)
+    assert placeholders(lost) == ["{context:,}"]
+    assert placeholders(names) == ["{x['k']}", "{a.b!r}", "{n}"]
+    assert placeholders(not_placeholders) == []
 
 
 def _string_runs(source: str) -> list[list[tokenize.TokenInfo]]:
@@ -123,8 +126,10 @@ def _lost_f_strings(source: str) -> list[str]:
 
 def test_no_piece_of_an_f_string_lost_its_f():
     """Chapter 1 showed "an {context:,}-token request": one line of an f-string concatenation had no ``f``."""
-    assert _lost_f_strings('x = (f"a {n:,} b "\n     "c {context:,} d")\n') == ['line 2: "c {context:,} d"']
-    assert _lost_f_strings('x = (f"a {n:,} b "\n     f"c {context:,} d")\n') == []
+    lost, kept = 'x = (f"a {n:,} b "\n     "c {context:,} d")\n', 'x = (f"a {n:,} b "\n     f"c {context:,} d")\n'
+    found = _lost_f_strings(lost)  # the second line's piece, by its line number and its placeholder
+    assert len(found) == 1 and found[0].startswith("line 2:") and placeholders(found[0]) == ["{context:,}"]
+    assert _lost_f_strings(kept) == []
     found = {p.name: _lost_f_strings(p.read_text()) for p in sorted(NOTEBOOK_LAYER.glob("*.py"))}
     assert not {k: v for k, v in found.items() if v}, found
 
@@ -145,14 +150,15 @@ def test_chapter_1s_bytes_follow_the_roofline():
 
 
 def test_the_ratio_check_wants_a_direction():
-    broken = Table([{"x": 1.5, "e": 1e-3}], {"vs FlashMLA BF16": ("x", times(2)), "error vs float64": "e"}, "c")
-    assert _table_problems(broken) == [
-        "ratio column 'vs FlashMLA BF16' does not say which way it divides (write 'A / B')"
-    ]
+    ratio, error = "vs FlashMLA BF16", "error vs float64"
+    broken = Table([{"x": 1.5, "e": 1e-3}], {ratio: ("x", times(2)), error: "e"}, "c")
+    problems = _table_problems(broken)  # one: the ratio column, named, not the error column
+    assert len(problems) == 1 and repr(ratio) in problems[0] and repr(error) not in problems[0]
     vs = Table([{"x": 1.5}], {"ours / FlashMLA vs before": ("x", times(2))}, "c")
     assert "says 'vs'" in _table_problems(vs)[0]
     assert ratio_direction_problems(["error ratio"], [["3.1"]])  # "ratio" in the header: a ratio column
-    assert not ratio_direction_problems(["preparation fitted", "heads × tokens"], [["1,040 GB/s", "16 × 64"]])
+    headers, row = ["preparation fitted", "heads × tokens"], ["1,040 GB/s", "16 × 64"]
+    assert not ratio_direction_problems(headers, [row])  # a rate and a shape are not ratios
     fine = Table([{"x": 1.5}], {"FlashMLA BF16 µs / ours' µs (>1: ours faster)": ("x", times(2))}, "c")
     assert _table_problems(fine) == []
 
@@ -160,6 +166,7 @@ def test_the_ratio_check_wants_a_direction():
 def test_chapters_5_and_6_divide_flashmla_bf16s_time_by_the_others():
     """Chapter 5 showed a speed ratio and chapter 6 a time ratio under the same words ("vs FlashMLA BF16"): both
     are now FlashMLA BF16's µs over the other path's (>1: the other is faster), and say so."""
+    fb = fused_bench_report
     bench = _recorded("fused_decode_bench")
     grid = fused_bench_report.Grid(bench)
     advice = fused_bench_report.what_to_run(grid, grid.caption)
@@ -167,16 +174,21 @@ def test_chapters_5_and_6_divide_flashmla_bf16s_time_by_the_others():
     for table in (advice, lead):
         assert _table_problems(table) == []
     header = next(h for h in advice.columns if h.startswith("FlashMLA BF16 µs / ours"))
-    assert ">1: ours faster" in header
-    for r in advice.rows:  # the number under it is FlashMLA BF16's time over ours'
-        assert r["vs"] > 1 or r["vs"] <= 1
+    assert re.search(r"\(>1: (\w+)", header).group(1) == "ours"  # which side a ratio over 1 favours
+    for (
+        r
+    ) in advice.rows:  # the number under it is FlashMLA BF16's time over ours' (geometric mean over the row's points)
+        batches = {1} if r["batch"] == "1" else {8, 32, 64}
+        points = [p for p in grid.points if p[0] == r["heads"] and p[2] in batches and grid.us(fb.OURS, p)]
+        over = [grid.us(fb.FM_BF16, p) / grid.us(fb.OURS, p) for p in points if grid.us(fb.FM_BF16, p)]
+        assert over and r["vs"] == pytest.approx(math.prod(over) ** (1 / len(over)))
     ev = evidence()
     table = heads_report.kernel_table(ev, "c")
     if table is None:
         pytest.skip("no recorded benchmark for chapter 6's kernel table")
     assert _table_problems(table) == []
     bf16 = next(h for h in table.columns if h.startswith("FlashMLA BF16 µs / "))
-    assert ">1: it is faster" in bf16
+    assert re.search(r"\(>1: (\w+)", bf16).group(1) == "it"
     shown = dict(zip(table.column("heads, batch"), table.column(bf16)))
     for r in heads_report.kernel_rows(ev):
         if r["fm_bf16"]:
@@ -272,7 +284,8 @@ def test_the_front_page_lists_every_chapter_of_the_toc():
     chapters = [Path(f).name for f in _toc_files() if Path(f).name not in ("index", "reproducibility")]
     listed = _front_page_chapters((BOOK / "index.md").read_text())
     assert chapters and listed == chapters, f"the front page lists {listed}; _toc.yml has {chapters}"
-    assert _front_page_chapters("## The chapters\n\n| a | b |\n| {doc}`01_x` | q |\n") == ["01_x"]
+    one = "## The chapters\n\n| a | b |\n| {doc}`01_x` | q |\n"
+    assert _front_page_chapters(one) == ["01_x"]
 
 
 # ---------------------------------------------------------------------------------------------- CPU figures
@@ -282,19 +295,15 @@ def test_a_figure_measured_live_on_a_cpu_says_so_in_its_title():
     run = start_chapter("x", mode="cpu", record=False, defaults={"gpu": {}, "cpu": {}})
     caption = run.live_caption("4 layers")
     assert caption.startswith(plots.CPU_LIVE_CAPTION)  # the caption the figure recognises is the chapter's own
-    fig = plots.bar(
-        ["ours", "full cast"], {"ms": [860.9, 1086.6]}, title="One decode step", yaxis="ms", caption=[caption]
-    )
-    assert (
-        fig.layout.title.text.startswith(f"<b>{plots.CPU_LIVE_TITLE}</b>")
-        and "One decode step" in fig.layout.title.text
-    )
+    title = "One decode step"
+    fig = plots.bar(["ours", "full cast"], {"ms": [860.9, 1086.6]}, title=title, yaxis="ms", caption=[caption])
+    assert fig.layout.title.text.startswith(f"<b>{plots.CPU_LIVE_TITLE}</b>") and title in fig.layout.title.text
     assert cpu_figure_problems(fig.to_plotly_json()) == []
     broken = fig.to_plotly_json()
-    broken["layout"]["title"]["text"] = "One decode step"
+    broken["layout"]["title"]["text"] = title
     assert cpu_figure_problems(broken)  # the check fails on the same figure untitled
     recorded = plots.bar(
-        ["ours"], {"ms": [1.0]}, title="One decode step", yaxis="ms", caption=["Recorded on NVIDIA H200, 2026-12-02."]
+        ["ours"], {"ms": [1.0]}, title=title, yaxis="ms", caption=["Recorded on NVIDIA H200, 2026-12-02."]
     )
     assert plots.CPU_LIVE_TITLE not in recorded.layout.title.text
     checks = plots.with_caption(plots.go.Figure(plots.go.Heatmap(z=[[1]])), [caption], measured=False)
@@ -359,7 +368,8 @@ def test_chapter_4s_host_sentence_follows_the_recorded_times():
     host = gather_step_report.host_summary(busy)
     assert [s["strategy"] for s in host["bound"]] == ["a"] and host["share"] == pytest.approx(0.8)
     chapter = (BOOK / "04_gather_then_cast.md").read_text()
-    assert "are host-bound (named above" not in chapter and "gather_step_report.host_summary(rec_profile)" in chapter
+    # the strategies it calls host-bound are the computed ones, glued (never a typed list)
+    assert "gather_step_report.host_summary(rec_profile)" in chapter and "{glue:text}`host_bound`" in chapter
     recorded = _recorded("gather_cast_profile")
     assert gather_step_report.host_summary(recorded)["bound"] == gather_step_report.host_bound(recorded)
 
@@ -439,3 +449,27 @@ def test_no_cuda_graph_is_captured_around_a_phase_without_kernels(monkeypatch):
     captured.clear()
     cast = step._graph_phase_ms(model(Cast()), torch.device("cpu"), 1)
     assert cast[PHASES[1]] == 1.0 and len([c for c in captured if c == "<lambda>"]) == 4
+
+
+def test_a_glued_value_with_a_lost_f_is_found(tmp_path):
+    """A value glued for the Markdown (myst-nb ``glue(..., display=False)``: its bundle under the papermill prefix)
+    is checked like any rendered text."""
+    import nbformat
+
+    from rendered_checks import notebook_problems
+
+    prefix = "application/papermill.record/"
+    nb = nbformat.v4.new_notebook()
+    for name, text in (("fine", "'16 heads'"), ("lost_f", "'{heads} heads'")):
+        cell = nbformat.v4.new_code_cell("glue(...)")
+        cell.outputs = [
+            nbformat.v4.new_output(
+                "display_data",
+                data={prefix + "text/plain": text},
+                metadata={"scrapbook": {"name": name, "mime_prefix": prefix}},
+            )
+        ]
+        nb.cells.append(cell)
+    nbformat.write(nb, tmp_path / "ch.ipynb")
+    problems = notebook_problems(tmp_path / "ch.ipynb")
+    assert len(problems) == 1 and "'lost_f'" in problems[0] and "{heads}" in problems[0]

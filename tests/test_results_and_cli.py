@@ -1,7 +1,9 @@
 import ast
 import dataclasses
+import errno
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 import sys
@@ -20,6 +22,7 @@ from kvwall.results import (
     RESULTS_DIR,
     Result,
     ResultFileError,
+    ResultMissingError,
     RowSchemaError,
     collect_provenance,
     content_digest,
@@ -59,7 +62,7 @@ def test_save_load_round_trip(tmp_path):
     assert back.table("sweep")[1]["ms"] == 0.2
     assert not back.stale and "Recorded on" in back.caption()
     assert [p.name for p in tmp_path.iterdir()] == ["cast_sweep.json"]  # no temporary file left behind
-    with pytest.raises(KeyError, match="no rows in section 'nope'"):
+    with pytest.raises(KeyError, match="'nope'"):
         back.table("nope")
 
 
@@ -150,13 +153,15 @@ def test_files_of_an_older_format_are_refused_with_the_advice_to_re_record(tmp_p
     data["provenance"]["digest"] = {"params": "0" * 64, "rows": "0" * 64}  # format 3's digest: one hash per part
     path.write_text(json.dumps(data, indent=1) + "\n")
     before = path.read_text()
-    with pytest.raises(ResultFileError, match="file format 3.*Re-record it: `python -m kvwall record cast_sweep`"):
+    # the format found, and the command that re-records it
+    with pytest.raises(ResultFileError, match="format 3.*`python -m kvwall record cast_sweep`"):
         load_result("cast_sweep", tmp_path)
     assert cli.main(["check", "--dir", str(tmp_path)]) == 1
-    assert f"INVALID {path}: written in file format 3" in capsys.readouterr().out and path.read_text() == before
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if str(path) in line]
+    assert line.startswith(f"INVALID {path}:") and "format 3" in line and path.read_text() == before
     with pytest.raises(SystemExit):
         cli.main(["migrate-digests"])  # gone with kvwall.results.migrate
-    assert "invalid choice: 'migrate-digests'" in capsys.readouterr().err
+    assert "'migrate-digests'" in capsys.readouterr().err  # argparse's unknown command
 
 
 def test_every_committed_result_is_of_this_format():
@@ -197,18 +202,18 @@ def test_rows_that_drift_from_the_schema_are_refused_naming_row_and_field(tmp_pa
     with pytest.raises(ResultFileError) as info:
         load_result("cast_sweep", tmp_path)
     message = str(info.value)
-    assert str(path) in message and "row 0 (section 'sweep'), field 'bytes'" in message
-    assert "row 1 (section 'sweep'), field 'ms': Input should be a valid number" in message
+    # the file, and each bad row by number and field
+    assert str(path) in message and re.search(r"row 0\b.*'bytes'", message) and re.search(r"row 1\b.*'ms'", message)
 
 
 def test_save_refuses_rows_off_schema_and_leaves_the_old_file(tmp_path):
     path = save_result(_tiny_result(), tmp_path)
     before = path.read_text()
-    with pytest.raises(RowSchemaError, match=r"not written: .*row 0 \(section 'sweep'\), field 'pool_tokens'"):
+    with pytest.raises(RowSchemaError, match=r"row 0\b.*'pool_tokens'"):
         save_result(_tiny_result(rows=[{**ROWS[0], "pool_tokens": 8.5}]), tmp_path)
-    with pytest.raises(RowSchemaError, match="row 0 \\(section 'sweeep'\\), field 'section': Input should be 'sweep'"):
+    with pytest.raises(RowSchemaError, match=r"'sweeep'.*'section'.*'sweep'"):  # the value, the field, the one allowed
         save_result(_tiny_result(rows=[{**ROWS[0], "section": "sweeep"}]), tmp_path)
-    with pytest.raises(RowSchemaError, match="row 1 \\(section 'steps'\\): Input tag 'steps' .* expected tags"):
+    with pytest.raises(RowSchemaError, match=r"row 1\b.*'steps'"):
         validate_rows("decode_profile", [{"section": "step", "step": 0, "ms": 1.0}, {"section": "steps"}])
     with pytest.raises(ValueError, match="scale"):
         save_result(_tiny_result(scale=None), tmp_path)
@@ -216,7 +221,7 @@ def test_save_refuses_rows_off_schema_and_leaves_the_old_file(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(ResultFileError, match="no such result file"):
+    with pytest.raises(ResultMissingError, match=re.escape(str(tmp_path / "decode_profile.json"))):
         load_result("decode_profile", tmp_path)
 
 
@@ -233,7 +238,7 @@ def test_experiments_must_name_known_prerequisites():
     run = EXPERIMENTS["cast_sweep"].run
     with pytest.raises(ValueError, match="requires \\['gpu'\\]"):
         Experiment("cast_sweep", run, {}, {}, "x", ("gpu",))
-    with pytest.raises(ValueError, match="no row schema"):
+    with pytest.raises(ValueError, match=r"no_such_experiment\b.*kvwall\.experiments\.schemas"):
         Experiment("no_such_experiment", run, {}, {}, "x", ())
 
 
@@ -274,10 +279,11 @@ def test_every_committed_result_loads_and_is_fresh_unless_listed_as_awaiting_a_r
 
 def test_the_awaiting_list_is_read_strictly(tmp_path):
     assert awaiting_rerecord(tmp_path) == {}
-    (tmp_path / AWAITING_FILE).write_text("# a comment\n\ncast_sweep: the GPU was busy  # trailing\n")
-    assert awaiting_rerecord(tmp_path) == {"cast_sweep": "the GPU was busy"}
+    why = "the GPU was busy"
+    (tmp_path / AWAITING_FILE).write_text(f"# a comment\n\ncast_sweep: {why}  # trailing\n")
+    assert awaiting_rerecord(tmp_path) == {"cast_sweep": why}
     (tmp_path / AWAITING_FILE).write_text("cast_sweep\n")
-    with pytest.raises(ValueError, match="expected `experiment: why it waits`"):
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / AWAITING_FILE}:1:") + ".*'cast_sweep"):
         awaiting_rerecord(tmp_path)
 
 
@@ -299,14 +305,22 @@ def fake_run(monkeypatch):
 
 @pytest.mark.usefixtures("no_runs")
 def test_record_refuses_before_running_when_prerequisites_are_missing(monkeypatch, capsys, tmp_path):
-    monkeypatch.setitem(registry.PREREQUISITES, "cuda", lambda: "no CUDA GPU (test)")
-    monkeypatch.setitem(registry.PREREQUISITES, "nvcc", lambda: "no nvcc (test)")
+    monkeypatch.setitem(registry.PREREQUISITES, "cuda", lambda: "no-GPU-here")
+    monkeypatch.setitem(registry.PREREQUISITES, "nvcc", lambda: "no-nvcc-here")
     gpu = [n for n, e in EXPERIMENTS.items() if "cuda" in e.requires]
     assert gpu, "some experiments must require a GPU"
     assert cli.main(["record", "all", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "nothing was run" in err and f"missing cuda (no CUDA GPU (test)), needed by {', '.join(gpu)}" in err
-    assert "full-scale GPU measurements" not in err and list(tmp_path.iterdir()) == []
+    # one refusal a missing prerequisite, naming it, why, and what needs it; nothing else stands in the way
+    listed = [line.split() for line in err.splitlines() if line.startswith("  - ")]
+    needed = {
+        r
+        for r, lacks in registry.PREREQUISITES.items()
+        if lacks() and any(r in e.requires for e in EXPERIMENTS.values())
+    }
+    assert {words[2] for words in listed} == needed and len(listed) == len(needed)
+    assert re.search(rf"cuda \(no-GPU-here\).*\b{re.escape(', '.join(gpu))}$", err, re.M)
+    assert list(tmp_path.iterdir()) == []
     assert cli.main(["record", "all", "--out", str(tmp_path / "new" / "folder")]) == 2
     assert list(tmp_path.iterdir()) == []  # a refused record creates no --out
 
@@ -315,7 +329,7 @@ def test_record_refuses_before_running_when_prerequisites_are_missing(monkeypatc
 def test_record_refuses_to_replace_full_scale_with_small(capsys, tmp_path):
     save_result(_tiny_result("full"), tmp_path)
     assert cli.main(["record", "cast_sweep", "--scale", "small", "--out", str(tmp_path)]) == 2
-    assert "cast_sweep in " + str(tmp_path) + " are full-scale results" in capsys.readouterr().err
+    assert re.search(rf"cast_sweep in {re.escape(str(tmp_path))} .*full-scale", capsys.readouterr().err)
     assert load_result("cast_sweep", tmp_path).provenance.scale == "full"
     assert cli.main(["record", "cast_sweep", "--scale", "small", "--force", "--out", str(tmp_path)]) == 0
     assert load_result("cast_sweep", tmp_path).provenance.scale == "small"
@@ -335,7 +349,7 @@ def test_record_with_force_notes_what_was_missing(monkeypatch, tmp_path):
     assert cli.main(["record", name, "--out", str(tmp_path)]) == 2
     assert cli.main(["record", name, "--force", "--out", str(tmp_path)]) == 0
     prov = load_result("cast_sweep", tmp_path).provenance  # what the fake run returns, whatever the name
-    assert prov.missing == ["cuda"] and "recorded without cuda" in prov.short()
+    assert prov.missing == ["cuda"] and prov.short().endswith("without cuda")
 
 
 @pytest.mark.parametrize("make_out", [lambda p: p / "a_file", lambda p: p / "a_file" / "below"])
@@ -351,8 +365,8 @@ def test_record_checks_out_before_running(capsys, tmp_path, make_out):
 def test_record_writes_each_result_and_reports_progress(capsys, tmp_path):
     assert cli.main(["record", "cast_sweep", "--out", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
-    assert "[1/1] cast_sweep (full scale)" in err and "recorded 1 experiment(s) in" in err
-    assert "recorded cast_sweep in " in out and str(tmp_path / "cast_sweep.json") in out
+    assert re.search(r"^\[1/1\] cast_sweep.*\bfull\b", err, re.M) and re.search(r"^recorded 1\b", err, re.M)
+    assert re.search(rf"^recorded cast_sweep\b.*{re.escape(str(tmp_path / 'cast_sweep.json'))}$", out, re.M)
     assert load_result("cast_sweep", tmp_path).rows == ROWS
 
 
@@ -360,23 +374,25 @@ def test_record_writes_each_result_and_reports_progress(capsys, tmp_path):
 def test_record_says_what_was_recorded_when_an_experiment_fails(monkeypatch, capsys, tmp_path):
     def run(name, device, scale):
         if name == "attention_sweep":
-            raise RuntimeError("out of memory (test)")
+            raise RuntimeError("out-of-memory-in-test")
         return _tiny_result(scale)
 
     monkeypatch.setattr(cli, "run_experiment", run)
     assert cli.main(["record", "gather_cast_bench", "attention_sweep", "cast_sweep", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err  # run in dependency order: cast_sweep, attention_sweep, gather_cast_bench
-    assert "attention_sweep failed after" in err and "recorded before it: cast_sweep; not run: gather_cast_bench" in err
-    assert "RuntimeError: out of memory (test)" in err and "Traceback" not in err
+    # which failed, its error, what was recorded before it and what was not run
+    assert re.search(r"\battention_sweep\b.*out-of-memory-in-test\b.*\bcast_sweep\b.*\bgather_cast_bench\b", err, re.M)
+    assert "RuntimeError: out-of-memory-in-test" in err
+    assert "Traceback" not in err
     log = Path(err.split("its traceback: ")[1].split(")")[0])
-    assert "out of memory (test)" in log.read_text()
+    assert "out-of-memory-in-test" in log.read_text()
     assert (tmp_path / "cast_sweep.json").is_file()
 
 
 def test_record_rejects_unknown_experiments(capsys):
     with pytest.raises(SystemExit):
         cli.main(["record", "decode_profil"])
-    assert "argument experiments: invalid choice: 'decode_profil'" in capsys.readouterr().err
+    assert "'decode_profil'" in capsys.readouterr().err  # argparse's invalid choice
 
 
 # --- list, check, execute ----------------------------------------------------------------------------------
@@ -394,8 +410,8 @@ def test_check_reports_each_file(capsys, tmp_path):
     assert cli.main(["check", "--dir", str(tmp_path)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("ok") and "cast_sweep.json" in line for line in lines)
-    assert any(line.startswith("INVALID") and "decode_profile.json: not valid JSON" in line for line in lines)
-    assert any(line.startswith("MISSING") and "cast_kernels.json: no such result file" in line for line in lines)
+    assert any(line.startswith("INVALID") and "decode_profile.json" in line for line in lines)
+    assert any(line.startswith("MISSING") and "cast_kernels.json" in line for line in lines)
 
 
 def test_check_exits_1_when_a_result_is_stale(capsys, tmp_path):
@@ -417,7 +433,7 @@ def test_check_exits_1_when_a_result_is_stale(capsys, tmp_path):
 def test_check_of_a_missing_folder_is_one_line(capsys):
     assert cli.main(["check", "--dir", "/nonexistent"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and len(err.strip().splitlines()) == 1 and "/nonexistent is not a folder" in err
+    assert out == "" and len(err.strip().splitlines()) == 1 and "/nonexistent" in err
 
 
 @pytest.mark.parametrize("command", [["list"], ["check"]])
@@ -439,13 +455,13 @@ def _run_cli(args, **popen):
 def test_output_into_a_full_disk_is_one_line():
     with open("/dev/full", "w") as full:
         rc, err = _run_cli(["list"], stdout=full)
-    assert rc == 2 and "cannot write to standard output" in err and "Traceback" not in err
+    assert rc == 2 and os.strerror(errno.ENOSPC) in err and "Traceback" not in err  # the OS's reason
     assert len(err.strip().splitlines()) == 1
 
 
 def test_output_with_stdout_closed_is_one_line():
     rc, err = _run_cli(["list"], stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
-    assert rc == 2 and "standard output is closed" in err and "Traceback" not in err
+    assert rc == 2 and "standard output" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("out", ["README.md", "/proc/nope"])
@@ -477,7 +493,7 @@ def test_execute_refuses_unknown_parameters_before_running(capsys, tmp_path):
     chapter = PROJECT_ROOT / "book/01_the_86ms_profile.md"
     assert cli.main(["execute", str(chapter), "--out", str(tmp_path), "-p", "layer=2"]) == 2
     err = capsys.readouterr().err
-    assert "has no parameter layer; it takes: mode (default 'auto')" in err and "layers" in err
+    assert re.search(r"\blayer\b.*\bmode\b.*'auto'", err) and "layers" in err  # the offending name, those it takes
     assert list(tmp_path.iterdir()) == []
 
 
@@ -486,7 +502,7 @@ def test_execute_with_a_bad_value_prints_the_cause_last(capsys, tmp_path):
     chapter = PROJECT_ROOT / "book/01_the_86ms_profile.md"
     assert cli.main(["execute", str(chapter), "--out", str(tmp_path), "-p", "mode=fast"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("ValueError: mode='fast' is not allowed") and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("ValueError: mode='fast'") and "Traceback" not in "\n".join(err)
 
 
 def test_run_experiment_stamps_the_scale_and_validates_the_rows(monkeypatch):
@@ -496,7 +512,7 @@ def test_run_experiment_stamps_the_scale_and_validates_the_rows(monkeypatch):
     assert run_experiment("cast_sweep", torch.device("cpu"), "small").provenance.scale == "small"
     drifted = dataclasses.replace(exp, run=lambda device, **params: _tiny_result(rows=[{**ROWS[0], "gbps": "15"}]))
     monkeypatch.setitem(EXPERIMENTS, "cast_sweep", drifted)
-    with pytest.raises(RowSchemaError, match="row 0 \\(section 'sweep'\\), field 'gbps'"):
+    with pytest.raises(RowSchemaError, match=r"row 0\b.*'gbps'"):
         run_experiment("cast_sweep", torch.device("cpu"), "small")
     with pytest.raises(LookupError, match="import kvwall.experiments"):
         validate_rows("never_registered", [])
@@ -545,7 +561,7 @@ def test_record_fails_when_what_it_wrote_is_already_stale(monkeypatch, capsys, t
     monkeypatch.setattr(Result, "changed_sources", lambda self, root=PROJECT_ROOT: [table])
     assert cli.main(["record", "cast_sweep", "--out", str(tmp_path)]) == 3
     err = capsys.readouterr().err
-    assert "already stale" in err and f"cast_sweep: changed since it was recorded: {table}" in err
+    assert re.search(rf"^\W+cast_sweep:.*{re.escape(table)}$", err, re.M)  # the result, and what changed
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -564,14 +580,14 @@ def test_execute_writes_the_notebook_atomically(monkeypatch, tmp_path, fails):
         seen.append((output_path, target.read_text()))
         Path(output_path).write_text('{"whole": 1}')
         if fails:
-            raise RuntimeError("a cell failed (test)")
+            raise RuntimeError("cell-failed-in-test")
         record = tmp_path / "execution" / "01_the_86ms_profile.json"
         record.parent.mkdir()
         record.write_text('{"chapter": "01_the_86ms_profile"}')
 
     monkeypatch.setattr(execute_module.papermill, "execute_notebook", fake_execute_notebook)
     if fails:
-        with pytest.raises(RuntimeError, match="a cell failed"):
+        with pytest.raises(RuntimeError, match="cell-failed-in-test"):
             execute_module.execute_chapter(chapter, tmp_path)
     else:
         assert execute_module.execute_chapter(chapter, tmp_path) == {"chapter": "01_the_86ms_profile"}

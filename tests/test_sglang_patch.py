@@ -7,12 +7,14 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import background_job
 from kvwall.experiments import run_experiment
 from kvwall.experiments.sglang_patch import GEOMETRY, _reference64, check_variant
 from kvwall.peers.sglang_patch import (
@@ -134,7 +136,8 @@ def test_patch_refuses_a_modified_file(name):
     src = upstream_source()
     changed = src.replace(WHOLE_POOL_CAST, WHOLE_POOL_CAST + "  # edited")
     assert changed != src
-    with pytest.raises(PatchError, match="does not apply: line 822"):
+    line = src[: src.index(WHOLE_POOL_CAST)].count("\n") + 1
+    with pytest.raises(PatchError, match=rf"\bline {line}\b.*# edited"):  # the line, and what the file holds there
         apply_patch(name, changed)
     # a context line elsewhere (the decode wrapper's construction) changed too
     moved = src.replace(
@@ -146,7 +149,7 @@ def test_patch_refuses_a_modified_file(name):
     assert moved != src
     with pytest.raises(PatchError, match="hunk 2"):
         apply_patch(name, moved)
-    with pytest.raises(PatchError, match="runs past the end"):
+    with pytest.raises(PatchError, match=r"\(700 lines\)"):  # the hunk past the end of the file's 700 lines
         apply_patch(name, "\n".join(src.splitlines()[:700]))
 
 
@@ -155,7 +158,8 @@ def test_apply_diff_rejects_malformed_diffs():
         apply_diff("a\n", "--- a/x\n+++ b/x\n")
     with pytest.raises(PatchError, match="truncated"):
         apply_diff("a\nb\n", "@@ -1,2 +1,2 @@\n a\n")
-    assert apply_diff("a\nb\nc\n", "@@ -2,1 +2,2 @@\n b\n+B\n") == "a\nb\nB\nc\n"
+    abc, add_b = "a\nb\nc\n", "@@ -2,1 +2,2 @@\n b\n+B\n"  # a file, and a diff adding a line after its second
+    assert apply_diff(abc, add_b).splitlines(keepends=True) == ["a\n", "b\n", "B\n", "c\n"]
 
 
 def _whole_buffer_casts(func: ast.FunctionDef) -> list[str]:
@@ -281,8 +285,14 @@ def test_loading_leaves_no_sglang_stand_ins_behind():
         patched_source("nope")
 
 
-def test_small_experiment_runs_and_every_check_passes():
-    result = run_experiment("sglang_patch_check", torch.device("cpu"), scale="small")
+@background_job
+def small_patch_check(out: Path):
+    """The experiment's small run (its real-module check: a child Python, ~40 s of CPU): a background job."""
+    return run_experiment("sglang_patch_check", torch.device("cpu"), scale="small")
+
+
+def test_small_experiment_runs_and_every_check_passes(background):
+    result = background(small_patch_check)
     validate_rows("sglang_patch_check", result.rows)
     checks = [r for r in result.rows if r["section"] == "checks"]
     assert {(r["variant"], r["case"]) for r in checks} == {
@@ -515,15 +525,13 @@ def test_a_stand_in_never_behaves_it_fails_naming_the_missing_module(tmp_path):
     with _fake_sglang(tmp_path, files):
         deco = importlib.import_module("sglang.deco")  # decorators pass the function through; an unused value is fine
         assert deco.f() == 1 and deco.g() == 2 and isinstance(deco.lazy, StandInValue)
-        with pytest.raises(StandInUsed, match=r"kvwall_no_such_mod_d\.make\(\.\.\.\) called at sglang/deco\.py:8"):
+        with pytest.raises(StandInUsed, match=r"kvwall_no_such_mod_d\.make\b.*\bsglang/deco\.py:8"):  # the call, where
             deco.lazy.anything
         with pytest.raises(StandInUsed) as e:  # the first H200 run's failure: dill.dumps(cls).hex() on a fake
             importlib.import_module("sglang.serial")
-        assert (
-            "kvwall_no_such_mod_e.dumps(...) called at sglang/serial.py:4" in str(e.value)
-            and "imported unguarded at sglang/serial.py:1" in str(e.value)
-            and ".hex" in str(e.value)
-        )
+        said = str(e.value)  # the call and where, the unguarded import and where, what was done with the stand-in
+        assert re.search(r"kvwall_no_such_mod_e\.dumps\b.*\bsglang/serial\.py:4\b.*\bsglang/serial\.py:1\b", said)
+        assert ".hex" in said
 
 
 def test_git_apply_applies_each_diff_to_the_upstream_copy(tmp_path):
@@ -672,13 +680,18 @@ def test_import_stage_gets_through_under_the_gpu_machines_import_conditions(tmp_
         if not w.name.startswith("dill-"):
             (few / w.name).symlink_to(w)
     out = _simulate(source, few, deps)
-    assert not out["ok"] and out["error"].startswith(
-        "StandInUsed: dill.dumps(...) called at sglang/srt/sampling/custom_logit_processor.py:43"
-    ), out["error"]
+    # SGLang's call of dill, where it is, named (the file and line are SGLang 0.5.23's)
+    assert not out["ok"] and out["error"].startswith("StandInUsed: dill.dumps"), out["error"]
+    assert "sglang/srt/sampling/custom_logit_processor.py:43" in out["error"]
     assert "carry 'dill'" in out["error"]
 
 
 # --- how the real check judges whole-pool casts (a CUDA graph hides what it replays from torch's dispatcher) ---
+
+
+def _counts(problem: str) -> list[int]:
+    """The numbers a cast problem names, in order (the casts found, the casts expected, ...)."""
+    return [int(n) for n in re.findall(r"\d+", problem)]
 
 
 def test_cast_problems_judges_a_graph_by_what_it_holds():
@@ -692,14 +705,14 @@ def test_cast_problems_judges_a_graph_by_what_it_holds():
     assert cast_problems("unpatched", 6, eager=6) == [] and cast_problems("fused", 6, eager=0) == []
     # a patch whose captured graph casts the pool fails, though nothing is seen at replay
     (p,) = cast_problems("fused", 6, warmup=0, captured=6, replay=0, graph=True)
-    assert "captured graph" in p and "6 whole-pool casts, expected 0" in p
+    assert "captured" in p and _counts(p)[:2] == [6, 0]  # found, expected
     # ... and so does one that casts only in the warm-up, or in its replay metadata
     assert cast_problems("gather_cast", 6, warmup=6, captured=0, replay=0, graph=True)
     (p,) = cast_problems("gather_cast", 6, warmup=0, captured=0, replay=1, graph=True)
-    assert "outside the graph" in p and "expected 0" in p
+    assert "outside" in p and _counts(p)[:2] == [1, 0]
     # an unpatched graph that holds no cast is not the baseline
     (p,) = cast_problems("unpatched", 6, warmup=6, captured=0, replay=0, graph=True)
-    assert "0 whole-pool casts, expected 6" in p
+    assert "captured" in p and _counts(p)[:2] == [0, 6]
     assert cast_problems("unpatched", 6, warmup=6, captured=None, replay=0, graph=True)  # not counted: a problem
     # without a CUDA graph (CPU) the forward runs at replay: its casts are the step's
     assert cast_problems("unpatched", 2, warmup=2, captured=None, replay=2, graph=False) == []

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.sharp_attention import PROFILES
-from kvwall.reports.accuracy_report import Row, label, order, rows_of, verdicts
+from kvwall.reports.accuracy_report import label, order, verdicts
+from kvwall.reports.rows import Row, rows_of
 from kvwall.results import Result
 
 __all__ = [

@@ -24,8 +24,6 @@ __all__ = [
     "BF16_REFERENCES",
     "FIGURE_PATHS",
     "COLORS",
-    "Row",
-    "rows_of",
     "label",
     "order",
     "ran",

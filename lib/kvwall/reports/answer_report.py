@@ -14,23 +14,24 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import plotly.graph_objects as go
-import yaml
 from plotly.subplots import make_subplots
 
 from kvwall.model.cost import PATHS, CostModel, Point, fit_cost_model, split_train_test, validate
 from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.model.step_paths import kernel_that_ran, kernels_that_ran
-from kvwall.reports import tables
 from kvwall.reports.plots import with_caption
+from kvwall.reports.rows import Row, rows_of
 from kvwall.reports.tables import Table
-from kvwall.results import PROJECT_ROOT, Result
+from kvwall.reports.words import Words, columns, read_words
+from kvwall.results import Result
 
 __all__ = [
     "WORDS",
     "Words",
     "Filler",
     "fill",
+    "columns",
     "STEP_NAMES",
     "SWEEP_COLORS",
     "SweepFit",
@@ -60,23 +61,8 @@ __all__ = [
 ]
 
 
-class Words(dict):
-    """A mapping read from ``book/answer.yml`` whose keys also read as attributes (``WORDS.paths.ours.name``)."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self:
-            return self[name]
-        raise AttributeError(name)
-
-
-def _words(value: Any) -> Any:
-    if isinstance(value, dict):
-        return Words({k: _words(v) for k, v in value.items()})
-    return [_words(v) for v in value] if isinstance(value, list) else value
-
-
 #: Chapter 6's words that are data: the answer's rows (:mod:`kvwall.reports.decision`), names, columns and labels.
-WORDS = _words(yaml.safe_load((PROJECT_ROOT / "book" / "answer.yml").read_text(encoding="utf-8")))
+WORDS = read_words("answer.yml")
 
 
 class Filler(string.Formatter):
@@ -105,14 +91,6 @@ def fill(template: Any, case: Any = None, /, **values: Any) -> Any:
     return Filler(values, WORDS.pieces, {}).fill(template, case)
 
 
-def _columns(spec: Mapping[str, Sequence[Any]]) -> dict[str, tables.Column]:
-    """A table's columns from :data:`WORDS`: ``[field]`` or ``[field, formatter, its argument]``."""
-    return {
-        head: (c[0], getattr(tables, c[1])(*c[2:]) if c[2:] else getattr(tables, c[1])) if c[1:] else c[0]
-        for head, c in spec.items()
-    }
-
-
 #: Ours in the sweep: the dispatcher's path, and the Triton path forced.
 OURS_PATHS = ("ours", "triton")
 #: Short names of the step's paths for axes and tables, and the sweep's paths' colours (in the figures' order).
@@ -120,19 +98,16 @@ STEP_NAMES = {path: w.name for path, w in WORDS.paths.items() if "name" in w}
 SWEEP_COLORS = {path: w.color for path, w in WORDS.paths.items()}
 MISS = 0.20  # a held-out prediction off by more than this is listed, with why
 MB = 1e6  # the book's megabyte: 10^6 bytes (chapter 6's memory section says so)
+CAST = "full_pool_cast"  # the original path: the whole pool cast to BF16 every layer
 
 
-def _rows(result: Result, section: str) -> list[dict[str, Any]]:
-    return [r for r in result.rows if r.get("section") == section]
-
-
-def sweep_rows(result: Result) -> list[dict[str, Any]]:
+def sweep_rows(result: Result) -> list[Row]:
     """The ``point`` rows of a ``path_sweep`` result."""
-    return _rows(result, "point")
+    return rows_of(result, "point")
 
 
-def _setup(result: Result) -> dict[str, Any]:
-    return _rows(result, "setup")[0]
+def _setup(result: Result) -> Row:
+    return rows_of(result, "setup")[0]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -140,22 +115,22 @@ def _setup(result: Result) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def step_rows(result: Result) -> list[dict[str, Any]]:
+def step_rows(result: Result) -> list[Row]:
     """One row per path that ran: its step, the original path's step over it, time saved, the KV work per step
     (preparation + attention), and what it costs in memory."""
-    paths = [r for r in _rows(result, "path") if r.get("step_ms") is not None]
-    base = next((r["step_ms"] for r in paths if r["path"] == "full_pool_cast"), None)
-    fp8 = next((r["kv_bytes_per_token"] for r in paths if r.get("cache_dtype") == "float8_e4m3fn"), None)
+    paths = [r for r in rows_of(result, "path") if r.step_ms is not None]
+    base = next((r.step_ms for r in paths if r.path == CAST), None)
+    fp8 = next((r.kv_bytes_per_token for r in paths if r.cache_dtype == "float8_e4m3fn"), None)
     return [
-        dict(
+        Row(
             r,
-            name=STEP_NAMES.get(r["path"], r["path"]),
-            kv_work_ms=r["kv_ms"] + r["attention_ms"],
-            speedup=base and base / r["step_ms"],
-            time_saved=base and 1 - r["step_ms"] / base,
-            tokens_per_fp8_pool=fp8 and fp8 / r["kv_bytes_per_token"],
-            cache=WORDS.cache_names.get(r.get("cache_dtype"), r.get("cache_dtype")),
-            transient_mb=None if r.get("transient_bytes") is None else r["transient_bytes"] / MB,
+            name=STEP_NAMES.get(r.path, r.path),
+            kv_work_ms=r.kv_ms + r.attention_ms,
+            speedup=base and base / r.step_ms,
+            time_saved=base and 1 - r.step_ms / base,
+            tokens_per_fp8_pool=fp8 and fp8 / r.kv_bytes_per_token,
+            cache=WORDS.cache_names.get(r.cache_dtype, r.cache_dtype),
+            transient_mb=None if r.transient_bytes is None else r.transient_bytes / MB,
         )
         for r in paths
     ]
@@ -164,48 +139,48 @@ def step_rows(result: Result) -> list[dict[str, Any]]:
 def step_table(result: Result, caption: str) -> Table:
     """The step per path: time, against the original path, KV work, accuracy. On a CPU (small scale, Triton kernels
     interpreted) ratios to the original path would compare an interpreter with PyTorch's CPU kernels: left out."""
-    cpu = _setup(result)["device"] == "cpu"
+    cpu = _setup(result).device == "cpu"
     spec = {head: c for head, c in WORDS.step_table.items() if not (cpu and c[0] in ("speedup", "time_saved"))}
-    return Table(step_rows(result), _columns(spec), caption)
+    return Table(step_rows(result), columns(spec), caption)
 
 
 def memory_table(result: Result, caption: str) -> Table:
     """What each path costs in memory: KV bytes per token over the model's layers, tokens held in the FP8 pool's
     memory, and the extra peak one step allocates (measured on a GPU)."""
-    return Table(step_rows(result), _columns(WORDS.memory_table), caption)
+    return Table(step_rows(result), columns(WORDS.memory_table), caption)
 
 
 def step_figure(result: Result, title: str, caption: Sequence[str]) -> go.Figure:
     """Stacked bars, one per path: the step's phases (ms)."""
     rows, labels = step_rows(result), WORDS.step_figure
-    x = [r["name"] for r in rows]
+    x = [r.name for r in rows]
     fig = go.Figure()
     for key, name, color in labels.phases:
         fig.add_bar(name=name, x=x, y=[r[key] for r in rows], marker_color=color, hovertemplate=labels.hover)
     for name, r in zip(x, rows):
         fig.add_annotation(
             x=name,
-            y=r["step_ms"],
-            text=fill(labels.bar, ms=r["step_ms"]),
+            y=r.step_ms,
+            text=fill(labels.bar, ms=r.step_ms),
             showarrow=False,
             yanchor="bottom",
             font=dict(size=11),
         )
     fig.update_layout(
-        barmode="stack", title=title, yaxis_title=labels.y, yaxis_range=[0, max(r["step_ms"] for r in rows) * 1.12]
+        barmode="stack", title=title, yaxis_title=labels.y, yaxis_range=[0, max(r.step_ms for r in rows) * 1.12]
     )
     return with_caption(fig, caption, height=560)
 
 
 def headline_point(result: Result) -> Point:
     """The step's geometry as a cost-model point: GLM-5 at the step's heads per GPU, its batch and pool."""
-    p = result.params
+    p = Row(result.params)
     return Point(
-        heads=_setup(result)["heads_per_gpu"],
-        batch=len(p["context_lens"]),
-        tokens=sum(p["context_lens"]),
-        pool_tokens=p["pool_tokens"],
-        geometry=GLM5.with_tensor_parallel(p["tensor_parallel"]),
+        heads=_setup(result).heads_per_gpu,
+        batch=len(p.context_lens),
+        tokens=sum(p.context_lens),
+        pool_tokens=p.pool_tokens,
+        geometry=GLM5.with_tensor_parallel(p.tensor_parallel),
     )
 
 
@@ -217,9 +192,9 @@ def headline_point(result: Result) -> Point:
 def sweep_samples(result: Result) -> list[tuple[str, str, Point, float]]:
     """``(axis, path, point, µs per layer)`` for every timed point of a ``path_sweep`` result."""
     return [
-        (r["axis"], r["path"], Point(r["heads"], r["batch"], r["tokens"], r["pool_tokens"]), float(r["us"]))
+        (r.axis, r.path, Point(r.heads, r.batch, r.tokens, r.pool_tokens), float(r.us))
         for r in sweep_rows(result)
-        if r.get("us")
+        if r.us
     ]
 
 
@@ -228,28 +203,28 @@ class SweepFit:
     """The model fitted on the even points of each sweep series, and its errors on the odd ones."""
 
     model: CostModel
-    held_out: list[dict[str, Any]]
+    held_out: list[Row]
     trained: int
 
     @property
     def median_abs_err(self) -> float:
-        return statistics.median(abs(r["rel_err"]) for r in self.held_out)
+        return statistics.median(abs(r.rel_err) for r in self.held_out)
 
     def share_within(self, bound: float = MISS) -> float:
-        return sum(abs(r["rel_err"]) <= bound for r in self.held_out) / len(self.held_out)
+        return sum(abs(r.rel_err) <= bound for r in self.held_out) / len(self.held_out)
 
 
 def fit_sweep(result: Result) -> SweepFit:
     train, test = split_train_test(sweep_samples(result))
     model = fit_cost_model(train)
-    return SweepFit(model, validate(model, test), len(train))
+    return SweepFit(model, [Row(r) for r in validate(model, test)], len(train))
 
 
 def validation_table(fit: SweepFit, caption: str) -> Table:
     """Per path: what each component was fitted to (rates, launch constant) and the held-out error."""
     rows = []
     for path, comp in PATHS.items():
-        errs = [abs(r["rel_err"]) for r in fit.held_out if r["path"] == path]
+        errs = [abs(r.rel_err) for r in fit.held_out if r.path == path]
         if errs:
             att, prep = fit.model.components[comp.attention], fit.model.components.get(comp.prep)
             rows.append(
@@ -262,12 +237,12 @@ def validation_table(fit: SweepFit, caption: str) -> Table:
                     preparation=fill(WORDS.fitted.preparation, c=prep) if prep else WORDS.fitted.none,
                 )
             )
-    return Table(rows, _columns(WORDS.validation_table), caption)
+    return Table(rows, columns(WORDS.validation_table), caption)
 
 
-def _why(row: dict[str, Any]) -> str:
+def _why(row: Row) -> str:
     """Why a held-out point misses, from what the model leaves out (the chapter explains each reason)."""
-    why, (path, batch, heads) = WORDS.misses, (row["path"], row["batch"], row["heads"])
+    why, (path, batch, heads) = WORDS.misses, (row.path, row.batch, row.heads)
     if path in OURS_PATHS and batch > 1:
         return why.mixed_batch
     if path in OURS_PATHS and heads >= 64:
@@ -278,26 +253,26 @@ def _why(row: dict[str, Any]) -> str:
 def misses_table(fit: SweepFit, caption: str) -> Table:
     """The held-out points the model misses by more than :data:`MISS`, grouped by why: how many, which paths, and
     the worst one."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[Row]] = {}
     for r in fit.held_out:
-        if abs(r["rel_err"]) > MISS:
+        if abs(r.rel_err) > MISS:
             groups.setdefault(_why(r), []).append(r)
     rows = [
         dict(
             why=why,
             misses=len(ms),
-            paths=", ".join(dict.fromkeys(r["path"] for r in ms)),
-            worst=fill(WORDS.misses.worst, w=max(ms, key=lambda r: abs(r["rel_err"]))),
+            paths=", ".join(dict.fromkeys(r.path for r in ms)),
+            worst=fill(WORDS.misses.worst, w=max(ms, key=lambda r: abs(r.rel_err))),
         )
         for why, ms in groups.items()
     ]
-    return Table(rows, _columns(WORDS.misses_table), caption)
+    return Table(rows, columns(WORDS.misses_table), caption)
 
 
 def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.Figure:
     """Predicted against measured (held-out points only), log-log, with the ±20 % band."""
     fig, held, labels = go.Figure(), fit.held_out, WORDS.validation_figure
-    times = [t for r in held for t in (r["measured_us"], r["predicted_us"])]
+    times = [t for r in held for t in (r.measured_us, r.predicted_us)]
     lo, hi = min(times) * 0.8, max(times) * 1.25
     for k, dash in ((1.0, "solid"), (1 + MISS, "dot"), (1 - MISS, "dot")):
         fig.add_scatter(
@@ -308,15 +283,15 @@ def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.F
             showlegend=False,
             hoverinfo="skip",
         )
-    for path in dict.fromkeys(r["path"] for r in held):
-        sel = [r for r in held if r["path"] == path]
+    for path in dict.fromkeys(r.path for r in held):
+        sel = [r for r in held if r.path == path]
         fig.add_scatter(
             name=path,
-            x=[r["measured_us"] for r in sel],
-            y=[r["predicted_us"] for r in sel],
+            x=[r.measured_us for r in sel],
+            y=[r.predicted_us for r in sel],
             mode="markers",
             marker=dict(size=8, color=SWEEP_COLORS.get(path.removesuffix("_fa2"))),
-            customdata=[[r["axis"], r["heads"], r["batch"], r["tokens"], r["rel_err"] * 100] for r in sel],
+            customdata=[[r.axis, r.heads, r.batch, r.tokens, r.rel_err * 100] for r in sel],
             hovertemplate=labels.hover,
         )
     fig.update_layout(title=title, xaxis_title=labels.x, yaxis_title=labels.y)
@@ -373,9 +348,7 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
 
 
 def _sweep_us(sweep: Result) -> dict[tuple[str, str, int, int, int], float]:
-    return {
-        (r["axis"], r["path"], r["batch"], r["tokens"], r["heads"]): r["us"] for r in sweep_rows(sweep) if r.get("us")
-    }
+    return {(r.axis, r.path, r.batch, r.tokens, r.heads): r.us for r in sweep_rows(sweep) if r.us}
 
 
 def _axis(us: Mapping[tuple[Any, ...], float], axis: str, path: str, heads: int = 16) -> dict[int, float]:
@@ -394,8 +367,8 @@ class CastStep:
 
 
 def cast_step(step: Result) -> CastStep:
-    cast = next(r for r in step_rows(step) if r["path"] == "full_pool_cast")
-    return CastStep(cast["step_ms"], _setup(step).get("gpu") or _setup(step)["device"], cast.get("timing") or "")
+    cast, setup = next(r for r in step_rows(step) if r.path == CAST), _setup(step)
+    return CastStep(cast.step_ms, setup.gpu or setup.device, cast.timing or "")
 
 
 @dataclass(frozen=True)
@@ -408,8 +381,8 @@ class Lead:
     measured)."""
 
     cast: CastStep
-    best: dict[str, Any]
-    worst: dict[str, Any]
+    best: Row
+    worst: Row
     context: int
     lengths: list[int]
     ours_fastest: list[int]
@@ -421,13 +394,13 @@ class Lead:
 
     @property
     def spread_ms(self) -> float:
-        return self.worst["step_ms"] - self.best["step_ms"]
+        return self.worst.step_ms - self.best.step_ms
 
 
 def lead(step: Result, sweep: Result) -> Lead:
     """What every path saves on the step, how little separates them at one request, where ours wins and loses
     against gather_cast and FlashMLA at one request and in batches."""
-    free = [r for r in step_rows(step) if r["path"] != "full_pool_cast"]
+    free = [r for r in step_rows(step) if r.path != CAST]
     us = _sweep_us(sweep)
     ours_b, gather_b, fm_b = (_axis(us, "batch", p) for p in ("ours", "gather_cast", "flashmla_bf16"))
     batches = sorted(b for b in ours_b if b > 1 and b in gather_b)
@@ -440,8 +413,8 @@ def lead(step: Result, sweep: Result) -> Lead:
     big = batches[-1] if batches else None
     return Lead(
         cast_step(step),
-        min(free, key=lambda r: r["step_ms"]),
-        max(free, key=lambda r: r["step_ms"]),
+        min(free, key=lambda r: r.step_ms),
+        max(free, key=lambda r: r.step_ms),
         step.params["context_lens"][0],
         lengths,
         [t for t in lengths if all(ctx_ours[t] <= o.get(t, float("inf")) for o in others)],
@@ -457,9 +430,13 @@ def memory(step: Result) -> dict[str, Any]:
     """What the step's caches cost: bytes a token over every layer (FP8 and BF16), the pool, its GB in FP8 and the
     BF16 tokens the same memory holds, the extra peak of the whole-pool cast and of index-then-cast (MB), and the
     buffer gather_cast preallocates for the request's tokens (MB)."""
-    s = {r["path"]: r for r in step_rows(step)}
-    fp8, bf16, pool = s["ours"]["kv_bytes_per_token"], s["bf16_cache"]["kv_bytes_per_token"], step.params["pool_tokens"]
-    geometry = headline_point(step).geometry
+    s, point = {r.path: r for r in step_rows(step)}, headline_point(step)
+    fp8, bf16, pool, geometry = (
+        s["ours"].kv_bytes_per_token,
+        s["bf16_cache"].kv_bytes_per_token,
+        point.pool_tokens,
+        point.geometry,
+    )
     return dict(
         fp8_bytes=fp8,
         bf16_bytes=bf16,
@@ -468,8 +445,8 @@ def memory(step: Result) -> dict[str, Any]:
         pool=pool,
         pool_gb=pool * fp8 / 1e9,
         bf16_tokens=int(pool * fp8 / bf16),
-        cast_mb=s["full_pool_cast"]["transient_mb"],
-        index_mb=s["index_then_cast"]["transient_mb"],
+        cast_mb=s[CAST].transient_mb,
+        index_mb=s["index_then_cast"].transient_mb,
         gather_mb=step.params["context_lens"][0] * geometry.kv_dim * 2 / MB,
     )
 
@@ -492,18 +469,14 @@ class Findings:
 
 def findings(sweep: Result) -> Findings:
     us = _sweep_us(sweep)
-    pool = sorted(
-        (r["pool_tokens"], r["us"])
-        for r in sweep_rows(sweep)
-        if r["axis"] == "pool" and r["path"] == "full_pool_cast" and r.get("us")
-    )
+    pool = sorted((r.pool_tokens, r.us) for r in sweep_rows(sweep) if r.axis == "pool" and r.path == CAST and r.us)
     lo, hi = min(t for a, _, _, t, _ in us if a == "context"), max(t for a, _, _, t, _ in us if a == "context")
     one = {k: v for k, v in us.items() if k[0] == "heads" and k[2] == 1}
     heads, ctx = sorted({k[4] for k in one}), next(k[3] for k in one)
     many = next(
         kernel_that_ran(r)
         for r in sweep_rows(sweep)
-        if (r["axis"], r["path"], r["batch"], r["heads"]) == ("heads", "ours", 1, heads[-1])
+        if (r.axis, r.path, r.batch, r.heads) == ("heads", "ours", 1, heads[-1])
     )
     context = {
         path: (_axis(us, "context", path).get(lo), _axis(us, "context", path).get(hi)) for path in {k[1] for k in us}
@@ -524,10 +497,10 @@ def kernels_ran(result: Result) -> tuple[list[tuple[str, int]], int, str | None]
     the dispatcher's reason where it ran once."""
     rows = [
         r
-        for r in (sweep_rows(result) if result.experiment == "path_sweep" else result.rows)
-        if r.get("path") == "ours" and not r.get("error")
+        for r in (sweep_rows(result) if result.experiment == "path_sweep" else map(Row, result.rows))
+        if r.path == "ours" and not r.error
     ]
-    return kernels_that_ran(rows).most_common(), len(rows), rows[0].get("path_why") if len(rows) == 1 else None
+    return kernels_that_ran(rows).most_common(), len(rows), rows[0].path_why if len(rows) == 1 else None
 
 
 def front_page_figure(step: Result, caption: Sequence[str]) -> go.Figure:
@@ -535,18 +508,18 @@ def front_page_figure(step: Result, caption: Sequence[str]) -> go.Figure:
     each path (horizontal bars, ms per step), each bar saying what its cache holds in the same memory."""
     rows, labels = step_rows(step), WORDS.front_page_figure
     colors = labels.colors
-    y = [fill(labels.original, gpu=ORIGINAL.gpu)] + [r["name"] for r in rows]
-    x = [ORIGINAL.step_ms] + [r["step_ms"] for r in rows]
+    y = [fill(labels.original, gpu=ORIGINAL.gpu)] + [r.name for r in rows]
+    x = [ORIGINAL.step_ms] + [r.step_ms for r in rows]
     text = [f"{ORIGINAL.step_ms:g} ms"] + [
-        fill(labels.bar, r["tokens_per_fp8_pool"] >= 1, ms=r["step_ms"], tokens=r["tokens_per_fp8_pool"]) for r in rows
+        fill(labels.bar, r.tokens_per_fp8_pool >= 1, ms=r.step_ms, tokens=r.tokens_per_fp8_pool) for r in rows
     ]
     marker = [colors.original] + [
         colors.cast
-        if r["path"] == "full_pool_cast"
+        if r.path == CAST
         else colors.bf16_cache
-        if r["cache_dtype"] == "bfloat16"
+        if r.cache_dtype == "bfloat16"
         else colors.fp8_query
-        if r["path"] == "flashmla_fp8"
+        if r.path == "flashmla_fp8"
         else colors.fp8_cache
         for r in rows
     ]

@@ -31,6 +31,7 @@ from kvwall.model.cost import GPUS, MODEL_PRESETS, PATHS, TRANSFER_RULES, CostMo
 from kvwall.model.geometry import MLAGeometry
 from kvwall.model.original import ORIGINAL
 from kvwall.reports.answer_report import SWEEP_COLORS, WORDS, fill
+from kvwall.reports.rows import Row
 
 __all__ = [
     "TENSOR_PARALLEL",
@@ -128,14 +129,9 @@ class State:
 
 def _original_state() -> State:
     """GLM-5 as the original served it, on its GPU: the book's decode step (``decode_step_paths``, full scale)."""
-    full = EXPERIMENTS["decode_step_paths"].full
+    full = Row(EXPERIMENTS["decode_step_paths"].full)
     return State(
-        "glm-5",
-        "rtx-pro-6000",
-        full["tensor_parallel"],
-        full["context_lens"][0],
-        len(full["context_lens"]),
-        full["pool_tokens"],
+        "glm-5", "rtx-pro-6000", full.tensor_parallel, full.context_lens[0], len(full.context_lens), full.pool_tokens
     )
 
 
@@ -247,7 +243,7 @@ def explorer_grid(model: CostModel) -> dict[str, Any]:
         states[state.key] = {
             str(names.index(r.path)): [_round3(r.step_lo_ms), _round3(r.step_hi_ms)] for r in cost_rows(model, state)
         }
-    return {"paths": names, "states": states}
+    return dict(paths=names, states=states)
 
 
 def grid_values(grid: dict[str, Any], state: State) -> dict[str, list[float]] | None:

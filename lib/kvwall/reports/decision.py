@@ -44,8 +44,10 @@ from kvwall.reports.evidence import (
     step_at,
     steps_text,
 )
+from kvwall.reports.fused_bench_report import FM_FP8
 from kvwall.reports.multi_token_report import verify_rows
 from kvwall.reports.original_gpu_report import original_gpu_rows, rest_without_attention_ms
+from kvwall.reports.rows import Row, rows_of
 from kvwall.reports.tables import Table
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
@@ -143,19 +145,21 @@ def _row(key: str, ev: Evidence, values: Mapping[str, Any], **cases: Any) -> Dec
         forced_dense=ev.dsa_forced and dsa_report.forced_dense(ev.dsa_forced),
     )
     filler = Filler(values, {**WORDS.pieces, **spec.get("pieces", {})}, cases)
-    text = {name: filler.fill(spec[name], cases.get("row")) for name in Decision.__dataclass_fields__ if name in spec}
+    text = Row(
+        {name: filler.fill(spec[name], cases.get("row")) for name in Decision.__dataclass_fields__ if name in spec}
+    )
     recorded = {r.experiment for r in ev.results()}
     text.update(
         key=key,
-        model=MODELS[text["model"]],
-        evidence=_EVIDENCE[text["evidence"]],
-        sources=tuple(s for s in text["sources"] if s in recorded),
+        model=MODELS[text.model],
+        evidence=_EVIDENCE[text.evidence],
+        sources=tuple(s for s in text.sources if s in recorded),
         cases=cases,
     )
     # The cells the table shows: the setup, the command (or that nothing needs setting), the step with its evidence.
     shown = {
         name: Filler(text, {}, {}).fill(t, case)
-        for (name, t), case in zip(WORDS.cells.items(), (None, bool(text["command"]), text["evidence"] == NOT_MEASURED))
+        for (name, t), case in zip(WORDS.cells.items(), (None, bool(text.command), text.evidence == NOT_MEASURED))
     }
     return Decision(**text, **shown)
 
@@ -172,7 +176,7 @@ def _bf16_accuracy(ev: Evidence, strategies: Sequence[str]) -> tuple[dict[str, A
     acc = next((s for s in summaries if s is not None), None)
     if acc is None:
         return {}, dict(bf16_accuracy="none")
-    failing, passing, tail = acc["failing_profiles"], acc["passing_profiles"], acc["tail_kept_min"]
+    failing, passing, tail = acc.failing_profiles, acc.passing_profiles, acc.tail_kept_min
     return (
         dict(acc=acc, failing=len(failing), profiles=len(failing) + len(passing)),
         dict(bf16_accuracy="fails" if failing else "keeps", tail=tail is not None and tail < TAIL_KEPT),
@@ -186,14 +190,14 @@ def _dsa_sm90(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decisi
     composed = dsa_report.dsa_step(ev.step, ev.dsa)
     acc = dsa_report.accuracy(ev.dsa)
     big = max(
-        (p for p in dsa_report.points(ev.dsa) if p["heads"] == 16 and p.get("dsa")),
-        key=lambda p: (p["batch"], p["context"]),
+        (p for p in dsa_report.points(ev.dsa) if p.heads == 16 and p.dsa),
+        key=lambda p: (p.batch, p.context),
     )
     values.update(
         composed=composed,
         acc=acc,
         big=big,
-        big_k=big["context"] // 1024,
+        big_k=big.context // 1024,
         layers=headline_point(ev.step).geometry.num_layers,
         ours_ms=step_at(ev, "ours")[1],
         flashmla_fp8_ms=step_at(ev, "flashmla_fp8").get(1, float("nan")),
@@ -231,17 +235,11 @@ def _dsa_sm120(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decis
     return _dsa_other(ev, key, "SM120", cases, sparse=sparse[0] if sparse else None, build=built, pred=pred)
 
 
-def _sparse_build(ev: Evidence) -> dict[str, Any] | None:
+def _sparse_build(ev: Evidence) -> Row | None:
     if ev.doors_checks is None:
         return None
-    return next(
-        (
-            r
-            for r in ev.doors_checks.rows
-            if r.get("section") == "builds" and r.get("build") == "sparse_mla_sm120" and r.get("status") == "compiled"
-        ),
-        None,
-    )
+    builds = rows_of(ev.doors_checks, "builds")
+    return next((r for r in builds if r.build == "sparse_mla_sm120" and r.status == "compiled"), None)
 
 
 def _dsa_sm120_prediction(ev: Evidence) -> tuple[float, float] | None:
@@ -261,14 +259,12 @@ def _dsa_sm120_prediction(ev: Evidence) -> tuple[float, float] | None:
 def _dense_sm90_no_patch(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
     if not step_at(ev, "flashmla_fp8"):
         return _row(key, ev, {}, row=False)
-    acc = accuracy_report.path_summary(ev.accuracy, "flashmla_dense_fp8") if ev.accuracy is not None else None
-    regimes = [
-        m for m in fp8_query_multipliers(ev.accuracy, ev.bench, computed=False) if m.strategy == "flashmla_dense_fp8"
-    ]
+    acc = accuracy_report.path_summary(ev.accuracy, FM_FP8) if ev.accuracy is not None else None
+    regimes = [m for m in fp8_query_multipliers(ev.accuracy, ev.bench, computed=False) if m.strategy == FM_FP8]
     lo = min(regimes, key=lambda m: m.over_ours[0], default=None)
     hi = max(regimes, key=lambda m: m.over_ours[1], default=None)
     return _row(
-        key, ev, dict(lo=lo, hi=hi), row=True, caveat=bool(acc and acc["failing_profiles"]), fp8_accuracy=bool(regimes)
+        key, ev, dict(lo=lo, hi=hi), row=True, caveat=bool(acc and acc.failing_profiles), fp8_accuracy=bool(regimes)
     )
 
 
@@ -280,18 +276,18 @@ def _dense_sm90_patch(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -
     best = "ours" if len(slower) < len(both) or not both else "gather_cast"
     accuracy, cases = _bf16_accuracy(ev, ["ours" if best == "ours" else "gather_cast_bf16"])
     values = dict(accuracy, slower=", ".join(map(str, slower)), cmp=cmp)
-    if cmp["batches"]:
+    if cmp.batches:
         values.update(
-            last_batch=cmp["batches"][-1],
-            ours_us=span(list(cmp["a_us"].values())),
-            gather_us=span(list(cmp["b_us"].values())),
+            last_batch=cmp.batches[-1],
+            ours_us=span(list(cmp.a_us.values())),
+            gather_us=span(list(cmp.b_us.values())),
         )
     return _row(
         key,
         ev,
         values,
         row="mixed" if 0 < len(slower) < len(both) else best,
-        sweep_batches=bool(cmp["batches"]),
+        sweep_batches=bool(cmp.batches),
         **cases,
     )
 
@@ -300,17 +296,17 @@ def _verify(ev: Evidence, pieces: Mapping[str, Any]) -> tuple[str, dict[str, Any
     """The case and values of the verify reading: ours' µs at q_len 2 and 4 against its q_len-1 µs and FlashMLA's,
     at the answer's head count, from ``multi_token_decode`` where it was recorded."""
     heads = headline_point(ev.step).geometry.heads_per_gpu
-    rows = [r for r in verify_rows(ev.multi_token) if r["heads"] == heads and r.get("ours")] if ev.multi_token else []
+    rows = [r for r in verify_rows(ev.multi_token) if r.heads == heads and r.ours] if ev.multi_token else []
     parts = []
     for q in (2, 4):
-        at = [r for r in rows if r["q_len"] == q and r.get("ours_vs_q1")]
-        peer = [r["flashmla_dense_bf16"] / r["ours"] for r in at if r.get("flashmla_dense_bf16")]
+        at = [r for r in rows if r.q_len == q and r.ours_vs_q1]
+        peer = [r.flashmla_dense_bf16 / r.ours for r in at if r.flashmla_dense_bf16]
         if at:
             parts.append(
                 fill(
                     pieces.verify_q,
                     q=q,
-                    over_q1=span([r["ours_vs_q1"] for r in at], 2),
+                    over_q1=span([r.ours_vs_q1 for r in at], 2),
                     peer=fill(pieces.peer, bool(peer), peer_over_ours=peer and span(peer, 2)),
                 )
             )
@@ -326,7 +322,7 @@ def _dense_sm90_spec(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) ->
 def _dense_sm100(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
     dense = open_doors(cells, "SM100", dense=True)
     pieces, p = _ROWS[key].pieces, headline_point(ev.step)
-    backends = sorted({SGLANG_BACKEND.get(c["door"], c["door"]) for c in dense})
+    backends = sorted({SGLANG_BACKEND.get(c.door, c.door) for c in dense})
     b200, layers = GPUS["b200"], p.geometry.num_layers
     kv = _Lazy(lambda path: [layers * v / 1e3 for v in ev.fit.model.layer_range_us(path, p, b200)])
     accuracy, cases = _bf16_accuracy(ev, ["triton", "ours"])
@@ -337,7 +333,7 @@ def _dense_sm100(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Dec
         kv=kv,
         refused=", ".join(refused_doors(cells, "SM100")),
         backend_flags=" or ".join(fill(pieces.backend_flag, backend=b) for b in backends),
-        open_doors="; ".join(fill(pieces.open_door, label=DOOR_BY_KEY[c["door"]].label, door=c) for c in dense),
+        open_doors="; ".join(fill(pieces.open_door, label=DOOR_BY_KEY[c.door].label, door=c) for c in dense),
     )
     return _row(key, ev, values, row=bool(dense), where=bool(dense), **cases)
 
@@ -345,10 +341,10 @@ def _dense_sm100(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Dec
 def _dense_sm120(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
     dense = open_doors(cells, "SM120", dense=True)
     spec = _ROWS[key]
-    pred = {r["path"]: r for r in original_gpu_rows(ev.fit.model, headline_point(ev.step))}
+    pred = {r.path: r for r in original_gpu_rows(ev.fit.model, headline_point(ev.step))}
     patches = sorted(
         ((name, pred[path]) for name, path in (("ours", "ours"), ("gather_cast", "gather_cast_fa2")) if path in pred),
-        key=lambda r: r[1]["step_lo"],
+        key=lambda r: r[1].step_lo,
     )
     accuracy, cases = _bf16_accuracy(ev, ["triton", "ours"])
     values = dict(
@@ -358,7 +354,7 @@ def _dense_sm120(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Dec
         first_name=patches[0][0],
         original=ORIGINAL,
         patches=" or ".join(spec.patch_names[n] for n, _ in patches),
-        open_labels=", ".join(DOOR_BY_KEY[c["door"]].label for c in dense),
+        open_labels=", ".join(DOOR_BY_KEY[c.door].label for c in dense),
         patch_steps="; ".join(fill(spec.pieces.patch_step, r=r, name=n) for n, r in patches),
     )
     return _row(key, ev, values, row=bool(dense), **cases)

@@ -15,8 +15,9 @@ from kvwall.experiments.fused_decode.kernel_paths import MEASURED_FILE, measured
 from kvwall.experiments.fused_decode.strategies import OURS
 from kvwall.kernels.mla_decode import path_table
 from kvwall.model.step_paths import KERNEL_NAMES
-from kvwall.reports.fused_bench_report import FM_BF16, FM_FP8, Grid, Point, Row, label, point_label
-from kvwall.reports.tables import Table, number, plain, times
+from kvwall.reports.fused_bench_report import FM_BF16, FM_FP8, WORDS, Grid, Point, Row, label, point_label
+from kvwall.reports.tables import Table, number
+from kvwall.reports.words import columns
 
 
 def timed_paths(paths: Grid) -> list[str]:
@@ -59,7 +60,7 @@ def dispatcher_table(paths: Grid, caption: str, page_size: int = 1) -> Table:
         others = [u for k, u in us.items() if k != point[3]]
         ran = (paths.row(OURS[page_size], p, page_size) if page_size in OURS else None) or Row()
         rows.append(
-            dict(
+            Row(
                 us,
                 point=point_label(p),
                 pick=KERNEL_NAMES[point[3]],
@@ -68,14 +69,10 @@ def dispatcher_table(paths: Grid, caption: str, page_size: int = 1) -> Table:
                 ours_path=KERNEL_NAMES.get(ran.kernel_path, ran.kernel_path),
             )
         )
-    cols = {
-        "heads, context, batch": "point",
-        **{f"{KERNEL_NAMES[k]} µs": (k, number(1)) for k in timed_paths(paths)},
-        "the dispatcher picks": "pick",
-        "next fastest / the pick": ("x", times(2)),
-    }
-    if any(r["ours"] for r in rows):
-        cols.update({"the dispatcher ran, µs": ("ours", number(1)), "its path": ("ours_path", plain)})
+    timed = {WORDS.path_us.format(name=KERNEL_NAMES[k]): (k, number(1)) for k in timed_paths(paths)}
+    cols = columns(WORDS.dispatcher_table) | timed | columns(WORDS.dispatcher_pick)
+    if any(r.ours for r in rows):
+        cols |= columns(WORDS.dispatcher_ran)
     return Table(rows, cols, caption)
 
 
@@ -132,17 +129,15 @@ def other_gpus_table(
         choice = path_table.measured_choice(found[1], heads, batch, max_len, tokens) if found else None
         timed = measured_times(measured, found[0], choice[1]) if choice else None
         rows.append(
-            dict(
+            Row(
                 gpu=f"{name} ({cap[0]}.{cap[1]})",
                 path=KERNEL_NAMES[path],
                 why=why.split(": ", 1)[-1],
                 us=", ".join(f"{path_table.SAID[k]} {us:.1f}" for k, us in timed.items()) if timed else None,
             )
         )
-    cols = {"GPU (compute capability)": "gpu", "path": "path", "why (the dispatcher's words)": "why"}
-    return Table(
-        rows, cols | ({"µs measured at that point": ("us", plain)} if any(r["us"] for r in rows) else {}), caption
-    )
+    cols = columns(WORDS.other_gpus_table) | (columns(WORDS.other_gpus_us) if any(r.us for r in rows) else {})
+    return Table(rows, cols, caption)
 
 
 def floor_table(paths: Grid, caption: str, bench: Grid | None = None) -> Table:
@@ -154,11 +149,10 @@ def floor_table(paths: Grid, caption: str, bench: Grid | None = None) -> Table:
         r.update({f"{k}{page}": paths.us(k, p, page) for k in timed_paths(paths) for page in (1, 64)})
         r.update({peer: paths.us(peer, p) or (bench.us(peer, p) if bench else None) for peer in (FM_BF16, FM_FP8)})
         rows.append(r)
-    cols = {
-        "one request of": "point",
-        **{
-            f"{KERNEL_NAMES[k]}, page {page}": (f"{k}{page}", number(1)) for k in timed_paths(paths) for page in (1, 64)
-        },
+    cols = columns(WORDS.floor_table) | {
+        WORDS.floor_path.format(name=KERNEL_NAMES[k], page=page): (f"{k}{page}", number(1))
+        for k in timed_paths(paths)
+        for page in (1, 64)
     }
     if any(r[FM_BF16] or r[FM_FP8] for r in rows):
         cols.update({label(FM_BF16): (FM_BF16, number(1)), label(FM_FP8): (FM_FP8, number(1))})

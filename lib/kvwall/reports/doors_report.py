@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from kvwall.peers.flashinfer.doors import DoorCase
 from kvwall.peers.flashinfer.replay import replay_cases
+from kvwall.reports.rows import Row
 
 __all__ = [
     "MISSING_DOWNLOAD",
@@ -27,7 +28,8 @@ MISSING_DOWNLOAD = ("Failed to get checksums.txt", "Artifact not found locally",
 
 def is_missing_download(row: Mapping[str, Any]) -> bool:
     """A call that stopped because FlashInfer could not fetch a run-time artifact (no network), not on a check."""
-    return row.get("outcome") == "refused" and any(m in (row.get("message") or "") for m in MISSING_DOWNLOAD)
+    row = Row(row)
+    return row.outcome == "refused" and any(m in (row.message or "") for m in MISSING_DOWNLOAD)
 
 
 def replay_counts(replays: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, tuple[int, int]]]:
@@ -35,9 +37,9 @@ def replay_counts(replays: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, t
     counts, page sizes, query dtypes) reached the kernel module, of how many replayed; a family a path was not
     replayed for is absent."""
     counts: dict[str, dict[str, tuple[int, int]]] = {}
-    for r in replays:
-        reached, n = counts.setdefault(r["door"], {}).get(r["family"], (0, 0))
-        counts[r["door"]][r["family"]] = (reached + (r["outcome"] == "kernel_reached"), n + 1)
+    for r in map(Row, replays):
+        reached, n = counts.setdefault(r.door, {}).get(r.family, (0, 0))
+        counts[r.door][r.family] = (reached + (r.outcome == "kernel_reached"), n + 1)
     return counts
 
 
@@ -45,24 +47,22 @@ def calls_for_matrix(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     """GPU calls for :func:`~kvwall.peers.flashinfer.doors.door_matrix`, with the missing downloads set aside
     (``skipped``): such a call says nothing about the path, so its cell rests on the next evidence (a cited check,
     or the replay)."""
-    return [{**r, "outcome": "skipped"} if is_missing_download(r) else dict(r) for r in calls]
+    return [dict(r, outcome="skipped") if is_missing_download(r) else dict(r) for r in calls]
 
 
 def note_missing_downloads(cells: list[dict[str, Any]], calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Add, to each cell whose GPU calls stopped on a missing download, evidence saying so."""
-    for c in cells:
-        missing = [
-            r for r in calls if r["door"] == c["door"] and r.get("family") == c["family"] and is_missing_download(r)
-        ]
+    for c in map(Row, cells):
+        missing = [r for r in map(Row, calls) if (r.door, r.family) == (c.door, c.family) and is_missing_download(r)]
         if missing:
-            pages = ", ".join(sorted({f"{r['heads']} heads / page {r['page_size']}" for r in missing}))
-            c["evidence"].append(
-                {
-                    "kind": "gpu",
-                    "where": missing[0].get("where", ""),
-                    "text": f"the H200 call ({pages}) stopped before the kernel because FlashInfer could "
+            pages = ", ".join(sorted({f"{r.heads} heads / page {r.page_size}" for r in missing}))
+            c.evidence.append(
+                dict(
+                    kind="gpu",
+                    where=missing[0].get("where", ""),
+                    text=f"the H200 call ({pages}) stopped before the kernel because FlashInfer could "
                     "not download its trtllm-gen cubins offline: not an answer about this path",
-                }
+                )
             )
     return cells
 

@@ -7,15 +7,17 @@ The functions return numbers and tables; chapter 6 writes the sentences around t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass
+from typing import Mapping
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvwall.model.geometry import GLM5
+from kvwall.reports.answer_report import WORDS, columns, fill
 from kvwall.reports.plots import arrange
-from kvwall.reports.tables import Table, number, times
+from kvwall.reports.rows import Row, rows_of
+from kvwall.reports.tables import Table
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 from kvwall.results import Result
 
@@ -35,13 +37,8 @@ __all__ = [
 ]
 
 Span = tuple[float, float]
-_COLORS = {
-    "dsa": "#2ca02c",
-    "sparse": "#98df8a",
-    "ours_page64": "#d62728",
-    "flashmla_dense_fp8": "#1f77b4",
-    "flashmla_dense_bf16": "#9467bd",
-}
+#: The section's tables' columns and its figure's labels, in ``book/answer.yml``.
+_WORDS = WORDS.dsa
 #: The accuracy fields each DSA part's row carries, kept on its point.
 _ERRORS = {
     "sparse_decode": (
@@ -56,90 +53,68 @@ _ERRORS = {
 }
 
 
-def points(result: Result) -> list[dict[str, Any]]:
+def points(result: Result) -> list[Row]:
     """One dict per (heads, context, batch): each DSA part's µs (``sparse_decode``, ``indexer_logits``, ``topk``),
     ``dsa`` (sparse decode + indexer scores: the DSA attention without the top-k, whose kernel here is a stand-in),
     each dense path's µs, and the accuracy fields."""
-    out: dict[tuple[int, int, int], dict[str, Any]] = {}
-    for r in result.rows:
-        if r["section"] not in ("dsa", "bench"):
+    out: dict[tuple[int, int, int], Row] = {}
+    for r in map(Row, result.rows):
+        if r.section not in ("dsa", "bench"):
             continue
-        key = (r["heads"], r["context"], r["batch"])
-        pt = out.setdefault(key, {"heads": key[0], "context": key[1], "batch": key[2], "tokens": r["tokens"]})
-        if r["section"] == "bench":
-            pt[r["strategy"]], pt[r["strategy"] + "_err"] = r.get("us"), r.get("rel_err_f64")
+        key = (r.heads, r.context, r.batch)
+        pt = out.setdefault(key, Row(heads=r.heads, context=r.context, batch=r.batch, tokens=r.tokens))
+        if r.section == "bench":
+            pt[r.strategy], pt[r.strategy + "_err"] = r.us, r.rel_err_f64
             continue
-        pt[r["part"]], pt["selected"], pt["padded_heads"] = r.get("us"), r["selected"], r["padded_heads"]
-        pt.update({k: r[k] for k in _ERRORS.get(r["part"], ()) if r.get(k) is not None})
+        pt.update({r.part: r.us}, selected=r.selected, padded_heads=r.padded_heads)
+        pt.update({k: r[k] for k in _ERRORS.get(r.part, ()) if r.get(k) is not None})
     for pt in out.values():
-        if pt.get("sparse_decode") is not None and pt.get("indexer_logits") is not None:
-            pt["dsa"] = pt["sparse_decode"] + pt["indexer_logits"]
-        if pt.get("dsa") and pt.get("ours_page64"):
-            pt["ours_over_dsa"] = pt["ours_page64"] / pt["dsa"]
-    return sorted(out.values(), key=lambda p: (p["heads"], p["batch"], p["context"]))
+        if pt.sparse_decode is not None and pt.indexer_logits is not None:
+            pt.update(dsa=pt.sparse_decode + pt.indexer_logits)
+        if pt.dsa and pt.ours_page64:
+            pt.update(ours_over_dsa=pt.ours_page64 / pt.dsa)
+    return sorted(out.values(), key=lambda p: (p.heads, p.batch, p.context))
 
 
 def dsa_table(result: Result, heads: int, caption: str) -> Table:
     """µs per layer at each context and batch, ``heads`` query heads per GPU: the DSA parts and the dense paths."""
-    rows = [{**p, "ctx": f"{p['context'] // 1024}K"} for p in points(result) if p["heads"] == heads]
-    us = number(1)
-    return Table(
-        rows,
-        {
-            "batch": "batch",
-            "context": "ctx",
-            "DSA decode": ("sparse_decode", us),
-            "DSA indexer": ("indexer_logits", us),
-            "DSA top-k (stand-in)": ("topk", us),
-            "ours": ("ours_page64", us),
-            "FlashMLA FP8": ("flashmla_dense_fp8", us),
-            "FlashMLA BF16": ("flashmla_dense_bf16", us),
-            "ours / DSA (>1: DSA faster)": ("ours_over_dsa", times(2)),
-        },
-        caption,
-    )
+    rows = [Row(p, ctx=f"{p.context // 1024}K") for p in points(result) if p.heads == heads]
+    return Table(rows, columns(_WORDS.table), caption)
 
 
 def dsa_figure(result: Result, heads: int, title: str, notes: list[str]) -> go.Figure:
     """µs per layer against context, one panel per batch: the DSA (decode + indexer, and the sparse decode alone)
     against ours and FlashMLA dense; ``notes`` go under it."""
-    pts = [p for p in points(result) if p["heads"] == heads]
-    batches = sorted({p["batch"] for p in pts})
+    pts = [p for p in points(result) if p.heads == heads]
+    batches = sorted({p.batch for p in pts})
     fig = make_subplots(rows=1, cols=len(batches), shared_yaxes=True, horizontal_spacing=0.03)
-    series = {
-        "dsa": "DSA: decode + indexer (2,048 tokens)",
-        "sparse": "DSA: decode alone",
-        "ours_page64": "ours (every token)",
-        "flashmla_dense_fp8": "FlashMLA FP8 (every token)",
-        "flashmla_dense_bf16": "FlashMLA BF16 (every token)",
-    }
     for i, b in enumerate(batches, start=1):
-        sel = sorted((p for p in pts if p["batch"] == b), key=lambda p: p["context"])
-        for key, name in series.items():
-            field = "sparse_decode" if key == "sparse" else key
-            xs = [p["context"] for p in sel if p.get(field)]
+        sel = sorted((p for p in pts if p.batch == b), key=lambda p: p.context)
+        for key, (name, color) in _WORDS.series.items():
+            sparse = key == "sparse"
+            field = "sparse_decode" if sparse else key
             fig.add_trace(
                 go.Scatter(
-                    x=xs,
+                    x=[p.context for p in sel if p.get(field)],
                     y=[p[field] for p in sel if p.get(field)],
                     name=name,
                     legendgroup=key,
                     showlegend=i == 1,
                     mode="lines+markers",
-                    line=dict(color=_COLORS[key], dash="dot" if key == "sparse" else "solid"),
+                    line=dict(color=color, dash="dot" if sparse else "solid"),
                 ),
                 row=1,
                 col=i,
             )
         fig.update_xaxes(
             type="log",
-            title_text=f"batch {b}: tokens a request" if i == 1 else f"batch {b}",
+            title_text=fill(_WORDS.x, i == 1, b=b),
             row=1,
             col=i,
-            tickvals=[4096, 32_768, 131_072],
-            ticktext=["4K", "32K", "128K"],
+            tickvals=list(_WORDS.ticks),
+            ticktext=list(_WORDS.ticks.values()),
         )
-    fig.update_yaxes(type="log", title_text="µs per layer", row=1, col=1)
+    fig.update_yaxes(type="log", title_text=_WORDS.y, row=1, col=1)
     fig.update_layout(title=title)
     return arrange(fig, notes, height=480)
 
@@ -206,27 +181,27 @@ class Speed:
 
 
 def speed(result: Result, heads: int) -> Speed:
-    pts = [p for p in points(result) if p["heads"] == heads and p.get("dsa") and p.get("ours_page64")]
-    one = [p for p in pts if p["batch"] == 1]
-    lost = [p for p in pts if p["dsa"] >= p["ours_page64"]]
-    big = max(pts, key=lambda p: (p["batch"], p["context"]))
+    pts = [p for p in points(result) if p.heads == heads and p.dsa and p.ours_page64]
+    one = [p for p in pts if p.batch == 1]
+    lost = [p for p in pts if p.dsa >= p.ours_page64]
+    big = max(pts, key=lambda p: (p.batch, p.context))
     return Speed(
         heads,
-        one[0]["padded_heads"],
-        _span([p["sparse_decode"] for p in one]),
-        _span([p["indexer_logits"] for p in one]),
-        _span([p["topk"] for p in one]),
+        one[0].padded_heads,
+        _span([p.sparse_decode for p in one]),
+        _span([p.indexer_logits for p in one]),
+        _span([p.topk for p in one]),
         len(pts) - len(lost),
         len(pts),
-        (big["batch"], big["context"], big["dsa"], big["ours_page64"], big["flashmla_dense_fp8"]),
-        [(p["context"], p["batch"]) for p in lost],
-        _span([p["ours_page64"] for p in lost]),
+        (big.batch, big.context, big.dsa, big.ours_page64, big.flashmla_dense_fp8),
+        [(p.context, p.batch) for p in lost],
+        _span([p.ours_page64 for p in lost]),
     )
 
 
-def forced_dense(result: Result) -> dict[str, Any]:
+def forced_dense(result: Result) -> Row:
     """The ``forced_dense`` row of ``dsa_forced_dense``: what a dense backend forced on a DSA model does to its pool."""
-    return next(r for r in result.rows if r["section"] == "forced_dense")
+    return rows_of(result, "forced_dense")[0]
 
 
 @dataclass(frozen=True)
@@ -249,61 +224,33 @@ class DSAStep:
 def dsa_step(step: Result, dsa: Result) -> DSAStep | None:
     """:class:`DSAStep` at the step's request (one request of its context, its heads per GPU), or None when
     ``dsa_decode`` has no such point."""
-    setup = next(r for r in step.rows if r["section"] == "setup")
-    paths = {r["path"]: r for r in step.rows if r["section"] == "path" and r.get("step_ms")}
+    heads = rows_of(step, "setup")[0].heads_per_gpu
+    paths = {r.path: r for r in rows_of(step, "path") if r.step_ms}
     lens = step.params["context_lens"]
     pt = next(
-        (
-            p
-            for p in points(dsa)
-            if p["heads"] == setup["heads_per_gpu"]
-            and p["batch"] == len(lens)
-            and p["context"] == lens[0]
-            and p.get("dsa")
-        ),
+        (p for p in points(dsa) if (p.heads, p.batch, p.context) == (heads, len(lens), lens[0]) and p.dsa),
         None,
     )
     if "ours" not in paths or pt is None or len(lens) != 1:
         return None
     ours, layers = paths["ours"], GLM5.num_layers
-    attention = layers * pt["dsa"] / 1e3
+    attention = layers * pt.dsa / 1e3
     return DSAStep(
-        ours["write_kv_ms"] + ours["rest_ms"] + attention,
+        ours.write_kv_ms + ours.rest_ms + attention,
         attention,
-        layers * (pt.get("topk") or 0) / 1e3,
+        layers * (pt.topk or 0) / 1e3,
         lens[0],
-        setup["heads_per_gpu"],
+        heads,
         len(lens),
         layers,
-        {k: r["step_ms"] for k, r in paths.items()},
+        {k: r.step_ms for k, r in paths.items()},
     )
 
 
 def defaults_table(forced: Result, caption: str) -> Table:
     """SGLang 0.5.23's DSA kernels per GPU and cache dtype when no DSA backend is named (read from its source)."""
-    rows = [
-        {
-            "gpu": d.sm,
-            "kv": d.kv_cache_dtype,
-            "model": d.model,
-            "decode": f"`{d.decode}`",
-            "prefill": f"`{d.prefill}`",
-            "bytes": d.pool_row_bytes,
-        }
-        for d in DSA_DEFAULTS
-    ]
-    return Table(
-        rows,
-        {
-            "GPU": "gpu",
-            "cache dtype": "kv",
-            "model": "model",
-            "decode": "decode",
-            "prefill": "prefill",
-            "pool bytes a token a layer": "bytes",
-        },
-        caption,
-    )
+    rows = [Row(asdict(d), decode=f"`{d.decode}`", prefill=f"`{d.prefill}`") for d in DSA_DEFAULTS]
+    return Table(rows, columns(_WORDS.defaults_table), caption)
 
 
 def citations_table(forced: Result, words: Mapping[str, str], caption: str) -> Table:
@@ -311,14 +258,11 @@ def citations_table(forced: Result, words: Mapping[str, str], caption: str) -> T
     :data:`kvwall.peers.sglang_dsa.FACTS` -> the chapter's words for it), with the wheel's lines it rests on,
     checked."""
     rows = [
-        {
-            "fact": words.get(r["fact"], r["fact"]),
-            "where": ", ".join(x.removeprefix("sglang/srt/") for x in r["lines"]),
-            "ok": "found" if r["ok"] else "NOT FOUND",
-        }
-        for r in forced.rows
-        if r["section"] == "citations"
+        Row(
+            fact=words.get(r.fact, r.fact),
+            where=", ".join(x.removeprefix("sglang/srt/") for x in r.lines),
+            ok=_WORDS.checked[bool(r.ok)],
+        )
+        for r in rows_of(forced, "citations")
     ]
-    return Table(
-        rows, {"what SGLang 0.5.23 does": "fact", "its lines (under sglang/srt/)": "where", "checked": "ok"}, caption
-    )
+    return Table(rows, columns(_WORDS.citations_table), caption)

@@ -22,9 +22,10 @@ from plotly.subplots import make_subplots
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.model.step_paths import KERNEL_NAMES
 from kvwall.reports import accuracy_regimes, plots
-from kvwall.reports.tables import Table, plain, scientific, times
-from kvwall.results import Result
 from kvwall.reports.rows import Row, rows_of
+from kvwall.reports.tables import MISSING, Table
+from kvwall.reports.words import columns, read_words
+from kvwall.results import Result
 
 OURS, OURS_PAGE64 = "ours", "ours_page64"
 FM_BF16, FM_FP8 = "flashmla_dense_bf16", "flashmla_dense_fp8"
@@ -53,6 +54,8 @@ SHORT = {
 
 #: (heads, context, batch)
 Point = tuple[int, int, int]
+#: Chapter 5's and its lab page's tables' columns and figures' labels (``book/fused.yml``).
+WORDS = read_words("fused.yml")
 
 
 def label(strategy: str) -> str:
@@ -77,7 +80,7 @@ def geomean(xs: Iterable[float | None]) -> float | None:
 
 def us_cell(v: float | None) -> str:
     """µs with three significant digits at most (the wide tables' cells): 9.87, 15.3, 153, 1,534."""
-    return "—" if v is None else f"{v:,.2f}" if v < 10 else f"{v:,.1f}" if v < 100 else f"{v:,.0f}"
+    return MISSING if v is None else f"{v:,.2f}" if v < 10 else f"{v:,.1f}" if v < 100 else f"{v:,.0f}"
 
 
 @dataclass
@@ -183,8 +186,8 @@ def lead(grid: Grid, caption: str) -> Lead:
         dict(
             path=label(OURS),
             reads="FP8 cache, BF16 query",
-            faster="—",
-            speed="—",
+            faster=MISSING,
+            speed=MISSING,
             err=max((e for p in pts if (e := grid.err(OURS, p))), default=None),
         )
     ]
@@ -198,7 +201,7 @@ def lead(grid: Grid, caption: str) -> Lead:
                 faster=f"{wins} of {both}",
                 err=max((e for p in pts if grid.us(peer, p) and (e := grid.err(peer, p))), default=None),
                 reads=f"{s.cache.upper()} cache, {s.query.upper()} query" if s else "FP8 or BF16 cache, BF16 query",
-                speed=f"{min(speed):.2f}–{max(speed):.2f}×" if speed else "—",
+                speed=f"{min(speed):.2f}–{max(speed):.2f}×" if speed else MISSING,
             )
         )
         values.update({f"{peer}_faster_than_ours": wins, f"{peer}_points": both})
@@ -229,18 +232,7 @@ def lead(grid: Grid, caption: str) -> Lead:
         fm_fp8_err_over_ours_max=max(err_x, default=None),
         sglang_error=failed,
     )
-    table = Table(
-        rows,
-        {
-            "path": "path",
-            "reads": "reads",
-            "faster than ours at (points)": "faster",
-            "ours' µs / its µs (>1: it is faster)": ("speed", plain),
-            "worst error vs float64": ("err", scientific),
-        },
-        caption,
-    )
-    return Lead(table, values)
+    return Lead(Table(rows, columns(WORDS.lead_table), caption), values)
 
 
 def grid_regime(grid: Grid) -> accuracy_regimes.RegimeMultiplier | None:
@@ -255,10 +247,11 @@ def lead_figure(grid: Grid, caption: str) -> go.Figure:
     heads = sorted({p[0] for p in grid.points})
     cols = 2 if len(heads) > 1 else 1
     nrows = -(-len(heads) // cols)
+    labels = WORDS.lead_figure
     fig = make_subplots(
         rows=nrows,
         cols=cols,
-        subplot_titles=[f"{h} heads" for h in heads],
+        subplot_titles=[labels.panel.format(h=h) for h in heads],
         shared_yaxes=True,
         vertical_spacing=0.16,
         horizontal_spacing=0.05,
@@ -286,8 +279,7 @@ def lead_figure(grid: Grid, caption: str) -> go.Figure:
                     symbol="circle" if strategy == OURS else "diamond",
                     line=dict(width=1, color="white"),
                 ),
-                hovertemplate=f"{h} heads, %{{x}}<br>{label(strategy)}: %{{y:.2f}}× FlashMLA BF16's "
-                "speed<extra></extra>",
+                hovertemplate=labels.hover.format(h=h, name=label(strategy)),
             )
     for i in range(len(heads)):
         fig.add_hline(y=1.0, line_dash="dash", line_color="#333", row=i // cols + 1, col=i % cols + 1)
@@ -302,8 +294,8 @@ def lead_figure(grid: Grid, caption: str) -> go.Figure:
         ticktext=[f"{t:g}×" for t in ticks],
         range=[math.log10(min(ratios) * 0.8), math.log10(max(ratios) * 1.25)] if ratios else None,
     )
-    fig.update_yaxes(title_text="FlashMLA BF16 µs / its µs", col=1)
-    fig.update_layout(title="FlashMLA BF16's time / each path's time, per point (>1: the path is faster)")
+    fig.update_yaxes(title_text=labels.y, col=1)
+    fig.update_layout(title=labels.title)
     fig = plots.with_caption(fig, caption, height=300 * nrows + 80, legend="top")
     # Room for the first row's panel titles under the legend, and for the second line of category labels
     # (context under batch) above the caption.
@@ -348,19 +340,7 @@ def by_heads(grid: Grid, caption: str) -> tuple[Table, dict[str, Any]]:
             vs_fm_bf16_geomean=g16,
             paths=dict(ran),
         )
-    return Table(
-        rows,
-        {
-            "heads": "heads",
-            "ours faster than FlashMLA FP8 at (points)": "fp8",
-            "FlashMLA FP8 µs / ours' µs (geometric mean)": ("g8", times(2)),
-            "ours faster than FlashMLA BF16 at": "bf16",
-            "FlashMLA BF16 µs / ours' µs (geometric mean)": ("g16", times(2)),
-            "where ours beat FlashMLA BF16 (context·batch)": "won",
-            "the path ours ran": "ran",
-        },
-        caption,
-    ), values
+    return Table(rows, columns(WORDS.by_heads_table), caption), values
 
 
 def loss_groups(grid: Grid) -> dict[str, dict[str, Any]]:
@@ -440,17 +420,7 @@ def what_to_run(grid: Grid, caption: str) -> Table:
                 )
             )
     fp8_x = f"; {err_x:.0f}× our error on {accuracy_regimes.RANDOM_INPUTS})" if err_x else ")"
-    return Table(
-        rows,
-        {
-            "heads per GPU": "heads",
-            "batch": "batch",
-            "fastest BF16-accurate kernel": ("fastest", plain),
-            "FlashMLA BF16 µs / ours' µs (>1: ours faster)": ("vs", times(2)),
-            "FlashMLA BF16 µs / FlashMLA FP8's µs (>1: FP8 faster" + fp8_x: ("fp8", times(2)),
-        },
-        caption,
-    )
+    return Table(rows, columns(WORDS.what_to_run_table, fp8_x=fp8_x), caption)
 
 
 def flashmla_fp8_error(validation: Result | None) -> tuple[float | None, float | None]:

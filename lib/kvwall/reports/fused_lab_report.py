@@ -29,6 +29,7 @@ from kvwall.reports.dispatch_report import (
     timed_paths,
 )
 from kvwall.reports.fused_bench_report import (
+    WORDS,
     FLASHINFER,
     FM_BF16,
     FM_FP8,
@@ -44,7 +45,8 @@ from kvwall.reports.fused_bench_report import (
     rows_of,
     us_cell,
 )
-from kvwall.reports.tables import Table, number, percent, plain, scientific, times
+from kvwall.reports.tables import MISSING, Table, number
+from kvwall.reports.words import columns
 from kvwall.results import Result
 
 # --------------------------------------------------------------------------------------------------
@@ -92,19 +94,7 @@ def screen_table(tuning: Result, heads: int, caption: str) -> Table:
         )
         for r in screen
     ]
-    return Table(
-        rows,
-        {
-            "launch shape": "shape",
-            "registers": "regs",
-            "spills": "spills",
-            "smem KB": ("smem_kb", number(0)),
-            "error vs fp32": ("rel_err", scientific),
-            "µs": "us_or_error",
-            "of roofline": ("share", percent),
-        },
-        caption,
-    )
+    return Table(rows, columns(WORDS.screen_table), caption)
 
 
 def split_sweep_figure(tuning: Result, caption: str, heads: int = 16) -> go.Figure:
@@ -127,11 +117,8 @@ def split_sweep_figure(tuning: Result, caption: str, heads: int = 16) -> go.Figu
                 y=[p[1] for p in points],
                 mode="lines+markers",
             )
-    fig.update_layout(
-        title=f"The Triton path, {heads} heads, batch 1: time against chunks per request",
-        xaxis_title="chunks per request (the plan's items at batch 1)",
-        yaxis_title="µs (CUDA graph, L2 flushed)",
-    )
+    labels = WORDS.split_sweep_figure
+    fig.update_layout(title=labels.title.format(heads=heads), xaxis_title=labels.x, yaxis_title=labels.y)
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     return plots.with_caption(fig, caption, legend="top")
@@ -151,19 +138,7 @@ def winners_table(tuning: Result, caption: str) -> Table:
         )
         for w in sorted(rows_of(tuning, "winner"), key=lambda r: (r.heads, r.tokens))
     ]
-    return Table(
-        rows,
-        {
-            "point": "point",
-            "winning shape": "shape",
-            "chunks": "splits",
-            "µs": ("us", number(1)),
-            "split µs": ("split_us", number(1)),
-            "combine µs": ("combine_us", number(1)),
-            "of roofline": ("share", percent),
-        },
-        caption,
-    )
+    return Table(rows, columns(WORDS.winners_table), caption)
 
 
 def spill_rule_table(tuning: Result, caption: str) -> Table:
@@ -186,18 +161,7 @@ def spill_rule_table(tuning: Result, caption: str) -> Table:
                 x=clean.us / f.us if clean.us and f.us else None,
             )
         )
-    return Table(
-        rows,
-        {
-            "heads": "heads",
-            "fastest candidate": "fastest",
-            "µs": ("f_us", number(1)),
-            "its spills": "f_spills",
-            "fastest without spills, µs": ("c_us", number(1)),
-            "cost of the rule: µs without spills / fastest µs": ("x", times(2)),
-        },
-        caption,
-    )
+    return Table(rows, columns(WORDS.spill_rule_table), caption)
 
 
 def pairs_numbers(tuning: Result, heads: int = 16) -> dict[str, Any]:
@@ -305,22 +269,13 @@ def ncu_summary(profile: Result, caption: str) -> Table:
     share, achieved occupancy, issue slots busy and the largest stall reason."""
     rows = [
         dict(
-            r, point=_ncu_point(r), stall=f"{s[0][6:].replace('_', ' ')} ({r[s[0]]:.1f})" if (s := _stalls(r)) else "—"
+            r,
+            point=_ncu_point(r),
+            stall=f"{s[0][6:].replace('_', ' ')} ({r[s[0]]:.1f})" if (s := _stalls(r)) else MISSING,
         )
         for r in ncu_rows(profile)
     ]
-    return Table(
-        rows,
-        {
-            "path, heads, tokens (batch 1)": "point",
-            "HBM % of peak": ("dram_pct_of_peak", number(0)),
-            "tensor pipe busy %": ("tensor_pipe_pct", number(0)),
-            "occupancy %": ("achieved_occupancy_pct", number(1)),
-            "issue slots busy %": ("issue_active_pct", number(0)),
-            "largest stall (warps per issue)": "stall",
-        },
-        caption,
-    )
+    return Table(rows, columns(WORDS.ncu_summary), caption)
 
 
 def ncu_ranges(profile: Result) -> dict[str, Any]:
@@ -351,22 +306,7 @@ def ncu_table(profile: Result, caption: str) -> Table:
         )
         for r in ncu_rows(profile)
     ]
-    return Table(
-        rows,
-        {
-            "point": "point",
-            "µs under ncu": ("us", number(1)),
-            "HBM read / minimum": ("dram", times(2)),
-            "HBM GB/s": ("gbps", number(0)),
-            "L2 / minimum": ("l2", times(1)),
-            "tensor pipe busy %": ("tensor_pipe_pct", number(0)),
-            "shared ld/st % of peak": ("shared_lsu_pct", number(0)),
-            "registers": ("registers_per_thread", number(0)),
-            "smem KB": ("smem_kb", number(0)),
-            "occupancy % (theory / achieved)": ("occ", plain),
-        },
-        caption,
-    )
+    return Table(rows, columns(WORDS.ncu_table), caption)
 
 
 def stall_table(profile: Result, caption: str) -> Table:
@@ -446,7 +386,7 @@ def page_table(bench: Grid, caption: str, paths: Grid | None = None) -> Table:
 
     def ratios(grid: Grid, h: int, one: Any, many: Any) -> str:
         xs = [a / b for p in grid.points if p[0] == h and (a := one(p)) and (b := many(p))]
-        return f"{min(xs):.2f}–{max(xs):.2f}×" if xs else "—"
+        return f"{min(xs):.2f}–{max(xs):.2f}×" if xs else MISSING
 
     kinds = timed_paths(paths) if paths else []
     rows = [
@@ -487,18 +427,7 @@ def balance_table(grid: Grid, caption: str) -> Table:
                 b1=b1.us / b1.tokens * 1e3 if b1.us else None,
             )
         )
-    return Table(
-        rows,
-        {
-            "point": "point",
-            "request lengths": "lens",
-            "work items": "items",
-            "largest item / mean": ("imbalance", times(2)),
-            "ns per token": ("per_token", number(2)),
-            "batch 1, longest context: ns per token": ("b1", number(2)),
-        },
-        caption,
-    )
+    return Table(rows, columns(WORDS.balance_table), caption)
 
 
 def host_table(grid: Grid, caption: str, heads: int = 16) -> Table:

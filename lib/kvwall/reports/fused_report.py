@@ -23,8 +23,9 @@ from kvwall.model.geometry import GLM5, MLAGeometry
 from kvwall.model.original import ORIGINAL
 from kvwall.model.step_paths import KERNEL_NAMES
 from kvwall.model.roofline import decode_flops, full_pool_cast_bytes, gather_cast_bytes, kv_read_bytes, roofline_us
-from kvwall.reports.fused_bench_report import Row, label, rows_of
-from kvwall.reports.tables import Table, number, percent, plain, scientific, times
+from kvwall.reports.fused_bench_report import WORDS, Row, label, rows_of
+from kvwall.reports.tables import MISSING, Table
+from kvwall.reports.words import columns
 from kvwall.results import Result
 
 #: The head counts of chapter 5's grid (GLM-5 per GPU at TP 4 = 16, DeepSeek-V3 at TP 4 = 32, ... all 128).
@@ -98,22 +99,13 @@ def cost_table(
         if ceilings:
             copy, tflops = Row(ceilings).copy_gbps, Row(ceilings).bf16_tflops
             row.update(
-                bound="memory" if flops / nbytes < _ridge(ceilings) else "compute",
+                bound=WORDS.bound[flops / nbytes < _ridge(ceilings)],
                 mem_us=nbytes / copy / 1e3,
                 math_us=flops / tflops / 1e6,
                 roof=roofline_us(h, tokens, copy, tflops, geometry),
             )
         rows.append(row)
-    cols: dict[str, Any] = {"heads": "heads", "FLOP per byte": ("intensity", number(0))}
-    if ceilings:
-        cols.update(
-            {
-                "bound by": "bound",
-                "bytes at copy speed, µs": ("mem_us", number(1)),
-                "FLOPs at matmul rate, µs": ("math_us", number(1)),
-                "roofline µs": ("roof", number(1)),
-            }
-        )
+    cols = columns(WORDS.cost_table) | (columns(WORDS.cost_ceilings) if ceilings else {})
     return Table(rows, cols, caption)
 
 
@@ -130,22 +122,8 @@ def bytes_by_path(
         bf16_attention,
         ours,
     )
-    paths = (
-        "whole-pool cast + BF16 attention (the original)",
-        "gather-then-cast + BF16 attention (chapter 4)",
-        "BF16 cache (twice the memory)",
-        "ours: attention straight from FP8",
-    )
-    rows = [dict(path=p, mb=b / 1e6, x=b / ours) for p, b in zip(paths, moved)]
-    return Table(
-        rows,
-        {
-            f"per layer, one {context // 1024}K-token request": "path",
-            "MB moved": ("mb", number(1)),
-            "MB / ours' MB": ("x", times(1)),
-        },
-        caption,
-    )
+    rows = [dict(path=p, mb=b / 1e6, x=b / ours) for p, b in zip(WORDS.bytes_paths, moved)]
+    return Table(rows, columns(WORDS.bytes_table, k=context // 1024), caption)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -250,24 +228,8 @@ def design_table(tuning: Result | None, caption: str, heads: Iterable[int] = GRI
             w_conv=ctas, w_pad=1 - h / (ctas * HEADS_PER_CTA), k_conv=-(-h // hn), k_pad=1 - h / (-(-h // hn) * hn)
         )
         rows.append(row)
-    cols: dict[str, Any] = {"heads": "heads"}
-    if shapes:
-        cols.update(
-            {
-                "Triton path: heads × tokens per step": "t_block",
-                "programs converting each token": "t_conv",
-                "padded MMA rows": ("t_pad", percent),
-            }
-        )
-    cols.update(
-        {
-            "wgmma path: CTAs converting each token": "w_conv",
-            "padded MMA rows ": ("w_pad", percent),
-            "tokens-on-M wgmma path: CTAs converting each token": "k_conv",
-            "padded MMA columns": ("k_pad", percent),
-        }
-    )
-    return Table(rows, cols, caption)
+    cols = columns(WORDS.design_table) | (columns(WORDS.design_triton) if shapes else {})
+    return Table(rows, cols | columns(WORDS.design_wgmma), caption)
 
 
 def triton_shapes(tuning: Result, tokens: int = 131072) -> dict[int, Row]:
@@ -295,7 +257,7 @@ def _inexact(cases: list[Row]) -> list[Row]:
 
 
 def _range(xs: list[float], fmt: str = ".2f") -> str:
-    return f"{min(xs):{fmt}}–{max(xs):{fmt}}×" if xs else "—"
+    return f"{min(xs):{fmt}}–{max(xs):{fmt}}×" if xs else MISSING
 
 
 def _passed(rows: list[Row]) -> str:
@@ -335,29 +297,18 @@ def validation_table(result: Result, caption: str) -> Table:
     if con := rows_of(result, "contract"):
         paths = sorted({r.path for r in con}, key=list(PATH_NAMES).index)
         rows.append(dict(what=f"contracts ({len({r.check for r in con})}, on {', '.join(paths)})", passed=_passed(con)))
-    for section, what in (
-        ("errors", "bad inputs raise before launch, out untouched"),
-        ("graph", "CUDA graph: capture once, replay with new lengths, indices and scales"),
-    ):
+    said = WORDS.validation
+    for section in ("errors", "graph"):
         if checks := rows_of(result, section):
-            rows.append(dict(what=what, passed=_passed(checks)))
+            rows.append(dict(what=said[section], passed=_passed(checks)))
     for san in rows_of(result, "sanitizer")[:1]:  # a row without paths was recorded when it ran the Triton path only
         rows.append(
             dict(
-                what=f"`compute-sanitizer --tool memcheck` on {paths_said(san.paths or ['triton'])}",
-                passed={True: "clean", False: "FAILED", None: "not run"}[san.passed],
+                what=said.sanitizer.format(paths=paths_said(san.paths or ["triton"])),
+                passed=said.sanitized[san.passed],
             )
         )
-    return Table(
-        rows,
-        {
-            "check": "what",
-            "passed": "passed",
-            "worst error vs float64": ("err", scientific),
-            "error / the BF16 path's": ("ratio", plain),
-        },
-        caption,
-    )
+    return Table(rows, columns(WORDS.validation_table), caption)
 
 
 def validation_passed(result: Result) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from kvwall.model.geometry import GLM5, MLAGeometry
 from kvwall.model.original import ORIGINAL
 from kvwall.model.roofline import attention_read_bytes, full_pool_cast_bytes, gather_cast_bytes
-from kvwall.reports.gather_step_report import Row, rows_of
+from kvwall.reports.rows import Row, rows_of
 from kvwall.reports.tables import CHECK_COLUMNS, Table
 from kvwall.results import Result
 

@@ -13,8 +13,6 @@ from kvwall.results import Result
 from kvwall.reports.rows import Row, rows_of
 
 __all__ = [
-    "Row",
-    "rows_of",
     "SLOW_STEP",
     "CAPACITY_LABELS",
     "live_profile_params",

@@ -4,10 +4,12 @@ writes what they say."""
 
 from __future__ import annotations
 
-from typing import Any
 
+from kvwall.reports.answer_report import WORDS
 from kvwall.reports.evidence import Evidence, bench_us
-from kvwall.reports.tables import Table, number, times
+from kvwall.reports.rows import Row
+from kvwall.reports.tables import Table
+from kvwall.reports.words import columns
 
 __all__ = ["ACCURATE_FP8", "kernel_rows", "kernel_table", "fastest_by_heads"]
 
@@ -16,7 +18,7 @@ __all__ = ["ACCURATE_FP8", "kernel_rows", "kernel_table", "fastest_by_heads"]
 ACCURATE_FP8 = {"ours": "ours", "gather_cast_bf16": "gather_cast + FlashInfer"}
 
 
-def kernel_rows(ev: Evidence) -> list[dict[str, Any]]:
+def kernel_rows(ev: Evidence) -> list[Row]:
     """Per heads and batch regime of chapter 5's grid (context 32K, or the grid's middle one): the faster
     BF16-accurate path on the FP8 cache (``best``, ours or gather_cast), its µs and the other's, FlashMLA BF16's (a
     BF16 cache: twice the memory) and FlashMLA FP8's (FP8 query) µs per layer, and their times over the best's
@@ -35,7 +37,7 @@ def kernel_rows(ev: Evidence) -> list[dict[str, Any]]:
             best = min(acc, key=acc.__getitem__)
             fm_bf16, fm_fp8 = us.get(("flashmla_dense_bf16", h, ctx, b)), us.get(("flashmla_dense_fp8", h, ctx, b))
             rows.append(
-                dict(
+                Row(
                     heads=h,
                     batch=b,
                     context=ctx,
@@ -53,35 +55,19 @@ def kernel_rows(ev: Evidence) -> list[dict[str, Any]]:
 
 def kernel_table(ev: Evidence, caption: str) -> Table | None:
     """:func:`kernel_rows` as a table (None without a recorded benchmark)."""
-    rows = kernel_rows(ev)
-    us = number(0)
-    return (
-        Table(
-            [{**r, "point": f"{r['heads']} heads, batch {r['batch']}"} for r in rows],
-            {
-                "heads, batch": "point",
-                "fastest accurate on FP8": "best",
-                "µs": ("best_us", us),
-                "other accurate µs": ("other_us", us),
-                "FlashMLA BF16 µs / its µs (>1: it is faster)": ("bf16_x", times(2)),
-                "FlashMLA FP8 µs / its µs (>1: it is faster)": ("fp8_x", times(2)),
-            },
-            caption,
-        )
-        if rows
-        else None
-    )
+    rows = [Row(r, point=WORDS.heads_point.format(**r)) for r in kernel_rows(ev)]
+    return Table(rows, columns(WORDS.heads_table), caption) if rows else None
 
 
 def fastest_by_heads(ev: Evidence) -> dict[int, tuple[list[int], list[int], int]]:
     """Per head count of :func:`kernel_rows`: the batches where ours is the faster accurate path, every batch, and at
     how many of them FlashMLA BF16 (a BF16 cache) is faster still."""
     rows, out = kernel_rows(ev), {}
-    for h in sorted({r["heads"] for r in rows}):
-        sel = [r for r in rows if r["heads"] == h]
+    for h in sorted({r.heads for r in rows}):
+        sel = [r for r in rows if r.heads == h]
         out[h] = (
-            [r["batch"] for r in sel if r["best"] == ACCURATE_FP8["ours"]],
-            [r["batch"] for r in sel],
-            sum(bool(r["fm_bf16"] and r["fm_bf16"] < r["best_us"]) for r in sel),
+            [r.batch for r in sel if r.best == ACCURATE_FP8["ours"]],
+            [r.batch for r in sel],
+            sum(bool(r.fm_bf16 and r.fm_bf16 < r.best_us) for r in sel),
         )
     return out

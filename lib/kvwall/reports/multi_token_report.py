@@ -11,9 +11,10 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvwall.reports.fused_bench_report import FM_BF16, FM_FP8, OURS, Row, rows_of
+from kvwall.reports.fused_bench_report import FM_BF16, FM_FP8, OURS, WORDS, Row, rows_of
 from kvwall.reports.plots import arrange
-from kvwall.reports.tables import Table, number, scientific, times
+from kvwall.reports.tables import Table, number
+from kvwall.reports.words import columns
 from kvwall.results import Result
 
 #: The host-cost table's strategies of chapter 5's benchmark, in order, and how its headers name them.
@@ -46,24 +47,7 @@ def verify_rows(result: Result) -> list[dict[str, Any]]:
 
 
 def verify_table(result: Result, caption: str) -> Table:
-    return Table(
-        verify_rows(result),
-        {
-            "heads": "heads",
-            "context": ("context", number(0)),
-            "batch": "batch",
-            "q_len": "q_len",
-            "ours µs": ("ours", number(1)),
-            "ours' path": "kernel_path",
-            "ours / ours at q_len 1": ("ours_vs_q1", times(2)),
-            "FlashMLA BF16 µs": (FM_BF16, number(1)),
-            "FlashMLA FP8 µs": (FM_FP8, number(1)),
-            "FlashMLA BF16 / ours": ("ours_vs_bf16", times(2)),
-            "ours' error": ("ours_err", scientific),
-            "FlashMLA FP8's error": (f"{FM_FP8}_err", scientific),
-        },
-        caption,
-    )
+    return Table(verify_rows(result), columns(WORDS.verify_table), caption)
 
 
 def verify_figure(result: Result, title: str, caption: str) -> go.Figure:
@@ -72,7 +56,7 @@ def verify_figure(result: Result, title: str, caption: str) -> go.Figure:
     rows = verify_rows(result)
     heads = sorted({r.heads for r in rows})
     shapes = sorted({(r.context, r.batch) for r in rows})
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+    colors, labels = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"], WORDS.verify_figure
     fig = make_subplots(rows=1, cols=len(heads), shared_yaxes=True, horizontal_spacing=0.04)
     for col, h in enumerate(heads, start=1):
         for i, (c, b) in enumerate(shapes):
@@ -92,15 +76,14 @@ def verify_figure(result: Result, title: str, caption: str) -> go.Figure:
                         line=dict(dash=dash, color=colors[i % len(colors)]),
                         legendgroup=f"{c}{b}",
                         showlegend=col == 1 and path == OURS,
-                        name=f"{c // 1024}K tokens × {b}",
-                        hovertemplate=f"{HOST_STRATEGIES[path]}, {h} heads, {c // 1024}K × {b}, q_len %{{x}}: "
-                        f"%{{y:.2f}}× its q_len-1 µs<extra></extra>",
+                        name=labels.name.format(k=c // 1024, b=b),
+                        hovertemplate=labels.hover.format(path=HOST_STRATEGIES[path], h=h, k=c // 1024, b=b),
                     ),
                     row=1,
                     col=col,
                 )
-        fig.update_xaxes(type="log", tickvals=[1, 2, 4, 8], title_text=f"q_len, {h} heads", row=1, col=col)
-    fig.update_yaxes(title_text="µs / µs at q_len 1", row=1, col=1)
+        fig.update_xaxes(type="log", tickvals=[1, 2, 4, 8], title_text=labels.x.format(h=h), row=1, col=col)
+    fig.update_yaxes(title_text=labels.y, row=1, col=1)
     fig.update_layout(title=title)
     return arrange(fig, caption, height=560)
 
@@ -146,15 +129,8 @@ def host_rows(bench: Result, multi: Result | None = None) -> list[dict[str, Any]
 
 
 def host_table(bench: Result, caption: str, multi: Result | None = None) -> Table:
-    cols: dict[str, Any] = {
-        "heads": "heads",
-        "context": ("context", number(0)),
-        "batch": "batch",
-        **{f"{name} host µs": (s, number(1)) for s, name in HOST_STRATEGIES.items()},
-        "ours device µs": ("ours_device_us", number(1)),
-        "ours' plan µs": ("ours_plan_us", number(0)),
-        "FlashInfer's plan µs": ("flashinfer_plan_us", number(0)),
-    }
+    hosts = {WORDS.host_strategy.format(name=name): (s, number(1)) for s, name in HOST_STRATEGIES.items()}
+    cols = columns(WORDS.host_table) | hosts | columns(WORDS.host_table_tail)
     return Table(host_rows(bench, multi), cols, caption)
 
 

@@ -5,11 +5,12 @@ for each architecture, nvcc's of the wgmma paths for sm_90a). Numbers and tables
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from kvwall.model.cost import GPUS, PATHS, CostModel, GPUSpec, Point, paths_on
 from kvwall.model.original import ORIGINAL
 from kvwall.model.step_paths import KERNEL_NAMES
+from kvwall.reports.rows import Row
 from kvwall.reports.tables import Table, fmt_range
 
 __all__ = [
@@ -36,7 +37,7 @@ def rest_without_attention_ms(model: CostModel, p: Point, gpu: GPUSpec) -> tuple
     return ORIGINAL.non_cast_ms - hi, ORIGINAL.non_cast_ms - lo
 
 
-def original_gpu_rows(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6000"]) -> list[dict[str, Any]]:
+def original_gpu_rows(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6000"]) -> list[Row]:
     """Each path that exists on ``gpu`` at ``p``: predicted µs per layer and ms per step, as ranges over the two
     transfer rules, the step being the original's rest (its attention taken out) plus the path's own KV work."""
     rest_lo, rest_hi = rest_without_attention_ms(model, p, gpu)
@@ -44,7 +45,7 @@ def original_gpu_rows(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6
     for path in paths_on(gpu.arch, p.heads):
         lo, hi = model.layer_range_us(path, p, gpu)
         rows.append(
-            dict(
+            Row(
                 path=path,
                 label=PATHS[path].label,
                 layer_lo=lo,
@@ -57,11 +58,8 @@ def original_gpu_rows(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6
     return rows
 
 
-def original_gpu_table(rows: Sequence[dict[str, Any]], caption: str) -> Table:
-    shaped = [
-        {**r, "layer": fmt_range(r["layer_lo"], r["layer_hi"], 0), "step": fmt_range(r["step_lo"], r["step_hi"])}
-        for r in rows
-    ]
+def original_gpu_table(rows: Sequence[Row], caption: str) -> Table:
+    shaped = [Row(r, layer=fmt_range(r.layer_lo, r.layer_hi, 0), step=fmt_range(r.step_lo, r.step_hi)) for r in rows]
     return Table(
         shaped,
         {"path": "label", "cache": "cache", "µs per layer (predicted)": "layer", "ms per step (predicted)": "step"},
@@ -92,27 +90,28 @@ def cast_check(model: CostModel, p: Point, gpu: GPUSpec = GPUS["rtx-pro-6000"]) 
     return out
 
 
-def _cell(b: dict[str, Any]) -> str:
+def _cell(b: Row) -> str:
     """A build's cell of :func:`arch_table`: whether it would launch, and what the compiler reports."""
-    if b["error"]:
+    if b.error:
         return (
             "not checked (this Triton could not compile it)"
-            if b.get("triton")
-            else f"not checked (not compiled: {b['error'][:80]})"
+            if b.triton
+            else f"not checked (not compiled: {b.error[:80]})"
         )
-    used = f"{b['shared_bytes'] / 1024:,.0f} of {b['shared_limit'] / 1024:,.0f} KB shared, {b['regs']} regs"
-    if b["trap_only"]:
+    used = f"{b.shared_bytes / 1024:,.0f} of {b.shared_limit / 1024:,.0f} KB shared, {b.regs} regs"
+    if b.trap_only:
         return "**no**: a trap-only kernel"
-    return f"yes: {used}" + (f", {b['spills']} B spilled" if b["spills"] else "") if b["fits"] else f"**no**: {used}"
+    return f"yes: {used}" + (f", {b.spills} B spilled" if b.spills else "") if b.fits else f"**no**: {used}"
 
 
-def build_label(b: dict[str, Any]) -> str:
+def build_label(b: Mapping[str, Any]) -> str:
     """A build row's kernel: the kernel, its head count (a Triton shape's) or heads per CTA (a wgmma
     instantiation's)."""
+    b = Row(b)
     return (
-        b["kernel"]
-        + (f", {b['heads']} heads" if b["heads"] else "")
-        + (f", {b['heads_per_cta']} heads per CTA" if b.get("heads_per_cta") else "")
+        b.kernel
+        + (f", {b.heads} heads" if b.heads else "")
+        + (f", {b.heads_per_cta} heads per CTA" if b.heads_per_cta else "")
     )
 
 
@@ -126,14 +125,15 @@ def arch_table(builds: Sequence[dict[str, Any]], caption: str) -> Table:
     shared memory (against the per-block limit), registers and spills the compiler reports. A wgmma path's rows
     (sm_90a, the same GPUs as sm_90) sit in the sm_90 column, named as their target; elsewhere they are not built."""
     archs: dict[int, str] = {}
+    builds = [Row(b) for b in builds]
     for b in builds:
-        archs.setdefault(b["cap"], b["arch"])
+        archs.setdefault(b.cap, b.arch)
     rows: dict[tuple[str, int, int], dict[str, Any]] = {}
     for b in builds:
-        row = rows.setdefault((b["kernel"], b["heads"], b.get("heads_per_cta") or 0), dict(what=build_label(b)))
-        target = b["arch"].split(":")[0]
-        named = f"{target}: " if target != archs[b["cap"]].split(":")[0] else ""
-        row[archs[b["cap"]]] = named + (f"{b['shape']} — " if b["shape"] else "") + _cell(b)
+        row = rows.setdefault((b.kernel, b.heads, b.heads_per_cta or 0), dict(what=build_label(b)))
+        target = b.arch.split(":")[0]
+        named = f"{target}: " if target != archs[b.cap].split(":")[0] else ""
+        row[archs[b.cap]] = named + (f"{b.shape} — " if b.shape else "") + _cell(b)
     for row in rows.values():
         if any(v.startswith("sm_90a: ") for k, v in row.items() if k != "what"):
             for name in archs.values():
@@ -144,16 +144,16 @@ def arch_table(builds: Sequence[dict[str, Any]], caption: str) -> Table:
 def spilled_builds(builds: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     """The compiled builds that spilled registers (a spill slows a kernel but does not stop it: reported, never
     assumed absent), and how many builds compiled."""
-    compiled = [b for b in builds if not b["error"]]
-    return [b for b in compiled if b.get("spills")], len(compiled)
+    compiled = [b for b in map(Row, builds) if not b.error]
+    return [b for b in compiled if b.spills], len(compiled)
 
 
-def wgmma_build_rows(builds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def wgmma_build_rows(builds: Sequence[Mapping[str, Any]]) -> list[Row]:
     """The rows of ours' wgmma paths (``role`` the dispatcher's name of a wgmma path), in the dispatcher's order."""
     order = [k for k in KERNEL_NAMES if k != "triton"]
     return sorted(
-        (b for b in builds if b.get("role") in order),
-        key=lambda b: (order.index(b["role"]), b.get("heads_per_cta") or 0),
+        (b for b in map(Row, builds) if b.role in order),
+        key=lambda b: (order.index(b.role), b.heads_per_cta or 0),
     )
 
 
@@ -161,9 +161,9 @@ def wgmma_build_values(builds: Sequence[dict[str, Any]]) -> dict[str, dict[str, 
     """What the compile says of each wgmma build, ``{"role:heads_per_cta": {regs, spills, stack_bytes, shared_bytes,
     fits, clean}}``; ``clean``: compiled with no spill and no stack frame, within the block's shared memory."""
     return {
-        f"{b['role']}:{b.get('heads_per_cta')}": {
+        f"{b.role}:{b.get('heads_per_cta')}": {
             **{k: b.get(k) for k in ("regs", "spills", "stack_bytes", "shared_bytes", "fits")},
-            "clean": not (b["error"] or b["spills"] or b["stack_bytes"] or not b["fits"]),
+            "clean": not (b.error or b.spills or b.stack_bytes or not b.fits),
         }
         for b in wgmma_build_rows(builds)
     }

@@ -10,10 +10,11 @@ shows as failing in the tables, with its problems."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from kvwall.peers.sglang_source import SGLangSourceUnavailable, sglang_source
-from kvwall.reports.tables import Table, number, plain, scientific, times
+from kvwall.reports.answer_report import WORDS, columns, fill
+from kvwall.reports.rows import Row, rows_of
+from kvwall.reports.tables import MISSING, Table, scientific
 from kvwall.results import Result
 
 __all__ = [
@@ -46,16 +47,16 @@ FORWARD_MODES = {
 VARIANTS = ("unpatched", "gather_cast", "fused")
 
 
-def _rows(result: Result, section: str) -> list[dict[str, Any]]:
-    return [r for r in result.rows if r.get("section") == section]
+#: The section's tables' columns and verdicts, in ``book/answer.yml``.
+_WORDS = WORDS.patch
 
 
-def _verdict(r: dict[str, Any]) -> str:
-    return "yes" if r.get("ok") else "**no**: " + "; ".join(r.get("problems") or ["not run"])
+def _verdict(r: Row) -> str:
+    return _WORDS.ok if r.ok else _WORDS.failed + "; ".join(r.problems or [_WORDS.not_run])
 
 
-def _vs_unpatched(r: dict[str, Any]) -> str:
-    return "bit-identical" if r.get("bit_identical_vs_unpatched") else scientific(r.get("max_abs_diff_vs_unpatched"))
+def _vs_unpatched(r: Row) -> str:
+    return _WORDS.identical if r.bit_identical_vs_unpatched else scientific(r.max_abs_diff_vs_unpatched)
 
 
 @dataclass(frozen=True)
@@ -73,23 +74,23 @@ class VariantSummary:
     max_abs_diff: float
 
 
-def _summary(rows: list[dict[str, Any]], tol_key: str) -> VariantSummary:
-    errors = [r["rel_err_vs_f64"] for r in rows if r.get("rel_err_vs_f64") is not None]
-    diffs = [r["max_abs_diff_vs_unpatched"] for r in rows if r.get("max_abs_diff_vs_unpatched") is not None]
+def _summary(rows: list[Row], tol_key: str) -> VariantSummary:
+    errors = [r.rel_err_vs_f64 for r in rows if r.rel_err_vs_f64 is not None]
+    diffs = [r.max_abs_diff_vs_unpatched for r in rows if r.max_abs_diff_vs_unpatched is not None]
     return VariantSummary(
-        sum(bool(r.get("ok")) for r in rows),
+        sum(bool(r.ok) for r in rows),
         len(rows),
-        tuple(sorted({r["whole_pool_casts"] for r in rows if r["whole_pool_casts"] is not None})),
+        tuple(sorted({r.whole_pool_casts for r in rows if r.whole_pool_casts is not None})),
         max(errors, default=float("nan")),
-        sum(bool(r.get("bit_identical_vs_unpatched")) for r in rows),
+        sum(bool(r.bit_identical_vs_unpatched) for r in rows),
         sum(bool(r.get(tol_key)) for r in rows),
         max(diffs, default=0.0),
     )
 
 
-def _by_variant(rows: list[dict[str, Any]], tol_key: str) -> dict[str, VariantSummary]:
-    names = dict.fromkeys(r["variant"] for r in rows)
-    return {v: _summary([r for r in rows if r["variant"] == v], tol_key) for v in names}
+def _by_variant(rows: list[Row], tol_key: str) -> dict[str, VariantSummary]:
+    names = dict.fromkeys(r.variant for r in rows)
+    return {v: _summary([r for r in rows if r.variant == v], tol_key) for v in names}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -108,11 +109,11 @@ class StandIn:
 
 def stand_in_summary(result: Result) -> StandIn | None:
     """:class:`StandIn` of the check with stand-ins for SGLang's imports (None when the run had none)."""
-    checks = _rows(result, "checks")
+    checks = rows_of(result, "checks")
     return (
         StandIn(
-            len({r["case"] for r in checks}),
-            sorted({r["layers"] for r in checks}),
+            len({r.case for r in checks}),
+            sorted({r.layers for r in checks}),
             _by_variant(checks, "within_bf16_tolerance"),
         )
         if checks
@@ -125,26 +126,15 @@ def patch_check_table(result: Result, caption: str) -> Table:
     sglang imports): how many whole-pool casts it made, how far its output is from the unpatched one's, its error
     against float64."""
     rows = [
-        {
-            **r,
-            "what": f"{r['case']}: {r['batch']} req., {r['tokens']:,} tok.",
-            "verdict": _verdict(r),
-            "vs_unpatched": "—" if r["variant"] == "unpatched" else _vs_unpatched(r),
-        }
-        for r in _rows(result, "checks")
+        Row(
+            r,
+            what=fill(_WORDS.case, r=r),
+            verdict=_verdict(r),
+            vs_unpatched=MISSING if r.variant == VARIANTS[0] else _vs_unpatched(r),
+        )
+        for r in rows_of(result, "checks")
     ]
-    return Table(
-        rows,
-        {
-            "case": "what",
-            "variant": "variant",
-            "whole-pool casts": "whole_pool_casts",
-            "vs unpatched (max abs.)": "vs_unpatched",
-            "error vs float64": ("rel_err_vs_f64", scientific),
-            "ok": "verdict",
-        },
-        caption,
-    )
+    return Table(rows, columns(_WORDS.check_table), caption)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -152,31 +142,31 @@ def patch_check_table(result: Result, caption: str) -> Table:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def real_meta(result: Result) -> dict[str, Any] | None:
+def real_meta(result: Result) -> Row | None:
     """What the check inside SGLang's real modules imported, stood in for and drove (None: not part of the run)."""
-    rows = _rows(result, "real_meta")
+    rows = rows_of(result, "real_meta")
     return rows[0] if rows else None
 
 
-def real_check_rows(result: Result) -> list[dict[str, Any]]:
-    return _rows(result, "real_check")
+def real_check_rows(result: Result) -> list[Row]:
+    return rows_of(result, "real_check")
 
 
-def real_timing_rows(result: Result) -> list[dict[str, Any]]:
-    return _rows(result, "real_timing")
+def real_timing_rows(result: Result) -> list[Row]:
+    return rows_of(result, "real_timing")
 
 
-def real_memory_rows(result: Result) -> list[dict[str, Any]]:
+def real_memory_rows(result: Result) -> list[Row]:
     """``real_memory``: per variant, the bytes its backend holds per GPU, measured (empty for results recorded before
     they were, or off a GPU: ``measured`` False)."""
-    return [r for r in _rows(result, "real_memory") if r.get("measured")]
+    return [r for r in rows_of(result, "real_memory") if r.measured]
 
 
 def extra_bytes(result: Result) -> dict[str, int]:
     """What each patch's backend holds per GPU beyond the unpatched one's, in bytes (empty where not measured)."""
-    rows = {r["variant"]: r for r in real_memory_rows(result)}
+    rows = {r.variant: r for r in real_memory_rows(result)}
     base = rows.pop(VARIANTS[0], None)
-    return {v: r["total_bytes"] - base["total_bytes"] for v, r in rows.items()} if base else {}
+    return {v: r.total_bytes - base.total_bytes for v, r in rows.items()} if base else {}
 
 
 @dataclass(frozen=True)
@@ -206,20 +196,20 @@ def real_findings(result: Result) -> Findings | None:
     if not rows:
         return None
     first = rows[0]
-    modes = list(dict.fromkeys(r["mode"].split("_")[0] if r["mode"].startswith("verify") else r["mode"] for r in rows))
-    graph = [r for r in rows if r["variant"] == first["variant"] and r["mode"] == first["mode"]]
-    patched = [r for r in rows if r["variant"] != VARIANTS[0]]
+    modes = list(dict.fromkeys(r.mode.split("_")[0] if r.mode.startswith("verify") else r.mode for r in rows))
+    graph = [r for r in rows if r.variant == first.variant and r.mode == first.mode]
+    patched = [r for r in rows if r.variant != VARIANTS[0]]
     return Findings(
         modes,
         [m for m in FORWARD_MODES if m not in modes],
-        sorted({r["draft_tokens"] for r in rows if r.get("draft_tokens")}),
-        first["layers"],
-        first["pool_slots"],
-        first["batch"],
-        next((r["tokens"] for r in graph if r["phase"] == "eager"), None),
-        [r["tokens"] for r in graph if str(r["phase"]).startswith("replay")],
+        sorted({r.draft_tokens for r in rows if r.draft_tokens}),
+        first.layers,
+        first.pool_slots,
+        first.batch,
+        next((r.tokens for r in graph if r.phase == "eager"), None),
+        [r.tokens for r in graph if str(r.phase).startswith("replay")],
         len(patched),
-        sum(r["whole_pool_casts"] != 0 for r in patched),
+        sum(r.whole_pool_casts != 0 for r in patched),
         _by_variant(rows, "within_tol_vs_unpatched"),
     )
 
@@ -229,74 +219,49 @@ def real_check_table(result: Result, caption: str) -> Table:
     per step (a graph's: the casts it holds, replayed every step, plus those at replay), errors vs float64, each
     patch's difference from unpatched, and whether every variant's row passed (the problems of any that did not).
     ``verify``: target-verify; ``replay k``: of a CUDA graph."""
-    groups: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    groups: dict[tuple[str, str], dict[str, Row]] = {}
     for r in real_check_rows(result):
-        groups.setdefault((r["mode"], str(r["phase"])), {})[r["variant"]] = r
-    variants = list(dict.fromkeys(r["variant"] for r in real_check_rows(result)))
+        groups.setdefault((r.mode, str(r.phase)), {})[r.variant] = r
+    variants = list(dict.fromkeys(r.variant for r in real_check_rows(result)))
     patches = variants[1:]
 
-    def each(by: dict[str, dict[str, Any]], names: list[str], cell) -> str:
-        return " / ".join(cell(by[v]) if v in by else "—" for v in names)
+    def each(by: dict[str, Row], names: list[str], cell) -> str:
+        return " / ".join(cell(by[v]) if v in by else MISSING for v in names)
 
     rows = []
     for (mode, phase), by in groups.items():
-        failed = [f"{v}: " + _verdict(r).removeprefix("**no**: ") for v, r in by.items() if not r.get("ok")]
+        failed = [f"{v}: " + _verdict(r).removeprefix(_WORDS.failed) for v, r in by.items() if not r.ok]
         rows.append(
-            {
-                "mode": "verify" if mode == "verify" else FORWARD_MODES.get(mode, mode),
-                "phase": phase.replace(" ", "\u00a0"),
-                "tokens": next(iter(by.values())).get("tokens"),
-                "casts": each(by, variants, lambda r: str(r.get("whole_pool_casts"))),
-                "errors": each(by, variants, lambda r: scientific(r.get("rel_err_vs_f64"))),
-                "vs_unpatched": each(by, patches, _vs_unpatched),
-                "verdict": "yes" if not failed else "**no**: " + "; ".join(failed),
-            }
+            Row(
+                mode=mode if mode == "verify" else FORWARD_MODES.get(mode, mode),
+                phase=phase.replace(" ", "\u00a0"),
+                tokens=next(iter(by.values())).tokens,
+                casts=each(by, variants, lambda r: str(r.whole_pool_casts)),
+                errors=each(by, variants, lambda r: scientific(r.rel_err_vs_f64)),
+                vs_unpatched=each(by, patches, _vs_unpatched),
+                verdict=_WORDS.ok if not failed else _WORDS.failed + "; ".join(failed),
+            )
         )
     order, patched = " / ".join(variants), " / ".join(patches)
-    return Table(
-        rows,
-        {
-            "mode": "mode",
-            "phase": "phase",
-            "tokens": ("tokens", number(0)),
-            f"casts a step ({order})": "casts",
-            f"error vs float64 ({order})": "errors",
-            f"vs unpatched, max abs. ({patched})": "vs_unpatched",
-            "all ok": "verdict",
-        },
-        caption,
-    )
+    return Table(rows, columns(_WORDS.real_check_table, order=order, patched=patched), caption)
 
 
 def real_timing_table(result: Result, caption: str) -> Table:
     """``real_timing``: each variant's decode step (every layer) replayed in a CUDA graph: median, min–max, speed-up
     over unpatched; for the fused patch, its µs a layer beside ours alone on the same plan and inputs, in a graph."""
     rows = [
-        {
-            **r,
-            "span": "—" if r.get("ms_min") is None else f"{r['ms_min']:.3f}–{r['ms_max']:.3f}",
-            "what": f"{r['batch']} × {r['lens'][0]:,}"
-            if len(set(r["lens"])) == 1
-            else f"{r['batch']} req., {sum(r['lens']):,} tok.",
-        }
+        Row(
+            r,
+            span=MISSING if r.ms_min is None else fill(_WORDS.span, r=r),
+            what=fill(_WORDS.timing_what, len(set(r.lens)) == 1, r=r, tokens=sum(r.lens)),
+        )
         for r in real_timing_rows(result)
     ]
-    cols: dict[str, Any] = {
-        "variant": "variant",
-        "batch × tokens": "what",
-        "layers": "layers",
-        "ms per step (median)": ("ms_per_step", number(3)),
-        "min–max": "span",
-        "speed-up: unpatched ms / this ms": ("speedup_vs_unpatched", times(1)),
-    }
-    if any(r.get("kernel_us_per_layer") for r in rows):  # ours inside SGLang's backend against ours alone
-        cols |= {
-            "µs a layer": ("us_per_layer", number(1)),
-            "ours alone, µs a layer": ("kernel_us_per_layer", number(1)),
-            "ours' path": "kernel_path",
-        }
-    if any(r.get("error") for r in rows):
-        cols["error"] = ("error", plain)
+    cols = columns(_WORDS.timing_table)
+    if any(r.kernel_us_per_layer for r in rows):  # ours inside SGLang's backend against ours alone
+        cols |= columns(_WORDS.timing_kernel)
+    if any(r.error for r in rows):
+        cols |= columns(_WORDS.timing_error)
     return Table(rows, cols, caption)
 
 
@@ -305,26 +270,16 @@ def real_memory_table(result: Result, caption: str) -> Table:
     ``init_cuda_graph_state``) and at each capture (metadata buffers, the graph's pool), in MB (10^6 bytes)."""
     mb = 1e6
     rows = [
-        {
-            **r,
-            "setup_mb": r["setup_bytes"] / mb,
-            "total_mb": r["total_bytes"] / mb,
-            "capture": ", ".join(f"{k} {v / mb:,.1f}" for k, v in r["capture_bytes"].items()) or "—",
-            "compact": f"{r['compact_rows_reserved']:,}" if r.get("compact_rows_reserved") else "none",
-        }
+        Row(
+            r,
+            setup_mb=r.setup_bytes / mb,
+            total_mb=r.total_bytes / mb,
+            capture=", ".join(f"{k} {v / mb:,.1f}" for k, v in r.capture_bytes.items()) or MISSING,
+            compact=f"{r.compact_rows_reserved:,}" if r.compact_rows_reserved else _WORDS.no_compact,
+        )
         for r in real_memory_rows(result)
     ]
-    return Table(
-        rows,
-        {
-            "variant": "variant",
-            "set-up MB": ("setup_mb", number(1)),
-            "captures, MB": "capture",
-            "total MB": ("total_mb", number(1)),
-            "compact BF16 rows reserved": "compact",
-        },
-        caption,
-    )
+    return Table(rows, columns(_WORDS.memory_table), caption)
 
 
 def sglang_pins(names: tuple[str, ...] = ("torch", "flashinfer_python")) -> dict[str, str]:

@@ -9,6 +9,7 @@ from typing import Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 
 from kvwall.model.decode_step import PHASES, STANDIN_LABEL
+from kvwall.reports.rows import Row
 
 #: plotly's line break in text.
 BR = "<br>"
@@ -272,21 +273,21 @@ def step_breakdown(
 
 def layer_timeline(rows: Iterable[Mapping[str, float | int | str]], title: str, caption: Sequence[str]) -> go.Figure:
     """One decode step, layer by layer: each layer a row, its phases laid out from the layer's start."""
-    rows = list(rows)
+    rows = [Row(r) for r in rows]
     layer_start = {}
     for r in rows:
-        layer_start[r["layer"]] = min(layer_start.get(r["layer"], float("inf")), float(r["start_ms"]))
+        layer_start[r.layer] = min(layer_start.get(r.layer, float("inf")), float(r.start_ms))
     fig = go.Figure()
     for phase in PHASES:
-        sel = [r for r in rows if r["phase"] == phase]
+        sel = [r for r in rows if r.phase == phase]
         fig.add_bar(
             name=PHASE_NAMES[phase],
             orientation="h",
-            y=[r["layer"] for r in sel],
-            x=[r["ms"] for r in sel],
-            base=[float(r["start_ms"]) - layer_start[r["layer"]] for r in sel],
+            y=[r.layer for r in sel],
+            x=[r.ms for r in sel],
+            base=[float(r.start_ms) - layer_start[r.layer] for r in sel],
             marker_color=PHASE_COLORS[phase],
-            customdata=[r["start_ms"] for r in sel],
+            customdata=[r.start_ms for r in sel],
             hovertemplate=f"layer %{{y}}{BR}{PHASE_NAMES[phase]}: %{{x:.3f}} ms{BR}"
             "starts %{customdata:.2f} ms into the step<extra></extra>",
         )

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from kvwall.model.geometry import GLM5, MLAGeometry
 from kvwall.model.original import ORIGINAL
 from kvwall.model.roofline import attention_read_bytes, full_pool_cast_bytes
+from kvwall.reports.rows import Row
 from kvwall.results import Result
 
 __all__ = [
@@ -45,8 +46,8 @@ class CastBytes:
 
 def cast_bytes(context: int, pool_tokens: int = ORIGINAL.pool_tokens, geometry: MLAGeometry = GLM5) -> CastBytes:
     """Bytes the whole-pool cast moves per layer and step, against what attention over ``context`` tokens reads."""
-    cast = full_pool_cast_bytes(geometry, pool_tokens)
-    read, written, total = (cast[k] for k in ("read", "written", "total"))
+    cast = Row(full_pool_cast_bytes(geometry, pool_tokens))
+    read, written, total = cast.read, cast.written, cast.total
     attention = attention_read_bytes(geometry, context)
     return CastBytes(
         read / 1e6, written / 1e6, total / 1e6, total * geometry.num_layers / 1e9, attention / 1e6, total / attention
@@ -77,15 +78,15 @@ class StepShares:
 
 def phases(result: Result) -> dict[str, float]:
     """ms per step of each phase of the decode step."""
-    return {r["phase"]: r["ms_per_step"] for r in result.table("breakdown")}
+    return {r.phase: r.ms_per_step for r in map(Row, result.table("breakdown"))}
 
 
 def step_shares(result: Result) -> StepShares:
     """The cast's share of the step by the phase clock and by torch.profiler (see :class:`StepShares`)."""
-    summary, by_phase = result.table("summary")[0], phases(result)
+    summary, by_phase = Row(result.table("summary")[0]), phases(result)
     step, cast = sum(by_phase.values()), by_phase["kv_strategy"]
-    copy, profiled = summary["cast_op_ms_per_step"], summary.get("profiled_step_ms")
-    calls = next((r["calls_per_step"] for r in result.table("ops") if r["name"] == "aten::copy_"), None)
+    copy, profiled = summary.cast_op_ms_per_step, summary.profiled_step_ms
+    calls = next((r.calls_per_step for r in map(Row, result.table("ops")) if r.name == "aten::copy_"), None)
     return StepShares(
         step,
         cast,
@@ -95,23 +96,23 @@ def step_shares(result: Result) -> StepShares:
         profiled,
         copy / profiled if profiled else None,
         len(result.table("step")),
-        result.params.get("profile_steps"),
+        Row(result.params).profile_steps,
     )
 
 
-def ranked(result: Result, table: str, top: int) -> list[dict[str, Any]]:
+def ranked(result: Result, table: str, top: int) -> list[Row]:
     """The first ``top`` rows of a ``decode_profile`` ranking (its ``ops`` or ``kernels`` table, by time per step),
     each with ``share``: its time over the profiled steps' own wall time (None for a recording made before the
     profiled steps carried a clock: a share of the phase-clocked step would divide numbers from two runs)."""
     profiled = step_shares(result).profiler_step_ms
-    return [{**r, "share": r["ms_per_step"] / profiled if profiled else None} for r in result.table(table)[:top]]
+    return [Row(r, share=r.ms_per_step / profiled if profiled else None) for r in map(Row, result.table(table)[:top])]
 
 
-def copy_rows(result: Result) -> tuple[list[dict[str, Any]], float]:
+def copy_rows(result: Result) -> tuple[list[Row], float]:
     """The pool-shaped copies of a ``cast_kernels`` run, each with ``of_copy``, its share of the device-to-device copy
     rate; and that rate (GB/s, read + write)."""
-    ceiling = result.table("device_copy")[0]["gbps"]
-    return [{**r, "of_copy": r["gbps"] / ceiling} for r in result.table("copies")], ceiling
+    ceiling = Row(result.table("device_copy")[0]).gbps
+    return [Row(r, of_copy=r.gbps / ceiling) for r in map(Row, result.table("copies"))], ceiling
 
 
 @dataclass(frozen=True)
@@ -133,13 +134,13 @@ def cast_rate(result: Result, geometry: MLAGeometry = GLM5) -> CastRate:
     cast, integer = copy_rows(result)[0][:2]
     original = ORIGINAL.cast_mb_per_layer * 1e6 * geometry.num_layers / (ORIGINAL.cast_ms * 1e-3) / 1e9
     return CastRate(
-        cast["gbps"],
-        cast["of_copy"],
-        integer["kernel"],
-        integer["of_copy"],
-        cast["gbps"] / integer["gbps"],
+        cast.gbps,
+        cast.of_copy,
+        integer.kernel,
+        integer.of_copy,
+        cast.gbps / integer.gbps,
         original,
-        original / cast["gbps"],
+        original / cast.gbps,
     )
 
 
@@ -161,8 +162,6 @@ def sweep_comparison(
     pool_tokens: int = ORIGINAL.pool_tokens,
 ) -> SweepComparison:
     """The cast sweep's row at ``pool_tokens`` against the attention sweep's longest context."""
-    pool_cast_ms = next(r["ms"] for r in cast_sweep if r["pool_tokens"] == pool_tokens)
-    longest = max(attention_sweep, key=lambda r: r["context_len"])
-    return SweepComparison(
-        pool_tokens, pool_cast_ms, longest["context_len"], longest["ms"], pool_cast_ms / longest["ms"]
-    )
+    pool_cast_ms = next(r.ms for r in map(Row, cast_sweep) if r.pool_tokens == pool_tokens)
+    longest = max(map(Row, attention_sweep), key=lambda r: r.context_len)
+    return SweepComparison(pool_tokens, pool_cast_ms, longest.context_len, longest.ms, pool_cast_ms / longest.ms)

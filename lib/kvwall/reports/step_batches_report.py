@@ -3,26 +3,26 @@ captured in a CUDA graph at each batch. Numbers, a table and a figure; chapter 6
 
 from __future__ import annotations
 
-from typing import Any
 
 import plotly.graph_objects as go
 
 from kvwall.reports.answer_report import STEP_NAMES
 from kvwall.reports.plots import arrange
+from kvwall.reports.rows import Row
 from kvwall.reports.tables import Table, number
 from kvwall.results import Result
 
 __all__ = ["batch_rows", "paths", "batch_table", "batch_figure", "kv_work", "shortest"]
 
 
-def batch_rows(result: Result) -> list[dict[str, Any]]:
+def batch_rows(result: Result) -> list[Row]:
     """One row per batch: its tokens, and each path's step ms (``<path>``) and KV work ms, preparation + attention
     (``<path>_attention``), at that batch."""
-    out: dict[int, dict[str, Any]] = {}
-    for r in result.table("path"):
-        if r.get("step_ms"):
-            row = out.setdefault(r["batch"], dict(batch=r["batch"], tokens=r["tokens"]))
-            row[r["path"]], row[r["path"] + "_attention"] = r["step_ms"], r["attention_ms"] + r["kv_ms"]
+    out: dict[int, Row] = {}
+    for r in map(Row, result.table("path")):
+        if r.step_ms:
+            row = out.setdefault(r.batch, Row(batch=r.batch, tokens=r.tokens))
+            row[r.path], row[r.path + "_attention"] = r.step_ms, r.attention_ms + r.kv_ms
     return [out[b] for b in sorted(out)]
 
 
@@ -50,7 +50,7 @@ def batch_figure(result: Result, title: str, notes: list[str]) -> go.Figure:
     for p in paths(result):
         fig.add_trace(
             go.Scatter(
-                x=[str(r["batch"]) for r in rows if p in r],
+                x=[str(r.batch) for r in rows if p in r],
                 y=[r[p] for r in rows if p in r],
                 name=STEP_NAMES.get(p, p),
                 mode="lines+markers",
@@ -73,4 +73,4 @@ def kv_work(result: Result) -> dict[str, tuple[float, float]]:
 
 def shortest(result: Result) -> dict[int, str]:
     """The path with the shortest step at each batch."""
-    return {r["batch"]: min((p for p in paths(result) if p in r), key=r.__getitem__) for r in batch_rows(result)}
+    return {r.batch: min((p for p in paths(result) if p in r), key=r.__getitem__) for r in batch_rows(result)}

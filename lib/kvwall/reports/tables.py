@@ -46,6 +46,8 @@ percent = _formatter(".0%")
 scientific = _formatter(".1e")
 #: A time stored in ms, shown in µs with one decimal.
 ms_as_us = _formatter(",.1f", scale=1e3)
+#: A change as a signed whole percentage: ``signed_percent(0.034) == "+3%"``.
+signed_percent = _formatter("+.0%")
 
 
 def fmt_range(lo: float, hi: float, d: int = 1) -> str:

@@ -10,10 +10,11 @@ from typing import Any
 import plotly.graph_objects as go
 
 from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
-from kvwall.reports.fused_bench_report import Row, rows_of
+from kvwall.reports.fused_bench_report import WORDS, Row, rows_of
 from kvwall.reports.fused_report import tile_floors
 from kvwall.reports.plots import with_caption
-from kvwall.reports.tables import Table, number, times
+from kvwall.reports.tables import Table
+from kvwall.reports.words import columns
 from kvwall.results import Result
 
 #: Warpgroup 0 and 1's phases, in their order of :data:`TRACE_PHASES`.
@@ -37,51 +38,36 @@ class TilePhases:
         rows = self.rows()
         if not rows:
             return None
-        floors = tile_floors()
-        labels = [f"{r.heads} h · {r.context // 1024}K · b{r.batch} · wg {wg}" for r in rows for wg in (0, 1)]
-        color = iter(
-            [
-                "#c7c7c7",
-                "#1f77b4",
-                "#ff7f0e",
-                "#d9d9d9",
-                "#9467bd",
-                "#aec7e8",
-                "#bdbdbd",
-                "#17becf",
-                "#e0e0e0",
-                "#2ca02c",
-                "#98df8a",
-            ]
-        )
+        floors, words = tile_floors(), WORDS.tile_figure
+        labels = [
+            words.bar.format(heads=r.heads, k=r.context // 1024, batch=r.batch, wg=wg) for r in rows for wg in (0, 1)
+        ]
+        color = iter(words.colors)
         fig = go.Figure()
         for wg in (0, 1):
             for phase in TRACE_PHASES[wg]:
                 xs = [r.per_tile[str(w)].get(phase) if w == wg else None for r in rows for w in (0, 1)]
                 fig.add_bar(
-                    name=f"wg {wg}: {phase}",
+                    name=words.phase.format(wg=wg, phase=phase),
                     y=labels,
                     x=xs,
                     orientation="h",
                     marker_color=next(color),
-                    hovertemplate=f"%{{y}}<br>{phase}: %{{x:.0f}} cycles per tile<extra></extra>",
+                    hovertemplate=words.hover.format(phase=phase),
                 )
-        for key, name, dash, line, side in (
-            ("tensor", "tensor", "dash", "#333", "left"),
-            ("smem", "shared-memory", "dot", "#d62728", "right"),
-        ):
+        for key, name, dash, line, side in words.floors:
             fig.add_vline(
                 x=floors[key],
                 line_dash=dash,
                 line_color=line,
                 annotation=dict(yshift=14),
-                annotation_text=f"{name} floor {floors[key]:,.0f}",
+                annotation_text=words.floor.format(name=name, cycles=floors[key]),
                 annotation_position=f"top {side}",
             )
         fig.update_layout(
             barmode="stack",
-            title="Where a 64-token tile's cycles go, per warpgroup",
-            xaxis_title="cycles per tile (lane 0 of each warpgroup, clock64)",
+            title=words.title,
+            xaxis_title=words.x,
             yaxis=dict(autorange="reversed"),
             legend=dict(font=dict(size=10), traceorder="normal"),
         )
@@ -97,8 +83,8 @@ class TilePhases:
             wg0, wg1 = (r.per_tile[w] for w in ("0", "1"))
             slower = max(sum(wg0.values()), sum(wg1.values()))
             out.append(
-                dict(
-                    point=f"{r.heads} h, {r.context // 1024}K, b{r.batch}",
+                Row(
+                    point=WORDS.tile_point.format(heads=r.heads, k=r.context // 1024, batch=r.batch),
                     tiles=r.tiles / r.ctas,
                     wg0=sum(wg0.values()),
                     wg1=sum(wg1.values()),
@@ -113,32 +99,19 @@ class TilePhases:
                     cost=r.us_traced / r.us - 1 if r.us and r.us_traced else None,
                 )
             )
-        table = Table(
-            out,
-            {
-                "point": "point",
-                "wg 0 cycles per tile": ("wg0", number(0)),
-                "wg 1": ("wg1", number(0)),
-                "wg 0's scores": ("scores", number(0)),
-                "wg 1's conversion and loads": ("convert", number(0)),
-                "slower wg / tensor floor": ("vs_tensor", times(2)),
-                "slower wg / shared-memory floor": ("vs_smem", times(2)),
-                "clock reads' cost": ("cost", lambda v: "—" if v is None else f"{v:+.0%}"),
-            },
-            caption,
-        )
+        table = Table(out, columns(WORDS.tile_table), caption)
         if not out:
             return table, {}
         pick = [o for o, r in zip(out, rows) if r.heads >= 64 and r.batch >= 8] or out
-        scores = [o["scores"] / tile_floors()["scores"] for o in pick]
-        slower = [o["slower"] for o in out]
+        scores = [o.scores / tile_floors()["scores"] for o in pick]
+        slower = [o.slower for o in out]
         return table, dict(
             phase_points=len(out),
             phase_cycles_min=min(slower),
             phase_cycles_max=max(slower),
             phase_scores_over_floor_min=min(scores),
             phase_scores_over_floor_max=max(scores),
-            phase_vs_tensor_min=min(o["vs_tensor"] for o in out),
-            phase_vs_smem_min=min(o["vs_smem"] for o in out),
-            phase_wait_share_max=max(o["wait"] for o in out),
+            phase_vs_tensor_min=min(o.vs_tensor for o in out),
+            phase_vs_smem_min=min(o.vs_smem for o in out),
+            phase_wait_share_max=max(o.wait for o in out),
         )
