@@ -57,6 +57,7 @@ def test_layers_contract(tmp_path):
         text=True,
         timeout=600,
     )
+    # quoted: import-linter's report
     assert "Contracts: 1 kept, 0 broken." in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
@@ -74,6 +75,7 @@ def test_a_higher_layer_import_breaks_the_contract(tmp_path):
         text=True,
         timeout=600,
     )
+    # quoted: import-linter's report
     assert proc.returncode != 0 and "kvwall.model.pool -> kvwall.reports.tables" in proc.stdout, proc.stdout[-3000:]
 
 

@@ -102,6 +102,7 @@ def test_xqa_generator_refuses_glm5_heads_live(chapter_record):
         assert builds[name]["status"] == "generator_refused"
         assert builds[name]["exc_type"] == "AssertionError"
         file, line = builds[name]["where"].rsplit(":", 1)
+        # quoted: FlashInfer's source
         assert "assert head_group_ratio == 128" in (ROOT / file).read_text().splitlines()[int(line) - 1]
 
 

@@ -229,9 +229,12 @@ def test_parse_recorded_nvcc_output():
     assert len(errs) == 3
     e = errs[0]
     assert (e.file, e.line) == ("flashinfer/mma.cuh", 523)
+    # quoted: nvcc's log
     assert e.message.startswith("static assertion failed")
+    # quoted: FlashInfer's source
     assert e.source_line.startswith("static_assert(sizeof(DType) == 2")
     assert e.translation_unit == "generated/batch_mla_run.cu"
+    # quoted: nvcc's instantiation chain
     assert e.chain == [
         "flashinfer::mma::m16k16_rowsum_f16f16f32 / flashinfer/attention/mla.cuh(511)",
         "flashinfer::mla::compute_mla_pv / flashinfer/attention/mla.cuh(986)",
@@ -239,8 +242,15 @@ def test_parse_recorded_nvcc_output():
     ]
     assert "KernelTraits<false, 2U" in e.instantiation_chain[1].signature
     e2 = errs[1]
-    assert (e2.file, e2.line, e2.source_line) == ("flashinfer/permuted_smem.cuh", 80, "static_assert(stride == 4);")
+    # quoted: FlashInfer's source
+    assert (e2.file, e2.line, e2.source_line) == (
+        "flashinfer/permuted_smem.cuh",
+        80,
+        "static_assert(stride == 4);",
+    )
+    # quoted: nvcc's instantiation chain
     assert e2.chain == ["flashinfer::smem_t::get_permuted_offset / flashinfer/attention/mla.cuh(522)"]
+    # quoted: nvcc's log
     assert (errs[2].file, errs[2].line) == ("", 0) and "Unsupported gpu architecture" in errs[2].message
 
 
@@ -274,7 +284,9 @@ def test_wall_release_fails_in_nvcc_at_the_static_assert(wall_build):
     hits = [e for e in r.errors if e.file == "flashinfer/mma.cuh" and e.line == line]
     assert hits, r.summary()
     e = hits[0]
+    # quoted: nvcc's log
     assert "static assertion failed" in e.message
+    # quoted: FlashInfer's source
     assert "sizeof(DType) == 2" in e.source_line
     assert e.instantiation_chain[0].function == "flashinfer::mma::m16k16_rowsum_f16f16f32"
     assert any(f.function == "flashinfer::mla::compute_mla_pv" for f in e.instantiation_chain)
@@ -286,6 +298,7 @@ def test_wall_release_fails_in_nvcc_at_the_static_assert(wall_build):
         called = f.function.split("::")[-1]
         assert called in sources.read_source(WALL_RELEASE, f.file, f.line, context=0).text
     # The second wall: permuted_smem.cuh static_assert(stride == 4).
+    # quoted: FlashInfer's source
     assert any(e.file == "flashinfer/permuted_smem.cuh" and "stride == 4" in e.source_line for e in r.errors)
     assert "include/flashinfer/mma.cuh(" in r.compiler_output
 
@@ -307,6 +320,7 @@ def test_read_source_and_find_definition():
     line = static_assert_line(WALL_RELEASE)
     ex = sources.read_source(WALL_RELEASE, "include/flashinfer/mma.cuh", line, context=2)
     assert ex.file == "flashinfer/mma.cuh"
+    # quoted: FlashInfer's source
     assert "static_assert(sizeof(DType) == 2" in ex.text
     assert [n for n, _ in ex.lines] == list(range(line - 2, line + 3))
     assert "m16k16_rowsum_f16f16f32" in ex.render()

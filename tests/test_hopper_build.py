@@ -120,6 +120,7 @@ def test_a_failing_nvcc_is_one_line_with_its_error(fake_nvcc, tmp_path, monkeypa
     why = hopper.build_refusal("wgmma")
     assert why is not None and "\n" not in why
     # the source that failed, and nvcc's own error (the stand-in's, in nvcc's words)
+    # quoted: nvcc's error format
     assert hopper.SOURCES["wgmma"].name in why and 'identifier "oops" is undefined' in why, why
     assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.tmp"))
 

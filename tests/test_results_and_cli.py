@@ -526,11 +526,13 @@ def test_run_experiment_rejects_unknown_parameters():
 
 
 def test_short_kernel_names():
+    # quoted: a kernel name as torch.profiler prints it
     assert (
         short_kernel_name("void at::native::unrolled_elementwise_kernel<at::native::x<1> >(int)")
         == "unrolled_elementwise_kernel"
     )
     assert short_kernel_name("at::cuda::(anonymous namespace)::spin_kernel(long)") == "spin_kernel"
+    # quoted: a kernel name as torch.profiler prints it
     assert short_kernel_name("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD"
 
 

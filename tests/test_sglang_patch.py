@@ -197,6 +197,7 @@ def test_every_whole_pool_cast_goes():
         ]
         assert len(whole) == 1  # the fallback, after `if self.kvwall_kv.step is None:`
         first = helper.body[1]
+        # quoted: the patch's code
         assert isinstance(first, ast.If) and ast.unparse(first.test) == "self.kvwall_kv.step is None"
         assert whole[0] in list(ast.walk(first))
         if name == "fused":  # ours first, returning, in decode and in extend's paged path; the compact rows otherwise
@@ -216,6 +217,7 @@ def test_fused_reserves_no_bf16_copy_without_dcp():
     patched = apply_patch("fused")
     init = _function(patched, "init_cuda_graph_state")
     reserve = [n for n in ast.walk(init) if isinstance(n, ast.If) and "kvwall_kv.reserve" in ast.unparse(n)]
+    # quoted: the patch's code
     assert len(reserve) == 1 and ast.unparse(reserve[0].test).replace("(", "").replace(")", "") == (
         "self.kvwall_on and not self.kvwall_fused"
     )

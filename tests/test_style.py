@@ -40,3 +40,47 @@ def test_cuda():
     assert CUDA, "no CUDA sources found under kernels/"
     proc = _run("clang-format", "--dry-run", "-Werror", *CUDA)
     assert proc.returncode == 0, f"{proc.stderr[-6000:]}\nto fix: make format"
+
+
+#: The most asserts on wording the suite may hold (issue 36): each checks a message a user acts on.
+MAX_WORDING_ASSERTS = 20
+
+
+def wording_asserts(tests: Path) -> list[str]:
+    """``file:line`` of every assert whose expression holds a string literal of three or more words, and every
+    ``pytest.raises(match=...)`` of three or more words, in the test files under ``tests``. An assert on another
+    tool's words (nvcc's log, FlashInfer's source, a profiler's kernel name) is a fact, not our wording: the line
+    above it says so, ``# quoted: <whose words>``."""
+    import ast
+
+    def words(node: ast.AST) -> bool:
+        return any(
+            isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value.split()) >= 3
+            for n in ast.walk(node)
+        )
+
+    found = []
+    for path in sorted(tests.glob("test_*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.Assert) and words(node.test):
+                if not lines[node.lineno - 2].strip().startswith("# quoted:"):
+                    found.append(f"{path.name}:{node.lineno}")
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "raises":
+                if any(k.arg == "match" and words(k.value) for k in node.keywords):
+                    found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_tests_assert_values_not_wording(tmp_path):
+    found = wording_asserts(ROOT / "tests")
+    assert len(found) <= MAX_WORDING_ASSERTS, (
+        f"{len(found)} asserts on wording (at most {MAX_WORDING_ASSERTS}: messages a user acts on): {found}; "
+        "assert the values the code returns, or mark another tool's words with '# quoted: <whose>' on the line above"
+    )
+    (tmp_path / "test_x.py").write_text(
+        'import pytest\n\n\ndef test_x():\n    assert "a whole sentence here" in s\n    # quoted: nvcc\n'
+        '    assert "static assertion failed" in log\n    with pytest.raises(ValueError, match="three words here"):\n'
+        "        f()\n"
+    )
+    assert wording_asserts(tmp_path) == ["test_x.py:5", "test_x.py:8"]

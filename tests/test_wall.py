@@ -58,6 +58,7 @@ def test_classify_each_outcome():
         523,
         True,
     )
+    # quoted: nvcc's instantiation chain
     assert c["chain"] == ["flashinfer::mma::m16k16_rowsum_f16f16f32 / flashinfer/attention/mla.cuh(511)"]
     assert wall.classify(_result("nvcc_failed", [other]))["outcome"] == "failed_elsewhere"
     assert wall.classify(_result("compiled"))["outcome"] == "compiled"
@@ -157,7 +158,9 @@ def test_jit_exception_is_parsed_into_compiler_errors():
     )
     errs = wall._parse_compiler_errors({"message": message}, {"include_dir": inc.rstrip("/")})
     assert errs[0]["file"] == "flashinfer/mma.cuh" and errs[0]["line"] == 523
+    # quoted: nvcc's instantiation chain
     assert errs[0]["chain"] == ["flashinfer::mma::m16k16_rowsum_f16f16f32 / flashinfer/attention/mla.cuh(511)"]
+    # quoted: torch's error
     assert wall._parse_compiler_errors({"message": "CUDA out of memory"}, {}) == []
 
 
@@ -315,9 +318,12 @@ def _check_wall_builds(builds):
     for b in builds:
         assert b["release"] == WALL and b["status"] == "nvcc_failed" and b["outcome"] == "static_assert"
         assert (b["assert_file"], b["assert_line"]) == ("flashinfer/mma.cuh", line)
+        # quoted: FlashInfer's source
         assert "sizeof(DType) == 2" in b["assert_source"]
         assert b["reached_from_mla"]
+        # quoted: nvcc's instantiation chain
         assert b["chain"][0].startswith("flashinfer::mma::m16k16_rowsum_f16f16f32 / flashinfer/attention/mla.cuh(")
+        # quoted: nvcc's instantiation chain
         assert any(f.startswith("flashinfer::mla::compute_mla_pv / flashinfer/attention/mla.cuh(") for f in b["chain"])
 
 
@@ -331,6 +337,7 @@ def test_chapter_2_on_cpu(executed):
     assert rec["duration_s"] < 240, "chapter 2 must run in 4 minutes on a CPU"
     assert v["build_live"] is True and v["wall_release"] == WALL
     _check_wall_builds(v["builds"])
+    # quoted: FlashInfer's source
     assert "static_assert(sizeof(DType) == 2" in v["assert_source_line"]
     assert v["pv_source_has_call"]
     assert "mma.cuh" not in (v["claim_line_text"] or "")
@@ -430,6 +437,7 @@ def test_instantiation_note_without_a_file_is_in_the_error_file():
         "at line 62 of /g/batch_mla_sm90_run.cu\n"
     )
     e = nvcc_errors.parse_nvcc_output(out, [(inc, "")])[0]
+    # quoted: nvcc's instantiation chain
     assert e.chain == [
         "flashinfer::mla::hopper::compute_mla_pv / flashinfer/attention/mla_hopper.cuh(762)",
         "flashinfer::mla::BatchMLAPageAttentionHopper / /g/batch_mla_sm90_run.cu(62)",
