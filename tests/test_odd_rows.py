@@ -22,7 +22,8 @@ FP8 = torch.float8_e4m3fn
     "launches the plan's launch shape as planned, so a 16-bit-pairs shape (the 16-head shapes on a GPU) reads rows of "
     "an odd stride or offset as 16-bit words: 'CUDA error: misaligned address'. mla_decode_fp8 drops the pairs for "
     "such rows (triton_path.py); the front door must too. Left for the next kernel re-record (the fix is in the "
-    "fingerprint of every fused result).",
+    "fingerprint of every fused result). With the fix, drop this mark and the 'known bug' paragraphs of the README "
+    "and book/reproducibility.md.",
 )
 def test_the_front_door_reads_odd_rows_without_16_bit_pairs(monkeypatch):
     """Rows one byte off alignment with a 577-byte stride, planned for the Triton path with a 16-bit-pairs launch
