@@ -23,6 +23,7 @@ from kvwall.model.original import ORIGINAL
 from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
 from kvwall.experiments.fused_decode.strategies import STRATEGIES
 from kvwall.reports.accuracy_regimes import fp8_query_multipliers
+from kvwall.reports.evidence import SOURCES, SPARSE_DOOR
 from kvwall.peers.sglang_patch import upstream_source
 from kvwall.peers.sglang_source import SGLangSourceUnavailable
 from kvwall.results import RESULTS_DIR, Result, ResultFileError, load_result
@@ -122,7 +123,7 @@ def test_the_readme_shows_the_same_answer(evidence, rows):
 def test_every_row_names_where_its_numbers_come_from(evidence, rows):
     caption = decision.decision_caption(evidence, rows)
     for r in rows:
-        assert set(r.sources) <= set(decision.SOURCES)
+        assert set(r.sources) <= set(SOURCES)
         for name in r.sources:
             assert name in caption, f"{r.key}: {name} is quoted but not in the provenance line"
         assert r.evidence in (decision.MEASURED, decision.COMPOSED, decision.PREDICTED, decision.NOT_MEASURED)
@@ -196,7 +197,7 @@ def test_sm100_row_agrees_with_the_door_matrix(evidence, rows):
     cells = decision.door_cells(evidence.doors_checks, evidence.doors_sm90)
     sm100_cells = {c["door"]: c for c in cells if c["family"] == "SM100"}
     for door, c in sm100_cells.items():
-        if door == decision.SPARSE_DOOR:
+        if door == SPARSE_DOOR:
             continue
         label = DOOR_BY_KEY[door].label
         if c["status"] == "refused":

@@ -19,15 +19,6 @@ from kvwall.reports.accuracy_report import label, order, verdicts
 from kvwall.reports.rows import Row, rows_of
 from kvwall.results import Result
 
-__all__ = [
-    "RANDOM_INPUTS",
-    "REGIME_WORDS",
-    "SHAPE_MAX_TOKENS",
-    "BF16_REFERENCE_OF",
-    "RegimeMultiplier",
-    "fp8_query_multipliers",
-]
-
 #: Chapter 5's inputs (``fused_decode_bench``'s grid and ``fused_decode_validation``'s case table): queries and
 #: latents drawn independently from Gaussians (:func:`kvwall.kernels.mla_decode.reference.make_mla_inputs`; the
 #: bench's ``make_point`` draws the same way), so the logits are narrow and the output is a small average.

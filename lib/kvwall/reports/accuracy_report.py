@@ -17,30 +17,6 @@ from kvwall.model.sharp_attention import PROFILES
 from kvwall.results import Result
 from kvwall.reports.rows import Row, rows_of
 
-__all__ = [
-    "RULE",
-    "TAIL_KEPT",
-    "TOP_ERR",
-    "BF16_REFERENCES",
-    "FIGURE_PATHS",
-    "COLORS",
-    "label",
-    "order",
-    "ran",
-    "verdicts",
-    "path_summary",
-    "figure_point",
-    "error_points",
-    "tail_points",
-    "profile_verdicts",
-    "prediction_rows",
-    "tiny_weights",
-    "sink_cases",
-    "ratios_by_profile",
-    "case_spans",
-    "floor_ratios",
-]
-
 #: A path keeps BF16 accuracy on a case when its error is at most RULE x the BF16 reference's ...
 RULE = 2.0
 #: ... the tail keeps at least this fraction of its attention mass ...

@@ -23,42 +23,8 @@ from kvwall.model.step_paths import kernel_that_ran, kernels_that_ran
 from kvwall.reports.plots import with_caption
 from kvwall.reports.rows import Row, rows_of
 from kvwall.reports.tables import Table
-from kvwall.reports.words import Words, columns, read_words
+from kvwall.reports.words import columns, read_words
 from kvwall.results import Result
-
-__all__ = [
-    "WORDS",
-    "Words",
-    "Filler",
-    "fill",
-    "columns",
-    "STEP_NAMES",
-    "SWEEP_COLORS",
-    "SweepFit",
-    "fit_sweep",
-    "step_rows",
-    "step_table",
-    "memory_table",
-    "step_figure",
-    "sweep_figure",
-    "validation_figure",
-    "validation_table",
-    "misses_table",
-    "sweep_samples",
-    "sweep_rows",
-    "headline_point",
-    "CastStep",
-    "cast_step",
-    "Lead",
-    "lead",
-    "memory",
-    "Findings",
-    "findings",
-    "kernels_ran",
-    "front_page_figure",
-    "OURS_PATHS",
-    "MB",
-]
 
 
 #: Chapter 6's words that are data: the answer's rows (:mod:`kvwall.reports.decision`), names, columns and labels.
@@ -91,8 +57,16 @@ def fill(template: Any, case: Any = None, /, **values: Any) -> Any:
     return Filler(values, WORDS.pieces, {}).fill(template, case)
 
 
-#: Ours in the sweep: the dispatcher's path, and the Triton path forced.
+#: Ours in the sweep: the dispatcher's path (:data:`OURS`), and the Triton path forced.
 OURS_PATHS = ("ours", "triton")
+OURS, TRITON = OURS_PATHS
+#: The sweep's axes (``kvwall.experiments.answer.sweep``), and the paths the readings name besides ours.
+CONTEXT, BATCH, HEADS = "context", "batch", "heads"
+GATHER_CAST, BF16_CACHE, INDEX_THEN_CAST = "gather_cast", "bf16_cache", "index_then_cast"
+FLASHMLA_BF16, FLASHMLA_FP8 = "flashmla_bf16", "flashmla_fp8"
+#: A reference line or a model's curve in a figure: drawn, never hovered; and a log axis with a tick per decade.
+GUIDE = dict(mode="lines", hoverinfo="skip")
+LOG_DECADES = dict(type="log", dtick=1)
 #: Short names of the step's paths for axes and tables, and the sweep's paths' colours (in the figures' order).
 STEP_NAMES = {path: w.name for path, w in WORDS.paths.items() if "name" in w}
 SWEEP_COLORS = {path: w.color for path, w in WORDS.paths.items()}
@@ -278,10 +252,9 @@ def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.F
         fig.add_scatter(
             x=[lo, hi],
             y=[lo * k, hi * k],
-            mode="lines",
             line=dict(color="#999", dash=dash, width=1),
             showlegend=False,
-            hoverinfo="skip",
+            **GUIDE,
         )
     for path in dict.fromkeys(r.path for r in held):
         sel = [r for r in held if r.path == path]
@@ -295,8 +268,8 @@ def validation_figure(fit: SweepFit, title: str, caption: Sequence[str]) -> go.F
             hovertemplate=labels.hover,
         )
     fig.update_layout(title=title, xaxis_title=labels.x, yaxis_title=labels.y)
-    fig.update_xaxes(type="log", dtick=1)
-    fig.update_yaxes(type="log", dtick=1)
+    fig.update_xaxes(LOG_DECADES)
+    fig.update_yaxes(LOG_DECADES)
     return with_caption(fig, caption, height=640)
 
 
@@ -306,11 +279,9 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
     fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.1, vertical_spacing=0.16)
     samples = sweep_samples(result)
     for i, (axis, key, x_title) in enumerate(WORDS.sweep_figure.axes):
-        row, col, log_x = i // 2 + 1, i % 2 + 1, axis in ("batch", "heads")
+        row, col, log_x = i // 2 + 1, i % 2 + 1, axis in (BATCH, HEADS)
         for path, color in SWEEP_COLORS.items():
-            pts = [
-                (p, us) for a, pa, p, us in samples if a == axis and pa == path and (axis != "heads" or p.batch == 1)
-            ]
+            pts = [(p, us) for a, pa, p, us in samples if a == axis and pa == path and (axis != HEADS or p.batch == 1)]
             if pts:
                 xs = [getattr(p, key) for p, _ in pts]
                 fig.add_scatter(
@@ -328,16 +299,15 @@ def sweep_figure(result: Result, fit: SweepFit, title: str, caption: Sequence[st
                 fig.add_scatter(
                     x=xs,
                     y=[fit.model.layer_us(path, p) for p, _ in pts],
-                    mode="lines",
                     line=dict(color=color, dash="dash", width=1),
                     legendgroup=path,
                     showlegend=False,
                     row=row,
                     col=col,
-                    hoverinfo="skip",
+                    **GUIDE,
                 )
         fig.update_xaxes(type="log", dtick="D2" if log_x else 1, title_text=x_title, row=row, col=col)
-        fig.update_yaxes(type="log", dtick=1, title_text=WORDS.sweep_figure.y if col == 1 else None, row=row, col=col)
+        fig.update_yaxes(LOG_DECADES, title_text=WORDS.sweep_figure.y if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title)
     return with_caption(fig, caption, height=900)
 
@@ -353,7 +323,7 @@ def _sweep_us(sweep: Result) -> dict[tuple[str, str, int, int, int], float]:
 
 def _axis(us: Mapping[tuple[Any, ...], float], axis: str, path: str, heads: int = 16) -> dict[int, float]:
     """One path along the sweep's ``context`` axis (tokens -> µs) or ``batch`` axis (batch -> µs), at ``heads``."""
-    return {(k[2] if axis == "batch" else k[3]): v for k, v in us.items() if k[:2] == (axis, path) and k[4] == heads}
+    return {(k[2] if axis == BATCH else k[3]): v for k, v in us.items() if k[:2] == (axis, path) and k[4] == heads}
 
 
 @dataclass(frozen=True)
@@ -402,12 +372,11 @@ def lead(step: Result, sweep: Result) -> Lead:
     against gather_cast and FlashMLA at one request and in batches."""
     free = [r for r in step_rows(step) if r.path != CAST]
     us = _sweep_us(sweep)
-    ours_b, gather_b, fm_b = (_axis(us, "batch", p) for p in ("ours", "gather_cast", "flashmla_bf16"))
+    ours_b, gather_b, fm_b = (_axis(us, BATCH, p) for p in (OURS, GATHER_CAST, FLASHMLA_BF16))
     batches = sorted(b for b in ours_b if b > 1 and b in gather_b)
-    ctx_ours, fm_fp8 = _axis(us, "context", "ours"), _axis(us, "context", "flashmla_fp8")
+    ctx_ours, fm_fp8 = _axis(us, CONTEXT, OURS), _axis(us, CONTEXT, FLASHMLA_FP8)
     others = [
-        _axis(us, "context", p)
-        for p in ("gather_cast", "bf16_cache", "flashinfer_fp8", "flashmla_bf16", "index_then_cast")
+        _axis(us, CONTEXT, p) for p in (GATHER_CAST, BF16_CACHE, "flashinfer_fp8", FLASHMLA_BF16, INDEX_THEN_CAST)
     ]
     lengths = sorted(ctx_ours)
     big = batches[-1] if batches else None
@@ -415,7 +384,7 @@ def lead(step: Result, sweep: Result) -> Lead:
         cast_step(step),
         min(free, key=lambda r: r.step_ms),
         max(free, key=lambda r: r.step_ms),
-        step.params["context_lens"][0],
+        Row(step.params).context_lens[0],
         lengths,
         [t for t in lengths if all(ctx_ours[t] <= o.get(t, float("inf")) for o in others)],
         [t for t in lengths if t in fm_fp8 and fm_fp8[t] < ctx_ours[t]] if fm_fp8 else None,
@@ -432,8 +401,8 @@ def memory(step: Result) -> dict[str, Any]:
     buffer gather_cast preallocates for the request's tokens (MB)."""
     s, point = {r.path: r for r in step_rows(step)}, headline_point(step)
     fp8, bf16, pool, geometry = (
-        s["ours"].kv_bytes_per_token,
-        s["bf16_cache"].kv_bytes_per_token,
+        s[OURS].kv_bytes_per_token,
+        s[BF16_CACHE].kv_bytes_per_token,
         point.pool_tokens,
         point.geometry,
     )
@@ -446,8 +415,8 @@ def memory(step: Result) -> dict[str, Any]:
         pool_gb=pool * fp8 / 1e9,
         bf16_tokens=int(pool * fp8 / bf16),
         cast_mb=s[CAST].transient_mb,
-        index_mb=s["index_then_cast"].transient_mb,
-        gather_mb=step.params["context_lens"][0] * geometry.kv_dim * 2 / MB,
+        index_mb=s[INDEX_THEN_CAST].transient_mb,
+        gather_mb=Row(step.params).context_lens[0] * geometry.kv_dim * 2 / MB,
     )
 
 
@@ -470,16 +439,16 @@ class Findings:
 def findings(sweep: Result) -> Findings:
     us = _sweep_us(sweep)
     pool = sorted((r.pool_tokens, r.us) for r in sweep_rows(sweep) if r.axis == "pool" and r.path == CAST and r.us)
-    lo, hi = min(t for a, _, _, t, _ in us if a == "context"), max(t for a, _, _, t, _ in us if a == "context")
-    one = {k: v for k, v in us.items() if k[0] == "heads" and k[2] == 1}
+    lo, hi = min(t for a, _, _, t, _ in us if a == CONTEXT), max(t for a, _, _, t, _ in us if a == CONTEXT)
+    one = {k: v for k, v in us.items() if k[0] == HEADS and k[2] == 1}
     heads, ctx = sorted({k[4] for k in one}), next(k[3] for k in one)
     many = next(
         kernel_that_ran(r)
         for r in sweep_rows(sweep)
-        if (r.axis, r.path, r.batch, r.heads) == ("heads", "ours", 1, heads[-1])
+        if (r.axis, r.path, r.batch, r.heads) == (HEADS, OURS, 1, heads[-1])
     )
     context = {
-        path: (_axis(us, "context", path).get(lo), _axis(us, "context", path).get(hi)) for path in {k[1] for k in us}
+        path: (_axis(us, CONTEXT, path).get(lo), _axis(us, CONTEXT, path).get(hi)) for path in {k[1] for k in us}
     }
     return Findings(
         (pool[0], pool[-1]),
@@ -487,7 +456,7 @@ def findings(sweep: Result) -> Findings:
         context,
         (heads[0], heads[-1]),
         ctx,
-        (one[("heads", "ours", 1, ctx, heads[0])], one[("heads", "ours", 1, ctx, heads[-1])]),
+        (one[(HEADS, OURS, 1, ctx, heads[0])], one[(HEADS, OURS, 1, ctx, heads[-1])]),
         many,
     )
 
@@ -498,7 +467,7 @@ def kernels_ran(result: Result) -> tuple[list[tuple[str, int]], int, str | None]
     rows = [
         r
         for r in (sweep_rows(result) if result.experiment == "path_sweep" else map(Row, result.rows))
-        if r.path == "ours" and not r.error
+        if r.path == OURS and not r.error
     ]
     return kernels_that_ran(rows).most_common(), len(rows), rows[0].path_why if len(rows) == 1 else None
 
@@ -519,7 +488,7 @@ def front_page_figure(step: Result, caption: Sequence[str]) -> go.Figure:
         else colors.bf16_cache
         if r.cache_dtype == "bfloat16"
         else colors.fp8_query
-        if r.path == "flashmla_fp8"
+        if r.path == FLASHMLA_FP8
         else colors.fp8_cache
         for r in rows
     ]

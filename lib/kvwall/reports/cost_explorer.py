@@ -33,27 +33,6 @@ from kvwall.model.original import ORIGINAL
 from kvwall.reports.answer_report import SWEEP_COLORS, WORDS, fill
 from kvwall.reports.rows import Row
 
-__all__ = [
-    "TENSOR_PARALLEL",
-    "CONTEXTS",
-    "BATCHES",
-    "POOLS",
-    "State",
-    "ORIGINAL_STATE",
-    "CostRow",
-    "cost_rows",
-    "kv_bytes_per_token",
-    "memory",
-    "memory_note",
-    "rates_note",
-    "explorer_states",
-    "explorer_grid",
-    "grid_values",
-    "PAGE",
-    "explorer_html",
-    "cost_explorer",
-]
-
 #: The explorer's choices (any other value still works in :func:`cost_rows` and the CLI).
 TENSOR_PARALLEL = (1, 2, 4, 8)
 CONTEXTS = (1024, 8192, 32768, 131072)

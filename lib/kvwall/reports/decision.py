@@ -27,14 +27,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from kvwall.model.cost import GPUS
+from kvwall.model.geometry import GLM5
 from kvwall.model.original import ORIGINAL
 from kvwall.reports import accuracy_report, dsa_report
 from kvwall.reports.accuracy_regimes import RANDOM_INPUTS, fp8_query_multipliers
 from kvwall.reports.accuracy_report import TAIL_KEPT
-from kvwall.reports.answer_report import WORDS, Filler, fill, headline_point
+from kvwall.reports.answer_report import FLASHMLA_FP8, GATHER_CAST, OURS, TRITON, WORDS, Filler, fill, headline_point
 from kvwall.reports.evidence import (
-    SOURCES,
-    SPARSE_DOOR,
     Evidence,
     batch_comparison,
     door_cells,
@@ -49,31 +48,11 @@ from kvwall.reports.multi_token_report import verify_rows
 from kvwall.reports.original_gpu_report import original_gpu_rows, rest_without_attention_ms
 from kvwall.reports.rows import Row, rows_of
 from kvwall.reports.tables import Table
-from kvwall.peers.flashinfer.doors import DOOR_BY_KEY
+from kvwall.peers.flashinfer.doors import DOOR_BY_KEY, FAMILIES
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 
-__all__ = [
-    "Evidence",
-    "Decision",
-    "SPARSE_DOOR",
-    "decide",
-    "decision_table",
-    "decision_caption",
-    "door_cells",
-    "open_doors",
-    "batch_comparison",
-    "step_at",
-    "commands",
-    "readme_answer",
-    "write_readme_answer",
-    "README_START",
-    "README_END",
-    "SOURCES",
-    "MODELS",
-    "PATCH_NOTE",
-    "PATCH_NOTE_SHORT",
-]
-
+#: The GPU families the answer's rows are for (``kvwall.peers.flashinfer.doors``).
+SM90, SM100, SM120 = FAMILIES
 #: The batch regime the patch row's sweep figures speak for: mixed batches of at least this many requests.
 BIG_BATCH = 16
 #: SGLang 0.5.23's ``--attention-backend`` value for a FlashInfer door (``attention_registry.py``: ``flashinfer``
@@ -164,7 +143,7 @@ def _row(key: str, ev: Evidence, values: Mapping[str, Any], **cases: Any) -> Dec
     return Decision(**text, **shown)
 
 
-def _default(sm: str, model: str = "GLM-5") -> Any:
+def _default(sm: str, model: str = GLM5.name) -> Any:
     """SGLang 0.5.23's DSA default for an FP8 cache on ``sm`` (read from its source)."""
     return next(d for d in DSA_DEFAULTS if d.sm == sm and d.kv_cache_dtype == "fp8_e4m3" and model in d.model)
 
@@ -184,7 +163,7 @@ def _bf16_accuracy(ev: Evidence, strategies: Sequence[str]) -> tuple[dict[str, A
 
 
 def _dsa_sm90(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
-    values: dict[str, Any] = dict(sm90=_default("SM90"))
+    values: dict[str, Any] = dict(sm90=_default(SM90))
     if ev.dsa is None:
         return _row(key, ev, values, row="no_result")
     composed = dsa_report.dsa_step(ev.step, ev.dsa)
@@ -199,8 +178,8 @@ def _dsa_sm90(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decisi
         big=big,
         big_k=big.context // 1024,
         layers=headline_point(ev.step).geometry.num_layers,
-        ours_ms=step_at(ev, "ours")[1],
-        flashmla_fp8_ms=step_at(ev, "flashmla_fp8").get(1, float("nan")),
+        ours_ms=step_at(ev, OURS)[1],
+        flashmla_fp8_ms=step_at(ev, FLASHMLA_FP8).get(1, float("nan")),
         sparse_over_ours=acc.sparse[1] / acc.ours[1],
         random_inputs=RANDOM_INPUTS,
     )
@@ -208,7 +187,7 @@ def _dsa_sm90(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decisi
 
 
 def _dsa_sm90_spec(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
-    return _row(key, ev, dict(sm90=_default("SM90")))
+    return _row(key, ev, dict(sm90=_default(SM90)))
 
 
 def _dsa_other(ev: Evidence, key: str, sm: str, cases: Mapping[str, Any], **values: Any) -> Decision:
@@ -224,15 +203,15 @@ def _dsa_other(ev: Evidence, key: str, sm: str, cases: Mapping[str, Any], **valu
 
 
 def _dsa_sm100(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
-    return _dsa_other(ev, key, "SM100", {})
+    return _dsa_other(ev, key, SM100, {})
 
 
 def _dsa_sm120(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
-    sparse = open_doors(cells, "SM120", dense=False)
+    sparse = open_doors(cells, SM120, dense=False)
     built = _sparse_build(ev)
     pred = _dsa_sm120_prediction(ev)
     cases = dict(row=pred is not None, door=bool(sparse), built=built is not None, prediction=pred is not None)
-    return _dsa_other(ev, key, "SM120", cases, sparse=sparse[0] if sparse else None, build=built, pred=pred)
+    return _dsa_other(ev, key, SM120, cases, sparse=sparse[0] if sparse else None, build=built, pred=pred)
 
 
 def _sparse_build(ev: Evidence) -> Row | None:
@@ -257,7 +236,7 @@ def _dsa_sm120_prediction(ev: Evidence) -> tuple[float, float] | None:
 
 
 def _dense_sm90_no_patch(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
-    if not step_at(ev, "flashmla_fp8"):
+    if not step_at(ev, FLASHMLA_FP8):
         return _row(key, ev, {}, row=False)
     acc = accuracy_report.path_summary(ev.accuracy, FM_FP8) if ev.accuracy is not None else None
     regimes = [m for m in fp8_query_multipliers(ev.accuracy, ev.bench, computed=False) if m.strategy == FM_FP8]
@@ -269,12 +248,12 @@ def _dense_sm90_no_patch(ev: Evidence, cells: Sequence[dict[str, Any]], key: str
 
 
 def _dense_sm90_patch(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
-    ours, gc = step_at(ev, "ours"), step_at(ev, "gather_cast")
-    cmp = batch_comparison(ev.sweep, "ours", "gather_cast", min_batch=BIG_BATCH)
+    ours, gc = step_at(ev, OURS), step_at(ev, GATHER_CAST)
+    cmp = batch_comparison(ev.sweep, OURS, GATHER_CAST, min_batch=BIG_BATCH)
     both = sorted(set(ours) & set(gc))
     slower = [b for b in both if ours[b] > gc[b]]
-    best = "ours" if len(slower) < len(both) or not both else "gather_cast"
-    accuracy, cases = _bf16_accuracy(ev, ["ours" if best == "ours" else "gather_cast_bf16"])
+    best = OURS if len(slower) < len(both) or not both else GATHER_CAST
+    accuracy, cases = _bf16_accuracy(ev, [OURS if best == OURS else "gather_cast_bf16"])
     values = dict(accuracy, slower=", ".join(map(str, slower)), cmp=cmp)
     if cmp.batches:
         values.update(
@@ -320,18 +299,18 @@ def _dense_sm90_spec(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) ->
 
 
 def _dense_sm100(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
-    dense = open_doors(cells, "SM100", dense=True)
+    dense = open_doors(cells, SM100, dense=True)
     pieces, p = _ROWS[key].pieces, headline_point(ev.step)
     backends = sorted({SGLANG_BACKEND.get(c.door, c.door) for c in dense})
     b200, layers = GPUS["b200"], p.geometry.num_layers
     kv = _Lazy(lambda path: [layers * v / 1e3 for v in ev.fit.model.layer_range_us(path, p, b200)])
-    accuracy, cases = _bf16_accuracy(ev, ["triton", "ours"])
+    accuracy, cases = _bf16_accuracy(ev, [TRITON, OURS])
     values = dict(
         accuracy,
         dense=dense,
         backends=backends,
         kv=kv,
-        refused=", ".join(refused_doors(cells, "SM100")),
+        refused=", ".join(refused_doors(cells, SM100)),
         backend_flags=" or ".join(fill(pieces.backend_flag, backend=b) for b in backends),
         open_doors="; ".join(fill(pieces.open_door, label=DOOR_BY_KEY[c.door].label, door=c) for c in dense),
     )
@@ -339,14 +318,14 @@ def _dense_sm100(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Dec
 
 
 def _dense_sm120(ev: Evidence, cells: Sequence[dict[str, Any]], key: str) -> Decision:
-    dense = open_doors(cells, "SM120", dense=True)
+    dense = open_doors(cells, SM120, dense=True)
     spec = _ROWS[key]
     pred = {r.path: r for r in original_gpu_rows(ev.fit.model, headline_point(ev.step))}
     patches = sorted(
         ((name, pred[path]) for name, path in (("ours", "ours"), ("gather_cast", "gather_cast_fa2")) if path in pred),
         key=lambda r: r[1].step_lo,
     )
-    accuracy, cases = _bf16_accuracy(ev, ["triton", "ours"])
+    accuracy, cases = _bf16_accuracy(ev, [TRITON, OURS])
     values = dict(
         accuracy,
         cast=pred["full_pool_cast_fa2"],

@@ -11,15 +11,6 @@ from kvwall.peers.flashinfer.doors import DoorCase
 from kvwall.peers.flashinfer.replay import replay_cases
 from kvwall.reports.rows import Row
 
-__all__ = [
-    "MISSING_DOWNLOAD",
-    "is_missing_download",
-    "replay_counts",
-    "calls_for_matrix",
-    "note_missing_downloads",
-    "xqa_padded_replays",
-]
-
 #: Messages FlashInfer gives when a trtllm-gen artifact (cubin, checksums, header) could not be loaded or fetched:
 #: ``jit/attention/modules.py`` asserts on an empty ``get_artifact`` result, ``jit/cubin_loader.py`` raises under
 #: ``FLASHINFER_NO_DOWNLOAD``.

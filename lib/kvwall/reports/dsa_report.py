@@ -14,34 +14,21 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvwall.model.geometry import GLM5
-from kvwall.reports.answer_report import WORDS, columns, fill
+from kvwall.reports.answer_report import OURS, WORDS, columns, fill
 from kvwall.reports.plots import arrange
 from kvwall.reports.rows import Row, rows_of
 from kvwall.reports.tables import Table
 from kvwall.peers.sglang_dsa import DSA_DEFAULTS
 from kvwall.results import Result
 
-__all__ = [
-    "defaults_table",
-    "citations_table",
-    "points",
-    "dsa_table",
-    "dsa_figure",
-    "Accuracy",
-    "accuracy",
-    "Speed",
-    "speed",
-    "forced_dense",
-    "DSAStep",
-    "dsa_step",
-]
-
 Span = tuple[float, float]
 #: The section's tables' columns and its figure's labels, in ``book/answer.yml``.
 _WORDS = WORDS.dsa
-#: The accuracy fields each DSA part's row carries, kept on its point.
+#: The DSA's sparse decode kernel (a part of the DSA, and a series of its figure), and the accuracy fields each DSA
+#: part's row carries, kept on its point.
+SPARSE_DECODE = "sparse_decode"
 _ERRORS = {
-    "sparse_decode": (
+    SPARSE_DECODE: (
         "rel_err_f64",
         "rel_err_vs_bf16",
         "storage_rel_err",
@@ -92,7 +79,7 @@ def dsa_figure(result: Result, heads: int, title: str, notes: list[str]) -> go.F
         sel = sorted((p for p in pts if p.batch == b), key=lambda p: p.context)
         for key, (name, color) in _WORDS.series.items():
             sparse = key == "sparse"
-            field = "sparse_decode" if sparse else key
+            field = SPARSE_DECODE if sparse else key
             fig.add_trace(
                 go.Scatter(
                     x=[p.context for p in sel if p.get(field)],
@@ -100,7 +87,6 @@ def dsa_figure(result: Result, heads: int, title: str, notes: list[str]) -> go.F
                     name=name,
                     legendgroup=key,
                     showlegend=i == 1,
-                    mode="lines+markers",
                     line=dict(color=color, dash="dot" if sparse else "solid"),
                 ),
                 row=1,
@@ -226,14 +212,14 @@ def dsa_step(step: Result, dsa: Result) -> DSAStep | None:
     ``dsa_decode`` has no such point."""
     heads = rows_of(step, "setup")[0].heads_per_gpu
     paths = {r.path: r for r in rows_of(step, "path") if r.step_ms}
-    lens = step.params["context_lens"]
+    lens = Row(step.params).context_lens
     pt = next(
         (p for p in points(dsa) if (p.heads, p.batch, p.context) == (heads, len(lens), lens[0]) and p.dsa),
         None,
     )
-    if "ours" not in paths or pt is None or len(lens) != 1:
+    if OURS not in paths or pt is None or len(lens) != 1:
         return None
-    ours, layers = paths["ours"], GLM5.num_layers
+    ours, layers = paths[OURS], GLM5.num_layers
     attention = layers * pt.dsa / 1e3
     return DSAStep(
         ours.write_kv_ms + ours.rest_ms + attention,

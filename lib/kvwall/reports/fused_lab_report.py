@@ -53,6 +53,10 @@ from kvwall.results import Result
 # The Triton path's tuning
 # --------------------------------------------------------------------------------------------------
 
+#: The tuning result's sections: every candidate launch shape screened (at 128K tokens), and the winners (the
+#: shapes it picked, per heads and tokens).
+SCREEN, WINNER = "screen", "winner"
+
 
 def launch_shape(row: Mapping[str, Any]) -> str:
     """A tuning row's launch shape in words, from its ``cfg_*`` fields (rows recorded with kernel options since
@@ -83,7 +87,7 @@ def _share(r: Row) -> float | None:
 def screen_table(tuning: Result, heads: int, caption: str) -> Table:
     """The tuning screen of one head count: each candidate's resources, error against float32, µs (or why it did not
     run) and share of the roofline, fastest first."""
-    screen = sorted((r for r in rows_of(tuning, "screen") if r.heads == heads), key=lambda r: r.us or float("inf"))
+    screen = sorted((r for r in rows_of(tuning, SCREEN) if r.heads == heads), key=lambda r: r.us or float("inf"))
     rows = [
         dict(
             r,
@@ -100,7 +104,7 @@ def screen_table(tuning: Result, heads: int, caption: str) -> Table:
 def split_sweep_figure(tuning: Result, caption: str, heads: int = 16) -> go.Figure:
     """Time against chunks per request, for the winning shape at each context."""
     sweep, fig = rows_of(tuning, "sweep"), go.Figure()
-    for w in sorted((w for w in rows_of(tuning, "winner") if w.heads == heads), key=lambda w: w.tokens):
+    for w in sorted((w for w in rows_of(tuning, WINNER) if w.heads == heads), key=lambda w: w.tokens):
         same = [
             r
             for r in sweep
@@ -115,7 +119,6 @@ def split_sweep_figure(tuning: Result, caption: str, heads: int = 16) -> go.Figu
                 name=f"{w.tokens // 1024}K tokens",
                 x=[p[0] for p in points],
                 y=[p[1] for p in points],
-                mode="lines+markers",
             )
     labels = WORDS.split_sweep_figure
     fig.update_layout(title=labels.title.format(heads=heads), xaxis_title=labels.x, yaxis_title=labels.y)
@@ -136,7 +139,7 @@ def winners_table(tuning: Result, caption: str) -> Table:
             combine_us=w.combine_kernel_us,
             share=_share(w),
         )
-        for w in sorted(rows_of(tuning, "winner"), key=lambda r: (r.heads, r.tokens))
+        for w in sorted(rows_of(tuning, WINNER), key=lambda r: (r.heads, r.tokens))
     ]
     return Table(rows, columns(WORDS.winners_table), caption)
 
@@ -147,7 +150,7 @@ def spill_rule_table(tuning: Result, caption: str) -> Table:
     rows = []
     for f in sorted(rows_of(tuning, "fastest_any"), key=lambda r: r.heads):
         clean = min(
-            (r for r in rows_of(tuning, "screen") if r.heads == f.heads and r.us and r.spills == 0),
+            (r for r in rows_of(tuning, SCREEN) if r.heads == f.heads and r.us and r.spills == 0),
             key=lambda r: r.us,
             default=Row(),
         )
@@ -168,7 +171,7 @@ def pairs_numbers(tuning: Result, heads: int = 16) -> dict[str, Any]:
     """What reading the tile as 16-bit pairs bought at ``heads``: the screen's winner (``shape``, ``us``, ``regs``,
     ``smem_kb``) and, where it reads pairs, its twin that reads FP8 bytes (``bytes_us``, ``bytes_regs``; None where
     the screen has no such twin); {} where nothing was timed at ``heads``."""
-    timed = [r for r in rows_of(tuning, "screen") if r.heads == heads and r.us]
+    timed = [r for r in rows_of(tuning, SCREEN) if r.heads == heads and r.us]
     if not timed:
         return {}
     best = min(timed, key=lambda r: r.us)

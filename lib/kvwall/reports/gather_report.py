@@ -18,21 +18,6 @@ from kvwall.reports.rows import Row, rows_of
 from kvwall.reports.tables import CHECK_COLUMNS, Table
 from kvwall.results import Result
 
-__all__ = [
-    "Prediction",
-    "predict",
-    "suite_table",
-    "bench_series",
-    "Targets",
-    "targets",
-    "launch",
-    "of_copy",
-    "TORCH_OP",
-    "KERNELS",
-    "RANDOM_SLOTS",
-    "FULL_CASTS",
-]
-
 #: Implementation names the benchmark records.
 TORCH_OP = "PyTorch index_select().to(bf16)"
 KERNELS = ("gather_cast (Triton)", "gather_cast (CUDA C++)")
@@ -40,6 +25,8 @@ KERNELS = ("gather_cast (Triton)", "gather_cast (CUDA C++)")
 RANDOM_SLOTS = "batch 1, random slots"
 #: The whole-pool casts the benchmark records: ours, and PyTorch's.
 FULL_CASTS = ("full_cast (Triton)", "PyTorch pool.to(bf16)")
+#: The benchmark's sections of timed points: the eager sweep over n, and the same replayed as CUDA graphs.
+SWEEP, GRAPH = "sweep", "graph"
 
 
 @dataclass(frozen=True)
@@ -165,7 +152,7 @@ def bench_series(result: Result) -> dict[str, tuple[list[float], list[float]]]:
     """GB/s of every implementation and layout against rows gathered (for :func:`kvwall.reports.plots.lines`), and
     the device copy as the ceiling."""
     series: dict[str, tuple[list[float], list[float]]] = {}
-    for r in rows_of(result, "sweep"):
+    for r in rows_of(result, SWEEP):
         xs, ys = series.setdefault(f"{r.impl}, {r.layout}", ([], []))
         xs.append(r.n)
         ys.append(r.gbps)
@@ -178,9 +165,9 @@ def _copy(result: Result) -> float:
     return rows_of(result, "copy")[0].gbps
 
 
-def _at(result: Result, impl: str, n: int, layout: str = RANDOM_SLOTS, section: str = "sweep") -> Row:
+def _at(result: Result, impl: str, n: int, layout: str = RANDOM_SLOTS, section: str = SWEEP) -> Row:
     """The benchmark row of ``impl`` at ``n`` rows (in ``layout`` for the sweep)."""
-    sweep = section == "sweep"
+    sweep = section == SWEEP
     for r in rows_of(result, section):
         if r.impl == impl and r.n == n and (not sweep or r.layout == layout):
             return r
@@ -197,7 +184,7 @@ def of_copy(result: Result, n: int, impl: str = KERNELS[0]) -> float:
 
 
 def _kernels(result: Result) -> list[str]:
-    recorded = {r.impl for r in rows_of(result, "sweep")}
+    recorded = {r.impl for r in rows_of(result, SWEEP)}
     return [k for k in KERNELS if k in recorded]
 
 
@@ -224,7 +211,7 @@ def targets(result: Result, sizes: tuple[int, ...] = (4096, 32768, 131072, 52428
             Row(r, us=r.ms * 1e3, vs_torch=torch_ms / r.ms, batch=_at(result, r.impl, n, batch_layout).of_copy)
             for r in (_at(result, impl, n) for impl in [*kernels, TORCH_OP])
         ]
-    best, sweep = kernels[0], rows_of(result, "sweep")
+    best, sweep = kernels[0], rows_of(result, SWEEP)
     large = [r for r in sweep if r.impl == best and r.n >= 32768]
     torch_ms = {r.n: r.ms for r in sweep if r.impl == TORCH_OP and r.layout == RANDOM_SLOTS}
     full_pool = {r.impl: r.of_copy for r in rows_of(result, "full_pool")}
@@ -238,7 +225,7 @@ def targets(result: Result, sizes: tuple[int, ...] = (4096, 32768, 131072, 52428
             min_of_copy_n_ge_32k=min(r.of_copy for r in large),
             min_speedup_vs_torch_n_ge_32k=min(torch_ms[r.n] / r.ms for r in large if r.layout == RANDOM_SLOTS),
             us_at_4k=_at(result, best, 4096).ms * 1e3,
-            us_at_4k_graph=_at(result, best, 4096, section="graph").ms * 1e3,
+            us_at_4k_graph=_at(result, best, 4096, section=GRAPH).ms * 1e3,
             full_cast_of_copy=full_pool[FULL_CASTS[0]],
             torch_cast_of_copy=full_pool[FULL_CASTS[1]],
         ),
@@ -252,7 +239,7 @@ def launch(result: Result, n: int = 32768) -> dict[str, Any]:
     timed); and the launch shapes it used (``config``: the recorded row, None if not recorded) with the bytes of FP8
     loads in flight per thread for large n (``bytes_in_flight``)."""
     best, copy = _kernels(result)[0], _copy(result)
-    graph = {r.n: r.gbps / copy for r in rows_of(result, "graph") if r.impl == best}
+    graph = {r.n: r.gbps / copy for r in rows_of(result, GRAPH) if r.impl == best}
     empty = next(r for r in rows_of(result, "launch") if r.impl == best)
     config = next(iter(rows_of(result, "config")), None)
     large = config and Row(config.large_config)

@@ -12,23 +12,6 @@ from kvwall.model.original import ORIGINAL
 from kvwall.results import Result
 from kvwall.reports.rows import Row, rows_of
 
-__all__ = [
-    "SLOW_STEP",
-    "CAPACITY_LABELS",
-    "live_profile_params",
-    "finding",
-    "host_bound",
-    "host_summary",
-    "stalls",
-    "breakdown",
-    "gain_rows",
-    "capacity_gain",
-    "capacity_series",
-    "capacity_for",
-    "capacity_readings",
-    "closing",
-]
-
 #: Slower than this × its strategy's graph step, a phase-clocked step "ran long".
 SLOW_STEP = 1.1
 #: The strategies the chapter's finding and closing numbers compare.

@@ -11,8 +11,6 @@ from kvwall.reports.rows import Row
 from kvwall.reports.tables import Table
 from kvwall.reports.words import columns
 
-__all__ = ["ACCURATE_FP8", "kernel_rows", "kernel_table", "fastest_by_heads"]
-
 
 #: BF16-accurate kernels on the FP8 cache (what a patch can run), and the peers a reader weighs against them.
 ACCURATE_FP8 = {"ours": "ours", "gather_cast_bf16": "gather_cast + FlashInfer"}

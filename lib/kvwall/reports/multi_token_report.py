@@ -72,7 +72,6 @@ def verify_figure(result: Result, title: str, caption: str) -> go.Figure:
                     go.Scatter(
                         x=[r.q_len for r in mine],
                         y=[r[path] / one for r in mine],
-                        mode="lines+markers",
                         line=dict(dash=dash, color=colors[i % len(colors)]),
                         legendgroup=f"{c}{b}",
                         showlegend=col == 1 and path == OURS,

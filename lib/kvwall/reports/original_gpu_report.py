@@ -13,20 +13,6 @@ from kvwall.model.step_paths import KERNEL_NAMES
 from kvwall.reports.rows import Row
 from kvwall.reports.tables import Table, fmt_range
 
-__all__ = [
-    "rest_without_attention_ms",
-    "original_gpu_rows",
-    "original_gpu_table",
-    "cast_check",
-    "arch_table",
-    "build_label",
-    "NOT_BUILT",
-    "RULES",
-    "spilled_builds",
-    "wgmma_build_rows",
-    "wgmma_build_values",
-]
-
 RULES = ("fraction of peak", "per-SM rate")
 
 

@@ -17,26 +17,6 @@ from kvwall.reports.rows import Row, rows_of
 from kvwall.reports.tables import MISSING, Table, scientific
 from kvwall.results import Result
 
-__all__ = [
-    "FORWARD_MODES",
-    "VARIANTS",
-    "VariantSummary",
-    "StandIn",
-    "stand_in_summary",
-    "patch_check_table",
-    "real_meta",
-    "real_check_rows",
-    "real_timing_rows",
-    "real_memory_rows",
-    "Findings",
-    "real_findings",
-    "extra_bytes",
-    "real_check_table",
-    "real_timing_table",
-    "real_memory_table",
-    "sglang_pins",
-]
-
 #: The forward modes whose whole-pool casts the diffs remove (UPSTREAM.md), by the real check's ``mode`` name.
 FORWARD_MODES = {
     "decode": "decode",

@@ -7,12 +7,20 @@ import textwrap
 from typing import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from kvwall.model.decode_step import PHASES, STANDIN_LABEL
 from kvwall.reports.rows import Row
 
 #: plotly's line break in text.
 BR = "<br>"
+#: The book's plotly template (:func:`arrange` gives it to every figure): plotly's ``plotly_white`` and what the
+#: book's figures share, so that a figure states only what differs: a scatter series is drawn as lines and markers.
+TEMPLATE = "kvwall"
+_WHITE = pio.templates["plotly_white"]
+pio.templates[TEMPLATE] = go.layout.Template(
+    _WHITE, data_scatter=[go.Scatter(_WHITE.data.scatter[0], mode="lines+markers")]
+)
 #: The decode-step phases: reader-facing name and colour.
 _PHASES = {
     "write_kv": ("write new token's KV", "#8c8c8c"),
@@ -203,7 +211,7 @@ def arrange(
         "right": dict(orientation="v", x=1.02, y=1.0, xanchor="left", yanchor="top"),
     }
     fig.update_layout(
-        template="plotly_white",
+        template=TEMPLATE,
         height=total,
         showlegend=show_legend,
         margin=dict(t=top, b=bottom, l=left, r=fig.layout.margin.r if fig.layout.margin.r is not None else 20),
@@ -338,7 +346,7 @@ def lines(
 ) -> go.Figure:
     fig = go.Figure()
     for name, (xs, ys) in series.items():
-        fig.add_scatter(name=name, x=list(xs), y=list(ys), mode="lines+markers")
+        fig.add_scatter(name=name, x=list(xs), y=list(ys))
     fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis)
     fig.update_xaxes(type="log" if log_x else "linear")
     fig.update_yaxes(type="log" if log_y else "linear")

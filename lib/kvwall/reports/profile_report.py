@@ -16,20 +16,6 @@ from kvwall.model.roofline import attention_read_bytes, full_pool_cast_bytes
 from kvwall.reports.rows import Row
 from kvwall.results import Result
 
-__all__ = [
-    "CastBytes",
-    "cast_bytes",
-    "StepShares",
-    "step_shares",
-    "phases",
-    "ranked",
-    "copy_rows",
-    "CastRate",
-    "cast_rate",
-    "SweepComparison",
-    "sweep_comparison",
-]
-
 
 @dataclass(frozen=True)
 class CastBytes:

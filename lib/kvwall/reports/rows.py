@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from kvwall.results import Result
 
-__all__ = ["Row", "rows_of"]
-
 
 class Row(dict):
     """A recorded row whose fields also read as attributes (None where it has none)."""

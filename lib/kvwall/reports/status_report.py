@@ -17,8 +17,6 @@ from kvwall.experiments.gpu_tests import file_sha256
 from kvwall.reports.rows import Row as _Row
 from kvwall.results import PROJECT_ROOT, Result, awaiting_rerecord, load_result
 
-__all__ = ["pins", "recorded_runs", "version_rows", "run_rows", "gpu_versions", "build_time", "gpu_mode_rows"]
-
 #: The requirement files the pins are read from, and the packages pinned.
 _PIN_FILES, _PINNED = (
     ("requirements.txt", "requirements-flashinfer.txt", "requirements-triton-cpu.txt"),

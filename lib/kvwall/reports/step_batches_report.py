@@ -12,8 +12,6 @@ from kvwall.reports.rows import Row
 from kvwall.reports.tables import Table, number
 from kvwall.results import Result
 
-__all__ = ["batch_rows", "paths", "batch_table", "batch_figure", "kv_work", "shortest"]
-
 
 def batch_rows(result: Result) -> list[Row]:
     """One row per batch: its tokens, and each path's step ms (``<path>``) and KV work ms, preparation + attention
@@ -53,7 +51,6 @@ def batch_figure(result: Result, title: str, notes: list[str]) -> go.Figure:
                 x=[str(r.batch) for r in rows if p in r],
                 y=[r[p] for r in rows if p in r],
                 name=STEP_NAMES.get(p, p),
-                mode="lines+markers",
             )
         )
     fig.update_layout(title=title, xaxis_title="requests in the batch", yaxis_title="ms a step")

@@ -11,8 +11,6 @@ import yaml
 from kvwall.reports import tables
 from kvwall.results import PROJECT_ROOT
 
-__all__ = ["Words", "read_words", "columns"]
-
 
 class Words(dict):
     """A mapping read from a chapter's YAML file whose keys also read as attributes (``WORDS.paths.ours.name``)."""
