@@ -84,3 +84,43 @@ def test_tests_assert_values_not_wording(tmp_path):
         "        f()\n"
     )
     assert wording_asserts(tmp_path) == ["test_x.py:5", "test_x.py:8"]
+
+
+#: The most lines of the report modules that may hold a string literal, docstrings apart (issue 36): the sentences
+#: a page shows are written in its chapter (myst-nb glue), the wording of tables in book/*.yml.
+MAX_REPORT_STRING_LINES = 700
+
+
+def string_lines(path: Path) -> int:
+    """The lines of a Python file holding a string literal or f-string, its docstrings left out."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+        and isinstance(node.body[0].value.value, str)
+    }
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) or isinstance(node, ast.JoinedStr)) and id(
+            node
+        ) not in docs:
+            lines.update(range(node.lineno, node.end_lineno + 1))
+    return len(lines)
+
+
+def test_reports_return_numbers_not_prose(tmp_path):
+    counts = {p.name: string_lines(p) for p in sorted((ROOT / "lib" / "kvwall" / "reports").glob("*.py"))}
+    total = sum(counts.values())
+    worst = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
+    assert total <= MAX_REPORT_STRING_LINES, (
+        f"lib/kvwall/reports holds {total} lines of string literals (at most {MAX_REPORT_STRING_LINES}; the most: "
+        f"{worst}): write sentences in the chapter with glue, table wording in book/*.yml"
+    )
+    (tmp_path / "m.py").write_text('"""doc"""\n\nx = "a"\n\n\ndef f():\n    """doc"""\n    return f"{x}"\n')
+    assert string_lines(tmp_path / "m.py") == 2
