@@ -334,14 +334,27 @@ def background(executed):
 def _chapters_in_background(request):
     """When this session builds the book, every chapter runs (once) and the book is built in the background from
     the start, while the tests that do not read them run; then the background jobs of the modules whose tests read
-    them, where the test process has not taken them first."""
-    items = request.session.items
-    if any("built_book" in item.fixturenames for item in items):
-        from kvwall.reports.execute import chapter_files
+    them, where the test process has not taken them first.
 
+    The two processes then share the machine's cores: each (and every process it starts: the chapters' kernels, the
+    child Pythons of tests) keeps torch's CPU threads to its half of them, one each on two cores, where two threads
+    each would contend for both (an explicit ``OMP_NUM_THREADS`` is kept)."""
+    items = request.session.items
+    if not any("built_book" in item.fixturenames for item in items):
+        yield
+        return
+    from kvwall.reports.execute import chapter_files
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 2) // 2))
+    before = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(threads)
         modules = {getattr(item.module, "__name__", None) for item in items if "background" in item.fixturenames}
         jobs = [key for key in BACKGROUND_JOBS if key.split(":")[0] in modules]
         request.getfixturevalue("executed").start(chapter_files(), book=True, jobs=jobs)
+        yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session", autouse=True)
