@@ -4,6 +4,7 @@ background process (``background``)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
@@ -73,27 +74,42 @@ def _claim(folder: Path) -> bool:
     return True
 
 
+def _error_text(exc: BaseException) -> str:
+    """A background run's failure, in words, for the tests that read it."""
+    import traceback
+
+    return f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()[-6000:]}"
+
+
+@contextlib.contextmanager
+def _timed(label: str):
+    """Log how long the block took, with the clock time, into the background log."""
+    import time
+
+    t0 = time.time()
+    try:
+        yield
+    finally:
+        print(f"[{time.strftime('%H:%M:%S')}] {label}: {time.time() - t0:.1f} s (pid {os.getpid()})", flush=True)
+
+
 def _do_job(key: str, out: str, claimed: bool = False) -> tuple[str, object]:
     """Run background job ``key`` into ``out`` unless another process took it: ("ok", what it returned),
     ("skip", the reason), ("error", the error in words) or ("taken", None)."""
     import importlib
-    import time
-    import traceback
 
     if not claimed and not _claim(Path(out)):
         return "taken", None
     module, name = key.split(":")
-    t0 = time.time()
-    try:
-        return "ok", getattr(importlib.import_module(module), name)(Path(out))
-    except pytest.skip.Exception as exc:
-        return "skip", str(exc.msg)
-    except pytest.fail.Exception as exc:
-        return "error", str(exc.msg)
-    except Exception as exc:  # noqa: BLE001 - said to the test that reads it
-        return "error", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()[-6000:]}"
-    finally:
-        print(f"[{time.strftime('%H:%M:%S')}] {key}: {time.time() - t0:.1f} s (pid {os.getpid()})", flush=True)
+    with _timed(key):
+        try:
+            return "ok", getattr(importlib.import_module(module), name)(Path(out))
+        except pytest.skip.Exception as exc:
+            return "skip", str(exc.msg)
+        except pytest.fail.Exception as exc:
+            return "error", str(exc.msg)
+        except Exception as exc:  # noqa: BLE001 - said to the test that reads it
+            return "error", _error_text(exc)
 
 
 def _quiet_worker(log: str) -> None:
@@ -105,32 +121,26 @@ def _quiet_worker(log: str) -> None:
 
 def _run_job(path: str, out: str, offline: bool, parameters: dict) -> tuple[dict | None, str | None]:
     """One chapter run in the background process: (its execution record, None), or (None, the error, in words)."""
-    import traceback
-
-    import time
-
-    t0 = time.time()
-    try:
-        with pytest.MonkeyPatch.context() as monkeypatch:
-            monkeypatch.setenv("KVWALL_LIVE_DIR", str(Path(out) / "live"))
-            if offline:
-                go_offline(monkeypatch, Path(out) / "empty-cache")
-            return run_chapter(Path(path), Path(out), **parameters), None
-    except Exception as exc:  # noqa: BLE001 - said to every test that reads this run
-        return None, f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()[-6000:]}"
-    finally:
-        print(f"[{time.strftime('%H:%M:%S')}] {Path(path).name}: {time.time() - t0:.1f} s", flush=True)
+    with _timed(Path(path).name):
+        try:
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                monkeypatch.setenv("KVWALL_LIVE_DIR", str(Path(out) / "live"))
+                if offline:
+                    go_offline(monkeypatch, Path(out) / "empty-cache")
+                return run_chapter(Path(path), Path(out), **parameters), None
+        except Exception as exc:  # noqa: BLE001 - said to every test that reads this run
+            return None, _error_text(exc)
 
 
 def _build_job(root: str, runs: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     """The book built from the session's runs (``runs``: each chapter and its executed notebook), in the background
     process: (the built site, None), or (None, what went wrong)."""
-    import time
-    import traceback
+    with _timed("the book"):
+        return _build(Path(root), runs)
 
-    t0 = time.time()
+
+def _build(root_dir: Path, runs: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     try:
-        root_dir = Path(root)
         cache, records = root_dir / "jupyter_cache", root_dir / "execution"
         records.mkdir(parents=True, exist_ok=True)
         for chapter, notebook in runs:
@@ -148,10 +158,8 @@ def _build_job(root: str, runs: list[tuple[str, str]]) -> tuple[str | None, str 
         if reused != len(runs):
             return None, f"the build took {reused} of {len(runs)} chapters from the session's runs:\n{log}"
         return str(root_dir / "_build" / "html"), None
-    except Exception as exc:  # noqa: BLE001
-        return None, f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()[-6000:]}"
-    finally:
-        print(f"[{time.strftime('%H:%M:%S')}] the book: {time.time() - t0:.1f} s", flush=True)
+    except Exception as exc:  # noqa: BLE001 - said to every test that reads the book
+        return None, _error_text(exc)
 
 
 class ExecutedChapters:
