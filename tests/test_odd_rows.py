@@ -1,12 +1,13 @@
 """Rows of an odd stride or byte offset (a 577-byte row one byte past alignment) on the Triton path through the front
-door: a known bug the GPU tier found on the H200, kept here as a strict xfail until the fix is re-recorded."""
+door: the GPU tier found on the H200 (2026-12-03) that the front door launched a 16-bit-pairs launch shape on them
+("misaligned address"); the Triton path's launch now drops the pairs for such rows, whoever calls it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kvwall.kernels.mla_decode import dispatch
+from kvwall.kernels.mla_decode import triton_path
 from kvwall.kernels.mla_decode.cases import SM_SCALE
 from kvwall.kernels.mla_decode.dispatch import mla_decode, plan_mla_decode
 from kvwall.kernels.mla_decode.launch_shape import MLADecodeConfig
@@ -16,15 +17,6 @@ DC, DR = 512, 64
 FP8 = torch.float8_e4m3fn
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug, found by the GPU tier on the H200 (book/results/gpu_tests.json, 2026-12-03): the front door "
-    "launches the plan's launch shape as planned, so a 16-bit-pairs shape (the 16-head shapes on a GPU) reads rows of "
-    "an odd stride or offset as 16-bit words: 'CUDA error: misaligned address'. mla_decode_fp8 drops the pairs for "
-    "such rows (triton_path.py); the front door must too. Left for the next kernel re-record (the fix is in the "
-    "fingerprint of every fused result). With the fix, drop this mark and the 'known bug' paragraphs of the README "
-    "and book/reproducibility.md.",
-)
 def test_the_front_door_reads_odd_rows_without_16_bit_pairs(monkeypatch):
     """Rows one byte off alignment with a 577-byte stride, planned for the Triton path with a 16-bit-pairs launch
     shape: what the front door launches must not read them as 16-bit pairs (mla_decode_fp8 does not)."""
@@ -43,7 +35,18 @@ def test_the_front_door_reads_odd_rows_without_16_bit_pairs(monkeypatch):
         ckv_cache=ckv,
         kpe_cache=kpe,
     )
+    assert plan.work.config.pairs  # the plan asks for pairs; the launch must not use them on these rows
     launched = []
-    monkeypatch.setattr(dispatch, "launch_planned", lambda work, cfg, *args, **kw: launched.append(cfg))
-    mla_decode(inp.q_nope, inp.q_pe, ckv, kpe, plan)
+
+    def spy(cfg, **kw):
+        launched.append(cfg)
+        raise _Launched
+
+    monkeypatch.setattr(triton_path, "split_constexprs", spy)
+    with pytest.raises(_Launched):
+        mla_decode(inp.q_nope, inp.q_pe, ckv, kpe, plan)
     assert len(launched) == 1 and launched[0].block_h == 16 and not launched[0].pairs
+
+
+class _Launched(Exception):
+    """Raised by the spy in place of the launch."""

@@ -299,8 +299,7 @@ def mla_decode_fp8(
     cfg = config or (plan.config if isinstance(plan, MLADecodePlan) else default_config(heads, dc, device, max_len))
     if cfg.block_h < 16 or cfg.block_h & (cfg.block_h - 1) or cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
         _fail(ValueError, f"config {cfg}: block_h and block_n must be powers of two >= 16.")
-    if cfg.pairs and (ckv.stride(0) % 2 or kpe.stride(0) % 2 or ckv.data_ptr() % 2 or kpe.data_ptr() % 2):
-        cfg = dataclasses.replace(cfg, pairs=False)  # odd row strides or offsets: no 16-bit pairs, same result
+    cfg = config_for_rows(cfg, ckv, kpe)
     if plan is not None:
         if num_splits is not None:
             _fail(ValueError, "pass either plan or num_splits: a plan has its own chunks.")
@@ -441,6 +440,14 @@ def mla_decode_fp8(
     return (out, lse) if return_lse else out
 
 
+def config_for_rows(cfg: MLADecodeConfig, ckv: torch.Tensor, kpe: torch.Tensor) -> MLADecodeConfig:
+    """``cfg`` without its 16-bit pairs where a cache's rows have an odd stride or byte offset (a pair would be a
+    misaligned 16-bit read on the GPU); the same result either way."""
+    if cfg.pairs and (ckv.stride(0) % 2 or kpe.stride(0) % 2 or ckv.data_ptr() % 2 or kpe.data_ptr() % 2):
+        return dataclasses.replace(cfg, pairs=False)
+    return cfg
+
+
 def launch_planned(
     plan: MLADecodePlan,
     cfg: MLADecodeConfig,
@@ -463,7 +470,9 @@ def launch_planned(
     caches' ``[slots, D]`` row views, ``q_nope`` / ``q_pe`` / ``out`` ``[batch, rows, D]`` with ``rows = q_len x
     heads`` (a request's query tokens folded into the rows, the causal mask over them with ``q_len > 1``), the
     scales ``(tensor or None, number)`` as :func:`parse_scale` gives them. What :func:`mla_decode_fp8` runs with a
-    plan, and what the front door (:func:`kvwall.kernels.mla_decode`) runs on the Triton path."""
+    plan, and what the front door (:func:`kvwall.kernels.mla_decode`) runs on the Triton path. The one thing it
+    adjusts: ``cfg``'s 16-bit pairs are dropped for rows they cannot read (:func:`config_for_rows`)."""
+    cfg = config_for_rows(cfg, ckv, kpe)
     (c_t, c_v), (k_t, k_v) = ckv_scale, kpe_scale
     if (c_t is None) != (k_t is None):  # one mode for both: a tensor for the number
         if c_t is None:
