@@ -60,6 +60,15 @@ NCU_OPTIONAL_METRICS = {
     "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed": "shared_lsu_pct",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "shared_bank_conflicts",
     "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio": "stall_gmma",
+    # The L1 / shared-memory data path split by traffic (designs/2026-12-03-pv-under-scores.md asks whether the FP8
+    # gather's global loads and the score wgmma contend there): shared-memory load and store wavefronts apart,
+    # global-load requests and their sectors (sectors per request: how many 32-byte pieces a warp's load touches),
+    # and the L1's busiest sub-unit as a share of its peak.
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum": "shared_ld_wavefronts",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum": "shared_st_wavefronts",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "global_ld_requests",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "global_ld_sectors",
+    "l1tex__throughput.avg.pct_of_peak_sustained_elapsed": "l1_throughput_pct",
 }
 _ALL_METRICS = {**NCU_METRICS, **NCU_OPTIONAL_METRICS}
 

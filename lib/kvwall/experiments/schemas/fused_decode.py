@@ -240,6 +240,11 @@ class FusedDecodeProfileNcu(Row):
     shared_lsu_pct: float | None = None
     shared_bank_conflicts: float | None = None
     stall_gmma: float | None = None
+    shared_ld_wavefronts: float | None = None
+    shared_st_wavefronts: float | None = None
+    global_ld_requests: float | None = None
+    global_ld_sectors: float | None = None
+    l1_throughput_pct: float | None = None
     ncu_missing: list[str] | None = None
     flops: int | None = None
     error: str | None = None
