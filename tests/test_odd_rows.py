@@ -50,3 +50,15 @@ def test_the_front_door_reads_odd_rows_without_16_bit_pairs(monkeypatch):
 
 class _Launched(Exception):
     """Raised by the spy in place of the launch."""
+
+
+@pytest.mark.parametrize(
+    ("stride", "offset", "keeps_pairs"), [(576, 0, True), (576, 2, True), (577, 0, False), (576, 1, False)]
+)
+def test_pairs_are_dropped_only_for_rows_they_cannot_read(stride, offset, keeps_pairs):
+    """The rule the launch applies: 16-bit pairs stay for rows of an even stride and offset (SGLang's pool), and go
+    for an odd stride or an odd byte offset."""
+    raw = torch.zeros(8 * stride + 16, dtype=torch.uint8)
+    rows = raw[offset : offset + 8 * stride].view(-1, stride).view(FP8)
+    cfg = MLADecodeConfig(16, 64, 4, 3, pairs=True)
+    assert triton_path.config_for_rows(cfg, rows[:, :DC], rows[:, DC : DC + DR]).pairs is keeps_pairs
