@@ -751,6 +751,43 @@ def test_profile_kernel_drops_a_metric_this_ncu_does_not_know_and_names_it(tmp_p
         ncu_mod.profile_kernel("m", ["boom"], kernel_regex="k", launch_skip=0, timeout_s=30)
 
 
+def test_profile_window_reads_every_launch_of_the_window_in_order(tmp_path, monkeypatch):
+    """``profile_window`` asks ncu for the profiler window (not a kernel name) and reads each launch apart, in launch
+    order, named; the ``peers`` rows take the longest launch's metrics, list every launch and sum their times -- and
+    a strategy whose program fails is a row with its error, not a crash."""
+    import kvwall.measure.ncu as ncu_mod
+    from kvwall.experiments.fused_decode import profile as prof
+
+    head = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+    fake = tmp_path / "ncu"
+    fake.write_text(
+        "#!/usr/bin/env python3\n"
+        "import sys\n"
+        "assert sys.argv[sys.argv.index('--profile-from-start') + 1] == 'off' and '--kernel-name' not in sys.argv\n"
+        "if 'flashmla_dense_fp8' in sys.argv: print('==ERROR== the application crashed'); sys.exit(1)\n"
+        "metrics = sys.argv[sys.argv.index('--metrics') + 1].split(',')\n"
+        f"print({head!r})\n"
+        "for kid, name, ns in (('10', 'combine', '2,000'), ('9', 'split<64>', '30,000'), ('11', 'fill', '500')):\n"
+        "    for m in metrics:\n"
+        "        value = ns if m == 'gpu__time_duration.sum' else ('55.5' if name.startswith('split') else '1')\n"
+        '        print(f\'"{kid}","{name}","{m}","","{value}"\')\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(ncu_mod, "ncu_path", lambda: str(fake))
+    monkeypatch.setattr(prof, "ncu_path", lambda: str(fake))
+    launches, missing = ncu_mod.profile_window("m", [], timeout_s=30)
+    assert [k["kernel"] for k in launches] == ["split<64>", "combine", "fill"] and missing == []
+    assert launches[0]["duration_ns"] == 30_000.0 and launches[1]["tensor_pipe_pct"] == 1.0
+
+    rows = prof._peer_rows([[16, 4096, 8]], pool_slots=1000, max_total=10_000, seed=0, timeout_s=30)
+    assert [r["strategy"] for r in rows] == list(prof.PEERS_PROFILED)
+    ours = rows[0]
+    assert ours["main_kernel"] == "split<64>" and ours["tensor_pipe_pct"] == 55.5 and ours["duration_ns"] == 30_000.0
+    assert ours["total_duration_ns"] == 32_500.0 and len(ours["launches"]) == 3 and "error" not in ours
+    assert "application crashed" in rows[2]["error"] and "main_kernel" not in rows[2]
+    validate_rows("fused_decode_profile", rows)
+
+
 def test_tuning_candidates_cover_the_roads_not_taken():
     c16, c64 = candidates(16), candidates(64)
     assert len(set(c16)) == len(c16) and len(set(c64)) == len(c64)

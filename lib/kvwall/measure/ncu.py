@@ -13,9 +13,20 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
-__all__ = ["NCU_METRICS", "NCU_OPTIONAL_METRICS", "parse_ncu_csv", "profile_kernel", "ncu_path", "unknown_metrics"]
+T = TypeVar("T")
+
+__all__ = [
+    "NCU_METRICS",
+    "NCU_OPTIONAL_METRICS",
+    "parse_ncu_csv",
+    "parse_ncu_kernels",
+    "profile_kernel",
+    "profile_window",
+    "ncu_path",
+    "unknown_metrics",
+]
 
 #: Nsight Compute metrics read for a kernel (ncu's name -> the name in the recorded rows).
 NCU_METRICS = {
@@ -96,10 +107,60 @@ def parse_ncu_csv(text: str) -> dict[str, float]:
     return out
 
 
+def parse_ncu_kernels(text: str) -> list[dict[str, float | str]]:
+    """``ncu --csv --print-units base`` output of several kernel launches -> one dict per launch, in launch order:
+    ``kernel`` (its name, template arguments cut at 160 characters) and {our name: value} of :data:`NCU_METRICS` and
+    :data:`NCU_OPTIONAL_METRICS`. Raises ValueError if no metric row is found (the output's tail is in the message)."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    launches: dict[str, dict[str, float | str]] = {}
+    for rec in csv.DictReader(io.StringIO("\n".join(lines))):
+        name = rec.get("Metric Name")
+        if name not in _ALL_METRICS:
+            continue
+        launch = launches.setdefault(rec.get("ID") or "0", {"kernel": (rec.get("Kernel Name") or "?")[:160]})
+        try:
+            launch[_ALL_METRICS[name]] = float((rec.get("Metric Value") or "").replace(",", ""))
+        except ValueError:
+            continue
+    if not launches:
+        raise ValueError("no Nsight Compute metric rows in the output:\n" + text[-2000:])
+    return [launches[k] for k in sorted(launches, key=lambda k: int(k) if k.isdigit() else 0)]
+
+
 def unknown_metrics(text: str, asked: Sequence[str]) -> list[str]:
     """The names of ``asked`` that an ncu run's output says it does not know (``==ERROR== Failed to find metric``)."""
     errors = [line for line in text.splitlines() if "ERROR" in line and "metric" in line.lower()]
     return [m for m in asked if any(m in line or m.split(".")[0] in line for line in errors)]
+
+
+def _run_ncu(metrics: Sequence[str], selection: Sequence[str], module: str, args: Sequence[str], timeout_s: int) -> str:
+    ncu = ncu_path()
+    if ncu is None:
+        raise FileNotFoundError("ncu (Nsight Compute) is not installed here: put it on PATH to profile kernels.")
+    cmd = [ncu, "--csv", "--print-units", "base", *selection, "--metrics", ",".join(metrics)]
+    proc = subprocess.run(
+        [*cmd, sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=dict(os.environ),
+    )
+    return proc.stdout + "\n" + proc.stderr
+
+
+def _with_optional(run: Callable[[Sequence[str]], str], parse: Callable[[str], T]) -> tuple[T, list[str]]:
+    """``parse(run(every metric))``; where an optional metric is unknown to this ncu, the run repeated without it.
+    Returns the parsed output and the names (ours) of the optional metrics dropped."""
+    optional = list(NCU_OPTIONAL_METRICS)
+    text = run([*NCU_METRICS, *optional])
+    try:
+        return parse(text), []
+    except ValueError:
+        missing = unknown_metrics(text, optional) or optional  # unnamed: retry with the required set only
+        if not any("ERROR" in line and "metric" in line.lower() for line in text.splitlines()):
+            raise
+    parsed = parse(run([*NCU_METRICS, *(m for m in optional if m not in missing)]))
+    return parsed, [NCU_OPTIONAL_METRICS[m] for m in missing]
 
 
 def profile_kernel(
@@ -110,42 +171,28 @@ def profile_kernel(
     this ncu does not know is dropped and the run repeated without it; the names dropped are in ``ncu_missing``.
     Raises FileNotFoundError without ncu, subprocess.TimeoutExpired past ``timeout_s``, ValueError when no metric
     came back."""
-    ncu = ncu_path()
-    if ncu is None:
-        raise FileNotFoundError("ncu (Nsight Compute) is not installed here: put it on PATH to profile kernels.")
-
-    def run(metrics: Sequence[str]) -> str:
-        cmd = [
-            ncu,
-            "--csv",
-            "--print-units",
-            "base",
-            "--kernel-name",
-            f"regex:{kernel_regex}",
-            "--launch-skip",
-            str(launch_skip),
-            "--launch-count",
-            str(launch_count),
-            "--metrics",
-            ",".join(metrics),
-            sys.executable,
-            "-m",
-            module,
-            *args,
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
-        return proc.stdout + "\n" + proc.stderr
-
-    optional = list(NCU_OPTIONAL_METRICS)
-    text = run([*NCU_METRICS, *optional])
-    try:
-        return parse_ncu_csv(text)
-    except ValueError:
-        missing = unknown_metrics(text, optional) or optional  # unnamed: retry with the required set only
-        if not any("ERROR" in line and "metric" in line.lower() for line in text.splitlines()):
-            raise
-    out: dict[str, float | list[str]] = dict(
-        parse_ncu_csv(run([*NCU_METRICS, *(m for m in optional if m not in missing)]))
-    )
-    out["ncu_missing"] = [NCU_OPTIONAL_METRICS[m] for m in missing]
+    selection = [
+        "--kernel-name",
+        f"regex:{kernel_regex}",
+        "--launch-skip",
+        str(launch_skip),
+        "--launch-count",
+        str(launch_count),
+    ]
+    parsed, missing = _with_optional(lambda m: _run_ncu(m, selection, module, args, timeout_s), parse_ncu_csv)
+    out: dict[str, float | list[str]] = dict(parsed)
+    if missing:
+        out["ncu_missing"] = missing
     return out
+
+
+def profile_window(
+    module: str, args: Sequence[str], *, timeout_s: int
+) -> tuple[list[dict[str, float | str]], list[str]]:
+    """Run ``python -m module *args`` under ``ncu --profile-from-start off`` and read :data:`NCU_METRICS` and
+    :data:`NCU_OPTIONAL_METRICS` of every kernel launched between the program's ``cudaProfilerStart`` and
+    ``cudaProfilerStop`` (``torch.cuda.profiler.start()`` / ``stop()``): whatever kernels a call launches, whoever
+    wrote them. Returns (one dict per launch, :func:`parse_ncu_kernels`; the optional metrics this ncu did not know).
+    Raises as :func:`profile_kernel`."""
+    selection = ["--profile-from-start", "off"]
+    return _with_optional(lambda m: _run_ncu(m, selection, module, args, timeout_s), parse_ncu_kernels)

@@ -281,6 +281,47 @@ def ncu_summary(profile: Result, caption: str) -> Table:
     return Table(rows, columns(WORDS.ncu_summary), caption)
 
 
+def peer_rows(profile: Result) -> list[Row]:
+    """The ``peers`` rows that ran (ours beside FlashMLA at one bench point each), point by point in the recorded
+    order, the strategies in the recorded order within each."""
+    return [r for r in rows_of(profile, "peers") if not r.error and r.duration_ns]
+
+
+def peer_points(profile: Result) -> list[tuple[int, int, int]]:
+    """The (heads, context, batch) points of the ``peers`` section that ran, in the recorded order."""
+    return list(dict.fromkeys((r.heads, r.context, r.batch) for r in peer_rows(profile)))
+
+
+def peer_profile_table(profile: Result, caption: str) -> Table:
+    """Ours and FlashMLA side by side under Nsight Compute at each peer point: the call's summed kernel time and its
+    launches, then the longest kernel's tensor pipe, shared-memory and L1 traffic, HBM, issue slots, global-load
+    sectors per request and its two largest stall reasons."""
+    rows = []
+    for r in peer_rows(profile):
+        stalls = _stalls(r)
+        rows.append(
+            dict(
+                r,
+                point=point_label((r.heads, r.context, r.batch)),
+                who=SHORT.get(r.strategy, label(r.strategy)),
+                us=r.total_duration_ns / 1e3,
+                main_us=r.duration_ns / 1e3,
+                kernels=len(r.launches or []),
+                sectors=r.global_ld_sectors / r.global_ld_requests if r.global_ld_requests else None,
+                stalls=", ".join(f"{k[6:].replace('_', ' ')} {r[k]:.1f}" for k in stalls[:2]) or MISSING,
+            )
+        )
+    return Table(rows, columns(WORDS.peer_profile_table), caption)
+
+
+def peer_profile_facts(profile: Result) -> dict[tuple[int, int, int], dict[str, Row]]:
+    """Per peer point, each strategy's ``peers`` row (the chapter reads its sentences from them)."""
+    out: dict[tuple[int, int, int], dict[str, Row]] = {}
+    for r in peer_rows(profile):
+        out.setdefault((r.heads, r.context, r.batch), {})[r.strategy] = r
+    return out
+
+
 def ncu_ranges(profile: Result) -> dict[str, Any]:
     """Over every profiled launch: the (least, most) of HBM's share of its peak, achieved occupancy, issue slots busy
     and the tensor pipe's busy share, in % (None where no launch has it), and the paths profiled."""

@@ -7,12 +7,18 @@
   kvwall.kernels.mla_decode.wgmma_tokens --profile-one`` for the tokens-on-M wgmma path; three warm-up calls, then the
   profiled one).
   ncu locks clocks to base, so its durations are longer than the benchmark's.
+- ``peers``: ours beside FlashMLA dense BF16 and FP8 at the ``peer_points`` (``[heads, context, batch]``, the bench's
+  points where ours falls short of issue 35's targets), each strategy built as ``fused_decode_bench`` builds it: one
+  call under Nsight Compute, every kernel it launches (``python -m kvwall.experiments.fused_decode.profile_point``,
+  ``ncu --profile-from-start off``); per launch the same metrics, so each miss reads against the peer that sets its
+  target on the same counters (tensor pipe, shared-memory and L1 traffic, global-load sectors, stall reasons).
 - ``phases``: where the wgmma kernel's cycles go at ``trace_points`` (``[heads, context, batch]``, page 64): per
   warpgroup, the cycles per tile of each phase between two ``clock64`` marks, and each CTA's fixed phases
   (:func:`kvwall.kernels.mla_decode.wgmma.trace_wgmma_phases`, the ``KVWALL_TRACE`` build), beside both builds' µs.
 
-Device time at full scale: **62-73 s** on the H200 (the recordings at ba26777 and a67e272): 6 ncu runs and 5 traced
-points. The tokens-on-M kernel has no phase trace build (the trace marks were exploration switches, ``NOTES.md``).
+Device time at full scale: **62-73 s** on the H200 for 6 ncu runs and 5 traced points (the recordings at ba26777 and
+a67e272), before the ``peers`` section (3 ncu runs per peer point) was added. The tokens-on-M kernel has no phase
+trace build (the trace marks were exploration switches, ``NOTES.md``).
 """
 
 from __future__ import annotations
@@ -25,18 +31,19 @@ import torch
 from kvwall.kernels.mla_decode import wgmma as wgmma_path
 from kvwall.kernels.mla_decode import wgmma_tokens as tokens_path
 from kvwall.measure.failures import error_text, traceback_tail
-from kvwall.measure.ncu import ncu_path, profile_kernel
+from kvwall.measure.ncu import ncu_path, profile_kernel, profile_window
 from kvwall.measure.timing import release_memory
 from kvwall.model.geometry import GLM5
 from kvwall.model.roofline import decode_flops, kv_read_bytes
 from kvwall.peers.flashmla import PAGE_SIZE
 from kvwall.results import Result, collect_provenance
 from kvwall.tuning import fused as triton_profiled
+from kvwall.experiments.fused_decode import profile_point
 from kvwall.experiments.fused_decode.bench import time_call
 from kvwall.experiments.fused_decode.strategies import BuildContext, build_strategy, make_point
 from kvwall.experiments.registry import Experiment
 
-__all__ = ["EXPERIMENTS", "PROFILED", "run_fused_decode_profile"]
+__all__ = ["EXPERIMENTS", "PEERS_PROFILED", "PROFILED", "run_fused_decode_profile"]
 
 D = GLM5.kv_dim
 FP8 = torch.float8_e4m3fn
@@ -47,6 +54,44 @@ PROFILED: dict[str, tuple[str, str]] = {
     "wgmma": (wgmma_path.__name__, "mla_wgmma_split_kernel"),
     "wgmma_tokens": (tokens_path.__name__, "mla_wgmma_tokens_kernel"),
 }
+
+#: The strategies the ``peers`` section profiles at each peer point: ours (the dispatcher's path, page size 1, as the
+#: bench runs it) and the two FlashMLA kernels that set issue 35's targets (pages of 64).
+PEERS_PROFILED: tuple[str, ...] = ("ours", "flashmla_dense_bf16", "flashmla_dense_fp8")
+
+
+def _peer_rows(
+    points: list[list[int]], *, pool_slots: int, max_total: int, seed: int, timeout_s: int
+) -> list[dict[str, Any]]:
+    """One ``peers`` row per (point, strategy of :data:`PEERS_PROFILED`): every kernel of one call (``launches``: name
+    and duration), the call's summed kernel time, and the metrics of its longest kernel (``main_kernel``), or the
+    ``error``."""
+    rows = []
+    for h, c, b in points:
+        for strategy in PEERS_PROFILED:
+            row: dict[str, Any] = {"section": "peers", "heads": h, "context": c, "batch": b, "strategy": strategy}
+            if ncu_path() is None:
+                rows.append({**row, "error": "ncu (Nsight Compute) is not installed here"})
+                continue
+            try:
+                launches, missing = profile_window(
+                    profile_point.__name__,
+                    [strategy, str(h), str(c), str(b), str(pool_slots), str(max_total), str(seed)],
+                    timeout_s=timeout_s,
+                )
+                main = max(launches, key=lambda k: float(k.get("duration_ns") or 0.0))
+                row.update(
+                    {k: v for k, v in main.items() if k != "kernel"},
+                    main_kernel=main["kernel"],
+                    launches=[{"kernel": k["kernel"], "duration_ns": k.get("duration_ns")} for k in launches],
+                    total_duration_ns=sum(float(k.get("duration_ns") or 0.0) for k in launches),
+                )
+                if missing:
+                    row["ncu_missing"] = missing
+            except Exception as exc:  # noqa: BLE001 - a failed profile is a row, not a crash
+                row["error"] = f"{type(exc).__name__}: {str(exc)[-600:]}"
+            rows.append(row)
+    return rows
 
 
 def _profile_row(heads: int, tokens: int, path: str, timeout_s: int) -> dict[str, Any]:
@@ -134,6 +179,7 @@ def run_fused_decode_profile(
     *,
     profile_points: list[list[Any]],
     trace_points: list[list[int]],
+    peer_points: list[list[int]] | None = None,
     pool_slots: int = 495_000,
     max_total_tokens: int = 2_000_000,
     reps: int = 10,
@@ -143,9 +189,11 @@ def run_fused_decode_profile(
     seed: int = 0,
 ) -> Result:
     """See the module docstring. ``profile_points``: ``[heads, tokens, path]`` (path a key of :data:`PROFILED`);
-    ``trace_points``: ``[heads, context, batch]`` of the wgmma phase trace. Rows: ``profile`` (one per point, the
-    metrics of :data:`kvwall.measure.ncu.NCU_METRICS` or the ``error``; a wgmma path's row says why where it cannot
-    run), ``phases`` (one per trace point; none where the wgmma path cannot run)."""
+    ``trace_points``: ``[heads, context, batch]`` of the wgmma phase trace; ``peer_points``: ``[heads, context,
+    batch]`` where ours and FlashMLA are profiled side by side. Rows: ``profile`` (one per point, the metrics of
+    :data:`kvwall.measure.ncu.NCU_METRICS` or the ``error``; a wgmma path's row says why where it cannot run),
+    ``peers`` (one per peer point and strategy of :data:`PEERS_PROFILED`), ``phases`` (one per trace point; none where
+    the wgmma path cannot run)."""
     if device.type != "cuda":
         raise RuntimeError(
             "fused_decode_profile profiles GPU kernels (Nsight Compute, a clock64 trace): it needs an "
@@ -172,6 +220,13 @@ def run_fused_decode_profile(
             )
             continue
         rows.append(_profile_row(h, tokens, path, timeout_s))
+    rows += _peer_rows(
+        [list(p) for p in peer_points or []],
+        pool_slots=pool_slots,
+        max_total=max_total_tokens,
+        seed=seed,
+        timeout_s=timeout_s,
+    )
     if not why:
         rows += _phase_rows(
             trace_points,
@@ -186,6 +241,7 @@ def run_fused_decode_profile(
     params = dict(
         profile_points=[list(p) for p in profile_points],
         trace_points=[list(p) for p in trace_points],
+        peer_points=[list(p) for p in peer_points or []],
         pool_slots=pool_slots,
         max_total_tokens=max_total_tokens,
         reps=reps,
@@ -212,6 +268,17 @@ EXPERIMENTS: list[Experiment] = [
                 [32, 131_072, "wgmma_tokens"],
             ],
             trace_points=[[16, 131_072, 1], [64, 131_072, 1], [64, 131_072, 8], [128, 131_072, 8], [128, 4096, 64]],
+            # Issue 35's misses in the bench: 16 heads at batch 1 (<= 35 us) and batch 64 (80 % of the roofline, FP8's
+            # speed) of 128K, 16 heads with a batch at 32K, 64 heads' and 128 heads' worst points against FlashMLA BF16,
+            # and 128 heads at batch 1.
+            peer_points=[
+                [16, 131_072, 1],
+                [16, 131_072, 64],
+                [16, 32_768, 32],
+                [64, 4096, 32],
+                [128, 32_768, 64],
+                [128, 131_072, 1],
+            ],
             pool_slots=495_000,
             max_total_tokens=2_000_000,
             reps=10,
@@ -223,6 +290,7 @@ EXPERIMENTS: list[Experiment] = [
         small=dict(
             profile_points=[[16, 4096, "triton"], [16, 4096, "wgmma"], [16, 4096, "wgmma_tokens"]],
             trace_points=[[16, 4096, 1]],
+            peer_points=[[16, 4096, 8]],
             pool_slots=50_000,
             max_total_tokens=2_000_000,
             reps=3,

@@ -204,14 +204,9 @@ FusedDecodeValidationRow = Annotated[
 ]
 
 
-class FusedDecodeProfileNcu(Row):
-    """Nsight Compute on one path's split kernel (``error`` where ncu or the path could not run)."""
+class NcuMetrics(Row):
+    """The metrics of :mod:`kvwall.measure.ncu` one launch reads (None: not read)."""
 
-    section: Literal["profile"]
-    heads: int
-    tokens: int
-    path: KernelPath
-    min_bytes: int
     dram_read_bytes: float | None = None
     dram_write_bytes: float | None = None
     dram_pct_of_peak: float | None = None
@@ -246,7 +241,39 @@ class FusedDecodeProfileNcu(Row):
     global_ld_sectors: float | None = None
     l1_throughput_pct: float | None = None
     ncu_missing: list[str] | None = None
+
+
+class FusedDecodeProfileNcu(NcuMetrics):
+    """Nsight Compute on one path's split kernel (``error`` where ncu or the path could not run)."""
+
+    section: Literal["profile"]
+    heads: int
+    tokens: int
+    path: KernelPath
+    min_bytes: int
     flops: int | None = None
+    error: str | None = None
+
+
+class NcuLaunch(Row):
+    """One kernel launch of a profiled call: its name and ncu's duration (clocks locked to base)."""
+
+    kernel: str
+    duration_ns: float | None = None
+
+
+class FusedDecodeProfilePeer(NcuMetrics):
+    """One strategy's call at one bench point under Nsight Compute: every launch (``launches``), their summed time,
+    and the metrics of the longest launch (``main_kernel``); ``error`` where ncu or the strategy could not run."""
+
+    section: Literal["peers"]
+    heads: int
+    context: int
+    batch: int
+    strategy: str
+    main_kernel: str | None = None
+    launches: list[NcuLaunch] | None = None
+    total_duration_ns: float | None = None
     error: str | None = None
 
 
@@ -271,7 +298,9 @@ class FusedDecodeProfilePhases(Row):
 
 
 #: One row of ``fused_decode_profile``, by its section.
-FusedDecodeProfileRow = Annotated[FusedDecodeProfileNcu | FusedDecodeProfilePhases, Field(discriminator="section")]
+FusedDecodeProfileRow = Annotated[
+    FusedDecodeProfileNcu | FusedDecodeProfilePeer | FusedDecodeProfilePhases, Field(discriminator="section")
+]
 
 
 class FusedDecodeBenchCeilings(Row):
