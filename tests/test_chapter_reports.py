@@ -698,6 +698,63 @@ def test_ncu_summary_and_ranges_per_path():
     assert failed["launches"] == 0 and failed["dram_pct_of_peak"] is None
 
 
+def test_the_peer_profile_reads_each_call_by_its_split_and_combine_and_names_whose_metrics_it_shows():
+    """``peers`` rows: the split and combine µs come from the call's launches by name, the rates are of the longest
+    kernel and the table says which (a combine where it is the longest), a failed row is left out, and the facts the
+    chapter quotes are keyed by point and strategy."""
+
+    def peer(strategy, launches, **metrics):
+        main = max(launches, key=lambda k: k[1])
+        return {
+            "section": "peers",
+            "heads": 128,
+            "context": 32768,
+            "batch": 64,
+            "strategy": strategy,
+            "main_kernel": main[0],
+            "launches": [{"kernel": k, "duration_ns": ns} for k, ns in launches],
+            "total_duration_ns": float(sum(ns for _, ns in launches)),
+            "duration_ns": main[1],
+            **metrics,
+        }
+
+    prof = result(
+        "fused_decode_profile",
+        [
+            peer(
+                "ours",
+                [("mla_wgmma_split_kernel<0>", 400_000.0), ("_mla_combine_kernel", 40_000.0)],
+                tensor_pipe_pct=49.0,
+                l1_throughput_pct=73.0,
+                global_ld_requests=1.0e6,
+                global_ld_sectors=14.5e6,
+                warp_instructions=78.6e6,
+                stall_barrier=1.8,
+                stall_wait=1.7,
+                stall_gmma=0.1,
+            ),
+            peer(
+                "flashmla_dense_bf16",
+                [("flash_fwd_splitkv_mla_kernel", 50_000.0), ("flash_fwd_mla_combine_kernel", 60_000.0)],
+                tensor_pipe_pct=0.0,
+            ),
+            {"section": "peers", "heads": 128, "context": 32768, "batch": 64, "strategy": "flashmla_dense_fp8",
+             "error": "ncu failed"},
+        ],
+    )
+    table = fused_lab_report.peer_profile_table(prof, "cap")
+    assert cells(table, "who") == ["ours", "FM BF16"]
+    assert cells(table, "split_us") == ["400.0", "50.0"] and cells(table, "combine_us") == ["40.0", "60.0"]
+    assert cells(table, "us") == ["440.0", "110.0"] and cells(table, "longest") == ["split", "combine"]
+    assert cells(table, "stalls")[0] == "barrier 1.8, wait 1.7"
+    work = fused_lab_report.peer_work_table(prof, "cap")
+    assert cells(work, "sectors")[0] == "14.5" and cells(work, "warp_instructions_m")[0] == "78.6"
+    facts = fused_lab_report.peer_profile_facts(prof)
+    assert set(facts[128, 32768, 64]) == {"ours", "flashmla_dense_bf16"}
+    assert facts[128, 32768, 64]["ours"]["top_stall"] == "barrier"
+    assert fused_lab_report.peer_points(prof) == [(128, 32768, 64)]
+
+
 def test_the_phase_table_holds_each_warpgroup_against_the_tile_floors():
     from kvwall.kernels.mla_decode.wgmma import TRACE_PHASES
     from kvwall.reports.tile_phases_report import TilePhases

@@ -287,38 +287,70 @@ def peer_rows(profile: Result) -> list[Row]:
     return [r for r in rows_of(profile, "peers") if not r.error and r.duration_ns]
 
 
+def _launch_us(r: Row, combine: bool) -> float | None:
+    """The longest launch of the call whose kernel is (``combine``) or is not a combine, in µs (None: no such)."""
+    times = [
+        k["duration_ns"] / 1e3
+        for k in r.launches or []
+        if k.get("duration_ns") and ("combine" in k["kernel"]) == combine
+    ]
+    return max(times) if times else None
+
+
+def _peer_view(r: Row) -> dict[str, Any]:
+    """One ``peers`` row as the tables and sentences read it: the point, who, the call's time and its split and
+    combine kernels' (µs), which kernel the metrics are of (``longest``: "split" or "combine"), and ratios."""
+    stalls = _stalls(r)
+    return dict(
+        r,
+        point=point_label((r.heads, r.context, r.batch)),
+        who=SHORT.get(r.strategy, label(r.strategy)),
+        us=r.total_duration_ns / 1e3,
+        split_us=_launch_us(r, combine=False),
+        combine_us=_launch_us(r, combine=True),
+        longest="combine" if "combine" in (r.main_kernel or "") else "split",
+        kernels=len(r.launches or []),
+        sectors=r.global_ld_sectors / r.global_ld_requests if r.global_ld_requests else None,
+        stalls=", ".join(f"{k[6:].replace('_', ' ')} {r[k]:.1f}" for k in stalls[:2]) or MISSING,
+        top_stall=stalls[0][6:].replace("_", " ") if stalls else None,
+        **{
+            f"{k}_m": (r[k] / 1e6 if r.get(k) is not None else None)
+            for k in (
+                "warp_instructions",
+                "wgmma_instructions",
+                "shared_ld_wavefronts",
+                "shared_st_wavefronts",
+                "shared_bank_conflicts",
+                "global_ld_requests",
+                "global_ld_sectors",
+            )
+        },
+    )
+
+
 def peer_points(profile: Result) -> list[tuple[int, int, int]]:
     """The (heads, context, batch) points of the ``peers`` section that ran, in the recorded order."""
     return list(dict.fromkeys((r.heads, r.context, r.batch) for r in peer_rows(profile)))
 
 
 def peer_profile_table(profile: Result, caption: str) -> Table:
-    """Ours and FlashMLA side by side under Nsight Compute at each peer point: the call's summed kernel time and its
-    launches, then the longest kernel's tensor pipe, shared-memory and L1 traffic, HBM, issue slots, global-load
-    sectors per request and its two largest stall reasons."""
-    rows = []
-    for r in peer_rows(profile):
-        stalls = _stalls(r)
-        rows.append(
-            dict(
-                r,
-                point=point_label((r.heads, r.context, r.batch)),
-                who=SHORT.get(r.strategy, label(r.strategy)),
-                us=r.total_duration_ns / 1e3,
-                main_us=r.duration_ns / 1e3,
-                kernels=len(r.launches or []),
-                sectors=r.global_ld_sectors / r.global_ld_requests if r.global_ld_requests else None,
-                stalls=", ".join(f"{k[6:].replace('_', ' ')} {r[k]:.1f}" for k in stalls[:2]) or MISSING,
-            )
-        )
-    return Table(rows, columns(WORDS.peer_profile_table), caption)
+    """Ours and FlashMLA side by side under Nsight Compute at each peer point: the call's kernel time, its split and
+    combine kernels', then the longest kernel's tensor pipe, shared-memory and L1 traffic, HBM, issue slots and its
+    two largest stall reasons."""
+    return Table([_peer_view(r) for r in peer_rows(profile)], columns(WORDS.peer_profile_table), caption)
 
 
-def peer_profile_facts(profile: Result) -> dict[tuple[int, int, int], dict[str, Row]]:
-    """Per peer point, each strategy's ``peers`` row (the chapter reads its sentences from them)."""
-    out: dict[tuple[int, int, int], dict[str, Row]] = {}
+def peer_work_table(profile: Result, caption: str) -> Table:
+    """The same launches by the work they issued: warp and wgmma instructions, shared-memory load and store wavefronts
+    and bank conflicts, global-load requests and sectors (millions), registers and CTAs."""
+    return Table([_peer_view(r) for r in peer_rows(profile)], columns(WORDS.peer_work_table), caption)
+
+
+def peer_profile_facts(profile: Result) -> dict[tuple[int, int, int], dict[str, dict[str, Any]]]:
+    """Per peer point, each strategy's row as :func:`peer_profile_table` reads it (the chapter's sentences)."""
+    out: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
     for r in peer_rows(profile):
-        out.setdefault((r.heads, r.context, r.batch), {})[r.strategy] = r
+        out.setdefault((r.heads, r.context, r.batch), {})[r.strategy] = _peer_view(r)
     return out
 
 
