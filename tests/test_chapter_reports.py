@@ -738,8 +738,14 @@ def test_the_peer_profile_reads_each_call_by_its_split_and_combine_and_names_who
                 [("flash_fwd_splitkv_mla_kernel", 50_000.0), ("flash_fwd_mla_combine_kernel", 60_000.0)],
                 tensor_pipe_pct=0.0,
             ),
-            {"section": "peers", "heads": 128, "context": 32768, "batch": 64, "strategy": "flashmla_dense_fp8",
-             "error": "ncu failed"},
+            {
+                "section": "peers",
+                "heads": 128,
+                "context": 32768,
+                "batch": 64,
+                "strategy": "flashmla_dense_fp8",
+                "error": "ncu failed",
+            },
         ],
     )
     table = fused_lab_report.peer_profile_table(prof, "cap")
