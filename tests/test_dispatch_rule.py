@@ -294,3 +294,54 @@ def test_the_paths_experiment_times_the_dispatcher_and_every_forced_path_per_pag
     assert [p[:4] for p in table["cpu"]["points"]] == [[16, 64, 1, "triton"], [16, 256, 4, "triton"]]
     checked = paths.dispatch_check(result, table=table)
     assert not failures(checked) and all(c["pick"] == "triton" and c["ours_path"] == "triton" for c in checked)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The table's choice holds on every page size the run timed
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_near_tie_on_page_1_goes_to_the_path_that_holds_on_pages_of_64():
+    """The 2026-12-03 evening re-record (a5148ba), 32 heads, 32K, batch 1: on page 1 the tokens-on-M path was 0.01 µs
+    ahead (24.67 against 24.68), on pages of 64 it was 7 % behind (25.91 against 24.19). The fastest on page 1 alone
+    would fail the 5 % check on pages of 64; the choice over both layouts does not."""
+    page1 = {"triton": 47.76, "wgmma": 24.68, "wgmma_tokens": 24.67}
+    page64 = {"triton": 46.34, "wgmma": 24.19, "wgmma_tokens": 25.91}
+    assert path_table.fastest(page1) == "wgmma_tokens"
+    assert paths.choose_path([page1, page64]) == "wgmma"
+    assert paths.choose_path([page1]) == "wgmma_tokens"  # one layout timed: the fastest there
+    # the least worst ratio wins: wgmma 1.55x off on pages of 64 against triton 1.67x off on page 1; a path not timed
+    # on every layout is not chosen while one is
+    assert paths.choose_path([{"triton": 50.0, "wgmma": 30.0}, {"triton": 20.0, "wgmma": 31.0}]) == "wgmma"
+    assert paths.choose_path([{"triton": 50.0, "wgmma": 30.0}, {"triton": 51.0, "wgmma": None}]) == "triton"
+    assert paths.choose_path([{"triton": 50.0, "wgmma": None}, {"wgmma": 10.0}]) == "triton"
+    with pytest.raises(ValueError, match="no path was timed"):
+        paths.choose_path([{"triton": None}])
+
+
+def test_the_derived_table_passes_the_check_on_both_page_sizes_where_page_1_alone_would_not():
+    """A run in which page 1's fastest is 8 % off on pages of 64 and another path is within 1 % on both: the table
+    takes that path, the check passes at every point and page size, and the sidecar's times re-derive each choice."""
+    grid = {(32, 32768, 1, 32768, 32768): (47.76, 24.68, 24.67), (16, 4096, 1, 4096, 4096): (15.0, 18.0, 12.0)}
+    result = _synthetic(grid, page64=1.0)
+    rows = [
+        dict(r, us=25.91 * 1.03)
+        if r.get("section") == "bench" and r["page_size"] == 64 and r["heads"] == 32 and r["strategy"] == "wgmma_tokens"
+        else r
+        for r in result.rows
+    ]
+    result = Result("fused_decode_paths", result.params, rows, result.provenance)
+    table = paths.path_table(result)
+    assert {tuple(p[:4]) for p in table[H200]["points"]} == {(16, 4096, 1, "wgmma_tokens"), (32, 32768, 1, "wgmma")}
+    assert not failures(paths.dispatch_check(result, table=table, source="derived"))
+    page1_only = {H200: {**table[H200], "points": paths.path_points(_page1_only(result))}}
+    assert failures(paths.dispatch_check(result, table=page1_only, source="page 1 alone"))
+    measured = paths.measured_table(result)[H200]
+    assert measured["columns"] == [*paths.MEASURED_COLUMNS, *(f"{p}_us_page64" for p in path_table.KERNEL_PATHS)]
+    for point, timed in zip(table[H200]["points"], measured["points"]):
+        assert paths.choice_from_measured(measured["columns"], timed) == point[3]
+
+
+def _page1_only(result: Result) -> Result:
+    rows = [r for r in result.rows if r.get("section") != "bench" or r["page_size"] == 1]
+    return Result("fused_decode_paths", {"page_sizes": [1]}, rows, result.provenance)

@@ -300,10 +300,11 @@ def test_path_table_from_synthetic_rows(tmp_path):
     }  # the choices and the shapes they key, nothing else
     times = paths.measured_table(result)["NVIDIA H200"]
     assert "fused_decode_paths" in times["by"] and times["points"] == [
-        [16, 4096, 1, 15.0, 14.0, None],
-        [16, 131072, 1, 50.0, 55.0, None],
-        [64, 64, 1, 14.0, None, None],
+        [16, 4096, 1, 15.0, 14.0, None, 99.0, 1.0, None],  # then the same point on pages of 64
+        [16, 131072, 1, 50.0, 55.0, None, None, None, None],
+        [64, 64, 1, 14.0, None, None, None, None, None],
     ]
+    assert times["columns"][-3:] == ["triton_us_page64", "wgmma_us_page64", "wgmma_tokens_us_page64"]
     assert paths.path_table(result, page_size=64)["NVIDIA H200"]["points"] == [[16, 4096, 1, "wgmma", 4096, 4096]]
     # record's after_record: merged into the file, other GPUs' entries kept, the written paths returned
     target = tmp_path / "kernel_paths.json"

@@ -436,7 +436,7 @@ def test_the_shipped_table_is_well_formed_and_holds_only_choices_and_its_sidecar
     max_len], nothing else (so re-timing without a changed choice rewrites the same bytes); the sidecar has the times
     at the same points, in the same order, and each choice is the fastest of them; the file is as the writer writes
     it."""
-    from kvwall.experiments.fused_decode.kernel_paths import MEASURED_COLUMNS, MEASURED_FILE
+    from kvwall.experiments.fused_decode.kernel_paths import MEASURED_COLUMNS, MEASURED_FILE, choice_from_measured
 
     text = PATHS_FILE.read_text()
     table, measured = json.loads(text), json.loads(MEASURED_FILE.read_text())
@@ -448,10 +448,12 @@ def test_the_shipped_table_is_well_formed_and_holds_only_choices_and_its_sidecar
         times = measured[gpu]
         assert {"by", "recorded", "page_size", "columns", "points"} <= set(times)
         assert times["page_size"] == entry["page_size"]
-        assert times["columns"] == list(MEASURED_COLUMNS) and len(times["points"]) == len(entry["points"])
+        columns = times["columns"]
+        assert columns[: len(MEASURED_COLUMNS)] == list(MEASURED_COLUMNS)
+        assert len(times["points"]) == len(entry["points"])
         for point, timed in zip(entry["points"], times["points"]):
             assert len(point) == len(POINT_COLUMNS) and point[3] in KERNEL_PATHS and timed[:3] == point[:3]
-            assert path_point(*timed, tokens=point[4], max_len=point[5]) == point
+            assert len(timed) == len(columns) and choice_from_measured(columns, timed) == point[3], point
 
 
 # ----------------------------------------------------------------------------------------------

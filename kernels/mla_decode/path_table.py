@@ -11,8 +11,9 @@ grid's name for the point (one request of ``context`` tokens at batch 1; at larg
 mixed lengths, :func:`kvwall.experiments.fused_decode.strategies.bench_lengths`), said in the dispatcher's reasons.
 So the table is fingerprinted by its choices: a recording that re-times every point and picks the same paths writes
 the same bytes, and the results that ran the dispatcher stay fresh. One table serves pages of 1 and of 64: the
-recordings time both, and the page-1 choice is within a few percent of the fastest on pages of 64 at every point
-(``tests/test_dispatch_rule.py`` checks it on the recorded run).
+recordings time both, and each choice is the path whose worst ratio to the fastest over both is least
+(:func:`kvwall.experiments.fused_decode.kernel_paths.choose_path`; ``tests/test_dispatch_rule.py`` holds the table
+within 5 % of the fastest on each, on the recorded run).
 
 The times themselves, the caption of the run and who wrote the table go to a sidecar beside it that the dispatcher
 never reads (written by ``fused_decode_paths``, read by chapter 5's report; it is named only outside this folder, so

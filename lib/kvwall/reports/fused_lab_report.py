@@ -263,6 +263,11 @@ def _stalls(row: Mapping[str, Any]) -> list[str]:
     return sorted((k for k in row if k.startswith("stall_") and row[k] is not None), key=lambda k: -row[k])
 
 
+def _stall_name(field: str) -> str:
+    """``stall_long_scoreboard`` -> ``long scoreboard``."""
+    return field.removeprefix("stall_").replace("_", " ")
+
+
 def _ncu_point(r: Row) -> str:
     return f"{KERNEL_NAMES[r.path]}, {r.heads} h, {r.tokens // 1024}K"
 
@@ -274,7 +279,7 @@ def ncu_summary(profile: Result, caption: str) -> Table:
         dict(
             r,
             point=_ncu_point(r),
-            stall=f"{s[0][6:].replace('_', ' ')} ({r[s[0]]:.1f})" if (s := _stalls(r)) else MISSING,
+            stall=f"{_stall_name(s[0])} ({r[s[0]]:.1f})" if (s := _stalls(r)) else MISSING,
         )
         for r in ncu_rows(profile)
     ]
@@ -299,7 +304,8 @@ def _launch_us(r: Row, combine: bool) -> float | None:
 
 def _peer_view(r: Row) -> dict[str, Any]:
     """One ``peers`` row as the tables and sentences read it: the point, who, the call's time and its split and
-    combine kernels' (µs), which kernel the metrics are of (``longest``: "split" or "combine"), and ratios."""
+    combine kernels' (µs), which kernel the metrics are of (``longest``: "split" or "combine"), ratios, and every
+    metric in millions as ``{name}_m`` (the work counts' columns)."""
     stalls = _stalls(r)
     return dict(
         r,
@@ -311,20 +317,9 @@ def _peer_view(r: Row) -> dict[str, Any]:
         longest="combine" if "combine" in (r.main_kernel or "") else "split",
         kernels=len(r.launches or []),
         sectors=r.global_ld_sectors / r.global_ld_requests if r.global_ld_requests else None,
-        stalls=", ".join(f"{k[6:].replace('_', ' ')} {r[k]:.1f}" for k in stalls[:2]) or MISSING,
-        top_stall=stalls[0][6:].replace("_", " ") if stalls else None,
-        **{
-            f"{k}_m": (r[k] / 1e6 if r.get(k) is not None else None)
-            for k in (
-                "warp_instructions",
-                "wgmma_instructions",
-                "shared_ld_wavefronts",
-                "shared_st_wavefronts",
-                "shared_bank_conflicts",
-                "global_ld_requests",
-                "global_ld_sectors",
-            )
-        },
+        stalls=", ".join(f"{_stall_name(k)} {r[k]:.1f}" for k in stalls[:2]) or MISSING,
+        top_stall=_stall_name(stalls[0]) if stalls else None,
+        **{f"{k}_m": v / 1e6 for k, v in r.items() if isinstance(v, float)},  # counts in millions
     )
 
 
@@ -389,7 +384,7 @@ def stall_table(profile: Result, caption: str) -> Table:
     """Each profiled launch's stall reasons (warps per issued instruction), largest first by the first launch."""
     prof = ncu_rows(profile)
     rows = [
-        dict(reason=k[6:].replace("_", " "), **{str(i): r.get(k) for i, r in enumerate(prof)})
+        dict(reason=_stall_name(k), **{str(i): r.get(k) for i, r in enumerate(prof)})
         for k in (_stalls(prof[0]) if prof else [])
     ]
     return Table(

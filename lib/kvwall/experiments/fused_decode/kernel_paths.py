@@ -13,15 +13,18 @@ From it, :func:`write_path_table` derives two files beside the dispatcher:
 
 - ``kernels/mla_decode/kernel_paths.json`` (:func:`path_table`): what
   :func:`kvwall.kernels.mla_decode.dispatch.choose_path` reads and nothing else -- ``{gpu: {"capability",
-  "page_size", "points": [[heads, context, batch, path, tokens, max_len], ...]}}``, the fastest forced path at each
-  point on page size 1 (the layout ours runs in chapters 5 and 6), keyed by the shape a call has when it is planned
-  (heads, batch, the batch's tokens, its longest request: :mod:`kvwall.kernels.mla_decode.path_table`). It is in the
+  "page_size", "points": [[heads, context, batch, path, tokens, max_len], ...]}}``, per point the forced path whose
+  worst ratio to the fastest, over page sizes 1 and 64, is least (:func:`choose_path`; page size 1, the layout ours
+  runs in chapters 5 and 6, keys the table and breaks ties), keyed by the shape a call has when it is planned (heads,
+  batch, the batch's tokens, its longest request: :mod:`kvwall.kernels.mla_decode.path_table`). It is in the
   fingerprint of every result that ran the dispatcher, and it changes only when a choice does: re-recording this
-  experiment stales them only where a faster path changed. The page-64 rows are not a key of their own: the check
-  below holds the page-1 choice to them.
+  experiment stales them only where a choice changed. The page-64 rows are not a key of their own; until 2026-12-03
+  the choice was the fastest on page size 1 alone, and a re-record that evening (a5148ba) found that choice 7-8 % off
+  on pages of 64 at two near-ties of 32 heads, where a path within 1 % on both layouts existed.
 - ``kernels/mla_decode/kernel_paths_measured.json`` (:data:`MEASURED_FILE`, :func:`measured_table`): the times behind
   the choices -- ``{gpu: {"by", "recorded", "page_size", "columns", "points": [[heads, context, batch, triton_us,
-  wgmma_us, wgmma_tokens_us], ...]}}`` (µs rounded to 0.01, None: not timed) -- and the run's caption, for chapter 5's
+  wgmma_us, wgmma_tokens_us, then the same on pages of 64 (``*_us_page64``)], ...]}}`` (µs rounded to 0.01, None: not
+  timed; :func:`choice_from_measured` re-derives each choice from them) -- and the run's caption, for chapter 5's
   report. The dispatcher never reads it, and no module beside it names it, so it is in no result's fingerprint.
 
 :func:`dispatch_check` holds the dispatcher to the run: at every recorded point and page size, the path
@@ -44,7 +47,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -69,8 +72,11 @@ __all__ = [
     "run_fused_decode_paths",
     "paths_rows",
     "timed_entries",
+    "choose_path",
+    "choice_from_measured",
     "path_points",
     "measured_points",
+    "measured_columns",
     "path_table",
     "measured_table",
     "read_measured",
@@ -89,7 +95,8 @@ PATHS_FILE = table_rule.PATHS_FILE
 #: this name). Named here only: a module of ``kernels/mla_decode/`` naming it would put it in the fingerprints of every
 #: result that runs the dispatcher (:mod:`kvwall.results.fingerprint`), and a re-timing would stale them.
 MEASURED_FILE = PATHS_FILE.with_name("kernel_paths_measured.json")
-#: What a point of :data:`MEASURED_FILE` holds.
+#: What a point of :data:`MEASURED_FILE` holds first (the table's own page size; :func:`measured_columns` adds the
+#: others).
 MEASURED_COLUMNS = ("heads", "context", "batch", *(f"{p}_us" for p in table_rule.KERNEL_PATHS))
 #: What ``kernel_paths_measured.json`` entries say made them.
 WRITTEN_BY = "fused_decode_paths (python -m kvwall record fused_decode_paths)"
@@ -344,38 +351,79 @@ def _shapes(result: Result) -> dict[tuple[int, int, int], tuple[int, int]]:
     }
 
 
+def choose_path(times: Sequence[Mapping[str, float | None]]) -> str:
+    """The path a point's entry holds, from its times on each page size timed (``times[0]`` the table's own page size,
+    then the others; µs rounded to 0.01 as :data:`MEASURED_FILE` holds them; None: not timed): the path timed on every
+    page size whose worst ratio to that page size's fastest is least -- so the choice holds on every layout the
+    dispatcher serves, not only on the one it is keyed by -- ties (at 0.0001) to the fastest on ``times[0]``, then the
+    earlier of :data:`~kvwall.kernels.mla_decode.path_table.KERNEL_PATHS`. With one page size timed it is the fastest
+    there (:func:`~kvwall.kernels.mla_decode.path_table.fastest`)."""
+    timed = [{p: us for p, us in t.items() if us is not None} for t in times]
+    everywhere = [p for p in table_rule.KERNEL_PATHS if all(p in t for t in timed)]
+    if not timed or not timed[0]:
+        raise ValueError("no path was timed at this point")
+    if not everywhere:
+        return table_rule.fastest(timed[0])
+
+    def worst(p: str) -> float:
+        return max(t[p] / min(t.values()) for t in timed)
+
+    return min(everywhere, key=lambda p: (round(worst(p), 4), timed[0][p], table_rule.KERNEL_PATHS.index(p)))
+
+
+def _page_sizes(result: Result, page_size: int) -> list[int]:
+    """``page_size`` first, then the run's other page sizes (its bench rows'), smallest first."""
+    pages = {r["page_size"] for r in result.rows if r.get("section") == "bench" and r.get("page_size") is not None}
+    return [page_size, *sorted(pages - {page_size})]
+
+
+def _rounded(us: Mapping[str, float], paths: Sequence[str] = table_rule.KERNEL_PATHS) -> list[float | None]:
+    return [None if (t := us.get(p)) is None else round(t, 2) for p in paths]
+
+
 def path_points(result: Result, page_size: int = 1) -> list[list[Any]]:
     """``[heads, context, batch, path, tokens, max_len]`` per point where the Triton path was timed on ``page_size``:
-    ``path`` the fastest (:func:`kvwall.kernels.mla_decode.path_table.path_point`), ``tokens`` / ``max_len`` the
-    point's requests as timed. What ``kernel_paths.json`` holds."""
+    ``path`` by :func:`choose_path` from its times on ``page_size`` and on the run's other page sizes (those timed at
+    the point), ``tokens`` / ``max_len`` the point's requests as timed. What ``kernel_paths.json`` holds."""
     shapes = _shapes(result)
-    return [
-        table_rule.path_point(
-            h,
-            c,
-            b,
-            *(us.get(p) for p in table_rule.KERNEL_PATHS),
-            tokens=shapes[h, c, b][0],
-            max_len=shapes[h, c, b][1],
-        )
-        for (h, c, b), us in _timed(result, page_size).items()
-    ]
+    by_page = [_timed(result, p) for p in _page_sizes(result, page_size)]
+    points = []
+    for (h, c, b), us in by_page[0].items():
+        times = [dict(zip(table_rule.KERNEL_PATHS, _rounded(t[h, c, b]))) for t in by_page if (h, c, b) in t]
+        points.append([h, c, b, choose_path(times), *shapes[h, c, b]])
+    return points
 
 
 def measured_points(result: Result, page_size: int = 1) -> list[list[Any]]:
-    """``[heads, context, batch, triton_us, wgmma_us, wgmma_tokens_us]`` (:data:`MEASURED_COLUMNS`) at the points of
-    :func:`path_points`, µs rounded to 0.01 as the choice compared them; None: not timed."""
+    """Per point of :func:`path_points` (:data:`MEASURED_COLUMNS`): ``[heads, context, batch, triton_us, wgmma_us,
+    wgmma_tokens_us]`` on ``page_size``, then the same three on each other page size of the run (``measured_table``
+    names them), µs rounded to 0.01 as the choice compared them; None: not timed."""
+    by_page = [_timed(result, p) for p in _page_sizes(result, page_size)]
     return [
-        [h, c, b, *(None if (t := us.get(p)) is None else round(t, 2) for p in table_rule.KERNEL_PATHS)]
-        for (h, c, b), us in _timed(result, page_size).items()
+        [h, c, b, *_rounded(us), *(v for t in by_page[1:] for v in _rounded(t.get((h, c, b), {})))]
+        for (h, c, b), us in by_page[0].items()
     ]
+
+
+def measured_columns(page_sizes: Sequence[int]) -> list[str]:
+    """The columns of a sidecar entry whose run timed ``page_sizes`` (the table's own first): :data:`MEASURED_COLUMNS`,
+    then ``{path}_us_page{n}`` for each other page size."""
+    return [*MEASURED_COLUMNS, *(f"{p}_us_page{n}" for n in page_sizes[1:] for p in table_rule.KERNEL_PATHS)]
+
+
+def choice_from_measured(columns: Sequence[str], timed: Sequence[Any]) -> str:
+    """:func:`choose_path` re-derived from one point of a sidecar entry (its ``columns``, one of its ``points``): the
+    choice ``kernel_paths.json`` holds there."""
+    row = dict(zip(columns, timed))
+    pages = [""] + sorted({c.rsplit("_us", 1)[1] for c in columns if "_us_page" in c})
+    return choose_path([{p: row.get(f"{p}_us{suffix}") for p in table_rule.KERNEL_PATHS} for suffix in pages])
 
 
 def path_table(result: Result, page_size: int = 1) -> dict[str, Any]:
     """One GPU's entry of ``kernel_paths.json`` from a ``fused_decode_paths`` result:
-    ``{gpu: {"capability", "page_size", "points"}}`` (points of :func:`path_points`, page size 1 by default: ours'
-    layout in chapters 5 and 6; on pages of 64 the page-1 choice is within 2 % of the fastest at every point of the
-    2026-12-02 recording, and :func:`dispatch_check` holds it to 5 %). Only what the dispatcher reads."""
+    ``{gpu: {"capability", "page_size", "points"}}`` (points of :func:`path_points`, keyed by page size 1 by default:
+    ours' layout in chapters 5 and 6; each choice holds on every page size the run timed, and :func:`dispatch_check`
+    holds it to 5 % on each). Only what the dispatcher reads."""
     build = next(r for r in result.rows if r.get("section") == "build")
     return {
         build["gpu"]: {
@@ -388,14 +436,14 @@ def path_table(result: Result, page_size: int = 1) -> dict[str, Any]:
 
 def measured_table(result: Result, page_size: int = 1) -> dict[str, Any]:
     """One GPU's entry of :data:`MEASURED_FILE`: ``{gpu: {"by", "recorded", "page_size", "columns", "points"}}``
-    (points of :func:`measured_points`; ``recorded``: the result's caption)."""
+    (points of :func:`measured_points`, columns of :func:`measured_columns`; ``recorded``: the result's caption)."""
     build = next(r for r in result.rows if r.get("section") == "build")
     return {
         build["gpu"]: {
             "by": WRITTEN_BY,
             "recorded": result.caption(),
             "page_size": page_size,
-            "columns": list(MEASURED_COLUMNS),
+            "columns": measured_columns(_page_sizes(result, page_size)),
             "points": measured_points(result, page_size),
         }
     }
