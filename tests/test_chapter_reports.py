@@ -750,9 +750,9 @@ def test_the_peer_profile_reads_each_call_by_its_split_and_combine_and_names_who
     )
     table = fused_lab_report.peer_profile_table(prof, "cap")
     assert cells(table, "who") == ["ours", "FM BF16"]
-    assert cells(table, "split_us") == ["400.0", "50.0"] and cells(table, "combine_us") == ["40.0", "60.0"]
-    assert cells(table, "us") == ["440.0", "110.0"] and cells(table, "longest") == ["split", "combine"]
-    assert cells(table, "stalls")[0] == "barrier 1.8, wait 1.7"
+    assert cells(table, "us_parts") == ["440.0 (400.0 + 40.0)", "110.0 (50.0 + 60.0)"]
+    assert cells(table, "longest") == ["split", "combine"]
+    assert cells(table, "stalls")[0].split(", ") == ["barrier 1.8", "wait 1.7"]
     work = fused_lab_report.peer_work_table(prof, "cap")
     assert cells(work, "sectors")[0] == "14.5" and cells(work, "warp_instructions_m")[0] == "78.6"
     facts = fused_lab_report.peer_profile_facts(prof)

@@ -315,7 +315,7 @@ def test_a_near_tie_on_page_1_goes_to_the_path_that_holds_on_pages_of_64():
     assert paths.choose_path([{"triton": 50.0, "wgmma": 30.0}, {"triton": 20.0, "wgmma": 31.0}]) == "wgmma"
     assert paths.choose_path([{"triton": 50.0, "wgmma": 30.0}, {"triton": 51.0, "wgmma": None}]) == "triton"
     assert paths.choose_path([{"triton": 50.0, "wgmma": None}, {"wgmma": 10.0}]) == "triton"
-    with pytest.raises(ValueError, match="no path was timed"):
+    with pytest.raises(ValueError, match="timed"):
         paths.choose_path([{"triton": None}])
 
 
@@ -334,8 +334,9 @@ def test_the_derived_table_passes_the_check_on_both_page_sizes_where_page_1_alon
     table = paths.path_table(result)
     assert {tuple(p[:4]) for p in table[H200]["points"]} == {(16, 4096, 1, "wgmma_tokens"), (32, 32768, 1, "wgmma")}
     assert not failures(paths.dispatch_check(result, table=table, source="derived"))
-    page1_only = {H200: {**table[H200], "points": paths.path_points(_page1_only(result))}}
-    assert failures(paths.dispatch_check(result, table=page1_only, source="page 1 alone"))
+    page1_only = {H200: {**table[H200], "points": paths.path_points(result, other_pages=False)}}
+    assert page1_only[H200]["points"] == paths.path_points(_page1_only(result))
+    assert failures(paths.dispatch_check(result, table=page1_only, source="page1"))
     measured = paths.measured_table(result)[H200]
     assert measured["columns"] == [*paths.MEASURED_COLUMNS, *(f"{p}_us_page64" for p in path_table.KERNEL_PATHS)]
     for point, timed in zip(table[H200]["points"], measured["points"]):

@@ -80,7 +80,11 @@ def test_chapter_5_on_cpu(executed):
     paths = load_result("fused_decode_paths")
     build = next(r for r in paths.rows if r["section"] == "build")
     shipped = json.loads(PATHS_FILE.read_text())[build["gpu"]]["points"]
-    assert shipped == path_points(paths), "kernel_paths.json is not the table derived from fused_decode_paths"
+    derived = [path_points(paths)]
+    if "fused_decode_paths" in awaiting_rerecord():
+        # awaiting its re-record, the recorded run may still stand behind a table the earlier rule (page 1 alone) wrote
+        derived.append(path_points(paths, other_pages=False))
+    assert shipped in derived, "kernel_paths.json is not the table derived from fused_decode_paths"
     grid_picks = [p for p in shipped if p[1] not in paths.params["floor_contexts"]]
     assert v["dispatch_points"] == len(grid_picks)
     assert v["dispatch_wgmma"] == sum(p[3] == "wgmma" for p in grid_picks)

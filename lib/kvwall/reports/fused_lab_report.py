@@ -294,12 +294,14 @@ def peer_rows(profile: Result) -> list[Row]:
 
 def _launch_us(r: Row, combine: bool) -> float | None:
     """The longest launch of the call whose kernel is (``combine``) or is not a combine, in µs (None: no such)."""
-    times = [
-        k["duration_ns"] / 1e3
-        for k in r.launches or []
-        if k.get("duration_ns") and ("combine" in k["kernel"]) == combine
-    ]
+    launches = [Row(k) for k in r.launches or []]
+    times = [k.duration_ns / 1e3 for k in launches if k.duration_ns and _is_combine(k.kernel) == combine]
     return max(times) if times else None
+
+
+def _is_combine(kernel: str | None) -> bool:
+    """Whether a kernel's name is a combine's (FlashMLA's and ours' merge of a request's chunks)."""
+    return "combine" in (kernel or "")
 
 
 def _peer_view(r: Row) -> dict[str, Any]:
@@ -312,9 +314,10 @@ def _peer_view(r: Row) -> dict[str, Any]:
         point=point_label((r.heads, r.context, r.batch)),
         who=SHORT.get(r.strategy, label(r.strategy)),
         us=r.total_duration_ns / 1e3,
-        split_us=_launch_us(r, combine=False),
-        combine_us=_launch_us(r, combine=True),
-        longest="combine" if "combine" in (r.main_kernel or "") else "split",
+        split_us=(split := _launch_us(r, combine=False)),
+        combine_us=(combine := _launch_us(r, combine=True)),
+        longest=("split", "combine")[_is_combine(r.main_kernel)],
+        us_parts=f"{r.total_duration_ns / 1e3:.1f} ({split or 0:.1f} + {combine or 0:.1f})",
         kernels=len(r.launches or []),
         sectors=r.global_ld_sectors / r.global_ld_requests if r.global_ld_requests else None,
         stalls=", ".join(f"{_stall_name(k)} {r[k]:.1f}" for k in stalls[:2]) or MISSING,

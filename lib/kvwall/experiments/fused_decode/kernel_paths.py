@@ -381,12 +381,13 @@ def _rounded(us: Mapping[str, float], paths: Sequence[str] = table_rule.KERNEL_P
     return [None if (t := us.get(p)) is None else round(t, 2) for p in paths]
 
 
-def path_points(result: Result, page_size: int = 1) -> list[list[Any]]:
+def path_points(result: Result, page_size: int = 1, *, other_pages: bool = True) -> list[list[Any]]:
     """``[heads, context, batch, path, tokens, max_len]`` per point where the Triton path was timed on ``page_size``:
     ``path`` by :func:`choose_path` from its times on ``page_size`` and on the run's other page sizes (those timed at
-    the point), ``tokens`` / ``max_len`` the point's requests as timed. What ``kernel_paths.json`` holds."""
+    the point; ``other_pages=False``: on ``page_size`` alone, the rule tables were written by before 2026-12-03's
+    evening), ``tokens`` / ``max_len`` the point's requests as timed. What ``kernel_paths.json`` holds."""
     shapes = _shapes(result)
-    by_page = [_timed(result, p) for p in _page_sizes(result, page_size)]
+    by_page = [_timed(result, p) for p in _page_sizes(result, page_size)[: None if other_pages else 1]]
     points = []
     for (h, c, b), us in by_page[0].items():
         times = [dict(zip(table_rule.KERNEL_PATHS, _rounded(t[h, c, b]))) for t in by_page if (h, c, b) in t]
