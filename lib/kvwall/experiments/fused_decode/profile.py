@@ -16,9 +16,9 @@
   warpgroup, the cycles per tile of each phase between two ``clock64`` marks, and each CTA's fixed phases
   (:func:`kvwall.kernels.mla_decode.wgmma.trace_wgmma_phases`, the ``KVWALL_TRACE`` build), beside both builds' µs.
 
-Device time at full scale: **255 s** on the H200 (the recording at a5148ba: 6 ncu runs, 18 peer calls of the ``peers``
-section, 5 traced points); 62-73 s before the ``peers`` section (the recordings at ba26777 and a67e272). The tokens-on-M kernel has no phase
-trace build (the trace marks were exploration switches, ``NOTES.md``).
+Device time at full scale: **255 s** on the H200 (the recording at a5148ba: 6 ncu runs, 18 peer calls of the
+``peers`` section, 5 traced points); 62-73 s before the ``peers`` section (the recordings at ba26777 and a67e272).
+The tokens-on-M kernel has no phase trace build (the trace marks were exploration switches, ``NOTES.md``).
 """
 
 from __future__ import annotations
