@@ -1,5 +1,5 @@
 """Chapter 5's dispatcher, from the recorded ``fused_decode_paths`` run: the measured table the dispatcher reads
-(every path it timed at every point, the fastest), how often each path is the fastest, what the dispatcher picks on
+(every path it timed at every point, the choice), how often each path is chosen, what the dispatcher picks on
 GPUs other than the one measured, and each path's fixed cost. The paths shown are the ones the recording timed
 (:func:`timed_paths`), not a typed list; every number comes from the run (or, for other GPUs, from
 :func:`kvwall.kernels.mla_decode.path_table.decide_path` on the shipped ``kernel_paths.json``, beside the times of its
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping
 
-from kvwall.experiments.fused_decode.kernel_paths import MEASURED_FILE, measured_times, read_measured
+from kvwall.experiments.fused_decode.kernel_paths import MEASURED_FILE, measured_times, path_points, read_measured
 from kvwall.experiments.fused_decode.strategies import OURS
 from kvwall.kernels.mla_decode import path_table
 from kvwall.model.step_paths import KERNEL_NAMES
@@ -27,28 +27,15 @@ def timed_paths(paths: Grid) -> list[str]:
 
 
 def _path_points(paths: Grid, points: list[Point], page_size: int) -> list[tuple[Point, dict[str, float], list]]:
-    """(point, each timed path's µs, the ``kernel_paths.json`` point: its shape as the Triton row ran it) where the
+    """(point, each timed path's µs on ``page_size``, the ``kernel_paths.json`` point the run derives there: its
+    choice by :func:`kvwall.experiments.fused_decode.kernel_paths.path_points`, the table's own rule) where the
     Triton path was timed."""
-    out = []
-    for p in points:
-        us = {k: u for k in timed_paths(paths) if (u := paths.us(k, p, page_size)) is not None}
-        if "triton" in us:
-            row = paths.row("triton", p, page_size)
-            out.append(
-                (
-                    p,
-                    us,
-                    path_table.path_point(
-                        *p,
-                        us["triton"],
-                        us.get("wgmma"),
-                        us.get("wgmma_tokens"),
-                        tokens=row.tokens,
-                        max_len=row.len_max,
-                    ),
-                )
-            )
-    return out
+    derived = {tuple(pt[:3]): pt for pt in path_points(paths.result, page_size)}
+    return [
+        (p, {k: u for k in timed_paths(paths) if (u := paths.us(k, p, page_size)) is not None}, derived[p])
+        for p in points
+        if p in derived
+    ]
 
 
 def dispatcher_table(paths: Grid, caption: str, page_size: int = 1) -> Table:
@@ -77,8 +64,8 @@ def dispatcher_table(paths: Grid, caption: str, page_size: int = 1) -> Table:
 
 
 def dispatch_counts(paths: Grid, page_size: int = 1) -> dict[str, Any]:
-    """How often each timed path is the fastest on the measured grid (``dispatch_points``, ``dispatch_{path}``), and
-    the points where the Triton path is (``triton_at``)."""
+    """How often each timed path is the table's choice on the measured grid (``dispatch_points``,
+    ``dispatch_{path}``), and the points where the Triton path is (``triton_at``)."""
     picks = [(p, point[3]) for p, _, point in _path_points(paths, paths.points, page_size)]
     n = Counter(k for _, k in picks)
     return dict(

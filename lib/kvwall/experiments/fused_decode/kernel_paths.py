@@ -377,8 +377,10 @@ def _page_sizes(result: Result, page_size: int) -> list[int]:
     return [page_size, *sorted(pages - {page_size})]
 
 
-def _rounded(us: Mapping[str, float], paths: Sequence[str] = table_rule.KERNEL_PATHS) -> list[float | None]:
-    return [None if (t := us.get(p)) is None else round(t, 2) for p in paths]
+def _rounded(us: Mapping[str, float]) -> list[float | None]:
+    """Each path's µs at a point (:data:`~kvwall.kernels.mla_decode.path_table.KERNEL_PATHS` order), rounded to 0.01 as
+    :data:`MEASURED_FILE` holds it; None: not timed."""
+    return [None if (t := us.get(p)) is None else round(t, 2) for p in table_rule.KERNEL_PATHS]
 
 
 def path_points(result: Result, page_size: int = 1, *, other_pages: bool = True) -> list[list[Any]]:
